@@ -1,0 +1,242 @@
+"""Blob: an N-d array of data and its gradient (diff), each held in a :class:`SyncedMemory`.
+
+Shapes follow Caffe: any number of axes, with the legacy 4-d accessors ``num``, ``channels``,
+``height``, ``width``. ``data`` and ``diff`` (pycaffe names) are writable numpy views of the host
+copies and make the host side newest; layer code reads through ``cpu_data()`` / ``gpu_data()`` and
+writes through the ``mutable_*`` variants, as in Caffe.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import ShapeError
+from .proto import caffe_pb2
+from .synced_memory import SyncedMemory
+
+MAX_BLOB_AXES = 32
+
+
+def _readonly(view: np.ndarray) -> np.ndarray:
+    view = view.view()
+    view.flags.writeable = False
+    return view
+
+
+class Blob:
+    """Data and diff of one named value in a net. ``Blob(shape, dtype=np.float32)``."""
+
+    def __init__(self, shape: Sequence[int] = (), dtype: np.dtype | type = np.float32) -> None:
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise TypeError(f"Blob dtype must be float32 or float64, got {self.dtype}")
+        self._shape: tuple[int, ...] = ()
+        self._count = 0
+        self._capacity = 0
+        self._data: SyncedMemory | None = None
+        self._diff: SyncedMemory | None = None
+        self.reshape(shape)
+
+    # -- shape ------------------------------------------------------------------------------
+    def reshape(self, *shape) -> None:
+        """Change the shape; memory is kept when the new count fits the current capacity."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = tuple(shape[0])
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > MAX_BLOB_AXES:
+            raise ShapeError(f"blob shape {shape} has more than {MAX_BLOB_AXES} axes")
+        if any(d < 0 for d in shape):
+            raise ShapeError(f"blob shape {shape} has a negative dimension")
+        count = math.prod(shape)  # a 0-axis (scalar) blob holds one value, as in Caffe
+        self._shape = shape
+        self._count = count
+        if count > self._capacity or self._data is None:
+            self._capacity = count
+            self._data = SyncedMemory(count, self.dtype)
+            self._diff = SyncedMemory(count, self.dtype)
+
+    def reshape_like(self, other: Blob) -> None:
+        self.reshape(other.shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def num_axes(self) -> int:
+        return len(self._shape)
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def count_range(self, start: int, end: int | None = None) -> int:
+        """Product of dimensions ``start`` (inclusive) to ``end`` (exclusive, default: last)."""
+        end = self.num_axes if end is None else end
+        return math.prod(self._shape[start:end])
+
+    def canonical_axis(self, axis: int) -> int:
+        """Map a possibly negative axis into ``[0, num_axes)`` with a clear error."""
+        n = self.num_axes
+        if not -n <= axis < n:
+            raise ShapeError(f"axis {axis} out of range for a {n}-axis blob of shape {self._shape}")
+        return axis + n if axis < 0 else axis
+
+    def _legacy(self, index: int) -> int:
+        if self.num_axes > 4:
+            raise ShapeError(f"legacy accessor on a blob with {self.num_axes} (> 4) axes")
+        if index >= self.num_axes:
+            return 1
+        return self._shape[index]
+
+    num = property(lambda self: self._legacy(0))
+    channels = property(lambda self: self._legacy(1))
+    height = property(lambda self: self._legacy(2))
+    width = property(lambda self: self._legacy(3))
+
+    def shape_string(self) -> str:
+        return " ".join(str(d) for d in self._shape) + f" ({self._count})"
+
+    # -- host access ------------------------------------------------------------------------
+    def _view(self, flat: np.ndarray) -> np.ndarray:
+        return flat[: self._count].reshape(self._shape)
+
+    def cpu_data(self) -> np.ndarray:
+        """Read-only host view of the data (synced from the device if it is newer there)."""
+        return _readonly(self._view(self._data.cpu()))
+
+    def cpu_diff(self) -> np.ndarray:
+        return _readonly(self._view(self._diff.cpu()))
+
+    def mutable_cpu_data(self) -> np.ndarray:
+        """Writable host view of the data; the host copy becomes the newest."""
+        return self._view(self._data.mutable_cpu())
+
+    def mutable_cpu_diff(self) -> np.ndarray:
+        return self._view(self._diff.mutable_cpu())
+
+    @property
+    def data(self) -> np.ndarray:
+        """pycaffe: writable host array of the data (marks the host copy newest)."""
+        return self.mutable_cpu_data()
+
+    @data.setter
+    def data(self, value) -> None:
+        self.mutable_cpu_data()[...] = value
+
+    @property
+    def diff(self) -> np.ndarray:
+        """pycaffe: writable host array of the diff (marks the host copy newest)."""
+        return self.mutable_cpu_diff()
+
+    @diff.setter
+    def diff(self, value) -> None:
+        self.mutable_cpu_diff()[...] = value
+
+    # -- device access (pointers) -----------------------------------------------------------
+    def gpu_data(self) -> int:
+        """Device pointer to the data, synced from the host if it is newer there."""
+        return self._data.gpu()
+
+    def gpu_diff(self) -> int:
+        return self._diff.gpu()
+
+    def mutable_gpu_data(self) -> int:
+        """Device pointer to the data that the caller writes: the device copy becomes the newest."""
+        return self._data.mutable_gpu()
+
+    def mutable_gpu_diff(self) -> int:
+        return self._diff.mutable_gpu()
+
+    @property
+    def data_memory(self) -> SyncedMemory:
+        return self._data
+
+    @property
+    def diff_memory(self) -> SyncedMemory:
+        return self._diff
+
+    # -- sharing ----------------------------------------------------------------------------
+    def share_data(self, other: Blob) -> None:
+        """Make this blob use ``other``'s data memory (counts must match)."""
+        self._check_share(other)
+        self._data = other._data
+        self._capacity = min(self._capacity, other._capacity) if self._capacity else other._capacity
+
+    def share_diff(self, other: Blob) -> None:
+        self._check_share(other)
+        self._diff = other._diff
+
+    def _check_share(self, other: Blob) -> None:
+        if other.count != self.count or other.dtype != self.dtype:
+            raise ShapeError(
+                f"cannot share memory between blobs of shape {self._shape} ({self.dtype}) and "
+                f"{other.shape} ({other.dtype})"
+            )
+
+    # -- protobuf ---------------------------------------------------------------------------
+    def shape_equals_proto(self, proto: caffe_pb2.BlobProto) -> bool:
+        """Caffe's ShapeEquals: legacy 4-d fields index from the end (a bias (N) is (1,1,1,N))."""
+        if proto.HasField("shape"):
+            return tuple(proto.shape.dim) == self._shape
+        if self.num_axes > 4:
+            return False
+        padded = (1,) * (4 - self.num_axes) + self._shape
+        return padded == (proto.num, proto.channels, proto.height, proto.width)
+
+    def from_proto(self, proto: caffe_pb2.BlobProto, reshape: bool = True, where: str = "blob") -> None:
+        """Load from a BlobProto (``shape`` or legacy num/channels/height/width form).
+
+        With ``reshape=False`` the proto's shape must equal this blob's (Caffe's rule for legacy
+        shapes applies) and a ShapeError names ``where`` and both shapes otherwise.
+        """
+        if reshape:
+            self.reshape(proto_shape(proto))
+        elif not self.shape_equals_proto(proto):
+            raise ShapeError(
+                f"{where}: shape mismatch: net has {self._shape}, file has {proto_shape(proto)}"
+            )
+        count = self._count
+        if len(proto.double_data) > 0:
+            values, dvalues = proto.double_data, proto.double_diff
+        else:
+            values, dvalues = proto.data, proto.diff
+        if len(values) != count:
+            raise ShapeError(
+                f"{where}: BlobProto holds {len(values)} values but shape {self._shape} needs {count}"
+            )
+        self.mutable_cpu_data()[...] = np.asarray(values, dtype=self.dtype).reshape(self._shape)
+        if len(dvalues) == count:
+            self.mutable_cpu_diff()[...] = np.asarray(dvalues, dtype=self.dtype).reshape(self._shape)
+
+    def to_proto(self, write_diff: bool = False, proto: caffe_pb2.BlobProto | None = None) -> caffe_pb2.BlobProto:
+        """Serialize into a BlobProto with a ``shape`` (float32 -> data, float64 -> double_data)."""
+        proto = caffe_pb2.BlobProto() if proto is None else proto
+        proto.Clear()
+        proto.shape.dim.extend(self._shape)
+        data = self.cpu_data().ravel()
+        if self.dtype == np.float64:
+            proto.double_data.extend(data.tolist())
+            if write_diff:
+                proto.double_diff.extend(self.cpu_diff().ravel().tolist())
+        else:
+            proto.data.extend(data.tolist())
+            if write_diff:
+                proto.diff.extend(self.cpu_diff().ravel().tolist())
+        return proto
+
+    def __repr__(self) -> str:
+        return f"Blob(shape={self._shape}, dtype={self.dtype.name})"
+
+
+def proto_shape(proto: caffe_pb2.BlobProto) -> tuple[int, ...]:
+    """Shape of a BlobProto: its ``shape`` field, else the legacy 4-d fields."""
+    if proto.HasField("shape"):
+        return tuple(int(d) for d in proto.shape.dim)
+    if proto.HasField("num") or proto.HasField("channels") or proto.HasField("height") or proto.HasField("width"):
+        return (proto.num, proto.channels, proto.height, proto.width)
+    n = len(proto.double_data) or len(proto.data)
+    return (n,) if n else ()

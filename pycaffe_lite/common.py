@@ -1,0 +1,86 @@
+"""Process-wide state, as in Caffe's ``Caffe`` singleton: compute mode, device, random numbers."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from .errors import GPUUnavailableError
+
+
+class Mode(enum.Enum):
+    CPU = 0
+    GPU = 1
+
+
+# Phases, with the numbers of caffe.proto's Phase enum.
+TRAIN = 0
+TEST = 1
+
+
+class _State:
+    def __init__(self) -> None:
+        self.mode = Mode.CPU
+        self.device_id = 0
+        self.seed: int | None = None
+        self.rng = np.random.default_rng()
+        # Bumped on every set_random_seed so device-side generators re-seed too.
+        self.seed_generation = 0
+        self.gpu_rng_counter = 0
+
+
+_state = _State()
+
+
+def mode() -> Mode:
+    """The current compute mode."""
+    return _state.mode
+
+
+def set_mode_cpu() -> None:
+    """Run layers on the CPU (numpy)."""
+    _state.mode = Mode.CPU
+
+
+def set_mode_gpu() -> None:
+    """Run layers on the GPU; raises GPUUnavailableError naming what is missing."""
+    from .gpu import backend  # deferred: importing the package never needs a GPU
+
+    backend.init_device(_state.device_id)
+    _state.mode = Mode.GPU
+
+
+def set_device(device_id: int) -> None:
+    """Choose the GPU used by GPU mode (takes effect now if GPU mode is on)."""
+    if int(device_id) < 0:
+        raise GPUUnavailableError(f"set_device: device id must be >= 0, got {device_id}")
+    _state.device_id = int(device_id)
+    if _state.mode is Mode.GPU:
+        from .gpu import backend
+
+        backend.init_device(_state.device_id)
+
+
+def device_id() -> int:
+    return _state.device_id
+
+
+def set_random_seed(seed: int) -> None:
+    """Seed every random generator (fillers, dropout on both devices, data shuffling)."""
+    _state.seed = int(seed)
+    _state.rng = np.random.default_rng(int(seed))
+    _state.seed_generation += 1
+    _state.gpu_rng_counter = 0
+
+
+def rng() -> np.random.Generator:
+    """The process-wide numpy generator."""
+    return _state.rng
+
+
+def next_gpu_seed() -> tuple[int, int]:
+    """A (seed, counter) pair for a counter-based device generator; each call gives a new stream."""
+    seed = _state.seed if _state.seed is not None else 0x5EED
+    _state.gpu_rng_counter += 1
+    return seed & 0xFFFFFFFF, _state.gpu_rng_counter & 0xFFFFFFFF

@@ -1,0 +1,228 @@
+"""cuBLAS through ctypes, bound to the backend stream, with a row-major interface.
+
+cuBLAS is column-major: a row-major ``C = op(A)·op(B)`` is computed as ``Cᵀ = op(B)ᵀ·op(A)ᵀ``
+by swapping the operands (one adapter, :func:`gemm`, used by every layer). Pointers are device
+addresses (ints); ``dtype`` selects the S or D routine. Failing calls raise :class:`CudaError`
+with the cuBLAS status name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+
+import numpy as np
+
+from ..errors import CudaError, GPUUnavailableError
+from . import backend
+
+OP_N, OP_T = 0, 1
+DEFAULT_MATH, TF32_TENSOR_OP_MATH = 0, 3
+
+_STATUS = {
+    0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
+    7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
+    13: "CUBLAS_STATUS_EXECUTION_FAILED", 14: "CUBLAS_STATUS_INTERNAL_ERROR",
+    15: "CUBLAS_STATUS_NOT_SUPPORTED", 16: "CUBLAS_STATUS_LICENSE_ERROR",
+}
+
+
+def _candidates() -> list[str]:
+    """Where libcublas may live: CUDA_HOME/CUDA_PATH, NVIDIA's pip wheels, the loader path."""
+    names = []
+    for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
+        root = os.environ.get(var)
+        if root:
+            for sub in ("lib64", "lib", "targets/x86_64-linux/lib"):
+                names += sorted(glob.glob(os.path.join(root, sub, "libcublas.so*")), reverse=True)
+    for path in sys.path:
+        names += sorted(glob.glob(os.path.join(path, "nvidia", "cu*", "lib", "libcublas.so*")), reverse=True)
+        names += sorted(glob.glob(os.path.join(path, "nvidia", "cublas", "lib", "libcublas.so*")), reverse=True)
+    found = ctypes.util.find_library("cublas")
+    if found:
+        names.append(found)
+    names += ["libcublas.so", "libcublas.so.13", "libcublas.so.12", "libcublas.so.11"]
+    names += sorted(glob.glob("/usr/local/cuda*/lib64/libcublas.so*"), reverse=True)
+    return [n for n in names if "Lt" not in os.path.basename(n)]
+
+
+class _Cublas:
+    def __init__(self) -> None:
+        errors = []
+        self.lib = None
+        for name in _candidates():
+            try:
+                self.lib = ctypes.CDLL(name)
+                self.path = name
+                break
+            except OSError as exc:
+                errors.append(f"{name}: {exc}")
+        if self.lib is None:
+            raise GPUUnavailableError(
+                "cuBLAS library not found; set CUDA_HOME to the CUDA toolkit or install "
+                "nvidia-cublas (tried: " + "; ".join(errors[:6]) + ")"
+            )
+        lib = self.lib
+        lib.cublasCreate_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+        for prefix, ct in (("S", ctypes.c_float), ("D", ctypes.c_double)):
+            pc = ctypes.POINTER(ct)
+            getattr(lib, f"cublas{prefix}gemm_v2").argtypes = [vp, i, i, i, i, i, pc, vp, i, vp, i, pc, vp, i]
+            getattr(lib, f"cublas{prefix}gemmStridedBatched").argtypes = [
+                vp, i, i, i, i, i, pc, vp, i, ll, vp, i, ll, pc, vp, i, ll, i]
+            getattr(lib, f"cublas{prefix}gemv_v2").argtypes = [vp, i, i, i, pc, vp, i, vp, i, pc, vp, i]
+            getattr(lib, f"cublas{prefix}axpy_v2").argtypes = [vp, i, pc, vp, i, vp, i]
+            getattr(lib, f"cublas{prefix}scal_v2").argtypes = [vp, i, pc, vp, i]
+            getattr(lib, f"cublas{prefix}dot_v2").argtypes = [vp, i, vp, i, vp, i, pc]
+            getattr(lib, f"cublas{prefix}asum_v2").argtypes = [vp, i, vp, i, pc]
+        lib.cublasSetStream_v2.argtypes = [vp, vp]
+        lib.cublasSetMathMode.argtypes = [vp, i]
+        self.handle = ctypes.c_void_p()
+        self.check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
+        self.check(lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(backend.stream().handle)), "cublasSetStream")
+        self.tf32 = False
+
+    def status_name(self, status: int) -> str:
+        try:
+            fn = self.lib.cublasGetStatusName
+            fn.restype = ctypes.c_char_p
+            fn.argtypes = [ctypes.c_int]
+            return fn(status).decode()
+        except AttributeError:
+            return _STATUS.get(status, f"cuBLAS status {status}")
+
+    def check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise CudaError(f"{what} failed: {self.status_name(status)}")
+
+
+_handles: dict[int, _Cublas] = {}
+
+
+def handle() -> _Cublas:
+    """The cuBLAS handle of the current device, created on first use and bound to the stream."""
+    st = backend.state()
+    h = _handles.get(st.device_id)
+    if h is None or h.stream_handle != st.stream.handle:
+        h = _Cublas()
+        h.stream_handle = st.stream.handle
+        _handles[st.device_id] = h
+    return h
+
+
+def set_allow_tf32(allow: bool) -> None:
+    """Let float32 GEMMs use TF32 tensor cores (faster, ~10-bit mantissa inputs). Off by default."""
+    h = handle()
+    h.check(h.lib.cublasSetMathMode(h.handle, TF32_TENSOR_OP_MATH if allow else DEFAULT_MATH), "cublasSetMathMode")
+    h.tf32 = bool(allow)
+
+
+def _prefix(dtype) -> tuple[str, type]:
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        return "S", ctypes.c_float
+    if dtype == np.float64:
+        return "D", ctypes.c_double
+    raise CudaError(f"cuBLAS routines take float32 or float64, not {dtype}")
+
+
+def _ptr(p: int, what: str) -> ctypes.c_void_p:
+    if not p:
+        raise CudaError(f"{what}: null device pointer")
+    return ctypes.c_void_p(int(p))
+
+
+def gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: int, b: int,
+         beta: float, c: int, dtype, lda: int | None = None, ldb: int | None = None,
+         ldc: int | None = None) -> None:
+    """Row-major ``C(m,n) = alpha·op(A)·op(B) + beta·C`` with ``op(A)`` (m,k) and ``op(B)`` (k,n).
+
+    ``A`` is stored (m,k), or (k,m) when ``trans_a``; ``B`` (k,n), or (n,k) when ``trans_b``.
+    """
+    if m == 0 or n == 0:
+        return
+    h = handle()
+    p, ct = _prefix(dtype)
+    lda = lda if lda is not None else (m if trans_a else k)
+    ldb = ldb if ldb is not None else (k if trans_b else n)
+    ldc = ldc if ldc is not None else n
+    h.check(getattr(h.lib, f"cublas{p}gemm_v2")(
+        h.handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k,
+        ctypes.byref(ct(alpha)), _ptr(b, "gemm B"), ldb, _ptr(a, "gemm A"), lda,
+        ctypes.byref(ct(beta)), _ptr(c, "gemm C"), ldc), f"cublas{p}gemm")
+
+
+def gemm_strided_batched(trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float,
+                         a: int, stride_a: int, b: int, stride_b: int, beta: float, c: int,
+                         stride_c: int, batch: int, dtype, lda: int | None = None,
+                         ldb: int | None = None, ldc: int | None = None) -> None:
+    """:func:`gemm` over ``batch`` matrices, each ``stride_*`` elements after the previous."""
+    if m == 0 or n == 0 or batch == 0:
+        return
+    h = handle()
+    p, ct = _prefix(dtype)
+    lda = lda if lda is not None else (m if trans_a else k)
+    ldb = ldb if ldb is not None else (k if trans_b else n)
+    ldc = ldc if ldc is not None else n
+    h.check(getattr(h.lib, f"cublas{p}gemmStridedBatched")(
+        h.handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k,
+        ctypes.byref(ct(alpha)), _ptr(b, "gemm B"), ldb, stride_b, _ptr(a, "gemm A"), lda, stride_a,
+        ctypes.byref(ct(beta)), _ptr(c, "gemm C"), ldc, stride_c, batch), f"cublas{p}gemmStridedBatched")
+
+
+def gemv(trans: bool, m: int, n: int, alpha: float, a: int, x: int, beta: float, y: int, dtype) -> None:
+    """Row-major ``A`` (m,n): ``y = alpha·op(A)·x + beta·y``."""
+    if m == 0 or n == 0:
+        return
+    h = handle()
+    p, ct = _prefix(dtype)
+    h.check(getattr(h.lib, f"cublas{p}gemv_v2")(
+        h.handle, OP_N if trans else OP_T, n, m, ctypes.byref(ct(alpha)), _ptr(a, "gemv A"), n,
+        _ptr(x, "gemv x"), 1, ctypes.byref(ct(beta)), _ptr(y, "gemv y"), 1), f"cublas{p}gemv")
+
+
+def axpy(n: int, alpha: float, x: int, y: int, dtype) -> None:
+    """``y += alpha·x``."""
+    if n == 0:
+        return
+    h = handle()
+    p, ct = _prefix(dtype)
+    h.check(getattr(h.lib, f"cublas{p}axpy_v2")(h.handle, n, ctypes.byref(ct(alpha)), _ptr(x, "axpy x"), 1,
+                                                 _ptr(y, "axpy y"), 1), f"cublas{p}axpy")
+
+
+def scal(n: int, alpha: float, x: int, dtype) -> None:
+    """``x *= alpha``."""
+    if n == 0:
+        return
+    h = handle()
+    p, ct = _prefix(dtype)
+    h.check(getattr(h.lib, f"cublas{p}scal_v2")(h.handle, n, ctypes.byref(ct(alpha)), _ptr(x, "scal x"), 1),
+            f"cublas{p}scal")
+
+
+def dot(n: int, x: int, y: int, dtype) -> float:
+    """``x·y`` (waits for the stream: the result comes back to the host)."""
+    if n == 0:
+        return 0.0
+    h = handle()
+    p, ct = _prefix(dtype)
+    out = ct()
+    h.check(getattr(h.lib, f"cublas{p}dot_v2")(h.handle, n, _ptr(x, "dot x"), 1, _ptr(y, "dot y"), 1,
+                                                ctypes.byref(out)), f"cublas{p}dot")
+    return float(out.value)
+
+
+def asum(n: int, x: int, dtype) -> float:
+    """Sum of absolute values (waits for the stream)."""
+    if n == 0:
+        return 0.0
+    h = handle()
+    p, ct = _prefix(dtype)
+    out = ct()
+    h.check(getattr(h.lib, f"cublas{p}asum_v2")(h.handle, n, _ptr(x, "asum x"), 1, ctypes.byref(out)),
+            f"cublas{p}asum")
+    return float(out.value)

@@ -1,0 +1,211 @@
+"""Layer base class and the registry that maps prototxt type strings to layer classes.
+
+A layer implements ``layer_setup`` (read its parameters, create param blobs), ``reshape`` (top
+shapes from bottom shapes), ``forward_cpu`` / ``backward_cpu`` and optionally ``forward_gpu`` /
+``backward_gpu`` (the default GPU path runs the CPU code on host copies). Conventions, as in Caffe:
+backward *writes* bottom diffs and *accumulates* into param diffs; a loss layer writes its loss
+into ``top[0]`` and reads its loss weight from ``top[0]``'s diff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from . import common
+from .blob import Blob
+from .errors import NetError, UnknownLayerError
+from .proto import caffe_pb2
+
+_REGISTRY: dict[str, type[Layer]] = {}
+
+
+def register_layer(type_name: str):
+    """Class decorator registering a layer under its prototxt ``type`` string."""
+
+    def deco(cls: type[Layer]) -> type[Layer]:
+        if type_name in _REGISTRY and _REGISTRY[type_name] is not cls:
+            raise NetError(f"layer type '{type_name}' registered twice ({_REGISTRY[type_name]} and {cls})")
+        cls.type = type_name
+        _REGISTRY[type_name] = cls
+        return cls
+
+    return deco
+
+
+def _load_builtin_layers() -> None:
+    from . import layers  # noqa: F401  (pycaffe_lite.layers imports every layer module)
+
+
+def layer_type_list() -> list[str]:
+    """Sorted names of every registered layer type."""
+    _load_builtin_layers()
+    return sorted(_REGISTRY)
+
+
+def layer_class(type_name: str, where: str = "") -> type[Layer]:
+    _load_builtin_layers()
+    try:
+        return _REGISTRY[type_name]
+    except KeyError:
+        prefix = f"{where}: " if where else ""
+        raise UnknownLayerError(
+            f"{prefix}unknown layer type '{type_name}' (known types: {', '.join(sorted(_REGISTRY))})"
+        ) from None
+
+
+def create_layer(param: caffe_pb2.LayerParameter, dtype: np.dtype | type = np.float32) -> Layer:
+    """Instantiate the registered layer for ``param.type``."""
+    cls = layer_class(param.type, where=f"layer '{param.name}'")
+    return cls(param, dtype=dtype)
+
+
+class Layer:
+    """Base of every layer. Subclasses set the blob-count class attributes they need."""
+
+    type: ClassVar[str] = ""
+    exact_num_bottom_blobs: ClassVar[int | None] = None
+    min_bottom_blobs: ClassVar[int | None] = None
+    max_bottom_blobs: ClassVar[int | None] = None
+    exact_num_top_blobs: ClassVar[int | None] = None
+    min_top_blobs: ClassVar[int | None] = None
+    max_top_blobs: ClassVar[int | None] = None
+    equal_num_bottom_top_blobs: ClassVar[bool] = False
+    # Create the missing tops up to the minimum/exact count (Caffe's AutoTopBlobs).
+    auto_top_blobs: ClassVar[bool] = False
+    # A loss layer gets loss_weight 1 on its first top unless the prototxt says otherwise.
+    is_loss: ClassVar[bool] = False
+
+    def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | type = np.float32) -> None:
+        self.layer_param = caffe_pb2.LayerParameter()
+        self.layer_param.CopyFrom(param)
+        self.dtype = np.dtype(dtype)
+        self.phase = param.phase
+        self.blobs: list[Blob] = []
+        for proto in param.blobs:  # weights embedded in the layer definition
+            blob = Blob(dtype=self.dtype)
+            blob.from_proto(proto, where=f"layer '{param.name}'")
+            self.blobs.append(blob)
+        self.param_propagate_down: list[bool] = []
+        self._loss_weights: list[float] = []
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.layer_param.name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} '{self.name}' ({self.type})>"
+
+    def error(self, message: str) -> NetError:
+        """A NetError that names this layer."""
+        return NetError(f"layer '{self.name}' ({self.type}): {message}")
+
+    # -- set-up -----------------------------------------------------------------------------
+    def setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        """Caffe's SetUp: check counts, layer_setup, reshape, then record loss weights."""
+        self.check_blob_counts(bottom, top)
+        self.layer_setup(bottom, top)
+        if len(self.param_propagate_down) != len(self.blobs):
+            self.param_propagate_down = [True] * len(self.blobs)
+        self.reshape(bottom, top)
+        self.set_loss_weights(top)
+
+    def layer_setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        """Read parameters and create param blobs (called once)."""
+
+    def reshape(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        """Shape the tops (and internal buffers) from the bottoms."""
+        raise NotImplementedError(f"{type(self).__name__}.reshape")
+
+    def check_blob_counts(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        nb, nt = len(bottom), len(top)
+
+        def fail(what: str, expected: str, got: int) -> NetError:
+            return self.error(f"takes {expected} {what} blob(s), got {got}")
+
+        if self.exact_num_bottom_blobs is not None and nb != self.exact_num_bottom_blobs:
+            raise fail("bottom", f"exactly {self.exact_num_bottom_blobs}", nb)
+        if self.min_bottom_blobs is not None and nb < self.min_bottom_blobs:
+            raise fail("bottom", f"at least {self.min_bottom_blobs}", nb)
+        if self.max_bottom_blobs is not None and nb > self.max_bottom_blobs:
+            raise fail("bottom", f"at most {self.max_bottom_blobs}", nb)
+        if self.exact_num_top_blobs is not None and nt != self.exact_num_top_blobs:
+            raise fail("top", f"exactly {self.exact_num_top_blobs}", nt)
+        if self.min_top_blobs is not None and nt < self.min_top_blobs:
+            raise fail("top", f"at least {self.min_top_blobs}", nt)
+        if self.max_top_blobs is not None and nt > self.max_top_blobs:
+            raise fail("top", f"at most {self.max_top_blobs}", nt)
+        if self.equal_num_bottom_top_blobs and nb != nt:
+            raise self.error(f"needs as many top blobs as bottom blobs, got {nb} bottom and {nt} top")
+
+    def auto_top_count(self) -> int:
+        """How many tops to create when ``auto_top_blobs`` is on."""
+        return max(self.exact_num_top_blobs or 0, self.min_top_blobs or 0)
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        """False for bottoms that can never take a gradient (labels)."""
+        return True
+
+    # -- loss weights -----------------------------------------------------------------------
+    def set_loss_weights(self, top: Sequence[Blob]) -> None:
+        weights = list(self.layer_param.loss_weight)
+        if not weights and self.is_loss:
+            weights = [1.0]
+        if len(weights) > len(top):
+            raise self.error(f"has {len(weights)} loss_weight values but only {len(top)} top blobs")
+        self._loss_weights = weights + [0.0] * (len(top) - len(weights))
+        for blob, w in zip(top, self._loss_weights):
+            if w != 0:
+                blob.mutable_cpu_diff()[...] = w
+
+    def loss(self, top_index: int) -> float:
+        return self._loss_weights[top_index] if top_index < len(self._loss_weights) else 0.0
+
+    # -- compute ----------------------------------------------------------------------------
+    def forward(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> float:
+        """Reshape, run the forward pass for the current mode, and return the weighted loss."""
+        self.reshape(bottom, top)
+        if common.mode() is common.Mode.GPU:
+            self.forward_gpu(bottom, top)
+        else:
+            self.forward_cpu(bottom, top)
+        loss = 0.0
+        for i, blob in enumerate(top):
+            if self.loss(i):
+                loss += float(np.vdot(blob.cpu_data(), blob.cpu_diff()))
+        return loss
+
+    def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
+        """Gradients for the bottoms flagged in ``propagate_down`` and for the params."""
+        if common.mode() is common.Mode.GPU:
+            self.backward_gpu(top, propagate_down, bottom)
+        else:
+            self.backward_cpu(top, propagate_down, bottom)
+
+    def forward_cpu(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.forward_cpu")
+
+    def backward_cpu(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
+        """Default: no gradient (layers without inputs that need one)."""
+
+    def forward_gpu(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        """Default GPU path: the CPU code on host copies (blobs sync themselves)."""
+        self.forward_cpu(bottom, top)
+
+    def backward_gpu(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
+        self.backward_cpu(top, propagate_down, bottom)
+
+    # -- helpers for subclasses -------------------------------------------------------------
+    def make_param_blob(self, shape: Sequence[int]) -> Blob:
+        return Blob(shape, dtype=self.dtype)
+
+    def check_param_shapes(self, expected: Sequence[Sequence[int]]) -> None:
+        """For layers created with embedded or copied blobs: check their shapes."""
+        for i, (blob, shape) in enumerate(zip(self.blobs, expected)):
+            if tuple(blob.shape) != tuple(shape):
+                raise self.error(
+                    f"param blob {i} has shape {blob.shape}, expected {tuple(shape)}"
+                )

@@ -1,0 +1,89 @@
+"""Reading and writing protobuf messages (text and binary) with clear errors and atomic writes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TypeVar
+
+from google.protobuf import message as pb_message
+from google.protobuf import text_format
+
+from .errors import PrototxtError
+
+M = TypeVar("M", bound=pb_message.Message)
+
+
+def parse_text(text: str, message: M, source: str = "<string>") -> M:
+    """Parse prototxt ``text`` into ``message``; errors carry ``source:line:column``."""
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as exc:
+        line, col = exc.GetLine(), exc.GetColumn()
+        where = f"{source}:{line}:{col}" if line is not None else source
+        detail = str(exc)
+        # The parser prefixes "line:col : "; keep only its explanation.
+        if line is not None and " : " in detail:
+            detail = detail.split(" : ", 1)[1]
+        raise PrototxtError(
+            f"{where}: malformed {message.DESCRIPTOR.name} prototxt: {detail}"
+        ) from None
+    return message
+
+
+def read_text(path: str | os.PathLike, message: M) -> M:
+    """Read a prototxt file into ``message``."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PrototxtError(f"{path}: cannot read {message.DESCRIPTOR.name} file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise PrototxtError(
+            f"{path}: not a text prototxt (is it a binary file? expected a {message.DESCRIPTOR.name})"
+        ) from None
+    return parse_text(text, message, str(path))
+
+
+def read_binary(path: str | os.PathLike, message: M, what: str = "binary proto") -> M:
+    """Read a binary protobuf file (``.caffemodel``, ``.solverstate``, ``.binaryproto``)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PrototxtError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    try:
+        message.ParseFromString(data)
+    except pb_message.DecodeError as exc:
+        raise PrototxtError(
+            f"{path}: corrupt or not a {what} (expected a binary {message.DESCRIPTOR.name}): {exc}"
+        ) from None
+    return message
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_binary(path: str | os.PathLike, message: pb_message.Message) -> None:
+    """Serialize ``message`` to ``path`` atomically."""
+    atomic_write_bytes(path, message.SerializeToString())
+
+
+def write_text(path: str | os.PathLike, message: pb_message.Message) -> None:
+    """Write ``message`` as prototxt to ``path`` atomically."""
+    atomic_write_bytes(path, text_format.MessageToString(message).encode())

@@ -1,0 +1,104 @@
+"""Host/device memory pair with Caffe's head state, so copies happen only when the other side is read.
+
+States: ``UNINITIALIZED`` (nothing allocated), ``HEAD_AT_CPU`` (host copy newest),
+``HEAD_AT_GPU`` (device copy newest), ``SYNCED`` (both equal). Reading one side brings it up to
+date; asking for a mutable side makes it the head.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class Head(enum.Enum):
+    UNINITIALIZED = 0
+    HEAD_AT_CPU = 1
+    HEAD_AT_GPU = 2
+    SYNCED = 3
+
+
+def _backend():
+    from .gpu import backend  # deferred so CPU-only use never imports PyCUDA
+
+    return backend
+
+
+class SyncedMemory:
+    """``count`` elements of ``dtype`` on the host (numpy) and, on demand, on the device."""
+
+    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head")
+
+    def __init__(self, count: int, dtype: np.dtype) -> None:
+        self.count = int(count)
+        self.dtype = np.dtype(dtype)
+        self._cpu: np.ndarray | None = None
+        self._gpu = None  # device allocation (int()-able pointer)
+        self.head = Head.UNINITIALIZED
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.dtype.itemsize
+
+    # -- host side --------------------------------------------------------------------------
+    def _to_cpu(self) -> np.ndarray:
+        if self.head is Head.UNINITIALIZED:
+            self._cpu = np.zeros(self.count, self.dtype)
+            self.head = Head.HEAD_AT_CPU
+        elif self.head is Head.HEAD_AT_GPU:
+            if self._cpu is None:
+                self._cpu = np.empty(self.count, self.dtype)
+            if self.count:
+                _backend().memcpy_dtoh(self._cpu, int(self._gpu))
+            self.head = Head.SYNCED
+        return self._cpu
+
+    def cpu(self) -> np.ndarray:
+        """Up-to-date host array (flat); does not change the head."""
+        return self._to_cpu()
+
+    def mutable_cpu(self) -> np.ndarray:
+        """Up-to-date host array (flat) that the caller will write: the host becomes the head."""
+        arr = self._to_cpu()
+        self.head = Head.HEAD_AT_CPU
+        return arr
+
+    def set_cpu(self, array: np.ndarray) -> None:
+        """Adopt ``array`` (flat, right dtype and size) as the host storage; host becomes head."""
+        if array.dtype != self.dtype or array.size != self.count:
+            raise ValueError(
+                f"set_cpu: expected {self.count} elements of {self.dtype}, got {array.size} of {array.dtype}"
+            )
+        self._cpu = array.reshape(-1)
+        self.head = Head.HEAD_AT_CPU
+
+    # -- device side ------------------------------------------------------------------------
+    def _to_gpu(self) -> int:
+        be = _backend()
+        if self._gpu is None:
+            self._gpu = be.alloc(max(self.nbytes, self.dtype.itemsize))
+            if self.head is Head.UNINITIALIZED:
+                be.memset_zero(int(self._gpu), self.nbytes)
+                self.head = Head.HEAD_AT_GPU
+        if self.head is Head.UNINITIALIZED:
+            be.memset_zero(int(self._gpu), self.nbytes)
+            self.head = Head.HEAD_AT_GPU
+        elif self.head is Head.HEAD_AT_CPU:
+            if self.count:
+                be.memcpy_htod(int(self._gpu), self._cpu)
+            self.head = Head.SYNCED
+        return int(self._gpu)
+
+    def gpu(self) -> int:
+        """Device pointer to up-to-date data; does not change the head."""
+        return self._to_gpu()
+
+    def mutable_gpu(self) -> int:
+        """Device pointer the caller will write: the device becomes the head."""
+        ptr = self._to_gpu()
+        self.head = Head.HEAD_AT_GPU
+        return ptr
+
+    def has_gpu(self) -> bool:
+        return self._gpu is not None

@@ -1,0 +1,3 @@
+"""Package version (one place, read by setup.cfg)."""
+
+__version__ = "0.1.0"

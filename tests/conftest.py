@@ -1,0 +1,84 @@
+"""Shared fixtures: the ``gpu`` marker skips cleanly without a usable GPU; ``mode`` runs a test
+on the CPU and (marked ``gpu``) on the GPU; MNIST and Caffe fixture locations."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+@functools.cache
+def gpu_unavailable_reason() -> str | None:
+    try:
+        import pycuda.driver as cuda
+    except ImportError as exc:
+        return f"PyCUDA not installed ({exc})"
+    try:
+        cuda.init()
+        if cuda.Device.count() < 1:
+            return "no CUDA device"
+    except Exception as exc:  # no driver
+        return f"CUDA driver unavailable ({exc})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"GPU test: {reason}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def mode(request):
+    """Run the test once per device; restores CPU mode afterwards."""
+    import pycaffe_lite as caffe
+
+    if request.param == "gpu":
+        caffe.set_mode_gpu()
+    else:
+        caffe.set_mode_cpu()
+    yield request.param
+    caffe.set_mode_cpu()
+
+
+@pytest.fixture
+def gpu_mode():
+    """For tests marked ``gpu``: GPU mode during the test, CPU afterwards."""
+    import pycaffe_lite as caffe
+
+    caffe.set_mode_gpu()
+    yield
+    caffe.set_mode_cpu()
+
+
+def _first_dir(*candidates) -> Path | None:
+    for c in candidates:
+        if c and Path(c).is_dir():
+            return Path(c)
+    return None
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    d = _first_dir(os.environ.get("MNIST_DIR"), SHARED / "mnist")
+    if d is None:
+        pytest.skip("full MNIST not found in $MNIST_DIR or ../shared/mnist")
+    return d
+
+
+@pytest.fixture(scope="session")
+def caffe_fixtures() -> Path:
+    d = _first_dir(os.environ.get("CAFFE_FIXTURES"), SHARED / "caffe-fixtures", REPO / ".device" / "caffe-fixtures")
+    if d is None:
+        pytest.skip("BVLC Caffe fixtures not found in $CAFFE_FIXTURES or ../shared/caffe-fixtures")
+    return d
