@@ -161,21 +161,38 @@ class Layer:
             if w != 0:
                 blob.mutable_cpu_diff()[...] = w
 
+    @property
+    def has_loss(self) -> bool:
+        return any(self._loss_weights)
+
     def loss(self, top_index: int) -> float:
         return self._loss_weights[top_index] if top_index < len(self._loss_weights) else 0.0
 
     # -- compute ----------------------------------------------------------------------------
     def forward(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> float:
         """Reshape, run the forward pass for the current mode, and return the weighted loss."""
+        self.compute_forward(bottom, top)
+        return self.weighted_loss(top)
+
+    def compute_forward(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        """Reshape and run the forward pass for the current mode, without reading the loss back."""
         self.reshape(bottom, top)
         if common.mode() is common.Mode.GPU:
             self.forward_gpu(bottom, top)
         else:
             self.forward_cpu(bottom, top)
+
+    def weighted_loss(self, top: Sequence[Blob]) -> float:
+        """Σ loss_weight·top over the tops with a loss weight (the weight lives in the top's diff)."""
         loss = 0.0
         for i, blob in enumerate(top):
             if self.loss(i):
-                loss += float(np.vdot(blob.cpu_data(), blob.cpu_diff()))
+                if common.mode() is common.Mode.GPU and blob.data_memory.head.name == "HEAD_AT_GPU":
+                    from .gpu import blas
+
+                    loss += blas.dot(blob.count, blob.gpu_data(), blob.gpu_diff(), blob.dtype)
+                else:
+                    loss += float(np.vdot(blob.cpu_data(), blob.cpu_diff()))
         return loss
 
     def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:

@@ -177,6 +177,14 @@ class Net:
                     self._blob_need_backward[tid] = True
 
         self._compute_backward_needs(param)
+        # A loss top that a later layer rewrites in place must be read right after its layer.
+        self._loss_overwritten_later = [False] * len(self.layers)
+        for i in range(len(self.layers)):
+            mine = set(self.top_id_vecs[i])
+            for j in range(i + 1, len(self.layers)):
+                if mine & set(self.top_id_vecs[j]):
+                    self._loss_overwritten_later[i] = True
+                    break
         self.input_blob_indices = [self._blob_name_to_idx[n] for n in input_names]
         self.output_blob_indices = [self._blob_name_to_idx[n] for n in available]
         self._inputs = list(input_names)
@@ -312,9 +320,17 @@ class Net:
     def forward_from_to(self, start: int, end: int) -> float:
         """Run layers ``start``..``end`` (inclusive); returns the summed weighted loss."""
         loss = 0.0
+        deferred = []
         for i in range(start, end + 1):
-            loss += self.layers[i].forward(self.bottom_vecs[i], self.top_vecs[i])
-        return loss
+            layer = self.layers[i]
+            layer.compute_forward(self.bottom_vecs[i], self.top_vecs[i])
+            if layer.has_loss:
+                if self._loss_overwritten_later[i]:
+                    loss += layer.weighted_loss(self.top_vecs[i])
+                else:
+                    deferred.append(i)
+        # Other losses are read once the whole range is queued (one host sync on the GPU).
+        return loss + sum(self.layers[i].weighted_loss(self.top_vecs[i]) for i in deferred)
 
     def backward_from_to(self, start: int, end: int) -> None:
         """Backward through layers ``start`` down to ``end`` (inclusive, start >= end)."""

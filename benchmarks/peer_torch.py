@@ -1,0 +1,152 @@
+"""The peer side of the benchmarks: PyTorch eager (cuDNN on the GPU), imported only when present.
+
+Each function mirrors one workload of ``run_all.py`` and returns plain numbers, so the table can
+put both frameworks side by side from one process on one device.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+
+def available() -> str | None:
+    """None when PyTorch can run the peer side, else the reason."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        return f"PyTorch not installed ({exc})"
+    return None
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def lenet(torch, device):
+    """Caffe's LeNet: conv20 k5, maxpool 2, conv50 k5, maxpool 2, ip500, relu, ip10."""
+    nn = torch.nn
+    model = nn.Sequential(
+        nn.Conv2d(1, 20, 5), nn.MaxPool2d(2, 2), nn.Conv2d(20, 50, 5), nn.MaxPool2d(2, 2),
+        nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10),
+    ).to(device)
+    for m in model:
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            fan_in = m.weight[0].numel()
+            bound = math.sqrt(3.0 / fan_in)  # Caffe's xavier (FAN_IN)
+            nn.init.uniform_(m.weight, -bound, bound)
+            nn.init.zeros_(m.bias)
+    return model
+
+
+def _sync(torch, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def lenet_train(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray,
+                iters: int, device: str = "cuda", batch: int = 64, seed: int = 1) -> dict:
+    """Caffe's recipe (SGD momentum 0.9, weight decay 5e-4, lr 0.01 'inv' gamma 1e-4 power 0.75)."""
+    torch = _torch()
+    torch.manual_seed(seed)
+    dev = torch.device(device)
+    torch.backends.cudnn.benchmark = True
+    model = lenet(torch, dev)
+    xs = torch.from_numpy(train_x.astype(np.float32) * 0.00390625).to(dev).reshape(-1, 1, 28, 28)
+    ys = torch.from_numpy(train_y.astype(np.int64)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: (1 + 1e-4 * it) ** -0.75)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    n = xs.shape[0]
+    _sync(torch, dev)
+    start = time.perf_counter()
+    for it in range(iters):
+        lo = (it * batch) % n
+        idx = slice(lo, lo + batch) if lo + batch <= n else torch.arange(lo, lo + batch, device=dev) % n
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xs[idx]), ys[idx])
+        loss.backward()
+        opt.step()
+        sched.step()
+    _sync(torch, dev)
+    wall = time.perf_counter() - start
+    with torch.no_grad():
+        tx = torch.from_numpy(test_x.astype(np.float32) * 0.00390625).to(dev).reshape(-1, 1, 28, 28)
+        pred = torch.cat([model(tx[i:i + 1000]).argmax(1) for i in range(0, tx.shape[0], 1000)])
+        acc = float((pred.cpu().numpy() == test_y).mean())
+    return {"it_s": iters / wall, "wall_s": wall, "accuracy": acc}
+
+
+def conv_fwd_bwd(n: int, c: int, h: int, w: int, k: int, ksize: int, pad: int, stride: int = 1,
+                 reps: int = 50, device: str = "cuda") -> dict:
+    """Forward and backward (data + weight + bias grads) times of one convolution, in ms."""
+    torch = _torch()
+    dev = torch.device(device)
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    conv = torch.nn.Conv2d(c, k, ksize, stride=stride, padding=pad).to(dev)
+    x = torch.randn(n, c, h, w, device=dev, requires_grad=True)
+    y = conv(x)
+    gy = torch.randn_like(y)
+
+    def fwd():
+        with torch.no_grad():
+            conv(x)
+
+    def fwdbwd():
+        out = conv(x)
+        out.backward(gy)
+
+    t_fwd = _time_cuda(torch, fwd, reps)
+    t_both = _time_cuda(torch, fwdbwd, reps)
+    return {"fwd_ms": t_fwd, "bwd_ms": max(t_both - t_fwd, 0.0)}
+
+
+def maxpool_fwd(n: int, c: int, h: int, w: int, k: int = 3, stride: int = 2, reps: int = 50,
+                device: str = "cuda") -> dict:
+    """Max-pooling forward time and effective bandwidth (bytes read + written / time)."""
+    torch = _torch()
+    dev = torch.device(device)
+    x = torch.randn(n, c, h, w, device=dev)
+    pool = torch.nn.MaxPool2d(k, stride, ceil_mode=True)
+    y = pool(x)
+
+    def run():
+        pool(x)
+
+    ms = _time_cuda(torch, run, reps)
+    nbytes = (x.numel() + y.numel()) * 4
+    return {"ms": ms, "gb_s": nbytes / (ms * 1e-3) / 1e9}
+
+
+def lenet_forward(batch: int, reps: int = 200, device: str = "cuda") -> dict:
+    """Inference time of LeNet (deploy net with softmax) at ``batch`` images."""
+    torch = _torch()
+    dev = torch.device(device)
+    torch.backends.cudnn.benchmark = True
+    model = torch.nn.Sequential(lenet(torch, dev), torch.nn.Softmax(dim=1)).eval()
+    x = torch.randn(batch, 1, 28, 28, device=dev)
+
+    def run():
+        with torch.no_grad():
+            model(x)
+
+    ms = _time_cuda(torch, run, reps)
+    return {"ms": ms, "images_s": batch / (ms * 1e-3)}
+
+
+def _time_cuda(torch, fn, reps: int) -> float:
+    """Mean milliseconds per call, after warm-up, timed by wall clock around synchronizations."""
+    for _ in range(max(3, reps // 10)):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3 / reps
