@@ -1,0 +1,107 @@
+"""Concat: join bottoms along one axis (``concat_param { axis }`` or legacy ``concat_dim``).
+
+Every bottom must have the same number of axes and equal dimensions except at the concat axis;
+top shape is bottom 0's with the concat axis summed. One bottom: the top shares its data and diff.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pycaffe_lite.errors import ShapeError
+from pycaffe_lite.gpu import backend
+from pycaffe_lite.layer import Layer, register_layer
+
+KERNELS = Path(__file__).with_suffix(".cu")
+
+
+@register_layer("Concat")
+class ConcatLayer(Layer):
+    min_bottom_blobs = 1
+    exact_num_top_blobs = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.concat_param
+        if p.HasField("axis") and p.HasField("concat_dim"):
+            raise self.error("give either concat_param.axis or the legacy concat_dim, not both")
+
+    def _axis(self, bottom) -> int:
+        p = self.layer_param.concat_param
+        if p.HasField("concat_dim"):
+            if p.concat_dim >= bottom[0].num_axes:
+                raise ShapeError(
+                    f"layer '{self.name}' (Concat): concat_dim {p.concat_dim} out of range for bottom 0 "
+                    f"of shape {bottom[0].shape}"
+                )
+            return int(p.concat_dim)
+        try:
+            return bottom[0].canonical_axis(p.axis)
+        except ShapeError as exc:
+            raise ShapeError(f"layer '{self.name}' (Concat): {exc}") from None
+
+    def reshape(self, bottom, top):
+        axis = self.axis = self._axis(bottom)
+        first = bottom[0].shape
+        total = 0
+        for i, b in enumerate(bottom):
+            s = b.shape
+            if len(s) != len(first) or s[:axis] != first[:axis] or s[axis + 1:] != first[axis + 1:]:
+                raise ShapeError(
+                    f"layer '{self.name}' (Concat): bottom {i} has shape {s}, incompatible with bottom 0 "
+                    f"shape {first}: all dimensions except axis {axis} must match"
+                )
+            total += s[axis]
+        top[0].reshape(first[:axis] + (total,) + first[axis + 1:])
+        self.num_concats = bottom[0].count_range(0, axis)
+        self.concat_size = bottom[0].count_range(axis + 1)
+        if len(bottom) == 1:
+            top[0].share_data(bottom[0])
+            top[0].share_diff(bottom[0])
+
+    def _rows(self, blob_shape_axis: int, arr: np.ndarray) -> np.ndarray:
+        return arr.reshape(self.num_concats, blob_shape_axis, self.concat_size)
+
+    def forward_cpu(self, bottom, top):
+        if len(bottom) == 1:
+            return
+        out = self._rows(top[0].shape[self.axis], top[0].mutable_cpu_data())
+        offset = 0
+        for b in bottom:
+            n = b.shape[self.axis]
+            out[:, offset:offset + n] = self._rows(n, b.cpu_data())
+            offset += n
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if len(bottom) == 1:
+            return
+        dy = self._rows(top[0].shape[self.axis], top[0].cpu_diff())
+        offset = 0
+        for i, b in enumerate(bottom):
+            n = b.shape[self.axis]
+            if propagate_down[i]:
+                b.mutable_cpu_diff()[...] = dy[:, offset:offset + n].reshape(b.shape)
+            offset += n
+
+    def _gpu_copy(self, name: str, top_ptr: int, top_axis: int, bottom, bottom_ptrs) -> None:
+        """One strided-copy launch per bottom between its rows and its slice of the top."""
+        k = backend.kernel(KERNELS, name, self.dtype, "iiiiiPP")
+        offset = 0
+        for b, ptr in zip(bottom, bottom_ptrs):
+            n_axis = b.shape[self.axis]
+            if ptr is not None and b.count:
+                k(b.count, b.count, self.concat_size, top_axis, n_axis, offset, ptr, top_ptr)
+            offset += n_axis
+
+    def forward_gpu(self, bottom, top):
+        if len(bottom) == 1:
+            return
+        ptrs = [b.gpu_data() for b in bottom]
+        self._gpu_copy("concat_forward", top[0].mutable_gpu_data(), top[0].shape[self.axis], bottom, ptrs)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if len(bottom) == 1:
+            return
+        ptrs = [b.mutable_gpu_diff() if propagate_down[i] else None for i, b in enumerate(bottom)]
+        self._gpu_copy("concat_backward", top[0].gpu_diff(), top[0].shape[self.axis], bottom, ptrs)

@@ -1,0 +1,139 @@
+"""Eltwise: element-wise PROD, SUM (with optional per-bottom ``coeff``) or MAX of >= 2 bottoms.
+
+All bottoms and the top have the same shape. MAX records which bottom won each element (an
+argmax mask, kept as a float blob of indices) and routes the gradient there only; ties follow
+Caffe (between bottoms 0 and 1 the later wins, afterwards the earlier). PROD's gradient is
+``top_diff * prod_{j != i} bottom_j`` with ``stable_prod_grad`` (default), else
+``top_diff * top / bottom_i``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pycaffe_lite.blob import Blob
+from pycaffe_lite.errors import ShapeError
+from pycaffe_lite.gpu import backend, blas
+from pycaffe_lite.gpu import math_functions as gm
+from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.proto import caffe_pb2
+
+KERNELS = Path(__file__).with_suffix(".cu")
+Op = caffe_pb2.EltwiseParameter
+
+
+@register_layer("Eltwise")
+class EltwiseLayer(Layer):
+    min_bottom_blobs = 2
+    exact_num_top_blobs = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.eltwise_param
+        self.op = p.operation
+        if p.coeff and len(p.coeff) != len(bottom):
+            raise self.error(f"takes one coeff per bottom blob: {len(p.coeff)} coeffs for {len(bottom)} bottoms")
+        if p.coeff and self.op != Op.SUM:
+            raise self.error("coeff is only allowed for operation SUM")
+        self.coeffs = list(p.coeff) if p.coeff else [1.0] * len(bottom)
+        self.stable_prod_grad = p.stable_prod_grad
+        self.mask = Blob((), self.dtype) if self.op == Op.MAX else None
+
+    def reshape(self, bottom, top):
+        for i in range(1, len(bottom)):
+            if bottom[i].shape != bottom[0].shape:
+                raise ShapeError(
+                    f"layer '{self.name}' (Eltwise): bottom {i} has shape {bottom[i].shape}, "
+                    f"bottom 0 has {bottom[0].shape}; all bottoms must have the same shape"
+                )
+        top[0].reshape(bottom[0].shape)
+        if self.mask is not None:
+            self.mask.reshape(bottom[0].shape)
+
+    # -- CPU --------------------------------------------------------------------------------
+    def forward_cpu(self, bottom, top):
+        xs = [b.cpu_data() for b in bottom]
+        if self.op == Op.PROD:
+            y = xs[0] * xs[1]
+            for x in xs[2:]:
+                y = y * x
+        elif self.op == Op.SUM:
+            y = np.zeros_like(xs[0])
+            for c, x in zip(self.coeffs, xs):
+                y = y + c * x
+        else:
+            mask = np.where(xs[0] > xs[1], 0, 1)
+            y = np.where(xs[0] > xs[1], xs[0], xs[1])
+            for i, x in enumerate(xs[2:], start=2):
+                win = x > y
+                mask = np.where(win, i, mask)
+                y = np.where(win, x, y)
+            self.mask.mutable_cpu_data()[...] = mask
+        top[0].mutable_cpu_data()[...] = y
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        dy = top[0].cpu_diff()
+        for i, b in enumerate(bottom):
+            if not propagate_down[i]:
+                continue
+            if self.op == Op.PROD:
+                if self.stable_prod_grad:
+                    others = np.ones_like(dy)
+                    for j, other in enumerate(bottom):
+                        if j != i:
+                            others = others * other.cpu_data()
+                    dx = dy * others
+                else:
+                    dx = dy * top[0].cpu_data() / b.cpu_data()
+            elif self.op == Op.SUM:
+                dx = self.coeffs[i] * dy
+            else:
+                dx = np.where(self.mask.cpu_data() == i, dy, 0)
+            b.mutable_cpu_diff()[...] = dx
+
+    # -- GPU --------------------------------------------------------------------------------
+    def forward_gpu(self, bottom, top):
+        n, dt = top[0].count, self.dtype
+        y = top[0].mutable_gpu_data()
+        if self.op == Op.PROD:
+            gm.mul(n, bottom[0].gpu_data(), bottom[1].gpu_data(), y, dt)
+            for b in bottom[2:]:
+                gm.mul(n, y, b.gpu_data(), y, dt)
+        elif self.op == Op.SUM:
+            gm.set(n, 0.0, y, dt)
+            for c, b in zip(self.coeffs, bottom):
+                blas.axpy(n, c, b.gpu_data(), y, dt)
+        else:
+            mask = self.mask.mutable_gpu_data()
+            k = backend.kernel(KERNELS, "eltwise_max_forward", dt, "iPPiPP")
+            k(n, n, bottom[0].gpu_data(), bottom[1].gpu_data(), 0, y, mask)
+            for i in range(2, len(bottom)):
+                k(n, n, y, bottom[i].gpu_data(), i - 1, y, mask)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        n, dt = top[0].count, self.dtype
+        dy = top[0].gpu_diff()
+        for i, b in enumerate(bottom):
+            if not propagate_down[i]:
+                continue
+            dx = b.mutable_gpu_diff()
+            if self.op == Op.PROD:
+                if self.stable_prod_grad:
+                    first = True
+                    for j, other in enumerate(bottom):
+                        if j == i:
+                            continue
+                        if first:
+                            gm.copy(n, other.gpu_data(), dx, dt)
+                            first = False
+                        else:
+                            gm.mul(n, dx, other.gpu_data(), dx, dt)
+                else:
+                    gm.div(n, top[0].gpu_data(), b.gpu_data(), dx, dt)
+                gm.mul(n, dx, dy, dx, dt)
+            elif self.op == Op.SUM:
+                gm.scale(n, self.coeffs[i], dy, dx, dt)
+            else:
+                k = backend.kernel(KERNELS, "eltwise_max_backward", dt, "iPPiP")
+                k(n, n, dy, self.mask.gpu_data(), i, dx)

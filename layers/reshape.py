@@ -1,0 +1,85 @@
+"""Reshape: give the bottom a new shape without copying (top shares data and diff).
+
+``reshape_param { shape { dim } axis num_axes }`` replaces bottom axes ``[axis, axis + num_axes)``
+(``num_axes: -1``: through the last axis; a negative ``axis`` counts from the end, -1 meaning
+"after the last axis") by ``shape``. In ``shape``, ``0`` copies the bottom dimension at the same
+position and ``-1`` (at most once) is inferred so that the counts match.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pycaffe_lite.errors import ShapeError
+from pycaffe_lite.layer import Layer, register_layer
+
+
+@register_layer("Reshape")
+class ReshapeLayer(Layer):
+    exact_num_bottom_blobs = 1
+    exact_num_top_blobs = 1
+
+    def layer_setup(self, bottom, top):
+        if top[0] is bottom[0]:
+            raise self.error("Reshape cannot be used in place (give the top a different name)")
+        dims = list(self.layer_param.reshape_param.shape.dim)
+        self.dims = dims
+        self.copy_axes = [i for i, d in enumerate(dims) if d == 0]
+        inferred = [i for i, d in enumerate(dims) if d == -1]
+        if len(inferred) > 1:
+            raise self.error(f"shape {dims} has more than one -1 (inferred) dimension")
+        bad = [d for d in dims if d < -1]
+        if bad:
+            raise self.error(f"shape {dims} has invalid dimension(s) {bad}: use > 0, 0 (copy) or -1 (infer)")
+        self.inferred_axis = inferred[0] if inferred else None
+        self.constant_count = math.prod(d for d in dims if d > 0)
+
+    def reshape(self, bottom, top):
+        p = self.layer_param.reshape_param
+        b = bottom[0]
+        n = b.num_axes
+        start = p.axis if p.axis >= 0 else p.axis + n + 1
+        if not 0 <= start <= n:
+            raise ShapeError(f"layer '{self.name}' (Reshape): axis {p.axis} out of range for bottom shape {b.shape}")
+        if p.num_axes < -1:
+            raise ShapeError(f"layer '{self.name}' (Reshape): num_axes must be >= 0 or -1, got {p.num_axes}")
+        end = n if p.num_axes == -1 else start + p.num_axes
+        if end > n:
+            raise ShapeError(
+                f"layer '{self.name}' (Reshape): axis {p.axis} + num_axes {p.num_axes} exceeds the "
+                f"{n} axes of bottom shape {b.shape}"
+            )
+        new = list(self.dims)
+        for i in self.copy_axes:
+            if start + i >= n:
+                raise ShapeError(
+                    f"layer '{self.name}' (Reshape): shape dim {i} is 0 (copy) but bottom shape {b.shape} "
+                    f"has no axis {start + i}"
+                )
+            new[i] = b.shape[start + i]
+        if self.inferred_axis is not None:
+            explicit = math.prod(d for d in new if d != -1) * b.count_range(0, start) * b.count_range(end)
+            if explicit == 0 or b.count % explicit:
+                raise ShapeError(
+                    f"layer '{self.name}' (Reshape): cannot infer the -1 dimension of {self.dims}: bottom "
+                    f"count {b.count} (shape {b.shape}) is not a multiple of {explicit}"
+                )
+            new[self.inferred_axis] = b.count // explicit
+        shape = b.shape[:start] + tuple(new) + b.shape[end:]
+        if math.prod(shape) != b.count:
+            raise ShapeError(
+                f"layer '{self.name}' (Reshape): output shape {shape} has {math.prod(shape)} elements, "
+                f"bottom shape {b.shape} has {b.count}"
+            )
+        top[0].reshape(shape)
+        top[0].share_data(b)
+        top[0].share_diff(b)
+
+    def forward_cpu(self, bottom, top):
+        """Nothing to do: the top shares the bottom's data."""
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        """Nothing to do: the bottom shares the top's diff."""
+
+    forward_gpu = forward_cpu
+    backward_gpu = backward_cpu

@@ -1,0 +1,47 @@
+"""Split: hand one bottom to several consumers. Every top shares the bottom's data; backward sums
+the top diffs into the bottom diff. The Net inserts these automatically for blobs used twice.
+"""
+
+from __future__ import annotations
+
+from pycaffe_lite.gpu import blas
+from pycaffe_lite.gpu import math_functions as gm
+from pycaffe_lite.layer import Layer, register_layer
+
+
+@register_layer("Split")
+class SplitLayer(Layer):
+    exact_num_bottom_blobs = 1
+    min_top_blobs = 1
+
+    def reshape(self, bottom, top):
+        for i, t in enumerate(top):
+            if t is bottom[0]:
+                raise self.error(f"top {i} is the bottom: Split cannot be used in place")
+            t.reshape(bottom[0].shape)
+            t.share_data(bottom[0])
+
+    def forward_cpu(self, bottom, top):
+        """Nothing to do: the tops share the bottom's data."""
+
+    forward_gpu = forward_cpu
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        total = top[0].cpu_diff().copy()
+        for t in top[1:]:
+            total += t.cpu_diff()
+        bottom[0].mutable_cpu_diff()[...] = total
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        n, dt = bottom[0].count, self.dtype
+        dx = bottom[0].mutable_gpu_diff()
+        if len(top) == 1:
+            gm.copy(n, top[0].gpu_diff(), dx, dt)
+            return
+        gm.add(n, top[0].gpu_diff(), top[1].gpu_diff(), dx, dt)
+        for t in top[2:]:
+            blas.axpy(n, 1.0, t.gpu_diff(), dx, dt)
