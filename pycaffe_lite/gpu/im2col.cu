@@ -1,0 +1,82 @@
+// im2col / col2im over a whole minibatch of 2-D images, with padding, stride and dilation.
+// Image batch: (num, channels, height, width). Column buffer: (channels*kernel_h*kernel_w, num,
+// height_col*width_col): row r = (c*kernel_h + i)*kernel_w + j holds, for every image n and
+// output pixel (y, x), the input pixel (y*stride_h - pad_h + i*dilation_h,
+// x*stride_w - pad_w + j*dilation_w) of channel c, or zero outside the image.
+// Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+
+// One thread per (c, n, y, x), in that order (x fastest): writes its kernel_h*kernel_w entries.
+__global__ void im2col_batch(const int count, const Dtype* data_im, const int num, const int channels,
+                             const int height, const int width,
+                             const int kernel_h, const int kernel_w, const int pad_h, const int pad_w,
+                             const int stride_h, const int stride_w,
+                             const int dilation_h, const int dilation_w,
+                             const int height_col, const int width_col, Dtype* data_col) {
+  const int spatial_col = height_col * width_col;
+  const int row_stride = num * spatial_col;  // elements between consecutive column rows
+  CUDA_KERNEL_LOOP(index, count) {
+    const int x = index % width_col;
+    const int y = (index / width_col) % height_col;
+    const int n = (index / spatial_col) % num;
+    const int c = index / row_stride;
+    const int h0 = y * stride_h - pad_h;
+    const int w0 = x * stride_w - pad_w;
+    const Dtype* plane = data_im + (n * channels + c) * height * width;
+    // first row of this channel, at (n, y, x)
+    Dtype* col = data_col + c * kernel_h * kernel_w * row_stride + n * spatial_col + y * width_col + x;
+    for (int i = 0; i < kernel_h; ++i) {
+      const int h = h0 + i * dilation_h;
+      for (int j = 0; j < kernel_w; ++j) {
+        const int w = w0 + j * dilation_w;
+        *col = (h >= 0 && h < height && w >= 0 && w < width) ? plane[h * width + w] : Dtype(0);
+        col += row_stride;
+      }
+    }
+  }
+}
+
+// Adjoint of im2col_batch: one thread per image element (n, c, h, w) sums, without atomics, every
+// column entry that read it, and assigns the sum to data_im.
+__global__ void col2im_batch(const int count, const Dtype* data_col, const int num, const int channels,
+                             const int height, const int width,
+                             const int kernel_h, const int kernel_w, const int pad_h, const int pad_w,
+                             const int stride_h, const int stride_w,
+                             const int dilation_h, const int dilation_w,
+                             const int height_col, const int width_col, Dtype* data_im) {
+  const int spatial_col = height_col * width_col;
+  const int row_stride = num * spatial_col;
+  CUDA_KERNEL_LOOP(index, count) {
+    const int w = index % width;
+    const int h = (index / width) % height;
+    const int c = (index / (width * height)) % channels;
+    const int n = index / (width * height * channels);
+    Dtype sum = 0;
+    for (int i = 0; i < kernel_h; ++i) {
+      const int hs = h + pad_h - i * dilation_h;  // = y * stride_h for the output row y that reads h
+      if (hs < 0 || hs % stride_h != 0) continue;
+      const int y = hs / stride_h;
+      if (y >= height_col) continue;
+      for (int j = 0; j < kernel_w; ++j) {
+        const int ws = w + pad_w - j * dilation_w;
+        if (ws < 0 || ws % stride_w != 0) continue;
+        const int x = ws / stride_w;
+        if (x >= width_col) continue;
+        const int row = (c * kernel_h + i) * kernel_w + j;
+        sum += data_col[row * row_stride + n * spatial_col + y * width_col + x];
+      }
+    }
+    data_im[index] = sum;
+  }
+}
+
+// out(b, a, s) = in(a, b, s): swaps the two leading axes of an (a_dim, b_dim, inner) array, e.g.
+// (num, channels, spatial) <-> (channels, num, spatial).
+__global__ void swap_leading_axes(const int count, const Dtype* in, const int a_dim, const int b_dim,
+                                  const int inner, Dtype* out) {
+  CUDA_KERNEL_LOOP(index, count) {
+    const int s = index % inner;
+    const int a = (index / inner) % a_dim;
+    const int b = index / (inner * a_dim);
+    out[index] = in[(a * b_dim + b) * inner + s];
+  }
+}
