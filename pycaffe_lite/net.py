@@ -17,7 +17,7 @@ from . import common, protoio
 from .blob import Blob
 from .errors import NetError, ShapeError, WeightsError
 from .layer import Layer, create_layer
-from .net_filter import filter_net, insert_splits, upgrade_net_inputs
+from .net_filter import filter_net, insert_splits
 from .proto import caffe_pb2
 
 

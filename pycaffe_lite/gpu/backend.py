@@ -43,6 +43,7 @@ class _State:
         self.pool = pycuda.tools.DeviceMemoryPool()
         self.modules: dict[tuple[str, str], KernelModule] = {}
         self.lock = threading.Lock()
+        self.capturing = False  # a CUDA graph capture is recording the stream
 
     def close(self) -> None:
         try:
@@ -124,6 +125,11 @@ def device_name() -> str:
 def alloc(nbytes: int):
     """A pooled device allocation of ``nbytes`` (``int(a)`` is its pointer); freed to the pool on GC."""
     st = state()
+    if st.capturing:
+        raise CudaError(
+            f"device allocation of {nbytes} bytes while a CUDA graph is being captured: "
+            "allocate buffers before capture (run one iteration first)"
+        )
     try:
         return st.pool.allocate(int(nbytes))
     except st.cuda.MemoryError as exc:
@@ -139,6 +145,8 @@ def memcpy_htod(dst: int, src: np.ndarray) -> None:
 def memcpy_dtoh(dst: np.ndarray, src: int) -> None:
     """Copy device memory into the contiguous array ``dst`` and wait for it."""
     st = state()
+    if st.capturing:
+        raise CudaError("device-to-host copy while a CUDA graph is being captured (it would need a sync)")
     if not dst.flags.c_contiguous:
         raise CudaError("memcpy_dtoh: destination array must be C-contiguous")
     st.cuda.memcpy_dtoh_async(dst, src, st.stream)

@@ -20,6 +20,7 @@ from ..errors import CudaError, GPUUnavailableError
 from . import backend
 
 OP_N, OP_T = 0, 1
+WORKSPACE_BYTES = 32 * 1024 * 1024
 DEFAULT_MATH, TF32_TENSOR_OP_MATH = 0, 3
 
 _STATUS = {
@@ -83,6 +84,11 @@ class _Cublas:
         self.handle = ctypes.c_void_p()
         self.check(lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
         self.check(lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(backend.stream().handle)), "cublasSetStream")
+        # A workspace we own, so GEMMs can be captured into CUDA graphs without cuBLAS allocating.
+        lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+        self.workspace = backend.alloc(WORKSPACE_BYTES)
+        self.check(lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(int(self.workspace)), WORKSPACE_BYTES),
+                   "cublasSetWorkspace")
         self.tf32 = False
 
     def status_name(self, status: int) -> str:
@@ -204,10 +210,16 @@ def scal(n: int, alpha: float, x: int, dtype) -> None:
             f"cublas{p}scal")
 
 
+def _no_capture(what: str) -> None:
+    if backend.state().capturing:
+        raise CudaError(f"{what} returns a host value and cannot run inside a CUDA graph capture")
+
+
 def dot(n: int, x: int, y: int, dtype) -> float:
     """``x·y`` (waits for the stream: the result comes back to the host)."""
     if n == 0:
         return 0.0
+    _no_capture("blas.dot")
     h = handle()
     p, ct = _prefix(dtype)
     out = ct()
@@ -220,6 +232,7 @@ def asum(n: int, x: int, dtype) -> float:
     """Sum of absolute values (waits for the stream)."""
     if n == 0:
         return 0.0
+    _no_capture("blas.asum")
     h = handle()
     p, ct = _prefix(dtype)
     out = ct()

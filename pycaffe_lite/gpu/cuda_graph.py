@@ -1,0 +1,100 @@
+"""CUDA graph capture and replay of work queued on the backend stream (driver API via ctypes).
+
+``with capture() as graph: ...`` records every kernel, copy and cuBLAS call queued on the backend
+stream inside the block into a graph instead of running it; ``graph.launch()`` replays it with one
+launch. Rules while capturing: no host synchronization (no ``memcpy_dtoh``, no ``blas.dot``), no
+device allocation (``backend.alloc`` raises), and every pointer used must stay valid while the graph
+lives. Scalars that change between replays must be read by kernels from device memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+
+from ..errors import CudaError
+from . import backend
+
+_CAPTURE_MODE_THREAD_LOCAL = 1
+_lib = None
+
+
+def _driver():
+    global _lib
+    if _lib is None:
+        try:
+            _lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise CudaError(f"CUDA graphs need the driver library libcuda.so.1: {exc}") from None
+        vp = ctypes.c_void_p
+        _lib.cuStreamBeginCapture_v2.argtypes = [vp, ctypes.c_int]
+        _lib.cuStreamEndCapture.argtypes = [vp, ctypes.POINTER(vp)]
+        _lib.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_ulonglong]
+        _lib.cuGraphLaunch.argtypes = [vp, vp]
+        _lib.cuGraphExecDestroy.argtypes = [vp]
+        _lib.cuGraphDestroy.argtypes = [vp]
+        _lib.cuGraphGetNodes.argtypes = [vp, ctypes.POINTER(vp), ctypes.POINTER(ctypes.c_size_t)]
+        _lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return _lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        name = ctypes.c_char_p()
+        _driver().cuGetErrorName(status, ctypes.byref(name))
+        raise CudaError(f"{what} failed: {name.value.decode() if name.value else status}")
+
+
+class CudaGraph:
+    """An instantiated graph; ``launch()`` queues one replay on the backend stream."""
+
+    def __init__(self, graph: ctypes.c_void_p) -> None:
+        lib = _driver()
+        self._graph = graph
+        self._exec = ctypes.c_void_p()
+        _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), graph, 0), "cuGraphInstantiate")
+        count = ctypes.c_size_t(0)
+        _check(lib.cuGraphGetNodes(graph, None, ctypes.byref(count)), "cuGraphGetNodes")
+        self.num_nodes = int(count.value)
+
+    def launch(self) -> None:
+        _check(_driver().cuGraphLaunch(self._exec, ctypes.c_void_p(backend.stream().handle)), "cuGraphLaunch")
+
+    def __del__(self) -> None:
+        lib = _lib
+        if lib is None:
+            return
+        try:
+            if self._exec:
+                lib.cuGraphExecDestroy(self._exec)
+            if self._graph:
+                lib.cuGraphDestroy(self._graph)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class _Capture:
+    graph: CudaGraph | None = None
+
+
+@contextlib.contextmanager
+def capture():
+    """Record the work queued on the backend stream inside the block; yields a holder whose
+    ``graph`` is set on a clean exit. An exception inside ends the capture and propagates."""
+    lib = _driver()
+    stream = ctypes.c_void_p(backend.stream().handle)
+    holder = _Capture()
+    backend.state().capturing = True
+    _check(lib.cuStreamBeginCapture_v2(stream, _CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture")
+    graph = ctypes.c_void_p()
+    try:
+        yield holder
+    except BaseException:
+        lib.cuStreamEndCapture(stream, ctypes.byref(graph))
+        if graph:
+            lib.cuGraphDestroy(graph)
+        raise
+    finally:
+        backend.state().capturing = False
+    _check(lib.cuStreamEndCapture(stream, ctypes.byref(graph)), "cuStreamEndCapture")
+    holder.graph = CudaGraph(graph)
