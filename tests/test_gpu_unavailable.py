@@ -1,0 +1,161 @@
+"""Without PyCUDA the package works on the CPU, and GPU mode fails with a clear error.
+
+Also checks the GPU backend's host-side argument validation, which runs before any device call.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import pycaffe_lite as caffe
+from pycaffe_lite import common
+from pycaffe_lite.errors import CudaError, GPUUnavailableError
+from pycaffe_lite.gpu import backend, blas
+
+
+@pytest.fixture
+def no_pycuda(monkeypatch):
+    """Make ``import pycuda`` fail and forget any initialised device."""
+    for name in list(sys.modules):
+        if name == "pycuda" or name.startswith("pycuda."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
+    monkeypatch.setattr(backend, "_state", None)
+    yield
+    caffe.set_mode_cpu()
+
+
+def test_set_mode_gpu_without_pycuda_names_pycuda(no_pycuda):
+    with pytest.raises(GPUUnavailableError, match="PyCUDA"):
+        caffe.set_mode_gpu()
+    assert common.mode() is common.Mode.CPU  # a failed switch leaves CPU mode on
+    assert not backend.is_initialized()
+
+
+def test_gpu_unavailable_is_a_caffe_error(no_pycuda):
+    with pytest.raises(caffe.CaffeError):
+        caffe.set_mode_gpu()
+
+
+def test_set_device_negative_id_rejected():
+    with pytest.raises(GPUUnavailableError, match="-1"):
+        caffe.set_device(-1)
+
+
+def test_cpu_net_runs_without_pycuda(no_pycuda):
+    from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+
+    layer = make_layer("type: 'ReLU'")
+    bottom, top = blobs([np.array([[-1.0, 2.0]])]), empty_blobs(1)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    np.testing.assert_array_equal(top[0].cpu_data(), [[0.0, 2.0]])
+
+
+def test_importing_the_package_never_imports_pycuda():
+    code = textwrap.dedent(
+        """
+        import sys
+        import pycaffe_lite as caffe
+        import pycaffe_lite.layers
+        from pycaffe_lite.gpu import backend, blas, math_functions
+        caffe.layer_type_list()
+        b = caffe.Blob((2, 3))
+        b.data[...] = 1
+        b.cpu_diff()
+        loaded = sorted(m for m in sys.modules if m == "pycuda" or m.startswith("pycuda."))
+        assert not loaded, loaded
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+# -- host-side checks that need no device ----------------------------------------------------
+class _FakeFunction:
+    """Stands in for a PyCUDA Function: records prepare and launches."""
+
+    def __init__(self):
+        self.format = None
+        self.launches = []
+
+    def prepare(self, fmt):
+        self.format = fmt
+
+    def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
+        self.launches.append((grid, block, args, shared_size))
+
+
+@pytest.mark.parametrize(("dtype", "expected"), [(np.float32, "iPfqI"), (np.float64, "iPdqI")])
+def test_kernel_argtypes_map_to_struct_codes(dtype, expected):
+    fn = _FakeFunction()
+    backend.Kernel(fn, "k", "iPfqu", np.dtype(dtype))
+    assert fn.format == expected
+
+
+def test_kernel_unknown_argtype_rejected():
+    with pytest.raises(ValueError, match="'x'"):
+        backend.Kernel(_FakeFunction(), "k", "iPx", np.dtype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((4, 0, 1.0), "argument 1 is a null device pointer"),
+        ((2**31, 1234, 1.0), "does not fit in int32"),
+        ((-(2**31) - 1, 1234, 1.0), "does not fit in int32"),
+        ((4, 1234), "expected 3 arguments, got 2"),
+        ((4, 1234, 1.0, 5), "expected 3 arguments, got 4"),
+    ],
+)
+def test_kernel_argument_checks_raise_before_launch(args, match):
+    fn = _FakeFunction()
+    k = backend.Kernel(fn, "demo_kernel", "iPf", np.dtype(np.float32))
+    with pytest.raises(CudaError, match=match) as info:
+        k(4, *args)
+    assert "demo_kernel" in str(info.value)
+    assert fn.launches == []
+
+
+def test_kernel_uint32_range_checked():
+    k = backend.Kernel(_FakeFunction(), "k", "u", np.dtype(np.float32))
+    with pytest.raises(CudaError, match="uint32"):
+        k(1, -1)
+    with pytest.raises(CudaError, match="uint32"):
+        k(1, 2**32)
+
+
+def test_kernel_rejects_more_work_items_than_int32():
+    fn = _FakeFunction()
+    k = backend.Kernel(fn, "k", "i", np.dtype(np.float32))
+    with pytest.raises(CudaError, match="int32"):
+        k(2**31, 1)
+    assert fn.launches == []
+
+
+def test_kernel_zero_items_launch_nothing():
+    fn = _FakeFunction()
+    backend.Kernel(fn, "k", "i", np.dtype(np.float32))(0, 0)
+    assert fn.launches == []
+
+
+def test_module_rejects_non_float_dtypes():
+    with pytest.raises(CudaError, match="float32 and float64"):
+        backend.module("layers/relu.cu", np.int32)
+
+
+def test_blas_rejects_non_float_dtypes():
+    with pytest.raises(CudaError, match="float32 or float64"):
+        blas._prefix(np.int64)
+
+
+def test_prelude_defines_dtype_and_loop():
+    text = backend.PRELUDE.format(ctype="double")
+    assert text.startswith("typedef double Dtype;")
+    assert "#define CUDA_KERNEL_LOOP(i, n)" in text
