@@ -1,0 +1,30 @@
+"""``pycaffe-lite convert_mnist IMAGES LABELS DB_PATH [--backend lmdb]``: Caffe's
+convert_mnist_data (IDX files, gzipped or not -> LMDB of Datums with keys ``%08d``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+NAME = "convert_mnist"
+HELP = "convert MNIST IDX image/label files (gzipped or not) to an LMDB of Datums"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("images", metavar="IMAGES", help="IDX image file, e.g. train-images-idx3-ubyte.gz")
+    parser.add_argument("labels", metavar="LABELS", help="IDX label file, e.g. train-labels-idx1-ubyte.gz")
+    parser.add_argument("db_path", metavar="DB_PATH", help="output database folder (must not exist)")
+    parser.add_argument("--backend", default="lmdb", help="database backend (only lmdb is supported)")
+    parser.add_argument("--overwrite", action="store_true", help="replace DB_PATH if it exists")
+    parser.add_argument("--limit", type=int, default=None, help="convert only the first N records")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pycaffe_lite import mnist
+
+    start = time.perf_counter()
+    n = mnist.convert(args.images, args.labels, args.db_path, backend=args.backend,
+                      overwrite=args.overwrite, limit=args.limit)
+    print(f"Wrote {n} records to {args.db_path} ({time.perf_counter() - start:.1f} s)", file=sys.stderr)
+    return 0

@@ -1,0 +1,237 @@
+"""Key-value databases of serialized records (Caffe's ``db`` layer): LMDB only.
+
+``open_cursor(source, backend)`` gives a read cursor that cycles back to the first record after
+the last one; ``LMDBWriter`` builds a new database in a temporary folder and renames it into place
+when closed without error. LevelDB is not supported: convert such data to LMDB.
+
+py-lmdb refuses to open one environment twice in a process, so read environments are shared
+between cursors (a train and a test net reading the same database) and closed with the last one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from .errors import DataError
+
+_ENVS: dict[str, list] = {}  # realpath -> [env, reference count]
+_ENVS_LOCK = threading.Lock()
+
+
+def _lmdb():
+    try:
+        import lmdb
+    except ImportError:
+        raise DataError(
+            "the LMDB backend needs the 'lmdb' package: pip install lmdb (or pycaffe-lite[data])"
+        ) from None
+    return lmdb
+
+
+def backend_name(backend) -> str:
+    """'lmdb' or 'leveldb' from a DataParameter.DB value or a string."""
+    if isinstance(backend, str):
+        return backend.lower()
+    return {0: "leveldb", 1: "lmdb"}.get(int(backend), str(backend))
+
+
+def check_backend(backend, source: str | os.PathLike, where: str = "") -> None:
+    """Raise a DataError unless ``backend`` is LMDB (naming the source and how to fix it)."""
+    name = backend_name(backend)
+    if name == "lmdb":
+        return
+    prefix = f"{where}: " if where else ""
+    if name == "leveldb":
+        hint = ""
+        if (Path(source) / "data.mdb").is_file():
+            hint = f" ({source} looks like an LMDB: set 'backend: LMDB' in data_param)"
+        raise DataError(
+            f"{prefix}{source}: the LevelDB backend is not supported by pycaffe-lite; convert the "
+            f"data to LMDB and set 'backend: LMDB'{hint}"
+        )
+    raise DataError(f"{prefix}{source}: unknown database backend '{backend}' (supported: LMDB)")
+
+
+def _acquire_env(path: Path):
+    lmdb = _lmdb()
+    key = os.path.realpath(path)
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is None:
+            if not path.exists():
+                raise DataError(f"{path}: database not found (no such file or folder)")
+            try:
+                env = lmdb.open(
+                    str(path), readonly=True, lock=False, readahead=False,
+                    subdir=path.is_dir(), max_readers=512,
+                )
+            except lmdb.Error as exc:
+                raise DataError(f"{path}: cannot open as an LMDB database: {exc}") from None
+            entry = _ENVS[key] = [env, 0]
+        entry[1] += 1
+        return key, entry[0]
+
+
+def _release_env(key: str) -> None:
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _ENVS[key]
+            entry[0].close()
+
+
+class Cursor:
+    """Read cursor over an LMDB in key order; ``next()`` wraps to the first record at the end."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._key, self._env = _acquire_env(self.path)
+        self._closed = False
+        try:
+            self._txn = self._env.begin(buffers=False)
+            self._cursor = self._txn.cursor()
+            self._length = self._txn.stat()["entries"]
+        except _lmdb().Error as exc:
+            self.close()
+            raise DataError(f"{self.path}: unreadable LMDB database: {exc}") from None
+        if self._length == 0:
+            self.close()
+            raise DataError(f"{self.path}: the LMDB database is empty")
+        self.seek_to_first()
+
+    def __len__(self) -> int:
+        return self._length
+
+    def seek_to_first(self) -> None:
+        if not self._cursor.first():
+            raise DataError(f"{self.path}: the LMDB database is empty")
+
+    def key(self) -> bytes:
+        return self._cursor.key()
+
+    def value(self) -> bytes:
+        return self._cursor.value()
+
+    def next(self) -> bool:
+        """Advance; at the end go back to the first record and return True (wrapped)."""
+        if self._cursor.next():
+            return False
+        self.seek_to_first()
+        return True
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for name in ("_cursor", "_txn"):
+            obj = self.__dict__.pop(name, None)
+            if obj is not None and name == "_txn":
+                obj.abort()
+        _release_env(self._key)
+
+    def __enter__(self) -> Cursor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def open_cursor(source: str | os.PathLike, backend="lmdb", where: str = "") -> Cursor:
+    """A cycling read cursor on ``source``; DataError (prefixed by ``where``) when it is missing,
+    unreadable, empty or not LMDB."""
+    check_backend(backend, source, where)
+    try:
+        return Cursor(source)
+    except DataError as exc:
+        raise DataError(f"{where}: {exc}" if where else str(exc)) from None
+
+
+class LMDBWriter:
+    """Build a new LMDB at ``path``: ``put(key, value)``, ``commit()``; ``close()`` commits and
+    renames the finished database into place (an exception inside ``with`` discards it)."""
+
+    def __init__(self, path: str | os.PathLike, overwrite: bool = False, map_size: int = 1 << 30) -> None:
+        lmdb = _lmdb()
+        self.path = Path(path)
+        if self.path.exists() and not overwrite:
+            raise DataError(f"{self.path}: already exists (remove it first or pass overwrite)")
+        self.overwrite = overwrite
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
+        self._map_size = map_size
+        self._env = lmdb.open(str(self._tmp), map_size=map_size, subdir=True)
+        self._txn = self._env.begin(write=True)
+        self._pending: list[tuple[bytes, bytes]] = []
+        self.count = 0
+
+    def put(self, key: bytes, value: bytes) -> None:
+        lmdb = _lmdb()
+        try:
+            self._txn.put(key, value)
+        except lmdb.MapFullError:
+            self._grow()
+            self._txn.put(key, value)
+        self._pending.append((key, value))
+        self.count += 1
+
+    def _grow(self) -> None:
+        """Abort, double the map size and replay the uncommitted records."""
+        self._txn.abort()
+        self._map_size *= 2
+        self._env.set_mapsize(self._map_size)
+        self._txn = self._env.begin(write=True)
+        for k, v in self._pending:
+            self._txn.put(k, v)
+
+    def commit(self) -> None:
+        lmdb = _lmdb()
+        try:
+            self._txn.commit()
+        except lmdb.MapFullError:
+            self._grow()
+            self._txn.commit()
+        self._pending.clear()
+        self._txn = self._env.begin(write=True)
+
+    def close(self) -> None:
+        """Commit what remains and move the database to its final path."""
+        if self._env is None:
+            return
+        self.commit()
+        self._txn.abort()
+        self._env.close()
+        self._env = None
+        if self.path.exists() and self.overwrite:
+            shutil.rmtree(self.path) if self.path.is_dir() else self.path.unlink()
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        """Discard the database being built."""
+        if self._env is None:
+            return
+        self._txn.abort()
+        self._env.close()
+        self._env = None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> LMDBWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

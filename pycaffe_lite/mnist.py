@@ -1,0 +1,167 @@
+"""MNIST tooling: read the standard IDX files (gzipped or not) and convert them to an LMDB of
+``Datum`` records exactly as BVLC Caffe's ``convert_mnist_data`` writes them.
+
+IDX layout (big-endian): a 4-byte magic ``0x0000 <type> <ndim>`` (images: 2051 = uint8, 3 dims;
+labels: 2049 = uint8, 1 dim), one uint32 per dimension, then the values in C order.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataError
+
+IMAGES_MAGIC = 2051
+LABELS_MAGIC = 2049
+
+# The four standard file names (without ``.gz``): split -> (images, labels).
+STANDARD_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped when it starts with the gzip magic."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read MNIST/IDX file: {exc.strerror}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise DataError(f"{path}: corrupt or truncated gzip stream ({exc})") from None
+    return raw
+
+
+def read_idx(path: str | os.PathLike, expected_magic: int | None = None) -> np.ndarray:
+    """Read any IDX file into an array of its declared shape and type (native byte order)."""
+    path = Path(path)
+    raw = _read_bytes(path)
+    if len(raw) < 4:
+        raise DataError(f"{path}: truncated IDX file ({len(raw)} bytes, no 4-byte magic number)")
+    magic = int.from_bytes(raw[:4], "big")
+    type_code, ndim = (magic >> 8) & 0xFF, magic & 0xFF
+    if expected_magic is not None and magic != expected_magic:
+        raise DataError(
+            f"{path}: wrong magic number {magic} (0x{magic:08x}); expected {expected_magic} "
+            f"(0x{expected_magic:08x}) for an IDX {'image' if expected_magic == IMAGES_MAGIC else 'label'} file"
+        )
+    if magic >> 16 != 0 or type_code not in _IDX_DTYPES or ndim == 0:
+        raise DataError(f"{path}: not an IDX file (magic number 0x{magic:08x})")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path}: truncated IDX header ({len(raw)} bytes, expected at least {header})")
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    dtype = np.dtype(_IDX_DTYPES[type_code])
+    need = int(np.prod(dims)) * dtype.itemsize
+    have = len(raw) - header
+    if have < need:
+        raise DataError(
+            f"{path}: truncated IDX file: header declares shape {dims} ({need} data bytes) "
+            f"but only {have} bytes follow"
+        )
+    if have > need:
+        raise DataError(f"{path}: {have - need} unexpected bytes after the {dims} IDX data")
+    arr = np.frombuffer(raw, dtype=dtype, count=need // dtype.itemsize, offset=header)
+    return arr.reshape(dims).astype(dtype.newbyteorder("="), copy=True)
+
+
+def read_images(path: str | os.PathLike) -> np.ndarray:
+    """MNIST images as uint8 ``(N, rows, cols)``."""
+    return read_idx(path, IMAGES_MAGIC)
+
+
+def read_labels(path: str | os.PathLike) -> np.ndarray:
+    """MNIST labels as uint8 ``(N,)``."""
+    return read_idx(path, LABELS_MAGIC)
+
+
+def load(images_path: str | os.PathLike, labels_path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """Images ``(N, rows, cols)`` uint8 and labels ``(N,)`` uint8, with matching counts checked."""
+    images = read_images(images_path)
+    labels = read_labels(labels_path)
+    if len(images) != len(labels):
+        raise DataError(
+            f"count mismatch: {images_path} holds {len(images)} images but {labels_path} "
+            f"holds {len(labels)} labels"
+        )
+    return images, labels
+
+
+def find_files(directory: str | os.PathLike, split: str) -> tuple[Path, Path] | None:
+    """(images, labels) paths of ``split`` ("train" or "test") in ``directory`` (``.gz`` or plain),
+    or None when either is missing."""
+    found = []
+    for stem in STANDARD_FILES[split]:
+        for name in (stem + ".gz", stem):
+            if (Path(directory) / name).is_file():
+                found.append(Path(directory) / name)
+                break
+        else:
+            return None
+    return found[0], found[1]
+
+
+def datum_bytes(image: np.ndarray, label: int) -> bytes:
+    """One serialized ``Datum`` as convert_mnist_data writes it (channels 1, raw uint8 data)."""
+    from .proto import caffe_pb2
+
+    datum = caffe_pb2.Datum()
+    datum.channels = 1
+    datum.height, datum.width = int(image.shape[-2]), int(image.shape[-1])
+    datum.data = np.ascontiguousarray(image, dtype=np.uint8).tobytes()
+    datum.label = int(label)
+    return datum.SerializeToString()
+
+
+def write_lmdb(
+    images: np.ndarray, labels: np.ndarray, db_path: str | os.PathLike, overwrite: bool = False, progress=None
+) -> int:
+    """Write ``images`` ``(N, rows, cols)`` uint8 and ``labels`` ``(N,)`` as Datums with keys
+    ``%08d`` into a new LMDB at ``db_path`` (built in a temporary folder, renamed when complete).
+    ``progress(done, total)`` is called every 1000 records. Returns N."""
+    from .db import LMDBWriter
+
+    if len(images) != len(labels):
+        raise DataError(f"{db_path}: {len(images)} images but {len(labels)} labels")
+    total = len(images)
+    with LMDBWriter(db_path, overwrite=overwrite) as writer:
+        for i in range(total):
+            writer.put(b"%08d" % i, datum_bytes(images[i], labels[i]))
+            if (i + 1) % 1000 == 0:
+                writer.commit()
+                if progress is not None:
+                    progress(i + 1, total)
+    if progress is not None and total % 1000:
+        progress(total, total)
+    return total
+
+
+def convert(
+    images_path: str | os.PathLike,
+    labels_path: str | os.PathLike,
+    db_path: str | os.PathLike,
+    backend: str = "lmdb",
+    overwrite: bool = False,
+    limit: int | None = None,
+    progress=None,
+) -> int:
+    """Caffe's convert_mnist_data: IDX image and label files -> LMDB of Datums. ``limit`` keeps
+    only the first records. Returns the number written."""
+    if str(backend).lower() != "lmdb":
+        from .db import check_backend
+
+        check_backend(backend, db_path)
+    images, labels = load(images_path, labels_path)
+    if limit is not None:
+        images, labels = images[:limit], labels[:limit]
+    return write_lmdb(images, labels, db_path, overwrite=overwrite, progress=progress)
