@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from pycaffe_lite import fillers
-from pycaffe_lite.gpu import blas, math_functions as gm
+from pycaffe_lite.gpu import blas
+from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
 
 

@@ -77,6 +77,9 @@ class Layer:
     auto_top_blobs: ClassVar[bool] = False
     # A loss layer gets loss_weight 1 on its first top unless the prototxt says otherwise.
     is_loss: ClassVar[bool] = False
+    # Its GPU work may be captured into a CUDA graph and replayed: False for layers whose work
+    # depends on host-side state that changes between calls (data readers, random seeds).
+    graph_safe: ClassVar[bool] = True
 
     def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | type = np.float32) -> None:
         self.layer_param = caffe_pb2.LayerParameter()

@@ -66,6 +66,9 @@ class Net:
             del param.state.stage[:]
             param.state.stage.extend(stages)
         self.dtype = np.dtype(dtype)
+        # Replay fixed-shape GPU ranges as CUDA graphs (PYCAFFE_LITE_CUDA_GRAPHS=0 turns it off).
+        self.use_cuda_graphs = os.environ.get("PYCAFFE_LITE_CUDA_GRAPHS", "1") != "0"
+        self._graph_runner = None
         self.source = str(network) if not isinstance(network, caffe_pb2.NetParameter) else None
         self._init(param)
         if weights is not None:
@@ -319,6 +322,24 @@ class Net:
 
     def forward_from_to(self, start: int, end: int) -> float:
         """Run layers ``start``..``end`` (inclusive); returns the summed weighted loss."""
+        if any(self._loss_overwritten_later[start : end + 1]) or not self._graphable(start, end):
+            return self._forward_eager(start, end)
+        self._graph_run(("fwd", start, end), start, end, lambda: self._forward_compute(start, end))
+        # Losses are read once the whole range is queued (one host sync on the GPU).
+        return self._range_loss(start, end)
+
+    def _forward_compute(self, start: int, end: int) -> None:
+        for i in range(start, end + 1):
+            self.layers[i].compute_forward(self.bottom_vecs[i], self.top_vecs[i])
+
+    def _range_loss(self, start: int, end: int) -> float:
+        return sum(
+            self.layers[i].weighted_loss(self.top_vecs[i])
+            for i in range(start, end + 1)
+            if self.layers[i].has_loss
+        )
+
+    def _forward_eager(self, start: int, end: int) -> float:
         loss = 0.0
         deferred = []
         for i in range(start, end + 1):
@@ -329,11 +350,46 @@ class Net:
                     loss += layer.weighted_loss(self.top_vecs[i])
                 else:
                     deferred.append(i)
-        # Other losses are read once the whole range is queued (one host sync on the GPU).
         return loss + sum(self.layers[i].weighted_loss(self.top_vecs[i]) for i in deferred)
+
+    # -- CUDA graphs ------------------------------------------------------------------------------
+    def _graphable(self, start: int, end: int) -> bool:
+        if not self.use_cuda_graphs or common.mode() is not common.Mode.GPU:
+            return False
+        return all(self.layers[i].graph_safe for i in range(min(start, end), max(start, end) + 1))
+
+    def _graph_memories(self):
+        for blob in self._blobs:
+            yield blob.data_memory
+            yield blob.diff_memory
+        for blob in self.params_list:
+            yield blob.data_memory
+            yield blob.diff_memory
+
+    def _graph_key(self, tag) -> tuple:
+        from .gpu import backend
+
+        return (tag, backend.state().alloc_generation, tuple(b.shape for b in self._blobs))
+
+    def _graph_run(self, tag, start: int, end: int, work) -> None:
+        if self._graph_runner is None:
+            from .graph_runner import GraphRunner
+
+            self._graph_runner = GraphRunner(self._graph_memories)
+        self._graph_runner.run(self._graph_key(tag), work)
+
+    def graph_replays(self) -> int:
+        """How many CUDA graph replays this net has made (0 when graphs are off or unused)."""
+        return self._graph_runner.replays if self._graph_runner is not None else 0
 
     def backward_from_to(self, start: int, end: int) -> None:
         """Backward through layers ``start`` down to ``end`` (inclusive, start >= end)."""
+        if self._graphable(end, start):
+            self._graph_run(("bwd", start, end), end, start, lambda: self._backward_compute(start, end))
+        else:
+            self._backward_compute(start, end)
+
+    def _backward_compute(self, start: int, end: int) -> None:
         for i in range(start, end - 1, -1):
             if self.layer_need_backward[i]:
                 self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])

@@ -98,6 +98,9 @@ class SyncedMemory:
         """Device pointer the caller will write: the device becomes the head."""
         ptr = self._to_gpu()
         self.head = Head.HEAD_AT_GPU
+        st = _backend().state()
+        if st.capturing:  # a replayed graph writes here again: graph_runner marks it after each replay
+            st.capture_written.add(self)
         return ptr
 
     def has_gpu(self) -> bool:

@@ -44,6 +44,8 @@ class _State:
         self.modules: dict[tuple[str, str], KernelModule] = {}
         self.lock = threading.Lock()
         self.capturing = False  # a CUDA graph capture is recording the stream
+        self.capture_written: set = set()
+        self.alloc_generation = 0  # SyncedMemory objects made device-newest during capture
 
     def close(self) -> None:
         try:
@@ -130,6 +132,7 @@ def alloc(nbytes: int):
             f"device allocation of {nbytes} bytes while a CUDA graph is being captured: "
             "allocate buffers before capture (run one iteration first)"
         )
+    st.alloc_generation += 1  # pointers may change: captured CUDA graphs keyed on the old value retire
     try:
         return st.pool.allocate(int(nbytes))
     except st.cuda.MemoryError as exc:
@@ -139,6 +142,8 @@ def alloc(nbytes: int):
 def memcpy_htod(dst: int, src: np.ndarray) -> None:
     """Queue a host-to-device copy of the contiguous array ``src``."""
     st = state()
+    if st.capturing:
+        raise CudaError("host-to-device copy from pageable memory while a CUDA graph is being captured")
     st.cuda.memcpy_htod_async(dst, np.ascontiguousarray(src), st.stream)
 
 
