@@ -1,0 +1,84 @@
+"""ReLU layer: forward vs numpy, leaky slope, in place, gradients, CPU/GPU agreement."""
+
+import numpy as np
+import pytest
+
+import pycaffe_lite as caffe
+from pycaffe_lite.gradient_check import GradientChecker
+from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+
+
+def _x(shape=(2, 3, 4), seed=0):
+    x = np.random.default_rng(seed).standard_normal(shape)
+    x[np.abs(x) < 0.05] = 0.5  # keep away from the kink for gradient checks
+    return x
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.1, -0.5])
+def test_forward(mode, slope):
+    x = _x()
+    layer = make_layer(f'type: "ReLU" relu_param {{ negative_slope: {slope} }}')
+    bottom, top = blobs([x]), empty_blobs(1)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    slope = float(np.float32(slope))  # negative_slope is a float field in caffe.proto
+    expected = np.where(x > 0, x, slope * x)
+    np.testing.assert_allclose(top[0].data, expected, rtol=1e-15)
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.2])
+def test_gradient(mode, slope):
+    layer = make_layer(f'type: "ReLU" relu_param {{ negative_slope: {slope} }}')
+    bottom, top = blobs([_x((2, 3, 2), 1)]), empty_blobs(1)
+    GradientChecker(1e-3, 1e-4, kink=0.0, kink_range=0.01).check(layer, bottom, top)
+
+
+@pytest.mark.parametrize("slope", [0.0, 0.3])
+def test_in_place_forward_and_backward(mode, slope):
+    x = _x()
+    dy = np.random.default_rng(2).standard_normal(x.shape)
+    layer = make_layer(f'type: "ReLU" relu_param {{ negative_slope: {slope} }}')
+    (blob,) = blobs([x])
+    layer.setup([blob], [blob])
+    layer.forward([blob], [blob])
+    np.testing.assert_allclose(blob.data, np.where(x > 0, x, slope * x))
+    blob.diff[...] = dy
+    layer.backward([blob], [True], [blob])
+    np.testing.assert_allclose(blob.diff, np.where(x > 0, dy, slope * dy))
+
+
+def test_backward_values_and_propagate_down():
+    x = np.array([-2.0, 0.0, 3.0])
+    layer = make_layer('type: "ReLU"')
+    bottom, top = blobs([x]), empty_blobs(1)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    top[0].diff[...] = [1.0, 2.0, 3.0]
+    layer.backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, [0.0, 0.0, 3.0])  # gradient 0 at x = 0
+    bottom[0].diff[...] = 9
+    layer.backward(top, [False], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, 9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("slope", [0.0, 0.25])
+def test_cpu_gpu_agree(dtype, slope):
+    x = _x((3, 5, 7), 4)
+    dy = np.random.default_rng(5).standard_normal(x.shape)
+    results = []
+    for dev in ("cpu", "gpu"):
+        caffe.set_mode_gpu() if dev == "gpu" else caffe.set_mode_cpu()
+        try:
+            layer = make_layer(f'type: "ReLU" relu_param {{ negative_slope: {slope} }}', dtype)
+            bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
+            layer.setup(bottom, top)
+            layer.forward(bottom, top)
+            top[0].diff[...] = dy
+            layer.backward(top, [True], bottom)
+            results.append((top[0].data.copy(), bottom[0].diff.copy()))
+        finally:
+            caffe.set_mode_cpu()
+    for c, g in zip(*results):
+        np.testing.assert_allclose(c, g, rtol=1e-6)
