@@ -1,0 +1,183 @@
+"""Data: batches of Datums read from an LMDB (Caffe's DataLayer with its prefetch thread).
+
+``data_param { source batch_size backend: LMDB rand_skip prefetch }`` and ``transform_param``.
+Tops: ``data`` ``(batch_size, C, h, w)`` and optionally ``label`` ``(batch_size,)``. Records are
+read in key order and the read wraps to the first record after the last. A daemon thread decodes
+and transforms the next ``prefetch`` batches (default 4) into a queue while the net computes;
+``forward`` copies the next ready batch into the tops (on the GPU path the host copy is synced to
+the device when the next layer reads it). ``close()`` (also run when the layer is collected)
+stops the thread and closes the database.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+
+import numpy as np
+
+from pycaffe_lite import common
+from pycaffe_lite.data_transformer import DataTransformer
+from pycaffe_lite.db import open_cursor
+from pycaffe_lite.errors import CaffeError, DataError
+from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.proto import caffe_pb2
+
+_LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
+
+
+def transform_param_of(lp: caffe_pb2.LayerParameter) -> caffe_pb2.TransformationParameter:
+    """``transform_param``, completed by the legacy transformation fields of ``data_param``."""
+    tp = caffe_pb2.TransformationParameter()
+    tp.CopyFrom(lp.transform_param)
+    for field in _LEGACY_TRANSFORM_FIELDS:
+        if lp.data_param.HasField(field) and not tp.HasField(field):
+            setattr(tp, field, getattr(lp.data_param, field))
+    return tp
+
+
+class _Prefetcher:
+    """Background producer of ``(data, label)`` batches. Holds no reference to the layer, so the
+    layer can be collected (which closes this)."""
+
+    def __init__(self, cursor, transformer: DataTransformer, batch_size: int, depth: int,
+                 dtype: np.dtype, where: str) -> None:
+        self.cursor = cursor
+        self.transformer = transformer
+        self.batch_size = batch_size
+        self.dtype = dtype
+        self.where = where
+        self.queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"prefetch {where}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def read_datum(self) -> caffe_pb2.Datum:
+        datum = caffe_pb2.Datum()
+        try:
+            datum.ParseFromString(self.cursor.value())
+        except Exception as exc:
+            raise DataError(
+                f"{self.where}: {self.cursor.path}: record {self.cursor.key()!r} is not a Datum ({exc})"
+            ) from None
+        return datum
+
+    def load_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``batch_size`` records; shape taken from the batch's first record."""
+        first = self.transformer.decode(self.read_datum())
+        shape = self.transformer.infer_shape(first)
+        data = np.empty((self.batch_size, *shape), dtype=self.dtype)
+        labels = np.empty(self.batch_size, dtype=self.dtype)
+        for i in range(self.batch_size):
+            datum = self.read_datum()
+            values = first if i == 0 else self.transformer.decode(datum)
+            if values.shape != first.shape:
+                raise DataError(
+                    f"{self.where}: {self.cursor.path}: record {self.cursor.key()!r} has shape {values.shape}, "
+                    f"the first record of its batch has {first.shape} (items of one batch must match)"
+                )
+            self.transformer.transform(values, out=data[i])
+            labels[i] = datum.label
+            self.cursor.next()
+        return data, labels
+
+    def _run(self) -> None:
+        try:
+            while not self.stop_event.is_set():
+                batch = self.load_batch()
+                while not self.stop_event.is_set():
+                    try:
+                        self.queue.put(batch, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as exc:  # handed to the consumer
+            self.error = exc
+
+    def get(self) -> tuple[np.ndarray, np.ndarray]:
+        while True:
+            try:
+                return self.queue.get(timeout=0.05)
+            except queue.Empty:
+                if self.error is not None:
+                    err = self.error
+                    if isinstance(err, CaffeError):
+                        raise type(err)(str(err)) from err
+                    raise DataError(f"{self.where}: prefetch thread failed: {err!r}") from err
+                if not self.thread.is_alive():
+                    raise DataError(f"{self.where}: the prefetch thread is not running (layer closed?)") from None
+
+    def close(self) -> None:
+        self.stop_event.set()
+        while self.thread.is_alive():
+            try:  # unblock a producer waiting on a full queue
+                while True:
+                    self.queue.get_nowait()
+            except queue.Empty:
+                pass
+            self.thread.join(timeout=0.05)
+        self.cursor.close()
+
+
+@register_layer("Data")
+class DataLayer(Layer):
+    exact_num_bottom_blobs = 0
+    min_top_blobs = 1
+    max_top_blobs = 2
+
+    def layer_setup(self, bottom, top):
+        dp = self.layer_param.data_param
+        where = f"layer '{self.name}' (Data)"
+        if not dp.source:
+            raise DataError(f"{where}: data_param.source is empty (expected the path of an LMDB)")
+        if dp.batch_size <= 0:
+            raise self.error("data_param.batch_size must be positive")
+        self.batch_size = int(dp.batch_size)
+        self.output_labels = len(top) == 2
+        self.transformer = DataTransformer(transform_param_of(self.layer_param), self.phase, self.dtype, where=where)
+        cursor = open_cursor(dp.source, dp.backend, where=where)
+        try:
+            if dp.rand_skip:
+                skip = int(common.rng().integers(dp.rand_skip))
+                for _ in range(skip % len(cursor)):
+                    cursor.next()
+            prefetcher = _Prefetcher(cursor, self.transformer, self.batch_size, dp.prefetch,
+                                     self.dtype, where)
+            first = prefetcher.read_datum()
+            shape = self.transformer.infer_shape(first)
+        except BaseException:
+            cursor.close()
+            raise
+        top[0].reshape((self.batch_size, *shape))
+        if self.output_labels:
+            top[1].reshape((self.batch_size,))
+        self._prefetcher = prefetcher
+        self._finalizer = weakref.finalize(self, prefetcher.close)
+        prefetcher.start()
+
+    def reshape(self, bottom, top):
+        """Tops take the shape of each batch in forward."""
+
+    def forward_cpu(self, bottom, top):
+        data, labels = self._prefetcher.get()
+        top[0].reshape(data.shape)
+        top[0].mutable_cpu_data()[...] = data
+        if self.output_labels:
+            top[1].reshape(labels.shape)
+            top[1].mutable_cpu_data()[...] = labels
+
+    # The host batch is copied into the top; the device copy syncs when the next layer reads it.
+    forward_gpu = forward_cpu
+
+    def close(self) -> None:
+        """Stop the prefetch thread and close the database (idempotent)."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+
+    def __del__(self) -> None:
+        self.close()
