@@ -124,7 +124,7 @@ def maxpool_fwd(n: int, c: int, h: int, w: int, k: int = 3, stride: int = 2, rep
     return {"ms": ms, "gb_s": nbytes / (ms * 1e-3) / 1e9}
 
 
-def lenet_forward(batch: int, reps: int = 200, device: str = "cuda") -> dict:
+def lenet_forward(batch: int, reps: int = 200, device: str = "cuda", sync_each: bool = False) -> dict:
     """Inference time of LeNet (deploy net with softmax) at ``batch`` images."""
     torch = _torch()
     dev = torch.device(device)
@@ -135,6 +135,8 @@ def lenet_forward(batch: int, reps: int = 200, device: str = "cuda") -> dict:
     def run():
         with torch.no_grad():
             model(x)
+        if sync_each:
+            torch.cuda.synchronize()
 
     ms = _time_cuda(torch, run, reps)
     return {"ms": ms, "images_s": batch / (ms * 1e-3)}
@@ -142,11 +144,12 @@ def lenet_forward(batch: int, reps: int = 200, device: str = "cuda") -> dict:
 
 def _time_cuda(torch, fn, reps: int) -> float:
     """Mean milliseconds per call, after warm-up, timed by wall clock around synchronizations."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(max(3, reps // 10)):
         fn()
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
     for _ in range(reps):
         fn()
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - start) * 1e3 / reps
