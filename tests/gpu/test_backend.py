@@ -1,0 +1,220 @@
+"""GPU backend: device init, memory, copies, memset, kernel cache and launch checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pycaffe_lite as caffe
+from pycaffe_lite.errors import CudaError, GPUUnavailableError
+from pycaffe_lite.gpu import backend
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_mode")]
+
+KERNEL_SRC = """
+__global__ void fill_index(const int n, const Dtype offset, Dtype* y) {
+  CUDA_KERNEL_LOOP(i, n) { y[i] = Dtype(i) + offset; }
+}
+// one block per row, shared-memory sum of `cols` values
+__global__ void row_sum(const int cols, const Dtype* x, Dtype* out) {
+  extern __shared__ unsigned char raw[];
+  Dtype* buf = reinterpret_cast<Dtype*>(raw);
+  Dtype acc = 0;
+  for (int j = threadIdx.x; j < cols; j += blockDim.x) acc += x[blockIdx.x * cols + j];
+  buf[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = buf[0];
+}
+"""
+
+
+@pytest.fixture
+def kernel_file(tmp_path):
+    path = tmp_path / "backend_test_kernels.cu"
+    path.write_text(KERNEL_SRC)
+    return path
+
+
+def to_device(a: np.ndarray):
+    mem = backend.alloc(a.nbytes)
+    backend.memcpy_htod(int(mem), a)
+    return mem
+
+
+def to_host(ptr, shape, dtype) -> np.ndarray:
+    out = np.empty(shape, dtype)
+    backend.memcpy_dtoh(out, int(ptr))
+    return out
+
+
+def test_init_is_idempotent():
+    st = backend.state()
+    backend.init_device(st.device_id)
+    assert backend.state() is st
+    caffe.set_mode_gpu()
+    assert backend.state() is st
+    assert backend.is_initialized()
+    assert isinstance(backend.device_name(), str) and backend.device_name()
+
+
+def test_set_device_out_of_range_names_the_count():
+    import pycuda.driver as cuda
+
+    count = cuda.Device.count()
+    st = backend.state()
+    try:
+        with pytest.raises(GPUUnavailableError, match=f"device {count} requested but only {count}"):
+            caffe.set_device(count)
+    finally:
+        caffe.set_device(st.device_id)
+    assert backend.state() is st  # the failed switch kept the working device
+
+
+def test_alloc_htod_dtoh_roundtrip():
+    for dtype in (np.float32, np.float64, np.int32, np.uint8):
+        a = (np.arange(1000) % 97).astype(dtype)
+        mem = to_device(a)
+        np.testing.assert_array_equal(to_host(mem, a.shape, dtype), a)
+
+
+def test_htod_accepts_non_contiguous_source():
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]
+    mem = backend.alloc(a.size * 4)
+    backend.memcpy_htod(int(mem), a)
+    np.testing.assert_array_equal(to_host(mem, a.shape, np.float32), a)
+
+
+def test_dtoh_rejects_non_contiguous_destination():
+    mem = to_device(np.zeros(8, np.float32))
+    dst = np.zeros((4, 4), np.float32)[:, ::2]
+    with pytest.raises(CudaError, match="C-contiguous"):
+        backend.memcpy_dtoh(dst, int(mem))
+
+
+def test_dtod_copy_with_offsets():
+    a = np.arange(10, dtype=np.float64)
+    src = to_device(a)
+    dst = to_device(np.full(10, -1.0))
+    backend.memcpy_dtod(int(dst) + 2 * 8, int(src) + 5 * 8, 3 * 8)
+    backend.memcpy_dtod(int(dst), int(src), 0)  # no-op
+    expected = np.full(10, -1.0)
+    expected[2:5] = a[5:8]
+    np.testing.assert_array_equal(to_host(dst, 10, np.float64), expected)
+
+
+@pytest.mark.parametrize("nbytes", [0, 3, 4, 7, 64, 1001])
+def test_memset_zero_touches_exactly_nbytes(nbytes):
+    a = np.full(1100, 0xAB, np.uint8)
+    mem = to_device(a)
+    backend.memset_zero(int(mem), nbytes)
+    out = to_host(mem, a.shape, np.uint8)
+    assert (out[:nbytes] == 0).all()
+    assert (out[nbytes:] == 0xAB).all()
+
+
+def test_memset_zero_at_unaligned_offset():
+    mem = to_device(np.full(16, 7, np.uint8))
+    backend.memset_zero(int(mem) + 1, 8)  # not 4-byte aligned start
+    out = to_host(mem, 16, np.uint8)
+    np.testing.assert_array_equal(out, [7] + [0] * 8 + [7] * 7)
+
+
+def test_synchronize_and_stream():
+    assert backend.stream() is backend.state().stream
+    backend.synchronize()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernel_cache_compiles_each_file_once_per_dtype(kernel_file, dtype, monkeypatch):
+    import pycuda.compiler
+
+    calls = []
+    real = pycuda.compiler.SourceModule
+
+    def counting(source, *args, **kwargs):
+        calls.append(source)
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(pycuda.compiler, "SourceModule", counting)
+    m1 = backend.module(kernel_file, dtype)
+    m2 = backend.module(kernel_file, dtype)
+    k1 = backend.kernel(kernel_file, "fill_index", dtype, "ifP")
+    k2 = backend.kernel(kernel_file, "fill_index", dtype, "ifP")
+    assert m1 is m2 and m1.module is m2.module
+    assert k1 is k2 and k1.function is m1.get("fill_index", "ifP").function
+    assert len(calls) == 1
+    ctype = "float" if np.dtype(dtype) == np.float32 else "double"
+    assert f"typedef {ctype} Dtype;" in calls[0]
+    other = np.float64 if np.dtype(dtype) == np.float32 else np.float32
+    m3 = backend.module(kernel_file, other)
+    assert m3 is not m1 and m3.dtype == np.dtype(other)
+    assert len(calls) == 2
+    assert backend.module(str(kernel_file), dtype) is m1  # str and Path name the same file
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 100_003])
+def test_grid_stride_launch_covers_every_item(kernel_file, dtype, n):
+    k = backend.kernel(kernel_file, "fill_index", dtype, "ifP")
+    mem = to_device(np.full(n + 5, -7, dtype))
+    k(n, n, 0.5, int(mem))
+    out = to_host(mem, n + 5, dtype)
+    np.testing.assert_array_equal(out[:n], np.arange(n, dtype=dtype) + dtype(0.5))
+    assert (out[n:] == -7).all()  # nothing written past n
+
+
+def test_grid_is_capped_but_all_items_done(kernel_file):
+    n = backend.MAX_BLOCKS * backend.CUDA_NUM_THREADS + 1000  # needs the grid-stride loop
+    k = backend.kernel(kernel_file, "fill_index", np.float32, "ifP")
+    mem = backend.alloc(n * 4)
+    k(n, n, 0.0, int(mem))
+    out = to_host(mem, n, np.float32)
+    assert out[-1] == np.float32(n - 1) and out[0] == 0 and out[n // 2] == np.float32(n // 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_explicit_grid_block_and_shared_memory(kernel_file, dtype):
+    rows, cols, threads = 5, 300, 128
+    x = np.random.default_rng(0).standard_normal((rows, cols)).astype(dtype)
+    xd, out = to_device(x), backend.alloc(rows * np.dtype(dtype).itemsize)
+    k = backend.kernel(kernel_file, "row_sum", dtype, "iPP")
+    k(0, cols, int(xd), int(out), grid=(rows, 1, 1), block=threads,
+      shared=threads * np.dtype(dtype).itemsize)
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(to_host(out, rows, dtype), x.sum(axis=1), rtol=tol, atol=tol)
+
+
+def test_kernel_argument_checks_on_a_real_kernel(kernel_file):
+    k = backend.kernel(kernel_file, "fill_index", np.float32, "ifP")
+    mem = backend.alloc(64)
+    with pytest.raises(CudaError, match="null device pointer"):
+        k(4, 4, 0.0, 0)
+    with pytest.raises(CudaError, match="int32"):
+        k(4, 2**31, 0.0, int(mem))
+    with pytest.raises(CudaError, match="expected 3 arguments, got 2"):
+        k(4, 4, int(mem))
+    with pytest.raises(CudaError, match="work items exceed int32"):
+        k(2**31, 4, 0.0, int(mem))
+    k(4, 4, 1.0, int(mem))  # still usable after the refusals
+    np.testing.assert_array_equal(to_host(mem, 4, np.float32), [1, 2, 3, 4])
+
+
+def test_missing_kernel_name_names_the_file(kernel_file):
+    with pytest.raises(CudaError, match="no_such_kernel.*backend_test_kernels.cu"):
+        backend.kernel(kernel_file, "no_such_kernel", np.float32, "i")
+
+
+def test_compile_error_names_the_file(tmp_path):
+    bad = tmp_path / "broken_kernels.cu"
+    bad.write_text("__global__ void k(const int n) { undefined_symbol_here; }\n")
+    with pytest.raises(CudaError, match="broken_kernels.cu"):
+        backend.module(bad, np.float32)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(CudaError, match="cannot read kernel file"):
+        backend.module(tmp_path / "absent.cu", np.float64)
