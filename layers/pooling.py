@@ -1,0 +1,207 @@
+"""Pooling (MAX, AVE) over 2-D windows with Caffe's output size and window clipping.
+
+bottom (N, C, H, W); top (N, C, PH, PW) with ``PH = ceil((H + 2*pad_h - kernel_h) / stride_h) + 1``
+(``floor`` with ``round_mode: FLOOR``), minus one when padding would make the last window start
+at or beyond ``H + pad_h`` (likewise PW). MAX reads the window part inside the image and may
+write a second top: the argmax index ``h*W + w`` within the plane (-1 for a window with no
+input, whose value is -FLT_MAX); backward routes each top diff to its argmax. AVE divides the
+sum inside the image by the window area clipped to the padded image (Caffe's divisor).
+``global_pooling`` pools each whole plane. STOCHASTIC pooling is not supported.
+
+CPU: loops over the ``kh*kw`` kernel offsets, each a strided slice of the padded batch. GPU: one
+thread per top element forward, one per bottom element backward (a gather, no atomics).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pycaffe_lite.gpu import backend
+from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.proto import caffe_pb2
+
+KERNELS = Path(__file__).with_suffix(".cu")
+PP = caffe_pb2.PoolingParameter
+LOWEST = -np.finfo(np.float32).max  # Caffe's -FLT_MAX, for float and double alike
+
+
+def pooled_size(size: int, kernel: int, pad: int, stride: int, ceil_mode: bool, any_pad: bool) -> int:
+    """Caffe's pooled length of one axis (``any_pad``: some axis is padded, enabling the clip)."""
+    span = size + 2 * pad - kernel
+    out = (-(-span // stride) if ceil_mode else span // stride) + 1
+    if any_pad and (out - 1) * stride >= size + pad:
+        out -= 1  # the last window would start in the padding
+    return out
+
+
+def _window_slices(i: int, j: int, pooled: tuple[int, int], stride: tuple[int, int]) -> tuple[slice, slice]:
+    """Slices of the padded plane that kernel offset (i, j) reads for every top element."""
+    return (slice(i, i + stride[0] * (pooled[0] - 1) + 1, stride[0]),
+            slice(j, j + stride[1] * (pooled[1] - 1) + 1, stride[1]))
+
+
+@register_layer("Pooling")
+class PoolingLayer(Layer):
+    exact_num_bottom_blobs = 1
+    min_top_blobs = 1
+    max_top_blobs = 2  # the second (mask) top only for MAX: checked in layer_setup
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.pooling_param
+        self.method = p.pool
+        if self.method == PP.STOCHASTIC:
+            raise self.error("STOCHASTIC pooling is not supported (use MAX or AVE)")
+        if len(top) > 1 and self.method != PP.MAX:
+            raise self.error("only MAX pooling has a second (mask) top")
+        has_size, has_h, has_w = p.HasField("kernel_size"), p.HasField("kernel_h"), p.HasField("kernel_w")
+        self.global_pooling = p.global_pooling
+        if self.global_pooling:
+            if has_size or has_h or has_w:
+                raise self.error("global_pooling takes the kernel from the input: do not set kernel_size/h/w")
+        elif has_size == (has_h or has_w):
+            raise self.error("give kernel_size, or kernel_h and kernel_w; not both, not neither")
+        elif not has_size and not (has_h and has_w):
+            raise self.error("kernel_h and kernel_w must be given together")
+        for name in ("pad", "stride"):
+            if (p.HasField(f"{name}_h") or p.HasField(f"{name}_w")) and not (
+                    p.HasField(f"{name}_h") and p.HasField(f"{name}_w") and not p.HasField(name)):
+                raise self.error(f"give {name}, or {name}_h and {name}_w; not both")
+        self.pad = (p.pad_h, p.pad_w) if p.HasField("pad_h") else (p.pad, p.pad)
+        self.stride = (p.stride_h, p.stride_w) if p.HasField("stride_h") else (p.stride, p.stride)
+        if min(self.stride) <= 0:
+            raise self.error(f"stride must be positive, got {self.stride[0]}x{self.stride[1]}")
+        if self.global_pooling:
+            if self.pad != (0, 0) or self.stride != (1, 1):
+                raise self.error("global_pooling requires pad 0 and stride 1")
+            self.kernel = (0, 0)  # set from the bottom in reshape
+            return
+        self.kernel = (p.kernel_size, p.kernel_size) if has_size else (p.kernel_h, p.kernel_w)
+        if min(self.kernel) <= 0:
+            raise self.error(f"kernel size must be positive, got {self.kernel[0]}x{self.kernel[1]}")
+        if self.pad[0] >= self.kernel[0] or self.pad[1] >= self.kernel[1]:
+            raise self.error(f"pad {self.pad[0]}x{self.pad[1]} must be smaller than the kernel "
+                             f"{self.kernel[0]}x{self.kernel[1]}")
+
+    def reshape(self, bottom, top):
+        if bottom[0].num_axes != 4:
+            raise self.error(f"bottom must have 4 axes (num, channels, height, width), got {bottom[0].shape}")
+        n, c, h, w = bottom[0].shape
+        self.in_hw = (h, w)
+        if self.global_pooling:
+            self.kernel = (h, w)
+        ceil_mode = self.layer_param.pooling_param.round_mode == PP.CEIL
+        any_pad = self.pad != (0, 0)
+        self.pooled = tuple(pooled_size(s, k, p, st, ceil_mode, any_pad)
+                            for s, k, p, st in zip(self.in_hw, self.kernel, self.pad, self.stride))
+        if min(self.pooled) <= 0:
+            raise self.error(f"kernel {self.kernel[0]}x{self.kernel[1]} is larger than the input {h}x{w} "
+                             f"padded by {self.pad[0]}x{self.pad[1]}: the output would be empty")
+        for t in top:
+            t.reshape((n, c) + self.pooled)
+
+    # -- CPU --------------------------------------------------------------------------------
+    def _pad_after(self) -> tuple[int, int]:
+        """Padding after the image so that every window, including clipped last ones, fits."""
+        return tuple(max(0, (p - 1) * s + k - b - n)
+                     for p, s, k, b, n in zip(self.pooled, self.stride, self.kernel, self.pad, self.in_hw))
+
+    def _padded(self, x: np.ndarray, value: float) -> np.ndarray:
+        (bh, bw), (ah, aw) = self.pad, self._pad_after()
+        if (bh, bw, ah, aw) == (0, 0, 0, 0):
+            return x
+        return np.pad(x, ((0, 0), (0, 0), (bh, ah), (bw, aw)), constant_values=value)
+
+    def _offsets(self):
+        for i in range(self.kernel[0]):
+            for j in range(self.kernel[1]):
+                yield i, j, _window_slices(i, j, self.pooled, self.stride)
+
+    def _ave_divisor(self) -> np.ndarray:
+        """(PH, PW) window areas clipped to the padded image (1 for windows holding no input)."""
+        sizes = []
+        for p, s, k, pad, n in zip(self.pooled, self.stride, self.kernel, self.pad, self.in_hw):
+            start = np.arange(p) * s - pad
+            sizes.append(np.minimum(start + k, n + pad) - start)
+        area = sizes[0][:, None] * sizes[1][None, :]
+        return np.where(area > 0, area, 1).astype(self.dtype)
+
+    def forward_cpu(self, bottom, top):
+        x = bottom[0].cpu_data()
+        if self.method == PP.MAX:
+            xp = self._padded(x, -np.inf)
+            best = np.full(top[0].shape, LOWEST, dtype=self.dtype)
+            mask = np.full(top[0].shape, -1, dtype=np.int64)
+            hstart = np.arange(self.pooled[0]) * self.stride[0] - self.pad[0]
+            wstart = np.arange(self.pooled[1]) * self.stride[1] - self.pad[1]
+            for i, j, (sh, sw) in self._offsets():
+                v = xp[:, :, sh, sw]
+                better = v > best
+                np.copyto(best, v, where=better)
+                index = (hstart + i)[:, None] * self.in_hw[1] + (wstart + j)[None, :]
+                np.copyto(mask, np.broadcast_to(index, mask.shape), where=better)
+            top[0].mutable_cpu_data()[...] = best
+            self._mask = mask
+            if len(top) > 1:
+                top[1].mutable_cpu_data()[...] = mask
+        else:
+            xp = self._padded(x, 0.0)
+            total = np.zeros(top[0].shape, dtype=self.dtype)
+            for _, _, (sh, sw) in self._offsets():
+                total += xp[:, :, sh, sw]
+            top[0].mutable_cpu_data()[...] = total / self._ave_divisor()
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        n, c, h, w = bottom[0].shape
+        dy = top[0].cpu_diff()
+        if self.method == PP.MAX:
+            mask = getattr(self, "_mask", None)
+            if mask is None or mask.shape != dy.shape:
+                raise self.error("MAX pooling backward_cpu needs a forward_cpu on the same shapes first")
+            planes = mask.reshape(n * c, -1)
+            flat = (np.arange(n * c)[:, None] * (h * w) + planes)[planes >= 0]
+            grad = np.bincount(flat, weights=dy.reshape(n * c, -1)[planes >= 0], minlength=n * c * h * w)
+            bottom[0].mutable_cpu_diff()[...] = grad.reshape(bottom[0].shape)
+        else:
+            g = dy / self._ave_divisor()
+            (ph, pw), (ah, aw) = self.pad, self._pad_after()
+            dxp = np.zeros((n, c, ph + h + ah, pw + w + aw), dtype=self.dtype)
+            for _, _, (sh, sw) in self._offsets():
+                dxp[:, :, sh, sw] += g  # one offset never touches a pixel twice
+            bottom[0].mutable_cpu_diff()[...] = dxp[:, :, ph:ph + h, pw:pw + w]
+
+    # -- GPU --------------------------------------------------------------------------------
+    def _geometry(self) -> tuple[int, ...]:
+        return (*self.in_hw, *self.pooled, *self.kernel, *self.stride, *self.pad)
+
+    def forward_gpu(self, bottom, top):
+        dt, count = self.dtype, top[0].count
+        if self.method == PP.MAX:
+            if getattr(self, "_gpu_mask", None) is None or self._gpu_mask[0] < count:
+                self._gpu_mask = (count, backend.alloc(max(count, 1) * 4))
+            mask = int(self._gpu_mask[1])
+            k = backend.kernel(KERNELS, "max_pool_forward", dt, "iP" + "i" * 10 + "PP")
+            k(count, count, bottom[0].gpu_data(), *self._geometry(), top[0].mutable_gpu_data(), mask)
+            self._gpu_mask_shape = top[0].shape
+            if len(top) > 1:
+                backend.kernel(KERNELS, "pool_mask_to_dtype", dt, "iPP")(count, count, mask, top[1].mutable_gpu_data())
+        else:
+            k = backend.kernel(KERNELS, "ave_pool_forward", dt, "iP" + "i" * 10 + "P")
+            k(count, count, bottom[0].gpu_data(), *self._geometry(), top[0].mutable_gpu_data())
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dt, count = self.dtype, bottom[0].count
+        if self.method == PP.MAX:
+            if getattr(self, "_gpu_mask_shape", None) != top[0].shape:
+                raise self.error("MAX pooling backward_gpu needs a forward_gpu on the same shapes first")
+            k = backend.kernel(KERNELS, "max_pool_backward", dt, "iPP" + "i" * 10 + "P")
+            k(count, count, top[0].gpu_diff(), int(self._gpu_mask[1]), *self._geometry(),
+              bottom[0].mutable_gpu_diff())
+        else:
+            k = backend.kernel(KERNELS, "ave_pool_backward", dt, "iP" + "i" * 10 + "P")
+            k(count, count, top[0].gpu_diff(), *self._geometry(), bottom[0].mutable_gpu_diff())

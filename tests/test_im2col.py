@@ -1,0 +1,125 @@
+"""im2col / col2im (CPU and GPU): against a naive gather, adjointness, and CPU-vs-GPU agreement."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pycaffe_lite.blob import Blob
+from pycaffe_lite.im2col import col2im, conv_out_size, im2col, out_shape
+
+# (shape, kernel, pad, stride, dilation)
+GEOMETRIES = [
+    ((2, 3, 5, 5), (3, 3), (0, 0), (1, 1), (1, 1)),
+    ((2, 2, 7, 6), (3, 2), (1, 0), (2, 1), (1, 1)),
+    ((1, 2, 9, 9), (3, 3), (2, 2), (1, 1), (2, 2)),
+    ((3, 1, 8, 7), (2, 3), (1, 2), (3, 2), (2, 1)),
+    ((2, 4, 4, 4), (1, 1), (0, 0), (1, 1), (1, 1)),
+    ((1, 1, 4, 4), (4, 4), (0, 0), (1, 1), (1, 1)),
+]
+
+
+def naive_im2col(x, kernel, pad, stride, dilation):
+    n, c, h, w = x.shape
+    ho, wo = out_shape(h, w, kernel, pad, stride, dilation)
+    col = np.zeros((n, c, kernel[0], kernel[1], ho, wo))
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            for y in range(ho):
+                for z in range(wo):
+                    iy = y * stride[0] - pad[0] + i * dilation[0]
+                    iz = z * stride[1] - pad[1] + j * dilation[1]
+                    if 0 <= iy < h and 0 <= iz < w:
+                        col[:, :, i, j, y, z] = x[:, :, iy, iz]
+    return col
+
+
+def test_conv_out_size():
+    assert conv_out_size(28, 5, 0, 1) == 24
+    assert conv_out_size(7, 3, 1, 2) == 4
+    assert conv_out_size(9, 3, 2, 1, dilation=2) == 9
+    assert conv_out_size(4, 5, 0, 1) == 0
+    assert conv_out_size(4, 3, 0, 1, dilation=3) == 0
+
+
+@pytest.mark.parametrize("shape,kernel,pad,stride,dilation", GEOMETRIES)
+def test_im2col_matches_naive(shape, kernel, pad, stride, dilation):
+    x = np.random.default_rng(0).standard_normal(shape)
+    np.testing.assert_array_equal(im2col(x, kernel, pad, stride, dilation),
+                                  naive_im2col(x, kernel, pad, stride, dilation))
+
+
+@pytest.mark.parametrize("shape,kernel,pad,stride,dilation", GEOMETRIES)
+def test_col2im_is_adjoint(shape, kernel, pad, stride, dilation):
+    """<im2col(x), c> == <x, col2im(c)> for random x and c."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape)
+    col = im2col(x, kernel, pad, stride, dilation)
+    c = rng.standard_normal(col.shape)
+    back = col2im(c, shape[2:], pad, stride, dilation)
+    assert back.shape == shape
+    np.testing.assert_allclose(np.vdot(col, c), np.vdot(x, back), rtol=1e-12)
+
+
+def test_col2im_counts_overlaps():
+    """col2im of all-ones columns counts how many windows read each pixel."""
+    col = np.ones((1, 1, 3, 3, 3, 3))
+    counts = col2im(col, (5, 5), (0, 0), (1, 1))
+    expected_1d = np.array([1, 2, 3, 2, 1])
+    np.testing.assert_array_equal(counts[0, 0], np.outer(expected_1d, expected_1d))
+
+
+def test_kernel_larger_than_input_raises():
+    with pytest.raises(ValueError, match="exceeds input"):
+        im2col(np.zeros((1, 1, 3, 3)), (4, 4), (0, 0), (1, 1))
+
+
+def test_float32_preserved():
+    x = np.ones((1, 2, 4, 4), np.float32)
+    assert im2col(x, (2, 2), (1, 1), (1, 1)).dtype == np.float32
+    assert col2im(im2col(x, (2, 2), (1, 1), (1, 1)), (4, 4), (1, 1), (1, 1)).dtype == np.float32
+
+
+# -- GPU ----------------------------------------------------------------------------------------
+def _device_blob(array, dtype):
+    b = Blob(array.shape, dtype)
+    b.data[...] = array
+    return b
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,kernel,pad,stride,dilation", GEOMETRIES)
+def test_gpu_im2col_col2im_match_cpu(gpu_mode, shape, kernel, pad, stride, dilation, dtype):
+    from pycaffe_lite.gpu import im2col as gpu
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(shape).astype(dtype)
+    n, c = shape[:2]
+    ho, wo = out_shape(shape[2], shape[3], kernel, pad, stride, dilation)
+    rows = c * kernel[0] * kernel[1]
+    # the GPU column layout is (C*kh*kw, N, Ho*Wo)
+    expected = im2col(x, kernel, pad, stride, dilation).transpose(1, 2, 3, 0, 4, 5).reshape(rows, n, ho * wo)
+    xb, colb = _device_blob(x, dtype), Blob((rows, n, ho * wo), dtype)
+    gpu.im2col(xb.gpu_data(), n, c, shape[2:], kernel, pad, stride, dilation, colb.mutable_gpu_data(), dtype)
+    np.testing.assert_array_equal(colb.data, expected)
+
+    cols = rng.standard_normal((n, c) + kernel + (ho, wo)).astype(dtype)
+    expected_im = col2im(cols, shape[2:], pad, stride, dilation)
+    colb.data[...] = cols.transpose(1, 2, 3, 0, 4, 5).reshape(rows, n, ho * wo)
+    imb = Blob(shape, dtype)
+    imb.data[...] = np.nan  # col2im assigns every element
+    gpu.col2im(colb.gpu_data(), n, c, shape[2:], kernel, pad, stride, dilation, imb.mutable_gpu_data(), dtype)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(imb.data, expected_im, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_swap_leading_axes(gpu_mode, dtype):
+    from pycaffe_lite.gpu import im2col as gpu
+
+    a = np.random.default_rng(3).standard_normal((3, 5, 7)).astype(dtype)
+    src, dst = _device_blob(a, dtype), Blob((5, 3, 7), dtype)
+    gpu.swap_leading_axes(src.gpu_data(), 3, 5, 7, dst.mutable_gpu_data(), dtype)
+    np.testing.assert_array_equal(dst.data, a.transpose(1, 0, 2))
