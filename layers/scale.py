@@ -1,0 +1,146 @@
+"""Scale: ``top = bottom * s (+ b)`` with ``s`` broadcast over the axes it does not cover.
+
+``s`` is a learned param (shape ``bottom.shape[axis:axis + num_axes]``, filled by ``filler``,
+default constant 1) or bottom 1. With ``bias_term`` a learned bias of the same shape follows
+(``bias_filler``, default constant 0), as Caffe's internal Bias layer. Viewing ``bottom`` as
+(outer, dim, inner): ``top[o, d, i] = bottom[o, d, i] * s[d] + b[d]``.
+Params: ``[s, b]``, ``[s]``, ``[b]`` (scale from bottom 1) or none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pycaffe_lite import fillers
+from pycaffe_lite.blob import Blob
+from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import math_functions as gm
+from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.proto import caffe_pb2
+
+from .bias import broadcast_dims, channel_sum, param_shape
+
+KERNELS = Path(__file__).with_suffix(".cu")
+
+
+@register_layer("Scale")
+class ScaleLayer(Layer):
+    min_bottom_blobs = 1
+    max_bottom_blobs = 2
+    exact_num_top_blobs = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.scale_param
+        scale_is_param = len(bottom) == 1
+        if scale_is_param:
+            shape = param_shape(self, bottom[0], p.axis, p.num_axes)
+        else:
+            shape = param_shape(self, bottom[0], p.axis, bottom[1].num_axes)
+        expected = [shape] * (int(scale_is_param) + int(p.bias_term))
+        self.bias_index = int(scale_is_param) if p.bias_term else None
+        if self.blobs:
+            if len(self.blobs) != len(expected):
+                raise self.error(f"has {len(self.blobs)} param blobs, expected {len(expected)}")
+            self.check_param_shapes(expected)
+            return
+        if scale_is_param:
+            blob = self.make_param_blob(shape)
+            if p.HasField("filler"):
+                fillers.fill(blob, p.filler)
+            else:
+                fillers.fill(blob, caffe_pb2.FillerParameter(type="constant", value=1.0))
+            self.blobs.append(blob)
+        if p.bias_term:
+            blob = self.make_param_blob(shape)
+            fillers.fill(blob, p.bias_filler if p.HasField("bias_filler") else None)
+            self.blobs.append(blob)
+
+    def _scale(self, bottom) -> Blob:
+        return bottom[1] if len(bottom) > 1 else self.blobs[0]
+
+    def reshape(self, bottom, top):
+        self.outer, self.dim, self.inner = broadcast_dims(
+            self, bottom[0], self._scale(bottom), self.layer_param.scale_param.axis
+        )
+        self.in_place = bottom[0] is top[0]
+        if self.in_place:  # the input is needed for the scale gradient but gets overwritten
+            if not hasattr(self, "_saved") or self._saved.dtype != self.dtype:
+                self._saved = Blob(dtype=self.dtype)
+            self._saved.reshape(bottom[0].shape)
+        else:
+            top[0].reshape(bottom[0].shape)
+        if not hasattr(self, "_product"):
+            self._product = Blob(dtype=self.dtype)
+
+    def _view(self, a):
+        return a.reshape(self.outer, self.dim, self.inner)
+
+    def _input(self, bottom) -> Blob:
+        return self._saved if self.in_place else bottom[0]
+
+    # -- CPU --------------------------------------------------------------------------------
+    def forward_cpu(self, bottom, top):
+        x = bottom[0].cpu_data()
+        if self.in_place:
+            self._saved.mutable_cpu_data()[...] = x
+        y = self._view(x) * self._scale(bottom).cpu_data().reshape(1, self.dim, 1)
+        if self.bias_index is not None:
+            y = y + self.blobs[self.bias_index].cpu_data().reshape(1, self.dim, 1)
+        top[0].mutable_cpu_data()[...] = y.reshape(top[0].shape)
+
+    def _scale_grad_wanted(self, bottom, propagate_down) -> tuple[bool, bool]:
+        """(compute it, accumulate it): a param accumulates, a bottom is assigned."""
+        if len(bottom) > 1:
+            return bool(propagate_down[1]), False
+        return bool(self.param_propagate_down[0]), True
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        dy = self._view(top[0].cpu_diff())
+        bi = self.bias_index
+        if bi is not None and self.param_propagate_down[bi]:
+            self.blobs[bi].mutable_cpu_diff()[...] += dy.sum(axis=(0, 2)).reshape(self.blobs[bi].shape)
+        scale = self._scale(bottom)
+        want, accumulate = self._scale_grad_wanted(bottom, propagate_down)
+        if want:
+            x = self._view(self._input(bottom).cpu_data())
+            g = (dy * x).sum(axis=(0, 2)).reshape(scale.shape)
+            if accumulate:
+                scale.mutable_cpu_diff()[...] += g
+            else:
+                scale.mutable_cpu_diff()[...] = g
+        if propagate_down[0]:
+            dx = dy * scale.cpu_data().reshape(1, self.dim, 1)
+            bottom[0].mutable_cpu_diff()[...] = dx.reshape(bottom[0].shape)
+
+    # -- GPU --------------------------------------------------------------------------------
+    def forward_gpu(self, bottom, top):
+        n, dt = bottom[0].count, self.dtype
+        if self.in_place:
+            gm.copy(n, bottom[0].gpu_data(), self._saved.mutable_gpu_data(), dt)
+        x = self._input(bottom).gpu_data()
+        s = self._scale(bottom).gpu_data()
+        if self.bias_index is not None:
+            k = backend.kernel(KERNELS, "scale_bias_forward", dt, "iiiPPPP")
+            k(n, n, self.dim, self.inner, x, s, self.blobs[self.bias_index].gpu_data(), top[0].mutable_gpu_data())
+        else:
+            k = backend.kernel(KERNELS, "scale_forward", dt, "iiiPPP")
+            k(n, n, self.dim, self.inner, x, s, top[0].mutable_gpu_data())
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        n, dt = top[0].count, self.dtype
+        dy = top[0].gpu_diff()
+        bi = self.bias_index
+        if bi is not None and self.param_propagate_down[bi]:
+            channel_sum(self.outer, self.dim, self.inner, dy, self.blobs[bi].mutable_gpu_diff(), dt, True)
+        scale = self._scale(bottom)
+        want, accumulate = self._scale_grad_wanted(bottom, propagate_down)
+        if want:
+            self._product.reshape(top[0].shape)
+            prod = self._product.mutable_gpu_data()
+            gm.mul(n, dy, self._input(bottom).gpu_data(), prod, dt)
+            channel_sum(self.outer, self.dim, self.inner, prod, scale.mutable_gpu_diff(), dt, accumulate)
+        if propagate_down[0]:
+            k = backend.kernel(KERNELS, "scale_forward", dt, "iiiPPP")
+            k(n, n, self.dim, self.inner, dy, scale.gpu_data(), bottom[0].mutable_gpu_diff())
+
+

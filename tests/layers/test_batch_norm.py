@@ -1,0 +1,182 @@
+"""BatchNorm: batch and global statistics, Caffe's running sums, gradients, CPU/GPU agreement."""
+
+import numpy as np
+import pytest
+
+import pycaffe_lite as caffe
+from pycaffe_lite.gradient_check import GradientChecker
+from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+
+
+def run_layer(text, arrays, ntop=1, propagate=None, seed=5, dtype=np.float64):
+    """Set up, forward, then backward with fixed random top diffs; returns (layer, bottom, top)."""
+    caffe.set_random_seed(seed)
+    layer = make_layer(text, dtype)
+    bottom, top = blobs(arrays, dtype), empty_blobs(ntop, dtype)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    rng = np.random.default_rng(seed)
+    for t in top:
+        t.mutable_cpu_diff()[...] = rng.standard_normal(t.shape)
+    for p in layer.blobs:
+        p.mutable_cpu_diff()[...] = 0.25  # param diffs accumulate onto this
+    layer.backward(top, propagate if propagate is not None else [True] * len(bottom), bottom)
+    return layer, bottom, top
+
+
+def assert_cpu_gpu_agree(text, arrays, ntop=1, propagate=None, rtol=1e-9, atol=1e-11, dtype=np.float64):
+    """Same layer and inputs on both devices: tops, bottom diffs, param data and diffs agree."""
+    results = []
+    for gpu in (False, True):
+        caffe.set_mode_gpu() if gpu else caffe.set_mode_cpu()
+        try:
+            layer, bottom, top = run_layer(text, arrays, ntop, propagate, dtype=dtype)
+            prop = propagate if propagate is not None else [True] * len(bottom)
+            out = [t.cpu_data().copy() for t in top]
+            out += [b.cpu_diff().copy() for b, p in zip(bottom, prop) if p]
+            out += [p.cpu_data().copy() for p in layer.blobs] + [p.cpu_diff().copy() for p in layer.blobs]
+            results.append(out)
+        finally:
+            caffe.set_mode_cpu()
+    assert len(results[0]) == len(results[1])
+    for i, (a, b) in enumerate(zip(*results)):
+        np.testing.assert_allclose(b, a, rtol=rtol, atol=atol, err_msg=f"array {i}")
+
+
+RNG = np.random.default_rng(2)
+X = RNG.standard_normal((3, 2, 2, 3)) * 2 + 1
+TRAIN = 'type: "BatchNorm" phase: TRAIN'
+GLOBAL = 'type: "BatchNorm" batch_norm_param { use_global_stats: true }'
+
+
+def set_stats(layer, mean, var, factor):
+    layer.blobs[0].mutable_cpu_data()[...] = mean
+    layer.blobs[1].mutable_cpu_data()[...] = var
+    layer.blobs[2].mutable_cpu_data()[...] = factor
+
+
+def test_blobs_and_param_specs():
+    layer = make_layer(TRAIN)
+    layer.setup(blobs([X]), empty_blobs(1))
+    assert [b.shape for b in layer.blobs] == [(2,), (2,), (1,)]
+    assert all(np.all(b.cpu_data() == 0) for b in layer.blobs)
+    assert [p.lr_mult for p in layer.layer_param.param] == [0, 0, 0]
+    assert layer.param_propagate_down == [False, False, False]
+    assert not layer.use_global_stats
+    test_layer = make_layer('type: "BatchNorm" phase: TEST')
+    test_layer.setup(blobs([X]), empty_blobs(1))
+    assert test_layer.use_global_stats
+
+
+def test_learned_stats_rejected():
+    layer = make_layer('type: "BatchNorm" param { lr_mult: 1 }')
+    with pytest.raises(caffe.NetError, match="lr_mult"):
+        layer.setup(blobs([X]), empty_blobs(1))
+
+
+def test_batch_forward_and_running_sums(mode):
+    layer = make_layer('type: "BatchNorm" batch_norm_param { moving_average_fraction: 0.9 eps: 1e-3 }')
+    bottom, top = blobs([X]), empty_blobs(1)
+    layer.setup(bottom, top)
+    mean = X.mean(axis=(0, 2, 3))
+    var = X.var(axis=(0, 2, 3))
+    m = X.size / 2
+    layer.forward(bottom, top)
+    expect = (X - mean[None, :, None, None]) / np.sqrt(var + 1e-3)[None, :, None, None]
+    np.testing.assert_allclose(top[0].cpu_data(), expect, rtol=1e-10)
+    np.testing.assert_allclose(layer.blobs[2].cpu_data(), [1.0])
+    np.testing.assert_allclose(layer.blobs[0].cpu_data(), mean)
+    np.testing.assert_allclose(layer.blobs[1].cpu_data(), var * m / (m - 1))
+    layer.forward(bottom, top)
+    np.testing.assert_allclose(layer.blobs[2].cpu_data(), [1.9])
+    np.testing.assert_allclose(layer.blobs[0].cpu_data(), 1.9 * mean)
+    np.testing.assert_allclose(layer.blobs[1].cpu_data(), 1.9 * var * m / (m - 1))
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.0])
+def test_global_forward_divides_by_scale_factor(mode, factor):
+    layer = make_layer(GLOBAL)
+    bottom, top = blobs([X]), empty_blobs(1)
+    layer.setup(bottom, top)
+    set_stats(layer, [2.0, -4.0], [8.0, 0.5], factor)
+    layer.forward(bottom, top)
+    sf = 0.0 if factor == 0 else 1 / factor
+    mean = sf * np.array([2.0, -4.0])
+    var = sf * np.array([8.0, 0.5])
+    eps = layer.eps  # float32 1e-5
+    expect = (X - mean[None, :, None, None]) / np.sqrt(var + eps)[None, :, None, None]
+    np.testing.assert_allclose(top[0].cpu_data(), expect, rtol=1e-10)
+    np.testing.assert_allclose(layer.blobs[2].cpu_data(), [factor])  # untouched at test time
+    top[0].mutable_cpu_diff()[...] = 1.0
+    layer.backward(top, [True], bottom)
+    np.testing.assert_allclose(bottom[0].cpu_diff(), np.broadcast_to(1 / np.sqrt(var + eps)[None, :, None, None], X.shape))
+
+
+def test_two_axis_input():
+    x = RNG.standard_normal((5, 3))
+    layer, _, top = run_layer(TRAIN, [x])
+    np.testing.assert_allclose(top[0].cpu_data(), (x - x.mean(0)) / np.sqrt(x.var(0) + layer.eps), rtol=1e-10)
+
+
+def test_in_place(mode):
+    layer = make_layer(TRAIN)
+    (b,) = blobs([X])
+    layer.setup([b], [b])
+    layer.forward([b], [b])
+    y = b.cpu_data().copy()
+    np.testing.assert_allclose(y.mean(axis=(0, 2, 3)), 0, atol=1e-12)
+    dy = RNG.standard_normal(X.shape)
+    b.mutable_cpu_diff()[...] = dy
+    layer.backward([b], [True], [b])
+    std = np.sqrt(X.var(axis=(0, 2, 3)) + layer.eps)[None, :, None, None]
+    expect = (dy - dy.mean(axis=(0, 2, 3), keepdims=True) - y * (dy * y).mean(axis=(0, 2, 3), keepdims=True)) / std
+    np.testing.assert_allclose(b.cpu_diff(), expect, rtol=1e-9, atol=1e-12)
+
+
+def test_gradient_batch_stats(mode):
+    GradientChecker(1e-3, 1e-4).check(make_layer(TRAIN), blobs([X]), empty_blobs(1))
+
+
+def test_gradient_global_stats(mode):
+    layer = make_layer(GLOBAL)
+    bottom, top = blobs([X]), empty_blobs(1)
+    layer.setup(bottom, top)
+    set_stats(layer, [1.0, 2.0], [3.0, 0.5], 1.5)
+    GradientChecker(1e-3, 1e-5).check(layer, bottom, top)
+    assert layer.blobs[2].cpu_data()[0] == 1.5  # global statistics are never updated
+
+
+def test_net_gives_zero_lr(tmp_path):
+    net_file = tmp_path / "bn.prototxt"
+    net_file.write_text(
+        'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 dim: 2 } } }\n'
+        'layer { name: "bn" type: "BatchNorm" bottom: "x" top: "y" }\n'
+    )
+    net = caffe.Net(str(net_file), caffe.TRAIN)
+    assert [b.shape for b in net.params["bn"]] == [(3,), (3,), (1,)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("text", [TRAIN, 'type: "BatchNorm" phase: TRAIN batch_norm_param { eps: 0.1 moving_average_fraction: 0.5 }'])
+def test_cpu_gpu_agree_batch(text):
+    assert_cpu_gpu_agree(text, [X])
+
+
+@pytest.mark.gpu
+def test_cpu_gpu_agree_global():
+    results = []
+    for gpu in (False, True):
+        caffe.set_mode_gpu() if gpu else caffe.set_mode_cpu()
+        try:
+            layer = make_layer(GLOBAL)
+            bottom, top = blobs([X]), empty_blobs(1)
+            layer.setup(bottom, top)
+            set_stats(layer, [1.0, 2.0], [3.0, 0.5], 1.5)
+            layer.forward(bottom, top)
+            top[0].mutable_cpu_diff()[...] = np.arange(X.size).reshape(X.shape) / X.size
+            layer.backward(top, [True], bottom)
+            results.append((top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()))
+        finally:
+            caffe.set_mode_cpu()
+    for a, b in zip(*results):
+        np.testing.assert_allclose(b, a, rtol=1e-10)
