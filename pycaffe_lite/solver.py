@@ -102,8 +102,10 @@ def resolve_path(name: str, base_dir: Path | None) -> str:
 class Solver:
     """Base solver. Subclasses (``sgd_solvers``) define the update rule.
 
-    ``Solver(solver_file_or_param, dtype=np.float32, progress=None)``; ``progress``: True/False
-    to force the tqdm progress bar on/off, None for "only when stderr is a terminal".
+    ``Solver(solver_file_or_param, dtype=np.float32, progress=None, solver_dir=None)``;
+    ``progress``: True/False forces the tqdm progress bar on/off, None shows it only when stderr
+    is a terminal; ``solver_dir``: where relative net paths are also looked up (default: the
+    solver file's folder). ``weights`` in the SolverParameter are loaded into every net.
     Attributes: ``param``, ``net``, ``test_nets``, ``iter``, ``current_step``, ``history``.
     """
 
@@ -117,8 +119,11 @@ class Solver:
         *,
         dtype: np.dtype | type = np.float32,
         progress: bool | None = None,
+        solver_dir: str | os.PathLike | None = None,
     ) -> None:
         self.param, self._solver_dir = load_solver_param(solver)
+        if solver_dir is not None:
+            self._solver_dir = Path(solver_dir)
         self.source = None if isinstance(solver, caffe_pb2.SolverParameter) else str(solver)
         self.dtype = np.dtype(dtype)
         self.progress = progress
@@ -136,6 +141,8 @@ class Solver:
         log.info("Initializing solver from parameters%s", f" ({self.source})" if self.source else "")
         self.net = self._init_train_net()
         self.test_nets = self._init_test_nets()
+        for spec in self.param.weights:
+            self.load_weights(spec)
         self.history: list[Blob] = [
             Blob(p.shape, self.dtype) for _ in range(self.history_factor) for p in self.net.learnable_params
         ]
@@ -246,6 +253,18 @@ class Solver:
             states = (p.test_state[i],) if p.test_state else ()
             nets.append(self._make_net(net_param, common.TEST, *states))
         return nets
+
+    def load_weights(self, spec: str) -> None:
+        """Copy weights from a comma-separated list of .caffemodel files into the train and test
+        nets (layers matched by name; Caffe's CopyLayers / LoadNetWeights)."""
+        for name in (s.strip() for s in str(spec).split(",")):
+            if not name:
+                continue
+            if not os.path.isfile(name):
+                raise WeightsError(f"{name}: weights file not found")
+            log.info("Finetuning from %s", name)
+            for net in (self.net, *self.test_nets):
+                net.copy_from(name)
 
     # ------------------------------------------------------------------------------------------
     # pycaffe extras

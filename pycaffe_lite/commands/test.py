@@ -1,0 +1,71 @@
+"""``pycaffe-lite test --model M --weights W [--iterations K] [--gpu N]``: score a model.
+
+As ``caffe test``: runs K forward passes of the TEST-phase net, logs every output per batch, and
+prints each output averaged over the batches (with its weighted loss contribution) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from ..errors import PrototxtError, WeightsError
+from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
+
+NAME = "test"
+HELP = "score a model: average its outputs over --iterations batches"
+
+log = logging.getLogger("pycaffe_lite")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    flag(parser, "model", required=True, metavar="NET.prototxt", help="the net definition")
+    flag(parser, "weights", required=True, metavar="W.caffemodel", help="the trained weights")
+    flag(parser, "iterations", type=int, default=50, help="number of batches (default 50)")
+    add_gpu_argument(parser)
+    add_net_state_arguments(parser)
+
+
+def score(net, iterations: int) -> tuple[float, list[tuple[str, float, float]]]:
+    """Run ``iterations`` forward passes; (mean loss, [(output name, mean value, loss weight)])."""
+    sums: list[float] = []
+    names: list[str] = []
+    loss = 0.0
+    for i in range(iterations):
+        loss += net.forward_prefilled()
+        idx = 0
+        for name in net.outputs:
+            for value in net.blobs[name].cpu_data().ravel():
+                value = float(value)
+                if i == 0:
+                    sums.append(value)
+                    names.append(name)
+                else:
+                    sums[idx] += value
+                idx += 1
+                log.info("Batch %d, %s = %g", i, name, value)
+    weights = net.blob_loss_weights
+    return loss / iterations, [(n, s / iterations, weights[n]) for n, s in zip(names, sums)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import common
+    from ..net import Net
+
+    if args.iterations < 1:
+        raise PrototxtError(f"--iterations must be >= 1, got {args.iterations}")
+    if not os.path.isfile(args.model):
+        raise PrototxtError(f"{args.model}: model file not found")
+    if not os.path.isfile(args.weights):
+        raise WeightsError(f"{args.weights}: weights file not found")
+    use_device(parse_gpu(args.gpu))
+    net = Net(args.model, common.TEST, level=args.level, stages=stages(args) or None)
+    net.copy_from(args.weights)
+    log.info("Running for %d iterations.", args.iterations)
+    loss, results = score(net, args.iterations)
+    log.info("Loss: %g", loss)
+    for name, mean, weight in results:
+        extra = f" (* {weight:g} = {weight * mean:g} loss)" if weight else ""
+        print(f"{name} = {mean:g}{extra}")
+    return 0

@@ -1,0 +1,121 @@
+"""``pycaffe-lite train --solver S [--weights W | --snapshot STATE] [--gpu N] [--no-progress]``.
+
+As ``caffe train``: the solver file's ``solver_mode: GPU`` (with ``device_id``) applies when no
+``--gpu`` is given. SIGINT (Ctrl-C) stops training after the current iteration and writes a
+snapshot first (a second Ctrl-C aborts at once); SIGHUP writes a snapshot and continues. The
+effects can be changed with ``--sigint_effect`` / ``--sighup_effect`` (stop, snapshot, none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+
+from ..errors import CaffeError, PrototxtError
+from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
+
+NAME = "train"
+HELP = "train or finetune a model from a solver prototxt"
+EFFECTS = ("stop", "snapshot", "none")
+
+log = logging.getLogger("pycaffe_lite")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    flag(parser, "solver", required=True, metavar="SOLVER.prototxt", help="the solver definition")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--weights", "-weights", dest="weights", metavar="W.caffemodel[,W2...]",
+                       help="initialize from these weights (finetuning)")
+    group.add_argument("--snapshot", "-snapshot", dest="snapshot", metavar="STATE.solverstate",
+                       help="resume training from this solver state")
+    add_gpu_argument(parser)
+    add_net_state_arguments(parser)
+    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                        help="no progress bar (it is shown only when stderr is a terminal anyway)")
+    flag(parser, "sigint_effect", choices=EFFECTS, default="stop",
+         help="on SIGINT: stop (after writing a snapshot; default), snapshot, or none")
+    flag(parser, "sighup_effect", choices=EFFECTS, default="snapshot",
+         help="on SIGHUP: snapshot (default), stop, or none")
+
+
+class _Signals:
+    """Turns SIGINT/SIGHUP into solver actions polled by the training loop."""
+
+    def __init__(self, sigint_effect: str, sighup_effect: str) -> None:
+        self.effects = {signal.SIGINT: sigint_effect}
+        if hasattr(signal, "SIGHUP"):
+            self.effects[signal.SIGHUP] = sighup_effect
+        self.pending: list[int] = []
+        self.previous: dict[int, object] = {}
+        self.stopped_by_signal = False
+
+    def _handle(self, signum, frame) -> None:
+        self.pending.append(signum)
+        if signum == signal.SIGINT and self.effects[signum] == "stop":
+            # A second Ctrl-C aborts immediately.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def install(self) -> None:
+        for sig in self.effects:
+            try:
+                self.previous[sig] = signal.signal(sig, self._handle)
+            except (ValueError, OSError):  # not the main thread: no signal handling
+                pass
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            try:
+                signal.signal(sig, handler)
+            except (ValueError, OSError):
+                pass
+
+    def action(self) -> str:
+        while self.pending:
+            sig = self.pending.pop(0)
+            effect = self.effects[sig]
+            name = signal.Signals(sig).name
+            if effect == "stop":
+                log.info("%s received: stopping after this iteration.", name)
+                self.stopped_by_signal = True
+                return "stop"
+            if effect == "snapshot":
+                log.info("%s received: writing a snapshot.", name)
+                return "snapshot"
+        return "none"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..sgd_solvers import solver_class
+    from ..solver import load_solver_param
+
+    if not os.path.exists(args.solver):
+        raise PrototxtError(f"{args.solver}: solver file not found")
+    param, solver_dir = load_solver_param(args.solver)
+    param.train_state.level = args.level
+    param.train_state.stage.extend(stages(args))
+    device = parse_gpu(args.gpu)
+    if device is None and param.HasField("solver_mode") and param.solver_mode == param.GPU:
+        device = param.device_id
+    use_device(device)
+    if args.snapshot and not os.path.isfile(args.snapshot):
+        raise CaffeError(f"{args.snapshot}: solver state file not found")
+    solver = solver_class(param.type)(param, progress=args.progress, solver_dir=solver_dir)
+    solver.source = args.solver
+    if args.snapshot:
+        log.info("Resuming from %s", args.snapshot)
+        solver.restore(args.snapshot)
+    elif args.weights:
+        solver.load_weights(args.weights)
+    signals = _Signals(args.sigint_effect, args.sighup_effect)
+    solver.set_action_function(signals.action)
+    log.info("Starting Optimization")
+    signals.install()
+    try:
+        solver.solve()
+        if signals.stopped_by_signal and solver._last_snapshot_iter != solver.iter:
+            solver.snapshot()
+    finally:
+        signals.restore()
+    return 0
