@@ -1,0 +1,55 @@
+// Accuracy on (outer, channels, inner) scores and (outer, inner) labels. Dtype and
+// CUDA_KERNEL_LOOP come from the backend prelude.
+
+// Per position p = (o, s): valid[p] = 0 for ignored labels (and for labels outside
+// [0, channels), which are never read), else 1; correct[p] = 1 when fewer than top_k other
+// classes score >= the true class.
+__global__ void accuracy_forward(const int n, const Dtype* scores, const Dtype* label,
+                                 const int channels, const int inner, const int has_ignore,
+                                 const int ignore_label, const int top_k, Dtype* correct,
+                                 Dtype* valid) {
+  CUDA_KERNEL_LOOP(p, n) {
+    const int o = p / inner, s = p - o * inner;
+    const int l = static_cast<int>(label[p]);
+    if ((has_ignore && l == ignore_label) || l < 0 || l >= channels) {
+      correct[p] = 0;
+      valid[p] = 0;
+    } else {
+      const Dtype* row = scores + o * channels * inner + s;
+      const Dtype t = row[l * inner];
+      int better = -1;  // the true class counts itself
+      for (int c = 0; c < channels && better < top_k; ++c) better += (row[c * inner] >= t);
+      correct[p] = better < top_k ? Dtype(1) : Dtype(0);
+      valid[p] = 1;
+    }
+  }
+}
+
+// One block per output: out[blockIdx.x] = Σ correct / Σ valid over the positions whose label is
+// blockIdx.x (when per_class >= 0) or over all positions (per_class < 0); 0 when nothing counts.
+// Shared memory: 2 * blockDim.x Dtypes.
+__global__ void accuracy_reduce(const int n, const Dtype* correct, const Dtype* valid,
+                                const int per_class, const Dtype* label, Dtype* out) {
+  extern __shared__ unsigned char accuracy_smem[];
+  Dtype* sa = reinterpret_cast<Dtype*>(accuracy_smem);
+  Dtype* sn = sa + blockDim.x;
+  const int cls = blockIdx.x;
+  Dtype a = 0, m = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (per_class < 0 || static_cast<int>(label[i]) == cls) {
+      a += correct[i];
+      m += valid[i];
+    }
+  }
+  sa[threadIdx.x] = a;
+  sn[threadIdx.x] = m;
+  __syncthreads();
+  for (int step = blockDim.x / 2; step > 0; step >>= 1) {
+    if (threadIdx.x < step) {
+      sa[threadIdx.x] += sa[threadIdx.x + step];
+      sn[threadIdx.x] += sn[threadIdx.x + step];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[cls] = sn[0] > 0 ? sa[0] / sn[0] : Dtype(0);
+}
