@@ -1,0 +1,97 @@
+"""Slice: split bottom along ``axis`` (or legacy ``slice_dim``) into the tops.
+
+``slice_point`` gives the len(top) - 1 increasing split indices; without it the axis is split
+into len(top) equal parts (it must divide). Backward concatenates the top diffs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pycaffe_lite.gpu import backend
+from pycaffe_lite.layer import Layer, register_layer
+
+KERNELS = Path(__file__).with_suffix(".cu")
+
+
+@register_layer("Slice")
+class SliceLayer(Layer):
+    exact_num_bottom_blobs = 1
+    min_top_blobs = 1
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.slice_param
+        if p.HasField("axis") and p.HasField("slice_dim"):
+            raise self.error("specify either slice_param.axis or the legacy slice_dim, not both")
+        self.slice_points = list(p.slice_point)
+
+    def reshape(self, bottom, top):
+        p = self.layer_param.slice_param
+        axis = p.slice_dim if p.HasField("slice_dim") else p.axis
+        self.axis = bottom[0].canonical_axis(axis)
+        dim = bottom[0].shape[self.axis]
+        ntop = len(top)
+        if self.slice_points:
+            if len(self.slice_points) != ntop - 1:
+                raise self.error(
+                    f"{len(self.slice_points)} slice_point values for {ntop} tops (need {ntop - 1})"
+                )
+            prev, sizes = 0, []
+            for pt in self.slice_points:
+                if pt <= prev:
+                    raise self.error(f"slice_point values must be increasing and positive, got {self.slice_points}")
+                sizes.append(pt - prev)
+                prev = pt
+            if prev > dim:
+                raise self.error(
+                    f"slice_point {prev} beyond the size {dim} of axis {self.axis} of bottom {bottom[0].shape}"
+                )
+            sizes.append(dim - prev)
+        else:
+            if dim % ntop:
+                raise self.error(
+                    f"cannot split axis {self.axis} of size {dim} (bottom {bottom[0].shape}) into {ntop} equal parts"
+                )
+            sizes = [dim // ntop] * ntop
+        self.sizes = sizes
+        self.outer = bottom[0].count_range(0, self.axis)
+        self.inner = bottom[0].count_range(self.axis + 1)
+        for t, s in zip(top, sizes):
+            shape = list(bottom[0].shape)
+            shape[self.axis] = s
+            t.reshape(shape)
+
+    def _bounds(self):
+        start = 0
+        for s in self.sizes:
+            yield start, s
+            start += s
+
+    def forward_cpu(self, bottom, top):
+        x = bottom[0].cpu_data().reshape(self.outer, -1, self.inner)
+        for t, (start, s) in zip(top, self._bounds()):
+            t.mutable_cpu_data()[...] = x[:, start:start + s].reshape(t.shape)
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if not propagate_down[0]:
+            return
+        dx = bottom[0].mutable_cpu_diff().reshape(self.outer, -1, self.inner)
+        for t, (start, s) in zip(top, self._bounds()):
+            dx[:, start:start + s] = t.cpu_diff().reshape(self.outer, s, self.inner)
+
+    def _copy_gpu(self, top, bottom_ptr: int, forward: bool) -> None:
+        dim = sum(self.sizes)
+        k = backend.kernel(KERNELS, "slice_copy", self.dtype, "iiiiiiPP")
+        for t, (start, s) in zip(top, self._bounds()):
+            n = t.count
+            if n == 0:
+                continue
+            tptr = t.mutable_gpu_data() if forward else t.gpu_diff()
+            k(n, n, self.inner, dim, s, start, int(forward), bottom_ptr, tptr)
+
+    def forward_gpu(self, bottom, top):
+        self._copy_gpu(top, bottom[0].gpu_data(), True)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            self._copy_gpu(top, bottom[0].mutable_gpu_diff(), False)
