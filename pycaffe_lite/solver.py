@@ -556,8 +556,8 @@ class Solver:
     def restore(self, path: str | os.PathLike) -> None:
         """Load a .solverstate (iteration, step counter, history) and its learned_net weights.
 
-        A relative ``learned_net`` is looked up from the current directory first, then from the
-        solverstate's folder.
+        ``learned_net`` is looked up as written (relative: from the current directory), then in
+        the solverstate's folder (so snapshots can be moved or resumed from another folder).
         """
         path = str(path)
         if path.endswith((".h5", ".hdf5")):
@@ -575,6 +575,8 @@ class Solver:
             )
         if state.learned_net:
             model = resolve_path(state.learned_net, Path(path).parent)
+            if not os.path.isfile(model):  # moved together with its solverstate
+                model = str(Path(path).parent / Path(state.learned_net).name)
             if not os.path.isfile(model):
                 raise WeightsError(f"{path}: learned_net '{state.learned_net}' not found")
             self.net.copy_from(model)
