@@ -19,6 +19,7 @@ class EuclideanLossLayer(Layer):
     exact_num_bottom_blobs = 2
     exact_num_top_blobs = 1
     is_loss = True
+    auto_top_blobs = True  # Caffe's LossLayer: a missing top is created
 
     def layer_setup(self, bottom, top):
         self.diff = Blob((), self.dtype)  # a - b, kept for backward

@@ -36,6 +36,7 @@ class SoftmaxWithLossLayer(Layer):
     min_top_blobs = 1
     max_top_blobs = 2
     is_loss = True
+    auto_top_blobs = True  # Caffe's LossLayer: a missing top is created
 
     def layer_setup(self, bottom, top):
         sm = caffe_pb2.LayerParameter(name=f"{self.name}_softmax", type="Softmax")

@@ -31,7 +31,7 @@ def test_train_rate_and_scale(mode, ratio):
     ratio32 = float(np.float32(ratio))  # dropout_ratio is a float field
     assert abs(1 - kept.mean() - ratio32) < 0.01
     np.testing.assert_allclose(y[kept], x[kept] / (1 - ratio32), rtol=1e-6)
-    assert abs(y.mean() / x.mean() - 1) < 0.02  # unbiased in expectation
+    assert abs(y.mean() / x.mean() - 1) < 0.03  # unbiased in expectation
 
 
 def test_same_seed_same_mask_new_draw_otherwise(mode):
@@ -177,3 +177,22 @@ def test_cpu_gpu_agree_at_test(dtype):
             caffe.set_mode_cpu()
     for a, b in zip(out["cpu"], out["gpu"]):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
+def test_phase_comes_from_the_net(mode, phase):
+    from pycaffe_lite.proto import caffe_pb2
+    from pycaffe_lite.protoio import parse_text
+
+    text = """layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 40 dim: 50 } } }
+    layer { name: "drop" type: "Dropout" bottom: "data" top: "data" dropout_param { dropout_ratio: 0.5 } }"""
+    net = caffe.Net(parse_text(text, caffe_pb2.NetParameter(), "<net>"), getattr(caffe, phase), dtype=np.float64)
+    net.blobs["data"].data[...] = 1.0
+    common.set_random_seed(3)
+    net.forward()
+    y = net.blobs["data"].data
+    if phase == "TEST":
+        assert np.all(y == 1.0)
+    else:
+        assert set(np.unique(y)) == {0.0, 2.0}
+        assert 0.4 < (y == 0).mean() < 0.6

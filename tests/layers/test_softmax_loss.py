@@ -175,3 +175,23 @@ def test_cpu_gpu_agree(dtype, text):
     tol = 2e-5 if dtype == np.float32 else 1e-12
     for a, b in zip(out["cpu"], out["gpu"]):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_in_a_net_auto_top_and_no_label_gradient(mode):
+    from pycaffe_lite.proto import caffe_pb2
+    from pycaffe_lite.protoio import parse_text
+
+    text = """force_backward: true
+    layer { name: "data" type: "Input" top: "data" top: "label"
+            input_param { shape { dim: 2 dim: 3 } shape { dim: 2 } } }
+    layer { name: "loss" type: "SoftmaxWithLoss" bottom: "data" bottom: "label" loss_weight: 2 }"""
+    net = caffe.Net(parse_text(text, caffe_pb2.NetParameter(), "<net>"), caffe.TRAIN, dtype=np.float64)
+    x = np.random.default_rng(5).standard_normal((2, 3))
+    net.blobs["data"].data[...] = x
+    net.blobs["label"].data[...] = [1, 2]
+    (loss,) = net.forward().values()  # the loss layer got an automatic top
+    expected, grad = naive_loss(x, np.array([1, 2]))
+    np.testing.assert_allclose(loss, expected, rtol=1e-12)
+    net.backward()
+    np.testing.assert_allclose(net.blobs["data"].diff, 2 * grad, rtol=1e-11)
+    assert np.all(net.blobs["label"].diff == 0)  # force_backward never reaches the labels
