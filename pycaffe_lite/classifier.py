@@ -1,0 +1,78 @@
+"""Classifier: a Net for image classification with resizing, center crop or 10-crop
+oversampling (BVLC's ``caffe.Classifier``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import io as caffe_io
+from . import pycaffe  # noqa: F401  (attaches forward_all to Net)
+from .common import TEST
+from .net import Net
+
+
+class Classifier(Net):
+    """``Classifier(model_file, pretrained_file, image_dims=None, mean=None, input_scale=None,
+    raw_scale=None, channel_swap=None)``: a TEST-phase net whose first input takes images.
+
+    ``image_dims`` (H, W): size images are resized to before cropping (default: the net's input
+    size). ``mean``, ``input_scale``, ``raw_scale``, ``channel_swap`` configure ``self.transformer``.
+    """
+
+    def __init__(
+        self,
+        model_file: str | os.PathLike,
+        pretrained_file: str | os.PathLike | None,
+        image_dims: Sequence[int] | None = None,
+        mean: np.ndarray | None = None,
+        input_scale: float | None = None,
+        raw_scale: float | None = None,
+        channel_swap: Sequence[int] | None = None,
+    ) -> None:
+        Net.__init__(self, model_file, pretrained_file, TEST)
+        in_ = self.inputs[0]
+        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].data.shape})
+        self.transformer.set_transpose(in_, (2, 0, 1))
+        if mean is not None:
+            self.transformer.set_mean(in_, mean)
+        if input_scale is not None:
+            self.transformer.set_input_scale(in_, input_scale)
+        if raw_scale is not None:
+            self.transformer.set_raw_scale(in_, raw_scale)
+        if channel_swap is not None:
+            self.transformer.set_channel_swap(in_, channel_swap)
+        self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
+        if image_dims is None or len(image_dims) == 0:
+            image_dims = self.crop_dims
+        self.image_dims = np.array(image_dims)
+
+    def predict(self, inputs: Sequence[np.ndarray], oversample: bool = True) -> np.ndarray:
+        """Class scores (N, C) for N images (H, W, K): the mean over 10 crops when
+        ``oversample``, else the center crop."""
+        if len(inputs) == 0:
+            raise ValueError("Classifier.predict needs at least one image")
+        input_ = np.zeros(
+            (len(inputs), int(self.image_dims[0]), int(self.image_dims[1]), inputs[0].shape[2]),
+            dtype=np.float32,
+        )
+        for ix, in_ in enumerate(inputs):
+            input_[ix] = caffe_io.resize_image(in_, self.image_dims)
+        if oversample:
+            input_ = caffe_io.oversample(input_, self.crop_dims)
+        else:
+            center = self.image_dims / 2.0
+            start = (center - self.crop_dims / 2.0).astype(int)
+            end = start + self.crop_dims
+            input_ = input_[:, start[0] : end[0], start[1] : end[1], :]
+        in_name = self.inputs[0]
+        caffe_in = np.zeros(np.array(input_.shape)[[0, 3, 1, 2]], dtype=np.float32)
+        for ix, in_ in enumerate(input_):
+            caffe_in[ix] = self.transformer.preprocess(in_name, in_)
+        out = self.forward_all(**{in_name: caffe_in})
+        predictions = out[self.outputs[0]]
+        if oversample:
+            predictions = predictions.reshape((len(predictions) // 10, 10, -1)).mean(1)
+        return predictions
