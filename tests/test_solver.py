@@ -497,3 +497,34 @@ def test_package_exports():
         pytest.skip("pycaffe_lite/__init__.py does not export the solver API yet")
     for name in ("SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver"):
         assert getattr(caffe, name) is getattr(sgd_solvers, name)
+
+
+def test_training_with_real_loss_layers(caplog):
+    """DummyData -> InnerProduct -> SoftmaxWithLoss (+ Accuracy in TEST): the loss goes down."""
+    needed = {"DummyData", "SoftmaxWithLoss", "Accuracy"}
+    if not needed <= set(layer_type_list()):
+        pytest.skip(f"layers not written yet: {sorted(needed - set(layer_type_list()))}")
+    net = """
+      name: "softmax"
+      layer { name: "data" type: "DummyData" top: "data" top: "label"
+              dummy_data_param { shape { dim: 8 dim: 5 } shape { dim: 8 }
+                                 data_filler { type: "gaussian" std: 1 }
+                                 data_filler { type: "constant" value: 2 } } }
+      layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+              inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+      layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+      layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy"
+              include { phase: TEST } }
+    """
+    s = make("SGD", net, 'base_lr: 0.2 lr_policy: "fixed" momentum: 0.9 random_seed: 1 test_iter: 2 '
+             'test_interval: 20 display: 1 average_loss: 1', dtype=np.float32)
+    losses = []
+    s.add_callback(None, lambda: losses.append(float(s.net.blobs["loss"].data)))
+    with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
+        s.step(21)
+    assert losses[0] == pytest.approx(math.log(3), abs=0.3)
+    assert losses[-1] < 0.2 * losses[0]
+    msgs = [r.getMessage() for r in caplog.records]
+    # outputs in blob order, as Caffe: loss (top of an earlier layer), then accuracy
+    assert "    Test net output #1: accuracy = 1" in msgs
+    assert any(m.startswith("    Test net output #0: loss = ") and "(* 1 = " in m for m in msgs)
