@@ -235,6 +235,8 @@ def test_sigint_writes_snapshot_then_exits(workdir):
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        proc.stderr.close()
     assert rc == 0, rest
     assert "SIGINT received" in rest and "Optimization stopped early." in rest
     states = list(Path("int").glob("t_iter_*.solverstate"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -370,13 +371,13 @@ def test_solverstate_contents(tmp_path):
     s.step(3)  # multistep: the update at iteration 2 passes stepvalue 2
     _, state_path = s.snapshot()
     state = caffe_pb2.SolverState()
-    state.ParseFromString(open(state_path, "rb").read())
+    state.ParseFromString(Path(state_path).read_bytes())
     assert state.iter == 3 and state.current_step == 1
     assert state.learned_net == f"{tmp_path / 's'}_iter_3.caffemodel"
     assert len(state.history) == 8  # Adam: m for the 4 params, then v for the 4 params
     np.testing.assert_array_equal(np.array(state.history[4].data).reshape(s.history[4].shape), s.history[4].data)
     model = caffe_pb2.NetParameter()
-    model.ParseFromString(open(state.learned_net, "rb").read())
+    model.ParseFromString(Path(state.learned_net).read_bytes())
     assert [lp.name for lp in model.layer] == ["data", "ip1", "relu", "ip2"]
     assert not list(tmp_path.glob(".*tmp"))  # atomic writes leave no temporaries
 
@@ -528,3 +529,13 @@ def test_training_with_real_loss_layers(caplog):
     # outputs in blob order, as Caffe: loss (top of an earlier layer), then accuracy
     assert "    Test net output #1: accuracy = 1" in msgs
     assert any(m.startswith("    Test net output #0: loss = ") and "(* 1 = " in m for m in msgs)
+
+
+def test_progress_bar_forced_on(capsys, caplog):
+    s = make("SGD", LINEAR_NET % "", 'base_lr: 0.01 lr_policy: "fixed" display: 1')
+    s.progress = True
+    with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
+        s.step(3)
+    assert s.iter == 3
+    assert "3/3" in capsys.readouterr().err  # tqdm's bar on stderr
+    assert any("Iteration 2 (" in r.getMessage() for r in caplog.records)
