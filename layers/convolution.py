@@ -43,10 +43,6 @@ class ConvGeometry:
         """A pointwise convolution whose columns are the input itself."""
         return self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
 
-    def extent(self) -> Pair:
-        """Size of the dilated kernel."""
-        return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
-
 
 def _pair(layer: Layer, p: Any, repeated: str, hw: str | None, default: int) -> Pair:
     """Read the repeated field ``repeated`` (0, 1 or 2 values) or the ``<hw>_h``/``<hw>_w`` pair."""
@@ -134,6 +130,8 @@ class ConvolutionLayer(Layer):
             raise self.error(f"bottom has {shape[self.axis]} channels (shape {shape}), weights expect {self.channels}")
         self.num = bottom[0].count_range(0, self.axis)
         self.in_hw = shape[self.axis + 1:]
+        if len(self.in_hw) != 2:
+            raise self.error(f"bottom shape {shape} must have 2 spatial axes after channel axis {self.axis}")
         g = self.geo
         self.out_hw = out_shape(self.in_hw[0], self.in_hw[1], g.kernel, g.pad, g.stride, g.dilation)
         if min(self.out_hw) <= 0:
