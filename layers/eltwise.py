@@ -101,8 +101,9 @@ class EltwiseLayer(Layer):
             for b in bottom[2:]:
                 gm.mul(n, y, b.gpu_data(), y, dt)
         elif self.op == Op.SUM:
-            gm.set(n, 0.0, y, dt)
-            for c, b in zip(self.coeffs, bottom):
+            # scale first (not zero-fill) so that a top aliasing bottom 0 stays correct
+            gm.scale(n, self.coeffs[0], bottom[0].gpu_data(), y, dt)
+            for c, b in zip(self.coeffs[1:], bottom[1:]):
                 blas.axpy(n, c, b.gpu_data(), y, dt)
         else:
             mask = self.mask.mutable_gpu_data()
