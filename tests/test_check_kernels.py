@@ -19,6 +19,7 @@ def run_tool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # CI runs tools/check_kernels.py itself before pytest -m "not slow"
 def test_every_kernel_file_compiles():
     proc = run_tool()
     assert proc.returncode == 0, proc.stdout + proc.stderr
