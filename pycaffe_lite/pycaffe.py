@@ -162,6 +162,18 @@ def _h5py():
     return h5py
 
 
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def is_hdf5_file(path: str | os.PathLike) -> bool:
+    """True when ``path`` starts with the HDF5 signature (how Caffe tells .h5 weights apart)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(8) == _HDF5_MAGIC
+    except OSError:
+        return False
+
+
 def _param_ids(net: Net) -> dict[tuple[int, int], int]:
     return {pair: i for i, pair in enumerate(net.param_layer_indices)}
 
@@ -230,4 +242,4 @@ Net.set_input_arrays = _Net_set_input_arrays
 Net.save_hdf5 = _Net_save_hdf5
 Net.load_hdf5 = _Net_load_hdf5
 
-__all__ = ["Net"]
+__all__ = ["Net", "is_hdf5_file"]

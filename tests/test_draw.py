@@ -3,6 +3,7 @@ rendering with Graphviz (skipped only when the `dot` program is missing)."""
 
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,6 +107,21 @@ def test_draw_example_prototxts_to_file(caffe_fixtures, tmp_path):
     text = svg.read_text()
     for name in ("conv1", "pool2", "ip2", "prob"):
         assert name in text
+
+
+EXAMPLE_PROTOTXTS = sorted(
+    p for p in (Path(__file__).resolve().parents[1] / "examples").glob("**/*.prototxt") if "solver" not in p.name
+)
+
+
+@needs_dot
+@pytest.mark.parametrize("path", EXAMPLE_PROTOTXTS, ids=lambda p: p.name)
+def test_draw_repo_examples(path, tmp_path):
+    net = protoio.read_text(path, caffe_pb2.NetParameter())
+    assert net.layer, f"{path.name} has no layers"
+    out = tmp_path / "net.png"
+    draw.draw_net_to_file(net, str(out), "TB", phase=caffe_pb2.TRAIN)
+    assert out.read_bytes().startswith(b"\x89PNG")
 
 
 @needs_dot

@@ -6,7 +6,7 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite import protoio
 from pycaffe_lite.net import Net
-from pycaffe_lite.net_spec import NetSpec, assign_proto, param_name_dict, to_proto
+from pycaffe_lite.net_spec import NetSpec, Top, assign_proto, param_name_dict, to_proto
 from pycaffe_lite.net_spec import layers as L
 from pycaffe_lite.net_spec import params as P
 from pycaffe_lite.proto import caffe_pb2
@@ -213,3 +213,19 @@ def test_param_name_dict_and_assign_proto():
     assert list(lp.top) == ["x"]
     assert list(lp.convolution_param.pad) == [1, 2]
     assert lp.convolution_param.bias_filler.value == 0.5
+
+
+def test_layers_object_shadowing_builtin_layer_package(monkeypatch):
+    """caffe.layers (net_spec) and the package pycaffe_lite.layers share a name: lower-case
+    module names resolve to the built-in layer modules, CamelCase names to layer functions."""
+    from pycaffe_lite.layers import relu as relu_module
+
+    import pycaffe_lite
+
+    assert L.relu is relu_module
+    assert callable(L.ReLU) and L.ReLU is not relu_module
+    monkeypatch.setattr(pycaffe_lite, "layers", L)  # what `from .net_spec import layers` does
+    import pycaffe_lite.layers.relu as again  # dotted import through the attribute
+
+    assert again is relu_module
+    assert isinstance(L.not_a_module_name(L.Input(shape=dict(dim=[1]))), Top)

@@ -232,6 +232,8 @@ def test_save_load_hdf5(train_path, tmp_path):
         np.testing.assert_array_equal(f["data"]["ip"]["0"][()], net.params["ip"][0].data)
         assert f["data"]["ip"]["0"].dtype == np.float32
         assert len(f["data"]["loss"]) == 0
+    assert pycaffe_lite.pycaffe.is_hdf5_file(path)
+    assert not pycaffe_lite.pycaffe.is_hdf5_file(train_path)
     caffe.set_random_seed(9)
     other = Net(train_path, caffe.TEST)
     other.load_hdf5(path)
@@ -377,3 +379,31 @@ def test_logging(capsys):
     assert "hidden info" not in capsys.readouterr().out
     with pytest.raises(ValueError, match="level"):
         init_log(7)
+
+
+# -- a BVLC pycaffe script, unchanged -----------------------------------------------------------
+def test_bvlc_style_script(deploy_path, deploy_weights, tmp_path):
+    missing = [n for n in ("io", "Classifier", "Timer", "NetSpec", "layers", "params") if not hasattr(caffe, n)]
+    if missing:
+        pytest.skip(f"pycaffe_lite/__init__.py does not export {missing} yet")
+    Image = pytest.importorskip("PIL.Image")
+    weights, (w, b) = deploy_weights
+    img_path = str(tmp_path / "cat.png")
+    Image.fromarray(np.random.default_rng(13).integers(0, 256, (4, 4, 3), dtype=np.uint8)).save(img_path)
+    # --- the script ---
+    caffe.set_mode_cpu()
+    net = caffe.Net(deploy_path, weights, caffe.TEST)
+    transformer = caffe.io.Transformer({"data": net.blobs["data"].data.shape})
+    transformer.set_transpose("data", (2, 0, 1))
+    transformer.set_raw_scale("data", 255)
+    transformer.set_channel_swap("data", (2, 1, 0))
+    net.blobs["data"].reshape(1, 3, 4, 4)
+    net.reshape()
+    image = caffe.io.load_image(img_path)
+    net.blobs["data"].data[...] = transformer.preprocess("data", image)
+    out = net.forward()
+    prob = out["prob"][0]
+    # --- check ---
+    ref = _manual_scores(image.astype(np.float64), w, b, np.zeros(3), 255.0, (2, 1, 0))
+    np.testing.assert_allclose(prob, ref, rtol=1e-4, atol=1e-6)
+    assert prob.argmax() == ref.argmax()
