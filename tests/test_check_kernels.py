@@ -57,3 +57,13 @@ def test_missing_path_is_a_clear_error(tmp_path):
     proc = run_tool("--paths", str(tmp_path / "nope.cu"))
     assert proc.returncode == 2
     assert "nope.cu" in proc.stderr
+
+
+def test_arch_option_is_passed_to_nvcc(tmp_path):
+    good = tmp_path / "good.cu"
+    good.write_text("__global__ void k(const int n, Dtype* y) { CUDA_KERNEL_LOOP(i, n) { y[i] = 0; } }\n")
+    proc = run_tool("--paths", str(good), "--arch", "sm_80", "--dtype", "double")
+    assert proc.returncode == 0, proc.stderr
+    assert "[Dtype=double, sm_80]" in proc.stdout
+    bad_arch = run_tool("--paths", str(good), "--arch", "sm_not_an_arch", "--dtype", "float")
+    assert bad_arch.returncode == 1
