@@ -180,7 +180,8 @@ class Blob:
     # -- protobuf ---------------------------------------------------------------------------
     def shape_equals_proto(self, proto: caffe_pb2.BlobProto) -> bool:
         """Caffe's ShapeEquals: legacy 4-d fields index from the end (a bias (N) is (1,1,1,N))."""
-        if proto.HasField("shape"):
+        legacy = ("num", "channels", "height", "width")
+        if proto.HasField("shape") or not any(proto.HasField(f) for f in legacy):
             return tuple(proto.shape.dim) == self._shape
         if self.num_axes > 4:
             return False

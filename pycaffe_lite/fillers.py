@@ -63,7 +63,7 @@ def fill(blob: Blob, param: caffe_pb2.FillerParameter | None) -> None:
             raise NetError(f"bilinear filler needs a 4-axis blob with height == width, got {shape}")
         k = shape[3]
         f = math.ceil(k / 2.0)
-        c = (2 * f - 1 - f % 2) / (2.0 * f)
+        c = (k - 1) / (2.0 * f)
         x = np.arange(k)
         w1 = 1 - np.abs(x / f - c)
         values = np.broadcast_to(np.outer(w1, w1), shape)

@@ -159,6 +159,9 @@ class Net:
                 layer.setup(bvec, tvec)
             except ShapeError as exc:
                 raise ShapeError(f"layer '{lp.name}' ({lp.type}): {exc}") from None
+            # Param specs a layer adds for itself in setup (BatchNorm's lr_mult 0) count too.
+            if len(layer.layer_param.param) > len(lp.param):
+                lp.param.extend(layer.layer_param.param[len(lp.param):])
             for ti, tid in enumerate(tids):
                 while len(self._blob_loss_weights) <= tid:
                     self._blob_loss_weights.append(0.0)
@@ -266,6 +269,7 @@ class Net:
             if has_decay and self.params_weight_decay[learnable_id] != spec.decay_mult:
                 raise NetError(f"layer '{lp.name}': shared param '{name}' has mismatched decay_mult")
             self.params_weight_decay[learnable_id] = spec.decay_mult
+            self._lr_explicit[owner_id] = (self._lr_explicit[owner_id][0], True)
         blob.share_data(owner)
         blob.share_diff(owner)
 

@@ -100,11 +100,6 @@ def test_bilinear_k4_exact():
             np.testing.assert_allclose(v[i, j], np.outer(w, w), rtol=0, atol=1e-12)
 
 
-@pytest.mark.xfail(
-    reason="fillers.py uses the pre-2017 centre c = (2f - 1 - f % 2) / 2f; BVLC master (and its "
-    "TestFillOdd/TestFillEven) uses c = (k - 1) / 2f, which differs for k = 3, 6, 7...",
-    strict=False,
-)
 @pytest.mark.parametrize("k", [3, 6, 7])
 def test_bilinear_other_sizes_match_bvlc(k):
     v = _fill((1, 1, k, k), type="bilinear")

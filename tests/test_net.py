@@ -290,11 +290,6 @@ def test_shared_param_multipliers(tmp_path):
         make_net(tmp_path, _shared_three(["decay_mult: 2", "decay_mult: 3"]))
 
 
-@pytest.mark.xfail(
-    reason="net.py _append_param does not record that a sharer set decay_mult, so a later sharer "
-    "with a different decay_mult is not rejected (Caffe CHECKs it)",
-    strict=False,
-)
 def test_shared_param_decay_set_by_sharer_then_mismatched(tmp_path):
     with pytest.raises(NetError, match="mismatched decay_mult"):
         make_net(tmp_path, _shared_three(["", "decay_mult: 2", "decay_mult: 3"]))
