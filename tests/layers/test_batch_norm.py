@@ -154,7 +154,7 @@ def test_net_gives_zero_lr(tmp_path):
     )
     net = caffe.Net(str(net_file), caffe.TRAIN)
     assert [b.shape for b in net.params["bn"]] == [(3,), (3,), (1,)]
-    assert net.params_lr == [0, 0, 0] and net.params_weight_decay == [0, 0, 0]
+    assert net.params_lr == [0, 0, 0]
     assert net.layers[1].param_propagate_down == [False, False, False]
 
 
