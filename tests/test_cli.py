@@ -246,3 +246,15 @@ def test_sigint_writes_snapshot_then_exits(workdir):
     state = caffe_pb2.SolverState()
     state.ParseFromString(states[0].read_bytes())
     assert state.iter == it
+
+
+def test_solver_mode_gpu_in_file_without_gpu(workdir, capsys):
+    from conftest import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is present")
+    rc = cli.main(["train", "--solver", write_solver(solver_mode="GPU", device_id=0), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "train: error: " in err and "GPU" in err and "Traceback" not in err
+    # CPU in the file, or no solver_mode at all, trains on the CPU
+    assert cli.main(["train", "--solver", write_solver(solver_mode="CPU", max_iter=1), "--no-progress"]) == 0
