@@ -1,0 +1,31 @@
+// MultinomialLogisticLoss on (num, dim) probabilities and num labels.
+// Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+
+#define MLL_LOG_THRESHOLD 1e-20f
+
+// loss[n] = -log(max(prob[n, label_n], 1e-20)); NaN for a label outside [0, dim) instead of a bad read.
+__global__ void mll_forward(const int num, const Dtype* prob, const Dtype* label, const int dim,
+                            Dtype* loss) {
+  CUDA_KERNEL_LOOP(n, num) {
+    const int l = static_cast<int>(label[n]);
+    if (l < 0 || l >= dim) {
+      loss[n] = Dtype(__int_as_float(0x7fffffff));
+    } else {
+      loss[n] = -log(max(prob[n * dim + l], Dtype(MLL_LOG_THRESHOLD)));
+    }
+  }
+}
+
+// dx[n, j] = -top_diff[0] * inv_num / max(prob[n, j], 1e-20) where j == label_n, else 0.
+__global__ void mll_backward(const int count, const Dtype* prob, const Dtype* label, const int dim,
+                             const Dtype* top_diff, const Dtype inv_num, Dtype* dx) {
+  CUDA_KERNEL_LOOP(i, count) {
+    const int n = i / dim;
+    const int j = i - n * dim;
+    if (j == static_cast<int>(label[n])) {
+      dx[i] = -top_diff[0] * inv_num / max(prob[i], Dtype(MLL_LOG_THRESHOLD));
+    } else {
+      dx[i] = 0;
+    }
+  }
+}
