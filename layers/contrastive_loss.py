@@ -1,0 +1,116 @@
+"""ContrastiveLoss (Hadsell et al. 2006), BVLC semantics.
+
+bottom[0], bottom[1]: feature pairs a, b (N, C, 1, 1) or (N, C); bottom[2]: similarity y, N values
+(nonzero after truncation to int = similar). With ``d² = ||a - b||²`` and ``m = margin``:
+``loss = Σ_n [y ? d² : max(m - d, 0)²] / (2N)``, or with ``legacy_version`` the dissimilar term
+``max(m - d², 0)``. Gradients for a (b gets the negative), w = the loss weight, ``α = w/N``:
+similar ``α·(a - b)``; dissimilar, when the margin term is positive, ``-α·(a - b)`` (legacy) or
+``-α·(m - d)/(d + 1e-4)·(a - b)`` (Caffe's epsilon, so the gradient is slightly inexact);
+0 otherwise. No gradient for y.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pycaffe_lite.blob import Blob
+from pycaffe_lite.errors import ShapeError
+from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import math_functions as gm
+from pycaffe_lite.layer import Layer, register_layer
+
+from .multinomial_logistic_loss import gpu_sum_into
+
+KERNELS = Path(__file__).with_suffix(".cu")
+EPSILON = 1e-4
+
+
+@register_layer("ContrastiveLoss")
+class ContrastiveLossLayer(Layer):
+    exact_num_bottom_blobs = 3
+    exact_num_top_blobs = 1
+    is_loss = True
+    auto_top_blobs = True
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.contrastive_loss_param
+        self.margin = float(p.margin)
+        self.legacy = bool(p.legacy_version)
+        self.diff = Blob((), self.dtype)  # a - b
+        self.dist_sq = Blob((), self.dtype)  # data: ||a - b||² per pair; diff: per-pair loss (GPU)
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        return bottom_index != 2
+
+    def reshape(self, bottom, top):
+        a, b, y = bottom
+        ok = (a.num_axes in (2, 4) and a.shape == b.shape and a.count_range(2) == 1 and y.num_axes >= 1
+              and y.shape[0] == a.shape[0] and y.count == a.shape[0])
+        if not ok:
+            raise ShapeError(
+                f"layer '{self.name}' (ContrastiveLoss): expected features (N, C, 1, 1) or (N, C) of one "
+                f"shape and N similarity labels, got {a.shape}, {b.shape} and {y.shape}"
+            )
+        self.num, self.channels = a.shape[0], a.shape[1]
+        top[0].reshape(())
+        self.diff.reshape((self.num, self.channels))
+        self.dist_sq.reshape((self.num,))
+
+    # -- CPU --------------------------------------------------------------------------------
+    def _similar(self, bottom) -> np.ndarray:
+        return bottom[2].cpu_data().reshape(-1).astype(np.int64) != 0
+
+    def forward_cpu(self, bottom, top):
+        d = bottom[0].cpu_data().reshape(self.num, -1) - bottom[1].cpu_data().reshape(self.num, -1)
+        self.diff.mutable_cpu_data()[...] = d
+        dist_sq = (d * d).sum(axis=1)
+        self.dist_sq.mutable_cpu_data()[...] = dist_sq
+        if self.legacy:
+            apart = np.maximum(self.margin - dist_sq, 0)
+        else:
+            apart = np.maximum(self.margin - np.sqrt(dist_sq), 0) ** 2
+        loss = np.where(self._similar(bottom), dist_sq, apart).sum()
+        top[0].mutable_cpu_data()[...] = loss / self.num / 2
+
+    def backward_cpu(self, top, propagate_down, bottom):
+        if propagate_down[2]:
+            raise self.error("cannot backpropagate to the similarity labels (bottom 2)")
+        d = self.diff.cpu_data()
+        dist_sq = self.dist_sq.cpu_data()
+        similar = self._similar(bottom)
+        if self.legacy:
+            mdist = self.margin - dist_sq
+            beta = np.full(self.num, -1.0)
+        else:
+            dist = np.sqrt(dist_sq)
+            mdist = self.margin - dist
+            beta = -mdist / (dist + EPSILON)
+        factor = np.where(similar, 1.0, np.where(mdist > 0, beta, 0.0))  # per pair, times α
+        w = float(top[0].cpu_diff())
+        for i, sign in ((0, 1.0), (1, -1.0)):
+            if propagate_down[i]:
+                g = (sign * w / self.num) * factor[:, None] * d
+                bottom[i].mutable_cpu_diff()[...] = g.reshape(bottom[i].shape)
+
+    # -- GPU: a - b, a per-pair kernel, a device-side sum, a per-element gradient kernel --------
+    def forward_gpu(self, bottom, top):
+        dt, count = self.dtype, self.num * self.channels
+        d = self.diff.mutable_gpu_data()
+        gm.sub(count, bottom[0].gpu_data(), bottom[1].gpu_data(), d, dt)
+        backend.kernel(KERNELS, "contrastive_forward", dt, "iiPPfiPP")(
+            self.num, self.num, self.channels, d, bottom[2].gpu_data(), self.margin, int(self.legacy),
+            self.dist_sq.mutable_gpu_data(), self.dist_sq.mutable_gpu_diff(),
+        )
+        gpu_sum_into(self.num, 0.5 / self.num, self.dist_sq.gpu_diff(), top[0].mutable_gpu_data(), dt)
+
+    def backward_gpu(self, top, propagate_down, bottom):
+        if propagate_down[2]:
+            raise self.error("cannot backpropagate to the similarity labels (bottom 2)")
+        count = self.num * self.channels
+        k = backend.kernel(KERNELS, "contrastive_backward", self.dtype, "iiPPPfifPP")
+        for i, sign in ((0, 1.0), (1, -1.0)):
+            if propagate_down[i]:
+                k(count, count, self.channels, self.diff.gpu_data(), self.dist_sq.gpu_data(), bottom[2].gpu_data(),
+                  self.margin, int(self.legacy), sign / self.num, top[0].gpu_diff(), bottom[i].mutable_gpu_diff())
