@@ -125,6 +125,7 @@ class _Prefetcher:
 
 @register_layer("Data")
 class DataLayer(Layer):
+    graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
     exact_num_bottom_blobs = 0
     min_top_blobs = 1
     max_top_blobs = 2

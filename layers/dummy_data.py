@@ -14,6 +14,7 @@ from pycaffe_lite.proto import caffe_pb2
 
 @register_layer("DummyData")
 class DummyDataLayer(Layer):
+    graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
     exact_num_bottom_blobs = 0
     min_top_blobs = 1
 

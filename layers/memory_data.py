@@ -19,6 +19,7 @@ from pycaffe_lite.layer import Layer, register_layer
 
 @register_layer("MemoryData")
 class MemoryDataLayer(Layer):
+    graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
     exact_num_bottom_blobs = 0
     exact_num_top_blobs = 2
 

@@ -360,7 +360,15 @@ class Net:
     def _graphable(self, start: int, end: int) -> bool:
         if not self.use_cuda_graphs or common.mode() is not common.Mode.GPU:
             return False
-        return all(self.layers[i].graph_safe for i in range(min(start, end), max(start, end) + 1))
+        return all(self._layer_graph_safe(self.layers[i]) for i in range(min(start, end), max(start, end) + 1))
+
+    @staticmethod
+    def _layer_graph_safe(layer: Layer) -> bool:
+        """Declared safe and really on the GPU (the inherited GPU path runs host code)."""
+        cls = type(layer)
+        return layer.graph_safe and (cls.forward_gpu is not Layer.forward_gpu) and (
+            cls.backward_gpu is not Layer.backward_gpu or cls.backward_cpu is Layer.backward_cpu
+        )
 
     def _graph_memories(self):
         for blob in self._blobs:

@@ -19,6 +19,17 @@ class Head(enum.Enum):
     SYNCED = 3
 
 
+_capture = {"active": False}  # set by gpu.cuda_graph while a graph is being captured
+
+
+class HostAccessDuringCapture(RuntimeError):
+    """Host-side work inside a CUDA graph capture (it would not be replayed): capture is abandoned."""
+
+
+def set_capturing(flag: bool) -> None:
+    _capture["active"] = flag
+
+
 def _backend():
     from .gpu import backend  # deferred so CPU-only use never imports PyCUDA
 
@@ -43,6 +54,8 @@ class SyncedMemory:
 
     # -- host side --------------------------------------------------------------------------
     def _to_cpu(self) -> np.ndarray:
+        if _capture["active"]:
+            raise HostAccessDuringCapture("host access to a blob while a CUDA graph is being captured")
         if self.head is Head.UNINITIALIZED:
             self._cpu = np.zeros(self.count, self.dtype)
             self.head = Head.HEAD_AT_CPU

@@ -85,9 +85,16 @@ def init_device(device_id: int = 0) -> None:
         raise GPUUnavailableError("GPU mode: the CUDA driver reports no device")
     if not 0 <= device_id < count:
         raise GPUUnavailableError(f"GPU mode: device {device_id} requested but only {count} device(s) exist")
-    if _state is not None:
-        _state.close()
-    _state = _State(cuda, device_id)
+    old, _state = _state, None
+    if old is not None:
+        old.close()
+    try:
+        _state = _State(cuda, device_id)
+    except Exception as exc:
+        if old is not None:  # keep the previous device usable
+            old.context.push()
+            _state = old
+        raise GPUUnavailableError(f"GPU mode: cannot use device {device_id}: {exc}") from None
 
 
 @atexit.register
@@ -168,7 +175,7 @@ def memset_zero(ptr: int, nbytes: int) -> None:
     st = state()
     if nbytes == 0:
         return
-    if nbytes % 4 == 0:
+    if nbytes % 4 == 0 and int(ptr) % 4 == 0:
         st.cuda.memset_d32_async(ptr, 0, nbytes // 4, st.stream)
     else:
         st.cuda.memset_d8_async(ptr, 0, nbytes, st.stream)
@@ -212,12 +219,13 @@ class Kernel:
 
     def __call__(self, n: int, *args, block: int | tuple = CUDA_NUM_THREADS, grid=None, shared: int = 0) -> None:
         self._check(args)
-        if n > INT32_MAX:
+        bx = block if isinstance(block, int) else block[0]
+        if n > INT32_MAX - MAX_BLOCKS * bx:  # the grid-stride index must not overflow int
             raise CudaError(f"kernel {self.name}: {n} work items exceed int32 indexing")
         if grid is None:
             if n <= 0:
                 return
-            grid = (min((n + block - 1) // block, MAX_BLOCKS), 1, 1)
+            grid = (min((n + bx - 1) // bx, MAX_BLOCKS), 1, 1)
         block = (block, 1, 1) if isinstance(block, int) else tuple(block)
         grid = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
         self.function.prepared_async_call(grid, block, stream(), *args, shared_size=shared)

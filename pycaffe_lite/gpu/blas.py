@@ -91,6 +91,13 @@ class _Cublas:
                    "cublasSetWorkspace")
         self.tf32 = False
 
+    def close(self) -> None:
+        """Destroy the handle (its workspace returns to the pool when this object goes)."""
+        if self.handle:
+            self.lib.cublasDestroy_v2.argtypes = [ctypes.c_void_p]
+            self.lib.cublasDestroy_v2(self.handle)
+            self.handle = ctypes.c_void_p()
+
     def status_name(self, status: int) -> str:
         try:
             fn = self.lib.cublasGetStatusName
@@ -113,6 +120,8 @@ def handle() -> _Cublas:
     st = backend.state()
     h = _handles.get(st.device_id)
     if h is None or h.stream_handle != st.stream.handle:
+        if h is not None:
+            h.close()
         h = _Cublas()
         h.stream_handle = st.stream.handle
         _handles[st.device_id] = h
@@ -152,9 +161,9 @@ def gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: 
         return
     h = handle()
     p, ct = _prefix(dtype)
-    lda = lda if lda is not None else (m if trans_a else k)
-    ldb = ldb if ldb is not None else (k if trans_b else n)
-    ldc = ldc if ldc is not None else n
+    lda = lda if lda is not None else max(1, m if trans_a else k)
+    ldb = ldb if ldb is not None else max(1, k if trans_b else n)
+    ldc = ldc if ldc is not None else max(1, n)
     h.check(getattr(h.lib, f"cublas{p}gemm_v2")(
         h.handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k,
         ctypes.byref(ct(alpha)), _ptr(b, "gemm B"), ldb, _ptr(a, "gemm A"), lda,
@@ -170,9 +179,9 @@ def gemm_strided_batched(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a
         return
     h = handle()
     p, ct = _prefix(dtype)
-    lda = lda if lda is not None else (m if trans_a else k)
-    ldb = ldb if ldb is not None else (k if trans_b else n)
-    ldc = ldc if ldc is not None else n
+    lda = lda if lda is not None else max(1, m if trans_a else k)
+    ldb = ldb if ldb is not None else max(1, k if trans_b else n)
+    ldc = ldc if ldc is not None else max(1, n)
     h.check(getattr(h.lib, f"cublas{p}gemmStridedBatched")(
         h.handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k,
         ctypes.byref(ct(alpha)), _ptr(b, "gemm B"), ldb, stride_b, _ptr(a, "gemm A"), lda, stride_a,

@@ -83,8 +83,11 @@ def capture():
     ``graph`` is set on a clean exit. An exception inside ends the capture and propagates."""
     lib = _driver()
     stream = ctypes.c_void_p(backend.stream().handle)
+    from ..synced_memory import set_capturing
+
     holder = _Capture()
     backend.state().capturing = True
+    set_capturing(True)
     _check(lib.cuStreamBeginCapture_v2(stream, _CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture")
     graph = ctypes.c_void_p()
     try:
@@ -96,5 +99,6 @@ def capture():
         raise
     finally:
         backend.state().capturing = False
+        set_capturing(False)
     _check(lib.cuStreamEndCapture(stream, ctypes.byref(graph)), "cuStreamEndCapture")
     holder.graph = CudaGraph(graph)

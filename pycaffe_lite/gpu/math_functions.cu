@@ -70,5 +70,5 @@ __global__ void channel_sum_kernel(const int num, const int channels, const int 
     if (threadIdx.x < step) buf[threadIdx.x] += buf[threadIdx.x + step];
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[c] = beta * out[c] + buf[0];
+  if (threadIdx.x == 0) out[c] = (beta == Dtype(0) ? Dtype(0) : beta * out[c]) + buf[0];
 }

@@ -109,6 +109,12 @@ def channel_sum(num: int, channels: int, spatial: int, x: int, out: int, dtype, 
 
 def sum_rows_into(rows: int, cols: int, x: int, y: int, dtype, beta: float = 1.0) -> None:
     """``y(cols) = beta·y + Σ_rows x(rows, cols)`` (a GEMV with a ones vector)."""
+    if rows == 0:
+        if beta == 0:
+            backend.memset_zero(y, cols * np.dtype(dtype).itemsize)
+        else:
+            scale(cols, beta, y, y, dtype)
+        return
     ones = ones_vector(rows, dtype)
     blas.gemv(True, rows, cols, 1.0, x, ones, beta, y, dtype)
 
