@@ -1,0 +1,64 @@
+// InfogainLoss on (outer, channels, inner) probabilities, (outer, inner) labels and a
+// (channels, channels) infogain matrix H. Dtype and CUDA_KERNEL_LOOP come from the prelude.
+
+#define INFOGAIN_LOG_THRESHOLD 1e-20f
+
+// Per position p = (o, s) with label l: loss[p] = -sum_c H[l, c] * log(max(prob[o, c, s], 1e-20)),
+// valid[p] = 1; both 0 where ignored; NaN loss for a label outside [0, channels).
+__global__ void infogain_forward(const int n, const Dtype* prob, const Dtype* label, const Dtype* h,
+                                 const int channels, const int inner, const int has_ignore,
+                                 const int ignore_label, Dtype* loss, Dtype* valid) {
+  CUDA_KERNEL_LOOP(p, n) {
+    const int o = p / inner;
+    const int s = p - o * inner;
+    const int l = static_cast<int>(label[p]);
+    if (has_ignore && l == ignore_label) {
+      loss[p] = 0;
+      valid[p] = 0;
+    } else if (l < 0 || l >= channels) {
+      loss[p] = Dtype(__int_as_float(0x7fffffff));
+      valid[p] = 1;
+    } else {
+      const Dtype* row = h + l * channels;
+      const Dtype* q = prob + o * channels * inner + s;
+      Dtype acc = 0;
+      for (int c = 0; c < channels; ++c) {
+        acc -= row[c] * log(max(q[c * inner], Dtype(INFOGAIN_LOG_THRESHOLD)));
+      }
+      loss[p] = acc;
+      valid[p] = 1;
+    }
+  }
+}
+
+// sums[r] = sum_c H[r, c], one thread per row.
+__global__ void infogain_row_sums(const int channels, const Dtype* h, Dtype* sums) {
+  CUDA_KERNEL_LOOP(r, channels) {
+    Dtype acc = 0;
+    for (int c = 0; c < channels; ++c) {
+      acc += h[r * channels + c];
+    }
+    sums[r] = acc;
+  }
+}
+
+// Per element (o, c, s) with label l: dx = (prob * sums[l] - H[l, c]) * top_diff[0] / norm[0];
+// 0 where ignored; NaN for a label outside [0, channels).
+__global__ void infogain_backward(const int count, const Dtype* prob, const Dtype* label, const Dtype* h,
+                                  const Dtype* sums, const int channels, const int inner,
+                                  const int has_ignore, const int ignore_label, const Dtype* top_diff,
+                                  const Dtype* norm, Dtype* dx) {
+  CUDA_KERNEL_LOOP(i, count) {
+    const int s = i % inner;
+    const int c = (i / inner) % channels;
+    const int o = i / (inner * channels);
+    const int l = static_cast<int>(label[o * inner + s]);
+    if (has_ignore && l == ignore_label) {
+      dx[i] = 0;
+    } else if (l < 0 || l >= channels) {
+      dx[i] = Dtype(__int_as_float(0x7fffffff));
+    } else {
+      dx[i] = (prob[i] * sums[l] - h[l * channels + c]) * (top_diff[0] / norm[0]);
+    }
+  }
+}
