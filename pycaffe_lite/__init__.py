@@ -1,19 +1,21 @@
 """pycaffe-lite: a Caffe-compatible deep-learning framework in Python.
 
 Use it as BVLC's pycaffe: ``import pycaffe_lite as caffe``; ``caffe.Net(path, caffe.TEST)``.
+Note: ``caffe.layers`` is net_spec's layer factory (as in pycaffe); the built-in layer modules
+are the subpackage ``pycaffe_lite.layers`` (importable by name, e.g. ``pycaffe_lite.layers.relu``).
 """
 
-from . import proto
-from .blob import Blob
-from .common import (
-    TEST,
-    TRAIN,
-    Mode,
-    set_device,
-    set_mode_cpu,
-    set_mode_gpu,
-    set_random_seed,
+from . import (
+    draw,
+    io,
+    proto,
+    pycaffe,  # noqa: F401  (attaches forward_all, set_input_arrays, save_hdf5... to Net)
 )
+from . import layers as _builtin_layers  # noqa: F401  (registers every layer type; before net_spec.layers)
+from .blob import Blob
+from .classifier import Classifier
+from .common import TEST, TRAIN, Mode, set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+from .detector import Detector
 from .errors import (
     CaffeError,
     DataError,
@@ -24,31 +26,31 @@ from .errors import (
     UnknownLayerError,
     WeightsError,
 )
-from .layer import Layer, layer_type_list, register_layer
+from .layer import layer_type_list, register_layer
+from .logging_compat import init_log, log
 from .net import Net
+from .net_spec import NetSpec, layers, params, to_proto
+from .python_layer import Layer
+from .sgd_solvers import (
+    AdaDeltaSolver,
+    AdaGradSolver,
+    AdamSolver,
+    NesterovSolver,
+    RMSPropSolver,
+    SGDSolver,
+    get_solver,
+)
+from .solver import Solver
+from .timer import Timer
 from .version import __version__
 
+has_nccl = False  # multi-GPU training is not implemented
+
 __all__ = [
-    "TEST",
-    "TRAIN",
-    "Blob",
-    "CaffeError",
-    "DataError",
-    "GPUUnavailableError",
-    "Layer",
-    "Mode",
-    "Net",
-    "NetError",
-    "PrototxtError",
-    "ShapeError",
-    "UnknownLayerError",
-    "WeightsError",
-    "__version__",
-    "layer_type_list",
-    "proto",
-    "register_layer",
-    "set_device",
-    "set_mode_cpu",
-    "set_mode_gpu",
-    "set_random_seed",
+    "TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "CaffeError", "Classifier",
+    "DataError", "Detector", "GPUUnavailableError", "Layer", "Mode", "NesterovSolver", "Net", "NetError",
+    "NetSpec", "PrototxtError", "RMSPropSolver", "SGDSolver", "ShapeError", "Solver", "Timer",
+    "UnknownLayerError", "WeightsError", "__version__", "draw", "get_solver", "has_nccl", "init_log", "io",
+    "layer_type_list", "layers", "log", "params", "proto", "register_layer", "set_device", "set_mode_cpu",
+    "set_mode_gpu", "set_random_seed", "to_proto",
 ]

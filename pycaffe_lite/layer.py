@@ -9,6 +9,7 @@ into ``top[0]`` and reads its loss weight from ``top[0]``'s diff.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -36,7 +37,8 @@ def register_layer(type_name: str):
 
 
 def _load_builtin_layers() -> None:
-    from . import layers  # noqa: F401  (pycaffe_lite.layers imports every layer module)
+    # By full name: the package attribute ``layers`` is net_spec's factory, as in pycaffe.
+    importlib.import_module(f"{__package__}.layers")
 
 
 def layer_type_list() -> list[str]:

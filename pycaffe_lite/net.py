@@ -573,10 +573,10 @@ class Net:
     def copy_from(self, path: str | os.PathLike) -> None:
         """Load weights from a .caffemodel (binary NetParameter) or an HDF5 file (.h5)."""
         path = str(path)
-        if path.endswith((".h5", ".hdf5")):
-            from . import hdf5_weights
+        from . import pycaffe
 
-            hdf5_weights.load(self, path)
+        if pycaffe.is_hdf5_file(path):  # by signature, as Caffe does
+            pycaffe._Net_load_hdf5(self, path)
             return
         try:
             param = protoio.read_binary(path, caffe_pb2.NetParameter(), "caffemodel")
