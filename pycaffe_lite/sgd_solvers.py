@@ -50,11 +50,11 @@ class SGDSolver(Solver):
         h += local_rate * diff
         diff[...] = h
 
-    def update_gpu(self, param_id, blob, local_rate, scale, decay, reg) -> None:
+    def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
         (h,) = self.history_views(param_id)
-        _kernel("sgd_update", self.dtype, "iPPPffiff")(
+        _kernel("sgd_update", self.dtype, "iPPPffifPf")(
             blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), h.mutable_gpu_data(),
-            scale, decay, reg, self.param.momentum, local_rate,
+            scale, decay, reg, self.param.momentum, rate_ptr, lr_mult,
         )
 
 
@@ -71,11 +71,11 @@ class NesterovSolver(Solver):
         h += local_rate * diff
         diff[...] = (self.dtype.type(1) + momentum) * h - momentum * old
 
-    def update_gpu(self, param_id, blob, local_rate, scale, decay, reg) -> None:
+    def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
         (h,) = self.history_views(param_id)
-        _kernel("nesterov_update", self.dtype, "iPPPffiff")(
+        _kernel("nesterov_update", self.dtype, "iPPPffifPf")(
             blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), h.mutable_gpu_data(),
-            scale, decay, reg, self.param.momentum, local_rate,
+            scale, decay, reg, self.param.momentum, rate_ptr, lr_mult,
         )
 
 
@@ -93,11 +93,11 @@ class AdaGradSolver(Solver):
         h += diff * diff
         diff[...] = local_rate * (diff / (np.sqrt(h) + self.dtype.type(self.param.delta)))
 
-    def update_gpu(self, param_id, blob, local_rate, scale, decay, reg) -> None:
+    def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
         (h,) = self.history_views(param_id)
-        _kernel("adagrad_update", self.dtype, "iPPPffiff")(
+        _kernel("adagrad_update", self.dtype, "iPPPffifPf")(
             blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), h.mutable_gpu_data(),
-            scale, decay, reg, self.param.delta, local_rate,
+            scale, decay, reg, self.param.delta, rate_ptr, lr_mult,
         )
 
 
@@ -119,11 +119,11 @@ class RMSPropSolver(Solver):
         h += (self.dtype.type(1) - decay) * (diff * diff)
         diff[...] = local_rate * (diff / (np.sqrt(h) + self.dtype.type(self.param.delta)))
 
-    def update_gpu(self, param_id, blob, local_rate, scale, decay, reg) -> None:
+    def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
         (h,) = self.history_views(param_id)
-        _kernel("rmsprop_update", self.dtype, "iPPPffifff")(
+        _kernel("rmsprop_update", self.dtype, "iPPPffiffPf")(
             blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), h.mutable_gpu_data(),
-            scale, decay, reg, self.param.rms_decay, self.param.delta, local_rate,
+            scale, decay, reg, self.param.rms_decay, self.param.delta, rate_ptr, lr_mult,
         )
 
 
@@ -145,11 +145,11 @@ class AdaDeltaSolver(Solver):
         h2 += (one - m) * (diff * diff)
         diff *= local_rate
 
-    def update_gpu(self, param_id, blob, local_rate, scale, decay, reg) -> None:
+    def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
         h, h2 = self.history_views(param_id)
-        _kernel("adadelta_update", self.dtype, "iPPPPffifff")(
+        _kernel("adadelta_update", self.dtype, "iPPPPffiffPf")(
             blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), h.mutable_gpu_data(),
-            h2.mutable_gpu_data(), scale, decay, reg, self.param.momentum, self.param.delta, local_rate,
+            h2.mutable_gpu_data(), scale, decay, reg, self.param.momentum, self.param.delta, rate_ptr, lr_mult,
         )
 
 
@@ -158,6 +158,9 @@ class AdamSolver(Solver):
 
     type_name = "Adam"
     history_factor = 2
+
+    def device_rate(self, rate: float) -> float:
+        return self._corrected_rate(rate)
 
     def _corrected_rate(self, local_rate: float) -> float:
         t = self.iter + 1
@@ -176,12 +179,12 @@ class AdamSolver(Solver):
         rate = self.dtype.type(self._corrected_rate(float(local_rate)))
         diff[...] = rate * (m / (np.sqrt(v) + self.dtype.type(self.param.delta)))
 
-    def update_gpu(self, param_id, blob, local_rate, scale, decay, reg) -> None:
+    def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
         m, v = self.history_views(param_id)
-        _kernel("adam_update", self.dtype, "iPPPPffiffff")(
+        _kernel("adam_update", self.dtype, "iPPPPffifffPf")(
             blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), m.mutable_gpu_data(),
             v.mutable_gpu_data(), scale, decay, reg, self.param.momentum, self.param.momentum2,
-            self.param.delta, self._corrected_rate(local_rate),
+            self.param.delta, rate_ptr, lr_mult,
         )
 
 

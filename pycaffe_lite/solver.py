@@ -135,6 +135,9 @@ class Solver:
         self._callbacks: list[tuple[Callable[[], None] | None, Callable[[], None] | None]] = []
         self.requested_early_exit = False
         self._last_snapshot_iter: int | None = None
+        self._rate_device = None  # device scalar the GPU update kernels read the rate from
+        # Replay whole GPU iterations (clear diffs, forward, backward, update) as one CUDA graph.
+        self.use_cuda_graphs = True
         self.check_param()
         if self.param.random_seed >= 0:
             common.set_random_seed(self.param.random_seed)
@@ -332,7 +335,9 @@ class Solver:
         timer = time.perf_counter()
         iterations_last = self.iter
         while self.iter < stop_iter:
-            self.net.clear_param_diffs()
+            first = self._graph_start()
+            if first is None:  # (a replayed graph clears the diffs itself)
+                self.net.clear_param_diffs()
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
                 self.test_all()
                 if self.requested_early_exit:
@@ -341,10 +346,13 @@ class Solver:
                 if on_start is not None:
                     on_start()
             display = p.display and self.iter % p.display == 0
-            loss = 0.0
-            for _ in range(p.iter_size):
-                loss += self.net.forward_backward()
-            loss /= p.iter_size
+            if first is not None:
+                loss = self._graph_iteration(first)
+            else:
+                loss = 0.0
+                for _ in range(p.iter_size):
+                    loss += self.net.forward_backward()
+                loss /= p.iter_size
             self._update_smoothed_loss(loss, start_iter)
             if display:
                 lapse = time.perf_counter() - timer
@@ -359,7 +367,8 @@ class Solver:
             for _, on_ready in self._callbacks:
                 if on_ready is not None:
                     on_ready()
-            self.apply_update()
+            if first is None:
+                self.apply_update()
             self.iter += 1
             if bar is not None:
                 bar.update(1)
@@ -370,6 +379,47 @@ class Solver:
             if request == STOP:
                 self.requested_early_exit = True
                 break
+
+    # ------------------------------------------------------------------------------------------
+    # CUDA graphs
+    def _graph_start(self) -> int | None:
+        """Index of the first layer of a capturable iteration, or None to run it eagerly.
+
+        Leading layers that are not graph-safe (data readers) run eagerly each iteration; the
+        rest, their backward and the update must be capturable: GPU mode, iter_size 1, no gradient
+        clipping (it reads a norm back to the host) and no callbacks (they run host code mid-way).
+        """
+        net = self.net
+        if not (self.use_cuda_graphs and net.use_cuda_graphs and common.mode() is common.Mode.GPU):
+            return None
+        if self.param.iter_size != 1 or self.param.clip_gradients >= 0 or self._callbacks:
+            return None
+        first = 0
+        while first < len(net.layers) and not net._layer_graph_safe(net.layers[first]):
+            if net.layer_need_backward[first]:
+                return None
+            first += 1
+        if first == len(net.layers) or not net._graphable(first, len(net.layers) - 1):
+            return None
+        return first
+
+    def _graph_iteration(self, first: int) -> float:
+        """One training iteration with everything after the data layers replayed as a graph."""
+        net = self.net
+        last = len(net.layers) - 1
+        net._forward_compute(0, first - 1)
+        self._set_device_rate(self._next_rate())
+        for h in self.history:  # restored or user-edited history reaches the replay
+            h.gpu_data()
+
+        def work() -> None:
+            net.clear_param_diffs()
+            net._forward_compute(first, last)
+            net._backward_compute(last, first)
+            self._queue_gpu_updates()
+
+        net._graph_run(("train", first, type(self).__name__), first, last, work)
+        return net._range_loss(0, last)
 
     def solve(self, resume_file: str | os.PathLike | None = None) -> None:
         """Train to ``max_iter`` (optionally resuming from a .solverstate), as Caffe's Solve."""
@@ -462,31 +512,61 @@ class Solver:
     # the update
     def apply_update(self) -> None:
         """Lr policy, clipping, normalization, regularization, update rule and ``data -= diff``."""
+        rate = self._next_rate()
+        if common.mode() is common.Mode.GPU:
+            self.clip_gradients(True)
+            self._set_device_rate(rate)
+            self._queue_gpu_updates()
+            return
+        p = self.param
+        self.clip_gradients(False)
+        scale = 1.0 / p.iter_size
+        for i, blob in enumerate(self.net.learnable_params):
+            lr_mult, local_decay = self._mults(i)
+            diff = blob.mutable_cpu_diff()
+            if p.iter_size != 1:
+                diff *= self.dtype.type(scale)
+            if local_decay:
+                data = blob.cpu_data()
+                reg_term = data if p.regularization_type == "L2" else np.sign(data)
+                diff += self.dtype.type(local_decay) * reg_term
+            self.update_cpu(i, diff, self.dtype.type(rate * lr_mult))
+            blob.mutable_cpu_data()[...] -= blob.cpu_diff()
+
+    def _next_rate(self) -> float:
+        """This iteration's learning rate (advances multistep's counter), logged at display."""
         p = self.param
         rate, self.current_step = lr_policy.learning_rate(p, self.iter, self.current_step)
         if p.display and self.iter % p.display == 0:
             log.info("Iteration %d, lr = %g", self.iter, rate)
-        on_gpu = common.mode() is common.Mode.GPU
-        self.clip_gradients(on_gpu)
+        return rate
+
+    def _mults(self, i: int) -> tuple[float, float]:
+        """(lr_mult, weight_decay * decay_mult) of learnable param ``i``."""
+        lr_mult = self.net.params_lr[i]
+        decay_mult = self.net.params_weight_decay[i]
+        return (1.0 if lr_mult is None else lr_mult), self.param.weight_decay * (1.0 if decay_mult is None else decay_mult)
+
+    def device_rate(self, rate: float) -> float:
+        """The value the GPU update kernels read as the base rate (Adam folds its correction in)."""
+        return rate
+
+    def _set_device_rate(self, rate: float) -> None:
+        from .gpu import backend
+
+        if self._rate_device is None:
+            self._rate_device = backend.alloc(self.dtype.itemsize)
+        backend.memcpy_htod(int(self._rate_device), np.array([self.device_rate(rate)], self.dtype))
+
+    def _queue_gpu_updates(self) -> None:
+        """One fused kernel per learnable param; the rate comes from device memory (graph-safe)."""
+        p = self.param
         scale = 1.0 / p.iter_size
+        rate_ptr = int(self._rate_device)
         for i, blob in enumerate(self.net.learnable_params):
-            lr_mult = self.net.params_lr[i]
-            decay_mult = self.net.params_weight_decay[i]
-            local_rate = rate * (1.0 if lr_mult is None else lr_mult)
-            local_decay = p.weight_decay * (1.0 if decay_mult is None else decay_mult)
-            if on_gpu:
-                reg = 0 if not local_decay else (1 if p.regularization_type == "L2" else 2)
-                self.update_gpu(i, blob, local_rate, scale, local_decay, reg)
-            else:
-                diff = blob.mutable_cpu_diff()
-                if p.iter_size != 1:
-                    diff *= self.dtype.type(scale)
-                if local_decay:
-                    data = blob.cpu_data()
-                    reg_term = data if p.regularization_type == "L2" else np.sign(data)
-                    diff += self.dtype.type(local_decay) * reg_term
-                self.update_cpu(i, diff, self.dtype.type(local_rate))
-                blob.mutable_cpu_data()[...] -= blob.cpu_diff()
+            lr_mult, local_decay = self._mults(i)
+            reg = 0 if not local_decay else (1 if p.regularization_type == "L2" else 2)
+            self.update_gpu(i, blob, rate_ptr, lr_mult, scale, local_decay, reg)
 
     def clip_gradients(self, on_gpu: bool = False) -> None:
         """Scale all param diffs by ``clip / ||g||`` when the global L2 norm exceeds ``clip_gradients``."""
@@ -523,7 +603,8 @@ class Solver:
         """Turn the regularized gradient ``diff`` into the update value, in place (numpy)."""
         raise NotImplementedError(f"{type(self).__name__}.update_cpu")
 
-    def update_gpu(self, param_id: int, blob: Blob, local_rate: float, scale: float, decay: float, reg: int) -> None:
+    def update_gpu(self, param_id: int, blob: Blob, rate_ptr: int, lr_mult: float, scale: float, decay: float,
+                   reg: int) -> None:
         """Fused GPU step: ``g = g·scale + decay·{w | sign(w)}``, the rule, ``w -= update``."""
         raise NotImplementedError(f"{type(self).__name__}.update_gpu")
 

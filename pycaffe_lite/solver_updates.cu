@@ -1,5 +1,6 @@
 // Fused solver updates, one kernel per rule (Dtype and CUDA_KERNEL_LOOP come from the prelude).
-// Every kernel, per element i, in place:
+// The rate is read from device memory (rate_ptr[0], set by the solver each iteration) times the
+// param's lr_mult, so the kernels can be replayed from a CUDA graph. Per element i, in place:
 //   g = g[i] * scale + decay * (reg == 1 ? w[i] : reg == 2 ? sign(w[i]) : 0)   (1/iter_size, L2/L1)
 //   update = rule(g, history...)       (history updated in place, as Caffe keeps it)
 //   g[i] = update; w[i] -= update      (Caffe's diff holds the update, then Blob::Update)
@@ -18,7 +19,8 @@ __device__ __forceinline__ Dtype regularized_grad(const Dtype g, const Dtype w, 
 // h = momentum * h + rate * g; update = h
 __global__ void sgd_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                            const Dtype decay, const int reg, const Dtype momentum,
-                           const Dtype rate) {
+                           const Dtype* rate_ptr, const Dtype lr_mult) {
+  const Dtype rate = rate_ptr[0] * lr_mult;
   CUDA_KERNEL_LOOP(i, n) {
     const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
     const Dtype hi = momentum * h[i] + rate * gi;
@@ -31,7 +33,8 @@ __global__ void sgd_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtyp
 // h' = momentum * h + rate * g; update = (1 + momentum) * h' - momentum * h
 __global__ void nesterov_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                                 const Dtype decay, const int reg, const Dtype momentum,
-                                const Dtype rate) {
+                                const Dtype* rate_ptr, const Dtype lr_mult) {
+  const Dtype rate = rate_ptr[0] * lr_mult;
   CUDA_KERNEL_LOOP(i, n) {
     const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
     const Dtype old_h = h[i];
@@ -46,7 +49,8 @@ __global__ void nesterov_update(const int n, Dtype* w, Dtype* g, Dtype* h, const
 // h += g^2; update = rate * g / (sqrt(h) + delta)
 __global__ void adagrad_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                                const Dtype decay, const int reg, const Dtype delta,
-                               const Dtype rate) {
+                               const Dtype* rate_ptr, const Dtype lr_mult) {
+  const Dtype rate = rate_ptr[0] * lr_mult;
   CUDA_KERNEL_LOOP(i, n) {
     const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
     const Dtype hi = h[i] + gi * gi;
@@ -60,7 +64,8 @@ __global__ void adagrad_update(const int n, Dtype* w, Dtype* g, Dtype* h, const 
 // h = rms_decay * h + (1 - rms_decay) * g^2; update = rate * g / (sqrt(h) + delta)
 __global__ void rmsprop_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                                const Dtype decay, const int reg, const Dtype rms_decay,
-                               const Dtype delta, const Dtype rate) {
+                               const Dtype delta, const Dtype* rate_ptr, const Dtype lr_mult) {
+  const Dtype rate = rate_ptr[0] * lr_mult;
   CUDA_KERNEL_LOOP(i, n) {
     const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
     const Dtype hi = rms_decay * h[i] + (Dtype(1) - rms_decay) * gi * gi;
@@ -75,7 +80,8 @@ __global__ void rmsprop_update(const int n, Dtype* w, Dtype* g, Dtype* h, const 
 // h2 = m * h2 + (1 - m) * s^2; update = rate * s
 __global__ void adadelta_update(const int n, Dtype* w, Dtype* g, Dtype* h, Dtype* h2,
                                 const Dtype scale, const Dtype decay, const int reg,
-                                const Dtype momentum, const Dtype delta, const Dtype rate) {
+                                const Dtype momentum, const Dtype delta, const Dtype* rate_ptr, const Dtype lr_mult) {
+  const Dtype rate = rate_ptr[0] * lr_mult;
   CUDA_KERNEL_LOOP(i, n) {
     const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
     const Dtype hi = momentum * h[i] + (Dtype(1) - momentum) * gi * gi;
@@ -92,7 +98,8 @@ __global__ void adadelta_update(const int n, Dtype* w, Dtype* g, Dtype* h, Dtype
 // update = corrected_rate * m / (sqrt(v) + eps_hat)
 __global__ void adam_update(const int n, Dtype* w, Dtype* g, Dtype* m, Dtype* v,
                             const Dtype scale, const Dtype decay, const int reg, const Dtype beta1,
-                            const Dtype beta2, const Dtype eps_hat, const Dtype corrected_rate) {
+                            const Dtype beta2, const Dtype eps_hat, const Dtype* rate_ptr, const Dtype lr_mult) {
+  const Dtype corrected_rate = rate_ptr[0] * lr_mult;
   CUDA_KERNEL_LOOP(i, n) {
     const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
     const Dtype mi = beta1 * m[i] + (Dtype(1) - beta1) * gi;
