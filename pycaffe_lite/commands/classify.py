@@ -5,28 +5,28 @@ from __future__ import annotations
 
 import argparse
 
+from . import add_gpu_argument, flag, parse_gpu, use_device
+
 NAME = "classify"
 HELP = "classify digit images (PNG/JPEG) with a deploy net and trained weights"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files (PNG, JPEG, ...)")
-    parser.add_argument("--model", required=True, help="deploy prototxt (e.g. examples/mnist/lenet.prototxt)")
-    parser.add_argument("--weights", required=True, help="trained .caffemodel")
-    parser.add_argument("--scale", type=float, default=0.00390625,
-                        help="multiply pixel values (0..255) by this (default 0.00390625 = 1/256)")
-    parser.add_argument("--invert", choices=("auto", "yes", "no"), default="auto",
-                        help="invert images (MNIST digits are light on dark); auto: when the border is bright")
-    parser.add_argument("--gpu", type=int, default=None, metavar="N", help="run on GPU N (default: CPU)")
+    flag(parser, "model", required=True, metavar="NET.prototxt",
+         help="deploy prototxt (e.g. examples/mnist/lenet.prototxt)")
+    flag(parser, "weights", required=True, metavar="W.caffemodel", help="trained weights")
+    flag(parser, "scale", type=float, default=0.00390625,
+         help="multiply pixel values (0..255) by this (default 0.00390625 = 1/256)")
+    flag(parser, "invert", choices=("auto", "yes", "no"), default="auto",
+         help="invert images (MNIST digits are light on dark); auto: when the border is bright")
+    add_gpu_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    import pycaffe_lite as caffe
-    from pycaffe_lite.digits import classify_digits
+    from ..digits import classify_digits
 
-    if args.gpu is not None:
-        caffe.set_device(args.gpu)
-        caffe.set_mode_gpu()
+    use_device(parse_gpu(args.gpu))
     invert = {"auto": "auto", "yes": True, "no": False}[args.invert]
     results = classify_digits(args.model, args.weights, args.images, scale=args.scale, invert=invert)
     for r in results:

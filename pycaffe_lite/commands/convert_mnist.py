@@ -7,6 +7,8 @@ import argparse
 import sys
 import time
 
+from . import flag
+
 NAME = "convert_mnist"
 HELP = "convert MNIST IDX image/label files (gzipped or not) to an LMDB of Datums"
 
@@ -15,13 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("images", metavar="IMAGES", help="IDX image file, e.g. train-images-idx3-ubyte.gz")
     parser.add_argument("labels", metavar="LABELS", help="IDX label file, e.g. train-labels-idx1-ubyte.gz")
     parser.add_argument("db_path", metavar="DB_PATH", help="output database folder (must not exist)")
-    parser.add_argument("--backend", default="lmdb", help="database backend (only lmdb is supported)")
-    parser.add_argument("--overwrite", action="store_true", help="replace DB_PATH if it exists")
-    parser.add_argument("--limit", type=int, default=None, help="convert only the first N records")
+    flag(parser, "backend", default="lmdb", help="database backend (only lmdb is supported)")
+    flag(parser, "overwrite", action="store_true", help="replace DB_PATH if it exists")
+    flag(parser, "limit", type=int, default=None, help="convert only the first N records")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pycaffe_lite import mnist
+    from .. import mnist
 
     start = time.perf_counter()
     n = mnist.convert(args.images, args.labels, args.db_path, backend=args.backend,
