@@ -28,6 +28,8 @@ class GraphRunner:
         self._warm: set[Hashable] = set()
         self._failed: set[Hashable] = set()
         self.replays = 0
+        self.captures = 0
+        self.fallbacks: list[str] = []  # why a capture was abandoned, one line each
 
     def clear(self) -> None:
         """Forget every graph (call when pointers may have changed: reshape, sharing, reload)."""
@@ -79,9 +81,11 @@ class GraphRunner:
                 if id(mem) not in heads:
                     mem.head = Head.HEAD_AT_GPU
             self._failed.add(key)
+            self.fallbacks.append(f"{key[0]}: {type(exc).__name__}: {exc}")
             log.info("CUDA graph capture not possible here (%s); running without graphs", exc)
             return None
         entry = (holder.graph, list(st.capture_written))
         st.capture_written = set()
         self._graphs[key] = entry
+        self.captures += 1
         return entry

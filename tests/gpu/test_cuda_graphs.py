@@ -61,7 +61,9 @@ def test_replay_matches_eager_and_follows_new_inputs(nets):
         x = rng.standard_normal((4, 6)).astype(np.float32)
         got, want = run(graphed, x), run(eager, x)
         np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
-    assert graphed.graph_replays() == before + 6
+    runner = graphed._graph_runner
+    assert runner.fallbacks == []
+    assert graphed.graph_replays() == before + 6, (runner.captures, len(runner._warm), runner._warm)
 
 
 def test_reshape_and_weight_change_are_seen(nets):
