@@ -72,6 +72,22 @@ def test_bvlc_lenet_classifies_first_1000(bvlc_net, test_set):
     np.testing.assert_allclose(probs.sum(axis=1), 1, rtol=1e-5)
 
 
+def test_train_test_net_through_lmdb_matches_deploy(bvlc_net, caffe_fixtures, test_set, tmp_path):
+    """lenet_train_test.prototxt (TEST phase: Data layer -> ... -> Accuracy) on an LMDB of the first
+    1000 test images gives the accuracy of the deploy net on the same images."""
+    images, labels = test_set
+    mnist.write_lmdb(images[:1000], labels[:1000], tmp_path / "test_lmdb")
+    param = protoio.read_text(EXAMPLE / "lenet_train_test.prototxt", caffe_pb2.NetParameter())
+    for lp in param.layer:
+        if lp.type == "Data":
+            lp.data_param.source = str(tmp_path / "test_lmdb")
+    net = caffe.Net(param, caffe.TEST, weights=str(caffe_fixtures / "lenet_iter_10000.caffemodel"))
+    accuracy = np.mean([float(net.forward()["accuracy"]) for _ in range(10)])
+    expected = (forward_all(bvlc_net, images[:1000]) == labels[:1000]).mean()
+    assert accuracy == pytest.approx(expected, abs=1e-6) and accuracy >= 0.985
+    net.layers[0].close()
+
+
 @pytest.mark.slow
 def test_bvlc_lenet_full_test_set_99_14(bvlc_net, test_set):
     images, labels = test_set
