@@ -186,6 +186,8 @@ class Net:
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._loss_overwritten_later = [False] * len(self.layers)
         for i in range(len(self.layers)):
+            if not self.layers[i].has_loss:
+                continue
             mine = set(self.top_id_vecs[i])
             for j in range(i + 1, len(self.layers)):
                 if mine & set(self.top_id_vecs[j]):
