@@ -53,7 +53,11 @@ def test_cifar10_quick_deploy_forward_backward(tmp_path):
     assert net.params["ip1"][0].shape == (64, 1024)  # 64 x 4 x 4 after three ceil-rounded pools
     assert net.blobs["pool1"].shape == (1, 32, 16, 16)  # Caffe's ceil rounding
     assert net.blobs["pool3"].shape == (1, 64, 4, 4)
-    _forward_backward(net, np.random.default_rng(1))
+    rng = np.random.default_rng(1)
+    for params in net.params.values():  # the deploy file has no fillers: weights come from a model
+        for p in params:
+            p.data[...] = rng.standard_normal(p.shape) * 0.1
+    _forward_backward(net, rng)
 
 
 def _cifar_lmdb(path: Path, n: int, rng) -> None:
