@@ -328,9 +328,15 @@ class Net:
 
     def forward_from_to(self, start: int, end: int) -> float:
         """Run layers ``start``..``end`` (inclusive); returns the summed weighted loss."""
-        if any(self._loss_overwritten_later[start : end + 1]) or not self._graphable(start, end):
+        if any(self._loss_overwritten_later[start : end + 1]):
             return self._forward_eager(start, end)
-        self._graph_run(("fwd", start, end), start, end, lambda: self._forward_compute(start, end))
+        first = start  # leading host-side layers (data readers) run eagerly, the rest as a graph
+        while first <= end and not self._graphable(first, first):
+            first += 1
+        if first > end or not self._graphable(first, end):
+            return self._forward_eager(start, end)
+        self._forward_compute(start, first - 1)
+        self._graph_run(("fwd", first, end), first, end, lambda: self._forward_compute(first, end))
         # Losses are read once the whole range is queued (one host sync on the GPU).
         return self._range_loss(start, end)
 
@@ -398,10 +404,14 @@ class Net:
 
     def backward_from_to(self, start: int, end: int) -> None:
         """Backward through layers ``start`` down to ``end`` (inclusive, start >= end)."""
-        if self._graphable(end, start):
-            self._graph_run(("bwd", start, end), end, start, lambda: self._backward_compute(start, end))
-        else:
+        low = end  # the lowest layers (data readers, usually needing no backward) run eagerly last
+        while low <= start and not self._graphable(low, low):
+            low += 1
+        if low > start or not self._graphable(low, start):
             self._backward_compute(start, end)
+            return
+        self._graph_run(("bwd", start, low), low, start, lambda: self._backward_compute(start, low))
+        self._backward_compute(low - 1, end)
 
     def _backward_compute(self, start: int, end: int) -> None:
         for i in range(start, end - 1, -1):

@@ -136,6 +136,9 @@ class Solver:
         self.requested_early_exit = False
         self._last_snapshot_iter: int | None = None
         self._rate_device = None  # device scalar the GPU update kernels read the rate from
+        # Called as hook(iter, loss) after each iteration's update; unlike pycaffe callbacks they
+        # run outside the iteration, so whole iterations can still be replayed as CUDA graphs.
+        self.iteration_hooks: list[Callable[[int, float], None]] = []
         # Replay whole GPU iterations (clear diffs, forward, backward, update) as one CUDA graph.
         self.use_cuda_graphs = True
         self.check_param()
@@ -369,6 +372,9 @@ class Solver:
                     on_ready()
             if first is None:
                 self.apply_update()
+            self.last_loss = loss
+            for hook in self.iteration_hooks:
+                hook(self.iter, loss)
             self.iter += 1
             if bar is not None:
                 bar.update(1)

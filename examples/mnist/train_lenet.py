@@ -192,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
 
         bar = tqdm(total=iters, desc=f"LeNet ({device})", unit="it", dynamic_ncols=True)
 
-    def record_loss() -> None:
-        losses.append(float(solver.net.blobs["loss"].cpu_data()))
+    def record_loss(iteration: int, loss: float) -> None:
+        losses.append(loss)
         if bar is not None:
             bar.update(1)
             if len(losses) % 20 == 0:
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.set_postfix(loss=f"{np.mean(losses[-20:]) if losses else float('nan'):.4f}", acc=f"{acc:.4f}")
         return acc
 
-    solver.add_callback(None, record_loss)
+    solver.iteration_hooks.append(record_loss)
     start = time.perf_counter()
     sp_interval = solver.param.test_interval
     solver.param.test_interval = 0  # testing is driven from here, to record the accuracy
