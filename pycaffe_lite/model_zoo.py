@@ -358,9 +358,7 @@ def squeezenet_v1_1(batch: int = 10) -> caffe_pb2.NetParameter:
             n[f"pool{i}"] = _max_pool(x, 3, 2)
             x = n[f"pool{i}"]
     n.drop9 = L.Dropout(x, dropout_ratio=0.5, in_place=True)
-    n.conv10 = L.Convolution(
-        n.drop9, num_output=1000, kernel_size=1, weight_filler=dict(type="gaussian", mean=0.0, std=0.01)
-    )
+    n.conv10 = L.Convolution(n.drop9, num_output=1000, kernel_size=1)
     n.relu_conv10 = L.ReLU(n.conv10, in_place=True)
     n.pool10 = L.Pooling(n.relu_conv10, pool=P.Pooling.AVE, global_pooling=True)
     n.prob = L.Softmax(n.pool10)
