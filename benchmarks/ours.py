@@ -32,8 +32,7 @@ def _set_mode(gpu: bool) -> None:
 def lenet_train(train_x, train_y, test_x, test_y, iters: int, gpu: bool = True, seed: int = 1,
                 workdir: str | None = None) -> dict:
     """Caffe's LeNet recipe from examples/mnist through LMDB + Data layers; returns it/s, accuracy."""
-    from pycaffe_lite import mnist
-    from pycaffe_lite import get_solver
+    from pycaffe_lite import get_solver, mnist
 
     _set_mode(gpu)
     work = Path(workdir or tempfile.mkdtemp(prefix="bench-lenet-"))

@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+ALLOW_TF32 = False  # run_all --tf32 sets it; both sides then allow TF32 GEMMs/convolutions
+
 
 def available() -> str | None:
     """None when PyTorch can run the peer side, else the reason."""
@@ -22,8 +24,11 @@ def available() -> str | None:
 
 
 def _torch():
+    """torch, with TF32 set as run_all asked (PyTorch allows TF32 convolutions by default)."""
     import torch
 
+    torch.backends.cudnn.allow_tf32 = ALLOW_TF32
+    torch.backends.cuda.matmul.allow_tf32 = ALLOW_TF32
     return torch
 
 
@@ -87,8 +92,6 @@ def conv_fwd_bwd(n: int, c: int, h: int, w: int, k: int, ksize: int, pad: int, s
     torch = _torch()
     dev = torch.device(device)
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
     conv = torch.nn.Conv2d(c, k, ksize, stride=stride, padding=pad).to(dev)
     x = torch.randn(n, c, h, w, device=dev, requires_grad=True)
     y = conv(x)

@@ -46,6 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=10000)
     ap.add_argument("--cpu", action="store_true", help="CPU LeNet training instead of the GPU table")
     ap.add_argument("--out", help="append the markdown table to this file")
+    ap.add_argument("--tf32", action="store_true", help="allow TF32 GEMMs on both sides")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
     peer_reason = peer_torch.available()
@@ -62,6 +63,10 @@ def main(argv=None) -> int:
 
         caffe.set_mode_gpu()
         device = backend.device_name()
+        if args.tf32:
+            caffe.set_allow_tf32(True)
+            peer_torch.ALLOW_TF32 = True
+            device += " (TF32 allowed)"
     else:
         device = f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
     print(f"device: {device}; peer: {peer_reason or 'PyTorch ' + __import__('torch').__version__}")

@@ -14,7 +14,7 @@ from . import (
 from . import layers as _builtin_layers  # noqa: F401  (registers every layer type; before net_spec.layers)
 from .blob import Blob
 from .classifier import Classifier
-from .common import TEST, TRAIN, Mode, set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+from .common import TEST, TRAIN, Mode, set_allow_tf32, set_device, set_mode_cpu, set_mode_gpu, set_random_seed
 from .detector import Detector
 from .digits import classify_digits
 from .errors import (
@@ -52,6 +52,6 @@ __all__ = [
     "DataError", "Detector", "GPUUnavailableError", "Layer", "Mode", "NesterovSolver", "Net", "NetError",
     "NetSpec", "PrototxtError", "RMSPropSolver", "SGDSolver", "ShapeError", "Solver", "Timer",
     "UnknownLayerError", "WeightsError", "__version__", "classify_digits", "draw", "get_solver", "has_nccl", "init_log", "io",
-    "layer_type_list", "layers", "log", "params", "proto", "register_layer", "set_device", "set_mode_cpu",
+    "layer_type_list", "layers", "log", "params", "proto", "register_layer", "set_allow_tf32", "set_device", "set_mode_cpu",
     "set_mode_gpu", "set_random_seed", "to_proto",
 ]

@@ -84,3 +84,15 @@ def next_gpu_seed() -> tuple[int, int]:
     seed = _state.seed if _state.seed is not None else 0x5EED
     _state.gpu_rng_counter += 1
     return seed & 0xFFFFFFFF, _state.gpu_rng_counter & 0xFFFFFFFF
+
+
+def set_allow_tf32(allow: bool) -> None:
+    """Let float32 GEMMs on the GPU use TF32 tensor cores (faster, 10-bit mantissa inputs).
+
+    Off by default, as results then differ from float32 arithmetic; needs GPU mode.
+    """
+    from .gpu import blas
+
+    if _state.mode is not Mode.GPU:
+        raise GPUUnavailableError("set_allow_tf32 needs GPU mode (call set_mode_gpu() first)")
+    blas.set_allow_tf32(bool(allow))
