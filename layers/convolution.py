@@ -79,11 +79,16 @@ def conv_geometry(layer: Layer, p: Any) -> ConvGeometry:
     return geo
 
 
-@register_layer("Convolution")
-class ConvolutionLayer(Layer):
+class ConvolutionBase(Layer):
+    """Set-up shared by Convolution and Deconvolution (Caffe's BaseConvolutionLayer): parameters,
+    group checks and the weight/bias blobs, whose weight shape each subclass gives."""
+
     min_bottom_blobs = 1
     min_top_blobs = 1
     equal_num_bottom_top_blobs = True
+
+    def weight_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.convolution_param
@@ -96,7 +101,7 @@ class ConvolutionLayer(Layer):
         self.axis = bottom[0].canonical_axis(p.axis)
         if bottom[0].num_axes - self.axis - 1 != 2:
             raise self.error(
-                f"only 2-D convolution is supported: bottom shape {bottom[0].shape} has "
+                f"only 2-D {self.type.lower()} is supported: bottom shape {bottom[0].shape} has "
                 f"{bottom[0].num_axes - self.axis - 1} spatial axes after channel axis {self.axis}"
             )
         self.channels = bottom[0].shape[self.axis]
@@ -106,7 +111,7 @@ class ConvolutionLayer(Layer):
             raise self.error(f"{self.channels} input channels are not divisible by group {self.group}")
         if self.num_output % self.group:
             raise self.error(f"num_output {self.num_output} is not divisible by group {self.group}")
-        w_shape = (self.num_output, self.channels // self.group) + self.geo.kernel
+        w_shape = self.weight_shape()
         shapes = [w_shape] + ([(self.num_output,)] if self.bias_term else [])
         if self.blobs:
             if len(self.blobs) != len(shapes):
@@ -121,7 +126,8 @@ class ConvolutionLayer(Layer):
                 fillers.fill(self.blobs[1], p.bias_filler)
         self._gpu_buffers: dict[str, tuple[int, Any]] = {}
 
-    def reshape(self, bottom, top):
+    def _reshape_bottoms(self, bottom) -> None:
+        """Check the bottoms against the weights; set ``num`` and ``in_hw``."""
         shape = bottom[0].shape
         for i, b in enumerate(bottom[1:], 1):
             if b.shape != shape:
@@ -132,6 +138,15 @@ class ConvolutionLayer(Layer):
         self.in_hw = shape[self.axis + 1:]
         if len(self.in_hw) != 2:
             raise self.error(f"bottom shape {shape} must have 2 spatial axes after channel axis {self.axis}")
+
+
+@register_layer("Convolution")
+class ConvolutionLayer(ConvolutionBase):
+    def weight_shape(self) -> tuple[int, ...]:
+        return (self.num_output, self.channels // self.group) + self.geo.kernel
+
+    def reshape(self, bottom, top):
+        self._reshape_bottoms(bottom)
         g = self.geo
         self.out_hw = out_shape(self.in_hw[0], self.in_hw[1], g.kernel, g.pad, g.stride, g.dilation)
         if min(self.out_hw) <= 0:
@@ -140,7 +155,7 @@ class ConvolutionLayer(Layer):
                 f"than the input {self.in_hw[0]}x{self.in_hw[1]} padded by {g.pad[0]}x{g.pad[1]}"
             )
         for t in top:
-            t.reshape(shape[:self.axis] + (self.num_output,) + self.out_hw)
+            t.reshape(bottom[0].shape[:self.axis] + (self.num_output,) + self.out_hw)
 
     # -- CPU --------------------------------------------------------------------------------
     def _columns(self, x: np.ndarray) -> np.ndarray:

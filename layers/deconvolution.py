@@ -16,73 +16,24 @@ groups, in chunks of images when the columns exceed :data:`COL_BUFFER_BYTES`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from pycaffe_lite import fillers
 from pycaffe_lite.gpu import backend, blas
 from pycaffe_lite.gpu import im2col as gpu_im2col
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.im2col import col2im, im2col
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import register_layer
 
-from .convolution import COL_BUFFER_BYTES, conv_geometry
+from .convolution import COL_BUFFER_BYTES, ConvolutionBase
 
 
 @register_layer("Deconvolution")
-class DeconvolutionLayer(Layer):
-    min_bottom_blobs = 1
-    min_top_blobs = 1
-    equal_num_bottom_top_blobs = True
-
-    def layer_setup(self, bottom, top):
-        p = self.layer_param.convolution_param
-        self.geo = conv_geometry(self, p)
-        if not p.HasField("num_output") or p.num_output == 0:
-            raise self.error("convolution_param.num_output is required and must be positive")
-        self.num_output = p.num_output
-        self.group = p.group
-        self.bias_term = p.bias_term
-        self.axis = bottom[0].canonical_axis(p.axis)
-        if bottom[0].num_axes - self.axis - 1 != 2:
-            raise self.error(
-                f"only 2-D deconvolution is supported: bottom shape {bottom[0].shape} has "
-                f"{bottom[0].num_axes - self.axis - 1} spatial axes after channel axis {self.axis}"
-            )
-        self.channels = bottom[0].shape[self.axis]
-        if self.group <= 0:
-            raise self.error(f"group must be positive, got {self.group}")
-        if self.channels % self.group:
-            raise self.error(f"{self.channels} input channels are not divisible by group {self.group}")
-        if self.num_output % self.group:
-            raise self.error(f"num_output {self.num_output} is not divisible by group {self.group}")
-        w_shape = (self.channels, self.num_output // self.group) + self.geo.kernel
-        shapes = [w_shape] + ([(self.num_output,)] if self.bias_term else [])
-        if self.blobs:
-            if len(self.blobs) != len(shapes):
-                raise self.error(f"has {len(self.blobs)} param blobs, expected {len(shapes)} "
-                                 f"(bias_term: {self.bias_term})")
-            self.check_param_shapes(shapes)
-        else:
-            self.blobs = [self.make_param_blob(w_shape)]
-            fillers.fill(self.blobs[0], p.weight_filler)
-            if self.bias_term:
-                self.blobs.append(self.make_param_blob((self.num_output,)))
-                fillers.fill(self.blobs[1], p.bias_filler)
-        self._gpu_buffers: dict[str, tuple[int, Any]] = {}
+class DeconvolutionLayer(ConvolutionBase):
+    def weight_shape(self) -> tuple[int, ...]:
+        return (self.channels, self.num_output // self.group) + self.geo.kernel  # as Caffe stores it
 
     def reshape(self, bottom, top):
-        shape = bottom[0].shape
-        for i, b in enumerate(bottom[1:], 1):
-            if b.shape != shape:
-                raise self.error(f"all bottoms must have one shape: bottom 0 is {shape}, bottom {i} is {b.shape}")
-        if shape[self.axis] != self.channels:
-            raise self.error(f"bottom has {shape[self.axis]} channels (shape {shape}), weights expect {self.channels}")
-        self.num = bottom[0].count_range(0, self.axis)
-        self.in_hw = shape[self.axis + 1:]
-        if len(self.in_hw) != 2:
-            raise self.error(f"bottom shape {shape} must have 2 spatial axes after channel axis {self.axis}")
+        self._reshape_bottoms(bottom)
         g = self.geo
         extent = tuple(d * (k - 1) + 1 for k, d in zip(g.kernel, g.dilation))
         self.out_hw = tuple(s * (n - 1) + e - 2 * p for n, s, e, p in zip(self.in_hw, g.stride, extent, g.pad))
@@ -93,7 +44,7 @@ class DeconvolutionLayer(Layer):
                 f"is smaller than twice the pad {g.pad[0]}x{g.pad[1]}"
             )
         for t in top:
-            t.reshape(shape[:self.axis] + (self.num_output,) + self.out_hw)
+            t.reshape(bottom[0].shape[:self.axis] + (self.num_output,) + self.out_hw)
 
     # -- CPU --------------------------------------------------------------------------------
     def _weights(self) -> np.ndarray:
