@@ -1,0 +1,180 @@
+"""ImageData: batches of image files listed with labels in a text file (BVLC's ImageDataLayer).
+
+``image_data_param { source root_folder batch_size shuffle new_height new_width is_color
+rand_skip }`` and ``transform_param`` (the deprecated ``scale mean_file crop_size mirror`` of
+``image_data_param`` fill in what ``transform_param`` leaves unset). Each line of ``source`` is
+``<path> <label>`` (the label follows the last space, so paths may hold spaces); images are read
+from ``root_folder + path`` with Pillow, in BGR channel order for colour (``is_color``, the
+default; gray images are expanded to 3 channels) or as 1 gray channel, resized with bilinear
+interpolation (OpenCV's ``INTER_LINEAR`` half-pixel rule, rounded to uint8) to
+``new_height x new_width`` when both are set. Tops ``data`` ``(batch_size, C, h, w)`` (shaped by
+the first image of each batch) and ``label`` ``(batch_size,)``. Lines are read in order and wrap
+after the last; with ``shuffle`` the list is shuffled at set-up and at every wrap, with
+``pycaffe_lite.common.rng()``. ``rand_skip`` skips a random number (< rand_skip) of lines at set-up.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from pycaffe_lite import common
+from pycaffe_lite.data_transformer import DataTransformer
+from pycaffe_lite.errors import DataError
+from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.proto import caffe_pb2
+
+_LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
+
+
+def read_image_list(source: str, where: str) -> list[tuple[str, int, int]]:
+    """``(path, label, line number)`` for each non-blank line ``<path> <label>`` of ``source``."""
+    if not source:
+        raise DataError(f"{where}: image_data_param.source is empty (expected a text file of 'path label' lines)")
+    try:
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise DataError(f"{where}: cannot open source file {source}: {exc.strerror or exc}") from None
+    lines = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        path, sep, label = line.rpartition(" ")
+        try:
+            if not sep or not path:
+                raise ValueError
+            value = int(label)
+        except ValueError:
+            raise DataError(f"{where}: {source} line {number}: expected '<path> <integer label>', "
+                            f"got {line!r}") from None
+        lines.append((path.rstrip(), value, number))
+    if not lines:
+        raise DataError(f"{where}: source file {source} is empty (no 'path label' lines)")
+    return lines
+
+
+def resize_bilinear(img: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``(C, H, W)`` uint8 -> ``(C, height, width)`` uint8, bilinear as OpenCV's INTER_LINEAR
+    (source coordinate ``(dst + 0.5) * scale - 0.5``, clamped at the borders)."""
+    _, h, w = img.shape
+
+    def axis(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        src = (np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5
+        src = np.clip(src, 0, n_in - 1)
+        lo = np.floor(src).astype(np.intp)
+        hi = np.minimum(lo + 1, n_in - 1)
+        return lo, hi, src - lo
+
+    y0, y1, fy = axis(height, h)
+    x0, x1, fx = axis(width, w)
+    x = img.astype(np.float64)
+    rows = x[:, y0, :] * (1 - fy)[:, None] + x[:, y1, :] * fy[:, None]
+    out = rows[:, :, x0] * (1 - fx) + rows[:, :, x1] * fx
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def read_image(path: str, new_height: int, new_width: int, is_color: bool) -> np.ndarray:
+    """The image at ``path`` as ``(C, H, W)`` uint8: BGR (C=3) if ``is_color`` else gray (C=1),
+    resized when ``new_height`` and ``new_width`` are positive. Raises OSError if unreadable."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img.load()
+        if is_color:
+            arr = np.asarray(img.convert("RGB"), dtype=np.uint8)[:, :, ::-1].transpose(2, 0, 1)
+        else:
+            arr = np.asarray(img.convert("L"), dtype=np.uint8)[None]
+    arr = np.ascontiguousarray(arr)
+    if new_height > 0 and new_width > 0:
+        arr = resize_bilinear(arr, new_height, new_width)
+    return arr
+
+
+@register_layer("ImageData")
+class ImageDataLayer(Layer):
+    graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
+    exact_num_bottom_blobs = 0
+    exact_num_top_blobs = 2
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.image_data_param
+        self.where = f"layer '{self.name}' (ImageData)"
+        self.new_height, self.new_width = int(p.new_height), int(p.new_width)
+        if not ((self.new_height == 0 and self.new_width == 0) or (self.new_height > 0 and self.new_width > 0)):
+            raise self.error(f"image_data_param needs new_height and new_width both set (positive) or both 0, "
+                             f"got {self.new_height} and {self.new_width}")
+        if p.batch_size <= 0:
+            raise self.error(f"image_data_param.batch_size must be positive, got {p.batch_size}")
+        self.batch_size = int(p.batch_size)
+        self.is_color = bool(p.is_color)
+        self.root_folder = p.root_folder
+        self.shuffle = bool(p.shuffle)
+        try:
+            import PIL  # noqa: F401
+        except ImportError:
+            raise DataError(f"{self.where}: reading images needs Pillow (pip install Pillow)") from None
+        tp = caffe_pb2.TransformationParameter()
+        tp.CopyFrom(self.layer_param.transform_param)
+        for field in _LEGACY_TRANSFORM_FIELDS:
+            if p.HasField(field) and not tp.HasField(field):
+                setattr(tp, field, getattr(p, field))
+        self.transformer = DataTransformer(tp, self.phase, self.dtype, where=self.where)
+        self.lines = read_image_list(p.source, self.where)
+        if self.shuffle:
+            self._shuffle()
+        self.line_id = 0
+        if p.rand_skip:
+            skip = int(common.rng().integers(p.rand_skip))
+            if skip >= len(self.lines):
+                raise DataError(f"{self.where}: rand_skip drew {skip}, but {p.source} has only "
+                                f"{len(self.lines)} lines (not enough points to skip)")
+            self.line_id = skip
+        shape = self.transformer.infer_shape(self._read(self.line_id))
+        top[0].reshape((self.batch_size, *shape))
+        top[1].reshape((self.batch_size,))
+
+    def _shuffle(self) -> None:
+        order = common.rng().permutation(len(self.lines))
+        self.lines = [self.lines[i] for i in order]
+
+    def _read(self, line_id: int) -> np.ndarray:
+        path, _, number = self.lines[line_id]
+        full = self.root_folder + path
+        if not os.path.isfile(full):
+            raise DataError(f"{self.where}: image file {full} not found "
+                            f"({self.layer_param.image_data_param.source} line {number})")
+        try:
+            return read_image(full, self.new_height, self.new_width, self.is_color)
+        except Exception as exc:
+            raise DataError(f"{self.where}: could not load image {full} "
+                            f"({self.layer_param.image_data_param.source} line {number}): {exc}") from None
+
+    def reshape(self, bottom, top):
+        """Tops take the shape of each batch's first image in forward."""
+
+    def forward_cpu(self, bottom, top):
+        first = self._read(self.line_id)
+        top[0].reshape((self.batch_size, *self.transformer.infer_shape(first)))
+        top[1].reshape((self.batch_size,))
+        data = top[0].mutable_cpu_data()
+        labels = top[1].mutable_cpu_data()
+        for i in range(self.batch_size):
+            img = first if i == 0 else self._read(self.line_id)
+            if img.shape != first.shape:
+                path, _, number = self.lines[self.line_id]
+                raise DataError(f"{self.where}: image {self.root_folder + path} (line {number}) has shape "
+                                f"{img.shape}, the first image of its batch has {first.shape} (set new_height/"
+                                "new_width or batch_size 1 for images of different sizes)")
+            self.transformer.transform(img, out=data[i])
+            labels[i] = self.lines[self.line_id][1]
+            self.line_id += 1
+            if self.line_id >= len(self.lines):
+                self.line_id = 0
+                if self.shuffle:
+                    self._shuffle()
+
+    # The host batch is written into the tops; the device copy syncs when the next layer reads it.
+    forward_gpu = forward_cpu
