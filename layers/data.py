@@ -99,6 +99,8 @@ class _Prefetcher:
             self.error = exc
 
     def get(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.stop_event.is_set():  # closed: batches still queued are not handed out
+            raise DataError(f"{self.where}: the prefetch thread is not running (layer closed?)")
         while True:
             try:
                 return self.queue.get(timeout=0.05)
