@@ -4,43 +4,7 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
-
-
-def run_layer(text, arrays, ntop=1, propagate=None, seed=5, dtype=np.float64):
-    """Set up, forward, then backward with fixed random top diffs; returns (layer, bottom, top)."""
-    caffe.set_random_seed(seed)
-    layer = make_layer(text, dtype)
-    bottom, top = blobs(arrays, dtype), empty_blobs(ntop, dtype)
-    layer.setup(bottom, top)
-    layer.forward(bottom, top)
-    rng = np.random.default_rng(seed)
-    for t in top:
-        t.mutable_cpu_diff()[...] = rng.standard_normal(t.shape)
-    for p in layer.blobs:
-        p.mutable_cpu_diff()[...] = 0.25  # param diffs accumulate onto this
-    layer.backward(top, propagate if propagate is not None else [True] * len(bottom), bottom)
-    return layer, bottom, top
-
-
-def assert_cpu_gpu_agree(text, arrays, ntop=1, propagate=None, rtol=1e-9, atol=1e-11, dtype=np.float64):
-    """Same layer and inputs on both devices: tops, bottom diffs, param data and diffs agree."""
-    results = []
-    for gpu in (False, True):
-        caffe.set_mode_gpu() if gpu else caffe.set_mode_cpu()
-        try:
-            layer, bottom, top = run_layer(text, arrays, ntop, propagate, dtype=dtype)
-            prop = propagate if propagate is not None else [True] * len(bottom)
-            out = [t.cpu_data().copy() for t in top]
-            out += [b.cpu_diff().copy() for b, p in zip(bottom, prop) if p]
-            out += [p.cpu_data().copy() for p in layer.blobs] + [p.cpu_diff().copy() for p in layer.blobs]
-            results.append(out)
-        finally:
-            caffe.set_mode_cpu()
-    assert len(results[0]) == len(results[1])
-    for i, (a, b) in enumerate(zip(*results)):
-        np.testing.assert_allclose(b, a, rtol=rtol, atol=atol, err_msg=f"array {i}")
-
+from pycaffe_lite.testing import assert_cpu_gpu_agree, make_layer, run_layer
 
 RNG = np.random.default_rng(7)
 X = RNG.permutation(60).reshape(2, 3, 5, 2).astype(np.float64)  # distinct values
