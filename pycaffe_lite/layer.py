@@ -19,6 +19,7 @@ from . import common
 from .blob import Blob
 from .errors import NetError, UnknownLayerError
 from .proto import caffe_pb2
+from .synced_memory import Head
 
 _REGISTRY: dict[str, type[Layer]] = {}
 
@@ -192,7 +193,7 @@ class Layer:
         loss = 0.0
         for i, blob in enumerate(top):
             if self.loss(i):
-                if common.mode() is common.Mode.GPU and blob.data_memory.head.name == "HEAD_AT_GPU":
+                if common.mode() is common.Mode.GPU and blob.data_memory.head is Head.HEAD_AT_GPU:
                     from .gpu import blas
 
                     loss += blas.dot(blob.count, blob.gpu_data(), blob.gpu_diff(), blob.dtype)
