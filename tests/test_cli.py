@@ -128,35 +128,6 @@ def test_time_command(workdir, capsys):
     assert cli.main(["time", "--model", "net.prototxt", "--iterations", "1", "--phase", "TEST"]) == 0
 
 
-def test_time_reports_gflops_for_convolution(workdir, capsys):
-    from pycaffe_lite.commands import time as time_cmd
-    from pycaffe_lite.layer import layer_type_list
-
-    if "Convolution" not in layer_type_list():
-        pytest.skip("Convolution layer not written yet")
-    Path("conv.prototxt").write_text("""name: "c"
-layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
-layer { name: "conv" type: "Convolution" bottom: "data" top: "c" loss_weight: 1
-  convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
-""")
-    assert cli.main(["time", "--model", "conv.prototxt", "--iterations", "1"]) == 0
-    assert "GFLOP/s" in capsys.readouterr().out
-
-    class FakeConv:
-        type = "Convolution"
-
-        class W:
-            count = 4 * 3 * 3 * 3
-            shape = (4, 3, 3, 3)
-
-        blobs = [W]
-
-    class Top:
-        count = 2 * 4 * 6 * 6
-
-    assert time_cmd.conv_flops(FakeConv, [Top]) == 2 * (2 * 4 * 6 * 6) * (3 * 3 * 3)
-
-
 def test_device_query_without_gpu(capsys):
     from conftest import gpu_unavailable_reason
 

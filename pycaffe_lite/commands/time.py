@@ -1,10 +1,17 @@
 """``pycaffe-lite time --model M [--iterations K] [--gpu N] [--phase TRAIN|TEST]``: benchmark.
 
 As ``caffe time``: one warm-up forward/backward, then K timed iterations of every layer's forward
-and (where the net needs it) backward. Prints the average time per layer and for the whole net;
-Convolution layers also get their achieved GFLOP/s (2·multiply-adds of the direct convolution;
-backward counts the weight and, where computed, the input gradient). GPU work is synchronized
+and (where the net needs it) backward. Prints the average time per layer and for the whole net,
+then how much of the layer time went to Convolution/Deconvolution layers. GPU work is synchronized
 before and after each timed call, so the times are device times, not launch times.
+
+Convolution and Deconvolution lines also get achieved TFLOP/s and GB/s (:func:`conv_cost`).
+FLOPs are 2 x the multiply-adds of the dense (im2col-GEMM) convolution, padded taps included, bias
+excluded; backward counts the weight gradient and each propagated input gradient, each costing
+as much as the forward. Bytes are the compulsory traffic, each blob touched once: forward reads
+bottoms, weights, bias and writes tops; backward reads top diffs (plus bottom data for the weight
+gradient, weights for input gradients), writes propagated bottom diffs, and reads and writes the
+accumulated weight/bias diffs (counted twice). That is a lower bound, not what the kernels move.
 """
 
 from __future__ import annotations
@@ -13,12 +20,16 @@ import argparse
 import logging
 import os
 import time
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..errors import PrototxtError
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
 
 NAME = "time"
 HELP = "benchmark the forward and backward time of a model, per layer"
+
+CONV_TYPES = ("Convolution", "Deconvolution")
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -32,12 +43,82 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_net_state_arguments(parser)
 
 
-def conv_flops(layer, top) -> float:
-    """Forward FLOPs of a Convolution layer: 2 · top.count · (weight.count / num_output)."""
-    if layer.type != "Convolution" or not layer.blobs or not top:
-        return 0.0
+class ConvCost(NamedTuple):
+    """Work of one forward and one backward call of a (de)convolution layer."""
+
+    fwd_flops: float
+    bwd_flops: float
+    fwd_bytes: float
+    bwd_bytes: float
+
+
+def conv_macs(layer_type: str, weight_shape: Sequence[int], bottom_count: int, top_count: int) -> int:
+    """Multiply-adds of one bottom -> top (de)convolution, shapes in Caffe's layout.
+
+    Convolution weights are (num_output, C/G, kh, kw): each top element sums C/G·kh·kw products.
+    Deconvolution (the convolution's backward-data) stores (C, num_output/G, kh, kw): each bottom
+    element is scattered with num_output/G·kh·kw products. Either way it is the count of the blob
+    on the weight's leading-axis side times the weight's remaining extent.
+    """
+    per = 1
+    for d in weight_shape[1:]:
+        per *= int(d)
+    if layer_type == "Convolution":
+        return int(top_count) * per
+    if layer_type == "Deconvolution":
+        return int(bottom_count) * per
+    raise ValueError(f"conv_macs: layer type must be one of {CONV_TYPES}, got '{layer_type}'")
+
+
+def conv_cost(layer, bottom: Sequence, top: Sequence,
+              propagate_down: Sequence[bool] | None = None) -> ConvCost | None:
+    """FLOPs and compulsory bytes of ``layer`` (None unless a Convolution/Deconvolution).
+
+    ``bottom``/``top`` are the layer's blob vectors (pairs sharing the weights);
+    ``propagate_down[i]`` says whether bottom i's diff is computed (default: all), the layer's
+    ``param_propagate_down`` whether the weight/bias diffs are. See the module docstring.
+    """
+    if getattr(layer, "type", None) not in CONV_TYPES or not layer.blobs or not top:
+        return None
+    if propagate_down is None:
+        propagate_down = [True] * len(bottom)
+    params = list(getattr(layer, "param_propagate_down", None) or [True] * len(layer.blobs))
+    params += [False] * (len(layer.blobs) - len(params))
     weight = layer.blobs[0]
-    return 2.0 * top[0].count * weight.count / weight.shape[0]
+    bias = layer.blobs[1] if len(layer.blobs) > 1 else None
+    need_w = bool(params[0])
+    need_b = bias is not None and bool(params[1])
+    need_x = [bool(p) for p in propagate_down]
+    item = weight.dtype.itemsize
+
+    macs = [conv_macs(layer.type, weight.shape, b.count, t.count) for b, t in zip(bottom, top)]
+    fwd_flops = 2.0 * sum(macs)
+    bwd_flops = 2.0 * sum(m * (int(need_w) + int(x)) for m, x in zip(macs, need_x))
+
+    fwd_elems = sum(b.count for b in bottom) + weight.count + sum(t.count for t in top)
+    fwd_elems += bias.count if bias is not None else 0
+    bwd_elems = 0
+    if need_w or need_b or any(need_x):
+        bwd_elems += sum(t.count for t in top)  # top diffs
+    if need_w:
+        bwd_elems += sum(b.count for b in bottom) + 2 * weight.count  # bottom data, weight diff r+w
+    if any(need_x):
+        bwd_elems += weight.count + sum(b.count for b, x in zip(bottom, need_x) if x)
+    if need_b:
+        bwd_elems += 2 * bias.count
+    return ConvCost(fwd_flops, bwd_flops, float(fwd_elems * item), float(bwd_elems * item))
+
+
+def _num(x: float) -> str:
+    """Three significant digits, without exponent notation for values >= 100."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def rate_suffix(flops: float, nbytes: float, seconds: float) -> str:
+    """`` (x TFLOP/s, y GB/s)`` for work done in ``seconds``; empty when nothing to report."""
+    if flops <= 0 or seconds <= 0:
+        return ""
+    return f" ({_num(flops / seconds / 1e12)} TFLOP/s, {_num(nbytes / seconds / 1e9)} GB/s)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,24 +174,28 @@ def run(args: argparse.Namespace) -> int:
     print("Average time per layer:")
     names = list(net.layer_dict)
     width = max([10] + [len(s) for s in names])
+    conv_s = 0.0
     for i, layer in enumerate(net.layers):
-        f_ms = fwd[i] / k * 1e3
-        line = f"{names[i]:>{width}}\tforward: {f_ms:.5g} ms."
-        flops = conv_flops(layer, net.top_vecs[i])
-        if flops and fwd[i] > 0:
-            line += f" ({flops / (fwd[i] / k) / 1e9:.4g} GFLOP/s)"
+        cost = conv_cost(layer, net.bottom_vecs[i], net.top_vecs[i], net.bottom_need_backward[i])
+        f_s = fwd[i] / k
+        line = f"{names[i]:>{width}}\tforward: {f_s * 1e3:.5g} ms."
+        if cost is not None:
+            conv_s += fwd[i] + bwd[i]
+            line += rate_suffix(cost.fwd_flops, cost.fwd_bytes, f_s)
         print(line)
         if net.layer_need_backward[i]:
-            b_ms = bwd[i] / k * 1e3
-            line = f"{names[i]:>{width}}\tbackward: {b_ms:.5g} ms."
-            # weight gradient always; input gradient when the bottom needs it
-            passes = int(any(layer.param_propagate_down)) + int(any(net.bottom_need_backward[i]))
-            if flops and passes and bwd[i] > 0:
-                line += f" ({flops * passes / (bwd[i] / k) / 1e9:.4g} GFLOP/s)"
+            b_s = bwd[i] / k
+            line = f"{names[i]:>{width}}\tbackward: {b_s * 1e3:.5g} ms."
+            if cost is not None:
+                line += rate_suffix(cost.bwd_flops, cost.bwd_bytes, b_s)
             print(line)
     print(f"Average Forward pass: {sum(fwd) / k * 1e3:.5g} ms.")
     print(f"Average Backward pass: {sum(bwd) / k * 1e3:.5g} ms.")
     print(f"Average Forward-Backward: {total / k * 1e3:.5g} ms.")
     print(f"Total Time: {total * 1e3:.5g} ms.")
+    layer_s = sum(fwd) + sum(bwd)
+    share = 100.0 * conv_s / layer_s if layer_s > 0 else 0.0
+    print(f"Convolution/Deconvolution layers: {conv_s / k * 1e3:.5g} ms ({share:.1f}% of layer time); "
+          f"other layers: {(layer_s - conv_s) / k * 1e3:.5g} ms.")
     print("*** Benchmark ends ***")
     return 0
