@@ -85,7 +85,11 @@ def conv_fwd_bwd(n, c, h, w, k, ksize, pad, stride=1, reps=50, gpu=True, engine:
     top[0].diff[...] = 1.0
     fwd = lambda: layer.compute_forward(bottom, top)  # noqa: E731
     bwd = lambda: layer.backward(top, [True], bottom)  # noqa: E731
-    return {"fwd_ms": _time(fwd, reps, gpu), "bwd_ms": _time(bwd, reps, gpu)}
+    out = {"fwd_ms": _time(fwd, reps, gpu), "bwd_ms": _time(bwd, reps, gpu)}
+    if gpu:
+        ch = layer.engine_choice()
+        out["engines"] = f"fwd {ch.forward}, bwd data {ch.backward_data}, bwd weight {ch.backward_weight}"
+    return out
 
 
 def maxpool_fwd(n, c, h, w, k=3, stride=2, reps=50, gpu=True) -> dict:

@@ -6,10 +6,10 @@ weight (num_output, C/group, kh, kw); bias (num_output,); top (..., num_output, 
 may be given: each is convolved with the same weights into the top of the same index.
 
 The whole minibatch is done at once. CPU: im2col of the batch, one ``np.matmul`` over
-(images, groups); 1x1/stride 1/pad 0 convolutions use the input directly. GPU: im2col into a
-column buffer (C*kh*kw, N, Ho*Wo), one cuBLAS strided-batched GEMM over the groups, and an axis
-swap into (N, M, Ho*Wo); batches whose columns exceed :data:`COL_BUFFER_BYTES` run in chunks of
-images. ``engine`` CUDNN is accepted and runs the same code.
+(images, groups); 1x1/stride 1/pad 0 convolutions use the input directly. GPU: one of the engines
+of :mod:`pycaffe_lite.gpu.conv_engines` per pass (im2col + cuBLAS, implicit GEMM, Winograd),
+autotuned once per shape; ``engine: CAFFE`` forces im2col + cuBLAS, ``IMPLICIT_GEMM`` and
+``WINOGRAD`` (pycaffe-lite's additions to the enum) force those, DEFAULT and CUDNN pick the fastest.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 
 from pycaffe_lite import fillers
-from pycaffe_lite.gpu import backend, blas
-from pycaffe_lite.gpu import im2col as gpu_im2col
-from pycaffe_lite.gpu import math_functions as gm
+from pycaffe_lite.gpu import backend, conv_engines, winograd
+from pycaffe_lite.gpu.conv_engines import COL_BUFFER_BYTES
+from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.im2col import Pair, col2im, im2col, out_shape
 from pycaffe_lite.layer import Layer, register_layer
 
-COL_BUFFER_BYTES = 256 << 20  # GPU column buffer budget per layer; larger batches run in chunks
+__all__ = ["COL_BUFFER_BYTES", "ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "conv_geometry"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,15 @@ class ConvolutionBase(Layer):
                 self.blobs.append(self.make_param_blob((self.num_output,)))
                 fillers.fill(self.blobs[1], p.bias_filler)
         self._gpu_buffers: dict[str, tuple[int, Any]] = {}
+        self._choice: tuple[ConvProblem, conv_engines.Choice] | None = None
+
+    def _buffer(self, name: str, count: int) -> int:
+        """A device buffer of at least ``count`` elements, kept on the layer and grown as needed."""
+        nbytes = max(1, count) * self.dtype.itemsize
+        have = self._gpu_buffers.get(name)
+        if have is None or have[0] < nbytes:
+            self._gpu_buffers[name] = have = (nbytes, backend.alloc(nbytes))
+        return int(have[1])
 
     def _reshape_bottoms(self, bottom) -> None:
         """Check the bottoms against the weights; set ``num`` and ``in_hw``."""
@@ -200,80 +209,47 @@ class ConvolutionLayer(ConvolutionBase):
                 b.mutable_cpu_diff()[...] = dx.reshape(b.shape)
 
     # -- GPU --------------------------------------------------------------------------------
-    def _buffer(self, name: str, count: int) -> int:
-        """A device buffer of at least ``count`` elements, kept on the layer and grown as needed."""
-        nbytes = count * self.dtype.itemsize
-        have = self._gpu_buffers.get(name)
-        if have is None or have[0] < nbytes:
-            self._gpu_buffers[name] = have = (nbytes, backend.alloc(nbytes))
-        return int(have[1])
-
-    def _chunks(self) -> list[tuple[int, int]]:
-        """Image ranges [n0, n1) whose column buffer fits in COL_BUFFER_BYTES (at least one image)."""
-        per_image = self.channels * self.geo.kernel[0] * self.geo.kernel[1] * self.out_hw[0] * self.out_hw[1]
-        step = max(1, min(self.num, COL_BUFFER_BYTES // max(1, per_image * self.dtype.itemsize)))
-        return [(n0, min(n0 + step, self.num)) for n0 in range(0, self.num, step)]
-
-    def _gemm_dims(self) -> tuple[int, int, int]:
-        """(Mg, Kg, P): outputs and column rows per group, output pixels per image."""
-        kg = self.channels // self.group * self.geo.kernel[0] * self.geo.kernel[1]
-        return self.num_output // self.group, kg, self.out_hw[0] * self.out_hw[1]
-
-    def _im2col(self, x: int, nb: int, col: int) -> None:
+    def _problem(self) -> ConvProblem:
         g = self.geo
-        gpu_im2col.im2col(x, nb, self.channels, self.in_hw, g.kernel, g.pad, g.stride, g.dilation, col, self.dtype)
+        return ConvProblem(self.num, self.channels, self.in_hw[0], self.in_hw[1], self.num_output, self.group,
+                           g.kernel, g.pad, g.stride, g.dilation, self.dtype.str)
+
+    def engine_choice(self) -> conv_engines.Choice:
+        """The engines for the current shape: autotuned once per shape (cached), narrowed by the
+        ``engine`` field (CAFFE: im2col + GEMM; IMPLICIT_GEMM; WINOGRAD; DEFAULT/CUDNN: any)."""
+        prob = self._problem()
+        if self._choice is None or self._choice[0] != prob:
+            p = self.layer_param.convolution_param
+            engine = p.Engine.Name(p.engine)
+            if engine == "WINOGRAD" and not winograd.supports(prob):
+                raise self.error("engine WINOGRAD needs a 3x3 kernel, stride 1, no dilation, group 1 and "
+                                 f"pad <= 2; this layer has kernel {self.geo.kernel}, stride {self.geo.stride}, "
+                                 f"dilation {self.geo.dilation}, group {self.group}, pad {self.geo.pad}")
+            self._choice = (prob, conv_engines.choose(prob, self.bias_term, conv_engines.ENGINE_CANDIDATES[engine]))
+        return self._choice[1]
 
     def forward_gpu(self, bottom, top):
-        dt, isz = self.dtype, self.dtype.itemsize
-        mg, kg, p = self._gemm_dims()
-        m, chw = self.num_output, self.channels * self.in_hw[0] * self.in_hw[1]
-        chunks = self._chunks()
-        nmax = chunks[0][1]
-        col = self._buffer("col", self.group * kg * nmax * p)
-        yt = self._buffer("yt", m * nmax * p)
+        choice = self.engine_choice()
+        prob, engine = self._choice[0], conv_engines.ENGINES[choice.forward]
         w = self.blobs[0].gpu_data()
+        bias = self.blobs[1].gpu_data() if self.bias_term else None
         for b, t in zip(bottom, top):
-            x, y = b.gpu_data(), t.mutable_gpu_data()
-            for n0, n1 in chunks:
-                nb = n1 - n0
-                self._im2col(x + n0 * chw * isz, nb, col)
-                # yt[g] (mg, nb·P) = W[g] (mg, kg) · col[g] (kg, nb·P), for every group g
-                blas.gemm_strided_batched(False, False, mg, nb * p, kg, 1.0, w, mg * kg, col, kg * nb * p,
-                                          0.0, yt, mg * nb * p, self.group, dt)
-                gpu_im2col.swap_leading_axes(yt, m, nb, p, y + n0 * m * p * isz, dt)  # (M, nb, P) -> (nb, M, P)
-            if self.bias_term:
-                gm.add_channel_bias(self.num, m, p, self.blobs[1].gpu_data(), y, dt)
+            engine.forward(prob, b.gpu_data(), w, bias, t.mutable_gpu_data(), self._buffer)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        dt, isz = self.dtype, self.dtype.itemsize
-        mg, kg, p = self._gemm_dims()
-        m, chw = self.num_output, self.channels * self.in_hw[0] * self.in_hw[1]
-        chunks = self._chunks()
-        nmax = chunks[0][1]
-        col = self._buffer("col", self.group * kg * nmax * p)
-        dyt = self._buffer("yt", m * nmax * p)
+        choice = self.engine_choice()
+        prob = self._choice[0]
         w = self.blobs[0].gpu_data()
+        dw = self.blobs[0].mutable_gpu_diff() if self.param_propagate_down[0] else None
+        db = self.blobs[1].mutable_gpu_diff() if self.bias_term and self.param_propagate_down[1] else None
         for i, (b, t) in enumerate(zip(bottom, top)):
             dy = t.gpu_diff()
-            if self.bias_term and self.param_propagate_down[1]:
-                gm.channel_sum(self.num, m, p, dy, self.blobs[1].mutable_gpu_diff(), dt, beta=1.0)
-            if not (self.param_propagate_down[0] or propagate_down[i]):
-                continue
+            dx = b.mutable_gpu_diff() if propagate_down[i] else None
             x = b.gpu_data()
-            dx = b.mutable_gpu_diff() if propagate_down[i] else 0
-            for n0, n1 in chunks:
-                nb = n1 - n0
-                gpu_im2col.swap_leading_axes(dy + n0 * m * p * isz, nb, m, p, dyt, dt)  # -> (M, nb, P)
-                if self.param_propagate_down[0]:
-                    self._im2col(x + n0 * chw * isz, nb, col)
-                    # dW[g] (mg, kg) += dyt[g] (mg, nb·P) · col[g]ᵀ (nb·P, kg)
-                    blas.gemm_strided_batched(False, True, mg, kg, nb * p, 1.0, dyt, mg * nb * p, col, kg * nb * p,
-                                              1.0, self.blobs[0].mutable_gpu_diff(), mg * kg, self.group, dt)
-                if propagate_down[i]:
-                    # col[g] (kg, nb·P) = W[g]ᵀ (kg, mg) · dyt[g] (mg, nb·P), then back to images
-                    blas.gemm_strided_batched(True, False, kg, nb * p, mg, 1.0, w, mg * kg, dyt, mg * nb * p,
-                                              0.0, col, kg * nb * p, self.group, dt)
-                    g = self.geo
-                    gpu_im2col.col2im(col, nb, self.channels, self.in_hw, g.kernel, g.pad, g.stride, g.dilation,
-                                      dx + n0 * chw * isz, dt)
-
+            if choice.backward_data == choice.backward_weight:
+                conv_engines.ENGINES[choice.backward_data].backward(prob, x, w, dy, dx, dw, db, self._buffer)
+                continue
+            if dw is not None or db is not None:
+                conv_engines.ENGINES[choice.backward_weight].backward(prob, x, w, dy, None, dw, db, self._buffer)
+            if dx is not None:
+                conv_engines.ENGINES[choice.backward_data].backward(prob, x, w, dy, dx, None, None, self._buffer)

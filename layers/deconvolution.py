@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycaffe_lite.gpu import backend, blas
+from pycaffe_lite.gpu import blas
 from pycaffe_lite.gpu import im2col as gpu_im2col
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.im2col import col2im, im2col
@@ -92,14 +92,6 @@ class DeconvolutionLayer(ConvolutionBase):
                 b.mutable_cpu_diff()[...] = np.matmul(w, cols).reshape(b.shape)
 
     # -- GPU --------------------------------------------------------------------------------
-    def _buffer(self, name: str, count: int) -> int:
-        """A device buffer of at least ``count`` elements, kept on the layer and grown as needed."""
-        nbytes = max(count, 1) * self.dtype.itemsize
-        have = self._gpu_buffers.get(name)
-        if have is None or have[0] < nbytes:
-            self._gpu_buffers[name] = have = (nbytes, backend.alloc(nbytes))
-        return int(have[1])
-
     def _chunks(self) -> list[tuple[int, int]]:
         """Image ranges [n0, n1) whose column buffer fits in COL_BUFFER_BYTES (at least one image)."""
         kh, kw = self.geo.kernel

@@ -130,6 +130,12 @@ def device_name() -> str:
     return state().device.name()
 
 
+def multiprocessor_count() -> int:
+    """Streaming multiprocessors of the current device."""
+    st = state()
+    return st.device.get_attribute(st.cuda.device_attribute.MULTIPROCESSOR_COUNT)
+
+
 # -- memory ---------------------------------------------------------------------------------
 def alloc(nbytes: int):
     """A pooled device allocation of ``nbytes`` (``int(a)`` is its pointer); freed to the pool on GC."""

@@ -215,8 +215,9 @@ def _forward_backward(layer, bottom, top, top_diff):
 @pytest.mark.parametrize("shape,body", CONFIGS + [((3, 2, 5, 5), "num_output: 3 kernel_size: 3 pad: 1")])
 @pytest.mark.parametrize("chunked", [False, True])
 def test_cpu_gpu_agree(monkeypatch, shape, body, dtype, chunked):
-    if chunked:  # force one image per column buffer
-        monkeypatch.setattr("pycaffe_lite.layers.convolution.COL_BUFFER_BYTES", 1)
+    if chunked:  # force the im2col engine with one image per column buffer
+        monkeypatch.setattr("pycaffe_lite.gpu.conv_engines.COL_BUFFER_BYTES", 1)
+        body += " engine: CAFFE"
     rng = np.random.default_rng(6)
     x = rng.standard_normal(shape)
     results = []

@@ -1,0 +1,128 @@
+"""Implicit-GEMM convolution (kernels in ``conv_implicit.cu``): im2col fused into a tiled GEMM.
+
+Three passes, each one launch per call (the weight gradient adds a deterministic reduction):
+:func:`forward` (bias added in the epilogue), :func:`backward_data` (assigns ``dx``) and
+:func:`backward_weight` (accumulates ``dw`` and, in the same GEMM through a column of ones,
+``db``). Tile shapes are named ``"BMxBN"``; :data:`FORWARD_TILES` etc. list the compiled ones.
+Per-geometry offset tables (int4 per GEMM contraction index) are built on the host once and kept
+on the device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CudaError
+from . import backend
+from .conv_problem import ConvProblem
+
+KERNELS = Path(__file__).with_name("conv_implicit.cu")
+THREADS = 256
+FORWARD_TILES = ("128x128", "64x128", "32x64")
+BACKWARD_DATA_TILES = ("128x128", "64x128", "32x64")
+BACKWARD_WEIGHT_TILES = ("64x64", "32x32")
+_BK = {"128x128": 8, "64x128": 16, "32x64": 16, "64x64": 16, "32x32": 16}
+_GEOMETRY = "i" * 14
+
+_tables: dict[tuple, object] = {}
+
+
+def _tile(name: str) -> tuple[int, int]:
+    bm, bn = name.split("x")
+    return int(bm), int(bn)
+
+
+def _check_size(prob: ConvProblem) -> None:
+    big = max(prob.num * prob.channels * prob.in_plane, prob.num * prob.num_output * prob.out_plane)
+    if big > backend.INT32_MAX:
+        raise CudaError(f"implicit-GEMM convolution: {big} elements exceed int32 indexing; use smaller batches")
+
+
+def _upload_table(key: tuple, rows: np.ndarray) -> int:
+    have = _tables.get(key)
+    if have is None:
+        table = np.ascontiguousarray(rows, dtype=np.int32)
+        alloc = backend.alloc(max(table.nbytes, 16))
+        backend.memcpy_htod(int(alloc), table)
+        _tables[key] = have = alloc
+    return int(have)
+
+
+def forward_table(prob: ConvProblem) -> int:
+    """Device int4 per k = (c, i, j) of a group: (c*H*W + i*dh*W + j*dw, i*dh, j*dw, 0)."""
+    key = ("fwd", backend.state().device_id, prob.cg, prob.height, prob.width, prob.kernel, prob.dilation)
+    if key in _tables:
+        return int(_tables[key])
+    c, i, j = np.meshgrid(np.arange(prob.cg), np.arange(prob.kernel[0]), np.arange(prob.kernel[1]), indexing="ij")
+    di, dj = i.ravel() * prob.dilation[0], j.ravel() * prob.dilation[1]
+    rows = np.stack([c.ravel() * prob.in_plane + di * prob.width + dj, di, dj, np.zeros_like(di)], axis=1)
+    return _upload_table(key, rows)
+
+
+def backward_data_table(prob: ConvProblem) -> int:
+    """Device int4 per kk = (m, i, j) of a group: (m*Kg + i*kw + j, m*Ho*Wo, i*dh, j*dw)."""
+    key = ("bwd", backend.state().device_id, prob.mg, prob.kg, prob.out_plane, prob.kernel, prob.dilation)
+    if key in _tables:
+        return int(_tables[key])
+    m, i, j = np.meshgrid(np.arange(prob.mg), np.arange(prob.kernel[0]), np.arange(prob.kernel[1]), indexing="ij")
+    m, i, j = m.ravel(), i.ravel(), j.ravel()
+    rows = np.stack([m * prob.kg + i * prob.kernel[1] + j, m * prob.out_plane,
+                     i * prob.dilation[0], j * prob.dilation[1]], axis=1)
+    return _upload_table(key, rows)
+
+
+def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: int) -> None:
+    """``y = conv(x, w) (+ bias)`` over the whole batch, in one launch."""
+    _check_size(prob)
+    bm, bn = _tile(tile)
+    k = backend.kernel(KERNELS, f"ig_forward_{tile}", prob.np_dtype, "PPPiP" + "P" + _GEOMETRY)
+    grid = ((prob.num * prob.out_plane + bn - 1) // bn, (prob.mg + bm - 1) // bm, prob.group)
+    k(0, x, w, bias or w, int(bias is not None), forward_table(prob), y, *prob.geometry_args(),
+      grid=grid, block=THREADS)
+
+
+def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int) -> None:
+    """``dx = conv_transpose(dy, w)`` (assigned), in one launch."""
+    _check_size(prob)
+    bm, bn = _tile(tile)
+    k = backend.kernel(KERNELS, f"ig_backward_data_{tile}", prob.np_dtype, "PPPP" + _GEOMETRY)
+    grid = ((prob.num * prob.in_plane + bn - 1) // bn, (prob.cg + bm - 1) // bm, prob.group)
+    k(0, w, dy, backward_data_table(prob), dx, *prob.geometry_args(), grid=grid, block=THREADS)
+
+
+def weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, int]:
+    """(splits, chunk) of the contraction over ``num * Ho * Wo`` so the grid fills the device."""
+    bm, bn = _tile(tile)
+    bk = _BK[tile]
+    tiles = -(-prob.mg // bm) * -(-(prob.kg + int(has_bias)) // bn) * prob.group
+    total = prob.num * prob.out_plane
+    want = max(1, -(-2 * backend.multiprocessor_count() // tiles))
+    splits = max(1, min(want, -(-total // (4 * bk)), 65535 // prob.group))
+    chunk = -(-total // splits)
+    chunk = -(-chunk // bk) * bk
+    return -(-total // chunk), chunk
+
+
+def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
+    """Elements of the partial-sum workspace :func:`backward_weight` needs."""
+    splits, _ = weight_splits(prob, tile, has_bias)
+    return prob.group * splits * prob.mg * (prob.kg + int(has_bias))
+
+
+def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: int | None, workspace: int) -> None:
+    """``dw += dL/dw`` and, when ``db`` is given, ``db += dL/db``; ``workspace`` holds at least
+    :func:`workspace_count` elements. Sums in a fixed order (deterministic)."""
+    _check_size(prob)
+    bm, bn = _tile(tile)
+    has_bias = db is not None
+    splits, chunk = weight_splits(prob, tile, has_bias)
+    cols = prob.kg + int(has_bias)
+    k = backend.kernel(KERNELS, f"ig_backward_weight_{tile}", prob.np_dtype, "PPPPiii" + _GEOMETRY)
+    grid = ((cols + bn - 1) // bn, (prob.mg + bm - 1) // bm, prob.group * splits)
+    k(0, x, dy, forward_table(prob), workspace, splits, chunk, int(has_bias), *prob.geometry_args(),
+      grid=grid, block=THREADS)
+    n = prob.group * prob.mg * cols
+    r = backend.kernel(KERNELS, "ig_reduce_weight", prob.np_dtype, "iPiiiiPP")
+    r(n, n, workspace, splits, prob.mg, prob.kg, int(has_bias), dw, db or dw)

@@ -1,0 +1,87 @@
+"""The shape of one 2-D convolution, as the GPU convolution engines see it.
+
+Layouts (Caffe's): input ``x (num, channels, H, W)``, weights ``w (num_output, channels/group,
+kh, kw)``, bias ``(num_output,)``, output ``y (num, num_output, Ho, Wo)``; all contiguous.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..im2col import Pair, out_shape
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    num: int
+    channels: int
+    height: int
+    width: int
+    num_output: int
+    group: int
+    kernel: Pair
+    pad: Pair
+    stride: Pair
+    dilation: Pair
+    dtype: str  # numpy dtype string, e.g. '<f4'
+
+    @property
+    def out_hw(self) -> Pair:
+        return out_shape(self.height, self.width, self.kernel, self.pad, self.stride, self.dilation)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    @property
+    def itemsize(self) -> int:
+        return self.np_dtype.itemsize
+
+    @property
+    def cg(self) -> int:
+        """Input channels per group."""
+        return self.channels // self.group
+
+    @property
+    def mg(self) -> int:
+        """Outputs per group."""
+        return self.num_output // self.group
+
+    @property
+    def khkw(self) -> int:
+        return self.kernel[0] * self.kernel[1]
+
+    @property
+    def kg(self) -> int:
+        """Column rows per group: C/G * kh * kw."""
+        return self.cg * self.khkw
+
+    @property
+    def in_plane(self) -> int:
+        return self.height * self.width
+
+    @property
+    def out_plane(self) -> int:
+        ho, wo = self.out_hw
+        return ho * wo
+
+    @property
+    def is_1x1(self) -> bool:
+        return self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
+
+    def with_num(self, num: int) -> ConvProblem:
+        """The same convolution over ``num`` images."""
+        return ConvProblem(num, self.channels, self.height, self.width, self.num_output, self.group,
+                           self.kernel, self.pad, self.stride, self.dilation, self.dtype)
+
+    def geometry_args(self) -> tuple[int, ...]:
+        """num, channels, H, W, num_output, group, kh, kw, pad_h, pad_w, stride_h, stride_w, Ho, Wo."""
+        ho, wo = self.out_hw
+        return (self.num, self.channels, self.height, self.width, self.num_output, self.group,
+                self.kernel[0], self.kernel[1], self.pad[0], self.pad[1], self.stride[0], self.stride[1], ho, wo)
+
+    def flops(self) -> float:
+        """Multiply-adds x 2 of the direct convolution (one pass)."""
+        return 2.0 * self.num * self.num_output * self.out_plane * self.kg

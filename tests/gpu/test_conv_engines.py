@@ -1,0 +1,229 @@
+"""GPU convolution engines: every engine (and mixes of engines per pass) against the CPU layer,
+chunking, determinism, gradient checks, the autotune cache and the ``engine`` override."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pycaffe_lite as caffe
+from pycaffe_lite.errors import NetError
+from pycaffe_lite.gradient_check import GradientChecker
+from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+
+pytestmark = pytest.mark.gpu
+
+# (input shape, convolution_param body): Winograd-eligible and not, odd sizes, several K tiles
+GEOMETRIES = [
+    ((2, 3, 7, 6), "num_output: 4 kernel_size: 3 pad: 1"),
+    ((2, 4, 9, 8), "num_output: 3 kernel_size: 3"),
+    ((1, 3, 6, 5), "num_output: 5 kernel_size: 3 pad: 2"),
+    ((2, 3, 7, 7), "num_output: 2 kernel_size: 3 stride: 2 pad: 1"),
+    ((1, 2, 9, 8), "num_output: 3 kernel_size: 3 dilation: 2 pad: 2"),
+    ((2, 4, 6, 6), "num_output: 6 kernel_h: 3 kernel_w: 2 group: 2 pad_h: 1 pad_w: 0"),
+    ((2, 4, 5, 4), "num_output: 4 kernel_size: 1 group: 2"),
+    ((2, 20, 8, 8), "num_output: 50 kernel_size: 5"),
+    ((3, 1, 16, 16), "num_output: 7 kernel_size: 5 bias_term: false"),
+    ((2, 40, 5, 5), "num_output: 70 kernel_size: 3 pad: 1"),
+]
+ENGINE_NAMES = ["gemm", "implicit-128x128", "implicit-64x128", "implicit-32x64", "winograd"]
+
+
+def _text(body: str, extra: str = "") -> str:
+    return (f'name: "conv" type: "Convolution" convolution_param {{ {body} {extra} '
+            'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "uniform" min: -1 max: 1 } }')
+
+
+def _run(layer, x, top_diff, dtype, choice=None, propagate=(True,), params=(True, True)):
+    """Forward + backward; returns top data, bottom diff, and the param diffs (after clearing)."""
+    bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
+    layer.setup(bottom, top)
+    if choice is not None:
+        layer._choice = (layer._problem(), choice)
+    layer.param_propagate_down = list(params[:len(layer.blobs)])
+    layer.forward(bottom, top)
+    top[0].diff[...] = top_diff
+    for b in layer.blobs:
+        b.diff[...] = 0.25  # backward accumulates into what is there
+    bottom[0].diff[...] = 7.0
+    layer.backward(top, list(propagate), bottom)
+    return [top[0].data.copy(), bottom[0].diff.copy()] + [b.diff.copy() for b in layer.blobs]
+
+
+def _reference(shape, body, dtype, **kw):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape)
+    caffe.set_mode_cpu()
+    caffe.set_random_seed(2)
+    layer = make_layer(_text(body), dtype)
+    bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
+    layer.setup(bottom, top)
+    top_diff = rng.standard_normal(top[0].shape)
+    want = _run(layer, x, top_diff, dtype, **kw)
+    return layer, x, top_diff, want
+
+
+def _gpu_layer(cpu_layer, body, dtype, extra=""):
+    caffe.set_mode_gpu()
+    layer = make_layer(_text(body, extra), dtype)
+    layer.blobs = blobs([b.data for b in cpu_layer.blobs], dtype)
+    return layer
+
+
+def _tol(dtype):
+    return 1e-4 if dtype == np.float32 else 1e-10
+
+
+def _supports(name, shape, body):
+    from pycaffe_lite.gpu import conv_engines
+
+    layer = make_layer(_text(body))
+    bottom, top = blobs([np.zeros(shape)]), empty_blobs(1)
+    layer.setup(bottom, top)
+    return conv_engines.ENGINES[name].supports(layer._problem())
+
+
+@pytest.fixture(autouse=True)
+def _cpu_after():
+    yield
+    caffe.set_mode_cpu()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+@pytest.mark.parametrize("shape,body", GEOMETRIES)
+def test_engine_matches_cpu(shape, body, name, dtype):
+    from pycaffe_lite.gpu.conv_engines import Choice
+
+    if not _supports(name, shape, body):
+        pytest.skip(f"{name} does not apply to {body}")  # not a failure: the autotune never offers it
+    cpu_layer, x, top_diff, want = _reference(shape, body, dtype)
+    layer = _gpu_layer(cpu_layer, body, dtype)
+    got = _run(layer, x, top_diff, dtype, choice=Choice(name, name, name))
+    for what, g, w in zip(("top", "bottom diff", "weight diff", "bias diff"), got, want):
+        np.testing.assert_allclose(g, w, rtol=_tol(dtype), atol=_tol(dtype), err_msg=f"{name}: {what}")
+
+
+@pytest.mark.parametrize("mix", [("gemm", "winograd", "implicit-32x64"), ("winograd", "implicit-64x128", "gemm"),
+                                 ("implicit-128x128", "gemm", "winograd")])
+def test_mixed_engines_per_pass(mix):
+    from pycaffe_lite.gpu.conv_engines import Choice
+
+    shape, body = (2, 5, 8, 7), "num_output: 6 kernel_size: 3 pad: 1"
+    cpu_layer, x, top_diff, want = _reference(shape, body, np.float64)
+    got = _run(_gpu_layer(cpu_layer, body, np.float64), x, top_diff, np.float64, choice=Choice(*mix))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+@pytest.mark.parametrize("propagate,params", [((False,), (True, True)), ((True,), (False, False)),
+                                              ((True,), (True, False))])
+def test_partial_backward(name, propagate, params):
+    """Only the requested gradients are written: an unpropagated bottom diff and frozen params keep
+    their values."""
+    from pycaffe_lite.gpu.conv_engines import Choice
+
+    shape, body = (2, 3, 6, 6), "num_output: 4 kernel_size: 3 pad: 1"
+    cpu_layer, x, top_diff, want = _reference(shape, body, np.float64, propagate=propagate, params=params)
+    got = _run(_gpu_layer(cpu_layer, body, np.float64), x, top_diff, np.float64, choice=Choice(name, name, name),
+               propagate=propagate, params=params)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+    if not propagate[0]:
+        assert np.all(got[1] == 7.0)
+    if not params[0]:
+        assert np.all(got[2] == 0.25)
+
+
+@pytest.mark.parametrize("name", ["gemm", "winograd"])
+def test_chunked_batches(monkeypatch, name):
+    """Tiny buffer budgets make the gemm and Winograd engines run one image per chunk."""
+    from pycaffe_lite.gpu import conv_engines, winograd
+    from pycaffe_lite.gpu.conv_engines import Choice
+
+    monkeypatch.setattr(conv_engines, "COL_BUFFER_BYTES", 1)
+    monkeypatch.setattr(winograd, "BUFFER_BYTES", 1)
+    shape, body = (3, 3, 6, 5), "num_output: 4 kernel_size: 3 pad: 1"
+    cpu_layer, x, top_diff, want = _reference(shape, body, np.float64)
+    got = _run(_gpu_layer(cpu_layer, body, np.float64), x, top_diff, np.float64, choice=Choice(name, name, name))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_implicit_weight_gradient_is_deterministic_and_split():
+    from pycaffe_lite.gpu import conv_implicit
+    from pycaffe_lite.gpu.conv_engines import Choice
+
+    shape, body = (8, 6, 20, 20), "num_output: 5 kernel_size: 3 pad: 1"
+    cpu_layer, x, top_diff, want = _reference(shape, body, np.float32)
+    layer = _gpu_layer(cpu_layer, body, np.float32)
+    name = "implicit-32x64"
+    runs = [_run(layer, x, top_diff, np.float32, choice=Choice(name, name, name)) for _ in range(3)]
+    splits, _ = conv_implicit.weight_splits(layer._problem(), "32x32", True)
+    assert splits > 1
+    for r in runs[1:]:
+        for a, b in zip(r, runs[0]):
+            assert np.array_equal(a, b)
+    for g, w in zip(runs[0], want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["implicit-64x128", "winograd"])
+def test_gradient_check(name):
+    from pycaffe_lite.gpu.conv_engines import Choice
+
+    caffe.set_mode_gpu()
+    caffe.set_random_seed(4)
+    layer = make_layer(_text("num_output: 3 kernel_size: 3 pad: 1"), np.float64)
+    bottom, top = blobs([np.random.default_rng(1).standard_normal((2, 2, 5, 4))]), empty_blobs(1)
+    layer.setup(bottom, top)
+    layer._choice = (layer._problem(), Choice(name, name, name))
+    # the checker's forwards keep the shape, so the forced choice stays
+    GradientChecker(stepsize=1e-3, threshold=1e-4).check(layer, bottom, top)
+
+
+def test_autotune_times_every_candidate_and_caches():
+    from pycaffe_lite.gpu import conv_engines
+
+    conv_engines.clear_cache()
+    caffe.set_mode_gpu()
+    layer = make_layer(_text("num_output: 8 kernel_size: 3 pad: 1"), np.float32)
+    bottom, top = blobs([np.ones((4, 4, 10, 10))], np.float32), empty_blobs(1, np.float32)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    choice = layer.engine_choice()
+    tried = {(p, n) for p, n, _ in choice.timings}
+    for p in ("forward", "backward_data", "backward_weight"):
+        assert {n for q, n in tried if q == p} == set(conv_engines.ENGINES)
+        fastest = min((ms, n) for q, n, ms in choice.timings if q == p)[1]
+        assert getattr(choice, p) == fastest
+    assert len(conv_engines.cached_choices()) == 1
+    other = make_layer(_text("num_output: 8 kernel_size: 3 pad: 1"), np.float32)  # same shape: no new tuning
+    other.setup(bottom, top)
+    other.forward(bottom, top)
+    assert other.engine_choice() is choice
+    assert len(conv_engines.cached_choices()) == 1
+
+
+@pytest.mark.parametrize("engine,allowed", [("CAFFE", {"gemm"}), ("WINOGRAD", {"winograd"}),
+                                            ("IMPLICIT_GEMM", {"implicit-128x128", "implicit-64x128",
+                                                               "implicit-32x64"})])
+def test_engine_field_narrows_the_choice(engine, allowed):
+    caffe.set_mode_gpu()
+    layer = make_layer(_text("num_output: 4 kernel_size: 3 pad: 1", f"engine: {engine}"), np.float32)
+    bottom, top = blobs([np.ones((2, 3, 6, 6))], np.float32), empty_blobs(1, np.float32)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    choice = layer.engine_choice()
+    assert {choice.forward, choice.backward_data, choice.backward_weight} <= allowed
+    assert {n for _, n, _ in choice.timings} <= allowed
+
+
+def test_winograd_engine_rejects_other_geometry():
+    caffe.set_mode_gpu()
+    layer = make_layer(_text("num_output: 4 kernel_size: 3 stride: 2", "engine: WINOGRAD"), np.float32)
+    bottom, top = blobs([np.ones((1, 3, 7, 7))], np.float32), empty_blobs(1, np.float32)
+    layer.setup(bottom, top)
+    with pytest.raises(NetError, match="conv.*WINOGRAD needs a 3x3 kernel, stride 1"):
+        layer.forward(bottom, top)
