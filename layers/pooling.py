@@ -8,8 +8,11 @@ input, whose value is -FLT_MAX); backward routes each top diff to its argmax. AV
 sum inside the image by the window area clipped to the padded image (Caffe's divisor).
 ``global_pooling`` pools each whole plane. STOCHASTIC pooling is not supported.
 
-CPU: loops over the ``kh*kw`` kernel offsets, each a strided slice of the padded batch. GPU: one
-thread per top element forward, one per bottom element backward (a gather, no atomics).
+CPU: loops over the ``kh*kw`` kernel offsets, each a strided slice of the padded batch. MAX copies
+the slices into one contiguous (kh*kw, N, C, PH, PW) stack and finds each window's first maximum
+with whole-array reductions; backward routes each top diff to that offset's slice (assigned when
+windows are disjoint, accumulated when they overlap). GPU: one thread per top element forward,
+one per bottom element backward (a gather, no atomics).
 """
 
 from __future__ import annotations
@@ -127,24 +130,44 @@ class PoolingLayer(Layer):
         area = sizes[0][:, None] * sizes[1][None, :]
         return np.where(area > 0, area, 1).astype(self.dtype)
 
+    def _max_codes(self, x: np.ndarray, top_data: np.ndarray) -> np.ndarray:
+        """MAX forward into ``top_data``; returns the winner codes (see :meth:`forward_cpu`)."""
+        kk = self.kernel[0] * self.kernel[1]
+        xp = self._padded(x, -np.inf)
+        stack = np.empty((kk,) + top_data.shape, dtype=self.dtype)  # window offset k = i*kw + j
+        for i, j, (sh, sw) in self._offsets():
+            stack[i * self.kernel[1] + j] = xp[:, :, sh, sw]
+        best = np.fmax.reduce(stack, axis=0)  # NaN ignored, as by Caffe's ">" test
+        valid = best > LOWEST  # a window whose inputs never beat -FLT_MAX keeps it and mask -1
+        code_type = np.uint8 if kk < 256 else np.uint16 if kk < 65536 else np.uint32
+        weights = np.arange(kk, 0, -1, dtype=code_type).reshape((kk,) + (1,) * best.ndim)
+        codes = np.multiply(stack == best, weights, dtype=code_type).max(axis=0)  # kk - first maximum
+        codes *= valid
+        np.fmax(best, LOWEST, out=top_data)
+        zeros = np.flatnonzero(top_data == 0)
+        if zeros.size:  # a -0.0 ties +0.0: Caffe keeps the first one's sign
+            flat = stack.reshape(kk, -1)
+            top_data.reshape(-1)[zeros] = flat[kk - codes.reshape(-1)[zeros].astype(np.intp), zeros]
+        return codes
+
+    def _mask_from_codes(self, codes: np.ndarray) -> np.ndarray:
+        """Caffe's mask (plane index ``h*W + w`` of each window's first maximum, -1 for none)."""
+        kk = self.kernel[0] * self.kernel[1]
+        k = kk - codes.astype(np.int64)
+        hstart = np.arange(self.pooled[0]) * self.stride[0] - self.pad[0]
+        wstart = np.arange(self.pooled[1]) * self.stride[1] - self.pad[1]
+        mask = (hstart[:, None] + k // self.kernel[1]) * self.in_hw[1] + (wstart[None, :] + k % self.kernel[1])
+        mask[codes == 0] = -1
+        return mask
+
     def forward_cpu(self, bottom, top):
+        """MAX keeps per top element a winner code ``kh*kw - k`` (0: none) for the window offset
+        k = i*kw + j of its first maximum; AVE sums the offsets' strided slices."""
         x = bottom[0].cpu_data()
         if self.method == PP.MAX:
-            xp = self._padded(x, -np.inf)
-            best = np.full(top[0].shape, LOWEST, dtype=self.dtype)
-            mask = np.full(top[0].shape, -1, dtype=np.int64)
-            hstart = np.arange(self.pooled[0]) * self.stride[0] - self.pad[0]
-            wstart = np.arange(self.pooled[1]) * self.stride[1] - self.pad[1]
-            for i, j, (sh, sw) in self._offsets():
-                v = xp[:, :, sh, sw]
-                better = v > best
-                np.copyto(best, v, where=better)
-                index = (hstart + i)[:, None] * self.in_hw[1] + (wstart + j)[None, :]
-                np.copyto(mask, np.broadcast_to(index, mask.shape), where=better)
-            top[0].mutable_cpu_data()[...] = best
-            self._mask = mask
+            self._codes = self._max_codes(x, top[0].mutable_cpu_data())
             if len(top) > 1:
-                top[1].mutable_cpu_data()[...] = mask
+                top[1].mutable_cpu_data()[...] = self._mask_from_codes(self._codes)
         else:
             xp = self._padded(x, 0.0)
             total = np.zeros(top[0].shape, dtype=self.dtype)
@@ -152,19 +175,41 @@ class PoolingLayer(Layer):
                 total += xp[:, :, sh, sw]
             top[0].mutable_cpu_data()[...] = total / self._ave_divisor()
 
+    def _exact_tiling(self) -> bool:
+        """Windows that tile the bottom exactly: each bottom pixel in exactly one window."""
+        return (self.pad == (0, 0) and self.kernel == self.stride
+                and all(p * s == n for p, s, n in zip(self.pooled, self.stride, self.in_hw)))
+
     def backward_cpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         n, c, h, w = bottom[0].shape
         dy = top[0].cpu_diff()
         if self.method == PP.MAX:
-            mask = getattr(self, "_mask", None)
-            if mask is None or mask.shape != dy.shape:
+            codes = getattr(self, "_codes", None)
+            if codes is None or codes.shape != dy.shape:
                 raise self.error("MAX pooling backward_cpu needs a forward_cpu on the same shapes first")
-            planes = mask.reshape(n * c, -1)
-            flat = (np.arange(n * c)[:, None] * (h * w) + planes)[planes >= 0]
-            grad = np.bincount(flat, weights=dy.reshape(n * c, -1)[planes >= 0], minlength=n * c * h * w)
-            bottom[0].mutable_cpu_diff()[...] = grad.reshape(bottom[0].shape)
+            (ph, pw), (ah, aw) = self.pad, self._pad_after()
+            overlap = self.kernel[0] > self.stride[0] or self.kernel[1] > self.stride[1]
+            direct = self._exact_tiling()
+            if direct:
+                dxp = bottom[0].mutable_cpu_diff()
+            else:
+                dxp = np.zeros((n, c, ph + h + ah, pw + w + aw), dtype=self.dtype)
+            # dy where the offset won, else +0.0 (bit masking: a NaN/inf dy elsewhere stays out)
+            bits = np.dtype(f"i{self.dtype.itemsize}")
+            dy_bits = np.ascontiguousarray(dy).view(bits)
+            kk = self.kernel[0] * self.kernel[1]
+            for i, j, (sh, sw) in self._offsets():
+                won = (codes == kk - (i * self.kernel[1] + j)).astype(bits)
+                np.negative(won, out=won)
+                np.bitwise_and(won, dy_bits, out=won)
+                if overlap:
+                    dxp[:, :, sh, sw] += won.view(self.dtype)
+                else:  # windows are disjoint: every pixel is written by at most one (offset, window)
+                    dxp[:, :, sh, sw] = won.view(self.dtype)
+            if not direct:
+                bottom[0].mutable_cpu_diff()[...] = dxp[:, :, ph:ph + h, pw:pw + w]
         else:
             g = dy / self._ave_divisor()
             (ph, pw), (ah, aw) = self.pad, self._pad_after()
