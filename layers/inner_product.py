@@ -74,7 +74,7 @@ class InnerProductLayer(Layer):
             self.blobs[1].mutable_cpu_diff()[...] += dy.sum(axis=0)
         if propagate_down[0]:
             w = self._weight_nk(self.blobs[0].cpu_data())
-            bottom[0].mutable_cpu_diff()[...] = (dy @ w).reshape(bottom[0].shape)
+            np.matmul(dy, w, out=bottom[0].mutable_cpu_diff().reshape(self.M, self.K))
 
     # -- GPU (cuBLAS, row-major adapter) ----------------------------------------------------
     def forward_gpu(self, bottom, top):

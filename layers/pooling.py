@@ -180,6 +180,18 @@ class PoolingLayer(Layer):
         return (self.pad == (0, 0) and self.kernel == self.stride
                 and all(p * s == n for p, s, n in zip(self.pooled, self.stride, self.in_hw)))
 
+    def _route_max_diff(self, codes: np.ndarray, dy: np.ndarray) -> np.ndarray:
+        """(kh*kw, N, C, PH, PW): entry k holds ``dy`` where offset k won the window, else +0.0.
+
+        Selected with bit masks, not ``won * dy``: a NaN/inf top diff must not leak into the window's
+        other pixels (0 * inf is NaN)."""
+        kk = self.kernel[0] * self.kernel[1]
+        bits = np.dtype(f"i{self.dtype.itemsize}")
+        won = codes[None] == np.arange(kk, 0, -1, dtype=codes.dtype).reshape((kk,) + (1,) * codes.ndim)
+        routed = np.negative(won, dtype=bits)  # all ones where won
+        np.bitwise_and(routed, np.ascontiguousarray(dy).view(bits), out=routed)
+        return routed.view(self.dtype)
+
     def backward_cpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
@@ -189,25 +201,18 @@ class PoolingLayer(Layer):
             codes = getattr(self, "_codes", None)
             if codes is None or codes.shape != dy.shape:
                 raise self.error("MAX pooling backward_cpu needs a forward_cpu on the same shapes first")
+            routed = self._route_max_diff(codes, dy)  # (kh*kw, N, C, PH, PW)
+            kh, kw = self.kernel
+            overlap = kh > self.stride[0] or kw > self.stride[1]
             (ph, pw), (ah, aw) = self.pad, self._pad_after()
-            overlap = self.kernel[0] > self.stride[0] or self.kernel[1] > self.stride[1]
-            direct = self._exact_tiling()
-            if direct:
-                dxp = bottom[0].mutable_cpu_diff()
-            else:
-                dxp = np.zeros((n, c, ph + h + ah, pw + w + aw), dtype=self.dtype)
-            # dy where the offset won, else +0.0 (bit masking: a NaN/inf dy elsewhere stays out)
-            bits = np.dtype(f"i{self.dtype.itemsize}")
-            dy_bits = np.ascontiguousarray(dy).view(bits)
-            kk = self.kernel[0] * self.kernel[1]
+            direct = self._exact_tiling()  # every bottom pixel is in exactly one window: no zero fill
+            dxp = bottom[0].mutable_cpu_diff() if direct else np.zeros((n, c, ph + h + ah, pw + w + aw), self.dtype)
+            zero = self.dtype.type(0)
             for i, j, (sh, sw) in self._offsets():
-                won = (codes == kk - (i * self.kernel[1] + j)).astype(bits)
-                np.negative(won, out=won)
-                np.bitwise_and(won, dy_bits, out=won)
                 if overlap:
-                    dxp[:, :, sh, sw] += won.view(self.dtype)
-                else:  # windows are disjoint: every pixel is written by at most one (offset, window)
-                    dxp[:, :, sh, sw] = won.view(self.dtype)
+                    dxp[:, :, sh, sw] += routed[i * kw + j]
+                else:  # disjoint windows: each pixel written once, as Caffe's 0.0 + dy (so never -0.0)
+                    np.add(routed[i * kw + j], zero, out=dxp[:, :, sh, sw])
             if not direct:
                 bottom[0].mutable_cpu_diff()[...] = dxp[:, :, ph:ph + h, pw:pw + w]
         else:

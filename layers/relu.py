@@ -34,8 +34,12 @@ class ReLULayer(Layer):
         if not propagate_down[0]:
             return
         x = bottom[0].cpu_data()  # in place, x is the output: same sign, so the mask is unchanged
-        scale = np.where(x > 0, 1.0, self.negative_slope).astype(x.dtype)
-        bottom[0].mutable_cpu_diff()[...] = top[0].cpu_diff() * scale
+        dy = top[0].cpu_diff()
+        dx = bottom[0].mutable_cpu_diff()
+        if self.negative_slope:
+            dx[...] = dy * np.where(x > 0, 1.0, self.negative_slope).astype(x.dtype)
+        else:  # Caffe's dy * (x > 0): a product, so an inf/NaN dy gives NaN at x <= 0 as in Caffe
+            np.multiply(dy, x > 0, out=dx)
 
     def forward_gpu(self, bottom, top):
         n = bottom[0].count

@@ -47,7 +47,8 @@ class SGDSolver(Solver):
     def update_cpu(self, param_id: int, diff: np.ndarray, local_rate) -> None:
         (h,) = (b.mutable_cpu_data() for b in self.history_views(param_id))
         h *= self.dtype.type(self.param.momentum)
-        h += local_rate * diff
+        diff *= local_rate  # in place (no temporary): the diff is overwritten with h below anyway
+        h += diff
         diff[...] = h
 
     def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:

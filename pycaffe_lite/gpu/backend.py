@@ -133,7 +133,10 @@ def device_name() -> str:
 def multiprocessor_count() -> int:
     """Streaming multiprocessors of the current device."""
     st = state()
-    return st.device.get_attribute(st.cuda.device_attribute.MULTIPROCESSOR_COUNT)
+    count = getattr(st, "sm_count", None)
+    if count is None:
+        count = st.sm_count = st.device.get_attribute(st.cuda.device_attribute.MULTIPROCESSOR_COUNT)
+    return count
 
 
 # -- memory ---------------------------------------------------------------------------------
@@ -235,6 +238,16 @@ class Kernel:
         block = (block, 1, 1) if isinstance(block, int) else tuple(block)
         grid = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
         self.function.prepared_async_call(grid, block, stream(), *args, shared_size=shared)
+
+
+    def launch(self, grid: tuple, block: tuple, *args, shared: int = 0) -> None:
+        """Launch with explicit 3-D ``grid``/``block`` tuples and no argument checks: for hot paths
+        whose arguments were validated once (:meth:`check_args`) and only pointers change."""
+        self.function.prepared_async_call(grid, block, state().stream, *args, shared_size=shared)
+
+    def check_args(self, *args) -> None:
+        """Validate ``args`` against the signature (counts, int ranges, non-null pointers)."""
+        self._check(args)
 
 
 class KernelModule:

@@ -169,7 +169,7 @@ class WinogradEngine(Engine):
 def _implicit_engines() -> dict[str, Engine]:
     out: dict[str, Engine] = {}
     for t in ig.FORWARD_TILES:
-        e = ImplicitEngine(t, t, "64x64" if t != "32x64" else "32x32")
+        e = ImplicitEngine(t, t, "64x64" if t in ("128x128", "64x128") else "32x32")
         out[e.name] = e
     return out
 

@@ -265,9 +265,13 @@ struct BwdWeightOp {
 IG_FORWARD(ig_forward_128x128, 128, 128, 8, 8, 8)
 IG_FORWARD(ig_forward_64x128, 64, 128, 16, 4, 8)
 IG_FORWARD(ig_forward_32x64, 32, 64, 16, 2, 4)
+IG_FORWARD(ig_forward_16x128, 16, 128, 16, 1, 8)
+IG_FORWARD(ig_forward_32x32, 32, 32, 16, 2, 2)
 IG_BACKWARD_DATA(ig_backward_data_128x128, 128, 128, 8, 8, 8)
 IG_BACKWARD_DATA(ig_backward_data_64x128, 64, 128, 16, 4, 8)
 IG_BACKWARD_DATA(ig_backward_data_32x64, 32, 64, 16, 2, 4)
+IG_BACKWARD_DATA(ig_backward_data_16x128, 16, 128, 16, 1, 8)
+IG_BACKWARD_DATA(ig_backward_data_32x32, 32, 32, 16, 2, 2)
 IG_BACKWARD_WEIGHT(ig_backward_weight_64x64, 64, 64, 16, 4, 4)
 IG_BACKWARD_WEIGHT(ig_backward_weight_32x32, 32, 32, 16, 2, 2)
 

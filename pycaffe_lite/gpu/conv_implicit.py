@@ -20,10 +20,10 @@ from .conv_problem import ConvProblem
 
 KERNELS = Path(__file__).with_name("conv_implicit.cu")
 THREADS = 256
-FORWARD_TILES = ("128x128", "64x128", "32x64")
-BACKWARD_DATA_TILES = ("128x128", "64x128", "32x64")
+FORWARD_TILES = ("128x128", "64x128", "32x64", "16x128", "32x32")
+BACKWARD_DATA_TILES = FORWARD_TILES
 BACKWARD_WEIGHT_TILES = ("64x64", "32x32")
-_BK = {"128x128": 8, "64x128": 16, "32x64": 16, "64x64": 16, "32x32": 16}
+_BK = {"128x128": 8, "64x128": 16, "32x64": 16, "16x128": 16, "64x64": 16, "32x32": 16}
 _GEOMETRY = "i" * 14
 
 _tables: dict[tuple, object] = {}
@@ -73,23 +73,43 @@ def backward_data_table(prob: ConvProblem) -> int:
     return _upload_table(key, rows)
 
 
+BLOCK = (THREADS, 1, 1)
+
+
+def _nonnull(*ptrs: int) -> None:
+    if not all(ptrs):
+        raise CudaError("implicit-GEMM convolution: a null device pointer was passed")
+
+
 def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: int) -> None:
     """``y = conv(x, w) (+ bias)`` over the whole batch, in one launch."""
-    _check_size(prob)
-    bm, bn = _tile(tile)
-    k = backend.kernel(KERNELS, f"ig_forward_{tile}", prob.np_dtype, "PPPiP" + "P" + _GEOMETRY)
-    grid = ((prob.num * prob.out_plane + bn - 1) // bn, (prob.mg + bm - 1) // bm, prob.group)
-    k(0, x, w, bias or w, int(bias is not None), forward_table(prob), y, *prob.geometry_args(),
-      grid=grid, block=THREADS)
+    has_bias = int(bias is not None)
+    plan = prob.cache.get(("ig_forward", tile))
+    if plan is None:
+        _check_size(prob)
+        bm, bn = _tile(tile)
+        k = backend.kernel(KERNELS, f"ig_forward_{tile}", prob.np_dtype, "PPPiPP" + _GEOMETRY)
+        grid = ((prob.num * prob.out_plane + bn - 1) // bn, (prob.mg + bm - 1) // bm, prob.group)
+        plan = prob.cache[("ig_forward", tile)] = (k, grid, forward_table(prob))
+        k.check_args(x, w, bias or w, has_bias, plan[2], y, *prob.geometry_args)
+    k, grid, tab = plan
+    _nonnull(x, w, y)
+    k.launch(grid, BLOCK, x, w, bias or w, has_bias, tab, y, *prob.geometry_args)
 
 
 def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int) -> None:
     """``dx = conv_transpose(dy, w)`` (assigned), in one launch."""
-    _check_size(prob)
-    bm, bn = _tile(tile)
-    k = backend.kernel(KERNELS, f"ig_backward_data_{tile}", prob.np_dtype, "PPPP" + _GEOMETRY)
-    grid = ((prob.num * prob.in_plane + bn - 1) // bn, (prob.cg + bm - 1) // bm, prob.group)
-    k(0, w, dy, backward_data_table(prob), dx, *prob.geometry_args(), grid=grid, block=THREADS)
+    plan = prob.cache.get(("ig_backward_data", tile))
+    if plan is None:
+        _check_size(prob)
+        bm, bn = _tile(tile)
+        k = backend.kernel(KERNELS, f"ig_backward_data_{tile}", prob.np_dtype, "PPPP" + _GEOMETRY)
+        grid = ((prob.num * prob.in_plane + bn - 1) // bn, (prob.cg + bm - 1) // bm, prob.group)
+        plan = prob.cache[("ig_backward_data", tile)] = (k, grid, backward_data_table(prob))
+        k.check_args(w, dy, plan[2], dx, *prob.geometry_args)
+    k, grid, tab = plan
+    _nonnull(w, dy, dx)
+    k.launch(grid, BLOCK, w, dy, tab, dx, *prob.geometry_args)
 
 
 def weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, int]:
@@ -107,22 +127,36 @@ def weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, in
 
 def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
     """Elements of the partial-sum workspace :func:`backward_weight` needs."""
-    splits, _ = weight_splits(prob, tile, has_bias)
-    return prob.group * splits * prob.mg * (prob.kg + int(has_bias))
+    key = ("ig_workspace", tile, has_bias)
+    count = prob.cache.get(key)
+    if count is None:
+        splits, _ = weight_splits(prob, tile, has_bias)
+        count = prob.cache[key] = prob.group * splits * prob.mg * (prob.kg + int(has_bias))
+    return count
 
 
 def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: int | None, workspace: int) -> None:
     """``dw += dL/dw`` and, when ``db`` is given, ``db += dL/db``; ``workspace`` holds at least
     :func:`workspace_count` elements. Sums in a fixed order (deterministic)."""
-    _check_size(prob)
-    bm, bn = _tile(tile)
-    has_bias = db is not None
-    splits, chunk = weight_splits(prob, tile, has_bias)
-    cols = prob.kg + int(has_bias)
-    k = backend.kernel(KERNELS, f"ig_backward_weight_{tile}", prob.np_dtype, "PPPPiii" + _GEOMETRY)
-    grid = ((cols + bn - 1) // bn, (prob.mg + bm - 1) // bm, prob.group * splits)
-    k(0, x, dy, forward_table(prob), workspace, splits, chunk, int(has_bias), *prob.geometry_args(),
-      grid=grid, block=THREADS)
-    n = prob.group * prob.mg * cols
-    r = backend.kernel(KERNELS, "ig_reduce_weight", prob.np_dtype, "iPiiiiPP")
-    r(n, n, workspace, splits, prob.mg, prob.kg, int(has_bias), dw, db or dw)
+    has_bias = int(db is not None)
+    key = ("ig_backward_weight", tile, has_bias)
+    plan = prob.cache.get(key)
+    if plan is None:
+        _check_size(prob)
+        bm, bn = _tile(tile)
+        splits, chunk = weight_splits(prob, tile, bool(has_bias))
+        cols = prob.kg + has_bias
+        k = backend.kernel(KERNELS, f"ig_backward_weight_{tile}", prob.np_dtype, "PPPPiii" + _GEOMETRY)
+        grid = ((cols + bn - 1) // bn, (prob.mg + bm - 1) // bm, prob.group * splits)
+        n = prob.group * prob.mg * cols
+        r = backend.kernel(KERNELS, "ig_reduce_weight", prob.np_dtype, "iPiiiiPP")
+        rgrid = (min((n + THREADS - 1) // THREADS, backend.MAX_BLOCKS), 1, 1)
+        plan = prob.cache[key] = (k, grid, (forward_table(prob), splits, chunk, has_bias), r, rgrid,
+                                  (splits, prob.mg, prob.kg, has_bias))
+        k.check_args(x, dy, plan[2][0], workspace, splits, chunk, has_bias, *prob.geometry_args)
+        r.check_args(n, workspace, splits, prob.mg, prob.kg, has_bias, dw, db or dw)
+    k, grid, (tab, splits, chunk, _), r, rgrid, rargs = plan
+    _nonnull(x, dy, dw, workspace)
+    k.launch(grid, BLOCK, x, dy, tab, workspace, splits, chunk, has_bias, *prob.geometry_args)
+    n = prob.group * prob.mg * (prob.kg + has_bias)
+    r.launch(rgrid, BLOCK, n, workspace, *rargs, dw, db or dw)

@@ -6,7 +6,8 @@ kh, kw)``, bias ``(num_output,)``, output ``y (num, num_output, Ho, Wo)``; all c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -26,48 +27,49 @@ class ConvProblem:
     stride: Pair
     dilation: Pair
     dtype: str  # numpy dtype string, e.g. '<f4'
+    cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # engines' launch plans
 
-    @property
+    @cached_property
     def out_hw(self) -> Pair:
         return out_shape(self.height, self.width, self.kernel, self.pad, self.stride, self.dilation)
 
-    @property
+    @cached_property
     def np_dtype(self) -> np.dtype:
         return np.dtype(self.dtype)
 
-    @property
+    @cached_property
     def itemsize(self) -> int:
         return self.np_dtype.itemsize
 
-    @property
+    @cached_property
     def cg(self) -> int:
         """Input channels per group."""
         return self.channels // self.group
 
-    @property
+    @cached_property
     def mg(self) -> int:
         """Outputs per group."""
         return self.num_output // self.group
 
-    @property
+    @cached_property
     def khkw(self) -> int:
         return self.kernel[0] * self.kernel[1]
 
-    @property
+    @cached_property
     def kg(self) -> int:
         """Column rows per group: C/G * kh * kw."""
         return self.cg * self.khkw
 
-    @property
+    @cached_property
     def in_plane(self) -> int:
         return self.height * self.width
 
-    @property
+    @cached_property
     def out_plane(self) -> int:
         ho, wo = self.out_hw
         return ho * wo
 
-    @property
+    @cached_property
     def is_1x1(self) -> bool:
         return self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
 
@@ -76,6 +78,7 @@ class ConvProblem:
         return ConvProblem(num, self.channels, self.height, self.width, self.num_output, self.group,
                            self.kernel, self.pad, self.stride, self.dilation, self.dtype)
 
+    @cached_property
     def geometry_args(self) -> tuple[int, ...]:
         """num, channels, H, W, num_output, group, kh, kw, pad_h, pad_w, stride_h, stride_w, Ho, Wo."""
         ho, wo = self.out_hw

@@ -7,7 +7,8 @@
 //     input   V[xi][c][t]   t = (n, ty, tx) tile index, T tiles in all
 //     output  Mo[xi][m][t] = sum_c U[xi][m][c] V[xi][c][t]
 // The weight gradient uses the adjoints: dMo = A dY A^T per tile, dU[xi] = dMo[xi] V[xi]^T,
-// dW = G^T dU G. Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+// dW = G^T dU G; there the tiles are stored in blocks so that the long sum over tiles splits into
+// one batched GEMM over (xi, block) plus a reduction over blocks. Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
 
 // 1-D transforms of four values (in place in the caller's registers).
 __device__ __forceinline__ void wino_bt4(Dtype& a, Dtype& b, Dtype& c, Dtype& d) {  // B^T
@@ -71,11 +72,20 @@ __global__ void winograd_filter_grad(const int count, const Dtype* du, const int
 
 // V[xi][c][t] = (B^T d B)[xi] for the 4x4 patch of image n, channel c at tile (ty, tx); the
 // images are (num, channels, height, width); tiles_h x tiles_w tiles per image.
+// Layout: tiles in blocks of `block`: V[xi][s][c][tt] with t = s * block + tt, count = channels *
+// (number of blocks) * block elements per xi plane; tiles t >= num_tiles (the padding of the last
+// block) are zero. block = num_tiles gives V[xi][c][t].
 __global__ void winograd_input(const int count, const Dtype* x, const int channels, const int height,
                                const int width, const int pad_h, const int pad_w, const int tiles_h,
-                               const int tiles_w, const int num_tiles, Dtype* v) {
-  CUDA_KERNEL_LOOP(index, count) {  // index = c * num_tiles + t, t = (n * tiles_h + ty) * tiles_w + tx
-    const int c = index / num_tiles, t = index - c * num_tiles;
+                               const int tiles_w, const int num_tiles, const int block, Dtype* v) {
+  CUDA_KERNEL_LOOP(index, count) {  // index = (s * channels + c) * block + tt
+    const int s = index / (channels * block), rem = index - s * channels * block;
+    const int c = rem / block, t = s * block + rem - c * block;
+    Dtype* out = v + index;
+    if (t >= num_tiles) {
+      for (int xi = 0; xi < 16; ++xi) out[(long long)xi * count] = Dtype(0);
+      continue;
+    }
     const int tx = t % tiles_w, ty = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
     const Dtype* plane = x + ((long long)n * channels + c) * height * width;
     const int y0 = 2 * ty - pad_h, x0 = 2 * tx - pad_w;
@@ -90,9 +100,7 @@ __global__ void winograd_input(const int count, const Dtype* x, const int channe
     }
     for (int j = 0; j < 4; ++j) wino_bt4(d[0][j], d[1][j], d[2][j], d[3][j]);  // B^T d
     for (int i = 0; i < 4; ++i) wino_bt4(d[i][0], d[i][1], d[i][2], d[i][3]);  // (B^T d) B
-    const long long plane_stride = (long long)channels * num_tiles;
-    Dtype* out = v + index;
-    for (int xi = 0; xi < 16; ++xi) out[xi * plane_stride] = d[xi / 4][xi % 4];
+    for (int xi = 0; xi < 16; ++xi) out[(long long)xi * count] = d[xi / 4][xi % 4];
   }
 }
 
@@ -125,13 +133,19 @@ __global__ void winograd_output(const int count, const Dtype* mo, const int num_
   }
 }
 
-// Adjoint of winograd_output: dMo[xi][m][t] = (A dY A^T)[xi] for the 2x2 top-gradient tile
-// (zero beyond height_out x width_out).
+// Adjoint of winograd_output: dMo[xi][s][m][tt] = (A dY A^T)[xi] for the 2x2 top-gradient tile
+// (zero beyond height_out x width_out), tiles in blocks as in winograd_input.
 __global__ void winograd_output_grad(const int count, const Dtype* dy, const int num_output, const int tiles_h,
-                                     const int tiles_w, const int num_tiles, const int height_out,
-                                     const int width_out, Dtype* dmo) {
-  CUDA_KERNEL_LOOP(index, count) {  // index = m * num_tiles + t
-    const int m = index / num_tiles, t = index - m * num_tiles;
+                                     const int tiles_w, const int num_tiles, const int block,
+                                     const int height_out, const int width_out, Dtype* dmo) {
+  CUDA_KERNEL_LOOP(index, count) {  // index = (s * num_output + m) * block + tt
+    const int s = index / (num_output * block), rem = index - s * num_output * block;
+    const int m = rem / block, t = s * block + rem - m * block;
+    Dtype* out = dmo + index;
+    if (t >= num_tiles) {
+      for (int xi = 0; xi < 16; ++xi) out[(long long)xi * count] = Dtype(0);
+      continue;
+    }
     const int tx = t % tiles_w, ty = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
     const Dtype* plane = dy + ((long long)n * num_output + m) * height_out * width_out;
     Dtype g[2][2];
@@ -143,12 +157,10 @@ __global__ void winograd_output_grad(const int count, const Dtype* dy, const int
     Dtype c0[4], c1[4];  // A g: columns j = 0, 1 expanded to 4 rows
     wino_a4(g[0][0], g[1][0], c0);
     wino_a4(g[0][1], g[1][1], c1);
-    const long long plane_stride = (long long)num_output * num_tiles;
-    Dtype* out = dmo + index;
     for (int i = 0; i < 4; ++i) {  // (A g) A^T
       Dtype row[4];
       wino_a4(c0[i], c1[i], row);
-      for (int j = 0; j < 4; ++j) out[(i * 4 + j) * plane_stride] = row[j];
+      for (int j = 0; j < 4; ++j) out[(long long)(i * 4 + j) * count] = row[j];
     }
   }
 }

@@ -42,11 +42,13 @@ def _chunk(prob: ConvProblem) -> int:
 
 
 def _input(dtype, x: int, nb: int, channels: int, hw: tuple[int, int], pad: tuple[int, int],
-           tiles: tuple[int, int], v: int) -> None:
+           tiles: tuple[int, int], v: int, block: int = 0, blocks: int = 1) -> None:
+    """V of ``nb`` images; tiles in ``blocks`` blocks of ``block`` (default: one block of all)."""
     t = nb * tiles[0] * tiles[1]
-    n = channels * t
-    k = backend.kernel(KERNELS, "winograd_input", dtype, "iPiiiiiiiiP")
-    k(n, n, x, channels, hw[0], hw[1], pad[0], pad[1], tiles[0], tiles[1], t, v)
+    block = block or t
+    n = channels * block * blocks
+    k = backend.kernel(KERNELS, "winograd_input", dtype, "iPiiiiiiiiiP")
+    k(n, n, x, channels, hw[0], hw[1], pad[0], pad[1], tiles[0], tiles[1], t, block, v)
 
 
 def _output(dtype, mo: int, nb: int, channels: int, tiles: tuple[int, int], out_hw: tuple[int, int],
@@ -99,27 +101,43 @@ def _filter_any(dtype, w: int, cin: int, cout: int, flip: bool, u: int) -> None:
     k(n, n, w, m, c, int(flip), u)
 
 
+def _weight_blocks(prob: ConvProblem, tiles: int) -> tuple[int, int]:
+    """(blocks, block): the tile sum of the weight gradient split so the batched GEMM over
+    (xi, block) fills the device; blocks of at least 256 tiles."""
+    gemm_tiles = -(-prob.num_output // 128) * -(-prob.channels // 128)
+    want = -(-4 * backend.multiprocessor_count() // (16 * gemm_tiles))
+    blocks = max(1, min(want, tiles // 256))
+    block = -(-tiles // blocks)
+    return -(-tiles // block), block
+
+
 def backward_weight(prob: ConvProblem, x: int, dy: int, dw: int, db: int | None, buffer: Buffer) -> None:
     """``dw += dL/dw`` (and ``db += dL/db`` when given) through the transforms' adjoints."""
     dtype, isz = prob.np_dtype, prob.itemsize
     ho, wo = prob.out_hw
     tiles = _tiles(ho, wo)
     nb_max = _chunk(prob)
-    nt_max = nb_max * tiles[0] * tiles[1]
     m, c = prob.num_output, prob.channels
-    v = buffer("wino_v", 16 * c * nt_max)
-    dmo = buffer("wino_m", 16 * m * nt_max)
     du = buffer("wino_du", 16 * m * c)
     for i, n0 in enumerate(range(0, prob.num, nb_max)):
         nb = min(nb_max, prob.num - n0)
         t = nb * tiles[0] * tiles[1]
-        n = m * t
-        k = backend.kernel(KERNELS, "winograd_output_grad", dtype, "iPiiiiiiP")
-        k(n, n, dy + n0 * m * ho * wo * isz, m, tiles[0], tiles[1], t, ho, wo, dmo)
-        _input(dtype, x + n0 * c * prob.in_plane * isz, nb, c, (prob.height, prob.width), prob.pad, tiles, v)
-        # dU[xi] (m, c) (+)= dMo[xi] (m, t) . V[xi]^T (t, c)
-        blas.gemm_strided_batched(False, True, m, c, t, 1.0, dmo, m * t, v, c * t, 1.0 if i else 0.0, du, m * c,
-                                  16, dtype)
+        nblk, blk = _weight_blocks(prob, t)
+        v = buffer("wino_v", 16 * c * nblk * blk)
+        dmo = buffer("wino_m", 16 * m * nblk * blk)
+        part = buffer("wino_part", 16 * nblk * m * c)
+        ones = gm.ones_vector(nblk, dtype)
+        n = m * nblk * blk
+        k = backend.kernel(KERNELS, "winograd_output_grad", dtype, "iPiiiiiiiP")
+        k(n, n, dy + n0 * m * ho * wo * isz, m, tiles[0], tiles[1], t, blk, ho, wo, dmo)
+        _input(dtype, x + n0 * c * prob.in_plane * isz, nb, c, (prob.height, prob.width), prob.pad, tiles, v,
+               blk, nblk)
+        # part[xi, s] (m, c) = dMo[xi, s] (m, blk) . V[xi, s]^T (blk, c), one GEMM per (xi, block)
+        blas.gemm_strided_batched(False, True, m, c, blk, 1.0, dmo, m * blk, v, c * blk, 0.0, part, m * c,
+                                  16 * nblk, dtype)
+        # dU[xi] (1, m*c) (+)= ones (1, nblk) . part[xi] (nblk, m*c)
+        blas.gemm_strided_batched(False, False, 1, m * c, nblk, 1.0, ones, 0, part, nblk * m * c,
+                                  1.0 if i else 0.0, du, m * c, 16, dtype)
     n = m * c
     backend.kernel(KERNELS, "winograd_filter_grad", dtype, "iPiiP")(n, n, du, m, c, dw)
     if db is not None:

@@ -25,8 +25,10 @@ GEOMETRIES = [
     ((2, 20, 8, 8), "num_output: 50 kernel_size: 5"),
     ((3, 1, 16, 16), "num_output: 7 kernel_size: 5 bias_term: false"),
     ((2, 40, 5, 5), "num_output: 70 kernel_size: 3 pad: 1"),
+    ((2, 1, 12, 12), "num_output: 20 kernel_size: 5 stride: 1"),
 ]
-ENGINE_NAMES = ["gemm", "implicit-128x128", "implicit-64x128", "implicit-32x64", "winograd"]
+ENGINE_NAMES = ["gemm", "implicit-128x128", "implicit-64x128", "implicit-32x64", "implicit-16x128", "implicit-32x32",
+                "winograd"]
 
 
 def _text(body: str, extra: str = "") -> str:
@@ -208,7 +210,8 @@ def test_autotune_times_every_candidate_and_caches():
 
 @pytest.mark.parametrize("engine,allowed", [("CAFFE", {"gemm"}), ("WINOGRAD", {"winograd"}),
                                             ("IMPLICIT_GEMM", {"implicit-128x128", "implicit-64x128",
-                                                               "implicit-32x64"})])
+                                                               "implicit-32x64", "implicit-16x128",
+                                                               "implicit-32x32"})])
 def test_engine_field_narrows_the_choice(engine, allowed):
     caffe.set_mode_gpu()
     layer = make_layer(_text("num_output: 4 kernel_size: 3 pad: 1", f"engine: {engine}"), np.float32)

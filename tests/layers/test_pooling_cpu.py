@@ -101,11 +101,14 @@ def test_max_pool_matches_caffe_loop(dtype, shape, body, kernel, pad, stride, ce
     dy = rng.standard_normal(want_top.shape).astype(dtype)
     dy.reshape(-1)[::7] = np.inf
     dy.reshape(-1)[3::11] = np.nan
+    dy.reshape(-1)[5::13] = -0.0
     top[0].diff[...] = dy
     bottom[0].diff[...] = 12345.0  # backward assigns the bottom diff
     layer.backward(top, [True], bottom)
     want_dx = caffe_max_backward(x.shape, dy, want_mask)
     np.testing.assert_allclose(bottom[0].diff, want_dx, rtol=1e-6, atol=0)
+    numbers = ~np.isnan(want_dx)
+    np.testing.assert_array_equal(np.signbit(bottom[0].diff)[numbers], np.signbit(want_dx)[numbers])
 
 
 def test_backward_after_reshape_needs_forward():
