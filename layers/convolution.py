@@ -5,8 +5,8 @@ weight (num_output, C/group, kh, kw); bias (num_output,); top (..., num_output, 
 ``Ho = (H + 2*pad_h - (dilation_h*(kh-1)+1)) // stride_h + 1`` (likewise Wo). Several bottoms
 may be given: each is convolved with the same weights into the top of the same index.
 
-The whole minibatch is done at once. CPU: im2col of the batch, one ``np.matmul`` over
-(images, groups); 1x1/stride 1/pad 0 convolutions use the input directly. GPU: one of the engines
+The whole minibatch is done at once. CPU: :mod:`pycaffe_lite.cpu_conv` (im2col and one GEMM per
+group over the whole batch, or per-image GEMMs for large output planes). GPU: one of the engines
 of :mod:`pycaffe_lite.gpu.conv_engines` per pass (im2col + cuBLAS, implicit GEMM, Winograd),
 autotuned once per shape; ``engine: CAFFE`` forces im2col + cuBLAS, ``IMPLICIT_GEMM`` and
 ``WINOGRAD`` (pycaffe-lite's additions to the enum) force those, DEFAULT and CUDNN pick the fastest.
@@ -17,13 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from pycaffe_lite import fillers
+from pycaffe_lite import cpu_conv, fillers
 from pycaffe_lite.gpu import backend, conv_engines, winograd
 from pycaffe_lite.gpu.conv_engines import COL_BUFFER_BYTES
 from pycaffe_lite.gpu.conv_problem import ConvProblem
-from pycaffe_lite.im2col import Pair, col2im, im2col, out_shape
+from pycaffe_lite.im2col import Pair, out_shape
 from pycaffe_lite.layer import Layer, register_layer
 
 __all__ = ["COL_BUFFER_BYTES", "ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "conv_geometry"]
@@ -167,47 +165,29 @@ class ConvolutionLayer(ConvolutionBase):
         for t in top:
             t.reshape(bottom[0].shape[:self.axis] + (self.num_output,) + self.out_hw)
 
-    # -- CPU --------------------------------------------------------------------------------
-    def _columns(self, x: np.ndarray) -> np.ndarray:
-        """(N, G, Kg, P) columns of the image batch x (N, C, H, W), Kg = C/G*kh*kw."""
-        g = self.geo
-        col = x if g.is_1x1 else im2col(x, g.kernel, g.pad, g.stride, g.dilation)
-        return col.reshape(self.num, self.group, -1, self.out_hw[0] * self.out_hw[1])
-
-    def _weights(self) -> np.ndarray:
-        return self.blobs[0].cpu_data().reshape(self.group, self.num_output // self.group, -1)
-
+    # -- CPU (pycaffe_lite.cpu_conv) -------------------------------------------------------
     def forward_cpu(self, bottom, top):
-        w = self._weights()
+        g = self.geo
+        w = self.blobs[0].cpu_data()
+        bias = self.blobs[1].cpu_data() if self.bias_term else None
         for b, t in zip(bottom, top):
             x = b.cpu_data().reshape((self.num, self.channels) + self.in_hw)
-            y = np.matmul(w, self._columns(x)).reshape(self.num, self.num_output, -1)
-            if self.bias_term:
-                y += self.blobs[1].cpu_data()[:, None]
-            t.mutable_cpu_data()[...] = y.reshape(t.shape)
+            y = t.mutable_cpu_data().reshape((self.num, self.num_output) + self.out_hw)
+            cpu_conv.forward(x, w, bias, g.kernel, g.pad, g.stride, g.dilation, self.group, y)
 
     def backward_cpu(self, top, propagate_down, bottom):
-        w = self._weights()
-        mg = self.num_output // self.group
+        g = self.geo
+        w = self.blobs[0].cpu_data()
+        x_shape, y_shape = (self.num, self.channels) + self.in_hw, (self.num, self.num_output) + self.out_hw
         for i, (b, t) in enumerate(zip(bottom, top)):
-            dy = t.cpu_diff().reshape(self.num, self.group, mg, -1)
-            if self.bias_term and self.param_propagate_down[1]:
-                self.blobs[1].mutable_cpu_diff()[...] += dy.sum(axis=(0, 3)).reshape(-1)
-            if self.param_propagate_down[0]:
-                x = b.cpu_data().reshape((self.num, self.channels) + self.in_hw)
-                cols = self._columns(x)
-                dw = self.blobs[0].mutable_cpu_diff().reshape(w.shape)
-                for g in range(self.group):  # (mg, P·N) x (P·N, Kg): one GEMM per group
-                    dw[g] += np.tensordot(dy[:, g], cols[:, g], axes=([0, 2], [0, 2]))
-            if propagate_down[i]:
-                dcols = np.matmul(w.transpose(0, 2, 1), dy)  # (N, G, Kg, P)
-                geo = self.geo
-                if geo.is_1x1:
-                    dx = dcols
-                else:
-                    dcols = dcols.reshape((self.num, self.channels) + geo.kernel + self.out_hw)
-                    dx = col2im(dcols, self.in_hw, geo.pad, geo.stride, geo.dilation)
-                b.mutable_cpu_diff()[...] = dx.reshape(b.shape)
+            dw = self.blobs[0].mutable_cpu_diff() if self.param_propagate_down[0] else None
+            db = self.blobs[1].mutable_cpu_diff() if self.bias_term and self.param_propagate_down[1] else None
+            dx = b.mutable_cpu_diff().reshape(x_shape) if propagate_down[i] else None
+            if dw is None and db is None and dx is None:
+                continue
+            x, dy = b.cpu_data().reshape(x_shape), t.cpu_diff().reshape(y_shape)
+            cpu_conv.backward(x, w, dy, g.kernel, g.pad, g.stride, g.dilation, self.group,
+                              dweight=dw, dbias=db, dx=dx)
 
     # -- GPU --------------------------------------------------------------------------------
     def _problem(self) -> ConvProblem:
