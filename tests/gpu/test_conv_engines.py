@@ -91,14 +91,27 @@ def _cpu_after():
     caffe.set_mode_cpu()
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", ENGINE_NAMES)
+def _winograd_geometry(body: str) -> bool:
+    return "kernel_size: 3" in body and "stride" not in body and "dilation" not in body and "group" not in body
+
+
+# Winograd only where it applies (the autotune never offers it elsewhere; test_winograd_supports
+# checks that this list and the engine agree)
+CASES = [(shape, body, name) for shape, body in GEOMETRIES for name in ENGINE_NAMES
+         if name != "winograd" or _winograd_geometry(body)]
+
+
 @pytest.mark.parametrize("shape,body", GEOMETRIES)
+def test_winograd_supports(shape, body):
+    assert _supports("winograd", shape, body) == _winograd_geometry(body)
+    assert all(_supports(name, shape, body) for name in ENGINE_NAMES if name != "winograd")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,body,name", CASES)
 def test_engine_matches_cpu(shape, body, name, dtype):
     from pycaffe_lite.gpu.conv_engines import Choice
 
-    if not _supports(name, shape, body):
-        pytest.skip(f"{name} does not apply to {body}")  # not a failure: the autotune never offers it
     cpu_layer, x, top_diff, want = _reference(shape, body, dtype)
     layer = _gpu_layer(cpu_layer, body, dtype)
     got = _run(layer, x, top_diff, dtype, choice=Choice(name, name, name))
