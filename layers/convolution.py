@@ -124,7 +124,6 @@ class ConvolutionBase(Layer):
                 fillers.fill(self.blobs[1], p.bias_filler)
         self._gpu_buffers: dict[str, tuple[int, Any]] = {}
         self._choice: tuple[ConvProblem, conv_engines.Choice] | None = None
-        self._choice_key: tuple | None = None
 
     def _buffer(self, name: str, count: int) -> int:
         """A device buffer of at least ``count`` elements, kept on the layer and grown as needed."""
@@ -198,18 +197,18 @@ class ConvolutionLayer(ConvolutionBase):
     def engine_choice(self) -> conv_engines.Choice:
         """The engines for the current shape: autotuned once per shape (cached), narrowed by the
         ``engine`` field (CAFFE: im2col + GEMM; IMPLICIT_GEMM; WINOGRAD; DEFAULT/CUDNN: any)."""
-        if self._choice is not None and self._choice_key == (self.num, self.in_hw, self.dtype):
-            return self._choice[1]
+        if self._choice is not None:  # only the batch and image size change between layer_setup calls
+            have = self._choice[0]
+            if have.num == self.num and (have.height, have.width) == self.in_hw:
+                return self._choice[1]
         prob = self._problem()
-        if self._choice is None or self._choice[0] != prob:
-            p = self.layer_param.convolution_param
-            engine = p.Engine.Name(p.engine)
-            if engine == "WINOGRAD" and not winograd.supports(prob):
-                raise self.error("engine WINOGRAD needs a 3x3 kernel, stride 1, no dilation, group 1 and "
-                                 f"pad <= 2; this layer has kernel {self.geo.kernel}, stride {self.geo.stride}, "
-                                 f"dilation {self.geo.dilation}, group {self.group}, pad {self.geo.pad}")
-            self._choice = (prob, conv_engines.choose(prob, self.bias_term, conv_engines.ENGINE_CANDIDATES[engine]))
-        self._choice_key = (self.num, self.in_hw, self.dtype)
+        p = self.layer_param.convolution_param
+        engine = p.Engine.Name(p.engine)
+        if engine == "WINOGRAD" and not winograd.supports(prob):
+            raise self.error("engine WINOGRAD needs a 3x3 kernel, stride 1, no dilation, group 1 and "
+                             f"pad <= 2; this layer has kernel {self.geo.kernel}, stride {self.geo.stride}, "
+                             f"dilation {self.geo.dilation}, group {self.group}, pad {self.geo.pad}")
+        self._choice = (prob, conv_engines.choose(prob, self.bias_term, conv_engines.ENGINE_CANDIDATES[engine]))
         return self._choice[1]
 
     def forward_gpu(self, bottom, top):

@@ -49,6 +49,11 @@ class Engine:
                  db: int | None, buffer: Buffer) -> None:
         raise NotImplementedError
 
+    @staticmethod
+    def bias_backward(prob: ConvProblem, dy: int, db: int) -> None:
+        """``db += sum of dy over images and pixels`` (for engines whose weight pass does not fold it in)."""
+        gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
+
 
 class GemmEngine(Engine):
     name = "gemm"
@@ -90,7 +95,7 @@ class GemmEngine(Engine):
         mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
         chw = prob.channels * prob.in_plane
         if db is not None:
-            gm.channel_sum(prob.num, m, p, dy, db, dt, beta=1.0)
+            self.bias_backward(prob, dy, db)
         if dw is None and dx is None:
             return
         if prob.is_1x1:
@@ -143,7 +148,7 @@ class ImplicitEngine(Engine):
             ws = buffer("ig_ws", ig.workspace_count(prob, self.tiles[2], db is not None))
             ig.backward_weight(prob, self.tiles[2], x, dy, dw, db, ws)
         elif db is not None:
-            gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
+            self.bias_backward(prob, dy, db)
         if dx is not None:
             ig.backward_data(prob, self.tiles[1], w, dy, dx)
 
@@ -159,17 +164,17 @@ class WinogradEngine(Engine):
 
     def backward(self, prob, x, w, dy, dx, dw, db, buffer):
         if dw is not None:
-            winograd.backward_weight(prob, x, dy, dw, db, buffer)
-        elif db is not None:
-            gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
+            winograd.backward_weight(prob, x, dy, dw, buffer)
+        if db is not None:
+            self.bias_backward(prob, dy, db)
         if dx is not None:
             winograd.backward_data(prob, w, dy, dx, buffer)
 
 
 def _implicit_engines() -> dict[str, Engine]:
     out: dict[str, Engine] = {}
-    for t in ig.FORWARD_TILES:
-        e = ImplicitEngine(t, t, "64x64" if t in ("128x128", "64x128") else "32x32")
+    for t in ig.TILES:  # the larger weight tile goes with the larger forward tiles
+        e = ImplicitEngine(t, t, ig.WEIGHT_TILES[0] if t in ig.TILES[:2] else ig.WEIGHT_TILES[1])
         out[e.name] = e
     return out
 

@@ -3,7 +3,7 @@
 Three passes, each one launch per call (the weight gradient adds a deterministic reduction):
 :func:`forward` (bias added in the epilogue), :func:`backward_data` (assigns ``dx``) and
 :func:`backward_weight` (accumulates ``dw`` and, in the same GEMM through a column of ones,
-``db``). Tile shapes are named ``"BMxBN"``; :data:`FORWARD_TILES` etc. list the compiled ones.
+``db``). Tile shapes are named ``"BMxBN"``; :data:`TILES` and :data:`WEIGHT_TILES` list the compiled ones.
 Per-geometry offset tables (int4 per GEMM contraction index) are built on the host once and kept
 on the device.
 """
@@ -20,9 +20,8 @@ from .conv_problem import ConvProblem
 
 KERNELS = Path(__file__).with_name("conv_implicit.cu")
 THREADS = 256
-FORWARD_TILES = ("128x128", "64x128", "32x64", "16x128", "32x32")
-BACKWARD_DATA_TILES = FORWARD_TILES
-BACKWARD_WEIGHT_TILES = ("64x64", "32x32")
+TILES = ("128x128", "64x128", "32x64", "16x128", "32x32")  # forward and data gradient
+WEIGHT_TILES = ("64x64", "32x32")  # weight gradient
 _BK = {"128x128": 8, "64x128": 16, "32x64": 16, "16x128": 16, "64x64": 16, "32x32": 16}
 _GEOMETRY = "i" * 14
 

@@ -73,18 +73,9 @@ class ConvProblem:
     def is_1x1(self) -> bool:
         return self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
 
-    def with_num(self, num: int) -> ConvProblem:
-        """The same convolution over ``num`` images."""
-        return ConvProblem(num, self.channels, self.height, self.width, self.num_output, self.group,
-                           self.kernel, self.pad, self.stride, self.dilation, self.dtype)
-
     @cached_property
     def geometry_args(self) -> tuple[int, ...]:
         """num, channels, H, W, num_output, group, kh, kw, pad_h, pad_w, stride_h, stride_w, Ho, Wo."""
         ho, wo = self.out_hw
         return (self.num, self.channels, self.height, self.width, self.num_output, self.group,
                 self.kernel[0], self.kernel[1], self.pad[0], self.pad[1], self.stride[0], self.stride[1], ho, wo)
-
-    def flops(self) -> float:
-        """Multiply-adds x 2 of the direct convolution (one pass)."""
-        return 2.0 * self.num * self.num_output * self.out_plane * self.kg

@@ -111,8 +111,8 @@ def _weight_blocks(prob: ConvProblem, tiles: int) -> tuple[int, int]:
     return -(-tiles // block), block
 
 
-def backward_weight(prob: ConvProblem, x: int, dy: int, dw: int, db: int | None, buffer: Buffer) -> None:
-    """``dw += dL/dw`` (and ``db += dL/db`` when given) through the transforms' adjoints."""
+def backward_weight(prob: ConvProblem, x: int, dy: int, dw: int, buffer: Buffer) -> None:
+    """``dw += dL/dw`` through the transforms' adjoints."""
     dtype, isz = prob.np_dtype, prob.itemsize
     ho, wo = prob.out_hw
     tiles = _tiles(ho, wo)
@@ -140,5 +140,3 @@ def backward_weight(prob: ConvProblem, x: int, dy: int, dw: int, db: int | None,
                                   1.0 if i else 0.0, du, m * c, 16, dtype)
     n = m * c
     backend.kernel(KERNELS, "winograd_filter_grad", dtype, "iPiiP")(n, n, du, m, c, dw)
-    if db is not None:
-        gm.channel_sum(prob.num, m, ho * wo, dy, db, dtype, beta=1.0)
