@@ -14,6 +14,24 @@ from .common import TEST
 from .net import Net
 
 
+def input_transformer(net: Net, mean: np.ndarray | None, input_scale: float | None, raw_scale: float | None,
+                      channel_swap: Sequence[int] | None) -> caffe_io.Transformer:
+    """The Transformer of ``net``'s first input as pycaffe's Classifier and Detector set it up:
+    (H, W, K) images to (K, H, W), then each option that is given."""
+    in_ = net.inputs[0]
+    transformer = caffe_io.Transformer({in_: net.blobs[in_].data.shape})
+    transformer.set_transpose(in_, (2, 0, 1))
+    if mean is not None:
+        transformer.set_mean(in_, mean)
+    if input_scale is not None:
+        transformer.set_input_scale(in_, input_scale)
+    if raw_scale is not None:
+        transformer.set_raw_scale(in_, raw_scale)
+    if channel_swap is not None:
+        transformer.set_channel_swap(in_, channel_swap)
+    return transformer
+
+
 class Classifier(Net):
     """``Classifier(model_file, pretrained_file, image_dims=None, mean=None, input_scale=None,
     raw_scale=None, channel_swap=None)``: a TEST-phase net whose first input takes images.
@@ -34,16 +52,7 @@ class Classifier(Net):
     ) -> None:
         Net.__init__(self, model_file, pretrained_file, TEST)
         in_ = self.inputs[0]
-        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
         if image_dims is None or len(image_dims) == 0:
             image_dims = self.crop_dims

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import io as caffe_io
 from . import pycaffe  # noqa: F401  (attaches forward_all to Net)
+from .classifier import input_transformer
 from .common import TEST
 from .net import Net
 
@@ -29,17 +30,7 @@ class Detector(Net):
         context_pad: int | None = None,
     ) -> None:
         Net.__init__(self, model_file, pretrained_file, TEST)
-        in_ = self.inputs[0]
-        self.transformer = caffe_io.Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.configure_crop(context_pad)
 
     def detect_windows(self, images_windows: Iterable[tuple[str, Sequence[Sequence[int]]]]) -> list[dict]:
