@@ -7,6 +7,7 @@ import enum
 import numpy as np
 
 from .errors import GPUUnavailableError
+from .gpu import backend, blas
 
 
 class Mode(enum.Enum):
@@ -45,9 +46,7 @@ def set_mode_cpu() -> None:
 
 def set_mode_gpu() -> None:
     """Run layers on the GPU; raises GPUUnavailableError naming what is missing."""
-    from .gpu import backend  # deferred: importing the package never needs a GPU
-
-    backend.init_device(_state.device_id)
+    backend.init_device(_state.device_id)  # importing backend needs no GPU; this call does
     _state.mode = Mode.GPU
 
 
@@ -57,9 +56,9 @@ def set_device(device_id: int) -> None:
         raise GPUUnavailableError(f"set_device: device id must be >= 0, got {device_id}")
     _state.device_id = int(device_id)
     if _state.mode is Mode.GPU:
-        from .gpu import backend
-
         backend.init_device(_state.device_id)
+    else:
+        backend.select_device(_state.device_id)
 
 
 def device_id() -> int:
@@ -91,8 +90,6 @@ def set_allow_tf32(allow: bool) -> None:
 
     Off by default, as results then differ from float32 arithmetic; needs GPU mode.
     """
-    from .gpu import blas
-
     if _state.mode is not Mode.GPU:
         raise GPUUnavailableError("set_allow_tf32 needs GPU mode (call set_mode_gpu() first)")
     blas.set_allow_tf32(bool(allow))

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CudaError, GPUUnavailableError
+from .signatures import Signature, SignatureError, check_args, parse_signatures
 
 CUDA_NUM_THREADS = 256
 MAX_BLOCKS = 65535 * 4
@@ -46,6 +47,7 @@ class _State:
         self.capturing = False  # a CUDA graph capture is recording the stream
         self.capture_written: set = set()
         self.alloc_generation = 0  # SyncedMemory objects made device-newest during capture
+        self.workspace: tuple[int, object] | None = None  # (bytes, allocation) shared by all layers
 
     def close(self) -> None:
         try:
@@ -57,6 +59,15 @@ class _State:
 
 
 _state: _State | None = None
+_selected_device = 0  # the device state() initialises on first use (set by common.set_device)
+
+
+def select_device(device_id: int) -> None:
+    """Choose the device used when GPU work first needs one (switches now if one is active)."""
+    global _selected_device
+    _selected_device = int(device_id)
+    if _state is not None and _state.device_id != _selected_device:
+        init_device(_selected_device)
 
 
 def _import_driver():
@@ -76,7 +87,8 @@ def _import_driver():
 
 def init_device(device_id: int = 0) -> None:
     """Make ``device_id`` current (its primary context, a stream, a pool). Idempotent."""
-    global _state
+    global _state, _selected_device
+    _selected_device = int(device_id)
     if _state is not None and _state.device_id == device_id:
         return
     cuda = _import_driver()
@@ -107,9 +119,8 @@ def _shutdown() -> None:
 
 def state() -> _State:
     if _state is None:
-        from .. import common
-
-        init_device(common.device_id())
+        init_device(_selected_device)
+    assert _state is not None
     return _state
 
 
@@ -155,6 +166,35 @@ def alloc(nbytes: int):
         raise CudaError(f"out of device memory allocating {nbytes} bytes: {exc}") from None
 
 
+_WORKSPACE_ALIGN = 256
+
+
+def workspace(*sizes: int) -> list[int]:
+    """Device scratch shared by every layer: one pointer per requested size (bytes), carved from one
+    buffer grown on demand. Contents are undefined and the pointers are valid only until the next
+    call, so a pass asks once for everything it needs. Persistent state (a mask kept from forward
+    to backward) belongs in a Blob instead.
+    """
+    st = state()
+    offsets, total = [], 0
+    for size in sizes:
+        offsets.append(total)
+        total += -(-max(int(size), 1) // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
+    buf = st.workspace
+    if buf is None or buf[0] < total:
+        size = total
+        st.workspace = None  # free the old buffer first: the pool can reuse it
+        st.workspace = buf = (size, alloc(size))
+    base = int(buf[1])
+    return [base + off for off in offsets]
+
+
+def workspace_bytes() -> int:
+    """Current size of the shared device workspace (0 before first use)."""
+    buf = getattr(_state, "workspace", None) if _state is not None else None
+    return buf[0] if buf is not None else 0
+
+
 def memcpy_htod(dst: int, src: np.ndarray) -> None:
     """Queue a host-to-device copy of the contiguous array ``src``."""
     st = state()
@@ -191,47 +231,41 @@ def memset_zero(ptr: int, nbytes: int) -> None:
 
 
 # -- kernels --------------------------------------------------------------------------------
-_ARG_CODES = {"i": "i", "u": "I", "q": "q", "P": "P"}
-
-
 class Kernel:
-    """A compiled kernel with a fixed argument signature, launched on the backend stream.
+    """A compiled kernel whose argument kinds come from its ``__global__`` signature.
 
-    ``argtypes``: one letter per argument: ``i`` int32, ``u`` uint32, ``q`` int64, ``P`` device
-    pointer, ``f`` a ``Dtype`` scalar. Call as ``kernel(n, *args)``: ``n`` work items sized with
-    the grid-stride loop (grid capped), or pass ``grid=``/``block=`` explicitly.
+    ``kernel(*args)`` launches on the backend stream. Without ``grid=``, the kernel's first
+    parameter must be an ``int``: the number of work items of its grid-stride loop, passed once
+    and used to size a capped grid. With ``grid=``/``block=`` (ints or 3-tuples) the launch shape
+    is explicit. Arguments are checked against the signature; :meth:`launch` skips the checks for
+    hot paths whose arguments were validated once with :meth:`check_args`.
     """
 
-    def __init__(self, function, name: str, argtypes: str, dtype: np.dtype) -> None:
+    def __init__(self, function, signature: Signature, dtype: np.dtype, where: str) -> None:
         self.function = function
-        self.name = name
-        self.argtypes = argtypes
+        self.signature = signature
+        self.name = signature.name
         self.dtype = dtype
-        scalar = "f" if dtype == np.float32 else "d"
+        self.where = where
+        function.prepare(signature.struct_codes("f" if dtype == np.float32 else "d"))
+
+    def check_args(self, *args) -> None:
+        """Validate ``args`` against the signature (count, kinds, int ranges, non-null pointers)."""
         try:
-            codes = "".join(scalar if c == "f" else _ARG_CODES[c] for c in argtypes)
-        except KeyError as exc:
-            raise ValueError(f"kernel {name}: unknown argument type code {exc} in '{argtypes}'") from None
-        function.prepare(codes)
+            check_args(self.signature, args, self.where)
+        except (TypeError, ValueError) as exc:
+            raise CudaError(str(exc)) from None
 
-    def _check(self, args) -> None:
-        if len(args) != len(self.argtypes):
-            raise CudaError(f"kernel {self.name}: expected {len(self.argtypes)} arguments, got {len(args)}")
-        for pos, (code, value) in enumerate(zip(self.argtypes, args)):
-            if code == "P":
-                if int(value) == 0:
-                    raise CudaError(f"kernel {self.name}: argument {pos} is a null device pointer")
-            elif code == "i" and not -INT32_MAX - 1 <= int(value) <= INT32_MAX:
-                raise CudaError(f"kernel {self.name}: argument {pos} = {value} does not fit in int32")
-            elif code == "u" and not 0 <= int(value) <= 2**32 - 1:
-                raise CudaError(f"kernel {self.name}: argument {pos} = {value} does not fit in uint32")
-
-    def __call__(self, n: int, *args, block: int | tuple = CUDA_NUM_THREADS, grid=None, shared: int = 0) -> None:
-        self._check(args)
+    def __call__(self, *args, block: int | tuple = CUDA_NUM_THREADS, grid=None, shared: int = 0) -> None:
+        self.check_args(*args)
         bx = block if isinstance(block, int) else block[0]
-        if n > INT32_MAX - MAX_BLOCKS * bx:  # the grid-stride index must not overflow int
-            raise CudaError(f"kernel {self.name}: {n} work items exceed int32 indexing")
         if grid is None:
+            if not self.signature.counts_items:
+                raise CudaError(f"kernel {self.name} ({self.where}): its first parameter is not an int "
+                                "work-item count, so the launch needs grid= and block=")
+            n = int(args[0])
+            if n > INT32_MAX - MAX_BLOCKS * bx:  # the grid-stride index must not overflow int
+                raise CudaError(f"kernel {self.name}: {n} work items exceed int32 indexing")
             if n <= 0:
                 return
             grid = (min((n + bx - 1) // bx, MAX_BLOCKS), 1, 1)
@@ -239,70 +273,92 @@ class Kernel:
         grid = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
         self.function.prepared_async_call(grid, block, stream(), *args, shared_size=shared)
 
-
     def launch(self, grid: tuple, block: tuple, *args, shared: int = 0) -> None:
-        """Launch with explicit 3-D ``grid``/``block`` tuples and no argument checks: for hot paths
-        whose arguments were validated once (:meth:`check_args`) and only pointers change."""
+        """Launch with explicit 3-D ``grid``/``block`` tuples and no argument checks."""
         self.function.prepared_async_call(grid, block, state().stream, *args, shared_size=shared)
-
-    def check_args(self, *args) -> None:
-        """Validate ``args`` against the signature (counts, int ranges, non-null pointers)."""
-        self._check(args)
 
 
 class KernelModule:
-    """One ``.cu`` file compiled for one dtype."""
+    """One CUDA source compiled for one dtype; its kernels' signatures are read from the source."""
 
-    def __init__(self, path: Path, dtype: np.dtype) -> None:
+    def __init__(self, source: str, dtype: np.dtype, where: str, include_dirs: list[str]) -> None:
         from pycuda.compiler import SourceModule
 
-        self.path = path
+        self.where = where
         self.dtype = dtype
         try:
-            source = path.read_text()
-        except OSError as exc:
-            raise CudaError(f"cannot read kernel file {path}: {exc.strerror}") from None
+            self.signatures = parse_signatures(source)
+        except SignatureError as exc:
+            raise CudaError(f"{where}: {exc}") from None
         options = ["-O3"]
         extra = os.environ.get("PYCAFFE_LITE_NVCC_FLAGS")
         if extra:
             options += extra.split()
         try:
-            self.module = SourceModule(
-                PRELUDE.format(ctype=_CTYPES[dtype]) + source,
-                options=options,
-                include_dirs=[str(path.parent), str(Path(__file__).parent)],
-            )
+            self.module = SourceModule(PRELUDE.format(ctype=_CTYPES[dtype]) + source, options=options,
+                                       include_dirs=include_dirs)
         except Exception as exc:
-            raise CudaError(f"compiling {path} for {dtype}: {exc}") from None
+            raise CudaError(f"compiling {where} for {dtype}: {exc}") from None
         self._kernels: dict[str, Kernel] = {}
 
-    def get(self, name: str, argtypes: str) -> Kernel:
+    def get(self, name: str) -> Kernel:
         kernel = self._kernels.get(name)
         if kernel is None:
-            try:
-                function = self.module.get_function(name)
-            except Exception:
-                raise CudaError(f"kernel '{name}' not found in {self.path}") from None
-            kernel = self._kernels[name] = Kernel(function, name, argtypes, self.dtype)
+            sig = self.signatures.get(name)
+            if sig is None:
+                known = ", ".join(sorted(self.signatures)) or "none"
+                raise CudaError(f"kernel '{name}' not found in {self.where} (its kernels: {known})")
+            kernel = self._kernels[name] = Kernel(self.module.get_function(name), sig, self.dtype, self.where)
         return kernel
 
 
-def module(path: str | os.PathLike, dtype) -> KernelModule:
-    """The compiled module for ``path`` and ``dtype`` (compiled on first use, then cached)."""
-    dtype = np.dtype(dtype)
-    if dtype not in _CTYPES:
-        raise CudaError(f"kernels are compiled for float32 and float64, not {dtype}")
+def _compiled(key: tuple, make) -> KernelModule:
     st = state()
-    key = (str(path), dtype.str)
     mod = st.modules.get(key)
     if mod is None:
         with st.lock:
             mod = st.modules.get(key)
             if mod is None:
-                mod = st.modules[key] = KernelModule(Path(path), dtype)
+                mod = st.modules[key] = make()
     return mod
 
 
-def kernel(path: str | os.PathLike, name: str, dtype, argtypes: str) -> Kernel:
-    """Shorthand: ``module(path, dtype).get(name, argtypes)``."""
-    return module(path, dtype).get(name, argtypes)
+def _dtype(dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in _CTYPES:
+        raise CudaError(f"kernels are compiled for float32 and float64, not {dtype}")
+    return dtype
+
+
+def module(path: str | os.PathLike, dtype) -> KernelModule:
+    """The compiled module of the ``.cu`` file ``path`` for ``dtype`` (compiled once, cached)."""
+    dtype = _dtype(dtype)
+    path = Path(path)
+
+    def make() -> KernelModule:
+        try:
+            source = path.read_text()
+        except OSError as exc:
+            raise CudaError(f"cannot read kernel file {path}: {exc.strerror}") from None
+        return KernelModule(source, dtype, str(path), [str(path.parent), str(Path(__file__).parent)])
+
+    return _compiled(("file", str(path), dtype.str), make)
+
+
+def kernel(path: str | os.PathLike, name: str, dtype) -> Kernel:
+    """Kernel ``name`` of the ``.cu`` file ``path`` compiled for ``dtype``."""
+    return module(path, dtype).get(name)
+
+
+def elementwise(name: str, params: str, body: str, dtype, preamble: str = "") -> Kernel:
+    """A grid-stride kernel ``name(const int n, <params>)`` running ``body`` for each ``i < n``.
+
+    ``body`` is CUDA statements over ``i`` (for example ``"y[i] = x[i] > 0 ? x[i] : 0"``);
+    ``params`` the C parameter list after ``n`` (``"const Dtype* x, Dtype* y"``); ``preamble``
+    optional ``__device__`` helpers. Compiled once per (source, dtype); call as ``k(n, *args)``.
+    """
+    dtype = _dtype(dtype)
+    source = (f"{preamble}\n__global__ void {name}(const int n{', ' if params else ''}{params}) {{\n"
+              f"  CUDA_KERNEL_LOOP(i, n) {{ {body}; }}\n}}\n")
+    key = ("elementwise", source, dtype.str)
+    return _compiled(key, lambda: KernelModule(source, dtype, f"elementwise kernel {name}", [])).get(name)
