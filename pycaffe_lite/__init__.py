@@ -5,12 +5,7 @@ Note: ``caffe.layers`` is net_spec's layer factory (as in pycaffe); the built-in
 are the subpackage ``pycaffe_lite.layers`` (importable by name, e.g. ``pycaffe_lite.layers.relu``).
 """
 
-from . import (
-    draw,
-    io,
-    proto,
-    pycaffe,  # noqa: F401  (attaches forward_all, set_input_arrays, save_hdf5... to Net)
-)
+from . import draw, io, proto
 from . import layers as _builtin_layers  # noqa: F401  (registers every layer type; before net_spec.layers)
 from .blob import Blob
 from .classifier import Classifier

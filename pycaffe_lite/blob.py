@@ -26,6 +26,14 @@ def _readonly(view: np.ndarray) -> np.ndarray:
     return view
 
 
+_shapes_changed = [0]
+
+
+def shape_generation() -> int:
+    """Bumped whenever any blob changes shape (work recorded for the old shapes is stale)."""
+    return _shapes_changed[0]
+
+
 class Blob:
     """Data and diff of one named value in a net. ``Blob(shape, dtype=np.float32)``."""
 
@@ -51,6 +59,8 @@ class Blob:
         if any(d < 0 for d in shape):
             raise ShapeError(f"blob shape {shape} has a negative dimension")
         count = math.prod(shape)  # a 0-axis (scalar) blob holds one value, as in Caffe
+        if shape != self._shape:
+            _shapes_changed[0] += 1
         self._shape = shape
         self._count = count
         if count > self._capacity or self._data is None:

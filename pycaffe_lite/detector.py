@@ -9,7 +9,6 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from . import io as caffe_io
-from . import pycaffe  # noqa: F401  (attaches forward_all to Net)
 from .classifier import input_transformer
 from .common import TEST
 from .net import Net

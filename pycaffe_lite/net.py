@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import zip_longest
 
 import numpy as np
 
-from . import common, protoio
+from . import common, hdf5_weights, protoio
 from .blob import Blob
 from .errors import NetError, ShapeError, WeightsError
+from .executor import Executor
 from .layer import Layer, create_layer
 from .net_filter import filter_net, insert_splits
 from .proto import caffe_pb2
@@ -32,6 +34,37 @@ def load_net_param(source: str | os.PathLike | caffe_pb2.NetParameter) -> caffe_
 
     upgrade.upgrade_net(param, source=str(source) if not isinstance(source, caffe_pb2.NetParameter) else "<NetParameter>")
     return param
+
+
+
+def _num_items(arrays: dict[str, np.ndarray]) -> int:
+    sizes = {name: len(a) for name, a in arrays.items()}
+    if len(set(sizes.values())) > 1:
+        raise ShapeError(f"all input arrays must hold the same number of items, got {sizes}")
+    return next(iter(sizes.values()))
+
+
+def _join(parts: list[np.ndarray], num: int | None) -> np.ndarray:
+    """Concatenate per-batch arrays along the batch axis and drop the padding; scalar blobs
+    (losses) come back as one value per batch."""
+    if parts[0].ndim == 0:
+        return np.stack(parts)
+    return np.concatenate(parts)[:num]
+
+
+def _check_array(arr: np.ndarray, what: str, dims: tuple[int, int, int], dtype: np.dtype) -> None:
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"set_input_arrays: {what} must be a numpy array, got {type(arr).__name__}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"set_input_arrays: {what} must be C contiguous (use np.ascontiguousarray)")
+    if arr.ndim != 4:
+        raise ValueError(f"set_input_arrays: {what} must be 4-d, got shape {arr.shape}")
+    if arr.dtype != dtype:
+        raise ValueError(f"set_input_arrays: {what} must be {dtype.name}, got {arr.dtype.name}")
+    if tuple(arr.shape[1:]) != dims:
+        raise ValueError(
+            f"set_input_arrays: {what} has shape {arr.shape}; expected (N, {dims[0]}, {dims[1]}, {dims[2]})"
+        )
 
 
 class Net:
@@ -66,9 +99,6 @@ class Net:
             del param.state.stage[:]
             param.state.stage.extend(stages)
         self.dtype = np.dtype(dtype)
-        # Replay fixed-shape GPU ranges as CUDA graphs (PYCAFFE_LITE_CUDA_GRAPHS=0 turns it off).
-        self.use_cuda_graphs = os.environ.get("PYCAFFE_LITE_CUDA_GRAPHS", "1") != "0"
-        self._graph_runner = None
         self.source = str(network) if not isinstance(network, caffe_pb2.NetParameter) else None
         self._init(param)
         if weights is not None:
@@ -183,21 +213,12 @@ class Net:
                     self._blob_need_backward[tid] = True
 
         self._compute_backward_needs(param)
-        # A loss top that a later layer rewrites in place must be read right after its layer.
-        self._loss_overwritten_later = [False] * len(self.layers)
-        for i in range(len(self.layers)):
-            if not self.layers[i].has_loss:
-                continue
-            mine = set(self.top_id_vecs[i])
-            for j in range(i + 1, len(self.layers)):
-                if mine & set(self.top_id_vecs[j]):
-                    self._loss_overwritten_later[i] = True
-                    break
         self.input_blob_indices = [self._blob_name_to_idx[n] for n in input_names]
         self.output_blob_indices = [self._blob_name_to_idx[n] for n in available]
         self._inputs = list(input_names)
         self._outputs = list(available)
         self._blob_dict = OrderedDict((n, self._blobs[i]) for i, n in enumerate(self._blob_names))
+        self.executor = Executor(self)
 
     def _append_top(self, lp, ti, tname, tvec, tids, available) -> None:
         if ti < len(lp.bottom) and lp.bottom[ti] == tname:  # in place
@@ -328,95 +349,11 @@ class Net:
 
     def forward_from_to(self, start: int, end: int) -> float:
         """Run layers ``start``..``end`` (inclusive); returns the summed weighted loss."""
-        if any(self._loss_overwritten_later[start : end + 1]):
-            return self._forward_eager(start, end)
-        first = start  # leading host-side layers (data readers) run eagerly, the rest as a graph
-        while first <= end and not self._graphable(first, first):
-            first += 1
-        if first > end or not self._graphable(first, end):
-            return self._forward_eager(start, end)
-        self._forward_compute(start, first - 1)
-        self._graph_run(("fwd", first, end), first, end, lambda: self._forward_compute(first, end))
-        # Losses are read once the whole range is queued (one host sync on the GPU).
-        return self._range_loss(start, end)
-
-    def _forward_compute(self, start: int, end: int) -> None:
-        for i in range(start, end + 1):
-            self.layers[i].compute_forward(self.bottom_vecs[i], self.top_vecs[i])
-
-    def _range_loss(self, start: int, end: int) -> float:
-        return sum(
-            self.layers[i].weighted_loss(self.top_vecs[i])
-            for i in range(start, end + 1)
-            if self.layers[i].has_loss
-        )
-
-    def _forward_eager(self, start: int, end: int) -> float:
-        loss = 0.0
-        deferred = []
-        for i in range(start, end + 1):
-            layer = self.layers[i]
-            layer.compute_forward(self.bottom_vecs[i], self.top_vecs[i])
-            if layer.has_loss:
-                if self._loss_overwritten_later[i]:
-                    loss += layer.weighted_loss(self.top_vecs[i])
-                else:
-                    deferred.append(i)
-        return loss + sum(self.layers[i].weighted_loss(self.top_vecs[i]) for i in deferred)
-
-    # -- CUDA graphs ------------------------------------------------------------------------------
-    def _graphable(self, start: int, end: int) -> bool:
-        if not self.use_cuda_graphs or common.mode() is not common.Mode.GPU:
-            return False
-        return all(self._layer_graph_safe(self.layers[i]) for i in range(min(start, end), max(start, end) + 1))
-
-    @staticmethod
-    def _layer_graph_safe(layer: Layer) -> bool:
-        """Declared safe and really on the GPU (the inherited GPU path runs host code)."""
-        cls = type(layer)
-        return layer.graph_safe and (cls.forward_gpu is not Layer.forward_gpu) and (
-            cls.backward_gpu is not Layer.backward_gpu or cls.backward_cpu is Layer.backward_cpu
-        )
-
-    def _graph_memories(self):
-        for blob in self._blobs:
-            yield blob.data_memory
-            yield blob.diff_memory
-        for blob in self.params_list:
-            yield blob.data_memory
-            yield blob.diff_memory
-
-    def _graph_key(self, tag) -> tuple:
-        from .gpu import backend
-
-        return (tag, backend.state().alloc_generation, tuple(b.shape for b in self._blobs))
-
-    def _graph_run(self, tag, start: int, end: int, work) -> None:
-        if self._graph_runner is None:
-            from .graph_runner import GraphRunner
-
-            self._graph_runner = GraphRunner(self._graph_memories)
-        self._graph_runner.run(self._graph_key(tag), work)
-
-    def graph_replays(self) -> int:
-        """How many CUDA graph replays this net has made (0 when graphs are off or unused)."""
-        return self._graph_runner.replays if self._graph_runner is not None else 0
+        return self.executor.forward(start, end)
 
     def backward_from_to(self, start: int, end: int) -> None:
         """Backward through layers ``start`` down to ``end`` (inclusive, start >= end)."""
-        low = end  # the lowest layers (data readers, usually needing no backward) run eagerly last
-        while low <= start and not self._graphable(low, low):
-            low += 1
-        if low > start or not self._graphable(low, start):
-            self._backward_compute(start, end)
-            return
-        self._graph_run(("bwd", start, low), low, start, lambda: self._backward_compute(start, low))
-        self._backward_compute(low - 1, end)
-
-    def _backward_compute(self, start: int, end: int) -> None:
-        for i in range(start, end - 1, -1):
-            if self.layer_need_backward[i]:
-                self.layers[i].backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
+        self.executor.backward(start, end)
 
     def forward_prefilled(self) -> float:
         return self.forward_from_to(0, len(self.layers) - 1)
@@ -433,14 +370,7 @@ class Net:
 
     def clear_param_diffs(self) -> None:
         """Zero the gradients of every learnable param."""
-        on_gpu = common.mode() is common.Mode.GPU
-        for blob in self.learnable_params:
-            if on_gpu:
-                from .gpu import backend
-
-                backend.memset_zero(blob.mutable_gpu_diff(), blob.count * blob.dtype.itemsize)
-            else:
-                blob.mutable_cpu_diff()[...] = 0
+        self.executor.clear_param_diffs()
 
     # ------------------------------------------------------------------------------------------
     # pycaffe surface
@@ -543,6 +473,118 @@ class Net:
         return {name: self._blob_dict[name].diff for name in self._blob_names if name in outputs}
 
     # ------------------------------------------------------------------------------------------
+    # pycaffe's batch helpers (BVLC's pycaffe.py adds these to Net)
+    def _batch(self, arrays: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+        """Split ``{blob name: (N, ...) array}`` into net-sized batches; the last is zero-padded."""
+        if not arrays:
+            return
+        arrays = {name: np.asarray(a) for name, a in arrays.items()}
+        for name in arrays:
+            if name not in self.blobs:
+                raise NetError(f"net '{self.name}': no blob named '{name}' to feed")
+        num = _num_items(arrays)
+        batch_size = self.blobs[next(iter(arrays))].shape[0]
+        full, remainder = divmod(num, batch_size)
+        for b in range(full):
+            yield {name: a[b * batch_size : (b + 1) * batch_size] for name, a in arrays.items()}
+        if remainder:
+            padded = {}
+            for name, a in arrays.items():
+                pad = np.zeros((batch_size - remainder,) + a.shape[1:], dtype=a.dtype)
+                padded[name] = np.concatenate([a[num - remainder :], pad])
+            yield padded
+
+    def forward_all(self, blobs: Iterable[str] | None = None, **kwargs) -> dict[str, np.ndarray]:
+        """Run forward over inputs of any length in batches of the net's batch size.
+
+        ``kwargs``: input blob name -> (N, ...) array. Returns {blob name: (N, ...) array} for the
+        outputs and ``blobs``; the padding of the last batch is dropped. Without inputs, runs one
+        forward pass (data layers feed the net) and returns copies of the outputs.
+        """
+        blobs = list(blobs or [])
+        names = set(self.outputs) | set(blobs)
+        collected: dict[str, list[np.ndarray]] = {name: [] for name in names}
+        if not kwargs:
+            outs = self.forward(blobs=blobs)
+            return {name: np.array(value, copy=True) for name, value in outs.items()}
+        for batch in self._batch(kwargs):
+            outs = self.forward(blobs=blobs, **batch)
+            for name in names:
+                collected[name].append(np.array(outs[name], copy=True))
+        num = _num_items(kwargs)
+        return {name: _join(parts, num) for name, parts in collected.items()}
+
+    def forward_backward_all(
+        self, blobs: Iterable[str] | None = None, diffs: Iterable[str] | None = None, **kwargs
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Forward and backward in batches.
+
+        ``kwargs`` holds input arrays (for forward) and output-diff arrays (for backward), keyed by
+        blob name; a missing side uses what the net already holds. Returns (outputs + ``blobs``
+        data, inputs + ``diffs`` diffs), each {name: (N, ...) array} with the padding dropped.
+        """
+        blobs, diffs = list(blobs or []), list(diffs or [])
+        unknown = set(kwargs) - set(self.inputs) - set(self.outputs)
+        if unknown:
+            raise NetError(
+                f"net '{self.name}': {sorted(unknown)} are neither inputs {self.inputs} nor outputs {self.outputs}"
+            )
+        out_names = set(self.outputs) | set(blobs)
+        diff_names = set(self.inputs) | set(diffs)
+        all_outs: dict[str, list[np.ndarray]] = {n: [] for n in out_names}
+        all_diffs: dict[str, list[np.ndarray]] = {n: [] for n in diff_names}
+        fwd = {n: kwargs[n] for n in self.inputs if n in kwargs}
+        bwd = {n: kwargs[n] for n in self.outputs if n in kwargs}
+        fwd_batches = self._batch(fwd) if fwd else iter(())
+        bwd_batches = self._batch(bwd) if bwd else iter(())
+        for fb, bb in zip_longest(fwd_batches, bwd_batches, fillvalue={}):
+            outs = self.forward(blobs=blobs, **fb)
+            grads = self.backward(diffs=diffs, **bb)
+            for n in out_names:
+                all_outs[n].append(np.array(outs[n], copy=True))
+            for n in diff_names:
+                all_diffs[n].append(np.array(grads[n], copy=True))
+        num = _num_items(kwargs) if kwargs else None
+        outs_final = {n: _join(v, num) for n, v in all_outs.items() if v}
+        diffs_final = {n: _join(v, num) for n, v in all_diffs.items() if v}
+        return outs_final, diffs_final
+
+    def set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
+        """Feed the net's first layer, a MemoryData layer, with ``data`` (N, C, H, W) float32 C-order
+        and ``labels`` (N,) or (N, 1, 1, 1); N must be a multiple of the layer's batch size. The
+        arrays are used in place (not copied): keep them unchanged while the net reads them."""
+        if not self.layers or self.layers[0].type != "MemoryData":
+            first = f"'{self._layer_names[0]}' ({self.layers[0].type})" if self.layers else "none"
+            raise NetError(
+                f"net '{self.name}': set_input_arrays may only be called if the first layer is a "
+                f"MemoryData layer (first layer: {first})"
+            )
+        layer = self.layers[0]
+        if isinstance(labels, np.ndarray) and labels.ndim == 1:
+            labels = np.ascontiguousarray(labels[:, None, None, None])
+        _check_array(data, "data array", (layer.channels, layer.height, layer.width), self.dtype)
+        _check_array(labels, "labels array", (1, 1, 1), self.dtype)
+        if data.shape[0] != labels.shape[0]:
+            raise ValueError(
+                f"set_input_arrays: data and labels must have the same first dimension, got "
+                f"{data.shape[0]} and {labels.shape[0]}"
+            )
+        if data.shape[0] == 0 or data.shape[0] % layer.batch_size:
+            raise ValueError(
+                f"set_input_arrays: first dimensions of input arrays ({data.shape[0]}) must be a "
+                f"multiple of batch size ({layer.batch_size})"
+            )
+        layer.reset(data, labels, data.shape[0])
+
+    def save_hdf5(self, filename: str | os.PathLike, write_diff: bool = False) -> None:
+        """Write the params in Caffe's HDF5 layout (see :mod:`pycaffe_lite.hdf5_weights`)."""
+        hdf5_weights.save(self, filename, write_diff)
+
+    def load_hdf5(self, filename: str | os.PathLike) -> None:
+        """Copy params from a Caffe HDF5 weights file (see :mod:`pycaffe_lite.hdf5_weights`)."""
+        hdf5_weights.load(self, filename)
+
+    # ------------------------------------------------------------------------------------------
     # weights
     def to_proto(self, write_diff: bool = False) -> caffe_pb2.NetParameter:
         """The net definition with each layer's learned blobs, as a .caffemodel holds it."""
@@ -585,10 +627,8 @@ class Net:
     def copy_from(self, path: str | os.PathLike) -> None:
         """Load weights from a .caffemodel (binary NetParameter) or an HDF5 file (.h5)."""
         path = str(path)
-        from . import pycaffe
-
-        if pycaffe.is_hdf5_file(path):  # by signature, as Caffe does
-            pycaffe._Net_load_hdf5(self, path)
+        if hdf5_weights.is_hdf5_file(path):  # by signature, as Caffe does
+            hdf5_weights.load(self, path)
             return
         try:
             param = protoio.read_binary(path, caffe_pb2.NetParameter(), "caffemodel")

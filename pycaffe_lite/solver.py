@@ -139,8 +139,6 @@ class Solver:
         # Called as hook(iter, loss) after each iteration's update; unlike pycaffe callbacks they
         # run outside the iteration, so whole iterations can still be replayed as CUDA graphs.
         self.iteration_hooks: list[Callable[[int, float], None]] = []
-        # Replay whole GPU iterations (clear diffs, forward, backward, update) as one CUDA graph.
-        self.use_cuda_graphs = True
         self.check_param()
         if self.param.random_seed >= 0:
             common.set_random_seed(self.param.random_seed)
@@ -338,8 +336,8 @@ class Solver:
         timer = time.perf_counter()
         iterations_last = self.iter
         while self.iter < stop_iter:
-            first = self._graph_start()
-            if first is None:  # (a replayed graph clears the diffs itself)
+            whole = self._replays_whole_iteration()
+            if not whole:  # (a whole-iteration run clears the diffs itself)
                 self.net.clear_param_diffs()
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
                 self.test_all()
@@ -349,8 +347,11 @@ class Solver:
                 if on_start is not None:
                     on_start()
             display = p.display and self.iter % p.display == 0
-            if first is not None:
-                loss = self._graph_iteration(first)
+            if whole:
+                self._set_device_rate(self._next_rate())
+                for h in self.history:  # restored or user-edited history reaches the replay
+                    h.gpu_data()
+                loss = self.net.executor.train_iteration(self._queue_gpu_updates, type(self).__name__)
             else:
                 loss = 0.0
                 for _ in range(p.iter_size):
@@ -370,7 +371,7 @@ class Solver:
             for _, on_ready in self._callbacks:
                 if on_ready is not None:
                     on_ready()
-            if first is None:
+            if not whole:
                 self.apply_update()
             self.last_loss = loss
             for hook in self.iteration_hooks:
@@ -386,46 +387,13 @@ class Solver:
                 self.requested_early_exit = True
                 break
 
-    # ------------------------------------------------------------------------------------------
-    # CUDA graphs
-    def _graph_start(self) -> int | None:
-        """Index of the first layer of a capturable iteration, or None to run it eagerly.
-
-        Leading layers that are not graph-safe (data readers) run eagerly each iteration; the
-        rest, their backward and the update must be capturable: GPU mode, iter_size 1, no gradient
-        clipping (it reads a norm back to the host) and no callbacks (they run host code mid-way).
-        """
-        net = self.net
-        if not (self.use_cuda_graphs and net.use_cuda_graphs and common.mode() is common.Mode.GPU):
-            return None
+    def _replays_whole_iteration(self) -> bool:
+        """Whether the executor runs the iteration (diff clearing, passes, update) as one CUDA graph:
+        GPU mode, ``iter_size`` 1, no gradient clipping (it reads a norm back to the host), no
+        callbacks (they run host code mid-way) and a net whose backward runs on the device."""
         if self.param.iter_size != 1 or self.param.clip_gradients >= 0 or self._callbacks:
-            return None
-        first = 0
-        while first < len(net.layers) and not net._layer_graph_safe(net.layers[first]):
-            if net.layer_need_backward[first]:
-                return None
-            first += 1
-        if first == len(net.layers) or not net._graphable(first, len(net.layers) - 1):
-            return None
-        return first
-
-    def _graph_iteration(self, first: int) -> float:
-        """One training iteration with everything after the data layers replayed as a graph."""
-        net = self.net
-        last = len(net.layers) - 1
-        net._forward_compute(0, first - 1)
-        self._set_device_rate(self._next_rate())
-        for h in self.history:  # restored or user-edited history reaches the replay
-            h.gpu_data()
-
-        def work() -> None:
-            net.clear_param_diffs()
-            net._forward_compute(first, last)
-            net._backward_compute(last, first)
-            self._queue_gpu_updates()
-
-        net._graph_run(("train", first, type(self).__name__), first, last, work)
-        return net._range_loss(0, last)
+            return False
+        return self.net.executor.can_replay_iteration()
 
     def solve(self, resume_file: str | os.PathLike | None = None) -> None:
         """Train to ``max_iter`` (optionally resuming from a .solverstate), as Caffe's Solve."""

@@ -11,6 +11,8 @@ import enum
 
 import numpy as np
 
+from .gpu import backend as _backend  # importing it needs no GPU
+
 
 class Head(enum.Enum):
     UNINITIALIZED = 0
@@ -19,21 +21,8 @@ class Head(enum.Enum):
     SYNCED = 3
 
 
-_capture = {"active": False}  # set by gpu.cuda_graph while a graph is being captured
-
-
 class HostAccessDuringCapture(RuntimeError):
     """Host-side work inside a CUDA graph capture (it would not be replayed): capture is abandoned."""
-
-
-def set_capturing(flag: bool) -> None:
-    _capture["active"] = flag
-
-
-def _backend():
-    from .gpu import backend  # deferred so CPU-only use never imports PyCUDA
-
-    return backend
 
 
 class SyncedMemory:
@@ -54,7 +43,7 @@ class SyncedMemory:
 
     # -- host side --------------------------------------------------------------------------
     def _to_cpu(self) -> np.ndarray:
-        if _capture["active"]:
+        if _backend.recording() is not None:
             raise HostAccessDuringCapture("host access to a blob while a CUDA graph is being captured")
         if self.head is Head.UNINITIALIZED:
             self._cpu = np.zeros(self.count, self.dtype)
@@ -63,7 +52,7 @@ class SyncedMemory:
             if self._cpu is None:
                 self._cpu = np.empty(self.count, self.dtype)
             if self.count:
-                _backend().memcpy_dtoh(self._cpu, int(self._gpu))
+                _backend.memcpy_dtoh(self._cpu, int(self._gpu))
             self.head = Head.SYNCED
         return self._cpu
 
@@ -88,18 +77,17 @@ class SyncedMemory:
 
     # -- device side ------------------------------------------------------------------------
     def _to_gpu(self) -> int:
-        be = _backend()
         if self._gpu is None:
-            self._gpu = be.alloc(max(self.nbytes, self.dtype.itemsize))
+            self._gpu = _backend.alloc(max(self.nbytes, self.dtype.itemsize))
             if self.head is Head.UNINITIALIZED:
-                be.memset_zero(int(self._gpu), self.nbytes)
+                _backend.memset_zero(int(self._gpu), self.nbytes)
                 self.head = Head.HEAD_AT_GPU
         if self.head is Head.UNINITIALIZED:
-            be.memset_zero(int(self._gpu), self.nbytes)
+            _backend.memset_zero(int(self._gpu), self.nbytes)
             self.head = Head.HEAD_AT_GPU
         elif self.head is Head.HEAD_AT_CPU:
             if self.count:
-                be.memcpy_htod(int(self._gpu), self._cpu)
+                _backend.memcpy_htod(int(self._gpu), self._cpu)
             self.head = Head.SYNCED
         return int(self._gpu)
 
@@ -111,10 +99,21 @@ class SyncedMemory:
         """Device pointer the caller will write: the device becomes the head."""
         ptr = self._to_gpu()
         self.head = Head.HEAD_AT_GPU
-        st = _backend().state()
-        if st.capturing:  # a replayed graph writes here again: graph_runner marks it after each replay
-            st.capture_written.add(self)
+        recording = _backend.recording()
+        if recording is not None:  # each replay writes here again: the executor marks it afterwards
+            recording.written.add(self)
         return ptr
+
+    def host_is_newer(self) -> bool:
+        """The host copy holds values the device has not seen (uninitialized memory holds none)."""
+        return self.head is Head.HEAD_AT_CPU
+
+    def device_is_newer(self) -> bool:
+        return self.head is Head.HEAD_AT_GPU
+
+    def mark_device_newest(self) -> None:
+        """Device work queued outside this object (a graph replay) wrote the device copy."""
+        self.head = Head.HEAD_AT_GPU
 
     def has_gpu(self) -> bool:
         return self._gpu is not None

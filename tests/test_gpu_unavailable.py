@@ -16,6 +16,7 @@ import pycaffe_lite as caffe
 from pycaffe_lite import common
 from pycaffe_lite.errors import CudaError, GPUUnavailableError
 from pycaffe_lite.gpu import backend, blas
+from pycaffe_lite.gpu.signatures import parse_signatures
 
 
 @pytest.fixture
@@ -92,39 +93,39 @@ class _FakeFunction:
         self.launches.append((grid, block, args, shared_size))
 
 
+def _kernel(source: str, name: str = "k", dtype=np.float32, fn=None):
+    sig = parse_signatures(source)[name]
+    return backend.Kernel(fn or _FakeFunction(), sig, np.dtype(dtype), "demo.cu")
+
+
 @pytest.mark.parametrize(("dtype", "expected"), [(np.float32, "iPfqI"), (np.float64, "iPdqI")])
-def test_kernel_argtypes_map_to_struct_codes(dtype, expected):
+def test_kernel_signature_maps_to_struct_codes(dtype, expected):
     fn = _FakeFunction()
-    backend.Kernel(fn, "k", "iPfqu", np.dtype(dtype))
+    _kernel("__global__ void k(int n, float* p, Dtype a, long long q, unsigned int u) {}", dtype=dtype, fn=fn)
     assert fn.format == expected
-
-
-def test_kernel_unknown_argtype_rejected():
-    with pytest.raises(ValueError, match="'x'"):
-        backend.Kernel(_FakeFunction(), "k", "iPx", np.dtype(np.float32))
 
 
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        ((4, 0, 1.0), "argument 1 is a null device pointer"),
-        ((2**31, 1234, 1.0), "does not fit in int32"),
-        ((-(2**31) - 1, 1234, 1.0), "does not fit in int32"),
-        ((4, 1234), "expected 3 arguments, got 2"),
-        ((4, 1234, 1.0, 5), "expected 3 arguments, got 4"),
+        ((4, 0, 1.0), "argument 1 'x' .* null device pointer"),
+        ((2**31, 1234, 1.0), "argument 0 'n' .* does not fit"),
+        ((-(2**31) - 1, 1234, 1.0), "argument 0 'n' .* does not fit"),
+        ((4, 1234), r"takes 3 arguments \(n, x, a\), got 2"),
+        ((4, 1234, 1.0, 5), "takes 3 arguments .*got 4"),
     ],
 )
 def test_kernel_argument_checks_raise_before_launch(args, match):
     fn = _FakeFunction()
-    k = backend.Kernel(fn, "demo_kernel", "iPf", np.dtype(np.float32))
+    k = _kernel("__global__ void demo_kernel(const int n, const Dtype* x, Dtype a) {}", "demo_kernel", fn=fn)
     with pytest.raises(CudaError, match=match) as info:
-        k(4, *args)
-    assert "demo_kernel" in str(info.value)
+        k(*args)
+    assert "demo_kernel (demo.cu)" in str(info.value)
     assert fn.launches == []
 
 
 def test_kernel_uint32_range_checked():
-    k = backend.Kernel(_FakeFunction(), "k", "u", np.dtype(np.float32))
+    k = _kernel("__global__ void k(const int n, unsigned int u) {}")
     with pytest.raises(CudaError, match="uint32"):
         k(1, -1)
     with pytest.raises(CudaError, match="uint32"):
@@ -133,16 +134,22 @@ def test_kernel_uint32_range_checked():
 
 def test_kernel_rejects_more_work_items_than_int32():
     fn = _FakeFunction()
-    k = backend.Kernel(fn, "k", "i", np.dtype(np.float32))
+    k = _kernel("__global__ void k(const int n) {}", fn=fn)
     with pytest.raises(CudaError, match="int32"):
-        k(2**31, 1)
+        k(2**31 - 1)
     assert fn.launches == []
 
 
 def test_kernel_zero_items_launch_nothing():
     fn = _FakeFunction()
-    backend.Kernel(fn, "k", "i", np.dtype(np.float32))(0, 0)
+    _kernel("__global__ void k(const int n, const float* x) {}", fn=fn)(0, 1234)
     assert fn.launches == []
+
+
+def test_kernel_without_count_needs_grid():
+    k = _kernel("__global__ void k(const float* x) {}")
+    with pytest.raises(CudaError, match="needs grid= and block="):
+        k(1234)
 
 
 def test_module_rejects_non_float_dtypes():

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-import pycaffe_lite.pycaffe  # noqa: F401
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.net import Net
 from pycaffe_lite.python_layer import BlobVec

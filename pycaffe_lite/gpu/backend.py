@@ -44,9 +44,8 @@ class _State:
         self.pool = pycuda.tools.DeviceMemoryPool()
         self.modules: dict[tuple[str, str], KernelModule] = {}
         self.lock = threading.Lock()
-        self.capturing = False  # a CUDA graph capture is recording the stream
-        self.capture_written: set = set()
-        self.alloc_generation = 0  # SyncedMemory objects made device-newest during capture
+        self.recording = None  # the cuda_graph.Recording while a graph capture records the stream
+        self.alloc_generation = 0  # bumped by every allocation: graphs keyed on old pointers retire
         self.workspace: tuple[int, object] | None = None  # (bytes, allocation) shared by all layers
 
     def close(self) -> None:
@@ -124,6 +123,11 @@ def state() -> _State:
     return _state
 
 
+def recording():
+    """The CUDA-graph recording in progress (a ``cuda_graph.Recording``), or None."""
+    return _state.recording if _state is not None else None
+
+
 def is_initialized() -> bool:
     return _state is not None
 
@@ -154,12 +158,12 @@ def multiprocessor_count() -> int:
 def alloc(nbytes: int):
     """A pooled device allocation of ``nbytes`` (``int(a)`` is its pointer); freed to the pool on GC."""
     st = state()
-    if st.capturing:
+    if st.recording is not None:
         raise CudaError(
             f"device allocation of {nbytes} bytes while a CUDA graph is being captured: "
             "allocate buffers before capture (run one iteration first)"
         )
-    st.alloc_generation += 1  # pointers may change: captured CUDA graphs keyed on the old value retire
+    st.alloc_generation += 1
     try:
         return st.pool.allocate(int(nbytes))
     except st.cuda.MemoryError as exc:
@@ -198,7 +202,7 @@ def workspace_bytes() -> int:
 def memcpy_htod(dst: int, src: np.ndarray) -> None:
     """Queue a host-to-device copy of the contiguous array ``src``."""
     st = state()
-    if st.capturing:
+    if st.recording is not None:
         raise CudaError("host-to-device copy from pageable memory while a CUDA graph is being captured")
     st.cuda.memcpy_htod_async(dst, np.ascontiguousarray(src), st.stream)
 
@@ -206,7 +210,7 @@ def memcpy_htod(dst: int, src: np.ndarray) -> None:
 def memcpy_dtoh(dst: np.ndarray, src: int) -> None:
     """Copy device memory into the contiguous array ``dst`` and wait for it."""
     st = state()
-    if st.capturing:
+    if st.recording is not None:
         raise CudaError("device-to-host copy while a CUDA graph is being captured (it would need a sync)")
     if not dst.flags.c_contiguous:
         raise CudaError("memcpy_dtoh: destination array must be C-contiguous")

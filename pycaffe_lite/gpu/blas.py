@@ -220,7 +220,7 @@ def scal(n: int, alpha: float, x: int, dtype) -> None:
 
 
 def _no_capture(what: str) -> None:
-    if backend.state().capturing:
+    if backend.recording() is not None:
         raise CudaError(f"{what} returns a host value and cannot run inside a CUDA graph capture")
 
 

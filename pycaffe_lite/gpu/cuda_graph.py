@@ -1,6 +1,6 @@
 """CUDA graph capture and replay of work queued on the backend stream (driver API via ctypes).
 
-``with capture() as graph: ...`` records every kernel, copy and cuBLAS call queued on the backend
+``with capture(recording): ...`` records every kernel, copy and cuBLAS call queued on the backend
 stream inside the block into a graph instead of running it; ``graph.launch()`` replays it with one
 launch. Rules while capturing: no host synchronization (no ``memcpy_dtoh``, no ``blas.dot``), no
 device allocation (``backend.alloc`` raises), and every pointer used must stay valid while the graph
@@ -73,32 +73,33 @@ class CudaGraph:
             pass
 
 
-class _Capture:
-    graph: CudaGraph | None = None
+class Recording:
+    """What one capture produced: the graph (set on a clean exit) and the memories written."""
+
+    def __init__(self) -> None:
+        self.graph: CudaGraph | None = None
+        self.written: set = set()  # SyncedMemory objects made device-newest by the captured work
 
 
 @contextlib.contextmanager
-def capture():
-    """Record the work queued on the backend stream inside the block; yields a holder whose
-    ``graph`` is set on a clean exit. An exception inside ends the capture and propagates."""
+def capture(recording: Recording):
+    """Record the work queued on the backend stream inside the block into ``recording``. While it
+    records, :func:`backend.recording` returns it (the one "capturing" fact every module checks).
+    An exception inside ends the capture, discards the graph and propagates."""
     lib = _driver()
-    stream = ctypes.c_void_p(backend.stream().handle)
-    from ..synced_memory import set_capturing
-
-    holder = _Capture()
-    backend.state().capturing = True
-    set_capturing(True)
+    st = backend.state()
+    stream = ctypes.c_void_p(st.stream.handle)
     _check(lib.cuStreamBeginCapture_v2(stream, _CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture")
+    st.recording = recording
     graph = ctypes.c_void_p()
     try:
-        yield holder
+        yield recording
     except BaseException:
         lib.cuStreamEndCapture(stream, ctypes.byref(graph))
         if graph:
             lib.cuGraphDestroy(graph)
         raise
     finally:
-        backend.state().capturing = False
-        set_capturing(False)
+        st.recording = None
     _check(lib.cuStreamEndCapture(stream, ctypes.byref(graph)), "cuStreamEndCapture")
-    holder.graph = CudaGraph(graph)
+    recording.graph = CudaGraph(graph)

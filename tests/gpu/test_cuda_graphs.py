@@ -29,7 +29,7 @@ def nets(tmp_path, gpu_mode):
     caffe.set_random_seed(3)
     graphed = caffe.Net(str(path), caffe.TRAIN)
     eager = caffe.Net(str(path), caffe.TRAIN)
-    eager.use_cuda_graphs = False
+    eager.executor.use_graphs = False
     for name, blobs in graphed.params.items():
         for a, b in zip(blobs, eager.params[name]):
             b.data[...] = a.data
@@ -53,17 +53,16 @@ def test_replay_matches_eager_and_follows_new_inputs(nets):
         assert got[0] == pytest.approx(want[0], rel=1e-5)
         for g, w in zip(got[1:], want[1:]):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
-    assert eager.graph_replays() == 0
+    assert eager.executor.replays == 0
     # Once warm (first calls allocate, which retires earlier keys), every call is two replays.
-    before = graphed.graph_replays()
+    before = graphed.executor.replays
     assert before > 0
     for _ in range(3):
         x = rng.standard_normal((4, 6)).astype(np.float32)
         got, want = run(graphed, x), run(eager, x)
         np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
-    runner = graphed._graph_runner
-    assert runner.fallbacks == []
-    assert graphed.graph_replays() == before + 6, (runner.captures, len(runner._warm), runner._warm)
+    assert graphed.executor.fallbacks == []
+    assert graphed.executor.replays == before + 6, graphed.executor.captures
 
 
 def test_reshape_and_weight_change_are_seen(nets):

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-import pycaffe_lite.pycaffe  # noqa: F401  (set_input_arrays)
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.net import Net
 from pycaffe_lite.testing import empty_blobs, make_layer

@@ -1,0 +1,295 @@
+"""The executor: the one object that runs a net's layers.
+
+It owns forward and backward over layer ranges, reading the losses back once per pass, CUDA-graph
+capture and replay of fixed-shape GPU work, and the training iteration a solver replays (clear
+diffs, forward, backward, update) as one graph. :class:`~pycaffe_lite.net.Net` builds the graph of
+layers and blobs; :class:`~pycaffe_lite.solver.Solver` asks this object to run an iteration.
+
+Graphs. On the GPU, a range whose layers all run device code is run plainly the first time
+(allocations, compilation and cuBLAS set-up happen then), captured the second time and replayed
+afterwards while its key is unchanged: the range, the pointers (the pool's allocation generation)
+and the blob shapes. Leading host-side layers (data readers) run eagerly before the replay. Work
+that cannot be captured (a host read, an allocation) falls back to plain execution for that key,
+once, with a log line and an entry in :attr:`Executor.fallbacks`. Before a replay every host-newer
+memory the net can reach is copied to the device (values a user wrote through ``blob.data`` are
+used); after it, the memories the work writes are marked device-newest. Setting the environment
+variable ``PYCAFFE_LITE_CUDA_GRAPHS=0`` (or ``executor.use_graphs = False``) runs everything plainly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Hashable, Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import common
+from .blob import shape_generation
+from .gpu import backend, cuda_graph
+from .layer import Layer
+from .synced_memory import SyncedMemory
+
+if TYPE_CHECKING:
+    from .net import Net
+
+log = logging.getLogger("pycaffe_lite")
+
+
+def graphs_enabled() -> bool:
+    """False when ``PYCAFFE_LITE_CUDA_GRAPHS=0`` asks for plain execution everywhere."""
+    return os.environ.get("PYCAFFE_LITE_CUDA_GRAPHS", "1") != "0"
+
+
+def runs_on_device(layer: Layer) -> bool:
+    """Declared capturable and really on the GPU (the inherited GPU path runs host code)."""
+    cls = type(layer)
+    return layer.graph_safe and cls.forward_gpu is not Layer.forward_gpu and (
+        cls.backward_gpu is not Layer.backward_gpu or cls.backward_cpu is Layer.backward_cpu)
+
+
+class _Graphs:
+    """Captured graphs by key, with the warm-up and fallback bookkeeping."""
+
+    def __init__(self, memories: Callable[[], Iterator[SyncedMemory]]) -> None:
+        self._memories = memories
+        self._graphs: dict[Hashable, tuple[cuda_graph.CudaGraph, list[SyncedMemory]]] = {}
+        self._warm: set[Hashable] = set()
+        self._failed: set[Hashable] = set()
+        self.replays = 0
+        self.captures = 0
+        self.fallbacks: list[str] = []
+
+    def _upload_host_writes(self) -> None:
+        for mem in self._memories():
+            if mem.host_is_newer():
+                mem.gpu()
+
+    def run(self, key: Hashable, work: Callable[[], None]) -> None:
+        if key in self._failed:
+            work()
+            return
+        entry = self._graphs.get(key)
+        if entry is None:
+            if key not in self._warm:
+                self._warm.add(key)
+                work()
+                return
+            entry = self._capture(key, work)
+            if entry is None:
+                work()
+                return
+        else:
+            self._upload_host_writes()
+        graph, written = entry
+        graph.launch()
+        for mem in written:
+            mem.mark_device_newest()
+        self.replays += 1
+
+    def _capture(self, key: Hashable, work: Callable[[], None]):
+        self._upload_host_writes()
+        heads = [(m, m.head) for m in self._memories()]
+        recording = cuda_graph.Recording()
+        try:
+            with cuda_graph.capture(recording):
+                work()
+        except Exception as exc:
+            # Nothing ran: put back the head states the aborted capture changed, then run plainly.
+            for mem, head in heads:
+                mem.head = head
+            self._failed.add(key)
+            self.fallbacks.append(f"{key[0]}: {type(exc).__name__}: {exc}")
+            log.info("CUDA graph capture not possible here (%s); running without graphs", exc)
+            return None
+        assert recording.graph is not None
+        entry = (recording.graph, list(recording.written))
+        self._graphs[key] = entry
+        self.captures += 1
+        return entry
+
+
+class Executor:
+    """Runs ``net``'s layers on the current device; see the module docstring."""
+
+    def __init__(self, net: Net) -> None:
+        self.net = net
+        self.use_graphs = graphs_enabled()
+        self._graphs = _Graphs(self._memories)
+        self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
+        # A loss top that a later layer rewrites in place must be read right after its layer.
+        self._read_loss_early = {
+            i for i in self._loss_layers
+            if any(set(net.top_id_vecs[i]) & set(net.top_id_vecs[j]) for j in range(i + 1, len(net.layers)))
+        }
+
+    # -- what graphs may capture ----------------------------------------------------------------
+    @property
+    def replays(self) -> int:
+        """CUDA graph replays so far (0 when graphs are off or unused)."""
+        return self._graphs.replays
+
+    @property
+    def captures(self) -> int:
+        return self._graphs.captures
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Why a capture was abandoned, one line per key."""
+        return self._graphs.fallbacks
+
+    def _on_gpu(self) -> bool:
+        return self.use_graphs and common.mode() is common.Mode.GPU
+
+    def _capturable(self, start: int, end: int) -> bool:
+        layers = self.net.layers
+        return self._on_gpu() and all(runs_on_device(layers[i]) for i in range(start, end + 1))
+
+    def _first_device_layer(self, start: int, end: int) -> int:
+        """The first layer of ``start..end`` after the leading host-side ones (end + 1 if none)."""
+        i = start
+        while i <= end and not runs_on_device(self.net.layers[i]):
+            i += 1
+        return i
+
+    def _memories(self) -> Iterator[SyncedMemory]:
+        net = self.net
+        for blob in (*net._blobs, *net.params_list):
+            yield blob.data_memory
+            yield blob.diff_memory
+
+    def _key(self, tag: tuple) -> tuple:
+        return (tag, backend.state().alloc_generation, shape_generation())
+
+    # -- plain execution ------------------------------------------------------------------------
+    def _run_forward(self, start: int, end: int) -> None:
+        net = self.net
+        for i in range(start, end + 1):
+            net.layers[i].compute_forward(net.bottom_vecs[i], net.top_vecs[i])
+
+    def _run_backward(self, start: int, end: int) -> None:
+        net = self.net
+        for i in range(start, end - 1, -1):
+            if net.layer_need_backward[i]:
+                net.layers[i].backward(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+
+    def losses(self, start: int, end: int) -> float:
+        """Σ loss_weight·top over the loss layers of ``start..end``, read from the device once."""
+        net = self.net
+        tops = [blob for i in self._loss_layers if start <= i <= end
+                for t, blob in enumerate(net.top_vecs[i]) if net.layers[i].loss(t)]
+        return read_weighted_sum(tops)
+
+    # -- ranges ---------------------------------------------------------------------------------
+    def forward(self, start: int, end: int) -> float:
+        """Run layers ``start..end`` (inclusive); the summed weighted loss of their loss tops."""
+        if any(start <= i <= end for i in self._read_loss_early):
+            return self._forward_reading_early(start, end)
+        first = self._first_device_layer(start, end)
+        self._run_forward(start, first - 1)
+        if first <= end:
+            if self._capturable(first, end):
+                self._graphs.run(self._key(("forward", first, end)), lambda: self._run_forward(first, end))
+            else:
+                self._run_forward(first, end)
+        return self.losses(start, end)
+
+    def _forward_reading_early(self, start: int, end: int) -> float:
+        net = self.net
+        loss = 0.0
+        for i in range(start, end + 1):
+            net.layers[i].compute_forward(net.bottom_vecs[i], net.top_vecs[i])
+            if i in self._read_loss_early:
+                loss += self.losses(i, i)
+        later = [i for i in self._loss_layers if start <= i <= end and i not in self._read_loss_early]
+        return loss + sum(self.losses(i, i) for i in later)
+
+    def backward(self, start: int, end: int) -> None:
+        """Backward through layers ``start`` down to ``end`` (inclusive, ``start >= end``)."""
+        low = self._first_device_layer(end, start)  # data readers at the bottom run plainly, last
+        if low <= start and self._capturable(low, start):
+            self._graphs.run(self._key(("backward", start, low)), lambda: self._run_backward(start, low))
+        else:
+            self._run_backward(start, low)
+        self._run_backward(low - 1, end)
+
+    def clear_param_diffs(self) -> None:
+        """Zero the gradients of every learnable param."""
+        on_gpu = common.mode() is common.Mode.GPU
+        for blob in self.net.learnable_params:
+            if on_gpu:
+                backend.memset_zero(blob.mutable_gpu_diff(), blob.count * blob.dtype.itemsize)
+            else:
+                blob.mutable_cpu_diff()[...] = 0
+
+    # -- the training iteration -----------------------------------------------------------------
+    def can_replay_iteration(self) -> bool:
+        """True when a whole training iteration (past the data readers) can be one graph: GPU mode,
+        graphs on, and the layers that need backward all run device code."""
+        net = self.net
+        last = len(net.layers) - 1
+        first = self._first_device_layer(0, last)
+        if first > last or any(net.layer_need_backward[i] for i in range(first)):
+            return False
+        return self._capturable(first, last)
+
+    def train_iteration(self, update: Callable[[], None], tag: Hashable = "") -> float:
+        """One iteration: clear param diffs, forward, backward, ``update()`` (which queues the
+        solver's device update); replayed as one CUDA graph after the data layers when
+        :meth:`can_replay_iteration`, else run plainly. Returns the loss (read once)."""
+        net = self.net
+        last = len(net.layers) - 1
+        if not self.can_replay_iteration():
+            self.clear_param_diffs()
+            loss = self.forward(0, last)
+            self.backward(last, 0)
+            update()
+            return loss
+        first = self._first_device_layer(0, last)
+        self._run_forward(0, first - 1)
+
+        def work() -> None:
+            self.clear_param_diffs()
+            self._run_forward(first, last)
+            self._run_backward(last, first)
+            update()
+
+        self._graphs.run(self._key(("train", first, tag)), work)
+        return self.losses(0, last)
+
+
+_staging: dict[tuple, tuple[object, np.ndarray]] = {}
+
+
+def read_weighted_sum(tops: list) -> float:
+    """Σ over ``tops`` of vdot(data, diff) (loss tops hold their loss weight in the diff).
+
+    On the GPU, device-newest data is gathered into one staging buffer and read with one sync."""
+    if not tops:
+        return 0.0
+    on_device = [b for b in tops if b.data_memory.device_is_newer()]
+    values: dict[int, np.ndarray] = {}
+    if on_device:
+        dtype = on_device[0].dtype
+        total = sum(b.count for b in on_device)
+        key = (backend.state().device_id, dtype.str)
+        have = _staging.get(key)
+        if have is None or have[1].size < total:
+            have = _staging[key] = (backend.alloc(total * dtype.itemsize), np.empty(total, dtype))
+        dev, host = have
+        offset = 0
+        for b in on_device:
+            backend.memcpy_dtod(int(dev) + offset * dtype.itemsize, b.gpu_data(), b.count * dtype.itemsize)
+            offset += b.count
+        backend.memcpy_dtoh(host[:total], int(dev))
+        offset = 0
+        for b in on_device:
+            values[id(b)] = host[offset:offset + b.count]
+            offset += b.count
+    total_loss = 0.0
+    for b in tops:
+        data = values.get(id(b))
+        data = b.cpu_data().ravel() if data is None else data
+        total_loss += float(np.vdot(data, b.cpu_diff().ravel()))
+    return total_loss
