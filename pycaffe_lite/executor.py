@@ -27,6 +27,7 @@ import numpy as np
 
 from . import common
 from .blob import shape_generation
+from .fusion import find_conv_bn_scale
 from .gpu import backend, cuda_graph
 from .layer import Layer
 from .synced_memory import SyncedMemory
@@ -117,6 +118,7 @@ class Executor:
         self.net = net
         self.use_graphs = graphs_enabled()
         self._graphs = _Graphs(self._memories)
+        self.fusions = {chain.first: chain for chain in find_conv_bn_scale(net)}
         self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._read_loss_early = {
@@ -158,6 +160,9 @@ class Executor:
         for blob in (*net._blobs, *net.params_list):
             yield blob.data_memory
             yield blob.diff_memory
+        for chain in self.fusions.values():
+            for blob in chain.fused.blobs:
+                yield blob.data_memory
 
     def _key(self, tag: tuple) -> tuple:
         return (tag, backend.state().alloc_generation, shape_generation())
@@ -165,8 +170,15 @@ class Executor:
     # -- plain execution ------------------------------------------------------------------------
     def _run_forward(self, start: int, end: int) -> None:
         net = self.net
-        for i in range(start, end + 1):
+        i = start
+        while i <= end:
+            chain = self.fusions.get(i)
+            if chain is not None and chain.last <= end:
+                chain.forward(net.bottom_vecs[i], net.top_vecs[i])
+                i = chain.last + 1
+                continue
             net.layers[i].compute_forward(net.bottom_vecs[i], net.top_vecs[i])
+            i += 1
 
     def _run_backward(self, start: int, end: int) -> None:
         net = self.net

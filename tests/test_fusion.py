@@ -1,0 +1,70 @@
+"""Convolution -> BatchNorm -> Scale fusion in TEST phase gives what the unfused layers give."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pycaffe_lite as caffe
+
+NET = """
+name: "f"
+input: "data"
+input_shape {{ dim: 2 dim: 3 dim: 9 dim: 9 }}
+{force}
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 bias_term: {bias}
+                            weight_filler {{ type: "gaussian" std: 0.5 }} bias_filler {{ type: "gaussian" }} }} }}
+layer {{ name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" batch_norm_param {{ eps: 0.001 }} }}
+{scale}
+layer {{ name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }}
+layer {{ name: "conv2" type: "Convolution" bottom: "conv1" top: "conv2"
+        convolution_param {{ num_output: 2 kernel_size: 1 weight_filler {{ type: "gaussian" std: 0.5 }} }} }}
+"""
+SCALE = """layer { name: "sc1" type: "Scale" bottom: "conv1" top: "conv1"
+        scale_param { bias_term: true filler { type: "gaussian" } bias_filler { type: "gaussian" } } }"""
+
+
+def _net(tmp_path, monkeypatch, fuse: bool, phase=caffe.TEST, scale=True, bias="false", force=""):
+    monkeypatch.setenv("PYCAFFE_LITE_FUSION", "1" if fuse else "0")
+    path = tmp_path / f"f{int(fuse)}.prototxt"
+    path.write_text(NET.format(force=force, bias=bias, scale=SCALE if scale else ""))
+    caffe.set_random_seed(11)
+    net = caffe.Net(str(path), phase, dtype=np.float64)
+    rng = np.random.default_rng(4)
+    bn = net.params["bn1"]
+    bn[0].data[...] = rng.standard_normal(4) * 3
+    bn[1].data[...] = rng.random(4) * 4 + 0.1
+    bn[2].data[...] = 2.5
+    return net
+
+
+@pytest.mark.parametrize(("scale", "bias"), [(True, "false"), (True, "true"), (False, "true")])
+def test_fused_equals_unfused(tmp_path, monkeypatch, mode, scale, bias):
+    fused = _net(tmp_path, monkeypatch, True, scale=scale, bias=bias)
+    plain = _net(tmp_path, monkeypatch, False, scale=scale, bias=bias)
+    assert len(fused.executor.fusions) == 1 and not plain.executor.fusions
+    x = np.random.default_rng(0).standard_normal((2, 3, 9, 9))
+    for _ in range(2):  # second pass: CUDA-graph replay on the GPU
+        a, b = fused.forward(data=x), plain.forward(data=x)
+        np.testing.assert_allclose(a["conv2"], b["conv2"], rtol=1e-10, atol=1e-12)
+        for name in fused.blobs:
+            np.testing.assert_allclose(fused.blobs[name].data, plain.blobs[name].data, rtol=1e-10, atol=1e-12)
+
+
+def test_weights_changed_after_building_are_used(tmp_path, monkeypatch, mode):
+    fused = _net(tmp_path, monkeypatch, True)
+    plain = _net(tmp_path, monkeypatch, False)
+    x = np.random.default_rng(1).standard_normal((2, 3, 9, 9))
+    fused.forward(data=x)
+    fused.forward(data=x)
+    for net in (fused, plain):
+        net.params["conv1"][0].data[...] *= -0.5
+        net.params["bn1"][2].data[...] = 0.0  # Caffe: factor 0 -> mean 0, var 0
+        net.params["sc1"][1].data[...] += 1.0
+    np.testing.assert_allclose(fused.forward(data=x)["conv2"], plain.forward(data=x)["conv2"], rtol=1e-10)
+
+
+def test_no_fusion_when_training_or_backward_is_needed(tmp_path, monkeypatch):
+    assert not _net(tmp_path, monkeypatch, True, phase=caffe.TRAIN).executor.fusions
+    assert not _net(tmp_path, monkeypatch, True, force="force_backward: true").executor.fusions
