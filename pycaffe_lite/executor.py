@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -119,6 +120,7 @@ class Executor:
         self.use_graphs = graphs_enabled()
         self._graphs = _Graphs(self._memories)
         self.fusions = {chain.first: chain for chain in find_conv_bn_scale(net)}
+        self.loss_log: LossLog | None = None
         self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._read_loss_early = {
@@ -246,29 +248,71 @@ class Executor:
             return False
         return self._capturable(first, last)
 
-    def train_iteration(self, update: Callable[[], None], tag: Hashable = "") -> float:
-        """One iteration: clear param diffs, forward, backward, ``update()`` (which queues the
-        solver's device update); replayed as one CUDA graph after the data layers when
-        :meth:`can_replay_iteration`, else run plainly. Returns the loss (read once)."""
+    def train_iteration(self, update: Callable[[], None], tag: Hashable = "") -> None:
+        """Queue one iteration on the GPU: clear param diffs, forward, backward, ``update()`` (the
+        solver's device update), and record the weighted loss in :attr:`loss_log`; everything after
+        the data layers is replayed as one CUDA graph. Needs :meth:`can_replay_iteration`. The
+        host does not wait: read the losses with ``loss_log.read()``."""
         net = self.net
         last = len(net.layers) - 1
-        if not self.can_replay_iteration():
-            self.clear_param_diffs()
-            loss = self.forward(0, last)
-            self.backward(last, 0)
-            update()
-            return loss
         first = self._first_device_layer(0, last)
         self._run_forward(0, first - 1)
+        tops = [blob for i in self._loss_layers for t, blob in enumerate(net.top_vecs[i]) if net.layers[i].loss(t)]
+        if self.loss_log is None or self.loss_log.dtype != net.dtype:
+            self.loss_log = LossLog(net.dtype)
+        log_ = self.loss_log
 
         def work() -> None:
             self.clear_param_diffs()
             self._run_forward(first, last)
+            log_.record(tops)
             self._run_backward(last, first)
             update()
 
         self._graphs.run(self._key(("train", first, tag)), work)
-        return self.losses(0, last)
+        log_.pending += 1
+
+
+class LossLog:
+    """Weighted losses of queued training iterations, kept on the device until :meth:`read`."""
+
+    CAPACITY = 512
+    KERNELS = Path(__file__).with_name("loss_log.cu")
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        self._log = backend.alloc(self.CAPACITY * self.dtype.itemsize)
+        self._counter = backend.alloc(4)
+        backend.memset_zero(int(self._counter), 4)
+        self.pending = 0  # iterations recorded and not read yet
+        self._no_tops = False
+
+    @property
+    def full(self) -> bool:
+        return self.pending >= self.CAPACITY
+
+    def record(self, tops: list) -> None:
+        """Queue: log[counter] = Σ vdot(top.data, top.diff); counter += 1 (capturable)."""
+        add = backend.kernel(self.KERNELS, "loss_log_add", self.dtype)
+        for k, top in enumerate(tops):
+            add(top.count, top.gpu_data(), top.gpu_diff(), int(self._log), int(self._counter), self.CAPACITY,
+                int(k == 0), grid=1, block=256)
+        self._no_tops = not tops
+        backend.kernel(self.KERNELS, "loss_log_advance", self.dtype)(int(self._counter), grid=1, block=1)
+
+    def read(self) -> list[float]:
+        """The pending losses, oldest first (one host sync)."""
+        if not self.pending or self._no_tops:
+            out, self.pending = [0.0] * self.pending, 0
+            return out
+        values = np.empty(self.CAPACITY, self.dtype)
+        counter = np.empty(1, np.int32)
+        backend.memcpy_dtoh(counter, int(self._counter))
+        backend.memcpy_dtoh(values, int(self._log))
+        end = int(counter[0])
+        out = [float(values[i % self.CAPACITY]) for i in range(end - self.pending, end)]
+        self.pending = 0
+        return out
 
 
 _staging: dict[tuple, tuple[object, np.ndarray]] = {}

@@ -160,11 +160,11 @@ class AdamSolver(Solver):
     type_name = "Adam"
     history_factor = 2
 
-    def device_rate(self, rate: float) -> float:
-        return self._corrected_rate(rate)
+    def device_rate(self, rate: float, it: int | None = None) -> float:
+        return self._corrected_rate(rate, it)
 
-    def _corrected_rate(self, local_rate: float) -> float:
-        t = self.iter + 1
+    def _corrected_rate(self, local_rate: float, it: int | None = None) -> float:
+        t = (self.iter if it is None else it) + 1
         p = self.param
         return local_rate * math.sqrt(1.0 - p.momentum2**t) / (1.0 - p.momentum**t)
 

@@ -30,6 +30,7 @@ import numpy as np
 from . import common, lr_policy, protoio
 from .blob import Blob
 from .errors import PrototxtError, ShapeError, WeightsError
+from .gpu import backend
 from .lr_policy import SolverConfigError
 from .net import Net
 from .proto import caffe_pb2
@@ -136,8 +137,12 @@ class Solver:
         self.requested_early_exit = False
         self._last_snapshot_iter: int | None = None
         self._rate_device = None  # device scalar the GPU update kernels read the rate from
-        # Called as hook(iter, loss) after each iteration's update; unlike pycaffe callbacks they
-        # run outside the iteration, so whole iterations can still be replayed as CUDA graphs.
+        self._rate_table: tuple[int, list[tuple[float, int]]] | None = None  # (first iter, (rate, step)s)
+        self._rate_table_device: tuple[object, object] | None = None  # (rates, cursor) on the device
+        # Called as hook(iter, loss) for each iteration, in order, once its loss is read back: right
+        # after the iteration, or (whole-iteration GPU replays, whose losses stay on the device) at
+        # the next display, test, or end of step(). Unlike pycaffe callbacks they run outside the
+        # iteration, so whole iterations can still be replayed as CUDA graphs.
         self.iteration_hooks: list[Callable[[int, float], None]] = []
         self.check_param()
         if self.param.random_seed >= 0:
@@ -301,14 +306,14 @@ class Solver:
             return bool(self.progress)
         return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
-    def _update_smoothed_loss(self, loss: float, start_iter: int) -> None:
+    def _update_smoothed_loss(self, loss: float, start_iter: int, it: int | None = None) -> None:
         average = self.param.average_loss
         if len(self._losses) < average:
             self._losses.append(loss)
             n = len(self._losses)
             self.smoothed_loss = (self.smoothed_loss * (n - 1) + loss) / n
         else:
-            idx = (self.iter - start_iter) % average
+            idx = ((self.iter if it is None else it) - start_iter) % average
             self.smoothed_loss += (loss - self._losses[idx]) / average
             self._losses[idx] = loss
 
@@ -331,61 +336,87 @@ class Solver:
         p = self.param
         start_iter = self.iter
         stop_iter = self.iter + int(iters)
+        self._rate_table = None  # parameters may have changed since the last step()
         self._losses = []
         self.smoothed_loss = 0.0
         timer = time.perf_counter()
         iterations_last = self.iter
-        while self.iter < stop_iter:
-            whole = self._replays_whole_iteration()
-            if not whole:  # (a whole-iteration run clears the diffs itself)
-                self.net.clear_param_diffs()
-            if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
-                self.test_all()
-                if self.requested_early_exit:
+        queued: list[int] = []  # iterations whose loss is still on the device (whole-iteration replays)
+
+        def settle() -> None:
+            """Read the queued losses (one sync) and account for them in order."""
+            if not queued:
+                return
+            assert self.net.executor.loss_log is not None
+            for it, loss in zip(queued, self.net.executor.loss_log.read()):
+                self._account_loss(it, loss, start_iter, bar)
+            queued.clear()
+
+        try:
+            while self.iter < stop_iter:
+                whole = self._replays_whole_iteration()
+                if not whole:  # (a whole-iteration run clears the diffs itself)
+                    settle()
+                    self.net.clear_param_diffs()
+                testing = p.test_interval and self.iter % p.test_interval == 0 and (
+                    self.iter > 0 or p.test_initialization)
+                if testing:
+                    settle()
+                    self.test_all()
+                    if self.requested_early_exit:
+                        break
+                for on_start, _ in self._callbacks:
+                    if on_start is not None:
+                        on_start()
+                display = p.display and self.iter % p.display == 0
+                if whole:
+                    self._schedule_rates()
+                    for h in self.history:  # restored or user-edited history reaches the replay
+                        h.gpu_data()
+                    self.net.executor.train_iteration(self._queue_replayed_update, type(self).__name__)
+                    queued.append(self.iter)
+                    assert self.net.executor.loss_log is not None
+                    if display or self.net.executor.loss_log.full:
+                        settle()
+                else:
+                    loss = 0.0
+                    for _ in range(p.iter_size):
+                        loss += self.net.forward_backward()
+                    self._account_loss(self.iter, loss / p.iter_size, start_iter, bar)
+                if display:
+                    lapse = time.perf_counter() - timer
+                    per_s = (self.iter - iterations_last) / (lapse or 1.0)
+                    log.info(
+                        "Iteration %d (%g iter/s, %.3gs/%d iters), loss = %g",
+                        self.iter, per_s, lapse, p.display, self.smoothed_loss,
+                    )
+                    timer = time.perf_counter()
+                    iterations_last = self.iter
+                    self._log_outputs(self.net, "Train", None)
+                for _, on_ready in self._callbacks:
+                    if on_ready is not None:
+                        on_ready()
+                if not whole:
+                    self.apply_update()
+                self.iter += 1
+                request = self._requested_action()
+                if (p.snapshot and self.iter % p.snapshot == 0) or request == SNAPSHOT:
+                    self.snapshot()
+                if request == STOP:
+                    self.requested_early_exit = True
                     break
-            for on_start, _ in self._callbacks:
-                if on_start is not None:
-                    on_start()
-            display = p.display and self.iter % p.display == 0
-            if whole:
-                self._set_device_rate(self._next_rate())
-                for h in self.history:  # restored or user-edited history reaches the replay
-                    h.gpu_data()
-                loss = self.net.executor.train_iteration(self._queue_gpu_updates, type(self).__name__)
-            else:
-                loss = 0.0
-                for _ in range(p.iter_size):
-                    loss += self.net.forward_backward()
-                loss /= p.iter_size
-            self._update_smoothed_loss(loss, start_iter)
-            if display:
-                lapse = time.perf_counter() - timer
-                per_s = (self.iter - iterations_last) / (lapse or 1.0)
-                log.info(
-                    "Iteration %d (%g iter/s, %.3gs/%d iters), loss = %g",
-                    self.iter, per_s, lapse, p.display, self.smoothed_loss,
-                )
-                timer = time.perf_counter()
-                iterations_last = self.iter
-                self._log_outputs(self.net, "Train", None)
-            for _, on_ready in self._callbacks:
-                if on_ready is not None:
-                    on_ready()
-            if not whole:
-                self.apply_update()
-            self.last_loss = loss
-            for hook in self.iteration_hooks:
-                hook(self.iter, loss)
-            self.iter += 1
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{self.smoothed_loss:.4g}", refresh=False)
-            request = self._requested_action()
-            if (p.snapshot and self.iter % p.snapshot == 0) or request == SNAPSHOT:
-                self.snapshot()
-            if request == STOP:
-                self.requested_early_exit = True
-                break
+        finally:
+            settle()
+
+    def _account_loss(self, it: int, loss: float, start_iter: int, bar) -> None:
+        """Smoothed loss, ``last_loss``, iteration hooks and the progress bar for iteration ``it``."""
+        self._update_smoothed_loss(loss, start_iter, it)
+        self.last_loss = loss
+        for hook in self.iteration_hooks:
+            hook(it, loss)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{self.smoothed_loss:.4g}", refresh=False)
 
     def _replays_whole_iteration(self) -> bool:
         """Whether the executor runs the iteration (diff clearing, passes, update) as one CUDA graph:
@@ -521,16 +552,48 @@ class Solver:
         decay_mult = self.net.params_weight_decay[i]
         return (1.0 if lr_mult is None else lr_mult), self.param.weight_decay * (1.0 if decay_mult is None else decay_mult)
 
-    def device_rate(self, rate: float) -> float:
-        """The value the GPU update kernels read as the base rate (Adam folds its correction in)."""
+    def device_rate(self, rate: float, it: int | None = None) -> float:
+        """The value the GPU update kernels read as the base rate at iteration ``it`` (default: the
+        current one; Adam folds its bias correction in)."""
         return rate
 
     def _set_device_rate(self, rate: float) -> None:
-        from .gpu import backend
-
         if self._rate_device is None:
             self._rate_device = backend.alloc(self.dtype.itemsize)
         backend.memcpy_htod(int(self._rate_device), np.array([self.device_rate(rate)], self.dtype))
+
+    RATE_TABLE = 256
+
+    def _schedule_rates(self) -> None:
+        """Whole-iteration replays take their rate from a device table of the next
+        :attr:`RATE_TABLE` iterations' rates (one upload per table, not one host copy per
+        iteration); a kernel in the replay moves the table's next entry into the rate slot."""
+        table = self._rate_table
+        if table is None or not table[0] <= self.iter < table[0] + len(table[1]):
+            steps, values, cs = [], [], self.current_step
+            for j in range(self.RATE_TABLE):
+                rate, cs = lr_policy.learning_rate(self.param, self.iter + j, cs)
+                steps.append((rate, cs))
+                values.append(self.device_rate(rate, self.iter + j))
+            if self._rate_device is None:
+                self._rate_device = backend.alloc(self.dtype.itemsize)
+            if self._rate_table_device is None:
+                self._rate_table_device = (backend.alloc(self.RATE_TABLE * self.dtype.itemsize), backend.alloc(4))
+            backend.memcpy_htod(int(self._rate_table_device[0]), np.array(values, self.dtype))
+            backend.memset_zero(int(self._rate_table_device[1]), 4)
+            self._rate_table = table = (self.iter, steps)
+        rate, self.current_step = table[1][self.iter - table[0]]
+        if self.param.display and self.iter % self.param.display == 0:
+            log.info("Iteration %d, lr = %g", self.iter, rate)
+
+    def _queue_replayed_update(self) -> None:
+        """The update of a whole-iteration replay: the next table rate, then the fused updates."""
+        assert self._rate_table_device is not None
+        values, cursor = (int(a) for a in self._rate_table_device)
+        backend.elementwise("next_rate", "const Dtype* table, int* cursor, Dtype* rate",
+                            "rate[0] = table[cursor[0]]; cursor[0] += 1", self.dtype)(
+            1, values, cursor, int(self._rate_device))
+        self._queue_gpu_updates()
 
     def _queue_gpu_updates(self) -> None:
         """One fused kernel per learnable param; the rate comes from device memory (graph-safe)."""
