@@ -81,3 +81,18 @@ def test_restore_mid_training_with_graphs(tmp_path, gpu_mode):
     for name, blobs in check.net.params.items():
         for a, b in zip(blobs, resumed.net.params[name]):
             np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_replayed_losses_reach_hooks_in_order(tmp_path, gpu_mode):
+    """Losses of whole-iteration replays stay on the device and are read back in batches; every
+    iteration still reaches the hooks once, in order, with the eager run's value."""
+    seen: dict[bool, list[tuple[int, float]]] = {}
+    for graphs in (False, True):
+        solver = _solver("SGD", graphs, tmp_path / str(graphs))
+        solver.param.display = 7
+        seen[graphs] = []
+        solver.iteration_hooks.append(lambda it, loss, out=seen[graphs]: out.append((it, loss)))
+        solver.step(20)
+        solver.step(3)
+    assert [it for it, _ in seen[True]] == list(range(23))
+    np.testing.assert_allclose([v for _, v in seen[True]], [v for _, v in seen[False]], rtol=1e-6)
