@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Regenerate ``pycaffe_lite/proto/caffe_pb2.py`` from ``proto/caffe.proto``.
+"""Regenerate ``pycaffe_lite/proto/caffe_pb2.py`` (and its type stub ``caffe_pb2.pyi``, which
+mypy reads) from ``proto/caffe.proto``.
 
 Usage::
 
@@ -57,6 +58,7 @@ def run_protoc(out_dir: Path) -> Path:
         "grpc_tools.protoc",
         f"--proto_path={PROTO_DIR}",
         f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
         str(PROTO_FILE),
     ]
     if protoc.main(args) != 0:
@@ -68,7 +70,9 @@ def generate(out_file: Path = OUT_FILE, *, allow_newer: bool = False) -> tuple[i
     """Generate out_file from caffe.proto; return the gencode's runtime version."""
     out_file.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gen_proto_") as tmp:
-        source = run_protoc(Path(tmp)).read_text(encoding="utf-8")
+        generated = run_protoc(Path(tmp))
+        source = generated.read_text(encoding="utf-8")
+        stub = generated.with_suffix(".pyi").read_text(encoding="utf-8")
     version = gencode_version(source)
     if version is None:
         raise SystemExit("could not find the runtime version check in the generated code")
@@ -78,14 +82,18 @@ def generate(out_file: Path = OUT_FILE, *, allow_newer: bool = False) -> tuple[i
             f"oldest supported runtime {MIN_RUNTIME[0]}.{MIN_RUNTIME[1]}; install an older "
             "grpcio-tools (e.g. 'grpcio-tools>=1.74,<1.77', protoc 31.x)"
         )
-    fd, tmp_name = tempfile.mkstemp(prefix=".caffe_pb2.", suffix=".py.tmp", dir=out_file.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(source)
-        os.replace(tmp_name, out_file)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    for text, target in ((source, out_file), (stub, out_file.with_suffix(".pyi"))):
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp_name, 0o666 & ~umask)  # mkstemp makes 0600 files
+            os.replace(tmp_name, target)
+        except BaseException:
+            Path(tmp_name).unlink(missing_ok=True)
+            raise
     return version
 
 
