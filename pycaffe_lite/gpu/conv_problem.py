@@ -11,7 +11,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..im2col import Pair, out_shape
+from ..conv_shape import Pair, out_shape
 
 
 @dataclass(frozen=True)
