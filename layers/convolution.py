@@ -81,7 +81,8 @@ def conv_geometry(layer: Layer, p: Any) -> ConvGeometry:
 class ConvolutionBase(Layer):
     """Shared by Convolution and Deconvolution (Caffe's BaseConvolutionLayer): parameters, group
     checks, the weight/bias blobs, top shapes, and the GPU engine choice for the convolution the
-    engines run (:meth:`engine_problem_dims`). Subclasses give the weight shape and output size."""
+    engines run (:meth:`engine_problem_dims`). Subclasses give the weight shape, the output size
+    and their math."""
 
     min_bottom_blobs = 1
     min_top_blobs = 1
@@ -133,7 +134,8 @@ class ConvolutionBase(Layer):
             if self.bias_term:
                 self.blobs.append(self.make_param_blob((self.num_output,)))
                 fillers.fill(self.blobs[1], p.bias_filler)
-        self._choice: tuple[ConvProblem, conv_engines.Choice] | None = None
+        self.problem: ConvProblem | None = None
+        self._choice: conv_engines.Choice | None = None
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
@@ -151,6 +153,7 @@ class ConvolutionBase(Layer):
         self.top_shape = (self.num, self.num_output) + self.out_hw
         for t in top:
             t.reshape(shape[:self.axis] + (self.num_output,) + self.out_hw)
+        self._reshape_problem()
 
     def _param_diffs(self, gpu: bool) -> tuple:
         """(weight diff, bias diff) to accumulate into, each None when not propagated: device
@@ -161,29 +164,34 @@ class ConvolutionBase(Layer):
         return dw, db
 
     # -- GPU engine choice ------------------------------------------------------------------
-    def engines(self) -> tuple[ConvProblem, conv_engines.Choice]:
-        """The engines' problem and the engine per pass for the current shape: autotuned once per
-        shape (cached), narrowed by the ``engine`` field (CAFFE: im2col + GEMM; IMPLICIT_GEMM;
-        WINOGRAD; DEFAULT/CUDNN: any). Raises an error naming the layer when the forced engine
-        cannot run this geometry."""
+    def _reshape_problem(self) -> None:
+        """Rebuild :attr:`problem`, the convolution the GPU engines run, when the batch or image
+        size changed (nothing else can change after layer_setup); the engine choice goes with it."""
         c, hw, m = self.engine_problem_dims()
-        if self._choice is not None:  # only the batch and image size change between layer_setup calls
-            have = self._choice[0]
-            if have.num == self.num and (have.height, have.width) == hw:
-                return self._choice
-        g = self.geo
-        prob = ConvProblem(self.num, c, hw[0], hw[1], m, self.group, g.kernel, g.pad, g.stride, g.dilation,
-                           self.dtype.str)
-        p = self.layer_param.convolution_param
-        engine = p.Engine.Name(p.engine)
-        candidates = conv_engines.ENGINE_CANDIDATES[engine]
-        if not any(conv_engines.ENGINES[n].supports(prob) for n in candidates):
-            raise self.error(
-                f"engine {engine} needs {conv_engines.ENGINES[candidates[0]].requirement}; this layer has kernel "
-                f"{g.kernel}, stride {g.stride}, dilation {g.dilation}, group {self.group}, pad {g.pad} "
-                f"(bottom {self.bottom_shape}, top {self.top_shape})")
-        self._choice = (prob, conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates))
-        return self._choice
+        have = self.problem
+        if have is None or have.num != self.num or (have.height, have.width) != hw:
+            g = self.geo
+            self.problem = ConvProblem(self.num, c, hw[0], hw[1], m, self.group, g.kernel, g.pad, g.stride,
+                                       g.dilation, self.dtype.str)
+            self._choice = None
+
+    def engines(self) -> tuple[ConvProblem, conv_engines.Choice]:
+        """:attr:`problem` and the engine per pass for it: autotuned once per shape (cached across
+        layers), narrowed by the ``engine`` field (CAFFE: im2col + GEMM; IMPLICIT_GEMM; WINOGRAD;
+        DEFAULT/CUDNN: any). Raises an error naming the layer and its geometry when the forced
+        engine cannot run it (checked before any GPU work)."""
+        if self._choice is None:
+            prob, g = self.problem, self.geo
+            p = self.layer_param.convolution_param
+            engine = p.Engine.Name(p.engine)
+            candidates = conv_engines.ENGINE_CANDIDATES[engine]
+            if not any(conv_engines.ENGINES[n].supports(prob) for n in candidates):
+                raise self.error(
+                    f"engine {engine} needs {conv_engines.ENGINES[candidates[0]].requirement}; this layer has "
+                    f"kernel {g.kernel}, stride {g.stride}, dilation {g.dilation}, group {self.group}, pad {g.pad} "
+                    f"(bottom {self.bottom_shape}, top {self.top_shape})")
+            self._choice = conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates)
+        return self.problem, self._choice
 
     def engine_choice(self) -> conv_engines.Choice:
         """The engine per pass for the current shape (see :meth:`engines`)."""
