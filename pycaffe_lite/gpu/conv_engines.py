@@ -297,8 +297,9 @@ def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...]) -> Choice:
         for name in names:
             backend.workspace(*operands, *ENGINES[name].scratch(prob, pass_, has_bias))
     x, dx, y, dy, w, dw, b, db = backend.workspace(*operands)
-    for ptr, count in ((x, counts[0]), (dy, counts[1]), (w, counts[2]), (b, counts[3])):
-        gm.set(count, 0.5, ptr, dt)
+    for ptr, count, value in ((x, counts[0], 0.5), (dy, counts[1], 0.5), (w, counts[2], 0.5), (b, counts[3], 0.5),
+                              (dw, counts[2], 0.0), (db, counts[3], 0.0)):  # the weight pass accumulates
+        gm.set(count, value, ptr, dt)
     bias, dbias = (b, db) if has_bias else (None, None)
     args = {"forward": (x, w, bias, y), "backward_data": (w, dy, dx), "backward_weight": (x, dy, dw, dbias)}
     timings = []
