@@ -133,22 +133,22 @@ class GemmEngine(Engine):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m, n = prob.mg, prob.kg, prob.out_plane, prob.num_output, prob.num
         chw = prob.channels * prob.in_plane
-        if db is not None:
-            bias_backward(prob, dy, db)
         if prob.is_1x1:
             part, = ws
             for g in range(prob.group):  # part[n] = dy[n, g] . x[n, g]^T, then dW[g] += sum over n
                 blas.gemm_strided_batched(False, True, mg, kg, p, 1.0, dy + g * mg * p * isz, m * p,
                                           x + g * kg * p * isz, chw, 0.0, part, mg * kg, n, dt)
                 blas.gemv(True, n, mg * kg, 1.0, part, gm.ones_vector(n, dt), 1.0, dw + g * mg * kg * isz, dt)
-            return
-        col, dyt = ws
-        for n0, nb in self._chunks(prob):
-            gpu_im2col.swap_leading_axes(dy + n0 * m * p * isz, nb, m, p, dyt, dt)  # -> (M, nb, P)
-            self._im2col(prob, x + n0 * chw * isz, nb, col)
-            # dW[g] (mg, kg) += dyt[g] (mg, nb*P) . col[g]^T (nb*P, kg)
-            blas.gemm_strided_batched(False, True, mg, kg, nb * p, 1.0, dyt, mg * nb * p, col, kg * nb * p,
-                                      1.0, dw, mg * kg, prob.group, dt)
+        else:
+            col, dyt = ws
+            for n0, nb in self._chunks(prob):
+                gpu_im2col.swap_leading_axes(dy + n0 * m * p * isz, nb, m, p, dyt, dt)  # -> (M, nb, P)
+                self._im2col(prob, x + n0 * chw * isz, nb, col)
+                # dW[g] (mg, kg) += dyt[g] (mg, nb*P) . col[g]^T (nb*P, kg)
+                blas.gemm_strided_batched(False, True, mg, kg, nb * p, 1.0, dyt, mg * nb * p, col, kg * nb * p,
+                                          1.0, dw, mg * kg, prob.group, dt)
+        if db is not None:  # after the scratch is used: a helper may take the workspace itself
+            bias_backward(prob, dy, db)
 
 
 class ImplicitEngine(Engine):
