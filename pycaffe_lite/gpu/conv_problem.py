@@ -27,7 +27,8 @@ class ConvProblem:
     stride: Pair
     dilation: Pair
     dtype: str  # numpy dtype string, e.g. '<f4'
-    cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # engines' launch plans
+    # the engines' launch plans and scratch sizes for this shape
+    cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @cached_property
     def out_hw(self) -> Pair:
