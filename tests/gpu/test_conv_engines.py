@@ -243,3 +243,24 @@ def test_winograd_engine_rejects_other_geometry():
     layer.setup(bottom, top)
     with pytest.raises(NetError, match="conv.*WINOGRAD needs a 3x3 kernel, stride 1"):
         layer.forward(bottom, top)
+
+
+def test_layers_share_one_workspace():
+    """Scratch comes from the process-wide workspace: sized by the largest need, and a layer that
+    needs less runs in the same buffer without growing it."""
+    from pycaffe_lite.gpu import backend, conv_engines
+
+    caffe.set_mode_gpu()
+    big = make_layer(_text("num_output: 8 kernel_size: 3 pad: 1", "engine: CAFFE"), np.float32)
+    bottom, top = blobs([np.ones((4, 4, 12, 12))], np.float32), empty_blobs(1, np.float32)
+    big.setup(bottom, top)
+    big.forward(bottom, top)
+    size = backend.workspace_bytes()
+    assert size >= sum(conv_engines.ENGINES["gemm"].scratch(big.problem, "forward", True)) > 0
+    small = make_layer(_text("num_output: 2 kernel_size: 3", "engine: CAFFE"), np.float32)
+    bottom, top = blobs([np.ones((1, 2, 6, 6))], np.float32), empty_blobs(1, np.float32)
+    small.setup(bottom, top)
+    small.forward(bottom, top)
+    top[0].diff[...] = 1.0
+    small.backward(top, [True], bottom)
+    assert backend.workspace_bytes() == size
