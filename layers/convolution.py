@@ -10,6 +10,7 @@ group over the whole batch, or per-image GEMMs for large output planes). GPU: on
 of :mod:`pycaffe_lite.gpu.conv_engines` per pass (im2col + cuBLAS, implicit GEMM, Winograd),
 autotuned once per shape; ``engine: CAFFE`` forces im2col + cuBLAS, ``IMPLICIT_GEMM`` and
 ``WINOGRAD`` (pycaffe-lite's additions to the enum) force those, DEFAULT and CUDNN pick the fastest.
+:class:`ConvolutionBase` holds what Deconvolution shares (set-up, shapes, engine choice).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycaffe_lite import cpu_conv, fillers
-from pycaffe_lite.gpu import backend, conv_engines, winograd
-from pycaffe_lite.gpu.conv_engines import COL_BUFFER_BYTES
+from pycaffe_lite.conv_shape import Pair, out_shape
+from pycaffe_lite.gpu import conv_engines
+from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.gpu.conv_problem import ConvProblem
-from pycaffe_lite.im2col import Pair, out_shape
 from pycaffe_lite.layer import Layer, register_layer
 
-__all__ = ["COL_BUFFER_BYTES", "ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "conv_geometry"]
+__all__ = ["ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "conv_geometry"]
 
 
 @dataclass(frozen=True)
@@ -78,14 +79,25 @@ def conv_geometry(layer: Layer, p: Any) -> ConvGeometry:
 
 
 class ConvolutionBase(Layer):
-    """Set-up shared by Convolution and Deconvolution (Caffe's BaseConvolutionLayer): parameters,
-    group checks and the weight/bias blobs, whose weight shape each subclass gives."""
+    """Shared by Convolution and Deconvolution (Caffe's BaseConvolutionLayer): parameters, group
+    checks, the weight/bias blobs, top shapes, and the GPU engine choice for the convolution the
+    engines run (:meth:`engine_problem_dims`). Subclasses give the weight shape, the output size
+    and their math."""
 
     min_bottom_blobs = 1
     min_top_blobs = 1
     equal_num_bottom_top_blobs = True
+    engines_add_bias = True  # the engines' forward/weight passes handle this layer's bias
 
     def weight_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def output_hw(self) -> Pair:
+        """Top (H, W) for the bottom's ``in_hw``; raise an error naming the layer when not positive."""
+        raise NotImplementedError
+
+    def engine_problem_dims(self) -> tuple[int, Pair, int]:
+        """(input channels, input (H, W), output channels) of the convolution the engines run."""
         raise NotImplementedError
 
     def layer_setup(self, bottom, top):
@@ -122,19 +134,10 @@ class ConvolutionBase(Layer):
             if self.bias_term:
                 self.blobs.append(self.make_param_blob((self.num_output,)))
                 fillers.fill(self.blobs[1], p.bias_filler)
-        self._gpu_buffers: dict[str, tuple[int, Any]] = {}
-        self._choice: tuple[ConvProblem, conv_engines.Choice] | None = None
+        self.problem: ConvProblem | None = None
+        self._choice: conv_engines.Choice | None = None
 
-    def _buffer(self, name: str, count: int) -> int:
-        """A device buffer of at least ``count`` elements, kept on the layer and grown as needed."""
-        nbytes = max(1, count) * self.dtype.itemsize
-        have = self._gpu_buffers.get(name)
-        if have is None or have[0] < nbytes:
-            self._gpu_buffers[name] = have = (nbytes, backend.alloc(nbytes))
-        return int(have[1])
-
-    def _reshape_bottoms(self, bottom) -> None:
-        """Check the bottoms against the weights; set ``num`` and ``in_hw``."""
+    def reshape(self, bottom, top):
         shape = bottom[0].shape
         for i, b in enumerate(bottom[1:], 1):
             if b.shape != shape:
@@ -145,6 +148,58 @@ class ConvolutionBase(Layer):
         self.in_hw = shape[self.axis + 1:]
         if len(self.in_hw) != 2:
             raise self.error(f"bottom shape {shape} must have 2 spatial axes after channel axis {self.axis}")
+        self.out_hw = self.output_hw()
+        self.bottom_shape = (self.num, self.channels) + self.in_hw  # the (N, C, H, W) views of the math
+        self.top_shape = (self.num, self.num_output) + self.out_hw
+        for t in top:
+            t.reshape(shape[:self.axis] + (self.num_output,) + self.out_hw)
+        self._reshape_problem()
+
+    def _param_diffs(self, gpu: bool) -> tuple:
+        """(weight diff, bias diff) to accumulate into, each None when not propagated: device
+        pointers with ``gpu``, else writable arrays of the blobs' shapes."""
+        get = (lambda b: b.mutable_gpu_diff()) if gpu else (lambda b: b.mutable_cpu_diff())
+        dw = get(self.blobs[0]) if self.param_propagate_down[0] else None
+        db = get(self.blobs[1]) if self.bias_term and self.param_propagate_down[1] else None
+        return dw, db
+
+    # -- GPU engine choice ------------------------------------------------------------------
+    def _reshape_problem(self) -> None:
+        """Rebuild :attr:`problem`, the convolution the GPU engines run, when the batch or image
+        size changed (nothing else can change after layer_setup); the engine choice goes with it."""
+        c, hw, m = self.engine_problem_dims()
+        have = self.problem
+        if have is None or have.num != self.num or (have.height, have.width) != hw:
+            g = self.geo
+            self.problem = ConvProblem(self.num, c, hw[0], hw[1], m, self.group, g.kernel, g.pad, g.stride,
+                                       g.dilation, self.dtype.str)
+            self._choice = None
+
+    def engines(self) -> tuple[ConvProblem, conv_engines.Choice]:
+        """:attr:`problem` and the engine per pass for it: autotuned once per shape (cached across
+        layers), narrowed by the ``engine`` field (CAFFE: im2col + GEMM; IMPLICIT_GEMM; WINOGRAD;
+        DEFAULT/CUDNN: any). Raises an error naming the layer and its geometry when the forced
+        engine cannot run it (checked before any GPU work)."""
+        if self._choice is None:
+            prob, g = self.problem, self.geo
+            p = self.layer_param.convolution_param
+            engine = p.Engine.Name(p.engine)
+            candidates = conv_engines.ENGINE_CANDIDATES[engine]
+            if not any(conv_engines.ENGINES[n].supports(prob) for n in candidates):
+                raise self.error(
+                    f"engine {engine} needs {conv_engines.ENGINES[candidates[0]].requirement}; this layer has "
+                    f"kernel {g.kernel}, stride {g.stride}, dilation {g.dilation}, group {self.group}, pad {g.pad} "
+                    f"(bottom {self.bottom_shape}, top {self.top_shape})")
+            self._choice = conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates)
+        return self.problem, self._choice
+
+    def engine_choice(self) -> conv_engines.Choice:
+        """The engine per pass for the current shape (see :meth:`engines`)."""
+        return self.engines()[1]
+
+    def _bias_backward_gpu(self, dy: int, db: int) -> None:
+        """``db += dy`` summed over images and pixels of the top."""
+        gm.channel_sum(self.num, self.num_output, self.out_hw[0] * self.out_hw[1], dy, db, self.dtype, beta=1.0)
 
 
 @register_layer("Convolution")
@@ -152,17 +207,18 @@ class ConvolutionLayer(ConvolutionBase):
     def weight_shape(self) -> tuple[int, ...]:
         return (self.num_output, self.channels // self.group) + self.geo.kernel
 
-    def reshape(self, bottom, top):
-        self._reshape_bottoms(bottom)
+    def output_hw(self) -> Pair:
         g = self.geo
-        self.out_hw = out_shape(self.in_hw[0], self.in_hw[1], g.kernel, g.pad, g.stride, g.dilation)
-        if min(self.out_hw) <= 0:
+        out_hw = out_shape(self.in_hw[0], self.in_hw[1], g.kernel, g.pad, g.stride, g.dilation)
+        if min(out_hw) <= 0:
             raise self.error(
                 f"kernel {g.kernel[0]}x{g.kernel[1]} (dilation {g.dilation[0]}x{g.dilation[1]}) is larger "
                 f"than the input {self.in_hw[0]}x{self.in_hw[1]} padded by {g.pad[0]}x{g.pad[1]}"
             )
-        for t in top:
-            t.reshape(bottom[0].shape[:self.axis] + (self.num_output,) + self.out_hw)
+        return out_hw
+
+    def engine_problem_dims(self) -> tuple[int, Pair, int]:
+        return self.channels, self.in_hw, self.num_output
 
     # -- CPU (pycaffe_lite.cpu_conv) -------------------------------------------------------
     def forward_cpu(self, bottom, top):
@@ -170,69 +226,37 @@ class ConvolutionLayer(ConvolutionBase):
         w = self.blobs[0].cpu_data()
         bias = self.blobs[1].cpu_data() if self.bias_term else None
         for b, t in zip(bottom, top):
-            x = b.cpu_data().reshape((self.num, self.channels) + self.in_hw)
-            y = t.mutable_cpu_data().reshape((self.num, self.num_output) + self.out_hw)
-            cpu_conv.forward(x, w, bias, g.kernel, g.pad, g.stride, g.dilation, self.group, y)
+            cpu_conv.forward(b.cpu_data().reshape(self.bottom_shape), w, bias, g.kernel, g.pad, g.stride,
+                             g.dilation, self.group, t.mutable_cpu_data().reshape(self.top_shape))
 
     def backward_cpu(self, top, propagate_down, bottom):
         g = self.geo
         w = self.blobs[0].cpu_data()
-        x_shape, y_shape = (self.num, self.channels) + self.in_hw, (self.num, self.num_output) + self.out_hw
         for i, (b, t) in enumerate(zip(bottom, top)):
-            dw = self.blobs[0].mutable_cpu_diff() if self.param_propagate_down[0] else None
-            db = self.blobs[1].mutable_cpu_diff() if self.bias_term and self.param_propagate_down[1] else None
-            dx = b.mutable_cpu_diff().reshape(x_shape) if propagate_down[i] else None
+            dw, db = self._param_diffs(gpu=False)
+            dx = b.mutable_cpu_diff().reshape(self.bottom_shape) if propagate_down[i] else None
             if dw is None and db is None and dx is None:
                 continue
-            x, dy = b.cpu_data().reshape(x_shape), t.cpu_diff().reshape(y_shape)
-            cpu_conv.backward(x, w, dy, g.kernel, g.pad, g.stride, g.dilation, self.group,
-                              dweight=dw, dbias=db, dx=dx)
+            cpu_conv.backward(b.cpu_data().reshape(self.bottom_shape), w, t.cpu_diff().reshape(self.top_shape),
+                              g.kernel, g.pad, g.stride, g.dilation, self.group, dweight=dw, dbias=db, dx=dx)
 
-    # -- GPU --------------------------------------------------------------------------------
-    def _problem(self) -> ConvProblem:
-        g = self.geo
-        return ConvProblem(self.num, self.channels, self.in_hw[0], self.in_hw[1], self.num_output, self.group,
-                           g.kernel, g.pad, g.stride, g.dilation, self.dtype.str)
-
-    def engine_choice(self) -> conv_engines.Choice:
-        """The engines for the current shape: autotuned once per shape (cached), narrowed by the
-        ``engine`` field (CAFFE: im2col + GEMM; IMPLICIT_GEMM; WINOGRAD; DEFAULT/CUDNN: any)."""
-        if self._choice is not None:  # only the batch and image size change between layer_setup calls
-            have = self._choice[0]
-            if have.num == self.num and (have.height, have.width) == self.in_hw:
-                return self._choice[1]
-        prob = self._problem()
-        p = self.layer_param.convolution_param
-        engine = p.Engine.Name(p.engine)
-        if engine == "WINOGRAD" and not winograd.supports(prob):
-            raise self.error("engine WINOGRAD needs a 3x3 kernel, stride 1, no dilation, group 1 and "
-                             f"pad <= 2; this layer has kernel {self.geo.kernel}, stride {self.geo.stride}, "
-                             f"dilation {self.geo.dilation}, group {self.group}, pad {self.geo.pad}")
-        self._choice = (prob, conv_engines.choose(prob, self.bias_term, conv_engines.ENGINE_CANDIDATES[engine]))
-        return self._choice[1]
-
+    # -- GPU (pycaffe_lite.gpu.conv_engines) ------------------------------------------------
     def forward_gpu(self, bottom, top):
-        choice = self.engine_choice()
-        prob, engine = self._choice[0], conv_engines.ENGINES[choice.forward]
+        prob, choice = self.engines()
         w = self.blobs[0].gpu_data()
         bias = self.blobs[1].gpu_data() if self.bias_term else None
         for b, t in zip(bottom, top):
-            engine.forward(prob, b.gpu_data(), w, bias, t.mutable_gpu_data(), self._buffer)
+            conv_engines.run(prob, choice, "forward", b.gpu_data(), w, bias, t.mutable_gpu_data())
 
     def backward_gpu(self, top, propagate_down, bottom):
-        choice = self.engine_choice()
-        prob = self._choice[0]
+        prob, choice = self.engines()
         w = self.blobs[0].gpu_data()
-        dw = self.blobs[0].mutable_gpu_diff() if self.param_propagate_down[0] else None
-        db = self.blobs[1].mutable_gpu_diff() if self.bias_term and self.param_propagate_down[1] else None
+        dw, db = self._param_diffs(gpu=True)
         for i, (b, t) in enumerate(zip(bottom, top)):
             dy = t.gpu_diff()
-            dx = b.mutable_gpu_diff() if propagate_down[i] else None
-            x = b.gpu_data()
-            if choice.backward_data == choice.backward_weight:
-                conv_engines.ENGINES[choice.backward_data].backward(prob, x, w, dy, dx, dw, db, self._buffer)
-                continue
-            if dw is not None or db is not None:
-                conv_engines.ENGINES[choice.backward_weight].backward(prob, x, w, dy, None, dw, db, self._buffer)
-            if dx is not None:
-                conv_engines.ENGINES[choice.backward_data].backward(prob, x, w, dy, dx, None, None, self._buffer)
+            if dw is not None:  # the bias gradient rides along (implicit GEMM folds it into its GEMM)
+                conv_engines.run(prob, choice, "backward_weight", b.gpu_data(), dy, dw, db)
+            elif db is not None:
+                self._bias_backward_gpu(dy, db)
+            if propagate_down[i]:
+                conv_engines.run(prob, choice, "backward_data", w, dy, b.mutable_gpu_diff())

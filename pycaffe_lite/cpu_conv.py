@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from pycaffe_lite.im2col import Pair, out_shape
+from pycaffe_lite.conv_shape import Pair, out_shape
 
 Layout = Literal["nchw", "hwn"]
 HWN_MAX_PLANE = 256  # output planes of at most this many pixels use the "hwn" layout
@@ -148,15 +148,16 @@ def forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, kernel: 
         np.add(y, bias[:, None, None], out=out)
 
 
-def backward(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, kernel: Pair, pad: Pair, stride: Pair,
+def backward(x: np.ndarray | None, weight: np.ndarray, dy: np.ndarray, kernel: Pair, pad: Pair, stride: Pair,
              dilation: Pair, group: int, dweight: np.ndarray | None = None, dbias: np.ndarray | None = None,
              dx: np.ndarray | None = None, layout: Layout | None = None) -> None:
     """Gradients of :func:`forward` for the top diff dy (N, M, Ho, Wo).
 
     Accumulates (+=) into ``dweight`` (M, C/G, kh, kw) and ``dbias`` (M,) and assigns ``dx``
-    (N, C, H, W); each is skipped when None. ``layout`` as in :func:`forward`.
+    (N, C, H, W); each is skipped when None. ``x`` (N, C, H, W) is read only for ``dweight`` (it may
+    be None without it). ``layout`` as in :func:`forward`.
     """
-    n, c, h, w = x.shape
+    n, c, h, w = (dx if x is None else x).shape
     m = weight.shape[0]
     mg = m // group
     out_hw = out_shape(h, w, kernel, pad, stride, dilation)
@@ -171,11 +172,11 @@ def backward(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, kernel: Pair, pa
         if dweight is not None:
             cols = columns(padded(x, pad, layout, "x"), layout, kernel, stride, dilation, out_hw)
             # per image: dW[g]ᵀ (Kg, Mg) = cols[n, g] (Kg, P) · dy[n, g]ᵀ (P, Mg); then sum the images
-            dwt = scratch("dwt", (n, group, kg, mg), x.dtype)
+            dwt = scratch("dwt", (n, group, kg, mg), dy.dtype)
             np.matmul(cols.reshape(n, group, kg, p), dyg.transpose(0, 1, 3, 2), out=dwt)
             dweight += dwt.sum(axis=0).transpose(0, 2, 1).reshape(dweight.shape)
         if dx is not None:
-            dcol = scratch("cols", (n, group, kg, p), x.dtype)
+            dcol = scratch("cols", (n, group, kg, p), dy.dtype)
             np.matmul(wg.transpose(0, 2, 1), dyg, out=dcol)
             dx[...] = col2im(dcol, layout, n, c, (h, w), kernel, pad, stride, dilation, out_hw)
         return
@@ -187,10 +188,10 @@ def backward(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, kernel: Pair, pa
     if dweight is not None:
         cols = columns(padded(x, pad, layout, "x"), layout, kernel, stride, dilation, out_hw)
         # dW[g]ᵀ (Kg, Mg) = cols[g] (Kg, N*P) · dy[g]ᵀ (N*P, Mg): the faster GEMM orientation here
-        dwt = scratch("dwt", (group, kg, mg), x.dtype)
+        dwt = scratch("dwt", (group, kg, mg), dy.dtype)
         np.matmul(cols.reshape(group, kg, p), dyg.transpose(0, 2, 1), out=dwt)
         dweight += dwt.transpose(0, 2, 1).reshape(dweight.shape)
     if dx is not None:
-        dcol = scratch("cols", (group, kg, p), x.dtype)
+        dcol = scratch("cols", (group, kg, p), dy.dtype)
         np.matmul(wg.transpose(0, 2, 1), dyg, out=dcol)
         dx[...] = col2im(dcol, layout, n, c, (h, w), kernel, pad, stride, dilation, out_hw)

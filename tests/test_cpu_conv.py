@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pycaffe_lite import cpu_conv
-from pycaffe_lite.im2col import out_shape
+from pycaffe_lite.conv_shape import out_shape
 
 # (x shape, num_output, kernel, pad, stride, dilation, group)
 GEOMETRIES = [

@@ -9,10 +9,14 @@ Engines (each does the whole minibatch; groups in the same calls):
 - ``implicit-BMxBN``: im2col fused into a tiled GEMM (``conv_implicit``), one launch per pass.
 - ``winograd``: F(2x2, 3x3) for 3x3/stride-1 convolutions (``winograd``).
 
-:func:`choose` times every engine that supports a :class:`ConvProblem` on scratch buffers, for
-the forward, data-gradient and weight-gradient passes separately, and caches the fastest per
-shape (cuDNN's "find" step). The layer's ``engine`` field narrows the candidates
-(:data:`ENGINE_CANDIDATES`).
+Each engine runs three passes (:data:`PASSES`): ``forward``, ``backward_data`` and
+``backward_weight``. Their scratch (column buffers, Winograd transforms, implicit-GEMM partial sums)
+comes from the process-wide :func:`backend.workspace`, one call per pass (:func:`run`), so all
+convolution layers share one buffer sized to the largest need.
+
+:func:`choose` times every engine that supports a :class:`ConvProblem` on workspace buffers, for
+each pass separately, and caches the fastest per shape (cuDNN's "find" step). The layer's
+``engine`` field narrows the candidates (:data:`ENGINE_CANDIDATES`).
 """
 
 from __future__ import annotations
@@ -29,30 +33,37 @@ from .conv_problem import ConvProblem
 
 COL_BUFFER_BYTES = 256 << 20  # gemm engine column buffer budget; larger batches run in chunks
 TUNE_REPS = 3
+PASSES = ("forward", "backward_data", "backward_weight")
 
-Buffer = Callable[[str, int], int]
+
+def bias_backward(prob: ConvProblem, dy: int, db: int) -> None:
+    """``db += sum of dy over images and pixels``."""
+    gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
 
 
 class Engine:
-    """One way to run the three passes. ``backward`` assigns ``dx`` and accumulates ``dw``/``db``;
-    any of the three may be None (not computed)."""
+    """One way to run the three passes of a :class:`ConvProblem`. ``forward`` assigns ``y`` (adding
+    ``bias`` when given); ``backward_data`` assigns ``dx``; ``backward_weight`` accumulates ``dw`` and,
+    when given, ``db``. ``ws`` holds device pointers to scratch regions of the byte sizes
+    :meth:`scratch` gives for the pass."""
 
     name = ""
+    requirement = ""  # what a problem needs for :meth:`supports`, for error messages
 
     def supports(self, prob: ConvProblem) -> bool:
         return True
 
-    def forward(self, prob: ConvProblem, x: int, w: int, bias: int | None, y: int, buffer: Buffer) -> None:
+    def scratch(self, prob: ConvProblem, pass_: str, has_bias: bool) -> tuple[int, ...]:
+        return ()
+
+    def forward(self, prob: ConvProblem, x: int, w: int, bias: int | None, y: int, ws: list[int]) -> None:
         raise NotImplementedError
 
-    def backward(self, prob: ConvProblem, x: int, w: int, dy: int, dx: int | None, dw: int | None,
-                 db: int | None, buffer: Buffer) -> None:
+    def backward_data(self, prob: ConvProblem, w: int, dy: int, dx: int, ws: list[int]) -> None:
         raise NotImplementedError
 
-    @staticmethod
-    def bias_backward(prob: ConvProblem, dy: int, db: int) -> None:
-        """``db += sum of dy over images and pixels`` (for engines whose weight pass does not fold it in)."""
-        gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
+    def backward_weight(self, prob: ConvProblem, x: int, dy: int, dw: int, db: int | None, ws: list[int]) -> None:
+        raise NotImplementedError
 
 
 class GemmEngine(Engine):
@@ -63,7 +74,14 @@ class GemmEngine(Engine):
         per_image = prob.channels * prob.khkw * prob.out_plane * prob.itemsize
         return max(1, min(prob.num, COL_BUFFER_BYTES // max(1, per_image)))
 
-    def forward(self, prob, x, w, bias, y, buffer):
+    def scratch(self, prob, pass_, has_bias):
+        isz = prob.itemsize
+        if prob.is_1x1:  # the weight pass's per-image partial products; no columns
+            return (prob.num * prob.mg * prob.cg * isz,) if pass_ == "backward_weight" else ()
+        nmax = self._chunk(prob)
+        return prob.group * prob.kg * nmax * prob.out_plane * isz, prob.num_output * nmax * prob.out_plane * isz
+
+    def forward(self, prob, x, w, bias, y, ws):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
         chw = prob.channels * prob.in_plane
@@ -72,11 +90,8 @@ class GemmEngine(Engine):
                 blas.gemm_strided_batched(False, False, mg, p, kg, 1.0, w + g * mg * kg * isz, 0,
                                           x + g * kg * p * isz, chw, 0.0, y + g * mg * p * isz, m * p, prob.num, dt)
         else:
-            nmax = self._chunk(prob)
-            col = buffer("col", prob.group * kg * nmax * p)
-            yt = buffer("yt", m * nmax * p)
-            for n0 in range(0, prob.num, nmax):
-                nb = min(nmax, prob.num - n0)
+            col, yt = ws
+            for n0, nb in self._chunks(prob):
                 self._im2col(prob, x + n0 * chw * isz, nb, col)
                 # yt[g] (mg, nb*P) = W[g] (mg, kg) . col[g] (kg, nb*P), for every group g
                 blas.gemm_strided_batched(False, False, mg, nb * p, kg, 1.0, w, mg * kg, col, kg * nb * p,
@@ -85,90 +100,102 @@ class GemmEngine(Engine):
         if bias is not None:
             gm.add_channel_bias(prob.num, m, p, bias, y, dt)
 
+    def _chunks(self, prob: ConvProblem) -> list[tuple[int, int]]:
+        """(first image, images) of each chunk whose columns fit in COL_BUFFER_BYTES."""
+        nmax = self._chunk(prob)
+        return [(n0, min(nmax, prob.num - n0)) for n0 in range(0, prob.num, nmax)]
+
     @staticmethod
     def _im2col(prob: ConvProblem, x: int, nb: int, col: int) -> None:
         gpu_im2col.im2col(x, nb, prob.channels, (prob.height, prob.width), prob.kernel, prob.pad, prob.stride,
                           prob.dilation, col, prob.np_dtype)
 
-    def backward(self, prob, x, w, dy, dx, dw, db, buffer):
+    def backward_data(self, prob, w, dy, dx, ws):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
         chw = prob.channels * prob.in_plane
-        if db is not None:
-            self.bias_backward(prob, dy, db)
-        if dw is None and dx is None:
+        if prob.is_1x1:  # dx[n, g] (cg, P) = W[g]^T (cg, mg) . dy[n, g] (mg, P), batched over images
+            for g in range(prob.group):
+                blas.gemm_strided_batched(True, False, kg, p, mg, 1.0, w + g * mg * kg * isz, 0,
+                                          dy + g * mg * p * isz, m * p, 0.0, dx + g * kg * p * isz, chw,
+                                          prob.num, dt)
             return
-        if prob.is_1x1:
-            self._backward_1x1(prob, x, w, dy, dx, dw, buffer)
-            return
-        nmax = self._chunk(prob)
-        col = buffer("col", prob.group * kg * nmax * p)
-        dyt = buffer("yt", m * nmax * p)
-        for n0 in range(0, prob.num, nmax):
-            nb = min(nmax, prob.num - n0)
+        col, dyt = ws
+        for n0, nb in self._chunks(prob):
             gpu_im2col.swap_leading_axes(dy + n0 * m * p * isz, nb, m, p, dyt, dt)  # -> (M, nb, P)
-            if dw is not None:
+            # col[g] (kg, nb*P) = W[g]^T (kg, mg) . dyt[g] (mg, nb*P), then back to images
+            blas.gemm_strided_batched(True, False, kg, nb * p, mg, 1.0, w, mg * kg, dyt, mg * nb * p,
+                                      0.0, col, kg * nb * p, prob.group, dt)
+            gpu_im2col.col2im(col, nb, prob.channels, (prob.height, prob.width), prob.kernel, prob.pad,
+                              prob.stride, prob.dilation, dx + n0 * chw * isz, dt)
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        dt, isz = prob.np_dtype, prob.itemsize
+        mg, kg, p, m, n = prob.mg, prob.kg, prob.out_plane, prob.num_output, prob.num
+        chw = prob.channels * prob.in_plane
+        if prob.is_1x1:
+            part, = ws
+            for g in range(prob.group):  # part[n] = dy[n, g] . x[n, g]^T, then dW[g] += sum over n
+                blas.gemm_strided_batched(False, True, mg, kg, p, 1.0, dy + g * mg * p * isz, m * p,
+                                          x + g * kg * p * isz, chw, 0.0, part, mg * kg, n, dt)
+                blas.gemv(True, n, mg * kg, 1.0, part, gm.ones_vector(n, dt), 1.0, dw + g * mg * kg * isz, dt)
+        else:
+            col, dyt = ws
+            for n0, nb in self._chunks(prob):
+                gpu_im2col.swap_leading_axes(dy + n0 * m * p * isz, nb, m, p, dyt, dt)  # -> (M, nb, P)
                 self._im2col(prob, x + n0 * chw * isz, nb, col)
                 # dW[g] (mg, kg) += dyt[g] (mg, nb*P) . col[g]^T (nb*P, kg)
                 blas.gemm_strided_batched(False, True, mg, kg, nb * p, 1.0, dyt, mg * nb * p, col, kg * nb * p,
                                           1.0, dw, mg * kg, prob.group, dt)
-            if dx is not None:
-                # col[g] (kg, nb*P) = W[g]^T (kg, mg) . dyt[g] (mg, nb*P), then back to images
-                blas.gemm_strided_batched(True, False, kg, nb * p, mg, 1.0, w, mg * kg, dyt, mg * nb * p,
-                                          0.0, col, kg * nb * p, prob.group, dt)
-                gpu_im2col.col2im(col, nb, prob.channels, (prob.height, prob.width), prob.kernel, prob.pad,
-                                  prob.stride, prob.dilation, dx + n0 * chw * isz, dt)
-
-    @staticmethod
-    def _backward_1x1(prob, x, w, dy, dx, dw, buffer):
-        dt, isz = prob.np_dtype, prob.itemsize
-        mg, cg, p, m, n = prob.mg, prob.cg, prob.out_plane, prob.num_output, prob.num
-        chw = prob.channels * p
-        part = buffer("part", n * mg * cg) if dw is not None else 0
-        for g in range(prob.group):
-            wg, dyg, xg = w + g * mg * cg * isz, dy + g * mg * p * isz, x + g * cg * p * isz
-            if dw is not None:  # part[n] = dy[n, g] . x[n, g]^T, then dW[g] += sum over n
-                blas.gemm_strided_batched(False, True, mg, cg, p, 1.0, dyg, m * p, xg, chw, 0.0, part, mg * cg, n, dt)
-                blas.gemv(True, n, mg * cg, 1.0, part, gm.ones_vector(n, dt), 1.0, dw + g * mg * cg * isz, dt)
-            if dx is not None:  # dx[n, g] (cg, P) = W[g]^T (cg, mg) . dy[n, g] (mg, P)
-                blas.gemm_strided_batched(True, False, cg, p, mg, 1.0, wg, 0, dyg, m * p, 0.0,
-                                          dx + g * cg * p * isz, chw, n, dt)
+        if db is not None:  # after the scratch is used: a helper may take the workspace itself
+            bias_backward(prob, dy, db)
 
 
 class ImplicitEngine(Engine):
+    requirement = ig.REQUIREMENT
+
     def __init__(self, forward_tile: str = "64x128", data_tile: str = "64x128", weight_tile: str = "64x64") -> None:
         self.tiles = (forward_tile, data_tile, weight_tile)
         self.name = f"implicit-{forward_tile}" if len(set(self.tiles[:2])) == 1 else "implicit"
 
-    def forward(self, prob, x, w, bias, y, buffer):
+    def supports(self, prob):
+        return ig.supports(prob)
+
+    def scratch(self, prob, pass_, has_bias):
+        if pass_ != "backward_weight":
+            return ()
+        return (ig.workspace_count(prob, self.tiles[2], has_bias) * prob.itemsize,)
+
+    def forward(self, prob, x, w, bias, y, ws):
         ig.forward(prob, self.tiles[0], x, w, bias, y)
 
-    def backward(self, prob, x, w, dy, dx, dw, db, buffer):
-        if dw is not None:
-            ws = buffer("ig_ws", ig.workspace_count(prob, self.tiles[2], db is not None))
-            ig.backward_weight(prob, self.tiles[2], x, dy, dw, db, ws)
-        elif db is not None:
-            self.bias_backward(prob, dy, db)
-        if dx is not None:
-            ig.backward_data(prob, self.tiles[1], w, dy, dx)
+    def backward_data(self, prob, w, dy, dx, ws):
+        ig.backward_data(prob, self.tiles[1], w, dy, dx)
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        ig.backward_weight(prob, self.tiles[2], x, dy, dw, db, ws[0])
 
 
 class WinogradEngine(Engine):
     name = "winograd"
+    requirement = winograd.REQUIREMENT
 
     def supports(self, prob):
         return winograd.supports(prob)
 
-    def forward(self, prob, x, w, bias, y, buffer):
-        winograd.forward(prob, x, w, bias, y, buffer)
+    def scratch(self, prob, pass_, has_bias):
+        return winograd.scratch(prob, pass_)
 
-    def backward(self, prob, x, w, dy, dx, dw, db, buffer):
-        if dw is not None:
-            winograd.backward_weight(prob, x, dy, dw, buffer)
+    def forward(self, prob, x, w, bias, y, ws):
+        winograd.forward(prob, x, w, bias, y, ws)
+
+    def backward_data(self, prob, w, dy, dx, ws):
+        winograd.backward_data(prob, w, dy, dx, ws)
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        winograd.backward_weight(prob, x, dy, dw, ws)
         if db is not None:
-            self.bias_backward(prob, dy, db)
-        if dx is not None:
-            winograd.backward_data(prob, w, dy, dx, buffer)
+            bias_backward(prob, dy, db)
 
 
 def _implicit_engines() -> dict[str, Engine]:
@@ -212,21 +239,6 @@ def clear_cache() -> None:
     _choices.clear()
 
 
-class _Scratch:
-    """Named device buffers for autotuning, grown on demand and freed when dropped."""
-
-    def __init__(self, itemsize: int) -> None:
-        self.itemsize = itemsize
-        self.buffers: dict[str, tuple[int, object]] = {}
-
-    def __call__(self, name: str, count: int) -> int:
-        nbytes = max(1, count) * self.itemsize
-        have = self.buffers.get(name)
-        if have is None or have[0] < nbytes:
-            self.buffers[name] = have = (nbytes, backend.alloc(nbytes))
-        return int(have[1])
-
-
 def _time(fn: Callable[[], None]) -> float:
     fn()  # compiles kernels, sizes buffers
     backend.synchronize()
@@ -257,33 +269,45 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
     return choice
 
 
+def _call(engine: Engine, prob: ConvProblem, pass_: str, args: tuple, reserved: tuple[int, ...] = ()) -> None:
+    """Run ``pass_`` with its scratch from one :func:`backend.workspace` call, after ``reserved``
+    leading regions (the autotune's operands) that the call keeps in place."""
+    key = ("scratch", engine.name, pass_, pass_ == "backward_weight" and args[-1] is not None)
+    sizes = prob.cache.get(key)
+    if sizes is None:
+        sizes = prob.cache[key] = engine.scratch(prob, pass_, key[-1])
+    ws = backend.workspace(*reserved, *sizes)[len(reserved):] if reserved or sizes else []
+    getattr(engine, pass_)(prob, *args, ws)
+
+
+def run(prob: ConvProblem, choice: Choice, pass_: str, *args) -> None:
+    """Run ``pass_`` of ``prob`` with the engine ``choice`` picked for it. ``args``: forward
+    ``(x, w, bias, y)``; backward_data ``(w, dy, dx)``; backward_weight ``(x, dy, dw, db)``
+    (``bias``/``db`` may be None)."""
+    _call(ENGINES[getattr(choice, pass_)], prob, pass_, args)
+
+
 def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...]) -> Choice:
-    isz = prob.itemsize
-    scratch = _Scratch(isz)
-    ho, wo = prob.out_hw
-    x = scratch("x", prob.num * prob.channels * prob.in_plane)
-    dx = scratch("dx", prob.num * prob.channels * prob.in_plane)
-    y = scratch("y", prob.num * prob.num_output * ho * wo)
-    dy = scratch("dy", prob.num * prob.num_output * ho * wo)
-    w = scratch("w", prob.num_output * prob.kg)
-    dw = scratch("dw", prob.num_output * prob.kg)
-    b = scratch("b", prob.num_output)
-    db = scratch("db", prob.num_output)
-    for ptr, count in ((x, prob.num * prob.channels * prob.in_plane), (dy, prob.num * prob.num_output * ho * wo),
-                       (w, prob.num_output * prob.kg), (b, prob.num_output)):
-        gm.set(count, 0.5, ptr, prob.np_dtype)
+    """Time every engine on every pass, on operands carved from the shared workspace."""
+    isz, dt = prob.itemsize, prob.np_dtype
+    counts = (prob.num * prob.channels * prob.in_plane, prob.num * prob.num_output * prob.out_plane,
+              prob.num_output * prob.kg, prob.num_output)
+    operands = tuple(c * isz for c in counts for _ in range(2))  # x, dx, y, dy, w, dw, b, db
+    for pass_ in PASSES:  # grow the workspace to the largest need first, so the operands stay put
+        for name in names:
+            backend.workspace(*operands, *ENGINES[name].scratch(prob, pass_, has_bias))
+    x, dx, y, dy, w, dw, b, db = backend.workspace(*operands)
+    for ptr, count, value in ((x, counts[0], 0.5), (dy, counts[1], 0.5), (w, counts[2], 0.5), (b, counts[3], 0.5),
+                              (dw, counts[2], 0.0), (db, counts[3], 0.0)):  # the weight pass accumulates
+        gm.set(count, value, ptr, dt)
     bias, dbias = (b, db) if has_bias else (None, None)
+    args = {"forward": (x, w, bias, y), "backward_data": (w, dy, dx), "backward_weight": (x, dy, dw, dbias)}
     timings = []
     best: dict[str, tuple[float, str]] = {}
-    passes = {
-        "forward": lambda e: e.forward(prob, x, w, bias, y, scratch),
-        "backward_data": lambda e: e.backward(prob, x, w, dy, dx, None, None, scratch),
-        "backward_weight": lambda e: e.backward(prob, x, w, dy, None, dw, dbias, scratch),
-    }
-    for pass_name, run in passes.items():
+    for pass_ in PASSES:
         for name in names:
-            ms = _time(lambda run=run, name=name: run(ENGINES[name]))
-            timings.append((pass_name, name, ms))
-            if pass_name not in best or ms < best[pass_name][0]:
-                best[pass_name] = (ms, name)
+            ms = _time(lambda e=ENGINES[name], p=pass_: _call(e, prob, p, args[p], operands))
+            timings.append((pass_, name, ms))
+            if pass_ not in best or ms < best[pass_][0]:
+                best[pass_] = (ms, name)
     return Choice(best["forward"][1], best["backward_data"][1], best["backward_weight"][1], tuple(timings))

@@ -23,8 +23,6 @@ THREADS = 256
 TILES = ("128x128", "64x128", "32x64", "16x128", "32x32")  # forward and data gradient
 WEIGHT_TILES = ("64x64", "32x32")  # weight gradient
 _BK = {"128x128": 8, "64x128": 16, "32x64": 16, "16x128": 16, "64x64": 16, "32x32": 16}
-_GEOMETRY = "i" * 14
-
 _tables: dict[tuple, object] = {}
 
 
@@ -33,13 +31,17 @@ def _tile(name: str) -> tuple[int, int]:
     return int(bm), int(bn)
 
 
-def _check_size(prob: ConvProblem) -> None:
-    big = max(prob.num * prob.channels * prob.in_plane, prob.num * prob.num_output * prob.out_plane)
-    if big > backend.INT32_MAX:
-        raise CudaError(f"implicit-GEMM convolution: {big} elements exceed int32 indexing; use smaller batches")
+REQUIREMENT = "input and output of at most 2**31-1 elements each (int32 indexing)"
+
+
+def supports(prob: ConvProblem) -> bool:
+    return max(prob.num * prob.channels * prob.in_plane, prob.num * prob.num_output * prob.out_plane) \
+        <= backend.INT32_MAX
 
 
 def _upload_table(key: tuple, rows: np.ndarray) -> int:
+    """The device copy of the int32 table ``rows``, uploaded once per key and kept (the one place
+    this module allocates device memory)."""
     have = _tables.get(key)
     if have is None:
         table = np.ascontiguousarray(rows, dtype=np.int32)
@@ -85,9 +87,8 @@ def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: i
     has_bias = int(bias is not None)
     plan = prob.cache.get(("ig_forward", tile))
     if plan is None:
-        _check_size(prob)
         bm, bn = _tile(tile)
-        k = backend.kernel(KERNELS, f"ig_forward_{tile}", prob.np_dtype, "PPPiPP" + _GEOMETRY)
+        k = backend.kernel(KERNELS, f"ig_forward_{tile}", prob.np_dtype)
         grid = ((prob.num * prob.out_plane + bn - 1) // bn, (prob.mg + bm - 1) // bm, prob.group)
         plan = prob.cache[("ig_forward", tile)] = (k, grid, forward_table(prob))
         k.check_args(x, w, bias or w, has_bias, plan[2], y, *prob.geometry_args)
@@ -100,9 +101,8 @@ def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int) -> Non
     """``dx = conv_transpose(dy, w)`` (assigned), in one launch."""
     plan = prob.cache.get(("ig_backward_data", tile))
     if plan is None:
-        _check_size(prob)
         bm, bn = _tile(tile)
-        k = backend.kernel(KERNELS, f"ig_backward_data_{tile}", prob.np_dtype, "PPPP" + _GEOMETRY)
+        k = backend.kernel(KERNELS, f"ig_backward_data_{tile}", prob.np_dtype)
         grid = ((prob.num * prob.in_plane + bn - 1) // bn, (prob.cg + bm - 1) // bm, prob.group)
         plan = prob.cache[("ig_backward_data", tile)] = (k, grid, backward_data_table(prob))
         k.check_args(w, dy, plan[2], dx, *prob.geometry_args)
@@ -125,7 +125,7 @@ def weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, in
 
 
 def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
-    """Elements of the partial-sum workspace :func:`backward_weight` needs."""
+    """Elements of the partial-sum scratch :func:`backward_weight` needs."""
     key = ("ig_workspace", tile, has_bias)
     count = prob.cache.get(key)
     if count is None:
@@ -135,20 +135,20 @@ def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
 
 
 def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: int | None, workspace: int) -> None:
-    """``dw += dL/dw`` and, when ``db`` is given, ``db += dL/db``; ``workspace`` holds at least
-    :func:`workspace_count` elements. Sums in a fixed order (deterministic)."""
+    """``dw += dL/dw`` and, when ``db`` is given, ``db += dL/db``; ``workspace`` (scratch from the
+    shared device workspace) holds at least :func:`workspace_count` elements. Sums in a fixed order
+    (deterministic)."""
     has_bias = int(db is not None)
     key = ("ig_backward_weight", tile, has_bias)
     plan = prob.cache.get(key)
     if plan is None:
-        _check_size(prob)
         bm, bn = _tile(tile)
         splits, chunk = weight_splits(prob, tile, bool(has_bias))
         cols = prob.kg + has_bias
-        k = backend.kernel(KERNELS, f"ig_backward_weight_{tile}", prob.np_dtype, "PPPPiii" + _GEOMETRY)
+        k = backend.kernel(KERNELS, f"ig_backward_weight_{tile}", prob.np_dtype)
         grid = ((cols + bn - 1) // bn, (prob.mg + bm - 1) // bm, prob.group * splits)
         n = prob.group * prob.mg * cols
-        r = backend.kernel(KERNELS, "ig_reduce_weight", prob.np_dtype, "iPiiiiPP")
+        r = backend.kernel(KERNELS, "ig_reduce_weight", prob.np_dtype)
         rgrid = (min((n + THREADS - 1) // THREADS, backend.MAX_BLOCKS), 1, 1)
         plan = prob.cache[key] = (k, grid, (forward_table(prob), splits, chunk, has_bias), r, rgrid,
                                   (splits, prob.mg, prob.kg, has_bias))

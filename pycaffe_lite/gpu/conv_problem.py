@@ -11,7 +11,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..im2col import Pair, out_shape
+from ..conv_shape import Pair, out_shape
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ class ConvProblem:
     stride: Pair
     dilation: Pair
     dtype: str  # numpy dtype string, e.g. '<f4'
-    cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # engines' launch plans
+    # the engines' launch plans and scratch sizes for this shape
+    cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @cached_property
     def out_hw(self) -> Pair:

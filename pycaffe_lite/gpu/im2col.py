@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..conv_shape import Pair, out_shape
 from ..errors import CudaError
-from ..im2col import Pair, out_shape
 from . import backend
 
 KERNELS = Path(__file__).with_name("im2col.cu")
-_GEOMETRY = "iiiiiiiiiiiiii"  # num, channels, height, width, kernel, pad, stride, dilation (h, w), ho, wo
 
 
 def _geometry(num: int, channels: int, image_hw: Pair, kernel: Pair, pad: Pair, stride: Pair,
               dilation: Pair) -> tuple[int, ...]:
+    """The kernels' geometry arguments: num, channels, H, W, then kernel, pad, stride, dilation
+    (each h, w), Ho, Wo."""
     ho, wo = out_shape(image_hw[0], image_hw[1], kernel, pad, stride, dilation)
     if ho <= 0 or wo <= 0:
         raise CudaError(f"im2col: kernel {kernel} (dilation {dilation}) exceeds input {image_hw} padded by {pad}")
@@ -35,8 +36,7 @@ def im2col(data_im: int, num: int, channels: int, image_hw: Pair, kernel: Pair, 
     """Fill ``data_col`` (C*kh*kw, num, Ho*Wo) from the image batch ``data_im`` (num, C, H, W)."""
     geo = _geometry(num, channels, image_hw, kernel, pad, stride, dilation)
     n = channels * num * geo[-2] * geo[-1]
-    k = backend.kernel(KERNELS, "im2col_batch", dtype, "iP" + _GEOMETRY + "P")
-    k(n, n, data_im, *geo, data_col)
+    backend.kernel(KERNELS, "im2col_batch", dtype)(n, data_im, *geo, data_col)
 
 
 def col2im(data_col: int, num: int, channels: int, image_hw: Pair, kernel: Pair, pad: Pair, stride: Pair,
@@ -45,12 +45,10 @@ def col2im(data_col: int, num: int, channels: int, image_hw: Pair, kernel: Pair,
     read each pixel (the adjoint of :func:`im2col`)."""
     geo = _geometry(num, channels, image_hw, kernel, pad, stride, dilation)
     n = num * channels * image_hw[0] * image_hw[1]
-    k = backend.kernel(KERNELS, "col2im_batch", dtype, "iP" + _GEOMETRY + "P")
-    k(n, n, data_col, *geo, data_im)
+    backend.kernel(KERNELS, "col2im_batch", dtype)(n, data_col, *geo, data_im)
 
 
 def swap_leading_axes(src: int, a_dim: int, b_dim: int, inner: int, dst: int, dtype) -> None:
     """``dst (b_dim, a_dim, inner) = src (a_dim, b_dim, inner)`` with the leading axes swapped."""
     n = a_dim * b_dim * inner
-    k = backend.kernel(KERNELS, "swap_leading_axes", dtype, "iPiiiP")
-    k(n, n, src, a_dim, b_dim, inner, dst)
+    backend.kernel(KERNELS, "swap_leading_axes", dtype)(n, src, a_dim, b_dim, inner, dst)

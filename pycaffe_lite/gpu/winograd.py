@@ -4,13 +4,14 @@ tile as cuBLAS strided-batched GEMMs over channels).
 Applies to 3x3 kernels with stride 1, no dilation, one group and pads of at most 2 (the data
 gradient is the forward transform of the top gradient padded by ``2 - pad`` with the flipped,
 transposed filter). The multiply count is 16/36 of the direct convolution's. Batches whose
-transformed tiles exceed :data:`BUFFER_BYTES` run in chunks of images. ``buffer(name, count)``
-arguments return a device pointer to at least ``count`` elements (the caller owns the memory).
+transformed tiles exceed :data:`BUFFER_BYTES` run in chunks of images. Each pass takes its
+transform buffers as device pointers ``ws`` to regions of the sizes :func:`scratch` gives (the
+caller carves them from the shared device workspace).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import backend, blas
@@ -19,8 +20,7 @@ from .conv_problem import ConvProblem
 
 KERNELS = Path(__file__).with_name("winograd.cu")
 BUFFER_BYTES = 512 << 20  # per transformed-tile buffer; larger batches run in image chunks
-
-Buffer = Callable[[str, int], int]
+REQUIREMENT = "a 3x3 kernel, stride 1, no dilation, group 1 and pad <= 2"
 
 
 def supports(prob: ConvProblem) -> bool:
@@ -47,44 +47,73 @@ def _input(dtype, x: int, nb: int, channels: int, hw: tuple[int, int], pad: tupl
     t = nb * tiles[0] * tiles[1]
     block = block or t
     n = channels * block * blocks
-    k = backend.kernel(KERNELS, "winograd_input", dtype, "iPiiiiiiiiiP")
-    k(n, n, x, channels, hw[0], hw[1], pad[0], pad[1], tiles[0], tiles[1], t, block, v)
+    backend.kernel(KERNELS, "winograd_input", dtype)(n, x, channels, hw[0], hw[1], pad[0], pad[1], tiles[0],
+                                                     tiles[1], t, block, v)
 
 
 def _output(dtype, mo: int, nb: int, channels: int, tiles: tuple[int, int], out_hw: tuple[int, int],
             bias: int | None, y: int) -> None:
     t = nb * tiles[0] * tiles[1]
     n = channels * t
-    k = backend.kernel(KERNELS, "winograd_output", dtype, "iPiiiiiiPiP")
-    k(n, n, mo, channels, tiles[0], tiles[1], t, out_hw[0], out_hw[1], bias or mo, int(bias is not None), y)
+    backend.kernel(KERNELS, "winograd_output", dtype)(n, mo, channels, tiles[0], tiles[1], t, out_hw[0], out_hw[1],
+                                                      bias or mo, int(bias is not None), y)
 
 
-def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int, buffer: Buffer) -> None:
-    """``y = conv(x, w) (+ bias)``."""
-    _convolve(prob.np_dtype, prob.num, prob.channels, (prob.height, prob.width), prob.pad, prob.num_output,
-              prob.out_hw, x, w, False, bias, y, _chunk(prob), buffer)
+def _sides(prob: ConvProblem, pass_: str) -> tuple[int, int, tuple[int, int]]:
+    """(cin, cout, out_hw) of the 3x3 convolution a forward or data-gradient pass runs."""
+    if pass_ == "forward":
+        return prob.channels, prob.num_output, prob.out_hw
+    return prob.num_output, prob.channels, (prob.height, prob.width)
 
 
-def backward_data(prob: ConvProblem, w: int, dy: int, dx: int, buffer: Buffer) -> None:
+def _weight_chunks(prob: ConvProblem) -> Iterator[tuple[int, int, int, int, int]]:
+    """(first image, images, tiles, blocks, block) of each image chunk of the weight gradient."""
+    nb_max = _chunk(prob)
+    tiles = _tiles(*prob.out_hw)
+    for n0 in range(0, prob.num, nb_max):
+        nb = min(nb_max, prob.num - n0)
+        t = nb * tiles[0] * tiles[1]
+        yield (n0, nb, t, *_weight_blocks(prob, t))
+
+
+def scratch(prob: ConvProblem, pass_: str) -> tuple[int, ...]:
+    """Bytes of each scratch region ``pass_`` ("forward", "backward_data", "backward_weight") uses:
+    U, V, M for the first two; dU, V, dM, partial sums for the weight gradient."""
+    isz = prob.itemsize
+    if pass_ == "backward_weight":
+        m, c = prob.num_output, prob.channels
+        span = max(nblk * blk for *_, nblk, blk in _weight_chunks(prob))
+        nblk = max(nblk for *_, nblk, _ in _weight_chunks(prob))
+        return 16 * m * c * isz, 16 * c * span * isz, 16 * m * span * isz, 16 * nblk * m * c * isz
+    cin, cout, out_hw = _sides(prob, pass_)
+    th, tw = _tiles(*out_hw)
+    nt = _chunk(prob) * th * tw
+    return 16 * cin * cout * isz, 16 * cin * nt * isz, 16 * cout * nt * isz
+
+
+def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int, ws: list[int]) -> None:
+    """``y = conv(x, w) (+ bias)``; ``ws``: the regions of :func:`scratch` ``"forward"``."""
+    _convolve(prob, "forward", (prob.height, prob.width), prob.pad, x, w, False, bias, y, ws)
+
+
+def backward_data(prob: ConvProblem, w: int, dy: int, dx: int, ws: list[int]) -> None:
     """``dx = dL/dx`` (assigned): the forward transform of ``dy`` padded by ``2 - pad`` with the
-    flipped, transposed filter."""
+    flipped, transposed filter; ``ws``: the regions of :func:`scratch` ``"backward_data"``."""
     pad = (2 - prob.pad[0], 2 - prob.pad[1])
-    _convolve(prob.np_dtype, prob.num, prob.num_output, prob.out_hw, pad, prob.channels,
-              (prob.height, prob.width), dy, w, True, None, dx, _chunk(prob), buffer)
+    _convolve(prob, "backward_data", prob.out_hw, pad, dy, w, True, None, dx, ws)
 
 
-def _convolve(dtype, num: int, cin: int, in_hw, pad, cout: int, out_hw, x: int, w: int, flip: bool,
-              bias: int | None, y: int, nb_max: int, buffer: Buffer) -> None:
+def _convolve(prob: ConvProblem, pass_: str, in_hw, pad, x: int, w: int, flip: bool, bias: int | None, y: int,
+              ws: list[int]) -> None:
     """``y (num, cout, *out_hw) = conv3x3(x (num, cin, *in_hw) padded by pad)``."""
-    isz = dtype.itemsize
+    dtype, isz = prob.np_dtype, prob.itemsize
+    cin, cout, out_hw = _sides(prob, pass_)
     tiles = _tiles(*out_hw)
-    u = buffer("wino_u", 16 * cin * cout)
+    u, v, mo = ws
     _filter_any(dtype, w, cin, cout, flip, u)
-    nt_max = nb_max * tiles[0] * tiles[1]
-    v = buffer("wino_v", 16 * cin * nt_max)
-    mo = buffer("wino_m", 16 * cout * nt_max)
-    for n0 in range(0, num, nb_max):
-        nb = min(nb_max, num - n0)
+    nb_max = _chunk(prob)
+    for n0 in range(0, prob.num, nb_max):
+        nb = min(nb_max, prob.num - n0)
         t = nb * tiles[0] * tiles[1]
         _input(dtype, x + n0 * cin * in_hw[0] * in_hw[1] * isz, nb, cin, in_hw, pad, tiles, v)
         # Mo[xi] (cout, t) = U[xi] (cout, cin) . V[xi] (cin, t)
@@ -96,9 +125,7 @@ def _convolve(dtype, num: int, cin: int, in_hw, pad, cout: int, out_hw, x: int, 
 def _filter_any(dtype, w: int, cin: int, cout: int, flip: bool, u: int) -> None:
     """U for y = conv(x): ``w`` is (cout, cin, 3, 3), or with ``flip`` (cin, cout, 3, 3) read flipped."""
     m, c = (cin, cout) if flip else (cout, cin)  # the weight blob is always (num_output, channels, 3, 3)
-    n = m * c
-    k = backend.kernel(KERNELS, "winograd_filter", dtype, "iPiiiP")
-    k(n, n, w, m, c, int(flip), u)
+    backend.kernel(KERNELS, "winograd_filter", dtype)(m * c, w, m, c, int(flip), u)
 
 
 def _weight_blocks(prob: ConvProblem, tiles: int) -> tuple[int, int]:
@@ -111,32 +138,23 @@ def _weight_blocks(prob: ConvProblem, tiles: int) -> tuple[int, int]:
     return -(-tiles // block), block
 
 
-def backward_weight(prob: ConvProblem, x: int, dy: int, dw: int, buffer: Buffer) -> None:
-    """``dw += dL/dw`` through the transforms' adjoints."""
+def backward_weight(prob: ConvProblem, x: int, dy: int, dw: int, ws: list[int]) -> None:
+    """``dw += dL/dw`` through the transforms' adjoints; ``ws``: the regions of :func:`scratch`
+    ``"backward_weight"``."""
     dtype, isz = prob.np_dtype, prob.itemsize
     ho, wo = prob.out_hw
     tiles = _tiles(ho, wo)
-    nb_max = _chunk(prob)
     m, c = prob.num_output, prob.channels
-    du = buffer("wino_du", 16 * m * c)
-    for i, n0 in enumerate(range(0, prob.num, nb_max)):
-        nb = min(nb_max, prob.num - n0)
-        t = nb * tiles[0] * tiles[1]
-        nblk, blk = _weight_blocks(prob, t)
-        v = buffer("wino_v", 16 * c * nblk * blk)
-        dmo = buffer("wino_m", 16 * m * nblk * blk)
-        part = buffer("wino_part", 16 * nblk * m * c)
-        ones = gm.ones_vector(nblk, dtype)
-        n = m * nblk * blk
-        k = backend.kernel(KERNELS, "winograd_output_grad", dtype, "iPiiiiiiiP")
-        k(n, n, dy + n0 * m * ho * wo * isz, m, tiles[0], tiles[1], t, blk, ho, wo, dmo)
+    du, v, dmo, part = ws
+    output_grad = backend.kernel(KERNELS, "winograd_output_grad", dtype)
+    for n0, nb, t, nblk, blk in _weight_chunks(prob):
+        output_grad(m * nblk * blk, dy + n0 * m * ho * wo * isz, m, tiles[0], tiles[1], t, blk, ho, wo, dmo)
         _input(dtype, x + n0 * c * prob.in_plane * isz, nb, c, (prob.height, prob.width), prob.pad, tiles, v,
                blk, nblk)
         # part[xi, s] (m, c) = dMo[xi, s] (m, blk) . V[xi, s]^T (blk, c), one GEMM per (xi, block)
         blas.gemm_strided_batched(False, True, m, c, blk, 1.0, dmo, m * blk, v, c * blk, 0.0, part, m * c,
                                   16 * nblk, dtype)
         # dU[xi] (1, m*c) (+)= ones (1, nblk) . part[xi] (nblk, m*c)
-        blas.gemm_strided_batched(False, False, 1, m * c, nblk, 1.0, ones, 0, part, nblk * m * c,
-                                  1.0 if i else 0.0, du, m * c, 16, dtype)
-    n = m * c
-    backend.kernel(KERNELS, "winograd_filter_grad", dtype, "iPiiP")(n, n, du, m, c, dw)
+        blas.gemm_strided_batched(False, False, 1, m * c, nblk, 1.0, gm.ones_vector(nblk, dtype), 0, part,
+                                  nblk * m * c, 1.0 if n0 else 0.0, du, m * c, 16, dtype)
+    backend.kernel(KERNELS, "winograd_filter_grad", dtype)(m * c, du, m, c, dw)

@@ -41,7 +41,7 @@ def _run(layer, x, top_diff, dtype, choice=None, propagate=(True,), params=(True
     bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
     layer.setup(bottom, top)
     if choice is not None:
-        layer._choice = (layer._problem(), choice)
+        layer._choice = choice
     layer.param_propagate_down = list(params[:len(layer.blobs)])
     layer.forward(bottom, top)
     top[0].diff[...] = top_diff
@@ -82,7 +82,7 @@ def _supports(name, shape, body):
     layer = make_layer(_text(body))
     bottom, top = blobs([np.zeros(shape)]), empty_blobs(1)
     layer.setup(bottom, top)
-    return conv_engines.ENGINES[name].supports(layer._problem())
+    return conv_engines.ENGINES[name].supports(layer.problem)
 
 
 @pytest.fixture(autouse=True)
@@ -175,7 +175,7 @@ def test_implicit_weight_gradient_is_deterministic_and_split():
     layer = _gpu_layer(cpu_layer, body, np.float32)
     name = "implicit-32x64"
     runs = [_run(layer, x, top_diff, np.float32, choice=Choice(name, name, name)) for _ in range(3)]
-    splits, _ = conv_implicit.weight_splits(layer._problem(), "32x32", True)
+    splits, _ = conv_implicit.weight_splits(layer.problem, "32x32", True)
     assert splits > 1
     for r in runs[1:]:
         for a, b in zip(r, runs[0]):
@@ -193,7 +193,7 @@ def test_gradient_check(name):
     layer = make_layer(_text("num_output: 3 kernel_size: 3 pad: 1"), np.float64)
     bottom, top = blobs([np.random.default_rng(1).standard_normal((2, 2, 5, 4))]), empty_blobs(1)
     layer.setup(bottom, top)
-    layer._choice = (layer._problem(), Choice(name, name, name))
+    layer._choice = Choice(name, name, name)
     # the checker's forwards keep the shape, so the forced choice stays
     GradientChecker(stepsize=1e-3, threshold=1e-4).check(layer, bottom, top)
 
@@ -243,3 +243,24 @@ def test_winograd_engine_rejects_other_geometry():
     layer.setup(bottom, top)
     with pytest.raises(NetError, match="conv.*WINOGRAD needs a 3x3 kernel, stride 1"):
         layer.forward(bottom, top)
+
+
+def test_layers_share_one_workspace():
+    """Scratch comes from the process-wide workspace: sized by the largest need, and a layer that
+    needs less runs in the same buffer without growing it."""
+    from pycaffe_lite.gpu import backend, conv_engines
+
+    caffe.set_mode_gpu()
+    big = make_layer(_text("num_output: 8 kernel_size: 3 pad: 1", "engine: CAFFE"), np.float32)
+    bottom, top = blobs([np.ones((4, 4, 12, 12))], np.float32), empty_blobs(1, np.float32)
+    big.setup(bottom, top)
+    big.forward(bottom, top)
+    size = backend.workspace_bytes()
+    assert size >= sum(conv_engines.ENGINES["gemm"].scratch(big.problem, "forward", True)) > 0
+    small = make_layer(_text("num_output: 2 kernel_size: 3", "engine: CAFFE"), np.float32)
+    bottom, top = blobs([np.ones((1, 2, 6, 6))], np.float32), empty_blobs(1, np.float32)
+    small.setup(bottom, top)
+    small.forward(bottom, top)
+    top[0].diff[...] = 1.0
+    small.backward(top, [True], bottom)
+    assert backend.workspace_bytes() == size

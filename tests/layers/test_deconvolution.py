@@ -1,5 +1,6 @@
-"""Deconvolution: forward against a naive scatter loop, FCN bilinear upsampling, gradients, errors,
-CPU-vs-GPU agreement."""
+"""Deconvolution: forward against a naive scatter loop, FCN bilinear upsampling, gradients, errors;
+on the GPU per forced engine (gradients, CPU-vs-GPU agreement, chunking), the pass-to-engine
+mapping, the shared autotune, and forced engines that cannot run a geometry."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pycaffe_lite.errors import NetError
 from pycaffe_lite.gradient_check import GradientChecker
 from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.protoio import parse_text
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
 
 
 def deconv_text(body: str) -> str:
@@ -225,62 +226,179 @@ def test_embedded_weights_use_caffe_layout():
         bad.setup(blobs([np.zeros((1, 2, 4, 4))]), empty_blobs(1))
 
 
+def test_problem_is_the_transposed_convolution():
+    """The engines run the convolution from this layer's top to its bottom, with the weight blob
+    as its weights: the problem a Convolution with the mirrored shapes has."""
+    de, _, top = _run((2, 4, 3, 5), "num_output: 6 kernel_h: 3 kernel_w: 2 group: 2 stride: 2 pad: 1 dilation: 2")
+    conv = make_layer('name: "c" type: "Convolution" convolution_param { num_output: 4 kernel_h: 3 kernel_w: 2 '
+                      'group: 2 stride: 2 pad: 1 dilation: 2 }')
+    conv.setup(blobs([np.zeros(top[0].shape)]), empty_blobs(1))
+    assert de.problem == conv.problem
+    assert conv.blobs[0].shape == de.blobs[0].shape
+
+
+# -- GPU engines -------------------------------------------------------------------------------
+ENGINES = ["CAFFE", "IMPLICIT_GEMM", "WINOGRAD"]  # the engine field values that force each engine
+
+
+def _winograd_geometry(body: str) -> bool:
+    """Winograd F(2x2, 3x3) runs 3x3 kernels, stride 1, no dilation, group 1, pad <= 2."""
+    return ("kernel_size: 3" in body and not any(f in body for f in ("stride", "dilation", "group", "kernel_h"))
+            and "pad: 3" not in body)
+
+
+def _engine_cases(configs):
+    return [(shape, body, e) for shape, body in configs for e in ENGINES if e != "WINOGRAD" or _winograd_geometry(body)]
+
+
+ENGINE_CONFIGS = CONFIGS + [((2, 3, 4, 5), "num_output: 4 kernel_size: 3 pad: 1"),
+                            ((1, 2, 5, 4), "num_output: 3 kernel_size: 3 pad: 2 bias_term: false")]
+ENGINE_GRAD_CONFIGS = GRAD_CONFIGS + [((1, 3, 4, 4), "num_output: 2 kernel_size: 3 pad: 1")]
+
+
+@pytest.mark.parametrize("shape,body", ENGINE_CONFIGS)
+def test_winograd_geometry_matches_the_engine(shape, body):
+    from pycaffe_lite.gpu import conv_engines
+
+    layer, _, _ = _run(shape, body)
+    assert conv_engines.ENGINES["winograd"].supports(layer.problem) == _winograd_geometry(body)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape,body", CONFIGS[:7])
-def test_cpu_gpu_agree(dtype, shape, body):
-    rng = np.random.default_rng(9)
-    x = rng.standard_normal(shape)
-    out = {}
-    ref = make_layer(deconv_text(_fill(body)), dtype)
-    ref.setup(blobs([x], dtype), empty_blobs(1, dtype))
-    params = [p.data.copy() for p in ref.blobs]
-    dy = None
-    for m in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if m == "gpu" else caffe.set_mode_cpu()
-        try:
-            layer = make_layer(deconv_text(body), dtype)
-            layer.blobs = blobs(params, dtype)
-            bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
-            layer.setup(bottom, top)
-            layer.forward(bottom, top)
-            if dy is None:
-                dy = rng.standard_normal(top[0].shape)
-            top[0].diff[...] = dy
-            layer.backward(top, [True], bottom)
-            out[m] = [top[0].data.copy(), bottom[0].diff.copy()] + [p.diff.copy() for p in layer.blobs]
-        finally:
-            caffe.set_mode_cpu()
-    tol = 1e-4 if dtype == np.float32 else 1e-11
-    for a, b in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+@pytest.mark.parametrize("shape,body,engine", _engine_cases(ENGINE_CONFIGS))
+def test_cpu_gpu_agree(dtype, shape, body, engine):
+    x = np.random.default_rng(9).standard_normal(shape)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    assert_cpu_gpu_agree(deconv_text(_fill(f"{body} engine: {engine}")), [x], rtol=tol, atol=tol, dtype=dtype)
 
 
 @pytest.mark.gpu
-def test_gpu_chunked_batch_matches_cpu(monkeypatch):
-    """A tiny column budget makes the GPU path run one image per chunk."""
-    import pycaffe_lite.layers.deconvolution as mod
+@pytest.mark.parametrize("shape,body,engine", _engine_cases(ENGINE_GRAD_CONFIGS))
+def test_gpu_gradient_per_engine(gpu_mode, shape, body, engine):
+    rng = np.random.default_rng(5)
+    layer = make_layer(deconv_text(_fill(f"{body} engine: {engine}")))
+    bottom, top = blobs([rng.standard_normal(shape)]), empty_blobs(1)
+    checked = GradientChecker(stepsize=1e-3, threshold=1e-4).check(layer, bottom, top)
+    assert checked == bottom[0].count + sum(b.count for b in layer.blobs)
 
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal((3, 2, 3, 3))
-    body = _fill("num_output: 2 kernel_size: 3 stride: 2")
-    out = {}
-    for m in ("cpu", "gpu"):
-        if m == "gpu":
-            monkeypatch.setattr(mod, "COL_BUFFER_BYTES", 8)
-            caffe.set_mode_gpu()
-        try:
-            caffe.set_random_seed(3)
-            layer = make_layer(deconv_text(body))
-            bottom, top = blobs([x]), empty_blobs(1)
-            layer.setup(bottom, top)
-            if m == "gpu":
-                assert len(layer._chunks()) == 3
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["CAFFE", "WINOGRAD"])
+def test_gpu_chunked_batches_agree(monkeypatch, engine):
+    """Tiny scratch budgets make the im2col and Winograd engines run one image per chunk."""
+    from pycaffe_lite.gpu import conv_engines, winograd
+
+    monkeypatch.setattr(conv_engines, "COL_BUFFER_BYTES", 1)
+    monkeypatch.setattr(winograd, "BUFFER_BYTES", 1)
+    x = np.random.default_rng(11).standard_normal((3, 2, 4, 3))
+    assert_cpu_gpu_agree(deconv_text(_fill(f"num_output: 3 kernel_size: 3 pad: 1 engine: {engine}")), [x],
+                         rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mix", [("gemm", "winograd", "implicit-32x64"), ("winograd", "implicit-64x128", "gemm"),
+                                 ("implicit-128x128", "gemm", "winograd")])
+def test_gpu_passes_use_their_own_engine(monkeypatch, mix):
+    """Forward is the engines' data-gradient pass, the bottom diff their forward, the weight diff
+    their weight pass: each runs on the engine the choice names for that pass, and the mix agrees
+    with the CPU."""
+    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.gpu.conv_engines import Choice
+
+    body = _fill("num_output: 3 kernel_size: 3 pad: 1")
+    x = np.random.default_rng(2).standard_normal((2, 4, 5, 4))
+    cpu_layer, cpu_bottom, cpu_top = run_layer(deconv_text(body), [x])
+    calls = []
+    real_run = conv_engines.run
+    monkeypatch.setattr(conv_engines, "run", lambda prob, choice, p, *args: (
+        calls.append((p, getattr(choice, p))), real_run(prob, choice, p, *args)))
+    caffe.set_mode_gpu()
+    try:
+        caffe.set_random_seed(5)
+        layer = make_layer(deconv_text(body))
+        bottom, top = blobs([x]), empty_blobs(1)
+        layer.setup(bottom, top)
+        layer._choice = choice = Choice(*mix)
+        layer.forward(bottom, top)
+        assert calls == [("backward_data", choice.backward_data)]
+        top[0].diff[...] = cpu_top[0].diff
+        for p in layer.blobs:
+            p.diff[...] = 0.25
+        layer.backward(top, [True], bottom)
+        assert calls[1:] == [("backward_weight", choice.backward_weight), ("forward", choice.forward)]
+        got = [top[0].data, bottom[0].diff] + [p.diff for p in layer.blobs]
+    finally:
+        caffe.set_mode_cpu()
+    want = [cpu_top[0].data, cpu_bottom[0].diff] + [p.diff for p in cpu_layer.blobs]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.gpu
+def test_gpu_autotune_per_pass_shared_with_convolution():
+    """The autotune times every engine on each pass of the transposed convolution, keeps the
+    fastest per pass, and caches the choice: the same object for the layer's later calls, for
+    another layer of that shape, and for the Convolution that has the same problem."""
+    from pycaffe_lite.gpu import conv_engines
+
+    conv_engines.clear_cache()
+    caffe.set_mode_gpu()
+    try:
+        layer = make_layer(deconv_text(_fill("num_output: 4 kernel_size: 3 pad: 1")), np.float32)
+        bottom, top = blobs([np.ones((2, 6, 5, 5))], np.float32), empty_blobs(1, np.float32)
+        layer.setup(bottom, top)
+        layer.forward(bottom, top)
+        choice = layer.engine_choice()
+        assert len(conv_engines.cached_choices()) == 1
+        supported = {n for n, e in conv_engines.ENGINES.items() if e.supports(layer.problem)}
+        assert supported == set(conv_engines.ENGINES)  # 3x3 stride 1 pad 1: every engine
+        for p in conv_engines.PASSES:
+            timed = {n: ms for q, n, ms in choice.timings if q == p}
+            assert set(timed) == supported
+            assert getattr(choice, p) == min(timed, key=timed.get)
+        top[0].diff[...] = 1.0
+        layer.backward(top, [True], bottom)
+        layer.forward(bottom, top)
+        assert layer.engine_choice() is choice  # no re-tuning for the same shape
+        other = make_layer(deconv_text("num_output: 4 kernel_size: 3 pad: 1"), np.float32)
+        other.setup(bottom, empty_blobs(1, np.float32))
+        assert other.engine_choice() is choice
+        conv = make_layer('name: "c" type: "Convolution" convolution_param { num_output: 6 kernel_size: 3 pad: 1 '
+                          'bias_term: false }', np.float32)
+        conv.setup(blobs([np.ones(top[0].shape)], np.float32), empty_blobs(1, np.float32))
+        assert conv.engine_choice() is choice
+        assert len(conv_engines.cached_choices()) == 1
+    finally:
+        caffe.set_mode_cpu()
+
+
+@pytest.mark.parametrize("engine,body,match", [
+    ("WINOGRAD", "num_output: 2 kernel_size: 3 stride: 2",
+     r"engine WINOGRAD needs a 3x3 kernel, stride 1.*kernel \(3, 3\), stride \(2, 2\)"),
+    ("WINOGRAD", "num_output: 2 kernel_size: 4",
+     r"engine WINOGRAD needs a 3x3 kernel.*kernel \(4, 4\)"),
+    ("IMPLICIT_GEMM", "num_output: 2 kernel_size: 3", r"engine IMPLICIT_GEMM needs input and output of at most"),
+])
+def test_forced_engine_rejects_geometry(monkeypatch, engine, body, match):
+    """Checked before any GPU work (so this runs without a GPU), with the layer and its geometry."""
+    if engine == "IMPLICIT_GEMM":
+        monkeypatch.setattr("pycaffe_lite.gpu.backend.INT32_MAX", 50)  # a "too large" problem
+    layer = make_layer(deconv_text(f"{body} engine: {engine}"))
+    layer.setup(blobs([np.zeros((1, 3, 5, 5))]), empty_blobs(1))
+    with pytest.raises(NetError, match=match) as info:
+        layer.engines()
+    assert str(info.value).startswith("layer 'deconv' (Deconvolution): ")
+
+
+@pytest.mark.gpu
+def test_gpu_forward_with_impossible_engine_raises():
+    caffe.set_mode_gpu()
+    try:
+        layer = make_layer(deconv_text("num_output: 2 kernel_size: 3 stride: 2 engine: WINOGRAD"))
+        bottom, top = blobs([np.zeros((1, 3, 4, 4))]), empty_blobs(1)
+        layer.setup(bottom, top)
+        with pytest.raises(NetError, match="layer 'deconv'.*WINOGRAD needs a 3x3 kernel, stride 1"):
             layer.forward(bottom, top)
-            top[0].diff[...] = np.linspace(-1, 1, top[0].count).reshape(top[0].shape)
-            layer.backward(top, [True], bottom)
-            out[m] = [top[0].data.copy(), bottom[0].diff.copy()] + [p.diff.copy() for p in layer.blobs]
-        finally:
-            caffe.set_mode_cpu()
-    for a, b in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11)
+    finally:
+        caffe.set_mode_cpu()
