@@ -10,13 +10,20 @@ and beta count, as do biases.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import model_zoo, protoio
+from pycaffe_lite import protoio
 from pycaffe_lite.net import load_net_param
 from pycaffe_lite.proto import caffe_pb2
+
+ZOO_DIR = Path(__file__).resolve().parents[1] / "examples" / "model_zoo"
+sys.path.insert(0, str(ZOO_DIR))
+import model_zoo  # noqa: E402  (examples/model_zoo/model_zoo.py: the generator, outside the package)
 
 WB = "weights+bias"
 ALEXNET_SHAPES = {
@@ -158,6 +165,13 @@ SPECS: dict[str, dict] = {
         output="score", logits=None, out_shape=(1, 21, 64, 64), input_hw=(64, 64),
     ),
 }
+
+
+def test_generator_is_outside_the_package():
+    import importlib.util
+
+    assert importlib.util.find_spec("pycaffe_lite.model_zoo") is None
+    assert Path(model_zoo.__file__).resolve().parent == ZOO_DIR
 
 
 def test_specs_cover_every_model():
@@ -375,9 +389,7 @@ def test_forward_gpu_matches_cpu(built):
 
 def test_example_prototxts_are_current():
     """examples/model_zoo holds the generator's current output."""
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[1] / "examples" / "model_zoo"
+    folder = ZOO_DIR
     for name, build in model_zoo.MODELS.items():
         path = folder / f"{name}_deploy.prototxt"
         assert path.is_file(), f"{path} missing: run python examples/model_zoo/generate.py"
@@ -387,9 +399,8 @@ def test_example_prototxts_are_current():
 
 def test_generate_script(tmp_path, capsys):
     import runpy
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "examples" / "model_zoo" / "generate.py"
+    script = ZOO_DIR / "generate.py"
     mod = runpy.run_path(str(script), run_name="model_zoo_generate")
     assert mod["main"](["--out", str(tmp_path), "--models", "squeezenet_v1_1", "--summary"]) == 0
     out = capsys.readouterr().out

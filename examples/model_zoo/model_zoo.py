@@ -1,5 +1,8 @@
 """Deploy nets of the classic Caffe model zoo, generated with :mod:`pycaffe_lite.net_spec`.
 
+An example, not part of the framework package: import it from this folder (``generate.py`` and
+the tests put ``examples/model_zoo`` on ``sys.path``).
+
 Each function returns a NetParameter whose layers (names, types, tops, parameters) match the
 published deploy prototxt of that model, so the published ``.caffemodel`` weights load into it by
 layer name:
@@ -28,11 +31,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from . import protoio
-from .net_spec import NetSpec
-from .net_spec import layers as L
-from .net_spec import params as P
-from .proto import caffe_pb2
+from pycaffe_lite import protoio
+from pycaffe_lite.net_spec import NetSpec
+from pycaffe_lite.net_spec import layers as L
+from pycaffe_lite.net_spec import params as P
+from pycaffe_lite.proto import caffe_pb2
 
 # lr/decay multipliers of the weights and biases in the BVLC reference nets.
 _WB = [dict(lr_mult=1, decay_mult=1), dict(lr_mult=2, decay_mult=0)]
