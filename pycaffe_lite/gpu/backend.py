@@ -41,6 +41,7 @@ class _State:
         self.context.push()
         self.stream = cuda.Stream()
         self.pool = pycuda.tools.DeviceMemoryPool()
+        self.free_at_init = cuda.mem_get_info()[0]  # baseline of memory_held()
         self.modules: dict[tuple[str, str], KernelModule] = {}
         self.lock = threading.Lock()
         self.capturing = False  # a CUDA graph capture is recording the stream
@@ -153,6 +154,21 @@ def alloc(nbytes: int):
         return st.pool.allocate(int(nbytes))
     except st.cuda.MemoryError as exc:
         raise CudaError(f"out of device memory allocating {nbytes} bytes: {exc}") from None
+
+
+def memory_held() -> dict[str, int]:
+    """Device memory (bytes) this process took since its context was created: ``device`` from the
+    driver's cuMemGetInfo (free at context creation minus free now: our pool, cuBLAS workspaces,
+    loaded modules, CUDA graphs; assumes no other process allocates on the device meanwhile),
+    ``pool`` (what our pool holds, in use or cached) and ``pool_active`` (in use). The pool keeps
+    freed blocks, so ``pool`` is also its peak so far, and ``device`` the process's peak unless a
+    library released memory meanwhile."""
+    st = state()
+    return {
+        "device": int(st.free_at_init - st.cuda.mem_get_info()[0]),
+        "pool": int(getattr(st.pool, "managed_bytes", 0)),
+        "pool_active": int(getattr(st.pool, "active_bytes", 0)),
+    }
 
 
 def memcpy_htod(dst: int, src: np.ndarray) -> None:
