@@ -133,7 +133,7 @@ def spawn(args: argparse.Namespace, side: str, net: str) -> dict:
     tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
     print(f"  [{side} {net}] worker failed (exit {proc.returncode}):\n{tail}", file=sys.stderr, flush=True)
     last = tail.splitlines()[-1] if tail else f"exit {proc.returncode}"
-    return {"error": last[:120]}
+    return {"error": last[:200]}
 
 
 def _get(res: dict | None, *keys: str) -> float | None:
@@ -171,6 +171,12 @@ def row(net: str, mine: dict | None, peer: dict | None) -> list[str]:
     return cells
 
 
+def graphs(mine: dict | None) -> str:
+    """`` | ours: N CUDA graph replays`` (GPU), else empty: shows whether whole-net replay worked."""
+    n = _get(mine, "graph_replays")
+    return f" | ours: {n} CUDA graph replays" if n is not None else ""
+
+
 HEADER = ["net", "train ours ms", "train peer ms", "ours/peer", "b1 fwd ours ms", "b1 fwd peer ms", "ours/peer",
           "mem ours MiB", "mem peer MiB", "ours/peer", "ours pool MiB", "peer device MiB"]
 
@@ -205,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{net:14s} train b{args.batch}: ours {cells[1]} ms, peer {cells[2]} ms ({cells[3]}) | "
               f"b1 fwd: ours {cells[4]} ms, peer {cells[5]} ms ({cells[6]}) | "
               f"mem: ours {cells[7]} MiB (pool {cells[10]}), peer {cells[8]} MiB reserved "
-              f"(device {cells[11]}) ({cells[9]}){' | ' + errors if errors else ''}", flush=True)
+              f"(device {cells[11]}) ({cells[9]}){graphs(mine)}{' | ' + errors if errors else ''}", flush=True)
     title = f"{datetime.date.today()} on {device or 'unknown device'} ({prec}), batch {args.batch}"
     lines = [f"\n### {title}\n", f"`python benchmarks/zoo.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
              + (f" (peer: {versions})" if versions else "") + "\n",
