@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from timing import median_ms
 
 import pycaffe_lite as caffe
 from pycaffe_lite.gpu import backend
+from pycaffe_lite.net import load_net_param
 from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.protoio import read_text
 from pycaffe_lite.testing import empty_blobs, make_layer
@@ -131,3 +134,97 @@ def _time(fn, reps: int, gpu: bool) -> float:
         fn()
     _sync(gpu)
     return (time.perf_counter() - start) * 1e3 / reps
+
+
+# -- model zoo (benchmarks/zoo.py) ----------------------------------------------------------------
+def zoo_param(deploy: str | os.PathLike, batch: int, train: bool) -> caffe_pb2.NetParameter:
+    """A model-zoo deploy net at ``batch`` images. ``train``: a training variant: a ``label``
+    Input top (batch,), the final Softmax replaced by SoftmaxWithLoss on its logits (appended
+    when the net ends elsewhere), BatchNorm on batch statistics (``use_global_stats`` cleared, as
+    the peer's train mode), ``force_backward`` so the data gradient is computed too."""
+    param = load_net_param(deploy)  # legacy net-level input fields become an Input layer
+    first = param.layer[0]
+    if first.type != "Input" or len(first.input_param.shape) != 1:
+        raise ValueError(f"{deploy}: expected a leading Input layer with one shape, got {first.type}")
+    first.input_param.shape[0].dim[0] = batch
+    if not train:
+        return param
+    first.top.append("label")
+    first.input_param.shape.add().dim.append(batch)
+    last = param.layer[-1]
+    if last.type == "Softmax":
+        logits = last.bottom[0]
+        del param.layer[-1]
+    else:
+        logits = last.top[0]
+    loss = param.layer.add(name="loss", type="SoftmaxWithLoss", top=["loss"])
+    loss.bottom.extend([logits, "label"])
+    for lp in param.layer:
+        if lp.type == "BatchNorm":
+            lp.batch_norm_param.ClearField("use_global_stats")
+    param.force_backward = True
+    return param
+
+
+def randomize_params(net, seed: int = 0) -> None:
+    """He-normal weights (fan-in = count / leading dim), zero biases and Scale betas, Scale gamma
+    1, BatchNorm statistics mean 0, variance 1, factor 1: every zoo net then stays finite."""
+    rng = np.random.default_rng(seed)
+    for name, blobs in net.params.items():
+        ltype = net.layer_dict[name].type
+        for j, blob in enumerate(blobs):
+            if ltype == "BatchNorm":
+                blob.data[...] = 0.0 if j == 0 else 1.0
+            elif blob.data.ndim >= 2:
+                fan_in = blob.count // blob.shape[0]
+                blob.data[...] = rng.standard_normal(blob.shape, dtype=np.float32) * np.sqrt(2.0 / fan_in)
+            else:
+                blob.data[...] = 1.0 if (ltype == "Scale" and j == 0) else 0.0
+
+
+def zoo_net(deploy: str | os.PathLike, batch: int, iters: int, warmup: int, latency_iters: int,
+            gpu: bool = True, tf32: bool = False) -> dict:
+    """One zoo net: median ms of a training iteration at ``batch`` (clear param diffs, forward,
+    backward to every weight and the data; TRAIN phase), peak device memory of that net (GPU:
+    :func:`backend.memory_held`, measured before the latency net exists), then the median batch-1
+    forward latency of the deploy net (TEST phase)."""
+    _set_mode(gpu)
+    if gpu:
+        backend.state()  # context first: memory_held() counts from here
+        caffe.set_allow_tf32(tf32)
+    sync = backend.synchronize if gpu else (lambda: None)
+    out = _zoo_train(deploy, batch, iters, warmup, sync, gpu)
+    test = caffe.Net(zoo_param(deploy, 1, train=False), caffe.TEST)
+    randomize_params(test)
+    data = test.blobs["data"]
+    data.data[...] = np.random.default_rng(2).standard_normal(data.shape, dtype=np.float32)
+    out["latency_ms"] = median_ms(test.forward_prefilled, sync, latency_iters, max(3, warmup))
+    if not np.isfinite(test.blobs[test.outputs[0]].data).all():
+        raise RuntimeError(f"{deploy}: batch-1 forward gives non-finite outputs")
+    out["device"] = backend.device_name() if gpu else "CPU"
+    return out
+
+
+def _zoo_train(deploy, batch: int, iters: int, warmup: int, sync, gpu: bool) -> dict:
+    net = caffe.Net(zoo_param(deploy, batch, train=True), caffe.TRAIN)
+    randomize_params(net)
+    rng = np.random.default_rng(1)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape, dtype=np.float32)
+    net.blobs["label"].data[...] = rng.integers(0, 1000, batch)
+
+    def train_step():
+        net.clear_param_diffs()
+        net.forward_backward()
+
+    out = {"train_ms": median_ms(train_step, sync, iters, warmup)}
+    loss = float(net.blobs["loss"].data)
+    grad = net.blobs["data"].diff
+    if not np.isfinite(loss) or not np.isfinite(grad).all() or not grad.any():
+        raise RuntimeError(f"{deploy}: training step is broken (loss {loss}, data gradient finite "
+                           f"{bool(np.isfinite(grad).all())}, nonzero {bool(grad.any())})")
+    out["loss"] = loss
+    out["params"] = sum(b.count for b, lr in zip(net.learnable_params, net.params_lr) if lr)  # no BN stats
+    if gpu:
+        out["memory"] = backend.memory_held()
+        out["graph_replays"] = net.graph_replays()
+    return out

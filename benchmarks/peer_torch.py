@@ -10,6 +10,7 @@ import math
 import time
 
 import numpy as np
+from timing import median_ms
 
 ALLOW_TF32 = False  # run_all --tf32 sets it; both sides then allow TF32 GEMMs/convolutions
 
@@ -156,3 +157,74 @@ def _time_cuda(torch, fn, reps: int) -> float:
         fn()
     sync()
     return (time.perf_counter() - start) * 1e3 / reps
+
+
+# -- model zoo (benchmarks/zoo.py) ----------------------------------------------------------------
+def torchvision_available() -> str | None:
+    """None when torch and torchvision can run the zoo's peer side, else the reason."""
+    reason = available()
+    if reason:
+        return reason
+    try:
+        import torchvision  # noqa: F401
+    except ImportError as exc:
+        return f"torchvision not installed ({exc})"
+    return None
+
+
+def zoo_net(arch: str, kwargs: dict, size: int, batch: int, iters: int, warmup: int, latency_iters: int,
+            device: str = "cuda") -> dict:
+    """torchvision ``arch(weights=None, **kwargs)``: median ms of a training iteration at
+    ``batch`` (zero_grad(set_to_none), forward, cross-entropy, backward to every weight and the
+    input; train mode), the caching allocator's peak reserved and allocated bytes and the device
+    memory taken since the context was created (cuMemGetInfo), then the median batch-1 forward
+    latency (eval mode, inference_mode, with a softmax as our deploy nets)."""
+    torch = _torch()
+    import torchvision
+
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    torch.backends.cudnn.benchmark = True
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.init()
+        torch.zeros(1, device=dev)  # context first: the device baseline counts from here
+        free_at_init = torch.cuda.mem_get_info()[0]
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, arch)(weights=None, **kwargs).to(dev).train()
+    x = torch.randn(batch, 3, size, size, device=dev, requires_grad=True)
+    y = torch.randint(0, 1000, (batch,), device=dev)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    box = {}
+
+    def train_step():
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        box["loss"] = loss
+
+    out = {"train_ms": median_ms(train_step, sync, iters, warmup)}
+    loss = float(box["loss"])
+    if not math.isfinite(loss) or x.grad is None or not bool(torch.isfinite(x.grad).all()):
+        raise RuntimeError(f"torchvision {arch}: training step is broken (loss {loss})")
+    out["loss"] = loss
+    out["params"] = sum(p.numel() for p in model.parameters())
+    if cuda:
+        out["memory"] = {
+            "reserved": int(torch.cuda.max_memory_reserved()),
+            "allocated": int(torch.cuda.max_memory_allocated()),
+            "device": int(free_at_init - torch.cuda.mem_get_info()[0]),
+        }
+    model.eval()
+    x1 = torch.randn(1, 3, size, size, device=dev)
+
+    def forward():
+        with torch.inference_mode():
+            torch.softmax(model(x1), dim=1)
+
+    out["latency_ms"] = median_ms(forward, sync, latency_iters, max(3, warmup))
+    out["device"] = torch.cuda.get_device_name(dev) if cuda else "CPU"
+    out["version"] = f"PyTorch {torch.__version__}, torchvision {torchvision.__version__}"
+    return out

@@ -1,5 +1,6 @@
 """``pycaffe-lite time``: the (de)convolution FLOP/byte model against brute-force multiply-add
-counts and hand-counted traffic, and the per-layer TFLOP/s, GB/s and convolution-share lines."""
+counts and hand-counted traffic, the bandwidth-bound layers' byte counts, and the per-layer
+TFLOP/s, GB/s, convolution-share and (GPU) peak-memory lines."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ import numpy as np
 import pytest
 
 from pycaffe_lite import cli, common
-from pycaffe_lite.commands.time import ConvCost, conv_cost, conv_macs, rate_suffix
+from pycaffe_lite.commands.time import (
+    BACKWARD_READS,
+    ConvCost,
+    bandwidth_suffix,
+    conv_cost,
+    conv_macs,
+    layer_bytes,
+    rate_suffix,
+)
 from pycaffe_lite.net import Net
 from pycaffe_lite.testing import blobs, empty_blobs, make_layer
 
@@ -204,4 +213,131 @@ def test_cli_prints_rates_and_convolution_share(tmp_path, monkeypatch, capsys):
     assert float(share.group(1)) == pytest.approx(conv_ms, rel=1e-3, abs=1e-6)
     assert float(share.group(3)) == pytest.approx(other_ms, rel=1e-3, abs=1e-6)
     assert float(share.group(2)) == pytest.approx(100 * conv_ms / (conv_ms + other_ms), abs=0.1)
+    assert out.rstrip().endswith("*** Benchmark ends ***")
+
+
+def _setup(text: str, shapes, ntop: int = 1, dtype=np.float32):
+    layer = make_layer(text, dtype)
+    bottom = blobs([RNG.standard_normal(sh) for sh in shapes], dtype)
+    top = empty_blobs(ntop, dtype)
+    layer.setup(bottom, top)
+    return layer, bottom, top
+
+
+def test_inner_product_flops_either_layout():
+    for transpose in ("false", "true"):
+        layer, bottom, top = _setup(f'type: "InnerProduct" inner_product_param {{ num_output: 7 transpose: {transpose} '
+                                    'weight_filler { type: "gaussian" } }', [(3, 2, 5)])
+        m, n, k = 3, 7, 10
+        cost = conv_cost(layer, bottom, top, [True])
+        assert cost.fwd_flops == 2.0 * m * n * k and cost.bwd_flops == 4.0 * m * n * k
+        assert cost.fwd_bytes == 4 * (m * k + n * k + n + m * n)
+    assert layer_bytes(layer, bottom, top) is None
+
+
+def test_bandwidth_bytes_hand_counted():
+    n, c = 2 * 3 * 4 * 4, 3
+    f = 4  # float32
+    relu, b, t = _setup('type: "ReLU"', [(2, 3, 4, 4)])
+    assert layer_bytes(relu, b, t) == (f * 2 * n, f * 3 * n)  # bwd: top diff, bottom data, bottom diff
+    assert layer_bytes(relu, b, t, [False]) == (f * 2 * n, f * 2 * n)
+    sig, b, t = _setup('type: "Sigmoid"', [(2, 3, 4, 4)])
+    assert layer_bytes(sig, b, t) == (f * 2 * n, f * 3 * n)  # bwd reads the top data
+    bn, b, t = _setup('type: "BatchNorm"', [(2, 3, 4, 4)])
+    stats = 2 * c + 1
+    assert layer_bytes(bn, b, t) == (f * (2 * n + stats), f * (3 * n + stats))  # stats not learned
+    sc, b, t = _setup('type: "Scale" scale_param { bias_term: true }', [(2, 3, 4, 4)])
+    assert layer_bytes(sc, b, t) == (f * (2 * n + 2 * c), f * (3 * n + 2 * c + 2 * 2 * c))
+    add, b, t = _setup('type: "Eltwise"', [(2, 3, 4, 4)] * 2)
+    assert layer_bytes(add, b, t) == (f * 3 * n, f * 3 * n)  # SUM: top diff, two bottom diffs
+    prod, b, t = _setup('type: "Eltwise" eltwise_param { operation: PROD }', [(2, 3, 4, 4)] * 2)
+    assert layer_bytes(prod, b, t)[1] == f * (n + 2 * n + n + 2 * n)
+    cat, b, t = _setup('type: "Concat"', [(2, 3, 4, 4), (2, 1, 4, 4)])
+    m = 2 * 4 * 4
+    assert layer_bytes(cat, b, t, [True, False]) == (f * 2 * (n + m), f * (n + m + n))
+    split, b, t = _setup('type: "Split"', [(2, 3, 4, 4)], ntop=2)
+    assert layer_bytes(split, b, t) == (0.0, f * 3 * n)  # forward shares; backward sums two diffs
+    po = 2 * 3 * 2 * 2
+    mx, b, t = _setup('type: "Pooling" pooling_param { pool: MAX kernel_size: 2 stride: 2 }', [(2, 3, 4, 4)])
+    assert layer_bytes(mx, b, t) == (f * (n + po), f * (po + po + n))  # argmax mask read
+    ave, b, t = _setup('type: "Pooling" pooling_param { pool: AVE kernel_size: 2 stride: 2 }', [(2, 3, 4, 4)])
+    assert layer_bytes(ave, b, t) == (f * (n + po), f * (po + n))
+    loss, b, t = _setup('type: "SoftmaxWithLoss"', [(4, 10), (4,)])
+    loss_b = [b[0], blobs([np.array([1, 2, 3, 4])], np.float32)[0]]
+    assert layer_bytes(loss, loss_b, t, [True, False]) == (f * (40 + 4 + 1), f * (1 + 40 + 4 + 40))
+    conv, b, t = _setup(conv_param("num_output: 2 kernel_size: 1"), [(1, 3, 4, 4)])
+    assert layer_bytes(conv, b, t) is None
+    assert {"BatchNorm", "Scale", "Bias", "Eltwise", "ReLU", "Clip", "Concat", "Split", "Pooling", "Softmax",
+            "LRN", "Dropout", "SoftmaxWithLoss", "EuclideanLoss", "TanH", "ELU"} <= set(BACKWARD_READS)
+    assert bandwidth_suffix(2e9, 0.5) == " (4 GB/s)" and bandwidth_suffix(0.0, 1.0) == ""
+
+
+BW_NET = """name: "bw"
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "c"
+  convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" }
+layer { name: "scale" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "c" top: "c" }
+layer { name: "conv2" type: "Convolution" bottom: "c" top: "c2"
+  convolution_param { num_output: 4 kernel_size: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "sum" type: "Eltwise" bottom: "c" bottom: "c2" top: "s" }
+layer { name: "pool" type: "Pooling" bottom: "s" top: "p" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "p" top: "ip"
+  inner_product_param { num_output: 5 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+BW_LAYERS = ("bn", "scale", "relu", "sum", "pool", "loss")
+GBS = re.compile(r": ([0-9.e+-]+) ms\. \(([0-9.e+-]+) GB/s\)$")
+
+
+def _time_lines(out: str) -> dict:
+    return {tuple(line.strip().split("\t")[:1]) + (line.split("\t")[1].split(":")[0],): line
+            for line in out.splitlines() if "\t" in line}
+
+
+def test_cli_prints_bandwidth_of_bandwidth_bound_layers(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("bw.prototxt").write_text(BW_NET)
+    assert cli.main(["time", "--model", "bw.prototxt", "--iterations", "2"]) == 0
+    out = capsys.readouterr().out
+    lines = _time_lines(out)
+    net = Net("bw.prototxt", common.TRAIN)
+    index = list(net.layer_dict)
+    for name in BW_LAYERS:
+        i = index.index(name)
+        nbytes = layer_bytes(net.layers[i], net.bottom_vecs[i], net.top_vecs[i], net.bottom_need_backward[i])
+        for direction, expect in zip(("forward", "backward"), nbytes):
+            match = GBS.search(lines[(name, direction)])
+            assert match, lines[(name, direction)]
+            ms, gbs = (float(v) for v in match.groups())
+            assert gbs > 0 and expect > 0
+            assert gbs == pytest.approx(expect / (ms * 1e-3) / 1e9, rel=1e-2)
+    assert "TFLOP/s" in lines[("ip", "forward")] and "TFLOP/s" in lines[("ip", "backward")]
+    assert "GB/s" not in lines[("data", "forward")]
+    assert "Peak device memory" not in out  # GPU mode only
+    share = re.search(r"Convolution/Deconvolution layers: ([0-9.e+-]+) ms", out)
+    ms = {key: float(re.search(r": ([0-9.e+-]+) ms\.", line).group(1)) for key, line in lines.items()}
+    assert float(share.group(1)) == pytest.approx(sum(v for (n, _), v in ms.items() if n in ("conv", "conv2")),
+                                                  rel=1e-3, abs=1e-6)
+
+
+@pytest.mark.gpu
+def test_cli_gpu_prints_peak_device_memory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("bw.prototxt").write_text(BW_NET)
+    try:
+        assert cli.main(["time", "--model", "bw.prototxt", "--iterations", "2", "--gpu", "0"]) == 0
+    finally:
+        common.set_mode_cpu()
+    out = capsys.readouterr().out
+    lines = _time_lines(out)
+    for name in BW_LAYERS:
+        assert float(GBS.search(lines[(name, "forward")]).group(2)) > 0
+    mem = re.search(r"Peak device memory: ([0-9.]+) MiB held by the process \(memory pool ([0-9.]+) MiB, "
+                    r"([0-9.]+) MiB in use\)\.", out)
+    assert mem, out
+    held, pool, active = (float(v) for v in mem.groups())
+    assert held > 0 and 0 < pool <= held + 0.1 and active <= pool
     assert out.rstrip().endswith("*** Benchmark ends ***")

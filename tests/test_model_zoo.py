@@ -1,7 +1,7 @@
 """Model zoo: the generated deploy prototxts of AlexNet, CaffeNet, GoogLeNet, VGG-16, ResNet-50,
-SqueezeNet v1.1, MobileNet v1 and FCN-32s build unchanged, have the published parameter counts and
-shapes and the published blob shapes (Caffe's ceil pooling), and run forward on random weights
-(CPU; GPU agreement marked ``gpu``).
+SqueezeNet v1.1, MobileNet v1 and v2 and FCN-32s build unchanged, have the published parameter
+counts and shapes and the published blob shapes (Caffe's ceil pooling), and run forward on random
+weights (CPU; GPU agreement marked ``gpu``). MobileNet v2's figures are torchvision's.
 
 "Learnable" parameters: every param blob except BatchNorm's statistics (mean, variance, moving
 average factor) and blobs with lr_mult 0 (FCN's fixed bilinear ``upscore``). Scale layers' gamma
@@ -10,13 +10,20 @@ and beta count, as do biases.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import model_zoo, protoio
+from pycaffe_lite import protoio
 from pycaffe_lite.net import load_net_param
 from pycaffe_lite.proto import caffe_pb2
+
+ZOO_DIR = Path(__file__).resolve().parents[1] / "examples" / "model_zoo"
+sys.path.insert(0, str(ZOO_DIR))
+import model_zoo  # noqa: E402  (examples/model_zoo/model_zoo.py: the generator, outside the package)
 
 WB = "weights+bias"
 ALEXNET_SHAPES = {
@@ -141,6 +148,35 @@ SPECS: dict[str, dict] = {
                "pool6": (1, 1024, 1, 1), "fc7": (1, 1000, 1, 1)},
         output="fc7", logits=None, out_shape=(1, 1000, 1, 1),
     ),
+    # torchvision's mobilenet_v2: 3,504,872 (convs without bias + BN gamma/beta as Scale + fc with
+    # bias); BatchNorm statistics: 2 x 17,056 channels + 52 factors (52 BatchNorm layers).
+    "mobilenet_v2": dict(
+        total=3_504_872 + 2 * 17_056 + 52, learnable=3_504_872,
+        params={
+            "conv1": [(32, 3, 3, 3)],
+            "conv1/bn": [(32,), (32,), (1,)],
+            "conv2_1/dwise": [(32, 1, 3, 3)],
+            "conv2_1/linear": [(16, 32, 1, 1)],
+            "conv3_1/expand": [(96, 16, 1, 1)],
+            "conv3_1/dwise": [(96, 1, 3, 3)],
+            "conv3_1/linear": [(24, 96, 1, 1)],
+            "conv8_1/expand": [(960, 160, 1, 1)],
+            "conv8_1/linear": [(320, 960, 1, 1)],
+            "conv8_1/linear/scale": [(320,), (320,)],
+            "conv9": [(1280, 320, 1, 1)],
+            "fc10": [(1000, 1280), (1000,)],
+        },
+        # 224 -> 112 (conv1) -> 112, 56, 28, 14, 14, 7, 7 after the stages (strides 1 2 2 2 1 2 1)
+        blobs={"relu1": (1, 32, 112, 112), "conv2_1/linear/bn": (1, 16, 112, 112),
+               "relu3_1/expand": (1, 96, 112, 112), "relu3_1/dwise": (1, 96, 56, 56),
+               "block3_2": (1, 24, 56, 56), "block4_3": (1, 32, 28, 28), "block5_4": (1, 64, 14, 14),
+               "conv6_1/linear/bn": (1, 96, 14, 14), "block6_3": (1, 96, 14, 14),
+               "relu7_1/dwise": (1, 576, 7, 7), "relu7_2/dwise": (1, 960, 7, 7),
+               "block7_3": (1, 160, 7, 7),
+               "conv8_1/linear/bn": (1, 320, 7, 7), "relu9": (1, 1280, 7, 7), "pool9": (1, 1280, 1, 1),
+               "fc10": (1, 1000), "prob": (1, 1000)},
+        output="prob", logits="fc10", out_shape=(1, 1000),
+    ),
     # VGG-16 without fc8 (134,260,544) + score_fr (86,037) = 134,346,581 learned, the paper's
     # "134M"; plus the fixed 21x21x64x64 bilinear upscore.
     "fcn32s": dict(
@@ -158,6 +194,13 @@ SPECS: dict[str, dict] = {
         output="score", logits=None, out_shape=(1, 21, 64, 64), input_hw=(64, 64),
     ),
 }
+
+
+def test_generator_is_outside_the_package():
+    import importlib.util
+
+    assert importlib.util.find_spec("pycaffe_lite.model_zoo") is None
+    assert Path(model_zoo.__file__).resolve().parent == ZOO_DIR
 
 
 def test_specs_cover_every_model():
@@ -225,6 +268,20 @@ def test_published_layer_details():
     dw = m["conv5_6/dw"].convolution_param
     assert (dw.num_output, dw.group, list(dw.stride), dw.engine) == (512, 512, [2], caffe_pb2.ConvolutionParameter.CAFFE)
     assert list(m["conv1/bn"].top) == ["conv1/bn"] and list(m["conv1/scale"].top) == ["conv1/bn"]
+
+    v2 = {lp.name: lp for lp in model_zoo.mobilenet_v2().layer}
+    dw = v2["conv7_1/dwise"].convolution_param
+    assert (dw.num_output, dw.group, list(dw.stride), list(dw.pad)) == (576, 576, [2], [1])
+    assert "conv2_1/expand" not in v2  # expansion 1: no expand conv, as torchvision
+    clip = v2["relu4_2/expand"]
+    assert clip.type == "Clip" and (clip.clip_param.min, clip.clip_param.max) == (0, 6)
+    assert list(clip.top) != list(clip.bottom)  # Clip's backward reads its input
+    residual = sorted(name for name, lp in v2.items() if lp.type == "Eltwise")
+    assert residual == ["block3_2", "block4_2", "block4_3", "block5_2", "block5_3", "block5_4",
+                        "block6_2", "block6_3", "block7_2", "block7_3"]
+    assert list(v2["block5_3"].bottom) == ["block5_2", "conv5_3/linear/bn"]
+    assert sum(lp.type == "BatchNorm" for lp in v2.values()) == 52
+    assert v2["drop9"].dropout_param.dropout_ratio == pytest.approx(0.2)
 
     f = {lp.name: lp for lp in model_zoo.fcn32s().layer}
     assert list(f["conv1_1"].convolution_param.pad) == [100]
@@ -345,6 +402,11 @@ def test_forward_cpu(built):
         if name == "resnet50":  # identity shortcut: res2b = relu(res2a + res2b_branch2c)
             expect = np.maximum(net.blobs["res2a"].data + net.blobs["res2b_branch2c"].data, 0)
             np.testing.assert_allclose(net.blobs["res2b"].data, expect, rtol=1e-5, atol=1e-5)
+        if name == "mobilenet_v2":  # ReLU6 as Clip; identity shortcut without activation
+            assert 0 <= net.blobs["relu9"].data.min() and net.blobs["relu9"].data.max() <= 6
+            np.testing.assert_allclose(net.blobs["block4_3"].data,
+                                       net.blobs["block4_2"].data + net.blobs["conv4_3/linear/bn"].data,
+                                       rtol=1e-5, atol=1e-5)
         if name == "squeezenet_v1_1":  # global average pooling
             np.testing.assert_allclose(
                 net.blobs["pool10"].data[..., 0, 0], net.blobs["conv10"].data.mean(axis=(2, 3)), rtol=1e-4, atol=1e-6
@@ -375,9 +437,7 @@ def test_forward_gpu_matches_cpu(built):
 
 def test_example_prototxts_are_current():
     """examples/model_zoo holds the generator's current output."""
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[1] / "examples" / "model_zoo"
+    folder = ZOO_DIR
     for name, build in model_zoo.MODELS.items():
         path = folder / f"{name}_deploy.prototxt"
         assert path.is_file(), f"{path} missing: run python examples/model_zoo/generate.py"
@@ -387,9 +447,8 @@ def test_example_prototxts_are_current():
 
 def test_generate_script(tmp_path, capsys):
     import runpy
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "examples" / "model_zoo" / "generate.py"
+    script = ZOO_DIR / "generate.py"
     mod = runpy.run_path(str(script), run_name="model_zoo_generate")
     assert mod["main"](["--out", str(tmp_path), "--models", "squeezenet_v1_1", "--summary"]) == 0
     out = capsys.readouterr().out

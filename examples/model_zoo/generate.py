@@ -1,4 +1,5 @@
-"""Write the model zoo's deploy prototxts (``<model>_deploy.prototxt``) with pycaffe_lite.model_zoo.
+"""Write the model zoo's deploy prototxts (``<model>_deploy.prototxt``) with
+``model_zoo.py`` (this folder).
 
     python examples/model_zoo/generate.py [--out DIR] [--models NAME ...] [--summary]
 
@@ -12,8 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import pycaffe_lite as caffe
-from pycaffe_lite import model_zoo
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import model_zoo  # noqa: E402
+
+import pycaffe_lite as caffe  # noqa: E402
 
 
 def summarize(name: str, path: Path) -> str:

@@ -2,16 +2,23 @@
 
 As ``caffe time``: one warm-up forward/backward, then K timed iterations of every layer's forward
 and (where the net needs it) backward. Prints the average time per layer and for the whole net,
-then how much of the layer time went to Convolution/Deconvolution layers. GPU work is synchronized
-before and after each timed call, so the times are device times, not launch times.
+then how much of the layer time went to Convolution/Deconvolution layers, and in GPU mode the
+device memory the process holds (:func:`pycaffe_lite.gpu.backend.memory_held`: everything taken
+since the CUDA context was created, our memory pool included; the pool keeps freed blocks, so it is
+the peak). GPU work is synchronized before and after each timed call, so the times are device
+times, not launch times.
 
-Convolution and Deconvolution lines also get achieved TFLOP/s and GB/s (:func:`conv_cost`).
-FLOPs are 2 x the multiply-adds of the dense (im2col-GEMM) convolution, padded taps included, bias
-excluded; backward counts the weight gradient and each propagated input gradient, each costing
-as much as the forward. Bytes are the compulsory traffic, each blob touched once: forward reads
-bottoms, weights, bias and writes tops; backward reads top diffs (plus bottom data for the weight
-gradient, weights for input gradients), writes propagated bottom diffs, and reads and writes the
-accumulated weight/bias diffs (counted twice). That is a lower bound, not what the kernels move.
+Convolution, Deconvolution and InnerProduct lines also get achieved TFLOP/s and GB/s
+(:func:`conv_cost`). FLOPs are 2 x the multiply-adds of the dense (im2col-GEMM) convolution,
+padded taps included, bias excluded; backward counts the weight gradient and each propagated input
+gradient, each costing as much as the forward. Bandwidth-bound layers (the types of
+:data:`BACKWARD_READS`: BatchNorm, Scale, Eltwise, the element-wise neurons, Concat, Pooling,
+Softmax, LRN, Dropout, losses, ...) get GB/s (:func:`layer_bytes`). Bytes are the compulsory
+traffic, each blob touched once: forward reads bottoms (and weights, bias, other params) and writes
+tops; backward reads top diffs plus the data it needs (bottom data for the weight gradient,
+weights for input gradients; :data:`BACKWARD_READS` for the other layers), writes propagated
+bottom diffs, and reads and writes the accumulated param diffs (counted twice). That is a lower
+bound, not what the kernels move.
 """
 
 from __future__ import annotations
@@ -24,12 +31,29 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ..errors import PrototxtError
+from ..proto import caffe_pb2
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
 
 NAME = "time"
 HELP = "benchmark the forward and backward time of a model, per layer"
 
 CONV_TYPES = ("Convolution", "Deconvolution")
+GEMM_TYPES = (*CONV_TYPES, "InnerProduct")  # layers with a FLOP count (conv_cost)
+
+# Data a bandwidth-bound layer's backward reads besides the top diffs: "bottom" (every bottom's
+# data, or a bottom-sized buffer such as Dropout's mask or a loss layer's probabilities) and/or
+# "top" (the tops' data, or a top-sized buffer such as MAX pooling's argmax). Eltwise SUM and AVE
+# pooling read none (see _backward_reads). Types absent here and in GEMM_TYPES get no rate.
+BACKWARD_READS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("ReLU", "PReLU", "Clip", "AbsVal", "BNLL", "Log", "Dropout", "Scale"), ("bottom",)),
+    **dict.fromkeys(("Sigmoid", "TanH", "Exp", "BatchNorm", "Softmax", "Pooling"), ("top",)),
+    **dict.fromkeys(("ELU", "Power", "Swish", "LRN", "MVN"), ("bottom", "top")),
+    **dict.fromkeys(("Threshold", "Bias", "Eltwise", "Concat", "Split", "Slice", "Crop", "Tile"), ()),
+    **dict.fromkeys(("SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "MultinomialLogisticLoss",
+                     "InfogainLoss", "HingeLoss", "ContrastiveLoss"), ("bottom",)),
+}
+SHARING_FORWARD = ("Split",)  # forward shares the bottom's data with the tops: no traffic
+_ELT = caffe_pb2.EltwiseParameter
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -58,27 +82,28 @@ def conv_macs(layer_type: str, weight_shape: Sequence[int], bottom_count: int, t
     Convolution weights are (num_output, C/G, kh, kw): each top element sums C/G·kh·kw products.
     Deconvolution (the convolution's backward-data) stores (C, num_output/G, kh, kw): each bottom
     element is scattered with num_output/G·kh·kw products. Either way it is the count of the blob
-    on the weight's leading-axis side times the weight's remaining extent.
+    on the weight's leading-axis side times the weight's remaining extent. InnerProduct takes
+    ``(num_output, K)`` (whatever its ``transpose``): each top element sums K products.
     """
     per = 1
     for d in weight_shape[1:]:
         per *= int(d)
-    if layer_type == "Convolution":
+    if layer_type in ("Convolution", "InnerProduct"):
         return int(top_count) * per
     if layer_type == "Deconvolution":
         return int(bottom_count) * per
-    raise ValueError(f"conv_macs: layer type must be one of {CONV_TYPES}, got '{layer_type}'")
+    raise ValueError(f"conv_macs: layer type must be one of {GEMM_TYPES}, got '{layer_type}'")
 
 
 def conv_cost(layer, bottom: Sequence, top: Sequence,
               propagate_down: Sequence[bool] | None = None) -> ConvCost | None:
-    """FLOPs and compulsory bytes of ``layer`` (None unless a Convolution/Deconvolution).
+    """FLOPs and compulsory bytes of ``layer`` (None unless a Convolution/Deconvolution/InnerProduct).
 
     ``bottom``/``top`` are the layer's blob vectors (pairs sharing the weights);
     ``propagate_down[i]`` says whether bottom i's diff is computed (default: all), the layer's
     ``param_propagate_down`` whether the weight/bias diffs are. See the module docstring.
     """
-    if getattr(layer, "type", None) not in CONV_TYPES or not layer.blobs or not top:
+    if getattr(layer, "type", None) not in GEMM_TYPES or not layer.blobs or not top:
         return None
     if propagate_down is None:
         propagate_down = [True] * len(bottom)
@@ -91,7 +116,11 @@ def conv_cost(layer, bottom: Sequence, top: Sequence,
     need_x = [bool(p) for p in propagate_down]
     item = weight.dtype.itemsize
 
-    macs = [conv_macs(layer.type, weight.shape, b.count, t.count) for b, t in zip(bottom, top)]
+    shape = weight.shape
+    if layer.type == "InnerProduct":
+        num_output = int(layer.layer_param.inner_product_param.num_output)
+        shape = (num_output, weight.count // num_output)
+    macs = [conv_macs(layer.type, shape, b.count, t.count) for b, t in zip(bottom, top)]
     fwd_flops = 2.0 * sum(macs)
     bwd_flops = 2.0 * sum(m * (int(need_w) + int(x)) for m, x in zip(macs, need_x))
 
@@ -109,6 +138,42 @@ def conv_cost(layer, bottom: Sequence, top: Sequence,
     return ConvCost(fwd_flops, bwd_flops, float(fwd_elems * item), float(bwd_elems * item))
 
 
+def _backward_reads(layer) -> tuple[str, ...]:
+    """:data:`BACKWARD_READS` of the layer's type, with Eltwise and Pooling by their operation."""
+    if layer.type == "Eltwise":
+        op = layer.layer_param.eltwise_param.operation
+        return {_ELT.PROD: ("bottom", "top"), _ELT.MAX: ("top",)}.get(op, ())  # MAX: the winner mask
+    if layer.type == "Pooling" and layer.layer_param.pooling_param.pool != caffe_pb2.PoolingParameter.MAX:
+        return ()  # AVE: only the top diffs
+    return BACKWARD_READS[layer.type]
+
+
+def layer_bytes(layer, bottom: Sequence, top: Sequence,
+                propagate_down: Sequence[bool] | None = None) -> tuple[float, float] | None:
+    """Compulsory (forward, backward) bytes of a bandwidth-bound layer (a type of
+    :data:`BACKWARD_READS`), None for other layers. Forward: bottoms and params read, tops written
+    (nothing for :data:`SHARING_FORWARD` types). Backward: top diffs and :func:`_backward_reads`
+    data read, the diffs of the bottoms with ``propagate_down[i]`` (default all) written, params
+    read when any bottom diff is computed, param diffs (``param_propagate_down``) read and written.
+    """
+    if getattr(layer, "type", None) not in BACKWARD_READS:
+        return None
+    if propagate_down is None:
+        propagate_down = [True] * len(bottom)
+    item = layer.dtype.itemsize
+    n_bottom = sum(b.count for b in bottom)
+    n_top = sum(t.count for t in top)
+    n_param = sum(b.count for b in layer.blobs)
+    fwd = 0 if layer.type in SHARING_FORWARD else n_bottom + n_top + n_param
+    reads = _backward_reads(layer)
+    bwd = n_top + n_bottom * ("bottom" in reads) + n_top * ("top" in reads)
+    bwd += sum(b.count for b, p in zip(bottom, propagate_down) if p)
+    bwd += n_param if any(propagate_down) else 0
+    params = list(getattr(layer, "param_propagate_down", None) or [])
+    bwd += 2 * sum(b.count for b, p in zip(layer.blobs, params) if p)
+    return float(fwd * item), float(bwd * item)
+
+
 def _num(x: float) -> str:
     """Three significant digits, without exponent notation for values >= 100."""
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
@@ -119,6 +184,26 @@ def rate_suffix(flops: float, nbytes: float, seconds: float) -> str:
     if flops <= 0 or seconds <= 0:
         return ""
     return f" ({_num(flops / seconds / 1e12)} TFLOP/s, {_num(nbytes / seconds / 1e9)} GB/s)"
+
+
+def bandwidth_suffix(nbytes: float, seconds: float) -> str:
+    """`` (y GB/s)`` for ``nbytes`` moved in ``seconds``; empty when nothing to report."""
+    if nbytes <= 0 or seconds <= 0:
+        return ""
+    return f" ({_num(nbytes / seconds / 1e9)} GB/s)"
+
+
+def layer_rates(layer, bottom: Sequence, top: Sequence, propagate_down: Sequence[bool],
+                fwd_s: float, bwd_s: float) -> tuple[str, str]:
+    """The forward and backward line suffixes of one layer: TFLOP/s and GB/s (:func:`conv_cost`),
+    GB/s (:func:`layer_bytes`) or nothing."""
+    cost = conv_cost(layer, bottom, top, propagate_down)
+    if cost is not None:
+        return rate_suffix(cost.fwd_flops, cost.fwd_bytes, fwd_s), rate_suffix(cost.bwd_flops, cost.bwd_bytes, bwd_s)
+    nbytes = layer_bytes(layer, bottom, top, propagate_down)
+    if nbytes is not None:
+        return bandwidth_suffix(nbytes[0], fwd_s), bandwidth_suffix(nbytes[1], bwd_s)
+    return "", ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -176,19 +261,13 @@ def run(args: argparse.Namespace) -> int:
     width = max([10] + [len(s) for s in names])
     conv_s = 0.0
     for i, layer in enumerate(net.layers):
-        cost = conv_cost(layer, net.bottom_vecs[i], net.top_vecs[i], net.bottom_need_backward[i])
-        f_s = fwd[i] / k
-        line = f"{names[i]:>{width}}\tforward: {f_s * 1e3:.5g} ms."
-        if cost is not None:
+        f_s, b_s = fwd[i] / k, bwd[i] / k
+        f_rate, b_rate = layer_rates(layer, net.bottom_vecs[i], net.top_vecs[i], net.bottom_need_backward[i], f_s, b_s)
+        if layer.type in CONV_TYPES:
             conv_s += fwd[i] + bwd[i]
-            line += rate_suffix(cost.fwd_flops, cost.fwd_bytes, f_s)
-        print(line)
+        print(f"{names[i]:>{width}}\tforward: {f_s * 1e3:.5g} ms.{f_rate}")
         if net.layer_need_backward[i]:
-            b_s = bwd[i] / k
-            line = f"{names[i]:>{width}}\tbackward: {b_s * 1e3:.5g} ms."
-            if cost is not None:
-                line += rate_suffix(cost.bwd_flops, cost.bwd_bytes, b_s)
-            print(line)
+            print(f"{names[i]:>{width}}\tbackward: {b_s * 1e3:.5g} ms.{b_rate}")
     print(f"Average Forward pass: {sum(fwd) / k * 1e3:.5g} ms.")
     print(f"Average Backward pass: {sum(bwd) / k * 1e3:.5g} ms.")
     print(f"Average Forward-Backward: {total / k * 1e3:.5g} ms.")
@@ -197,5 +276,11 @@ def run(args: argparse.Namespace) -> int:
     share = 100.0 * conv_s / layer_s if layer_s > 0 else 0.0
     print(f"Convolution/Deconvolution layers: {conv_s / k * 1e3:.5g} ms ({share:.1f}% of layer time); "
           f"other layers: {(layer_s - conv_s) / k * 1e3:.5g} ms.")
+    if device is not None:
+        from ..gpu import backend
+
+        mem = backend.memory_held()
+        print(f"Peak device memory: {mem['device'] / 2**20:.1f} MiB held by the process "
+              f"(memory pool {mem['pool'] / 2**20:.1f} MiB, {mem['pool_active'] / 2**20:.1f} MiB in use).")
     print("*** Benchmark ends ***")
     return 0

@@ -42,6 +42,7 @@ class _State:
         self.context.push()
         self.stream = cuda.Stream()
         self.pool = pycuda.tools.DeviceMemoryPool()
+        self.free_at_init = cuda.mem_get_info()[0]  # baseline of memory_held()
         self.modules: dict[tuple[str, str], KernelModule] = {}
         self.lock = threading.Lock()
         self.recording = None  # the cuda_graph.Recording while a graph capture records the stream
@@ -197,6 +198,21 @@ def workspace_bytes() -> int:
     """Current size of the shared device workspace (0 before first use)."""
     buf = getattr(_state, "workspace", None) if _state is not None else None
     return buf[0] if buf is not None else 0
+
+
+def memory_held() -> dict[str, int]:
+    """Device memory (bytes) this process took since its context was created: ``device`` from the
+    driver's cuMemGetInfo (free at context creation minus free now: our pool, cuBLAS workspaces,
+    loaded modules, CUDA graphs; assumes no other process allocates on the device meanwhile),
+    ``pool`` (what our pool holds, in use or cached) and ``pool_active`` (in use). The pool keeps
+    freed blocks, so ``pool`` is also its peak so far, and ``device`` the process's peak unless a
+    library released memory meanwhile."""
+    st = state()
+    return {
+        "device": int(st.free_at_init - st.cuda.mem_get_info()[0]),
+        "pool": int(getattr(st.pool, "managed_bytes", 0)),
+        "pool_active": int(getattr(st.pool, "active_bytes", 0)),
+    }
 
 
 def memcpy_htod(dst: int, src: np.ndarray) -> None:

@@ -1,8 +1,12 @@
 """Deploy nets of the classic Caffe model zoo, generated with :mod:`pycaffe_lite.net_spec`.
 
+An example, not part of the framework package: import it from this folder (``generate.py`` and
+the tests put ``examples/model_zoo`` on ``sys.path``).
+
 Each function returns a NetParameter whose layers (names, types, tops, parameters) match the
 published deploy prototxt of that model, so the published ``.caffemodel`` weights load into it by
-layer name:
+layer name (MobileNet v2, which has no single reference Caffe file, follows torchvision's
+architecture with the Caffe ports' naming):
 
 ========================  ===========================================================  ==========
 function                  published model                                              input
@@ -14,6 +18,7 @@ function                  published model                                       
 :func:`resnet50`          KaimingHe ``ResNet-50-deploy`` (BatchNorm + Scale)            1x3x224²
 :func:`squeezenet_v1_1`   forresti ``SqueezeNet_v1.1`` deploy                           10x3x227²
 :func:`mobilenet_v1`      shicai ``MobileNet-Caffe`` v1 (depthwise = grouped conv)      1x3x224²
+:func:`mobilenet_v2`      torchvision ``mobilenet_v2`` (inverted residuals, ReLU6 = Clip) 1x3x224²
 :func:`fcn32s`            shelhamer ``voc-fcn32s`` (conv1_1 pad 100, Deconvolution+Crop) 1x3x500²
 ========================  ===========================================================  ==========
 
@@ -28,11 +33,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from . import protoio
-from .net_spec import NetSpec
-from .net_spec import layers as L
-from .net_spec import params as P
-from .proto import caffe_pb2
+from pycaffe_lite import protoio
+from pycaffe_lite.net_spec import NetSpec
+from pycaffe_lite.net_spec import layers as L
+from pycaffe_lite.net_spec import params as P
+from pycaffe_lite.proto import caffe_pb2
 
 # lr/decay multipliers of the weights and biases in the BVLC reference nets.
 _WB = [dict(lr_mult=1, decay_mult=1), dict(lr_mult=2, decay_mult=0)]
@@ -375,11 +380,17 @@ MOBILENET_V1_BLOCKS: tuple[tuple[str, int, int], ...] = (
 )
 
 
-def _mb_conv(n: NetSpec, bottom, conv: str, relu: str, nout: int, ks: int, stride: int, group: int = 1):
-    """``conv`` (no bias, msra) -> ``conv/bn`` (own top) -> ``conv/scale`` and ``relu`` in place."""
+def _mb_conv(n: NetSpec, bottom, conv: str, act: str | None, nout: int, ks: int, stride: int, group: int = 1,
+             relu6: bool = False, engine_caffe: bool = True):
+    """``conv`` (no bias, msra; grouped ones with ``engine: CAFFE`` unless ``engine_caffe`` is
+    False) -> ``conv/bn`` (own top) -> ``conv/scale`` in place -> activation
+    ``act``: ReLU in place, or with ``relu6`` a Clip(0, 6) with its own top (Clip's backward reads
+    its input); ``act=None``: no activation (MobileNet v2's linear bottleneck)."""
     kw = dict(num_output=nout, bias_term=False, pad=(ks - 1) // 2, kernel_size=ks)
     if group > 1:
-        kw.update(group=group, engine=P.Convolution.CAFFE)
+        kw["group"] = group
+        if engine_caffe:
+            kw["engine"] = P.Convolution.CAFFE
     n[conv] = L.Convolution(
         bottom, param=[dict(lr_mult=1, decay_mult=1)], stride=stride, weight_filler=dict(type="msra"), **kw
     )
@@ -387,8 +398,13 @@ def _mb_conv(n: NetSpec, bottom, conv: str, relu: str, nout: int, ks: int, strid
     n[conv + "/scale"] = L.Scale(
         n[conv + "/bn"], filler=dict(value=1), bias_term=True, bias_filler=dict(value=0), in_place=True
     )
-    n[relu] = L.ReLU(n[conv + "/scale"], in_place=True)
-    return n[relu]
+    if act is None:
+        return n[conv + "/scale"]
+    if relu6:
+        n[act] = L.Clip(n[conv + "/scale"], clip_param=dict(min=0, max=6))
+    else:
+        n[act] = L.ReLU(n[conv + "/scale"], in_place=True)
+    return n[act]
 
 
 def mobilenet_v1(batch: int = 1) -> caffe_pb2.NetParameter:
@@ -413,6 +429,53 @@ def mobilenet_v1(batch: int = 1) -> caffe_pb2.NetParameter:
 
 
 # ----------------------------------------------------------------------------------------------
+# MobileNet v2
+# (expansion t, output channels c, repeats n, stride s of the first repeat) per stage (Sandler et
+# al., Table 2; torchvision's inverted_residual_setting).
+MOBILENET_V2_STAGES: tuple[tuple[int, int, int, int], ...] = (
+    (1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1),
+)
+
+
+def mobilenet_v2(batch: int = 1) -> caffe_pb2.NetParameter:
+    """MobileNet v2 as torchvision's ``mobilenet_v2`` (3,504,872 learnable parameters), in the
+    layout of the Caffe ports: conv1 32@3x3/2; inverted residual blocks ``conv{s}_{i}`` (stage
+    s = 2..8, repeat i) of 1x1 ``expand`` to t·C (absent when t = 1), 3x3 ``dwise`` (Convolution
+    with group = channels, stride on it) and 1x1 ``linear`` projection without activation, an
+    Eltwise SUM ``block{s}_{i}`` with the block input when the stride is 1 and the channels
+    match; ``conv9`` 1280@1x1; global average ``pool9``; dropout 0.2; ``fc10`` InnerProduct 1000;
+    Softmax ``prob``. The depthwise convs leave the engine to the autotune. Every conv has no bias and is followed by BatchNorm (own top ``<conv>/bn``)
+    and Scale in place; ReLU6 is ``Clip`` (min 0, max 6) with its own top ``relu...``."""
+    n = NetSpec()
+    _input(n, (batch, 3, 224, 224))
+    x = _mb_conv(n, n.data, "conv1", "relu1", 32, 3, 2, relu6=True)
+    channels = 32
+    for s, (t, c, reps, first_stride) in enumerate(MOBILENET_V2_STAGES, start=2):
+        for i in range(1, reps + 1):
+            tag = f"{s}_{i}"
+            stride = first_stride if i == 1 else 1
+            y = x
+            if t != 1:
+                y = _mb_conv(n, y, f"conv{tag}/expand", f"relu{tag}/expand", t * channels, 1, 1, relu6=True)
+            y = _mb_conv(n, y, f"conv{tag}/dwise", f"relu{tag}/dwise", t * channels, 3, stride,
+                         group=t * channels, relu6=True, engine_caffe=False)
+            y = _mb_conv(n, y, f"conv{tag}/linear", None, c, 1, 1)
+            if stride == 1 and channels == c:
+                n[f"block{tag}"] = L.Eltwise(x, y, operation=P.Eltwise.SUM)
+                y = n[f"block{tag}"]
+            x, channels = y, c
+    x = _mb_conv(n, x, "conv9", "relu9", 1280, 1, 1, relu6=True)
+    n.pool9 = L.Pooling(x, pool=P.Pooling.AVE, global_pooling=True)
+    n.drop9 = L.Dropout(n.pool9, dropout_ratio=0.2, in_place=True)
+    n.fc10 = L.InnerProduct(
+        n.drop9, param=_WB, num_output=1000,
+        weight_filler=dict(type="msra"), bias_filler=dict(type="constant", value=0),
+    )
+    n.prob = L.Softmax(n.fc10)
+    return _finish(n, "MOBILENET_V2")
+
+
+# ----------------------------------------------------------------------------------------------
 MODELS: dict[str, Callable[..., caffe_pb2.NetParameter]] = {
     "bvlc_alexnet": alexnet,
     "bvlc_reference_caffenet": caffenet,
@@ -421,6 +484,7 @@ MODELS: dict[str, Callable[..., caffe_pb2.NetParameter]] = {
     "resnet50": resnet50,
     "squeezenet_v1_1": squeezenet_v1_1,
     "mobilenet_v1": mobilenet_v1,
+    "mobilenet_v2": mobilenet_v2,
     "fcn32s": fcn32s,
 }
 
