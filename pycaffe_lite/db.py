@@ -167,7 +167,10 @@ class LMDBWriter:
         lmdb = _lmdb()
         self.path = Path(path)
         if self.path.exists() and not overwrite:
-            raise DataError(f"{self.path}: already exists (remove it first or pass overwrite)")
+            raise DataError(
+                f"{self.path}: already exists (remove it first, or use --overwrite on the command line, "
+                "overwrite=True in Python)"
+            )
         self.overwrite = overwrite
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
