@@ -182,6 +182,9 @@ class Solver:
         from . import snapshot, solver_checks
 
         solver_checks.check_solver_param(p, self.source or "solver")
+        self.stop_on_nonfinite_loss = getattr(self, "stop_on_nonfinite_loss", True)
+        if not any(getattr(h, "__qualname__", "").startswith("nonfinite_loss_hook") for h in self.iteration_hooks):
+            self.iteration_hooks.append(solver_checks.nonfinite_loss_hook(self))
         if p.snapshot_prefix:
             snapshot.clean_leftovers(p.snapshot_prefix)  # temporary files and half pairs of killed runs
 

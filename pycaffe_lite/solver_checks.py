@@ -9,6 +9,9 @@ outside [0, 1), negative weight decay.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+
+import numpy as np
 
 from .lr_policy import POLICIES, SolverConfigError
 from .proto import caffe_pb2
@@ -69,3 +72,34 @@ def check_solver_param(p: caffe_pb2.SolverParameter, source: str = "solver") -> 
         _fail(source, "max_iter", f"lr_policy 'poly' needs max_iter > 0, got {p.max_iter}")
     if policy == "inv" and power < 0:
         _fail(source, "power", f"lr_policy 'inv' needs power >= 0, got {power}")
+
+
+class NonFiniteLossError(SolverConfigError):
+    """Training produced a NaN or infinite loss."""
+
+
+def first_nonfinite_layer(net) -> str | None:
+    """The first layer (in forward order) with a non-finite value in one of its tops."""
+    for name, layer_tops in zip(net._layer_names, net.top_vecs):
+        for blob in layer_tops:
+            if not np.all(np.isfinite(blob.cpu_data())):
+                return name
+    return None
+
+
+def nonfinite_loss_hook(solver) -> Callable[[int, float], None]:
+    """An iteration hook that stops training with NonFiniteLossError (naming the iteration and
+    the first layer whose output went non-finite) unless ``solver.stop_on_nonfinite_loss`` is
+    False (BVLC's behaviour: carry on)."""
+
+    def hook(iteration: int, loss: float) -> None:
+        if math.isfinite(loss) or not getattr(solver, "stop_on_nonfinite_loss", True):
+            return
+        layer = first_nonfinite_layer(solver.net)
+        where = f"; first non-finite output: layer '{layer}'" if layer else ""
+        raise NonFiniteLossError(
+            f"iteration {iteration}: the loss is {loss}{where} (lower base_lr, check the data; "
+            "--allow-nonfinite keeps training as BVLC does)"
+        )
+
+    return hook

@@ -193,7 +193,8 @@ def test_python_dash_m(workdir):
 @pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="POSIX signals")
 def test_sigint_writes_snapshot_then_exits(workdir):
     solver = write_solver(max_iter=10**7, display=0, test_interval=0, snapshot_prefix='"int/t"')
-    proc = subprocess.Popen([sys.executable, "-m", "pycaffe_lite", "train", "--solver", solver],
+    # (the toy net's loss is unbounded below: --allow-nonfinite keeps a long run going)
+    proc = subprocess.Popen([sys.executable, "-m", "pycaffe_lite", "train", "--solver", solver, "--allow-nonfinite"],
                             stderr=subprocess.PIPE, text=True, env=_env())
     try:
         for line in proc.stderr:

@@ -191,3 +191,40 @@ def test_bad_solver_values(tmp_path, lmdb_path, field, value, message):
     path.write_text(text)
     with pytest.raises(SolverConfigError, match=f"solver.prototxt: {message}"):
         get_solver(str(path), progress=False)
+
+
+def test_nonfinite_loss_stops_naming_iteration_and_layer(tmp_path, lmdb_path):
+    from pycaffe_lite.solver_checks import NonFiniteLossError
+
+    s = make_solver(tmp_path, lmdb_path, 5)
+    s.net.params["conv"][0].data[0, 0, 0, 0] = np.inf
+    with pytest.raises(NonFiniteLossError, match="iteration 0: the loss is nan; first non-finite output: layer 'conv'"):
+        s.step(2)
+    s.stop_on_nonfinite_loss = False  # BVLC: carry on
+    s.step(2)
+    assert s.iter == 2  # (the failing iteration was not counted)
+    close(s)
+
+
+def test_layer_values_checked_before_allocation(tmp_path):
+    from pycaffe_lite.errors import CaffeError
+
+    def net(layer):
+        p = tmp_path / "n.prototxt"
+        p.write_text('input: "data" input_shape { dim: 2 dim: 3 dim: 8 dim: 8 }\n' + layer)
+        return caffe.Net(str(p), caffe.TEST)
+
+    with pytest.raises(CaffeError, match="layer 'ip' .*num_output must be >= 1, got 0"):
+        net('layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 0 } }')
+    with pytest.raises(CaffeError, match=r"layer 'ip' \(InnerProduct\): the 4000000000x192 weights would need"):
+        net('layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+            'inner_product_param { num_output: 4000000000 } }')
+    with pytest.raises(CaffeError, match=r"layer 'pool' \(Pooling\): kernel 2x2, stride 2000000000x.*PiB .* more than the"):
+        net('layer { name: "pool" type: "Pooling" bottom: "data" top: "p" '
+            'pooling_param { kernel_size: 2 stride: 2000000000 pool: MAX } }')
+    with pytest.raises(CaffeError, match=r"layer 'ip' \(InnerProduct\): unknown filler type 'gaussiann'"):
+        net('layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+            'inner_product_param { num_output: 3 weight_filler { type: "gaussiann" } } }')
+    n = net('layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+            'inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }')
+    assert n.params["ip"][0].data.dtype == np.float32 and 0.05 < n.params["ip"][0].data.std() < 0.2

@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_net_state_arguments(parser)
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar (it is shown only when stderr is a terminal anyway)")
+    parser.add_argument("--allow-nonfinite", dest="allow_nonfinite", action="store_true",
+                        help="keep training when the loss becomes NaN or infinite (BVLC's behaviour)")
     flag(parser, "sigint_effect", choices=EFFECTS, default="stop",
          help="on SIGINT: stop (after writing a snapshot; default), snapshot, or none")
     flag(parser, "sighup_effect", choices=EFFECTS, default="snapshot",
@@ -117,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         raise CaffeError(f"{args.snapshot}: solver state file not found")
     solver = solver_class(param.type)(param, progress=args.progress, solver_dir=solver_dir)
     solver.source = args.solver
+    solver.stop_on_nonfinite_loss = not getattr(args, "allow_nonfinite", False)
     if args.snapshot:
         log.info("Resuming from %s", args.snapshot)
         solver.restore(args.snapshot)
