@@ -5,12 +5,14 @@ Tops: ``data`` ``(batch_size, C, h, w)`` and optionally ``label`` ``(batch_size,
 read in key order and the read wraps to the first record after the last. A daemon thread decodes
 and transforms the next ``prefetch`` batches (default 4) into a queue while the net computes;
 ``forward`` copies the next ready batch into the tops (on the GPU path the host copy is synced to
-the device when the next layer reads it). ``close()`` (also run when the layer is collected)
+the device when the next layer reads it). ``read_state()`` / ``restore_read_state()`` give and set
+the next record the net will see (kept in solver snapshots for an exact resume). ``close()`` (also run when the layer is collected)
 stops the thread and closes the database.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import weakref
@@ -85,10 +87,14 @@ class _Prefetcher:
             self.cursor.next()
         return data, labels
 
+    def position(self) -> tuple[int, bytes, str]:
+        """Where the next batch starts: (record index, its key, transformer random state)."""
+        return self.cursor.index, bytes(self.cursor.key()), json.dumps(self.transformer.rng.bit_generator.state)
+
     def _run(self) -> None:
         try:
             while not self.stop_event.is_set():
-                batch = self.load_batch()
+                batch = (*self.load_batch(), self.position())  # with where the next one starts
                 while not self.stop_event.is_set():
                     try:
                         self.queue.put(batch, timeout=0.05)
@@ -98,7 +104,7 @@ class _Prefetcher:
         except BaseException as exc:  # handed to the consumer
             self.error = exc
 
-    def get(self) -> tuple[np.ndarray, np.ndarray]:
+    def get(self) -> tuple[np.ndarray, np.ndarray, tuple[int, bytes, str]]:
         if self.stop_event.is_set():  # closed: batches still queued are not handed out
             raise DataError(f"{self.where}: the prefetch thread is not running (layer closed?)")
         while True:
@@ -113,7 +119,8 @@ class _Prefetcher:
                 if not self.thread.is_alive():
                     raise DataError(f"{self.where}: the prefetch thread is not running (layer closed?)") from None
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Stop the thread and drop the batches it prepared (the cursor stays open)."""
         self.stop_event.set()
         while self.thread.is_alive():
             try:  # unblock a producer waiting on a full queue
@@ -122,6 +129,9 @@ class _Prefetcher:
             except queue.Empty:
                 pass
             self.thread.join(timeout=0.05)
+
+    def close(self) -> None:
+        self.stop()
         self.cursor.close()
 
 
@@ -158,15 +168,41 @@ class DataLayer(Layer):
         top[0].reshape((self.batch_size, *shape))
         if self.output_labels:
             top[1].reshape((self.batch_size,))
+        self._where = where
+        self._next = prefetcher.position()  # where the batch after the last one handed out starts
+        self._install(prefetcher)
+
+    def _install(self, prefetcher: _Prefetcher) -> None:
         self._prefetcher = prefetcher
         self._finalizer = weakref.finalize(self, prefetcher.close)
         prefetcher.start()
+
+    def read_state(self) -> tuple[int, bytes, str]:
+        """(index, key, transformer random state) of the next record the net will see (saved in
+        snapshots so a resumed run reads on from there)."""
+        return self._next
+
+    def restore_read_state(self, position: int, key: bytes, rng_state: str, where: str = "") -> None:
+        """Continue from a position given by ``read_state`` (batches prefetched so far are dropped)."""
+        old = self._prefetcher
+        self._finalizer.detach()
+        old.stop()
+        try:
+            old.cursor.seek(position, key)
+            if rng_state:
+                self.transformer.rng.bit_generator.state = json.loads(rng_state)
+        except (DataError, ValueError, TypeError, KeyError) as exc:
+            old.cursor.close()
+            raise DataError(f"{where or self._where}: cannot restore the read position: {exc}") from None
+        self._next = (int(position), bytes(key), rng_state)
+        self._install(_Prefetcher(old.cursor, self.transformer, self.batch_size, self.layer_param.data_param.prefetch,
+                                  self.dtype, self._where))
 
     def reshape(self, bottom, top):
         """Tops take the shape of each batch in forward."""
 
     def forward_cpu(self, bottom, top):
-        data, labels = self._prefetcher.get()
+        data, labels, self._next = self._prefetcher.get()
         top[0].reshape(data.shape)
         top[0].mutable_cpu_data()[...] = data
         if self.output_labels:

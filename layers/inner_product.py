@@ -23,12 +23,18 @@ class InnerProductLayer(Layer):
         p = self.layer_param.inner_product_param
         if not p.HasField("num_output"):
             raise self.error("inner_product_param.num_output is required")
+        if p.num_output < 1:
+            raise self.error(f"inner_product_param.num_output must be >= 1, got {p.num_output}")
         self.N = p.num_output
         self.bias_term = p.bias_term
         self.transpose = p.transpose
         self.axis = bottom[0].canonical_axis(p.axis)
         self.K = bottom[0].count_range(self.axis)
         w_shape = (self.K, self.N) if self.transpose else (self.N, self.K)
+        from pycaffe_lite.memcheck import check_fits
+
+        check_fits(f"layer '{self.name}' (InnerProduct)", f"the {self.N}x{self.K} weights", self.N * self.K,
+                   np.dtype(self.dtype).itemsize)
         shapes = [w_shape] + ([(self.N,)] if self.bias_term else [])
         if self.blobs:
             if len(self.blobs) != len(shapes):

@@ -101,6 +101,13 @@ class PoolingLayer(Layer):
         if min(self.pooled) <= 0:
             raise self.error(f"kernel {self.kernel[0]}x{self.kernel[1]} is larger than the input {h}x{w} "
                              f"padded by {self.pad[0]}x{self.pad[1]}: the output would be empty")
+        from pycaffe_lite.memcheck import check_fits
+
+        (bh, bw), (ah, aw) = self.pad, self._pad_after()
+        check_fits(f"layer '{self.name}' (Pooling)",
+                   f"kernel {self.kernel[0]}x{self.kernel[1]}, stride {self.stride[0]}x{self.stride[1]} "
+                   f"on a {h}x{w} input: the padded input", n * c * (h + bh + ah) * (w + bw + aw),
+                   np.dtype(self.dtype).itemsize)
         for t in top:
             t.reshape((n, c) + self.pooled)
 

@@ -50,3 +50,7 @@ __all__ = [
     "layer_type_list", "layers", "log", "params", "proto", "register_layer", "set_allow_tf32", "set_device", "set_mode_cpu",
     "set_mode_gpu", "set_random_seed", "to_proto",
 ]
+
+from . import threads as _threads  # noqa: E402
+
+_threads.configure()  # BLAS threads: the free cores, unless OMP/OPENBLAS/MKL_NUM_THREADS are set

@@ -33,7 +33,9 @@ def input_transformer(net: Net, mean: np.ndarray | None, input_scale: float | No
 
 class Classifier(Net):
     """``Classifier(model_file, pretrained_file, image_dims=None, mean=None, input_scale=None,
-    raw_scale=None, channel_swap=None)``: a TEST-phase net whose first input takes images.
+    raw_scale=None, channel_swap=None, allow_missing=False)``: a TEST-phase net whose first input
+    takes images. ``pretrained_file`` must hold weights for every learnable layer unless
+    ``allow_missing``.
 
     ``image_dims`` (H, W): size images are resized to before cropping (default: the net's input
     size). ``mean``, ``input_scale``, ``raw_scale``, ``channel_swap`` configure ``self.transformer``.
@@ -48,8 +50,12 @@ class Classifier(Net):
         input_scale: float | None = None,
         raw_scale: float | None = None,
         channel_swap: Sequence[int] | None = None,
+        allow_missing: bool = False,
     ) -> None:
-        Net.__init__(self, model_file, pretrained_file, TEST)
+        Net.__init__(self, model_file, TEST)
+        if pretrained_file is not None:
+            # weights that leave a learnable layer at its filler would classify confidently at random
+            self.copy_from(pretrained_file, allow_missing=allow_missing)
         in_ = self.inputs[0]
         self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])

@@ -71,9 +71,31 @@ def _acquire_env(path: Path):
                 )
             except lmdb.Error as exc:
                 raise DataError(f"{path}: cannot open as an LMDB database: {exc}") from None
+            try:
+                _check_complete(path, env)
+            except BaseException:
+                env.close()
+                raise
             entry = _ENVS[key] = [env, 0]
         entry[1] += 1
         return key, entry[0]
+
+
+def _check_complete(path: Path, env) -> None:
+    """DataError unless the data file holds every page the environment's header declares: reading
+    a page past the end of a truncated memory-mapped file kills the process with SIGBUS."""
+    data = path / "data.mdb" if path.is_dir() else path
+    try:
+        size = data.stat().st_size
+        info, stat = env.info(), env.stat()
+    except (OSError, _lmdb().Error) as exc:
+        raise DataError(f"{path}: cannot inspect the LMDB database: {exc}") from None
+    need = (int(info["last_pgno"]) + 1) * int(stat["psize"])
+    if size < need:
+        raise DataError(
+            f"{path}: truncated LMDB database: {data.name} holds {size} bytes but its header declares "
+            f"{need} ({int(info['last_pgno']) + 1} pages of {int(stat['psize'])}); copy or convert it again"
+        )
 
 
 def _release_env(key: str) -> None:
@@ -112,6 +134,22 @@ class Cursor:
     def seek_to_first(self) -> None:
         if not self._cursor.first():
             raise DataError(f"{self.path}: the LMDB database is empty")
+        self.index = 0
+
+    def seek(self, index: int, key: bytes | None = None) -> None:
+        """Go to the record ``index`` (0-based, key order), whose key is ``key`` when given (a
+        saved position: found directly, and checked)."""
+        index = int(index)
+        if not 0 <= index < self._length:
+            raise DataError(f"{self.path}: record {index} out of range (the database holds {self._length})")
+        if key:
+            if not self._cursor.set_key(bytes(key)):
+                raise DataError(f"{self.path}: no record with key {bytes(key)!r} (was the database rebuilt?)")
+            self.index = index
+            return
+        self.seek_to_first()
+        for _ in range(index):
+            self.next()
 
     def key(self) -> bytes:
         return self._cursor.key()
@@ -122,6 +160,7 @@ class Cursor:
     def next(self) -> bool:
         """Advance; at the end go back to the first record and return True (wrapped)."""
         if self._cursor.next():
+            self.index += 1
             return False
         self.seek_to_first()
         return True
@@ -167,7 +206,10 @@ class LMDBWriter:
         lmdb = _lmdb()
         self.path = Path(path)
         if self.path.exists() and not overwrite:
-            raise DataError(f"{self.path}: already exists (remove it first or pass overwrite)")
+            raise DataError(
+                f"{self.path}: already exists (remove it first, or use --overwrite on the command line, "
+                "overwrite=True in Python)"
+            )
         self.overwrite = overwrite
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
@@ -214,6 +256,11 @@ class LMDBWriter:
         self._txn.abort()
         self._env.close()
         self._env = None
+        from .snapshot import default_mode
+
+        os.chmod(self._tmp, default_mode(directory=True))  # mkdtemp makes 0700: follow the umask
+        for f in self._tmp.iterdir():
+            os.chmod(f, default_mode())
         if self.path.exists() and self.overwrite:
             shutil.rmtree(self.path) if self.path.is_dir() else self.path.unlink()
         os.replace(self._tmp, self.path)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DataError, NetError
+from .errors import CaffeError, DataError, NetError
 
 MNIST_SCALE = 0.00390625
 
@@ -77,15 +77,24 @@ def classify_digits(
     invert: bool | str = "auto",
     batch_size: int = 256,
     prob_blob: str | None = None,
+    allow_missing: bool = False,
+    errors: list[tuple[str, str]] | None = None,
 ) -> list[DigitPrediction]:
     """Predict a class for every image. ``model`` is a deploy prototxt path (with ``weights``, a
     .caffemodel) or an already built :class:`~pycaffe_lite.Net`. The net's single input blob gives
     the image size; the probabilities are read from ``prob_blob`` (default: "prob" if the net has
-    it, else its last output)."""
+    it, else its last output). ``weights`` must cover every learnable layer unless ``allow_missing``.
+    With an ``errors`` list, an unreadable image is appended there as (path, message) and skipped
+    instead of failing the whole batch."""
     from . import common
     from .net import Net
 
-    net = model if isinstance(model, Net) else Net(model, common.TEST, weights=weights)
+    if isinstance(model, Net):
+        net = model
+    else:
+        net = Net(model, common.TEST)
+        if weights is not None:
+            net.copy_from(weights, allow_missing=allow_missing)
     if len(net.inputs) != 1:
         raise NetError(f"net '{net.name}': expected exactly one input blob, it has {net.inputs}")
     in_blob = net.blobs[net.inputs[0]]
@@ -102,8 +111,14 @@ def classify_digits(
             names.append(f"array[{i}]")
             arr = _array_image(img, (h, w), channels, names[-1])
         else:
+            try:
+                arr = load_image(img, (h, w), channels)
+            except CaffeError as exc:
+                if errors is None:
+                    raise
+                errors.append((str(img), str(exc)))
+                continue
             names.append(str(img))
-            arr = load_image(img, (h, w), channels)
         if _should_invert(arr, invert):
             arr = 255 - arr
         arrays.append(arr)

@@ -14,6 +14,25 @@ from .proto import caffe_pb2
 VarianceNorm = caffe_pb2.FillerParameter
 
 
+def _uniform(rng: np.random.Generator, lo: float, hi: float, shape, dt: np.dtype) -> np.ndarray:
+    """Uniform in [lo, hi) drawn directly in ``dt`` (float32 or float64)."""
+    if dt == np.float32:
+        out = rng.random(shape, dtype=np.float32)
+        out *= np.float32(hi - lo)
+        out += np.float32(lo)
+        return out
+    return rng.uniform(lo, hi, shape)
+
+
+def _normal(rng: np.random.Generator, mean: float, std: float, shape, dt: np.dtype) -> np.ndarray:
+    if dt == np.float32:
+        out = rng.standard_normal(shape, dtype=np.float32)
+        out *= np.float32(std)
+        out += np.float32(mean)
+        return out
+    return rng.normal(mean, std, shape)
+
+
 def _fans(blob: Blob) -> tuple[int, int]:
     """Caffe's fan_in = count / shape[0], fan_out = count / shape[1]."""
     if blob.num_axes == 0 or blob.shape[0] == 0:
@@ -32,32 +51,60 @@ def _norm(param: caffe_pb2.FillerParameter, blob: Blob) -> float:
     return float(fan_in)
 
 
-def fill(blob: Blob, param: caffe_pb2.FillerParameter | None) -> None:
-    """Fill ``blob``'s data according to ``param`` (default: constant 0)."""
+def fill(blob: Blob, param: caffe_pb2.FillerParameter | None, where: str = "") -> None:
+    """Fill ``blob``'s data according to ``param`` (default: constant 0), drawing in the blob's
+    dtype (no float64 copy of a float32 blob). ``where`` names the layer in errors (the caller's
+    layer is found on the stack when not given)."""
     param = param if param is not None else caffe_pb2.FillerParameter()
+    try:
+        _fill(blob, param)
+    except NetError as exc:
+        where = where or _calling_layer()
+        if where and not str(exc).startswith(where):
+            raise NetError(f"{where}: {exc}") from None
+        raise
+
+
+def _calling_layer() -> str:
+    import inspect
+
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            layer = frame.f_locals.get("self")
+            if layer is not None and hasattr(layer, "layer_param") and hasattr(layer, "error"):
+                return f"layer '{layer.layer_param.name}' ({layer.layer_param.type})"
+            frame = frame.f_back
+    finally:
+        del frame
+    return ""
+
+
+def _fill(blob: Blob, param: caffe_pb2.FillerParameter) -> None:
     rng = common.rng()
+    dt = np.dtype(blob.dtype) if np.dtype(blob.dtype).kind == "f" else np.dtype(np.float64)
     shape = blob.shape
     kind = param.type
     if kind == "constant":
-        values = np.full(shape, param.value)
+        values = np.full(shape, param.value, dtype=dt)
     elif kind == "uniform":
-        values = rng.uniform(param.min, param.max, shape)
+        values = _uniform(rng, param.min, param.max, shape, dt)
     elif kind == "gaussian":
-        values = rng.normal(param.mean, param.std, shape)
+        values = _normal(rng, param.mean, param.std, shape, dt)
         if param.sparse >= 0:
             if blob.num_axes < 1 or blob.shape[0] == 0:
                 raise NetError(f"gaussian filler: sparse needs a blob with outputs, got {shape}")
             keep = param.sparse / blob.shape[0]
-            values = values * (rng.random(shape) < keep)
+            values *= rng.random(shape, dtype=np.float32 if dt == np.float32 else np.float64) < keep
     elif kind == "positive_unitball":
-        values = rng.uniform(0.0, 1.0, shape)
+        values = _uniform(rng, 0.0, 1.0, shape, dt)
         flat = values.reshape(shape[0] if shape else 1, -1)
         flat /= flat.sum(axis=1, keepdims=True)
     elif kind == "xavier":
         scale = math.sqrt(3.0 / _norm(param, blob))
-        values = rng.uniform(-scale, scale, shape)
+        values = _uniform(rng, -scale, scale, shape, dt)
     elif kind == "msra":
-        values = rng.normal(0.0, math.sqrt(2.0 / _norm(param, blob)), shape)
+        values = _normal(rng, 0.0, math.sqrt(2.0 / _norm(param, blob)), shape, dt)
     elif kind == "bilinear":
         if blob.num_axes != 4 or shape[2] != shape[3]:
             raise NetError(f"bilinear filler needs a 4-axis blob with height == width, got {shape}")

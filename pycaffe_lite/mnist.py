@@ -25,6 +25,17 @@ STANDARD_FILES = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 
+# The MNIST copy that ships with the repository (examples/mnist/data) and the SHA-256 of each
+# published .gz file (the same bytes as yann.lecun.com's; md5s in the example README).
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "examples" / "mnist" / "data"
+SHA256 = {
+    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+}
+SIZES = {"train": 60000, "test": 10000}
+
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
@@ -165,3 +176,53 @@ def convert(
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
     return write_lmdb(images, labels, db_path, overwrite=overwrite, progress=progress)
+
+
+def verify_sha256(directory: str | os.PathLike) -> None:
+    """Check the four canonical ``.gz`` files in ``directory`` against their published SHA-256;
+    DataError naming the first missing or altered file."""
+    import hashlib
+
+    for name, digest in SHA256.items():
+        path = Path(directory) / name
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read the MNIST file: {exc.strerror}") from None
+        got = hashlib.sha256(data).hexdigest()
+        if got != digest:
+            raise DataError(
+                f"{path}: SHA-256 {got} does not match the published MNIST file ({digest}); "
+                "the copy is corrupt or altered (restore it with git checkout, or pass --data DIR)"
+            )
+
+
+def locate(data_dir: str | os.PathLike | None = None, env: dict[str, str] | None = None
+           ) -> tuple[Path, str]:
+    """The folder holding the four MNIST files and where it came from: ``data_dir`` (--data), else
+    ``$MNIST_DIR``, else the copy shipped in examples/mnist/data (SHA-256 checked). A given folder
+    that lacks the files is a DataError, never silently replaced by the shipped copy."""
+    env = os.environ if env is None else env
+    for value, what in ((data_dir, "--data"), (env.get("MNIST_DIR"), "$MNIST_DIR")):
+        if not value:
+            continue
+        d = Path(value)
+        if not d.is_dir():
+            raise DataError(f"{what} {d}: no such folder (expected the four MNIST files there)")
+        if find_files(d, "train") is None or find_files(d, "test") is None:
+            raise DataError(
+                f"{what} {d}: the four standard MNIST files (train-images-idx3-ubyte[.gz], "
+                "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz]) "
+                "are not all there"
+            )
+        return d, f"{what} {d}"
+    verify_sha256(SHIPPED_DIR)
+    return SHIPPED_DIR, f"the copy shipped with pycaffe-lite ({SHIPPED_DIR}, SHA-256 verified)"
+
+
+def load_split(directory: str | os.PathLike, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ``split`` ("train" or "test") images and labels of the MNIST files in ``directory``."""
+    found = find_files(directory, split)
+    if found is None:
+        raise DataError(f"{directory}: the MNIST {split} files are missing")
+    return load(*found)

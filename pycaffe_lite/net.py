@@ -604,11 +604,13 @@ class Net:
         """Write a binary .caffemodel (atomically)."""
         protoio.write_binary(path, self.to_proto(write_diff))
 
-    def copy_trained_layers_from(self, param: caffe_pb2.NetParameter, source: str = "<weights>") -> None:
-        """Copy blobs layer by layer (matched by name); layers absent from ``param`` keep theirs."""
+    def copy_trained_layers_from(self, param: caffe_pb2.NetParameter, source: str = "<weights>") -> list[str]:
+        """Copy blobs layer by layer (matched by name); layers absent from ``param`` keep theirs.
+        Returns the names of the net's layers with parameters that got none (logged as a warning)."""
         from . import upgrade
 
         upgrade.upgrade_net(param, source=source)
+        filled: set[str] = set()
         for src in param.layer:
             if src.name not in self._layer_names_index:
                 continue
@@ -623,18 +625,41 @@ class Net:
                     blob.from_proto(proto, reshape=False, where=f"{source}: layer '{src.name}' param {i}")
                 except ShapeError as exc:
                     raise WeightsError(f"cannot copy weights: {exc}") from None
+            filled.add(src.name)
+        missing = [n for n, layer in zip(self._layer_names, self.layers) if layer.blobs and n not in filled]
+        if missing:
+            import logging
 
-    def copy_from(self, path: str | os.PathLike) -> None:
-        """Load weights from a .caffemodel (binary NetParameter) or an HDF5 file (.h5)."""
+            logging.getLogger("pycaffe_lite").warning("%s: no weights for layer%s %s of net '%s' (they keep their initial values)",
+                        source, "s" if len(missing) > 1 else "", ", ".join(missing), self.name)
+        return missing
+
+    def copy_from(self, path: str | os.PathLike, allow_missing: bool = True) -> list[str]:
+        """Load weights from a .caffemodel (binary NetParameter) or an HDF5 file (.h5).
+
+        An empty, truncated or non-caffemodel file is a WeightsError naming it. Returns the layers
+        with parameters that got no weights (a warning lists them); with ``allow_missing=False``
+        they are a WeightsError instead."""
         path = str(path)
         if hdf5_weights.is_hdf5_file(path):  # by signature, as Caffe does
             hdf5_weights.load(self, path)
-            return
+            return []
         try:
             param = protoio.read_binary(path, caffe_pb2.NetParameter(), "caffemodel")
         except Exception as exc:  # unreadable or corrupt file
             raise WeightsError(str(exc)) from None
-        self.copy_trained_layers_from(param, source=path)
+        if not param.layer and not param.layers:
+            size = os.path.getsize(path) if os.path.exists(path) else 0
+            what = "an empty file" if size == 0 else f"{size} bytes holding no layers"
+            raise WeightsError(f"{path}: not a caffemodel ({what}; expected a binary NetParameter with weights)")
+        missing = self.copy_trained_layers_from(param, source=path)
+        if missing and not allow_missing:
+            raise WeightsError(
+                f"{path}: holds no weights for layer{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                f"of net '{self.name}' (truncated file, or weights of another net?); pass --allow-missing "
+                "(allow_missing=True) to run with their initial values"
+            )
+        return missing
 
     def share_with(self, other: Net) -> None:
         """Share the weights of ``other``'s same-named layers (Caffe's ShareTrainedLayersWith)."""

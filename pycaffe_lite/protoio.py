@@ -68,6 +68,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        from .snapshot import default_mode
+
+        os.fchmod(fd, default_mode())  # mkstemp makes 0600: follow the umask as open() would
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -182,6 +182,14 @@ class Solver:
                 raise SolverConfigError(
                     f"cannot write to snapshot prefix '{p.snapshot_prefix}': folder {parent} is not writable"
                 )
+        from . import snapshot, solver_checks
+
+        solver_checks.check_solver_param(p, self.source or "solver")
+        self.stop_on_nonfinite_loss = getattr(self, "stop_on_nonfinite_loss", True)
+        if not any(getattr(h, "__qualname__", "").startswith("nonfinite_loss_hook") for h in self.iteration_hooks):
+            self.iteration_hooks.append(solver_checks.nonfinite_loss_hook(self))
+        if p.snapshot_prefix:
+            snapshot.clean_leftovers(p.snapshot_prefix)  # temporary files and half pairs of killed runs
 
     def check_rule_param(self) -> None:
         """Hook for update-rule specific checks."""
@@ -656,18 +664,9 @@ class Solver:
             raise SolverConfigError("snapshot_format HDF5 is not supported yet; use BINARYPROTO")
         if not self.param.snapshot_prefix:
             raise SolverConfigError("solver: cannot snapshot without a snapshot_prefix")
-        model = self.snapshot_filename(".caffemodel")
-        log.info("Snapshotting to binary proto file %s", model)
-        protoio.write_binary(model, self.net.to_proto(self.param.snapshot_diff))
-        state = caffe_pb2.SolverState()
-        state.iter = self.iter
-        state.learned_net = model
-        state.current_step = self.current_step
-        for h in self.history:
-            h.to_proto(False, state.history.add())
-        path = self.snapshot_filename(".solverstate")
-        log.info("Snapshotting solver state to binary proto file %s", path)
-        protoio.write_binary(path, state)
+        from . import snapshot
+
+        model, path = snapshot.write_snapshot(self)  # the pair, complete or absent; data positions
         self._last_snapshot_iter = self.iter
         return model, path
 
@@ -705,3 +704,6 @@ class Solver:
                 raise WeightsError(str(exc)) from None
         self.iter = state.iter
         self.current_step = state.current_step
+        from . import snapshot
+
+        snapshot.restore_extras(self, state, path)  # data layers' read positions, random state

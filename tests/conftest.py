@@ -70,9 +70,9 @@ def _first_dir(*candidates) -> Path | None:
 
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
-    d = _first_dir(os.environ.get("MNIST_DIR"), SHARED / "mnist")
+    d = _first_dir(os.environ.get("MNIST_DIR"), REPO / "examples" / "mnist" / "data", SHARED / "mnist")
     if d is None:
-        pytest.skip("full MNIST not found in $MNIST_DIR or ../shared/mnist")
+        pytest.skip("full MNIST not found in $MNIST_DIR or examples/mnist/data")
     return d
 
 

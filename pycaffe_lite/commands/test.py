@@ -23,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag(parser, "model", required=True, metavar="NET.prototxt", help="the net definition")
     flag(parser, "weights", required=True, metavar="W.caffemodel", help="the trained weights")
     flag(parser, "iterations", type=int, default=50, help="number of batches (default 50)")
+    parser.add_argument("--allow-missing", "-allow_missing", dest="allow_missing", action="store_true",
+                        help="score even when the weights leave some learnable layers at their initial values")
     add_gpu_argument(parser)
     add_net_state_arguments(parser)
 
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         raise WeightsError(f"{args.weights}: weights file not found")
     use_device(parse_gpu(args.gpu))
     net = Net(args.model, common.TEST, level=args.level, stages=stages(args) or None)
-    net.copy_from(args.weights)
+    net.copy_from(args.weights, allow_missing=args.allow_missing)
     log.info("Running for %d iterations.", args.iterations)
     loss, results = score(net, args.iterations)
     log.info("Loss: %g", loss)

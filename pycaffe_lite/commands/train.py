@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 
-from ..errors import CaffeError, PrototxtError
+from ..errors import CaffeError, GPUUnavailableError, PrototxtError
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
 
 NAME = "train"
@@ -31,9 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--snapshot", "-snapshot", dest="snapshot", metavar="STATE.solverstate",
                        help="resume training from this solver state")
     add_gpu_argument(parser)
+    parser.add_argument("--cpu", "-cpu", dest="cpu", action="store_true",
+                        help="train on the CPU even when the solver says solver_mode: GPU")
     add_net_state_arguments(parser)
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar (it is shown only when stderr is a terminal anyway)")
+    parser.add_argument("--allow-nonfinite", dest="allow_nonfinite", action="store_true",
+                        help="keep training when the loss becomes NaN or infinite (BVLC's behaviour)")
     flag(parser, "sigint_effect", choices=EFFECTS, default="stop",
          help="on SIGINT: stop (after writing a snapshot; default), snapshot, or none")
     flag(parser, "sighup_effect", choices=EFFECTS, default="snapshot",
@@ -96,13 +100,26 @@ def run(args: argparse.Namespace) -> int:
     param.train_state.level = args.level
     param.train_state.stage.extend(stages(args))
     device = parse_gpu(args.gpu)
-    if device is None and param.HasField("solver_mode") and param.solver_mode == param.GPU:
-        device = param.device_id
-    use_device(device)
+    if getattr(args, "cpu", False) and device is not None:
+        raise CaffeError("--cpu and --gpu: give one of them")
+    from_solver = False
+    if device is None and not getattr(args, "cpu", False) and param.HasField("solver_mode") \
+            and param.solver_mode == param.GPU:
+        device, from_solver = param.device_id, True
+    try:
+        use_device(device)
+    except GPUUnavailableError as exc:
+        if not from_solver:
+            raise
+        raise GPUUnavailableError(
+            f"{args.solver}: the solver says 'solver_mode: GPU' but {exc}; add --cpu to train on the CPU "
+            "(or set solver_mode: CPU)"
+        ) from None
     if args.snapshot and not os.path.isfile(args.snapshot):
         raise CaffeError(f"{args.snapshot}: solver state file not found")
     solver = solver_class(param.type)(param, progress=args.progress, solver_dir=solver_dir)
     solver.source = args.solver
+    solver.stop_on_nonfinite_loss = not getattr(args, "allow_nonfinite", False)
     if args.snapshot:
         log.info("Resuming from %s", args.snapshot)
         solver.restore(args.snapshot)

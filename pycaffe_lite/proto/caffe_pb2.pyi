@@ -231,16 +231,34 @@ class SolverParameter(_message.Message):
     def __init__(self, net: _Optional[str] = ..., net_param: _Optional[_Union[NetParameter, _Mapping]] = ..., train_net: _Optional[str] = ..., test_net: _Optional[_Iterable[str]] = ..., train_net_param: _Optional[_Union[NetParameter, _Mapping]] = ..., test_net_param: _Optional[_Iterable[_Union[NetParameter, _Mapping]]] = ..., train_state: _Optional[_Union[NetState, _Mapping]] = ..., test_state: _Optional[_Iterable[_Union[NetState, _Mapping]]] = ..., test_iter: _Optional[_Iterable[int]] = ..., test_interval: _Optional[int] = ..., test_compute_loss: bool = ..., test_initialization: bool = ..., base_lr: _Optional[float] = ..., display: _Optional[int] = ..., average_loss: _Optional[int] = ..., max_iter: _Optional[int] = ..., iter_size: _Optional[int] = ..., lr_policy: _Optional[str] = ..., gamma: _Optional[float] = ..., power: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., regularization_type: _Optional[str] = ..., stepsize: _Optional[int] = ..., stepvalue: _Optional[_Iterable[int]] = ..., clip_gradients: _Optional[float] = ..., snapshot: _Optional[int] = ..., snapshot_prefix: _Optional[str] = ..., snapshot_diff: bool = ..., snapshot_format: _Optional[_Union[SolverParameter.SnapshotFormat, str]] = ..., solver_mode: _Optional[_Union[SolverParameter.SolverMode, str]] = ..., device_id: _Optional[int] = ..., random_seed: _Optional[int] = ..., type: _Optional[str] = ..., delta: _Optional[float] = ..., momentum2: _Optional[float] = ..., rms_decay: _Optional[float] = ..., debug_info: bool = ..., snapshot_after_train: bool = ..., solver_type: _Optional[_Union[SolverParameter.SolverType, str]] = ..., layer_wise_reduce: bool = ..., weights: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SolverState(_message.Message):
-    __slots__ = ("iter", "learned_net", "history", "current_step")
+    __slots__ = ("iter", "learned_net", "history", "current_step", "data_state", "rng_state")
     ITER_FIELD_NUMBER: _ClassVar[int]
     LEARNED_NET_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
+    DATA_STATE_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     iter: int
     learned_net: str
     history: _containers.RepeatedCompositeFieldContainer[BlobProto]
     current_step: int
-    def __init__(self, iter: _Optional[int] = ..., learned_net: _Optional[str] = ..., history: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., current_step: _Optional[int] = ...) -> None: ...
+    data_state: _containers.RepeatedCompositeFieldContainer[DataReaderState]
+    rng_state: str
+    def __init__(self, iter: _Optional[int] = ..., learned_net: _Optional[str] = ..., history: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., current_step: _Optional[int] = ..., data_state: _Optional[_Iterable[_Union[DataReaderState, _Mapping]]] = ..., rng_state: _Optional[str] = ...) -> None: ...
+
+class DataReaderState(_message.Message):
+    __slots__ = ("net", "layer", "position", "key", "rng_state")
+    NET_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    RNG_STATE_FIELD_NUMBER: _ClassVar[int]
+    net: str
+    layer: str
+    position: int
+    key: bytes
+    rng_state: str
+    def __init__(self, net: _Optional[str] = ..., layer: _Optional[str] = ..., position: _Optional[int] = ..., key: _Optional[bytes] = ..., rng_state: _Optional[str] = ...) -> None: ...
 
 class NetState(_message.Message):
     __slots__ = ("phase", "level", "stage")
