@@ -1,0 +1,187 @@
+// Depthwise convolution: group == channels; num_output = channels * mult, output channel m reads
+// input channel m / mult. Layouts: x (num, C, H, W), w (M, 1, kh, kw), y (num, M, Ho, Wo), M = C * mult.
+// Note (n * M + m) / mult = n * C + m / mult: the input plane of output plane n * M + m.
+// Each pass has three entry points: _k3s1 and _k3s2 (3x3 kernel, stride 1 or 2, unrolled) and _any
+// (kernel and stride from the arguments). Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+
+#define DW_THREADS 256  // block size of dw_backward_weight_*
+
+#define DW_GEOMETRY_PARAMS                                                                        \
+  const int channels, const int height, const int width, const int mult, const int kernel_h,     \
+      const int kernel_w, const int stride_h, const int stride_w, const int pad_h, const int pad_w, \
+      const int dil_h, const int dil_w, const int height_out, const int width_out
+
+#define DW_GEOMETRY_ARGS                                                                          \
+  channels, height, width, mult, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, \
+      height_out, width_out
+
+extern "C++" {
+
+// K > 0: a KxK kernel; S > 0: stride S in both axes; 0: from the run-time arguments.
+template <int K, int S>
+__device__ __forceinline__ void dw_forward_body(const int count, const Dtype* __restrict__ x,
+                                                const Dtype* __restrict__ w, const Dtype* __restrict__ bias,
+                                                const int has_bias, Dtype* __restrict__ y, DW_GEOMETRY_PARAMS) {
+  const int kh = K ? K : kernel_h, kw = K ? K : kernel_w;
+  const int sh = S ? S : stride_h, sw = S ? S : stride_w;
+  const int num_output = channels * mult;
+  CUDA_KERNEL_LOOP(index, count) {  // index over (n, m, oh, ow)
+    const int ow = index % width_out;
+    const int t = index / width_out;
+    const int oh = t % height_out;
+    const int plane = t / height_out;  // n * M + m
+    const int m = plane % num_output;
+    const Dtype* xp = x + (plane / mult) * height * width;
+    const Dtype* wp = w + m * kh * kw;
+    const int h0 = oh * sh - pad_h, w0 = ow * sw - pad_w;
+    Dtype sum = 0;
+#pragma unroll
+    for (int i = 0; i < kh; ++i) {
+      const int ih = h0 + i * dil_h;
+      if (ih < 0 || ih >= height) continue;
+#pragma unroll
+      for (int j = 0; j < kw; ++j) {
+        const int iw = w0 + j * dil_w;
+        if (iw >= 0 && iw < width) sum += wp[i * kw + j] * xp[ih * width + iw];
+      }
+    }
+    y[index] = has_bias ? sum + bias[m] : sum;
+  }
+}
+
+// dx (assigned): index over (n, c, ih, iw); sums dy over the mult output channels of c and the taps
+// whose window covers (ih, iw).
+template <int K, int S>
+__device__ __forceinline__ void dw_backward_data_body(const int count, const Dtype* __restrict__ dy,
+                                                      const Dtype* __restrict__ w, Dtype* __restrict__ dx,
+                                                      DW_GEOMETRY_PARAMS) {
+  const int kh = K ? K : kernel_h, kw = K ? K : kernel_w;
+  const int sh = S ? S : stride_h, sw = S ? S : stride_w;
+  const int out_plane = height_out * width_out;
+  CUDA_KERNEL_LOOP(index, count) {
+    const int iw = index % width;
+    const int t = index / width;
+    const int ih = t % height;
+    const int plane = t / height;  // n * C + c
+    const int c = plane % channels;
+    Dtype sum = 0;
+    for (int r = 0; r < mult; ++r) {
+      const Dtype* dyp = dy + (plane * mult + r) * out_plane;  // output plane n * M + c * mult + r
+      const Dtype* wp = w + (c * mult + r) * kh * kw;
+#pragma unroll
+      for (int i = 0; i < kh; ++i) {
+        const int th = ih + pad_h - i * dil_h;  // = oh * sh
+        if (th < 0 || th % sh) continue;
+        const int oh = th / sh;
+        if (oh >= height_out) continue;
+#pragma unroll
+        for (int j = 0; j < kw; ++j) {
+          const int tw = iw + pad_w - j * dil_w;
+          if (tw < 0 || tw % sw) continue;
+          const int ow = tw / sw;
+          if (ow < width_out) sum += wp[i * kw + j] * dyp[oh * width_out + ow];
+        }
+      }
+    }
+    dx[index] = sum;
+  }
+}
+
+// Weight (and bias) gradient partial sums. Block b: output channel m = b / chunks, chunk s = b % chunks
+// of the num * Ho * Wo positions e = n * P + p of that channel, positions [s * chunk, min(L, (s+1) * chunk)).
+// Taps are summed T at a time (T = K*K, or 1 for run-time kernels) in registers, then reduced over the
+// block by a fixed shared-memory tree (deterministic). Result per (m, s) and tap u < taps, plus the
+// bias sum at u == taps when has_bias: with chunks == 1 added straight into dw / db, else stored in
+// part[(m * chunks + s) * (taps + 1) + u] for dw_reduce_weight.
+template <int K, int S>
+__device__ __forceinline__ void dw_backward_weight_body(const Dtype* __restrict__ x, const Dtype* __restrict__ dy,
+                                                        const int num, const int chunk, const int chunks,
+                                                        const int has_bias, Dtype* __restrict__ part,
+                                                        Dtype* __restrict__ dw, Dtype* __restrict__ db,
+                                                        DW_GEOMETRY_PARAMS) {
+  constexpr int T = K ? K * K : 1;
+  __shared__ Dtype red[(T + 1) * DW_THREADS];
+  const int kh = K ? K : kernel_h, kw = K ? K : kernel_w;
+  const int sh = S ? S : stride_h, sw = S ? S : stride_w;
+  const int taps = kh * kw, num_output = channels * mult;
+  const int m = blockIdx.x / chunks, s = blockIdx.x - m * chunks;
+  const int out_plane = height_out * width_out, total = num * out_plane;
+  const int e0 = s * chunk, e1 = min(total, e0 + chunk);
+  const int tid = threadIdx.x;
+  for (int t0 = 0; t0 < taps; t0 += T) {
+    Dtype acc[T + 1];
+#pragma unroll
+    for (int u = 0; u <= T; ++u) acc[u] = 0;
+    for (int e = e0 + tid; e < e1; e += DW_THREADS) {
+      const int n = e / out_plane, p = e - n * out_plane;
+      const int oh = p / width_out, ow = p - oh * width_out;
+      const Dtype g = dy[(n * num_output + m) * out_plane + p];
+      const Dtype* xp = x + (n * channels + m / mult) * height * width;
+      acc[T] += g;
+#pragma unroll
+      for (int u = 0; u < T; ++u) {
+        const int tap = t0 + u, i = tap / kw, j = tap - i * kw;
+        const int ih = oh * sh - pad_h + i * dil_h, iw = ow * sw - pad_w + j * dil_w;
+        if (ih >= 0 && ih < height && iw >= 0 && iw < width) acc[u] += g * xp[ih * width + iw];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u <= T; ++u) red[u * DW_THREADS + tid] = acc[u];
+    __syncthreads();
+    for (int half = DW_THREADS / 2; half > 0; half >>= 1) {
+      if (tid < half) {
+#pragma unroll
+        for (int u = 0; u <= T; ++u) red[u * DW_THREADS + tid] += red[u * DW_THREADS + tid + half];
+      }
+      __syncthreads();
+    }
+    if (tid <= T) {  // thread u writes tap t0 + u; thread T the bias sum (first sweep only)
+      const int tap = tid < T ? t0 + tid : taps;
+      const bool want = tid < T || (t0 == 0 && has_bias);
+      const Dtype v = red[tid * DW_THREADS];
+      if (want && chunks == 1) {
+        if (tap < taps) dw[m * taps + tap] += v;
+        else db[m] += v;
+      } else if (want) {
+        part[(m * chunks + s) * (taps + 1) + tap] = v;
+      }
+    }
+    __syncthreads();  // red is reused by the next sweep
+  }
+}
+
+}  // extern "C++"
+
+#define DW_ENTRY_POINTS(SUFFIX, K, S)                                                                \
+  __global__ void dw_forward_##SUFFIX(const int count, const Dtype* x, const Dtype* w, const Dtype* bias, \
+                                      const int has_bias, Dtype* y, DW_GEOMETRY_PARAMS) {            \
+    dw_forward_body<K, S>(count, x, w, bias, has_bias, y, DW_GEOMETRY_ARGS);                         \
+  }                                                                                                  \
+  __global__ void dw_backward_data_##SUFFIX(const int count, const Dtype* dy, const Dtype* w, Dtype* dx, \
+                                            DW_GEOMETRY_PARAMS) {                                    \
+    dw_backward_data_body<K, S>(count, dy, w, dx, DW_GEOMETRY_ARGS);                                 \
+  }                                                                                                  \
+  __global__ void __launch_bounds__(DW_THREADS) dw_backward_weight_##SUFFIX(                         \
+      const Dtype* x, const Dtype* dy, const int num, const int chunk, const int chunks,             \
+      const int has_bias, Dtype* part, Dtype* dw, Dtype* db, DW_GEOMETRY_PARAMS) {                   \
+    dw_backward_weight_body<K, S>(x, dy, num, chunk, chunks, has_bias, part, dw, db, DW_GEOMETRY_ARGS); \
+  }
+
+DW_ENTRY_POINTS(k3s1, 3, 1)
+DW_ENTRY_POINTS(k3s2, 3, 2)
+DW_ENTRY_POINTS(any, 0, 0)
+
+// Sum the chunk partials in a fixed order: dw[m, u] += sum_s part[m, s, u] for u < taps, and
+// db[m] += sum_s part[m, s, taps] when has_bias. index over (m, u), u <= taps.
+__global__ void dw_reduce_weight(const int count, const Dtype* part, const int chunks, const int taps,
+                                 const int has_bias, Dtype* dw, Dtype* db) {
+  CUDA_KERNEL_LOOP(index, count) {
+    const int u = index % (taps + 1), m = index / (taps + 1);
+    if (u == taps && !has_bias) continue;
+    const Dtype* p = part + m * chunks * (taps + 1) + u;
+    Dtype sum = 0;
+    for (int s = 0; s < chunks; ++s) sum += p[s * (taps + 1)];
+    if (u < taps) dw[m * taps + u] += sum;
+    else db[m] += sum;
+  }
+}

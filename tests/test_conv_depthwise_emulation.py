@@ -1,0 +1,247 @@
+"""The depthwise engine's kernels emulated in Python (CPU, no GPU): each ``conv_depthwise.cu`` body
+transliterated index for index, launched through the real ``conv_depthwise.py`` call side (arguments
+checked against the parsed signatures, pointers mapped to numpy arrays), compared with cpu_conv.
+Catches index, argument-order, chunking and reduction mistakes before a GPU ever runs them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pycaffe_lite import cpu_conv
+from pycaffe_lite.gpu import backend, conv_depthwise
+from pycaffe_lite.gpu.conv_problem import ConvProblem
+from pycaffe_lite.gpu.signatures import check_args, parse_signatures
+
+SIGNATURES = parse_signatures(conv_depthwise.KERNELS.read_text())
+
+
+class Memory:
+    """Device pointers (ints) -> flat float64 arrays."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[int, np.ndarray] = {}
+
+    def put(self, a: np.ndarray) -> int:
+        ptr = 4096 * (len(self.arrays) + 1)
+        self.arrays[ptr] = np.array(a, dtype=np.float64).ravel()
+        return ptr
+
+
+def _geom(g):
+    (channels, height, width, mult, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+     height_out, width_out) = g
+    return dict(C=channels, H=height, W=width, mult=mult, kh=kernel_h, kw=kernel_w, sh=stride_h, sw=stride_w,
+                ph=pad_h, pw=pad_w, dh=dil_h, dw=dil_w, Ho=height_out, Wo=width_out)
+
+
+def emu_forward(K, S, count, x, w, bias, has_bias, y, *g):
+    d = _geom(g)
+    kh, kw = (K, K) if K else (d["kh"], d["kw"])
+    sh, sw = (S, S) if S else (d["sh"], d["sw"])
+    num_output = d["C"] * d["mult"]
+    for index in range(count):
+        ow = index % d["Wo"]
+        t = index // d["Wo"]
+        oh = t % d["Ho"]
+        plane = t // d["Ho"]
+        m = plane % num_output
+        xo = (plane // d["mult"]) * d["H"] * d["W"]
+        wo = m * kh * kw
+        h0, w0 = oh * sh - d["ph"], ow * sw - d["pw"]
+        s = 0.0
+        for i in range(kh):
+            ih = h0 + i * d["dh"]
+            if ih < 0 or ih >= d["H"]:
+                continue
+            for j in range(kw):
+                iw = w0 + j * d["dw"]
+                if 0 <= iw < d["W"]:
+                    s += w[wo + i * kw + j] * x[xo + ih * d["W"] + iw]
+        y[index] = s + bias[m] if has_bias else s
+
+
+def emu_backward_data(K, S, count, dy, w, dx, *g):
+    d = _geom(g)
+    kh, kw = (K, K) if K else (d["kh"], d["kw"])
+    sh, sw = (S, S) if S else (d["sh"], d["sw"])
+    out_plane = d["Ho"] * d["Wo"]
+    for index in range(count):
+        iw = index % d["W"]
+        t = index // d["W"]
+        ih = t % d["H"]
+        plane = t // d["H"]
+        c = plane % d["C"]
+        s = 0.0
+        for r in range(d["mult"]):
+            dyo = (plane * d["mult"] + r) * out_plane
+            wo = (c * d["mult"] + r) * kh * kw
+            for i in range(kh):
+                th = ih + d["ph"] - i * d["dh"]
+                if th < 0 or th % sh:  # C's % on a non-negative th
+                    continue
+                oh = th // sh
+                if oh >= d["Ho"]:
+                    continue
+                for j in range(kw):
+                    tw = iw + d["pw"] - j * d["dw"]
+                    if tw < 0 or tw % sw:
+                        continue
+                    ow = tw // sw
+                    if ow < d["Wo"]:
+                        s += w[wo + i * kw + j] * dy[dyo + oh * d["Wo"] + ow]
+        dx[index] = s
+
+
+def emu_backward_weight(K, S, x, dy, num, chunk, chunks, has_bias, part, dw, db, *g, blocks, threads):
+    d = _geom(g)
+    T = K * K if K else 1
+    kh, kw = (K, K) if K else (d["kh"], d["kw"])
+    sh, sw = (S, S) if S else (d["sh"], d["sw"])
+    taps, num_output = kh * kw, d["C"] * d["mult"]
+    out_plane = d["Ho"] * d["Wo"]
+    total = num * out_plane
+    for b in range(blocks):
+        m, s = b // chunks, b % chunks
+        e0, e1 = s * chunk, min(total, s * chunk + chunk)
+        for t0 in range(0, taps, T):
+            red = np.zeros((T + 1, threads))
+            for tid in range(threads):
+                for e in range(e0 + tid, e1, threads):
+                    n, p = e // out_plane, e % out_plane
+                    oh, ow = p // d["Wo"], p % d["Wo"]
+                    gv = dy[(n * num_output + m) * out_plane + p]
+                    xo = (n * d["C"] + m // d["mult"]) * d["H"] * d["W"]
+                    red[T, tid] += gv
+                    for u in range(T):
+                        tap = t0 + u
+                        i, j = tap // kw, tap % kw
+                        ih, iw = oh * sh - d["ph"] + i * d["dh"], ow * sw - d["pw"] + j * d["dw"]
+                        if 0 <= ih < d["H"] and 0 <= iw < d["W"] and tap < taps:
+                            red[u, tid] += gv * x[xo + ih * d["W"] + iw]
+            half = threads // 2
+            while half:
+                red[:, :half] += red[:, half:2 * half]
+                half //= 2
+            for tid in range(T + 1):
+                tap = t0 + tid if tid < T else taps
+                if not (tid < T or (t0 == 0 and has_bias)):
+                    continue
+                if chunks == 1:
+                    if tap < taps:
+                        dw[m * taps + tap] += red[tid, 0]
+                    else:
+                        db[m] += red[tid, 0]
+                else:
+                    part[(m * chunks + s) * (taps + 1) + tap] = red[tid, 0]
+
+
+def emu_reduce(count, part, chunks, taps, has_bias, dw, db):
+    for index in range(count):
+        u, m = index % (taps + 1), index // (taps + 1)
+        if u == taps and not has_bias:
+            continue
+        total = sum(part[m * chunks * (taps + 1) + u + s * (taps + 1)] for s in range(chunks))
+        if u < taps:
+            dw[m * taps + u] += total
+        else:
+            db[m] += total
+
+
+class FakeKernel:
+    def __init__(self, mem: Memory, name: str) -> None:
+        self.mem, self.name, self.sig = mem, name, SIGNATURES[name]
+
+    def __call__(self, *args, grid=None, block=256, shared=0):
+        check_args(self.sig, args, "conv_depthwise.cu")
+        args = [self.mem.arrays[a] if p.kind == "ptr" else a for p, a in zip(self.sig.params, args)]
+        base, _, variant = self.name.rpartition("_")
+        if self.name == "dw_reduce_weight":
+            return emu_reduce(*args)
+        K, S = {"k3s1": (3, 1), "k3s2": (3, 2), "any": (0, 0)}[variant]
+        if base == "dw_forward":
+            emu_forward(K, S, *args)
+        elif base == "dw_backward_data":
+            emu_backward_data(K, S, *args)
+        else:
+            assert block == conv_depthwise.THREADS
+            emu_backward_weight(K, S, *args, blocks=grid, threads=block)
+
+
+@pytest.fixture
+def mem(monkeypatch):
+    mem = Memory()
+    monkeypatch.setattr(backend, "kernel", lambda path, name, dtype: FakeKernel(mem, name))
+    monkeypatch.setattr(backend, "workspace", lambda *sizes: [mem.put(np.full(s // 8, np.nan)) for s in sizes])
+    monkeypatch.setattr(backend, "multiprocessor_count", lambda: 2)
+    return mem
+
+
+# (x shape, num_output, kernel, pad, stride, dilation): 3x3 s1/s2 (unrolled variants), general sizes,
+# multiplier 2, odd planes
+CASES = [
+    ((2, 3, 7, 6), 3, (3, 3), (1, 1), (1, 1), (1, 1)),
+    ((1, 2, 7, 7), 2, (3, 3), (1, 1), (2, 2), (1, 1)),
+    ((2, 2, 6, 5), 2, (3, 3), (0, 0), (2, 2), (1, 1)),
+    ((1, 2, 8, 7), 4, (5, 5), (2, 2), (1, 1), (1, 1)),
+    ((2, 2, 9, 8), 2, (3, 3), (2, 2), (1, 1), (2, 2)),
+    ((1, 3, 6, 7), 3, (2, 3), (1, 0), (2, 1), (1, 1)),
+    ((3, 1, 5, 5), 1, (3, 3), (1, 1), (1, 1), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("min_chunk", [1 << 20, 3])  # one chunk per channel, or several (partials + reduce)
+@pytest.mark.parametrize("shape,num_output,kernel,pad,stride,dilation", CASES)
+def test_emulated_kernels_match_cpu_conv(mem, monkeypatch, shape, num_output, kernel, pad, stride, dilation,
+                                         min_chunk):
+    monkeypatch.setattr(conv_depthwise, "MIN_CHUNK", min_chunk)
+    n, c, h, w = shape
+    prob = ConvProblem(n, c, h, w, num_output, c, kernel, pad, stride, dilation, "<f8")
+    assert conv_depthwise.supports(prob)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape)
+    wt = rng.standard_normal((num_output, 1) + kernel)
+    bias = rng.standard_normal(num_output)
+    ho, wo = prob.out_hw
+    dy = rng.standard_normal((n, num_output, ho, wo))
+    want_y = np.empty((n, num_output, ho, wo))
+    cpu_conv.forward(x, wt, bias, kernel, pad, stride, dilation, c, want_y)
+    want_dw, want_db, want_dx = np.full(wt.shape, 0.5), np.full(num_output, 0.25), np.empty(shape)
+    cpu_conv.backward(x, wt, dy, kernel, pad, stride, dilation, c, dweight=want_dw, dbias=want_db, dx=want_dx)
+
+    px, pw_, pb, pdy = mem.put(x), mem.put(wt), mem.put(bias), mem.put(dy)
+    py, pdx = mem.put(np.full(want_y.size, np.nan)), mem.put(np.full(x.size, np.nan))
+    pdw, pdb = mem.put(np.full(wt.size, 0.5)), mem.put(np.full(num_output, 0.25))
+    conv_depthwise.forward(prob, px, pw_, pb, py)
+    conv_depthwise.backward(prob, px, pw_, pdy, pdx, pdw, pdb)
+    got = mem.arrays
+    np.testing.assert_allclose(got[py].reshape(want_y.shape), want_y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[pdx].reshape(shape), want_dx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[pdw].reshape(wt.shape), want_dw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[pdb], want_db, rtol=1e-12, atol=1e-12)
+    chunks = conv_depthwise.chunking(prob)[1]
+    assert (chunks > 1) == (min_chunk == 3)
+
+    conv_depthwise.forward(prob, px, pw_, None, py)  # no bias; weight gradient without the bias sum
+    np.testing.assert_allclose(got[py].reshape(want_y.shape), want_y - bias[:, None, None], rtol=1e-12, atol=1e-12)
+    conv_depthwise.backward(prob, px, pw_, pdy, None, pdw, None)
+    np.testing.assert_allclose(got[pdw].reshape(wt.shape), 2 * want_dw - 0.5, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[pdb], want_db, rtol=1e-12, atol=1e-12)
+
+
+def test_chunking_covers_every_position(monkeypatch):
+    monkeypatch.setattr(backend, "multiprocessor_count", lambda: 132)
+    for n, c, h in ((32, 32, 112), (1, 960, 7), (32, 960, 7), (3, 5, 1)):
+        prob = ConvProblem(n, c, h, h, c, c, (3, 3), (1, 1), (1, 1), (1, 1), "<f4")
+        chunk, chunks = conv_depthwise.chunking(prob)
+        total = n * h * h
+        assert chunk * chunks >= total > chunk * (chunks - 1)
+        assert chunks == 1 or chunk >= conv_depthwise.MIN_CHUNK
+
+
+def test_supports_only_depthwise():
+    def prob(c, m, g):
+        return ConvProblem(2, c, 8, 8, m, g, (3, 3), (1, 1), (1, 1), (1, 1), "<f4")
+
+    assert conv_depthwise.supports(prob(4, 4, 4)) and conv_depthwise.supports(prob(4, 8, 4))
+    assert not conv_depthwise.supports(prob(4, 4, 2)) and not conv_depthwise.supports(prob(4, 4, 1))
