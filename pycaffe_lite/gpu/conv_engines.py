@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from . import backend, blas, winograd
 from . import conv_depthwise as depthwise  # engines-branch hook
+from . import conv_direct as direct  # engines-branch hook
 from . import conv_implicit as ig
 from . import im2col as gpu_im2col
 from . import math_functions as gm
@@ -200,7 +201,7 @@ class ModuleEngine(Engine):
 
 
 ENGINES: dict[str, Engine] = {"gemm": GemmEngine(), **_implicit_engines(), "winograd": WinogradEngine(),
-                              **{m.NAME: ModuleEngine(m) for m in (depthwise,)}}  # hook
+                              **{m.NAME: ModuleEngine(m) for m in (depthwise, direct)}}  # hook
 IMPLICIT = tuple(n for n in ENGINES if n.startswith("implicit"))
 ENGINE_CANDIDATES = {  # ConvolutionParameter.Engine name -> engines the autotune may pick
     "DEFAULT": tuple(ENGINES),

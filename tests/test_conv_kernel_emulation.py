@@ -1,7 +1,8 @@
-"""The depthwise engine's kernels emulated in Python (CPU, no GPU): each ``conv_depthwise.cu`` body
-transliterated index for index, launched through the real ``conv_depthwise.py`` call side (arguments
-checked against the parsed signatures, pointers mapped to numpy arrays), compared with cpu_conv.
-Catches index, argument-order, chunking and reduction mistakes before a GPU ever runs them."""
+"""The depthwise and direct convolution kernels emulated in Python (CPU, no GPU): each body of
+``conv_depthwise.cu`` and ``conv_direct.cu`` transliterated index for index, launched through the real
+Python call side (arguments checked against the parsed signatures, pointers mapped to numpy arrays),
+compared with cpu_conv. Catches index, argument-order, tiling, chunking and reduction mistakes before
+a GPU ever runs them."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import numpy as np
 import pytest
 
 from pycaffe_lite import cpu_conv
-from pycaffe_lite.gpu import backend, conv_depthwise
+from pycaffe_lite.gpu import backend, conv_depthwise, conv_direct
 from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.gpu.signatures import check_args, parse_signatures
 
-SIGNATURES = parse_signatures(conv_depthwise.KERNELS.read_text())
+SIGNATURES = {**parse_signatures(conv_depthwise.KERNELS.read_text()),
+              **parse_signatures(conv_direct.KERNELS.read_text())}
 
 
 class Memory:
@@ -148,6 +150,51 @@ def emu_reduce(count, part, chunks, taps, has_bias, dw, db):
             db[m] += total
 
 
+def emu_direct_forward(K, S, x, w, bias, has_bias, y, channels, height, width, num_output, pad_h, pad_w,
+                       height_out, width_out, grid, block):
+    TILE, TM = 16, 8
+    assert block == (TILE, 8, 1)
+    CK = 4 if K <= 3 else 1
+    P = (TILE - 1) * S + K
+    KK = K * K
+    tiles_w = (width_out + TILE - 1) // TILE
+    for bz, by, bx in np.ndindex(grid[2], grid[1], grid[0]):
+        oh0, ow0 = (bx // tiles_w) * TILE, (bx % tiles_w) * TILE
+        m0, n = by * TM, bz
+        h0, w0 = oh0 * S - pad_h, ow0 * S - pad_w
+        xn = n * channels * height * width
+        acc = np.zeros((8, TILE, 2, TM))  # per thread (ty, tx)
+        for c0 in range(0, channels, CK):
+            xs, ws = np.full((CK, P, P), np.nan), np.full((TM, CK, KK), np.nan)
+            for e in range(CK * P * P):  # all threads' strided loops together
+                cl, r = e // (P * P), e % (P * P)
+                pr, pc = r // P, r % P
+                c, ih, iw = c0 + cl, h0 + pr, w0 + pc
+                ok = c < channels and 0 <= ih < height and 0 <= iw < width
+                xs[cl, pr, pc] = x[xn + (c * height + ih) * width + iw] if ok else 0.0
+            for e in range(TM * CK * KK):
+                t, r = e // (CK * KK), e % (CK * KK)
+                cl, tap = r // KK, r % KK
+                m, c = m0 + t, c0 + cl
+                ws[t, cl, tap] = w[(m * channels + c) * KK + tap] if m < num_output and c < channels else 0.0
+            for ty, tx in np.ndindex(8, TILE):
+                for cl in range(CK):
+                    for i in range(K):
+                        for j in range(K):
+                            x0, x1 = xs[cl, ty * S + i, tx * S + j], xs[cl, (ty + 8) * S + i, tx * S + j]
+                            acc[ty, tx, 0] += ws[:, cl, i * K + j] * x0
+                            acc[ty, tx, 1] += ws[:, cl, i * K + j] * x1
+        for ty, tx in np.ndindex(8, TILE):
+            ow = ow0 + tx
+            for t in range(TM):
+                m = m0 + t
+                for r in range(2):
+                    oh = oh0 + ty + 8 * r
+                    if m < num_output and oh < height_out and ow < width_out:
+                        v = acc[ty, tx, r, t]
+                        y[((n * num_output + m) * height_out + oh) * width_out + ow] = v + bias[m] if has_bias else v
+
+
 class FakeKernel:
     def __init__(self, mem: Memory, name: str) -> None:
         self.mem, self.name, self.sig = mem, name, SIGNATURES[name]
@@ -158,6 +205,9 @@ class FakeKernel:
         base, _, variant = self.name.rpartition("_")
         if self.name == "dw_reduce_weight":
             return emu_reduce(*args)
+        if base == "dc_forward":
+            k, s = (int(v) for v in variant[1:].split("s"))
+            return emu_direct_forward(k, s, *args, grid=grid, block=block)
         K, S = {"k3s1": (3, 1), "k3s2": (3, 2), "any": (0, 0)}[variant]
         if base == "dw_forward":
             emu_forward(K, S, *args)
@@ -245,3 +295,41 @@ def test_supports_only_depthwise():
 
     assert conv_depthwise.supports(prob(4, 4, 4)) and conv_depthwise.supports(prob(4, 8, 4))
     assert not conv_depthwise.supports(prob(4, 4, 2)) and not conv_depthwise.supports(prob(4, 4, 1))
+
+
+# (x shape, num_output, kernel, pad, stride): several tiles along H and W and over channels, ragged edges
+DIRECT_CASES = [
+    ((2, 5, 18, 17), 9, 3, 1, 1),
+    ((1, 3, 35, 20), 4, 3, 1, 2),
+    ((1, 2, 9, 11), 3, 1, 0, 1),
+    ((3, 2, 13, 12), 10, 1, 1, 2),
+    ((1, 2, 12, 19), 3, 5, 2, 1),
+    ((1, 3, 15, 14), 2, 7, 3, 2),
+]
+
+
+@pytest.mark.parametrize("shape,num_output,k,pad,stride", DIRECT_CASES)
+def test_emulated_direct_forward_matches_cpu_conv(mem, shape, num_output, k, pad, stride):
+    n, c, h, w = shape
+    prob = ConvProblem(n, c, h, w, num_output, 1, (k, k), (pad, pad), (stride, stride), (1, 1), "<f8")
+    assert conv_direct.supports(prob)
+    rng = np.random.default_rng(4)
+    x, wt, bias = rng.standard_normal(shape), rng.standard_normal((num_output, c, k, k)), rng.standard_normal(num_output)
+    want = np.empty((n, num_output) + prob.out_hw)
+    cpu_conv.forward(x, wt, bias, prob.kernel, prob.pad, prob.stride, prob.dilation, 1, want)
+    px, pw_, pb, py = mem.put(x), mem.put(wt), mem.put(bias), mem.put(np.full(want.size, np.nan))
+    conv_direct.forward(prob, px, pw_, pb, py)
+    np.testing.assert_allclose(mem.arrays[py].reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+    conv_direct.forward(prob, px, pw_, None, py)
+    np.testing.assert_allclose(mem.arrays[py].reshape(want.shape), want - bias[:, None, None], rtol=1e-12,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("change,ok", [({}, True), ({"num": 5}, False), ({"group": 2}, False),
+                                       ({"kernel": (3, 5)}, False), ({"kernel": (9, 9)}, False),
+                                       ({"stride": (3, 3)}, False), ({"stride": (1, 2)}, False),
+                                       ({"dilation": (2, 2)}, False), ({"kernel": (7, 7), "num": 4}, True)])
+def test_direct_supports(change, ok):
+    args = dict(num=1, channels=4, height=16, width=16, num_output=8, group=1, kernel=(3, 3), pad=(1, 1),
+                stride=(1, 1), dilation=(1, 1), dtype="<f4") | change
+    assert conv_direct.supports(ConvProblem(**args)) == ok
