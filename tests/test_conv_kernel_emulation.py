@@ -121,21 +121,111 @@ def emu_backward_weight(K, S, x, dy, num, chunk, chunks, has_bias, part, dw, db,
                         ih, iw = oh * sh - d["ph"] + i * d["dh"], ow * sw - d["pw"] + j * d["dw"]
                         if 0 <= ih < d["H"] and 0 <= iw < d["W"] and tap < taps:
                             red[u, tid] += gv * x[xo + ih * d["W"] + iw]
-            half = threads // 2
-            while half:
-                red[:, :half] += red[:, half:2 * half]
-                half //= 2
-            for tid in range(T + 1):
-                tap = t0 + tid if tid < T else taps
-                if not (tid < T or (t0 == 0 and has_bias)):
+            emu_reduce_store(red, T, t0, taps, has_bias, chunks, m, s, part, dw, db)
+
+
+def emu_reduce_store(red, T, t0, taps, has_bias, chunks, m, s, part, dw, db):
+    half = red.shape[1] // 2
+    while half:
+        red[:, :half] += red[:, half:2 * half]
+        half //= 2
+    for tid in range(T + 1):
+        if not (tid < T or (t0 == 0 and has_bias)):
+            continue
+        tap = t0 + tid if tid < T else taps
+        if chunks > 1:
+            part[(m * chunks + s) * (taps + 1) + tap] = red[tid, 0]
+        elif tap < taps:
+            dw[m * taps + tap] += red[tid, 0]
+        else:
+            db[m] += red[tid, 0]
+
+
+V = 4  # DW_V
+
+
+def load_row(row, base, w0, width, span):
+    return [row[base + w0 + u] if 0 <= w0 + u < width else 0.0 for u in range(span)]
+
+
+def emu_forward_rows(S, count, x, w, bias, has_bias, y, *g):
+    d = _geom(g)
+    span, num_output, quads = (V - 1) * S + 3, d["C"] * d["mult"], -(-d["Wo"] // V)
+    for index in range(count):
+        q, t = index % quads, index // quads
+        oh, plane = t % d["Ho"], t // d["Ho"]
+        m = plane % num_output
+        xo = (plane // d["mult"]) * d["H"] * d["W"]
+        k = [w[m * 9 + u] for u in range(9)]
+        ow0 = q * V
+        h0, w0 = oh * S - d["ph"], ow0 * S - d["pw"]
+        acc = [0.0] * V
+        for i in range(3):
+            ih = h0 + i
+            if ih < 0 or ih >= d["H"]:
+                continue
+            r = load_row(x, xo + ih * d["W"], w0, d["W"], span)
+            for v in range(V):
+                for j in range(3):
+                    acc[v] += k[i * 3 + j] * r[v * S + j]
+        b = bias[m] if has_bias else 0.0
+        for v in range(V):
+            if ow0 + v < d["Wo"]:
+                y[(plane * d["Ho"] + oh) * d["Wo"] + ow0 + v] = acc[v] + b
+
+
+def emu_backward_data_rows(count, dy, w, dx, *g):
+    d = _geom(g)
+    quads, out_plane = -(-d["W"] // V), d["Ho"] * d["Wo"]
+    for index in range(count):
+        q, t = index % quads, index // quads
+        ih, plane = t % d["H"], t // d["H"]
+        c = plane % d["C"]
+        iw0 = q * V
+        w0 = iw0 + d["pw"] - 2
+        acc = [0.0] * V
+        for rr in range(d["mult"]):
+            dyo = (plane * d["mult"] + rr) * out_plane
+            ko = (c * d["mult"] + rr) * 9
+            for i in range(3):
+                oh = ih + d["ph"] - i
+                if oh < 0 or oh >= d["Ho"]:
                     continue
-                if chunks == 1:
-                    if tap < taps:
-                        dw[m * taps + tap] += red[tid, 0]
-                    else:
-                        db[m] += red[tid, 0]
-                else:
-                    part[(m * chunks + s) * (taps + 1) + tap] = red[tid, 0]
+                r = load_row(dy, dyo + oh * d["Wo"], w0, d["Wo"], V + 2)
+                for v in range(V):
+                    for j in range(3):
+                        acc[v] += w[ko + i * 3 + j] * r[v + 2 - j]
+        for v in range(V):
+            if iw0 + v < d["W"]:
+                dx[(plane * d["H"] + ih) * d["W"] + iw0 + v] = acc[v]
+
+
+def emu_backward_weight_rows(S, x, dy, num, chunk, chunks, has_bias, part, dw, db, *g, blocks, threads):
+    d = _geom(g)
+    span, num_output, quads = (V - 1) * S + 3, d["C"] * d["mult"], -(-d["Wo"] // V)
+    total = num * d["Ho"] * quads
+    for b in range(blocks):
+        m, s = b // chunks, b % chunks
+        e0, e1 = s * chunk, min(total, s * chunk + chunk)
+        red = np.zeros((10, threads))
+        for tid in range(threads):
+            for e in range(e0 + tid, e1, threads):
+                q, t = e % quads, e // quads
+                oh, n = t % d["Ho"], t // d["Ho"]
+                ow0 = q * V
+                dyo = ((n * num_output + m) * d["Ho"] + oh) * d["Wo"]
+                gv = [dy[dyo + ow0 + v] if ow0 + v < d["Wo"] else 0.0 for v in range(V)]
+                red[9, tid] += sum(gv)
+                xo = (n * d["C"] + m // d["mult"]) * d["H"] * d["W"]
+                h0, w0 = oh * S - d["ph"], ow0 * S - d["pw"]
+                for i in range(3):
+                    ih = h0 + i
+                    if ih < 0 or ih >= d["H"]:
+                        continue
+                    r = load_row(x, xo + ih * d["W"], w0, d["W"], span)
+                    for j in range(3):
+                        red[i * 3 + j, tid] += sum(gv[v] * r[v * S + j] for v in range(V))
+        emu_reduce_store(red, 9, 0, 9, has_bias, chunks, m, s, part, dw, db)
 
 
 def emu_reduce(count, part, chunks, taps, has_bias, dw, db):
@@ -208,14 +298,19 @@ class FakeKernel:
         if base == "dc_forward":
             k, s = (int(v) for v in variant[1:].split("s"))
             return emu_direct_forward(k, s, *args, grid=grid, block=block)
-        K, S = {"k3s1": (3, 1), "k3s2": (3, 2), "any": (0, 0)}[variant]
+        assert variant in ("k3s1", "k3s2", "any")
+        S = 1 if variant == "k3s1" else 2
         if base == "dw_forward":
-            emu_forward(K, S, *args)
+            emu_forward(0, 0, *args) if variant == "any" else emu_forward_rows(S, *args)
         elif base == "dw_backward_data":
-            emu_backward_data(K, S, *args)
+            {"k3s1": emu_backward_data_rows, "k3s2": lambda *a: emu_backward_data(3, 2, *a),
+             "any": lambda *a: emu_backward_data(0, 0, *a)}[variant](*args)
         else:
             assert block == conv_depthwise.THREADS
-            emu_backward_weight(K, S, *args, blocks=grid, threads=block)
+            if variant == "any":
+                emu_backward_weight(0, 0, *args, blocks=grid, threads=block)
+            else:
+                emu_backward_weight_rows(S, *args, blocks=grid, threads=block)
 
 
 @pytest.fixture
@@ -240,7 +335,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("min_chunk", [1 << 20, 3])  # one chunk per channel, or several (partials + reduce)
+@pytest.mark.parametrize("min_chunk", [1 << 20, 1])  # one chunk per channel, or several (partials + reduce)
 @pytest.mark.parametrize("shape,num_output,kernel,pad,stride,dilation", CASES)
 def test_emulated_kernels_match_cpu_conv(mem, monkeypatch, shape, num_output, kernel, pad, stride, dilation,
                                          min_chunk):
@@ -270,7 +365,7 @@ def test_emulated_kernels_match_cpu_conv(mem, monkeypatch, shape, num_output, ke
     np.testing.assert_allclose(got[pdw].reshape(wt.shape), want_dw, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got[pdb], want_db, rtol=1e-12, atol=1e-12)
     chunks = conv_depthwise.chunking(prob)[1]
-    assert (chunks > 1) == (min_chunk == 3)
+    assert (chunks > 1) == (min_chunk == 1)
 
     conv_depthwise.forward(prob, px, pw_, None, py)  # no bias; weight gradient without the bias sum
     np.testing.assert_allclose(got[py].reshape(want_y.shape), want_y - bias[:, None, None], rtol=1e-12, atol=1e-12)
@@ -284,7 +379,7 @@ def test_chunking_covers_every_position(monkeypatch):
     for n, c, h in ((32, 32, 112), (1, 960, 7), (32, 960, 7), (3, 5, 1)):
         prob = ConvProblem(n, c, h, h, c, c, (3, 3), (1, 1), (1, 1), (1, 1), "<f4")
         chunk, chunks = conv_depthwise.chunking(prob)
-        total = n * h * h
+        total = n * h * -(-h // conv_depthwise.V)  # row vectors of V outputs (3x3, stride 1)
         assert chunk * chunks >= total > chunk * (chunks - 1)
         assert chunks == 1 or chunk >= conv_depthwise.MIN_CHUNK
 

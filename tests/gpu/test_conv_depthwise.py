@@ -36,7 +36,7 @@ def _geometries():
         if min(h, w) + 2 * p > d * (k - 1):
             out.append((num, 3 + i % 3, h, w, 1 + (i % 5 == 0), (k, k), (p, p), (s, s), (d, d)))
     out.append((2, 4, 8, 9, 1, (3, 1), (1, 0), (2, 1), (1, 1)))  # non-square kernel, stride, pad
-    out.append((3, 6, 28, 28, 1, (3, 3), (1, 1), (1, 1), (1, 1)))  # several weight-gradient chunks
+    out.append((3, 6, 64, 64, 1, (3, 3), (1, 1), (1, 1), (1, 1)))  # several weight-gradient chunks
     out.append((3, 6, 28, 28, 1, (3, 3), (1, 1), (2, 2), (1, 1)))
     return out
 
