@@ -21,15 +21,14 @@
 
 extern "C++" {
 
-// K > 0: a KxK kernel; S > 0: stride S in both axes; 0: from the run-time arguments.
-template <int K, int S>
+// ---- general kernels: any kernel size, stride, pad and dilation -------------------------------------
+// y: index over (n, m, oh, ow).
 __device__ __forceinline__ void dw_forward_body(const int count, const Dtype* __restrict__ x,
                                                 const Dtype* __restrict__ w, const Dtype* __restrict__ bias,
                                                 const int has_bias, Dtype* __restrict__ y, DW_GEOMETRY_PARAMS) {
-  const int kh = K ? K : kernel_h, kw = K ? K : kernel_w;
-  const int sh = S ? S : stride_h, sw = S ? S : stride_w;
+  const int kh = kernel_h, kw = kernel_w, sh = stride_h, sw = stride_w;
   const int num_output = channels * mult;
-  CUDA_KERNEL_LOOP(index, count) {  // index over (n, m, oh, ow)
+  CUDA_KERNEL_LOOP(index, count) {
     const int ow = index % width_out;
     const int t = index / width_out;
     const int oh = t % height_out;
@@ -39,11 +38,9 @@ __device__ __forceinline__ void dw_forward_body(const int count, const Dtype* __
     const Dtype* wp = w + m * kh * kw;
     const int h0 = oh * sh - pad_h, w0 = ow * sw - pad_w;
     Dtype sum = 0;
-#pragma unroll
     for (int i = 0; i < kh; ++i) {
       const int ih = h0 + i * dil_h;
       if (ih < 0 || ih >= height) continue;
-#pragma unroll
       for (int j = 0; j < kw; ++j) {
         const int iw = w0 + j * dil_w;
         if (iw >= 0 && iw < width) sum += wp[i * kw + j] * xp[ih * width + iw];
@@ -54,7 +51,7 @@ __device__ __forceinline__ void dw_forward_body(const int count, const Dtype* __
 }
 
 // dx (assigned): index over (n, c, ih, iw); sums dy over the mult output channels of c and the taps
-// whose window covers (ih, iw).
+// whose window covers (ih, iw). K > 0: a KxK kernel, S > 0: stride S (unrolled); 0: run-time values.
 template <int K, int S>
 __device__ __forceinline__ void dw_backward_data_body(const int count, const Dtype* __restrict__ dy,
                                                       const Dtype* __restrict__ w, Dtype* __restrict__ dx,
@@ -120,42 +117,33 @@ __device__ __forceinline__ void dw_reduce_store(const Dtype* acc, Dtype* red, co
 }
 
 // Weight (and bias) gradient partial sums. Block b: output channel m = b / chunks, chunk s = b % chunks
-// of the num * Ho * Wo positions e = n * P + p of that channel, positions [s * chunk, min(L, (s+1) * chunk)).
-// Taps are summed T at a time (T = K*K, or 1 for run-time kernels) in registers, then reduced and stored
-// by dw_reduce_store (partials for dw_reduce_weight when chunks > 1).
-template <int K, int S>
+// of the num * P positions e = n * P + p (P = Ho * Wo) of that channel: [s * chunk, min(num * P, (s+1) * chunk)).
+// One sweep per tap (and the bias sum in the first), each reduced and stored by dw_reduce_store
+// (partials for dw_reduce_weight when chunks > 1).
 __device__ __forceinline__ void dw_backward_weight_body(const Dtype* __restrict__ x, const Dtype* __restrict__ dy,
                                                         const int num, const int chunk, const int chunks,
                                                         const int has_bias, Dtype* __restrict__ part,
                                                         Dtype* __restrict__ dw, Dtype* __restrict__ db,
                                                         DW_GEOMETRY_PARAMS) {
-  constexpr int T = K ? K * K : 1;
-  __shared__ Dtype red[(T + 1) * DW_THREADS];
-  const int kh = K ? K : kernel_h, kw = K ? K : kernel_w;
-  const int sh = S ? S : stride_h, sw = S ? S : stride_w;
-  const int taps = kh * kw, num_output = channels * mult;
+  __shared__ Dtype red[2 * DW_THREADS];
+  const int kw = kernel_w, taps = kernel_h * kernel_w, num_output = channels * mult;
   const int m = blockIdx.x / chunks, s = blockIdx.x - m * chunks;
   const int out_plane = height_out * width_out, total = num * out_plane;
   const int e0 = s * chunk, e1 = min(total, e0 + chunk);
   const int tid = threadIdx.x;
-  for (int t0 = 0; t0 < taps; t0 += T) {
-    Dtype acc[T + 1];
-#pragma unroll
-    for (int u = 0; u <= T; ++u) acc[u] = 0;
+  for (int tap = 0; tap < taps; ++tap) {
+    const int i = tap / kw, j = tap - i * kw;
+    Dtype acc[2] = {0, 0};  // tap, bias
     for (int e = e0 + tid; e < e1; e += DW_THREADS) {
       const int n = e / out_plane, p = e - n * out_plane;
       const int oh = p / width_out, ow = p - oh * width_out;
       const Dtype g = dy[(n * num_output + m) * out_plane + p];
-      const Dtype* xp = x + (n * channels + m / mult) * height * width;
-      acc[T] += g;
-#pragma unroll
-      for (int u = 0; u < T; ++u) {
-        const int tap = t0 + u, i = tap / kw, j = tap - i * kw;
-        const int ih = oh * sh - pad_h + i * dil_h, iw = ow * sw - pad_w + j * dil_w;
-        if (ih >= 0 && ih < height && iw >= 0 && iw < width) acc[u] += g * xp[ih * width + iw];
-      }
+      const int ih = oh * stride_h - pad_h + i * dil_h, iw = ow * stride_w - pad_w + j * dil_w;
+      acc[1] += g;
+      if (ih >= 0 && ih < height && iw >= 0 && iw < width)
+        acc[0] += g * x[((n * channels + m / mult) * height + ih) * width + iw];
     }
-    dw_reduce_store<T>(acc, red, t0, taps, has_bias, chunks, m, s, part, dw, db);
+    dw_reduce_store<1>(acc, red, tap, taps, has_bias, chunks, m, s, part, dw, db);
   }
 }
 
@@ -313,8 +301,7 @@ __device__ __forceinline__ void dw_backward_weight_rows(const Dtype* __restrict_
 #define DW_COMMA ,
 DW_ENTRY_POINTS(k3s1, dw_forward_rows<1>, dw_backward_data_rows, dw_backward_weight_rows<1>)
 DW_ENTRY_POINTS(k3s2, dw_forward_rows<2>, dw_backward_data_body<3 DW_COMMA 2>, dw_backward_weight_rows<2>)
-DW_ENTRY_POINTS(any, dw_forward_body<0 DW_COMMA 0>, dw_backward_data_body<0 DW_COMMA 0>,
-                dw_backward_weight_body<0 DW_COMMA 0>)
+DW_ENTRY_POINTS(any, dw_forward_body, dw_backward_data_body<0 DW_COMMA 0>, dw_backward_weight_body)
 
 // Sum the chunk partials in a fixed order: dw[m, u] += sum_s part[m, s, u] for u < taps, and
 // db[m] += sum_s part[m, s, taps] when has_bias. index over (m, u), u <= taps.
