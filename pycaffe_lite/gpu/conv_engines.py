@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import backend, blas, winograd
+from . import conv_depthwise as depthwise  # engines-branch hook
+from . import conv_direct as direct  # engines-branch hook
 from . import conv_implicit as ig
 from . import im2col as gpu_im2col
 from . import math_functions as gm
@@ -206,7 +208,27 @@ def _implicit_engines() -> dict[str, Engine]:
     return out
 
 
-ENGINES: dict[str, Engine] = {"gemm": GemmEngine(), **_implicit_engines(), "winograd": WinogradEngine()}
+# -- engines-branch hook: an engine whose module has NAME, supports(prob), forward(prob, x, w, bias, y)
+# and, unless forward-only, backward(prob, x, w, dy, dx, dw, db); forward-only ones back-propagate with gemm.
+class ModuleEngine(Engine):
+    def __init__(self, module) -> None:
+        self.module, self.name = module, module.NAME
+
+    def supports(self, prob):
+        return self.module.supports(prob)
+
+    def forward(self, prob, x, w, bias, y, buffer):
+        self.module.forward(prob, x, w, bias, y)
+
+    def backward(self, prob, x, w, dy, dx, dw, db, buffer):
+        if hasattr(self.module, "backward"):
+            self.module.backward(prob, x, w, dy, dx, dw, db)
+        else:
+            ENGINES["gemm"].backward(prob, x, w, dy, dx, dw, db, buffer)
+
+
+ENGINES: dict[str, Engine] = {"gemm": GemmEngine(), **_implicit_engines(), "winograd": WinogradEngine(),
+                              **{m.NAME: ModuleEngine(m) for m in (depthwise, direct)}}  # hook
 IMPLICIT = tuple(n for n in ENGINES if n.startswith("implicit"))
 ENGINE_CANDIDATES = {  # ConvolutionParameter.Engine name -> engines the autotune may pick
     "DEFAULT": tuple(ENGINES),
