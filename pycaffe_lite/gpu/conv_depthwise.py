@@ -71,21 +71,40 @@ def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int) -> None
     _kernel(prob, "dw_forward")(count, x, w, bias or w, int(bias is not None), y, *_geometry(prob))
 
 
-def backward(prob: ConvProblem, x: int, w: int, dy: int, dx: int | None, dw: int | None, db: int | None) -> None:
-    """``dx = dL/dx`` (assigned), ``dw += dL/dw``, ``db += dL/db``; None skips that gradient."""
-    if dx is not None:
-        per_row = _quads(prob.width, prob) if _variant(prob) == "k3s1" else prob.width
-        count = prob.num * prob.channels * prob.height * per_row
-        _kernel(prob, "dw_backward_data")(count, dy, w, dx, *_geometry(prob))
-    if dw is None:
-        if db is not None:
-            gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
-        return
+def weight_scratch(prob: ConvProblem) -> int:
+    """Bytes of partial sums the weight pass needs (0 when one chunk covers a channel)."""
+    chunk, chunks = chunking(prob)
+    return prob.num_output * chunks * (prob.khkw + 1) * prob.itemsize if chunks > 1 else 0
+
+
+def backward_data(prob: ConvProblem, w: int, dy: int, dx: int) -> None:
+    """``dx = dL/dx`` (assigned)."""
+    per_row = _quads(prob.width, prob) if _variant(prob) == "k3s1" else prob.width
+    count = prob.num * prob.channels * prob.height * per_row
+    _kernel(prob, "dw_backward_data")(count, dy, w, dx, *_geometry(prob))
+
+
+def backward_weight(prob: ConvProblem, x: int, dy: int, dw: int, db: int | None, part: int | None) -> None:
+    """``dw += dL/dw`` and ``db += dL/db`` (when given); ``part`` holds :func:`weight_scratch` bytes."""
     chunk, chunks = chunking(prob)
     has_bias, taps = int(db is not None), prob.khkw
-    part = backend.workspace(prob.num_output * chunks * (taps + 1) * prob.itemsize)[0] if chunks > 1 else dw
-    _kernel(prob, "dw_backward_weight")(x, dy, prob.num, chunk, chunks, has_bias, part, dw, db or dw,
+    if chunks > 1 and part is None:
+        raise ValueError("depthwise weight gradient: the partial-sum scratch is missing")
+    out = part if chunks > 1 else dw
+    _kernel(prob, "dw_backward_weight")(x, dy, prob.num, chunk, chunks, has_bias, out, dw, db or dw,
                                         *_geometry(prob), grid=prob.num_output * chunks, block=THREADS)
     if chunks > 1:
         reduce = backend.kernel(KERNELS, "dw_reduce_weight", prob.np_dtype)
         reduce(prob.num_output * (taps + 1), part, chunks, taps, has_bias, dw, db or dw)
+
+
+def backward(prob: ConvProblem, x: int, w: int, dy: int, dx: int | None, dw: int | None, db: int | None) -> None:
+    """``dx`` assigned, ``dw``/``db`` accumulated (None skips one); scratch from the workspace."""
+    if dx is not None:
+        backward_data(prob, w, dy, dx)
+    if dw is None:
+        if db is not None:
+            gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
+        return
+    size = weight_scratch(prob)
+    backward_weight(prob, x, dy, dw, db, backend.workspace(size)[0] if size else None)

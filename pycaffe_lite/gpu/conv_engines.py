@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import backend, blas, winograd
-from . import conv_depthwise as depthwise  # engines-branch hook
-from . import conv_direct as direct  # engines-branch hook
+from . import conv_depthwise as depthwise
+from . import conv_direct as direct
 from . import conv_implicit as ig
 from . import im2col as gpu_im2col
 from . import math_functions as gm
@@ -51,6 +51,7 @@ class Engine:
 
     name = ""
     requirement = ""  # what a problem needs for :meth:`supports`, for error messages
+    passes: tuple[str, ...] = PASSES  # the passes it implements (others fall back to gemm)
 
     def supports(self, prob: ConvProblem) -> bool:
         return True
@@ -210,25 +211,45 @@ def _implicit_engines() -> dict[str, Engine]:
 
 # -- engines-branch hook: an engine whose module has NAME, supports(prob), forward(prob, x, w, bias, y)
 # and, unless forward-only, backward(prob, x, w, dy, dx, dw, db); forward-only ones back-propagate with gemm.
-class ModuleEngine(Engine):
-    def __init__(self, module) -> None:
-        self.module, self.name = module, module.NAME
+class DepthwiseEngine(Engine):
+    """Direct kernels for group == channels (``conv_depthwise``)."""
+
+    name = "depthwise"
+    requirement = "group == channels == num_output / k (a depthwise convolution)"
 
     def supports(self, prob):
-        return self.module.supports(prob)
+        return depthwise.supports(prob)
 
-    def forward(self, prob, x, w, bias, y, buffer):
-        self.module.forward(prob, x, w, bias, y)
+    def scratch(self, prob, pass_, has_bias):
+        size = depthwise.weight_scratch(prob) if pass_ == "backward_weight" else 0
+        return (size,) if size else ()
 
-    def backward(self, prob, x, w, dy, dx, dw, db, buffer):
-        if hasattr(self.module, "backward"):
-            self.module.backward(prob, x, w, dy, dx, dw, db)
-        else:
-            ENGINES["gemm"].backward(prob, x, w, dy, dx, dw, db, buffer)
+    def forward(self, prob, x, w, bias, y, ws):
+        depthwise.forward(prob, x, w, bias, y)
+
+    def backward_data(self, prob, w, dy, dx, ws):
+        depthwise.backward_data(prob, w, dy, dx)
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        depthwise.backward_weight(prob, x, dy, dw, db, ws[0] if ws else None)
+
+
+class DirectEngine(Engine):
+    """Small-batch direct convolution, forward only (``conv_direct``)."""
+
+    name = "direct"
+    requirement = "batch <= 4, group 1, square 1/3/5/7 kernel, stride 1 or 2, no dilation"
+    passes = ("forward",)
+
+    def supports(self, prob):
+        return direct.supports(prob)
+
+    def forward(self, prob, x, w, bias, y, ws):
+        direct.forward(prob, x, w, bias, y)
 
 
 ENGINES: dict[str, Engine] = {"gemm": GemmEngine(), **_implicit_engines(), "winograd": WinogradEngine(),
-                              **{m.NAME: ModuleEngine(m) for m in (depthwise, direct)}}  # hook
+                              "depthwise": DepthwiseEngine(), "direct": DirectEngine()}
 IMPLICIT = tuple(n for n in ENGINES if n.startswith("implicit"))
 ENGINE_CANDIDATES = {  # ConvolutionParameter.Engine name -> engines the autotune may pick
     "DEFAULT": tuple(ENGINES),
@@ -284,7 +305,8 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
     if have is not None:
         return have
     if len(names) == 1:
-        choice = Choice(names[0], names[0], names[0])
+        only = names[0]
+        choice = Choice(*(only if p in ENGINES[only].passes else "gemm" for p in PASSES))
     else:
         choice = _tune(prob, has_bias, names)
     _choices[key] = choice
@@ -316,7 +338,7 @@ def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...]) -> Choice:
               prob.num_output * prob.kg, prob.num_output)
     operands = tuple(c * isz for c in counts for _ in range(2))  # x, dx, y, dy, w, dw, b, db
     for pass_ in PASSES:  # grow the workspace to the largest need first, so the operands stay put
-        for name in names:
+        for name in (n for n in names if pass_ in ENGINES[n].passes):
             backend.workspace(*operands, *ENGINES[name].scratch(prob, pass_, has_bias))
     x, dx, y, dy, w, dw, b, db = backend.workspace(*operands)
     for ptr, count, value in ((x, counts[0], 0.5), (dy, counts[1], 0.5), (w, counts[2], 0.5), (b, counts[3], 0.5),
@@ -327,7 +349,7 @@ def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...]) -> Choice:
     timings = []
     best: dict[str, tuple[float, str]] = {}
     for pass_ in PASSES:
-        for name in names:
+        for name in (n for n in names if pass_ in ENGINES[n].passes):
             ms = _time(lambda e=ENGINES[name], p=pass_: _call(e, prob, p, args[p], operands))
             timings.append((pass_, name, ms))
             if pass_ not in best or ms < best[pass_][0]:
