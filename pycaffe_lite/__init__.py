@@ -1,17 +1,19 @@
 """pycaffe-lite: a Caffe-compatible deep-learning framework in Python.
 
 Use it as BVLC's pycaffe: ``import pycaffe_lite as caffe``; ``caffe.Net(path, caffe.TEST)``.
-Note: ``caffe.layers`` is net_spec's layer factory (as in pycaffe); the built-in layer modules
-are the subpackage ``pycaffe_lite.layers`` (importable by name, e.g. ``pycaffe_lite.layers.relu``).
+``caffe.layers`` / ``caffe.params`` are net_spec's factories (as in pycaffe); the built-in layer
+modules are the package ``pycaffe_lite.builtin_layers`` (e.g. ``pycaffe_lite.builtin_layers.relu``).
 """
 
 from . import (
+    builtin_layers,  # noqa: F401  (registers every layer type)
     draw,
     io,
+    layers,
+    params,
     proto,
     pycaffe,  # noqa: F401  (attaches forward_all, set_input_arrays, save_hdf5... to Net)
 )
-from . import layers as _builtin_layers  # noqa: F401  (registers every layer type; before net_spec.layers)
 from .blob import Blob
 from .classifier import Classifier
 from .common import TEST, TRAIN, Mode, set_allow_tf32, set_device, set_mode_cpu, set_mode_gpu, set_random_seed
@@ -30,7 +32,7 @@ from .errors import (
 from .layer import layer_type_list, register_layer
 from .logging_compat import init_log, log
 from .net import Net
-from .net_spec import NetSpec, layers, params, to_proto
+from .net_spec import NetSpec, to_proto
 from .python_layer import Layer
 from .sgd_solvers import (
     AdaDeltaSolver,

@@ -38,8 +38,7 @@ def register_layer(type_name: str):
 
 
 def _load_builtin_layers() -> None:
-    # By full name: the package attribute ``layers`` is net_spec's factory, as in pycaffe.
-    importlib.import_module(f"{__package__}.layers")
+    importlib.import_module(f"{__package__}.builtin_layers")
 
 
 def layer_type_list() -> list[str]:

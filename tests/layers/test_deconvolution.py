@@ -259,7 +259,7 @@ def test_cpu_gpu_agree(dtype, shape, body):
 @pytest.mark.gpu
 def test_gpu_chunked_batch_matches_cpu(monkeypatch):
     """A tiny column budget makes the GPU path run one image per chunk."""
-    import pycaffe_lite.layers.deconvolution as mod
+    import pycaffe_lite.builtin_layers.deconvolution as mod
 
     rng = np.random.default_rng(11)
     x = rng.standard_normal((3, 2, 3, 3))
