@@ -18,7 +18,6 @@ from .blob import Blob
 from .classifier import Classifier
 from .common import TEST, TRAIN, Mode, set_allow_tf32, set_device, set_mode_cpu, set_mode_gpu, set_random_seed
 from .detector import Detector
-from .digits import classify_digits
 from .errors import (
     CaffeError,
     DataError,
@@ -53,7 +52,7 @@ __all__ = [
     "TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "CaffeError", "Classifier",
     "DataError", "Detector", "GPUUnavailableError", "Layer", "Mode", "NesterovSolver", "Net", "NetError",
     "NetSpec", "PrototxtError", "RMSPropSolver", "SGDSolver", "ShapeError", "Solver", "Timer",
-    "UnknownLayerError", "WeightsError", "__version__", "classify_digits", "draw", "get_solver", "has_nccl", "init_log", "io",
+    "UnknownLayerError", "WeightsError", "__version__", "draw", "get_solver", "has_nccl", "init_log", "io",
     "layer_type_list", "layers", "log", "params", "proto", "register_layer", "set_allow_tf32", "set_device", "set_mode_cpu",
     "set_mode_gpu", "set_random_seed", "to_proto",
 ]

@@ -11,8 +11,8 @@ import pytest
 
 from pycaffe_lite import cli, common
 from pycaffe_lite.commands.time import ConvCost, conv_cost, conv_macs, rate_suffix
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 from pycaffe_lite.net import Net
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
 
 RNG = np.random.default_rng(7)
 

@@ -15,7 +15,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite import mnist, protoio
-from pycaffe_lite.digits import classify_digits
+from pycaffe_lite.apps.digits import classify_digits
 from pycaffe_lite.proto import caffe_pb2
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist"

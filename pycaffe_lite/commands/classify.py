@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..digits import classify_digits
+    from ..apps.digits import classify_digits
 
     use_device(parse_gpu(args.gpu))
     invert = {"auto": "auto", "yes": True, "no": False}[args.invert]

@@ -9,8 +9,8 @@ import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
 from pycaffe_lite.io import array_to_blobproto
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 from pycaffe_lite.protoio import write_binary
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
 
 THRESHOLD = float(np.float32(1e-20))
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DataError, NetError
+from ..errors import DataError, NetError
 
 MNIST_SCALE = 0.00390625
 
@@ -82,8 +82,8 @@ def classify_digits(
     .caffemodel) or an already built :class:`~pycaffe_lite.Net`. The net's single input blob gives
     the image size; the probabilities are read from ``prob_blob`` (default: "prob" if the net has
     it, else its last output)."""
-    from . import common
-    from .net import Net
+    from .. import common
+    from ..net import Net
 
     net = model if isinstance(model, Net) else Net(model, common.TEST, weights=weights)
     if len(net.inputs) != 1:
