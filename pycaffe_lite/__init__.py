@@ -28,8 +28,8 @@ from .errors import (
     UnknownLayerError,
     WeightsError,
 )
+from .glog import init_log, log
 from .layer import layer_type_list, register_layer
-from .logging_compat import init_log, log
 from .net import Net
 from .net_spec import NetSpec, to_proto
 from .python_layer import Layer

@@ -19,7 +19,6 @@ import argparse
 import gzip
 import importlib.util
 import io
-import logging
 import os
 import sys
 import time
@@ -150,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     from pycaffe_lite.sgd_solvers import get_solver
 
     if args.verbose:
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        caffe.init_log(0)
     found = find_mnist(args.data)
     if found is None:
         print("error: no MNIST data. Give --data DIR (or set $MNIST_DIR) with the four standard files, or "
