@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 
+from .optional import require
 from .proto import caffe_pb2
 
 LAYER_STYLE_DEFAULT = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}
@@ -17,11 +18,7 @@ BLOB_STYLE = {"shape": "octagon", "fillcolor": "#E0E0E0", "style": "filled"}
 
 
 def _pydot():
-    try:
-        import pydot
-    except ImportError:
-        raise ImportError("drawing nets needs pydot (and Graphviz): pip install pydot") from None
-    return pydot
+    return require("pydot", feature="drawing nets (with Graphviz)")
 
 
 def _require_dot() -> None:

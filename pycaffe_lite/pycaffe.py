@@ -16,6 +16,7 @@ import numpy as np
 
 from .errors import NetError, ShapeError, WeightsError
 from .net import Net
+from .optional import require
 
 
 def _num_items(arrays: dict[str, np.ndarray]) -> int:
@@ -155,11 +156,7 @@ def _Net_set_input_arrays(self: Net, data: np.ndarray, labels: np.ndarray) -> No
 
 
 def _h5py():
-    try:
-        import h5py
-    except ImportError:
-        raise ImportError("HDF5 weights need the h5py package: pip install h5py") from None
-    return h5py
+    return require("h5py", feature="HDF5 weights")
 
 
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
