@@ -17,7 +17,7 @@ import numpy as np
 
 from . import common
 from .blob import Blob
-from .errors import NetError, UnknownLayerError
+from .errors import CaffeError, NetError, ShapeError, UnknownLayerError
 from .proto import caffe_pb2
 from .synced_memory import Head
 
@@ -104,18 +104,22 @@ class Layer:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} '{self.name}' ({self.type})>"
 
-    def error(self, message: str) -> NetError:
-        """A NetError that names this layer."""
-        return NetError(f"layer '{self.name}' ({self.type}): {message}")
+    def error(self, message: str, cls: type[CaffeError] = NetError) -> CaffeError:
+        """A ``cls`` error (NetError, ShapeError...) whose message starts ``layer 'name' (Type): `` once."""
+        prefix = f"layer '{self.name}' ({self.type}): "
+        return cls(message if message.startswith(prefix) else prefix + message)
 
     # -- set-up -----------------------------------------------------------------------------
     def setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         """Caffe's SetUp: check counts, layer_setup, reshape, then record loss weights."""
         self.check_blob_counts(bottom, top)
-        self.layer_setup(bottom, top)
-        if len(self.param_propagate_down) != len(self.blobs):
-            self.param_propagate_down = [True] * len(self.blobs)
-        self.reshape(bottom, top)
+        try:
+            self.layer_setup(bottom, top)
+            if len(self.param_propagate_down) != len(self.blobs):
+                self.param_propagate_down = [True] * len(self.blobs)
+            self.reshape(bottom, top)
+        except ShapeError as exc:  # from Blob methods, which do not know the layer
+            raise self.error(str(exc), ShapeError) from None
         self.set_loss_weights(top)
 
     def layer_setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
