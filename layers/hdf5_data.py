@@ -58,6 +58,7 @@ class HDF5DataLayer(Layer):
         if self.shuffle:
             common.rng().shuffle(self.file_order)
         self.current_file = 0
+        self.arrays: list[np.ndarray] = []
         self._load(self.files[self.file_order[0]])
         self.current_row = 0
         for blob, arr in zip(top, self.arrays):
@@ -95,7 +96,7 @@ class HDF5DataLayer(Layer):
                                 f"'{self.dataset_names[0]}' has {num} (top outputs must have the same num)")
         if num == 0:
             raise DataError(f"{self.where}: HDF5 file {path} has datasets with 0 rows")
-        if hasattr(self, "arrays"):
+        if self.arrays:
             for name, old, arr in zip(self.dataset_names, self.arrays, arrays):
                 if old.shape[1:] != arr.shape[1:]:
                     raise DataError(f"{self.where}: HDF5 file {path}: dataset '{name}' has rows of shape "

@@ -23,7 +23,7 @@ from pycaffe_lite.optional import require
 DATASET_NAMES = ("data", "label")
 
 
-def legacy_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+def legacy_shape(shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """``shape`` padded with trailing 1s to 4 axes (None if it has more than 4)."""
     if len(shape) > 4:
         return None

@@ -5,8 +5,8 @@ Use it as BVLC's pycaffe: ``import pycaffe_lite as caffe``; ``caffe.Net(path, ca
 modules are the package ``pycaffe_lite.builtin_layers`` (e.g. ``pycaffe_lite.builtin_layers.relu``).
 """
 
-from . import (
-    builtin_layers,  # noqa: F401  (registers every layer type)
+from . import (  # type: ignore[attr-defined]  # (mypy reads layers/ as the package 'layers')
+    builtin_layers,  # noqa: F401  (layers/, installed under this name: registers every layer type)
     draw,
     io,
     layers,

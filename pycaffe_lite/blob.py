@@ -36,8 +36,8 @@ class Blob:
         self._shape: tuple[int, ...] = ()
         self._count = 0
         self._capacity = 0
-        self._data: SyncedMemory | None = None
-        self._diff: SyncedMemory | None = None
+        self._data = SyncedMemory(0, self.dtype)  # (allocates nothing; reshape sizes it)
+        self._diff = SyncedMemory(0, self.dtype)
         self.reshape(shape)
 
     # -- shape ------------------------------------------------------------------------------
@@ -53,7 +53,7 @@ class Blob:
         count = math.prod(shape)  # a 0-axis (scalar) blob holds one value, as in Caffe
         self._shape = shape
         self._count = count
-        if count > self._capacity or self._data is None:
+        if count > self._capacity:
             self._capacity = count
             self._data = SyncedMemory(count, self.dtype)
             self._diff = SyncedMemory(count, self.dtype)

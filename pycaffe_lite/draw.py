@@ -128,8 +128,8 @@ def get_pydot_graph(
         for top in layer.top:
             nodes[top + "_blob"] = pydot.Node(top + "_blob", label=f'"{top}"', **BLOB_STYLE)
             edges.append((node, top + "_blob", get_edge_label(layer) if label_edges else '""'))
-    for node in nodes.values():
-        graph.add_node(node)
+    for pd_node in nodes.values():
+        graph.add_node(pd_node)
     for src, dst, label in edges:
         graph.add_edge(pydot.Edge(nodes[src], nodes[dst], label=label))
     return graph

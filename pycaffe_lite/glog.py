@@ -43,7 +43,7 @@ class _ConsoleHandler(logging.StreamHandler):
         self.std_out = std_out
         super().__init__()
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         return sys.stdout if self.std_out else sys.stderr
 

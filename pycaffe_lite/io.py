@@ -301,7 +301,7 @@ def resize(im: np.ndarray, height: int, width: int, interp_order: int = 1,
     return _interp_axis(out, axes[1], width, interp_order)
 
 
-def resize_image(im: np.ndarray, new_dims: Sequence[int], interp_order: int = 1) -> np.ndarray:
+def resize_image(im: np.ndarray, new_dims: Sequence[int] | np.ndarray, interp_order: int = 1) -> np.ndarray:
     """pycaffe's resize: an (H, W, K) image to (new_dims[0], new_dims[1], K) float32 (see :func:`resize`)."""
     im = np.asarray(im)
     if im.ndim != 3:
@@ -310,7 +310,7 @@ def resize_image(im: np.ndarray, new_dims: Sequence[int], interp_order: int = 1)
     return resize(im, h, w, interp_order).astype(np.float32)
 
 
-def oversample(images: Sequence[np.ndarray], crop_dims: Sequence[int]) -> np.ndarray:
+def oversample(images: Sequence[np.ndarray] | np.ndarray, crop_dims: Sequence[int] | np.ndarray) -> np.ndarray:
     """Ten crops per (H, W, K) image: 4 corners and center, then the same five mirrored
     left-right. Returns (10 * N, crop_h, crop_w, K) float32."""
     im_shape = np.array(images[0].shape)

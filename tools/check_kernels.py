@@ -282,9 +282,9 @@ class _CallScanner:
                     for const, cu in _module_cu_constants(sub).items():
                         self.cu[f"{as_name}.{const}"] = cu
                 elif base is not None and base.with_suffix(".py").is_file():
-                    cu = _module_cu_constants(base.with_suffix(".py")).get(alias.name)
-                    if cu is not None:
-                        self.cu[as_name] = cu
+                    found = _module_cu_constants(base.with_suffix(".py")).get(alias.name)
+                    if found is not None:
+                        self.cu[as_name] = found
 
     def _wrapper(self, fn: ast.FunctionDef) -> Wrapper | None:
         params = [a.arg for a in fn.args.args]

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from ..apps.digits import classify_digits
 
     use_device(parse_gpu(args.gpu))
-    invert = {"auto": "auto", "yes": True, "no": False}[args.invert]
+    invert: bool | str = {"yes": True, "no": False}.get(args.invert, "auto")
     results = classify_digits(args.model, args.weights, args.images, scale=args.scale, invert=invert)
     for r in results:
         probs = " ".join(f"{i}:{p:.4f}" for i, p in enumerate(r.probs))
