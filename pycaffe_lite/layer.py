@@ -9,6 +9,7 @@ into ``top[0]`` and reads its loss weight from ``top[0]``'s diff.
 
 from __future__ import annotations
 
+import builtins
 import importlib
 from collections.abc import Sequence
 from typing import ClassVar
@@ -83,7 +84,7 @@ class Layer:
     # depends on host-side state that changes between calls (data readers, random seeds).
     graph_safe: ClassVar[bool] = True
 
-    def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | type = np.float32) -> None:
+    def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32) -> None:
         self.layer_param = caffe_pb2.LayerParameter()
         self.layer_param.CopyFrom(param)
         self.dtype = np.dtype(dtype)
@@ -104,7 +105,7 @@ class Layer:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} '{self.name}' ({self.type})>"
 
-    def error(self, message: str, cls: type[CaffeError] = NetError) -> CaffeError:
+    def error(self, message: str, cls: builtins.type[CaffeError] = NetError) -> CaffeError:
         """A ``cls`` error (NetError, ShapeError...) whose message starts ``layer 'name' (Type): `` once."""
         prefix = f"layer '{self.name}' ({self.type}): "
         return cls(message if message.startswith(prefix) else prefix + message)
@@ -132,7 +133,7 @@ class Layer:
     def check_blob_counts(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         nb, nt = len(bottom), len(top)
 
-        def fail(what: str, expected: str, got: int) -> NetError:
+        def fail(what: str, expected: str, got: int) -> CaffeError:
             return self.error(f"takes {expected} {what} blob(s), got {got}")
 
         if self.exact_num_bottom_blobs is not None and nb != self.exact_num_bottom_blobs:
