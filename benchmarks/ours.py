@@ -12,10 +12,10 @@ from timing import median_ms
 
 import pycaffe_lite as caffe
 from pycaffe_lite.gpu import backend
+from pycaffe_lite.layer_testing import empty_blobs, make_layer
 from pycaffe_lite.net import load_net_param
 from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.protoio import read_text
-from pycaffe_lite.testing import empty_blobs, make_layer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "mnist"
 

@@ -1,4 +1,4 @@
-"""Built-in layers, one module per layer type (installed as ``pycaffe_lite.layers``).
+"""Built-in layers, one module per layer type (installed as ``pycaffe_lite.builtin_layers``).
 
 Importing this package imports every module in it; each registers its layer class with
 :func:`pycaffe_lite.layer.register_layer`. CUDA kernels live beside the modules as ``.cu`` files.

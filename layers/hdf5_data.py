@@ -20,15 +20,7 @@ import numpy as np
 from pycaffe_lite import common
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.layer import Layer, register_layer
-
-
-def import_h5py(where: str):
-    """The h5py module, or a DataError naming ``where`` if it is not installed."""
-    try:
-        import h5py
-    except ImportError:
-        raise DataError(f"{where}: reading/writing HDF5 files needs h5py (pip install h5py)") from None
-    return h5py
+from pycaffe_lite.optional import require
 
 
 def read_file_list(source: str, where: str) -> list[str]:
@@ -66,6 +58,7 @@ class HDF5DataLayer(Layer):
         if self.shuffle:
             common.rng().shuffle(self.file_order)
         self.current_file = 0
+        self.arrays: list[np.ndarray] = []
         self._load(self.files[self.file_order[0]])
         self.current_row = 0
         for blob, arr in zip(top, self.arrays):
@@ -73,7 +66,7 @@ class HDF5DataLayer(Layer):
 
     def _load(self, path: str) -> None:
         """Read every top's dataset from ``path``; reset the row order."""
-        h5py = import_h5py(self.where)
+        h5py = require("h5py", feature=self.where)
         if not os.path.isfile(path):
             raise DataError(f"{self.where}: HDF5 file {path} (listed in {self.layer_param.hdf5_data_param.source}) "
                             "not found")
@@ -103,7 +96,7 @@ class HDF5DataLayer(Layer):
                                 f"'{self.dataset_names[0]}' has {num} (top outputs must have the same num)")
         if num == 0:
             raise DataError(f"{self.where}: HDF5 file {path} has datasets with 0 rows")
-        if hasattr(self, "arrays"):
+        if self.arrays:
             for name, old, arr in zip(self.dataset_names, self.arrays, arrays):
                 if old.shape[1:] != arr.shape[1:]:
                     raise DataError(f"{self.where}: HDF5 file {path}: dataset '{name}' has rows of shape "

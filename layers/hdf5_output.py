@@ -18,13 +18,12 @@ import numpy as np
 
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.layer import Layer, register_layer
-
-from .hdf5_data import import_h5py
+from pycaffe_lite.optional import require
 
 DATASET_NAMES = ("data", "label")
 
 
-def legacy_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+def legacy_shape(shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """``shape`` padded with trailing 1s to 4 axes (None if it has more than 4)."""
     if len(shape) > 4:
         return None
@@ -42,7 +41,7 @@ class HDF5OutputLayer(Layer):
         self.file_name = self.layer_param.hdf5_output_param.file_name
         if not self.file_name:
             raise DataError(f"{self.where}: hdf5_output_param.file_name is empty (expected the output .h5 path)")
-        self._h5py = import_h5py(self.where)
+        self._h5py = require("h5py", feature=self.where)
         self._rows: list[list[np.ndarray]] = [[], []]
         self._write()  # Caffe creates (truncates) the file at set-up
 

@@ -22,7 +22,9 @@ import numpy as np
 from pycaffe_lite import common
 from pycaffe_lite.data_transformer import DataTransformer
 from pycaffe_lite.errors import DataError
+from pycaffe_lite.io import resize
 from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.optional import require
 from pycaffe_lite.proto import caffe_pb2
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
@@ -89,7 +91,8 @@ def read_image(path: str, new_height: int, new_width: int, is_color: bool) -> np
             arr = np.asarray(img.convert("L"), dtype=np.uint8)[None]
     arr = np.ascontiguousarray(arr)
     if new_height > 0 and new_width > 0:
-        arr = resize_bilinear(arr, new_height, new_width)
+        # OpenCV INTER_LINEAR on uint8, as Caffe's ReadImageToCVMat
+        arr = np.clip(np.rint(resize(arr, new_height, new_width, axes=(1, 2))), 0, 255).astype(np.uint8)
     return arr
 
 
@@ -112,10 +115,7 @@ class ImageDataLayer(Layer):
         self.is_color = bool(p.is_color)
         self.root_folder = p.root_folder
         self.shuffle = bool(p.shuffle)
-        try:
-            import PIL  # noqa: F401
-        except ImportError:
-            raise DataError(f"{self.where}: reading images needs Pillow (pip install Pillow)") from None
+        require("PIL.Image", feature=self.where)
         tp = caffe_pb2.TransformationParameter()
         tp.CopyFrom(self.layer_param.transform_param)
         for field in _LEGACY_TRANSFORM_FIELDS:

@@ -1,17 +1,22 @@
 """pycaffe-lite: a Caffe-compatible deep-learning framework in Python.
 
 Use it as BVLC's pycaffe: ``import pycaffe_lite as caffe``; ``caffe.Net(path, caffe.TEST)``.
-Note: ``caffe.layers`` is net_spec's layer factory (as in pycaffe); the built-in layer modules
-are the subpackage ``pycaffe_lite.layers`` (importable by name, e.g. ``pycaffe_lite.layers.relu``).
+``caffe.layers`` / ``caffe.params`` are net_spec's factories (as in pycaffe); the built-in layer
+modules are the package ``pycaffe_lite.builtin_layers`` (e.g. ``pycaffe_lite.builtin_layers.relu``).
 """
 
-from . import draw, io, proto
-from . import layers as _builtin_layers  # noqa: F401  (registers every layer type; before net_spec.layers)
+from . import (  # type: ignore[attr-defined]  # (mypy reads layers/ as the package 'layers')
+    builtin_layers,  # noqa: F401  (layers/, installed under this name: registers every layer type)
+    draw,
+    io,
+    layers,
+    params,
+    proto,
+)
 from .blob import Blob
 from .classifier import Classifier
 from .common import TEST, TRAIN, Mode, set_allow_tf32, set_device, set_mode_cpu, set_mode_gpu, set_random_seed
 from .detector import Detector
-from .digits import classify_digits
 from .errors import (
     CaffeError,
     DataError,
@@ -22,10 +27,10 @@ from .errors import (
     UnknownLayerError,
     WeightsError,
 )
+from .glog import init_log, log
 from .layer import layer_type_list, register_layer
-from .logging_compat import init_log, log
 from .net import Net
-from .net_spec import NetSpec, layers, params, to_proto
+from .net_spec import NetSpec, to_proto
 from .python_layer import Layer
 from .sgd_solvers import (
     AdaDeltaSolver,
@@ -46,7 +51,7 @@ __all__ = [
     "TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "CaffeError", "Classifier",
     "DataError", "Detector", "GPUUnavailableError", "Layer", "Mode", "NesterovSolver", "Net", "NetError",
     "NetSpec", "PrototxtError", "RMSPropSolver", "SGDSolver", "ShapeError", "Solver", "Timer",
-    "UnknownLayerError", "WeightsError", "__version__", "classify_digits", "draw", "get_solver", "has_nccl", "init_log", "io",
+    "UnknownLayerError", "WeightsError", "__version__", "draw", "get_solver", "has_nccl", "init_log", "io",
     "layer_type_list", "layers", "log", "params", "proto", "register_layer", "set_allow_tf32", "set_device", "set_mode_cpu",
     "set_mode_gpu", "set_random_seed", "to_proto",
 ]

@@ -44,8 +44,8 @@ class Blob:
         self._shape: tuple[int, ...] = ()
         self._count = 0
         self._capacity = 0
-        self._data: SyncedMemory | None = None
-        self._diff: SyncedMemory | None = None
+        self._data = SyncedMemory(0, self.dtype)  # (allocates nothing; reshape sizes it)
+        self._diff = SyncedMemory(0, self.dtype)
         self.reshape(shape)
 
     # -- shape ------------------------------------------------------------------------------
@@ -63,7 +63,7 @@ class Blob:
             _shapes_changed[0] += 1
         self._shape = shape
         self._count = count
-        if count > self._capacity or self._data is None:
+        if count > self._capacity:
             self._capacity = count
             self._data = SyncedMemory(count, self.dtype)
             self._diff = SyncedMemory(count, self.dtype)

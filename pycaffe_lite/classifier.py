@@ -59,9 +59,7 @@ class Classifier(Net):
         in_ = self.inputs[0]
         self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
-        if image_dims is None or len(image_dims) == 0:
-            image_dims = self.crop_dims
-        self.image_dims = np.array(image_dims)
+        self.image_dims = np.array(image_dims) if image_dims is not None and len(image_dims) else self.crop_dims
 
     def predict(self, inputs: Sequence[np.ndarray], oversample: bool = True) -> np.ndarray:
         """Class scores (N, C) for N images (H, W, K): the mean over 10 crops when
@@ -85,7 +83,7 @@ class Classifier(Net):
         caffe_in = np.zeros(np.array(input_.shape)[[0, 3, 1, 2]], dtype=np.float32)
         for ix, in_ in enumerate(input_):
             caffe_in[ix] = self.transformer.preprocess(in_name, in_)
-        out = self.forward_all(**{in_name: caffe_in})
+        out = self.forward_all(**{in_name: caffe_in})  # type: ignore[attr-defined]  # pycaffe.py adds it
         predictions = out[self.outputs[0]]
         if oversample:
             predictions = predictions.reshape((len(predictions) // 10, 10, -1)).mean(1)

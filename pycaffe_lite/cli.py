@@ -10,48 +10,19 @@ raise the threshold.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 from collections.abc import Sequence
 
 from .errors import CaffeError
+from .glog import env_level, init_log
 from .version import __version__
 
 PROG = "pycaffe-lite"
 
 
-class _StderrHandler(logging.StreamHandler):
-    """A stream handler that always writes to the current ``sys.stderr``."""
-
-    def __init__(self) -> None:
-        super().__init__(sys.stderr)
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
 def configure_logging(quiet: bool = False) -> None:
-    """Send the ``pycaffe_lite`` logger to stderr as ``I1121 10:41:33.123 file.py:12] message``."""
-    logger = logging.getLogger("pycaffe_lite")
-    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter(
-            "%(levelname).1s%(asctime)s.%(msecs)03d %(process)d %(filename)s:%(lineno)d] %(message)s",
-            datefmt="%m%d %H:%M:%S",
-        ))
-        logger.addHandler(handler)
-    levels = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.CRITICAL}
-    try:
-        level = levels.get(int(os.environ.get("GLOG_minloglevel", "0")), logging.INFO)
-    except ValueError:
-        level = logging.INFO
-    logger.setLevel(logging.WARNING if quiet and level < logging.WARNING else level)
+    """glog lines on stderr (:func:`pycaffe_lite.glog.init_log`); ``--quiet`` shows warnings and up."""
+    init_log(max(1, env_level()) if quiet else env_level())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import common
 from .errors import DataError, ShapeError
+from .optional import require
 from .proto import caffe_pb2
 
 
@@ -43,10 +44,7 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
 def _decode_image(data: bytes, force_color: bool, force_gray: bool, where: str) -> np.ndarray:
     if force_color and force_gray:
         raise DataError(f"{where}: cannot set both force_color and force_gray")
-    try:
-        from PIL import Image
-    except ImportError:
-        raise DataError(f"{where}: the Datum is encoded; decoding it needs Pillow (pip install Pillow)") from None
+    Image = require("PIL.Image", feature=f"{where}: decoding an encoded Datum")
     try:
         img = Image.open(io.BytesIO(data))
         img.load()

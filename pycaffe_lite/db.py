@@ -17,19 +17,14 @@ import threading
 from pathlib import Path
 
 from .errors import DataError
+from .optional import require
 
 _ENVS: dict[str, list] = {}  # realpath -> [env, reference count]
 _ENVS_LOCK = threading.Lock()
 
 
 def _lmdb():
-    try:
-        import lmdb
-    except ImportError:
-        raise DataError(
-            "the LMDB backend needs the 'lmdb' package: pip install lmdb (or pycaffe-lite[data])"
-        ) from None
-    return lmdb
+    return require("lmdb", feature="the LMDB backend")
 
 
 def backend_name(backend) -> str:

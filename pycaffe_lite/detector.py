@@ -35,9 +35,9 @@ class Detector(Net):
     def detect_windows(self, images_windows: Iterable[tuple[str, Sequence[Sequence[int]]]]) -> list[dict]:
         """Classify each window of each image (file name, list of windows), warped to the net's
         input size. Returns [{'window', 'prediction', 'filename'}] in input order."""
-        images_windows = [(fname, [np.asarray(w) for w in windows]) for fname, windows in images_windows]
+        listed = [(fname, [np.asarray(w) for w in windows]) for fname, windows in images_windows]
         window_inputs = []
-        for fname, windows in images_windows:
+        for fname, windows in listed:
             image = caffe_io.load_image(fname).astype(np.float32)
             for window in windows:
                 window_inputs.append(self.crop(image, window))
@@ -48,18 +48,18 @@ class Detector(Net):
         caffe_in = np.zeros((len(window_inputs), window_inputs[0].shape[2]) + tuple(in_dims), dtype=np.float32)
         for ix, window_in in enumerate(window_inputs):
             caffe_in[ix] = self.transformer.preprocess(in_, window_in)
-        out = self.forward_all(**{in_: caffe_in})
+        out = self.forward_all(**{in_: caffe_in})  # type: ignore[attr-defined]  # pycaffe.py adds it
         predictions = out[self.outputs[0]]
         predictions = predictions.reshape(len(predictions), -1)
         detections = []
         ix = 0
-        for fname, windows in images_windows:
+        for fname, windows in listed:
             for window in windows:
                 detections.append({"window": window, "prediction": predictions[ix], "filename": fname})
                 ix += 1
         return detections
 
-    def crop(self, im: np.ndarray, window: Sequence[int]) -> np.ndarray:
+    def crop(self, im: np.ndarray, window: Sequence[int] | np.ndarray) -> np.ndarray:
         """The window of ``im``; with ``context_pad`` the window grows so that, once warped to the
         net's input size, ``context_pad`` pixels of context surround it (mean-filled off-image)."""
         window = np.asarray(window)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 
+from .optional import require
 from .proto import caffe_pb2
 
 LAYER_STYLE_DEFAULT = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}
@@ -17,11 +18,7 @@ BLOB_STYLE = {"shape": "octagon", "fillcolor": "#E0E0E0", "style": "filled"}
 
 
 def _pydot():
-    try:
-        import pydot
-    except ImportError:
-        raise ImportError("drawing nets needs pydot (and Graphviz): pip install pydot") from None
-    return pydot
+    return require("pydot", feature="drawing nets (with Graphviz)")
 
 
 def _require_dot() -> None:
@@ -131,8 +128,8 @@ def get_pydot_graph(
         for top in layer.top:
             nodes[top + "_blob"] = pydot.Node(top + "_blob", label=f'"{top}"', **BLOB_STYLE)
             edges.append((node, top + "_blob", get_edge_label(layer) if label_edges else '""'))
-    for node in nodes.values():
-        graph.add_node(node)
+    for pd_node in nodes.values():
+        graph.add_node(pd_node)
     for src, dst, label in edges:
         graph.add_edge(pydot.Edge(nodes[src], nodes[dst], label=label))
     return graph

@@ -35,3 +35,7 @@ class GPUUnavailableError(CaffeError):
 
 class CudaError(CaffeError):
     """A CUDA or cuBLAS call failed."""
+
+
+class MissingDependencyError(CaffeError, ImportError):
+    """An optional package a feature needs is not installed (see :mod:`pycaffe_lite.optional`)."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .optional import require
 from .proto import caffe_pb2
 
 # ------------------------------------------------------------------------------------------
@@ -225,11 +226,7 @@ class Transformer:
 
 
 def _pil():
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ImportError("image loading needs Pillow: pip install Pillow") from None
-    return Image
+    return require("PIL.Image", feature="image loading")
 
 
 def load_image(filename: str | os.PathLike, color: bool = True) -> np.ndarray:
@@ -286,27 +283,34 @@ def _interp_axis(im: np.ndarray, axis: int, new: int, order: int) -> np.ndarray:
     return np.take(im, lo, axis=axis) * (1 - frac) + np.take(im, hi, axis=axis) * frac
 
 
-def resize_image(im: np.ndarray, new_dims: Sequence[int], interp_order: int = 1) -> np.ndarray:
-    """Resize an (H, W, K) float image to (new_dims[0], new_dims[1], K) float32.
+def resize(im: np.ndarray, height: int, width: int, interp_order: int = 1,
+           axes: tuple[int, int] = (0, 1)) -> np.ndarray:
+    """The one image resize: axes ``axes`` (rows, columns) of ``im`` to ``height`` x ``width``, float64.
 
-    ``interp_order`` 1: bilinear, 0: nearest neighbour; pixel centers at half-integers and edges
-    clamped (skimage's ``resize(order=1, mode='edge')`` without anti-aliasing).
+    ``interp_order`` 1: bilinear, 0: nearest neighbour. Output pixel centers map to input
+    coordinate ``(dst + 0.5) * in / out - 0.5``, clamped at the borders: OpenCV's INTER_LINEAR
+    (Caffe's ImageData) and skimage's ``resize(order=1, mode='edge')`` without anti-aliasing
+    (pycaffe's :func:`resize_image`) agree on this.
     """
+    if interp_order not in (0, 1):
+        raise ValueError(f"resize supports interp_order 0 (nearest) or 1 (bilinear), got {interp_order}")
+    if height <= 0 or width <= 0:
+        raise ValueError(f"resize: sizes must be positive, got {height}x{width}")
+    out = np.asarray(im, dtype=np.float64)
+    out = _interp_axis(out, axes[0], height, interp_order)
+    return _interp_axis(out, axes[1], width, interp_order)
+
+
+def resize_image(im: np.ndarray, new_dims: Sequence[int] | np.ndarray, interp_order: int = 1) -> np.ndarray:
+    """pycaffe's resize: an (H, W, K) image to (new_dims[0], new_dims[1], K) float32 (see :func:`resize`)."""
     im = np.asarray(im)
     if im.ndim != 3:
         raise ValueError(f"resize_image needs an (H, W, K) array, got shape {im.shape}")
-    if interp_order not in (0, 1):
-        raise ValueError(f"resize_image supports interp_order 0 (nearest) or 1 (bilinear), got {interp_order}")
     h, w = (int(d) for d in new_dims[:2])
-    if h <= 0 or w <= 0:
-        raise ValueError(f"resize_image: new_dims must be positive, got {tuple(new_dims)}")
-    out = im.astype(np.float64)
-    out = _interp_axis(out, 0, h, interp_order)
-    out = _interp_axis(out, 1, w, interp_order)
-    return out.astype(np.float32)
+    return resize(im, h, w, interp_order).astype(np.float32)
 
 
-def oversample(images: Sequence[np.ndarray], crop_dims: Sequence[int]) -> np.ndarray:
+def oversample(images: Sequence[np.ndarray] | np.ndarray, crop_dims: Sequence[int] | np.ndarray) -> np.ndarray:
     """Ten crops per (H, W, K) image: 4 corners and center, then the same five mirrored
     left-right. Returns (10 * N, crop_h, crop_w, K) float32."""
     im_shape = np.array(images[0].shape)

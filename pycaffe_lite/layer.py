@@ -9,6 +9,7 @@ into ``top[0]`` and reads its loss weight from ``top[0]``'s diff.
 
 from __future__ import annotations
 
+import builtins
 import importlib
 from collections.abc import Sequence
 from typing import ClassVar
@@ -17,7 +18,7 @@ import numpy as np
 
 from . import common
 from .blob import Blob
-from .errors import NetError, UnknownLayerError
+from .errors import CaffeError, NetError, ShapeError, UnknownLayerError
 from .proto import caffe_pb2
 from .synced_memory import Head
 
@@ -38,8 +39,7 @@ def register_layer(type_name: str):
 
 
 def _load_builtin_layers() -> None:
-    # By full name: the package attribute ``layers`` is net_spec's factory, as in pycaffe.
-    importlib.import_module(f"{__package__}.layers")
+    importlib.import_module(f"{__package__}.builtin_layers")
 
 
 def layer_type_list() -> list[str]:
@@ -84,7 +84,7 @@ class Layer:
     # depends on host-side state that changes between calls (data readers, random seeds).
     graph_safe: ClassVar[bool] = True
 
-    def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | type = np.float32) -> None:
+    def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32) -> None:
         self.layer_param = caffe_pb2.LayerParameter()
         self.layer_param.CopyFrom(param)
         self.dtype = np.dtype(dtype)
@@ -105,18 +105,22 @@ class Layer:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} '{self.name}' ({self.type})>"
 
-    def error(self, message: str) -> NetError:
-        """A NetError that names this layer."""
-        return NetError(f"layer '{self.name}' ({self.type}): {message}")
+    def error(self, message: str, cls: builtins.type[CaffeError] = NetError) -> CaffeError:
+        """A ``cls`` error (NetError, ShapeError...) whose message starts ``layer 'name' (Type): `` once."""
+        prefix = f"layer '{self.name}' ({self.type}): "
+        return cls(message if message.startswith(prefix) else prefix + message)
 
     # -- set-up -----------------------------------------------------------------------------
     def setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         """Caffe's SetUp: check counts, layer_setup, reshape, then record loss weights."""
         self.check_blob_counts(bottom, top)
-        self.layer_setup(bottom, top)
-        if len(self.param_propagate_down) != len(self.blobs):
-            self.param_propagate_down = [True] * len(self.blobs)
-        self.reshape(bottom, top)
+        try:
+            self.layer_setup(bottom, top)
+            if len(self.param_propagate_down) != len(self.blobs):
+                self.param_propagate_down = [True] * len(self.blobs)
+            self.reshape(bottom, top)
+        except ShapeError as exc:  # from Blob methods, which do not know the layer
+            raise self.error(str(exc), ShapeError) from None
         self.set_loss_weights(top)
 
     def layer_setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
@@ -129,7 +133,7 @@ class Layer:
     def check_blob_counts(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         nb, nt = len(bottom), len(top)
 
-        def fail(what: str, expected: str, got: int) -> NetError:
+        def fail(what: str, expected: str, got: int) -> CaffeError:
             return self.error(f"takes {expected} {what} blob(s), got {got}")
 
         if self.exact_num_bottom_blobs is not None and nb != self.exact_num_bottom_blobs:

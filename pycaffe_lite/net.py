@@ -185,10 +185,7 @@ class Net:
             self.bottom_need_backward.append(bneed)
             self.top_vecs.append(tvec)
             self.top_id_vecs.append(tids)
-            try:
-                layer.setup(bvec, tvec)
-            except ShapeError as exc:
-                raise ShapeError(f"layer '{lp.name}' ({lp.type}): {exc}") from None
+            layer.setup(bvec, tvec)  # its errors name the layer
             # Param specs a layer adds for itself in setup (BatchNorm's lr_mult 0) count too.
             if len(layer.layer_param.param) > len(lp.param):
                 lp.param.extend(layer.layer_param.param[len(lp.param):])

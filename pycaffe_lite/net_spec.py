@@ -13,10 +13,9 @@ attributes names them; unnamed tops and layers get automatic names (type + count
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from collections import Counter, OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 from .proto import caffe_pb2
 
@@ -194,33 +193,12 @@ class NetSpec:
         return net
 
 
-def _builtin_layer_module(name: str):
-    """The module ``pycaffe_lite.layers.<name>`` if it exists, else None."""
-    full = f"{__package__}.layers.{name}"
-    if full in sys.modules:
-        return sys.modules[full]
-    importlib.import_module(f"{__package__}.layers")
-    if importlib.util.find_spec(full) is None:
-        return None
-    return importlib.import_module(full)
-
-
 class Layers:
-    """Pseudo-module: ``layers.<Type>(*bottoms, **params)`` specifies a layer of that type.
+    """Pseudo-module: ``layers.<Type>(*bottoms, **params)`` specifies a layer of that type."""
 
-    ``pycaffe_lite.layers`` is both BVLC's net_spec ``caffe.layers`` (this object, exported by
-    the package) and the package of built-in layer modules. Layer types are CamelCase and
-    module names lower case, so a lower-case name that is a built-in layer module returns that
-    module (``pycaffe_lite.layers.relu``), keeping dotted imports and patches working.
-    """
-
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Callable[..., Any]:
         if name.startswith("__"):
             raise AttributeError(name)
-        if name[:1].islower():
-            module = _builtin_layer_module(name)
-            if module is not None:
-                return module
 
         def layer_fn(*args, **kwargs):
             fn = Function(name, args, kwargs)

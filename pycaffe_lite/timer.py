@@ -40,7 +40,7 @@ class Timer:
 
     def stop(self) -> None:
         """Stop timing; the elapsed time is kept until the next start."""
-        if self._running:
+        if self._running and self._start is not None:
             _sync_if_gpu()
             self._elapsed = time.perf_counter() - self._start
             self._running = False

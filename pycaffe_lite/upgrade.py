@@ -153,6 +153,7 @@ def _fold_padding_layers(param: caffe_pb2.NetParameter, source: str) -> list[caf
                     f"{source}: padding layer '{pad_conn.layer.name}' and its consumer '{v0.name}' "
                     "must each have a single input and the padding a single output"
                 )
+            assert kept is not None  # v0 is a conv or pool layer here
             kept.layer.pad = pad_conn.layer.pad
             kept.bottom[j] = pad_conn.bottom[0]
         for blob in conn.top:

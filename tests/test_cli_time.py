@@ -20,8 +20,8 @@ from pycaffe_lite.commands.time import (
     layer_bytes,
     rate_suffix,
 )
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 from pycaffe_lite.net import Net
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
 
 RNG = np.random.default_rng(7)
 

@@ -16,7 +16,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite import mnist, protoio
-from pycaffe_lite.digits import classify_digits
+from pycaffe_lite.apps.digits import classify_digits
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.proto import caffe_pb2
 

@@ -50,7 +50,7 @@ def test_set_device_negative_id_rejected():
 
 
 def test_cpu_net_runs_without_pycuda(no_pycuda):
-    from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+    from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 
     layer = make_layer("type: 'ReLU'")
     bottom, top = blobs([np.array([[-1.0, 2.0]])]), empty_blobs(1)
@@ -64,7 +64,7 @@ def test_importing_the_package_never_imports_pycuda():
         """
         import sys
         import pycaffe_lite as caffe
-        import pycaffe_lite.layers
+        import pycaffe_lite.builtin_layers
         from pycaffe_lite.gpu import backend, blas, math_functions
         caffe.layer_type_list()
         b = caffe.Blob((2, 3))

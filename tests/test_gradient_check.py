@@ -5,7 +5,7 @@ import pytest
 
 from pycaffe_lite.gradient_check import GradientChecker, GradientCheckError
 from pycaffe_lite.layer import Layer, register_layer
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 
 
 @register_layer("TestOnlyScaleBias")

@@ -215,17 +215,30 @@ def test_param_name_dict_and_assign_proto():
     assert lp.convolution_param.bias_filler.value == 0.5
 
 
-def test_layers_object_shadowing_builtin_layer_package(monkeypatch):
-    """caffe.layers (net_spec) and the package pycaffe_lite.layers share a name: lower-case
-    module names resolve to the built-in layer modules, CamelCase names to layer functions."""
-    from pycaffe_lite.layers import relu as relu_module
+def test_layers_and_params_modules_are_net_spec_factories():
+    """``import pycaffe_lite.layers as L`` and ``from pycaffe_lite import layers as L, params as P``
+    both give net_spec's factories, as pycaffe's ``caffe.layers`` / ``caffe.params`` do."""
+    import pycaffe_lite.layers as L1
+    import pycaffe_lite.params as P1
+    from pycaffe_lite import layers as L2
+    from pycaffe_lite import params as P2
 
-    import pycaffe_lite
+    assert L1 is L2 is caffe.layers and P1 is P2 is caffe.params
+    for lay, par in ((L1, P1), (caffe.layers, caffe.params)):
+        x = lay.Input(shape=dict(dim=[1, 1, 4, 4]))
+        top = lay.Pooling(lay.Convolution(x, num_output=2, kernel_size=3), pool=par.Pooling.AVE, kernel_size=2)
+        assert isinstance(top, Top)
+        proto = top.to_proto()
+        assert [lp.type for lp in proto.layer] == ["Input", "Convolution", "Pooling"]
+        assert proto.layer[2].pooling_param.pool == caffe_pb2.PoolingParameter.AVE
+    # lower-case names are layer types too (no built-in modules behind them)
+    assert isinstance(L1.relu(L1.Input(shape=dict(dim=[1]))), Top)
+    with pytest.raises(AttributeError, match="NoSuch"):
+        _ = P1.NoSuch.MAX
 
-    assert L.relu is relu_module
-    assert callable(L.ReLU) and L.ReLU is not relu_module
-    monkeypatch.setattr(pycaffe_lite, "layers", L)  # what `from .net_spec import layers` does
-    import pycaffe_lite.layers.relu as again  # dotted import through the attribute
 
-    assert again is relu_module
-    assert isinstance(L.not_a_module_name(L.Input(shape=dict(dim=[1]))), Top)
+def test_builtin_layer_modules_live_under_their_own_name():
+    import pycaffe_lite.builtin_layers.relu as relu_module
+
+    assert relu_module.__name__ == "pycaffe_lite.builtin_layers.relu"
+    assert not hasattr(caffe.layers, "__path__")  # the factory is not a package

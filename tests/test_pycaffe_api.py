@@ -14,7 +14,7 @@ from pycaffe_lite import io as cio
 from pycaffe_lite.classifier import Classifier
 from pycaffe_lite.detector import Detector
 from pycaffe_lite.errors import NetError, WeightsError
-from pycaffe_lite.logging_compat import init_log, log
+from pycaffe_lite.glog import init_log, log
 from pycaffe_lite.net import Net
 from pycaffe_lite.timer import Timer
 

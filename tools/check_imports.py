@@ -57,8 +57,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
+            for stmt in node.orelse:
+                visit(stmt)
             return
         if isinstance(node, ast.Import):
             for alias in node.names:

@@ -16,7 +16,6 @@ plot training loss and test accuracy to ``OUT/lenet_curves.png`` and print a one
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from pathlib import Path
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from pycaffe_lite.sgd_solvers import get_solver
 
     if args.verbose:
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        caffe.init_log(0)
     from pycaffe_lite.errors import CaffeError
 
     try:

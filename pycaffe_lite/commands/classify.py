@@ -28,10 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..digits import classify_digits
+    from ..apps.digits import classify_digits
 
     use_device(parse_gpu(args.gpu))
-    invert = {"auto": "auto", "yes": True, "no": False}[args.invert]
+    invert: bool | str = {"yes": True, "no": False}.get(args.invert, "auto")
     errors: list[tuple[str, str]] = []
     results = classify_digits(args.model, args.weights, args.images, scale=args.scale, invert=invert,
                               allow_missing=args.allow_missing, errors=errors)

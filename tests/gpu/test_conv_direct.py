@@ -15,7 +15,7 @@ from pycaffe_lite.gpu import conv_direct, conv_engines
 from pycaffe_lite.gpu.conv_engines import Choice
 from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 
 pytestmark = pytest.mark.gpu
 

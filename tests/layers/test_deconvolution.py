@@ -10,9 +10,9 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.gradient_check import GradientChecker
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
 from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.protoio import parse_text
-from pycaffe_lite.testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
 
 
 def deconv_text(body: str) -> str:

@@ -9,7 +9,7 @@ import pycaffe_lite as caffe
 from pycaffe_lite import common
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 
 
 def forward(text, x, dtype=np.float64, seed=None):

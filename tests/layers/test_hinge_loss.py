@@ -7,7 +7,7 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 
 
 def naive(x, labels, norm):

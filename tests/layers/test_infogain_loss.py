@@ -9,8 +9,8 @@ import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
 from pycaffe_lite.io import array_to_blobproto
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 from pycaffe_lite.protoio import write_binary
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
 
 THRESHOLD = float(np.float32(1e-20))
 
@@ -105,7 +105,7 @@ def test_h_from_binaryproto(mode, tmp_path):
 
 def test_axis(monkeypatch):
     """BVLC master's infogain_loss_param.axis (the schema may lack the field: patch the reader)."""
-    from pycaffe_lite.layers import infogain_loss as infogain_module
+    from pycaffe_lite.builtin_layers import infogain_loss as infogain_module
 
     monkeypatch.setattr(infogain_module, "infogain_axis", lambda param: 2)
     x, labels, h = _case(5, (2, 3, 4), axis=2)

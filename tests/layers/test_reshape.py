@@ -5,7 +5,7 @@ import pytest
 
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 
 
 def _setup(param, shape):

@@ -10,7 +10,7 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 
 
 def spp_text(height: int, pool: str = "MAX") -> str:

@@ -5,7 +5,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 
 TEXT = "type: 'TanH'"
 

@@ -1,4 +1,5 @@
-"""Helpers for building single layers and blobs in tests and scripts."""
+"""Layer test helpers: build one layer from prototxt (make_layer), run it (run_layer), check that
+its CPU and GPU paths agree (assert_cpu_gpu_agree); used by tests/ and next to gradient_check."""
 
 from __future__ import annotations
 

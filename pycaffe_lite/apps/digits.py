@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import CaffeError, DataError, NetError
+from ..errors import CaffeError, DataError, NetError
+from ..optional import require
 
 MNIST_SCALE = 0.00390625
 
@@ -27,10 +28,7 @@ class DigitPrediction:
 
 def load_image(path: str | os.PathLike, size: tuple[int, int], channels: int = 1) -> np.ndarray:
     """A uint8 ``(channels, H, W)`` array from an image file (grayscale, or BGR when channels=3)."""
-    try:
-        from PIL import Image
-    except ImportError:
-        raise DataError(f"{path}: reading images needs Pillow (pip install Pillow)") from None
+    Image = require("PIL.Image", feature=f"{path}: reading images")
     try:
         with Image.open(path) as img:
             img = img.convert("L" if channels == 1 else "RGB")
@@ -50,10 +48,7 @@ def _array_image(arr: np.ndarray, size: tuple[int, int], channels: int, where: s
     if arr.ndim != 3 or arr.shape[0] != channels:
         raise DataError(f"{where}: expected a (H, W) or ({channels}, H, W) array, got shape {arr.shape}")
     if arr.shape[1:] != tuple(size):
-        try:
-            from PIL import Image
-        except ImportError:
-            raise DataError(f"{where}: resizing arrays needs Pillow (pip install Pillow)") from None
+        Image = require("PIL.Image", feature=f"{where}: resizing arrays")
         arr = np.stack([
             np.asarray(Image.fromarray(np.asarray(ch, dtype=np.uint8)).resize((size[1], size[0]),
                                                                              Image.Resampling.BILINEAR))
@@ -86,8 +81,8 @@ def classify_digits(
     it, else its last output). ``weights`` must cover every learnable layer unless ``allow_missing``.
     With an ``errors`` list, an unreadable image is appended there as (path, message) and skipped
     instead of failing the whole batch."""
-    from . import common
-    from .net import Net
+    from .. import common
+    from ..net import Net
 
     if isinstance(model, Net):
         net = model
