@@ -43,6 +43,16 @@ __device__ void weighted_sum(const int n, const int k, const Dtype* a0, const Dt
   }
 }
 
+// dst[r * dst_stride + c] = src[r * src_stride + c] for u = r * cols + c < n (all in units of W).
+template <int W>
+__device__ void copy_rows(const int n, const int cols, const Dtype* src, const int src_stride,
+                          Dtype* dst, const int dst_stride) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const int r = u / cols, c = u - r * cols;
+    vstore<W>(dst, r * dst_stride + c, vload<W>(src, r * src_stride + c));
+  }
+}
+
 // Sum of two values over the block; the result is valid in thread 0. blockDim.x == REDUCE_THREADS.
 __device__ __forceinline__ void block_sum2(Dtype& s0, Dtype& s1) {
   __shared__ Dtype buf[2][REDUCE_THREADS / 32];
@@ -137,6 +147,14 @@ AFFINE(affine_sb, 4, true, true)
   }
 WSUM(1)
 WSUM(4)
+
+#define COPY_ROWS(W)                                                                           \
+  __global__ void copy_rows_v##W(const int n, const int cols, const Dtype* src,                \
+                                 const int src_stride, Dtype* dst, const int dst_stride) {     \
+    copy_rows<W>(n, cols, src, src_stride, dst, dst_stride);                                   \
+  }
+COPY_ROWS(1)
+COPY_ROWS(4)
 
 #define REDUCE(NAME, W, OP)                                                                  \
   __global__ void __launch_bounds__(REDUCE_THREADS)                                          \

@@ -137,6 +137,14 @@ def weighted_sum(n: int, xs: list[int], coeffs: list[float], y: int, dtype) -> N
             coeffs.insert(0, 1.0)
 
 
+def copy_rows(rows: int, cols: int, src: int, src_stride: int, dst: int, dst_stride: int, dtype) -> None:
+    """``dst[r·dst_stride + c] = src[r·src_stride + c]`` for ``r < rows``, ``c < cols`` (elements):
+    a block of rows between two row-major matrices (Concat, Slice)."""
+    w = vec_width(cols, dtype, src, dst) if src_stride % 4 == 0 and dst_stride % 4 == 0 else 1
+    backend.kernel(KERNELS, f"copy_rows_v{w}", dtype)(rows * cols // w, cols // w, src, src_stride // w,
+                                                      dst, dst_stride // w)
+
+
 # -- per-channel reductions ------------------------------------------------------------------
 def _reduce(op: str, outer: int, dim: int, inner: int, a: int, dtype, b: int | None = None,
             shift: int | None = None, q: int | None = None, y: int | None = None) -> tuple[int, int]:
