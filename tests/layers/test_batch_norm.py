@@ -128,21 +128,60 @@ def test_cpu_gpu_agree_batch(text):
     assert_cpu_gpu_agree(text, [X])
 
 
+def with_stats(text, mean, var, factor):
+    """Layer text with the running sums embedded as its param blobs."""
+    def blob(values):
+        return f"blobs {{ shape {{ dim: {len(values)} }} " + " ".join(f"data: {v}" for v in values) + " }"
+    return f"{text} {blob(mean)} {blob(var)} {blob([factor])}"
+
+
 @pytest.mark.gpu
-def test_cpu_gpu_agree_global():
-    results = []
-    for gpu in (False, True):
-        caffe.set_mode_gpu() if gpu else caffe.set_mode_cpu()
-        try:
-            layer = make_layer(GLOBAL)
-            bottom, top = blobs([X]), empty_blobs(1)
-            layer.setup(bottom, top)
-            set_stats(layer, [1.0, 2.0], [3.0, 0.5], 1.5)
-            layer.forward(bottom, top)
-            top[0].mutable_cpu_diff()[...] = np.arange(X.size).reshape(X.shape) / X.size
-            layer.backward(top, [True], bottom)
-            results.append((top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()))
-        finally:
-            caffe.set_mode_cpu()
-    for a, b in zip(*results):
-        np.testing.assert_allclose(b, a, rtol=1e-10)
+@pytest.mark.parametrize("factor", [1.5, 0.0])
+@pytest.mark.parametrize("x", [X, RNG.standard_normal((4, 2, 4, 6)) + 3], ids=["odd", "vec4"])
+def test_cpu_gpu_agree_global(factor, x):
+    assert_cpu_gpu_agree(with_stats(GLOBAL, [1.0, 2.0], [3.0, 0.5], factor), [x], rtol=1e-10, atol=1e-12)
+
+
+LARGE = RNG.standard_normal((8, 3, 40, 48)) * 3 + 5  # many reduction chunks; a mean far from 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("x", [X, LARGE, RNG.standard_normal((6, 4)), RNG.standard_normal((2, 3, 1, 1))],
+                         ids=["odd", "large", "2-axis", "1x1"])
+@pytest.mark.parametrize("text", [TRAIN, GLOBAL])
+def test_cpu_gpu_agree_shapes(dtype, x, text):
+    if text == GLOBAL:
+        c = x.shape[1]
+        text = with_stats(GLOBAL, np.linspace(-1, 1, c), np.linspace(0.5, 2, c), 2.0)
+    tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == np.float32 else {"rtol": 1e-8, "atol": 1e-10}
+    assert_cpu_gpu_agree(text, [x], dtype=dtype, **tol)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_running_average_over_iterations(mode, in_place):
+    """Several TRAIN iterations with changing inputs, on each device against numpy: outputs, input
+    gradients and Caffe's running sums (on the GPU these never leave the device)."""
+    maf = 0.7
+    layer = make_layer(f'type: "BatchNorm" phase: TRAIN batch_norm_param {{ moving_average_fraction: {maf} }}')
+    inputs = [RNG.standard_normal((4, 3, 4, 4)) * (i + 1) + i for i in range(4)]
+    (b,) = blobs([inputs[0]])
+    top = [b] if in_place else empty_blobs(1)
+    layer.setup([b], top)
+    s, run_mean, run_var, m = 0.0, np.zeros(3), np.zeros(3), 4 * 16
+    for i, x in enumerate(inputs):
+        b.mutable_cpu_data()[...] = x
+        layer.forward([b], top)
+        mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+        y = (x - mean[None, :, None, None]) / np.sqrt(var + layer.eps)[None, :, None, None]
+        np.testing.assert_allclose(top[0].cpu_data(), y, rtol=1e-9, atol=1e-12)
+        s, run_mean, run_var = maf * s + 1, mean + maf * run_mean, var * m / (m - 1) + maf * run_var
+        np.testing.assert_allclose(layer.blobs[2].cpu_data(), [s], rtol=1e-12)
+        np.testing.assert_allclose(layer.blobs[0].cpu_data(), run_mean, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(layer.blobs[1].cpu_data(), run_var, rtol=1e-10)
+        dy = np.cos(np.arange(x.size) + i).reshape(x.shape)
+        top[0].mutable_cpu_diff()[...] = dy
+        layer.backward(top, [True], [b])
+        std = np.sqrt(var + layer.eps)[None, :, None, None]
+        expect = (dy - dy.mean(axis=(0, 2, 3), keepdims=True) - y * (dy * y).mean(axis=(0, 2, 3), keepdims=True)) / std
+        np.testing.assert_allclose(b.cpu_diff(), expect, rtol=1e-9, atol=1e-12)
