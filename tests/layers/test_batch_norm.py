@@ -163,11 +163,11 @@ def test_running_average_over_iterations(mode, in_place):
     """Several TRAIN iterations with changing inputs, on each device against numpy: outputs, input
     gradients and Caffe's running sums (on the GPU these never leave the device)."""
     layer = make_layer('type: "BatchNorm" phase: TRAIN batch_norm_param { moving_average_fraction: 0.7 }')
-    maf = layer.maf  # 0.7 as stored (float32)
     inputs = [RNG.standard_normal((4, 3, 4, 4)) * (i + 1) + i for i in range(4)]
     (b,) = blobs([inputs[0]])
     top = [b] if in_place else empty_blobs(1)
     layer.setup([b], top)
+    maf = layer.maf  # 0.7 as stored (float32)
     s, run_mean, run_var, m = 0.0, np.zeros(3), np.zeros(3), 4 * 16
     for i, x in enumerate(inputs):
         b.mutable_cpu_data()[...] = x
