@@ -9,6 +9,8 @@ view a tensor as (outer, dim, inner) — for NCHW with channel statistics (N, C,
 
 Reductions run in two levels: a block per (channel, chunk) writes partial sums into
 :func:`backend.workspace`, then one thread per channel adds the chunks and applies the result.
+So ``channel_sum`` (when ``spatial > 1``), ``channel_dot`` and ``channel_moments`` invalidate
+workspace pointers a caller obtained earlier: ask for the workspace after calling them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from . import backend, blas
 
 KERNELS = Path(__file__).with_name("math_functions.cu")
 REDUCE_THREADS = 256  # must match REDUCE_THREADS in math_functions.cu
-_BLOCKS_PER_SM = 8  # reduction grids aim for this many blocks per multiprocessor
+# Reduction grids aim for this many blocks per multiprocessor (about four waves of 8 resident
+# 256-thread blocks: small enough blocks that the last wave's tail stays short), each at least
+# 4 units per thread.
+_BLOCKS_PER_SM = 32
 
 
 def _ew(name: str, params: str, body: str, dtype) -> backend.Kernel:

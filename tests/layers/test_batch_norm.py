@@ -158,30 +158,74 @@ def test_cpu_gpu_agree_shapes(dtype, x, text):
     assert_cpu_gpu_agree(text, [x], dtype=dtype, **tol)
 
 
+ITER_TEXT = 'type: "BatchNorm" phase: TRAIN batch_norm_param { moving_average_fraction: 0.7 }'
+ITER_X = [RNG.standard_normal((4, 3, 4, 4)) * (i + 1) + i for i in range(4)]
+ITER_DY = [np.cos(np.arange(x.size) + i).reshape(x.shape) for i, x in enumerate(ITER_X)]
+
+
+def reference_iterations(layer):
+    """numpy: per TRAIN iteration over ITER_X/ITER_DY, (y, dx, [mean sum, variance sum, scale factor])."""
+    maf, eps = layer.maf, layer.eps  # as stored (float32)
+    s, run_mean, run_var, m = 0.0, np.zeros(3), np.zeros(3), 4 * 16
+    for x, dy in zip(ITER_X, ITER_DY):
+        mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+        std = np.sqrt(var + eps)[None, :, None, None]
+        y = (x - mean[None, :, None, None]) / std
+        dx = (dy - dy.mean(axis=(0, 2, 3), keepdims=True) - y * (dy * y).mean(axis=(0, 2, 3), keepdims=True)) / std
+        s, run_mean, run_var = maf * s + 1, mean + maf * run_mean, var * m / (m - 1) + maf * run_var
+        yield y, dx, [run_mean, run_var, np.array([s])]
+
+
+def check_iteration(layer, b, top, expected):
+    y, dx, stats = expected
+    np.testing.assert_allclose(top[0].cpu_data(), y, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(b.cpu_diff(), dx, rtol=1e-9, atol=1e-12)
+    for blob, want in zip(layer.blobs, stats):
+        np.testing.assert_allclose(blob.cpu_data(), want, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("in_place", [False, True])
 def test_running_average_over_iterations(mode, in_place):
     """Several TRAIN iterations with changing inputs, on each device against numpy: outputs, input
     gradients and Caffe's running sums (on the GPU these never leave the device)."""
-    layer = make_layer('type: "BatchNorm" phase: TRAIN batch_norm_param { moving_average_fraction: 0.7 }')
-    inputs = [RNG.standard_normal((4, 3, 4, 4)) * (i + 1) + i for i in range(4)]
-    (b,) = blobs([inputs[0]])
+    layer = make_layer(ITER_TEXT)
+    (b,) = blobs([ITER_X[0]])
     top = [b] if in_place else empty_blobs(1)
     layer.setup([b], top)
-    maf = layer.maf  # 0.7 as stored (float32)
-    s, run_mean, run_var, m = 0.0, np.zeros(3), np.zeros(3), 4 * 16
-    for i, x in enumerate(inputs):
+    for x, dy, expected in zip(ITER_X, ITER_DY, reference_iterations(layer)):
         b.mutable_cpu_data()[...] = x
         layer.forward([b], top)
-        mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
-        y = (x - mean[None, :, None, None]) / np.sqrt(var + layer.eps)[None, :, None, None]
-        np.testing.assert_allclose(top[0].cpu_data(), y, rtol=1e-9, atol=1e-12)
-        s, run_mean, run_var = maf * s + 1, mean + maf * run_mean, var * m / (m - 1) + maf * run_var
-        np.testing.assert_allclose(layer.blobs[2].cpu_data(), [s], rtol=1e-12)
-        np.testing.assert_allclose(layer.blobs[0].cpu_data(), run_mean, rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(layer.blobs[1].cpu_data(), run_var, rtol=1e-10)
-        dy = np.cos(np.arange(x.size) + i).reshape(x.shape)
         top[0].mutable_cpu_diff()[...] = dy
         layer.backward(top, [True], [b])
-        std = np.sqrt(var + layer.eps)[None, :, None, None]
-        expect = (dy - dy.mean(axis=(0, 2, 3), keepdims=True) - y * (dy * y).mean(axis=(0, 2, 3), keepdims=True)) / std
-        np.testing.assert_allclose(b.cpu_diff(), expect, rtol=1e-9, atol=1e-12)
+        check_iteration(layer, b, top, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_place", [False, True])
+def test_train_pass_replays_in_cuda_graph(gpu_mode, in_place):
+    """Forward + backward captured once and replayed with new inputs: the statistics, the factor and
+    the running sums are device-side, so every replay matches numpy."""
+    from pycaffe_lite.gpu import cuda_graph
+
+    layer = make_layer(ITER_TEXT)
+    (b,) = blobs([ITER_X[0]])
+    top = [b] if in_place else empty_blobs(1)
+    layer.setup([b], top)
+    expected = reference_iterations(layer)
+    layer.forward([b], top)  # eager first: compiles, sizes the workspace and internal blobs
+    top[0].mutable_cpu_diff()[...] = ITER_DY[0]
+    layer.backward(top, [True], [b])
+    check_iteration(layer, b, top, next(expected))
+    with cuda_graph.capture() as graph:
+        layer.forward([b], top)
+        layer.backward(top, [True], [b])
+    for x, dy, want in zip(ITER_X[1:], ITER_DY[1:], expected):
+        b.mutable_cpu_data()[...] = x
+        b.gpu_data()
+        top[0].mutable_cpu_diff()[...] = dy
+        top[0].gpu_diff()
+        graph.launch()
+        for blob in [b, top[0], *layer.blobs]:  # the replay wrote these on the device
+            blob.mutable_gpu_data()
+            blob.mutable_gpu_diff()
+        check_iteration(layer, b, top, want)
