@@ -123,7 +123,8 @@ class BatchNormLayer(Layer):
 
     def forward_gpu(self, bottom, top):
         C, S, N, dt = self.channels, self.spatial, self.num, self.dtype
-        x, mean, inv_std = bottom[0].gpu_data(), self._mean.mutable_gpu_data(), self._inv_std.mutable_gpu_data()
+        x, mean = bottom[0].gpu_data(), self._mean.mutable_gpu_data()
+        inv_std = self._inv_std.mutable_gpu_data()
         if self.use_global_stats:
             self._k("bn_global_stats")(C, self.blobs[0].gpu_data(), self.blobs[1].gpu_data(),
                                        self.blobs[2].gpu_data(), self.eps, mean, inv_std)
@@ -150,6 +151,7 @@ class BatchNormLayer(Layer):
             return
         x = (self._x_saved if self.in_place else bottom[0]).gpu_data()
         mean, mean_dy, mean_dyxc = self._mean.gpu_data(), self._mean_dy.mutable_gpu_data(), self._mean_dyxc.mutable_gpu_data()
+        # one pass over dy and x: mean(dy) and mean(dy·(x - mean)) per channel
         gm.channel_dot(N, C, S, dy, x, dt, sum_a=mean_dy, dot=mean_dyxc, alpha=1.0 / max(N * S, 1), shift=mean)
         w = gm.vec_width(S, dt, dy, x, dx)
         self._k(f"bn_backward_v{w}")(top[0].count // w, C, S, dy, x, mean, inv_std, mean_dy, mean_dyxc, dx)

@@ -123,8 +123,10 @@ class EltwiseLayer(Layer):
                     for o in others[1:]:
                         gm.mul(n, dx, o, dx, dt)
                 else:
-                    backend.elementwise("eltwise_prod_grad", "const Dtype* dy, const Dtype* y, const Dtype* x, Dtype* dx",
-                                        "dx[i] = dy[i] * y[i] / x[i]", dt)(n, dy, top[0].gpu_data(), b.gpu_data(), dx)
+                    k = backend.elementwise("eltwise_prod_grad",
+                                            "const Dtype* dy, const Dtype* y, const Dtype* x, Dtype* dx",
+                                            "dx[i] = dy[i] * y[i] / x[i]", dt)
+                    k(n, dy, top[0].gpu_data(), b.gpu_data(), dx)
             elif self.op == Op.SUM:
                 gm.scale(n, self.coeffs[i], dy, dx, dt)
             else:
