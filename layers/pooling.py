@@ -12,8 +12,9 @@ CPU: loops over the ``kh*kw`` kernel offsets, each a strided slice of the padded
 the slices into one contiguous (kh*kw, N, C, PH, PW) stack and finds each window's first maximum
 with whole-array reductions; backward routes each top diff to that offset's slice (assigned when
 windows are disjoint, accumulated when they overlap). GPU: one thread per top element forward,
-one per bottom element backward (a coalesced gather in one pass, no atomics); the MAX argmax kept
-from forward to backward lives in an internal blob.
+one per bottom element backward (a gather in one pass, no atomics, in 32x8 tiles whose window
+ranges are computed once per block); the MAX argmax kept from forward to backward lives in an
+internal blob.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pycaffe_lite.proto import caffe_pb2
 KERNELS = Path(__file__).with_suffix(".cu")
 PP = caffe_pb2.PoolingParameter
 LOWEST = -np.finfo(np.float32).max  # Caffe's -FLT_MAX, for float and double alike
+_TILE = (32, 8)  # backward thread block: POOL_TILE_W x POOL_TILE_H of pooling.cu
 
 
 def pooled_size(size: int, kernel: int, pad: int, stride: int, ceil_mode: bool, any_pad: bool) -> int:
@@ -246,13 +248,16 @@ class PoolingLayer(Layer):
             self._k("ave_pool_forward")(count, bottom[0].gpu_data(), *self._geometry(), top[0].mutable_gpu_data())
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
+        if not propagate_down[0] or bottom[0].count == 0:
             return
-        count = bottom[0].count
+        n, c, h, w = bottom[0].shape
+        planes = n * c
+        launch = {"grid": (-(-w // _TILE[0]), -(-h // _TILE[1]), min(planes, 65535)), "block": (*_TILE, 1)}
         if self.method == PP.MAX:
             if getattr(self, "_argmax_shape", None) != top[0].shape:
                 raise self.error("MAX pooling backward_gpu needs a forward_gpu on the same shapes first")
-            self._k("max_pool_backward")(count, top[0].gpu_diff(), self._argmax.gpu_data(), *self._geometry(),
-                                         bottom[0].mutable_gpu_diff())
+            self._k("max_pool_backward")(planes, top[0].gpu_diff(), self._argmax.gpu_data(), *self._geometry(),
+                                         bottom[0].mutable_gpu_diff(), **launch)
         else:
-            self._k("ave_pool_backward")(count, top[0].gpu_diff(), *self._geometry(), bottom[0].mutable_gpu_diff())
+            self._k("ave_pool_backward")(planes, top[0].gpu_diff(), *self._geometry(), bottom[0].mutable_gpu_diff(),
+                                         **launch)
