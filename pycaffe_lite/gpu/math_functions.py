@@ -129,7 +129,8 @@ def add_channel_bias(num: int, channels: int, spatial: int, bias: int, y: int, d
 
 
 def weighted_sum(n: int, xs: list[int], coeffs: list[float], y: int, dtype) -> None:
-    """``y = Σ_j coeffs[j]·xs[j]`` in one pass per four inputs; ``y`` may alias any input."""
+    """``y = Σ_j coeffs[j]·xs[j]`` in one pass per four inputs (later passes add onto ``y``);
+    ``y`` may alias one of the first four inputs."""
     w = vec_width(n, dtype, y, *xs)
     k = backend.kernel(KERNELS, f"weighted_sum_v{w}", dtype)
     xs, coeffs = list(xs), [float(c) for c in coeffs]
