@@ -5,7 +5,9 @@ a 1-element scale factor ``s``; they are running sums, not learned, so their lr_
 to 0. With batch statistics (training): ``y = (x - μ_B) / sqrt(σ²_B + eps)``, and the running
 sums become ``s = λs + 1``, ``mean = μ_B + λ·mean``, ``variance = m/(m-1)·σ²_B + λ·variance``
 (λ = moving_average_fraction, m = N·spatial: the unbiased variance). With global statistics
-(default in TEST) ``μ = mean/s`` and ``σ² = variance/s`` (``s == 0`` gives 0).
+(default in TEST) ``μ = mean/s`` and ``σ² = variance/s`` (``s == 0`` gives 0). On the GPU the
+statistics, the factor ``1/s`` and the running-sum update stay on the device (CUDA-graph safe);
+in place, the input is saved for backward (Caffe saves the normalized output instead).
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
-
-from .bias import channel_sum
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
@@ -57,24 +57,19 @@ class BatchNormLayer(Layer):
         self.param_propagate_down = [False] * 3
         self._mean = Blob((self.channels,), self.dtype)
         self._var = Blob((self.channels,), self.dtype)
-        self._std = Blob((self.channels,), self.dtype)
-        self._sum_a = Blob((self.channels,), self.dtype)
-        self._sum_b = Blob((self.channels,), self.dtype)
-        self._x_norm = Blob(dtype=self.dtype)
-        self._tmp = Blob(dtype=self.dtype)
+        self._inv_std = Blob((self.channels,), self.dtype)  # 1 / sqrt(var + eps)
+        self._mean_dy = Blob((self.channels,), self.dtype)
+        self._mean_dyxc = Blob((self.channels,), self.dtype)
+        self._x_norm = Blob(dtype=self.dtype)  # CPU backward
+        self._x_saved = Blob(dtype=self.dtype)  # GPU backward in place: the input before normalizing
 
     def reshape(self, bottom, top):
         if bottom[0].num_axes > 1 and bottom[0].shape[1] != self.channels:
             raise self.error(f"bottom {bottom[0].shape} has {bottom[0].shape[1]} channels, set up with {self.channels}")
         self.num = bottom[0].shape[0] if bottom[0].num_axes else 1
         self.spatial = bottom[0].count // max(self.num * self.channels, 1)
+        self.in_place = bottom[0] is top[0]
         top[0].reshape(bottom[0].shape)
-        self._x_norm.reshape(bottom[0].shape)
-        self._tmp.reshape(bottom[0].shape)
-
-    def _scale_factor(self) -> float:
-        s = float(self.blobs[2].cpu_data().reshape(-1)[0])
-        return 0.0 if s == 0 else 1.0 / s
 
     def _bias_correction(self) -> float:
         m = self.num * self.spatial
@@ -87,7 +82,8 @@ class BatchNormLayer(Layer):
     def forward_cpu(self, bottom, top):
         x = self._view(bottom[0].cpu_data())
         if self.use_global_stats:
-            sf = self._scale_factor()
+            s = self.blobs[2].cpu_data().reshape(-1)[0]
+            sf = 0.0 if s == 0 else 1.0 / s
             mean = sf * self.blobs[0].cpu_data()
             var = sf * self.blobs[1].cpu_data()
         else:
@@ -100,71 +96,62 @@ class BatchNormLayer(Layer):
             b0[...] = mean + self.maf * b0
             b1 = self.blobs[1].mutable_cpu_data()
             b1[...] = self._bias_correction() * var + self.maf * b1
-        std = np.sqrt(var + self.eps)
-        self._std.mutable_cpu_data()[...] = std
-        y = xc / std.reshape(1, -1, 1)
-        self._x_norm.mutable_cpu_data()[...] = y.reshape(bottom[0].shape)
-        top[0].mutable_cpu_data()[...] = y.reshape(top[0].shape)
+        inv_std = 1.0 / np.sqrt(var + self.eps)
+        self._inv_std.mutable_cpu_data()[...] = inv_std
+        y = (xc * inv_std.reshape(1, -1, 1)).reshape(bottom[0].shape)
+        if not self.use_global_stats:
+            self._x_norm.reshape(bottom[0].shape)
+            self._x_norm.mutable_cpu_data()[...] = y
+        top[0].mutable_cpu_data()[...] = y
 
     def backward_cpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         dy = self._view(top[0].cpu_diff())
-        std = self._std.cpu_data().reshape(1, -1, 1)
+        inv_std = self._inv_std.cpu_data().reshape(1, -1, 1)
         if self.use_global_stats:
-            dx = dy / std
+            dx = dy * inv_std
         else:
             # dx = (dy - mean(dy) - y·mean(dy·y)) / std, means over (num, spatial) per channel
             y = self._view(self._x_norm.cpu_data())
-            dx = (dy - dy.mean(axis=(0, 2), keepdims=True) - y * (dy * y).mean(axis=(0, 2), keepdims=True)) / std
+            dx = (dy - dy.mean(axis=(0, 2), keepdims=True) - y * (dy * y).mean(axis=(0, 2), keepdims=True)) * inv_std
         bottom[0].mutable_cpu_diff()[...] = dx.reshape(bottom[0].shape)
 
-    # -- GPU --------------------------------------------------------------------------------
+    # -- GPU: statistics stay on the device (no host reads: capturable in CUDA graphs) ------------
+    def _k(self, name: str) -> backend.Kernel:
+        return backend.kernel(KERNELS, name, self.dtype)
+
     def forward_gpu(self, bottom, top):
-        n, C, S, N, dt = bottom[0].count, self.channels, self.spatial, self.num, self.dtype
-        x = bottom[0].gpu_data()
-        mean = self._mean.mutable_gpu_data()
-        var = self._var.mutable_gpu_data()
+        C, S, N, dt = self.channels, self.spatial, self.num, self.dtype
+        x, mean = bottom[0].gpu_data(), self._mean.mutable_gpu_data()
+        inv_std = self._inv_std.mutable_gpu_data()
         if self.use_global_stats:
-            sf = self._scale_factor()
-            gm.scale(C, sf, self.blobs[0].gpu_data(), mean, dt)
-            gm.scale(C, sf, self.blobs[1].gpu_data(), var, dt)
+            self._k("bn_global_stats")(C, self.blobs[0].gpu_data(), self.blobs[1].gpu_data(),
+                                       self.blobs[2].gpu_data(), self.eps, mean, inv_std)
         else:
-            m = N * S
-            channel_sum(N, C, S, x, mean, dt, False)
-            gm.scale(C, 1.0 / m, mean, mean, dt)
-            tmp = self._tmp.mutable_gpu_data()
-            backend.kernel(KERNELS, "bn_sq_dev", dt, "iiiPPP")(n, n, C, S, x, mean, tmp)
-            channel_sum(N, C, S, tmp, var, dt, False)
-            gm.scale(C, 1.0 / m, var, var, dt)
-            s = self.blobs[2].mutable_gpu_data()
-            gm.scale(1, self.maf, s, s, dt)
-            gm.add_scalar(1, 1.0, s, dt)
-            gm.axpby(C, 1.0, mean, self.maf, self.blobs[0].mutable_gpu_data(), dt)
-            gm.axpby(C, self._bias_correction(), var, self.maf, self.blobs[1].mutable_gpu_data(), dt)
-        std = self._std.mutable_gpu_data()
-        gm.copy(C, var, std, dt)
-        gm.add_scalar(C, self.eps, std, dt)
-        gm.sqrt(C, std, std, dt)
+            var = self._var.mutable_gpu_data()
+            gm.channel_moments(N, C, S, x, mean, var, dt)
+            self._k("bn_batch_stats")(C, self.maf, self._bias_correction(), self.eps, mean, var,
+                                      self.blobs[0].mutable_gpu_data(), self.blobs[1].mutable_gpu_data(),
+                                      self.blobs[2].mutable_gpu_data(), inv_std)
+            if self.in_place:  # backward needs the input, which the output overwrites
+                self._x_saved.reshape(bottom[0].shape)
+                gm.copy(bottom[0].count, x, self._x_saved.mutable_gpu_data(), dt)
         y = top[0].mutable_gpu_data()
-        backend.kernel(KERNELS, "bn_normalize", dt, "iiiPPPP")(n, n, C, S, x, mean, std, y)
-        gm.copy(n, y, self._x_norm.mutable_gpu_data(), dt)
+        w = gm.vec_width(S, dt, x, y)
+        self._k(f"bn_normalize_v{w}")(bottom[0].count // w, C, S, x, mean, inv_std, y)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        n, C, S, N, dt = top[0].count, self.channels, self.spatial, self.num, self.dtype
-        dy = top[0].gpu_diff()
-        std = self._std.gpu_data()
+        C, S, N, dt = self.channels, self.spatial, self.num, self.dtype
+        dy, dx, inv_std = top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), self._inv_std.gpu_data()
         if self.use_global_stats:
-            backend.kernel(KERNELS, "bn_div_channel", dt, "iiiPPP")(n, n, C, S, dy, std, bottom[0].mutable_gpu_diff())
+            gm.channel_affine(N, C, S, dy, inv_std, None, dx, dt)
             return
-        y = self._x_norm.gpu_data()
-        tmp = self._tmp.mutable_gpu_data()
-        gm.mul(n, dy, y, tmp, dt)
-        sum_dy = self._sum_a.mutable_gpu_data()
-        sum_dyy = self._sum_b.mutable_gpu_data()
-        channel_sum(N, C, S, dy, sum_dy, dt, False)
-        channel_sum(N, C, S, tmp, sum_dyy, dt, False)
-        k = backend.kernel(KERNELS, "bn_backward", dt, "iiiPPPPPfP")
-        k(n, n, C, S, dy, y, sum_dy, sum_dyy, std, 1.0 / (N * S), bottom[0].mutable_gpu_diff())
+        x = (self._x_saved if self.in_place else bottom[0]).gpu_data()
+        mean, mean_dy, mean_dyxc = self._mean.gpu_data(), self._mean_dy.mutable_gpu_data(), self._mean_dyxc.mutable_gpu_data()
+        # one pass over dy and x: mean(dy) and mean(dy·(x - mean)) per channel
+        gm.channel_dot(N, C, S, dy, x, dt, sum_a=mean_dy, dot=mean_dyxc, alpha=1.0 / max(N * S, 1), shift=mean)
+        w = gm.vec_width(S, dt, dy, x, dx)
+        self._k(f"bn_backward_v{w}")(top[0].count // w, C, S, dy, x, mean, inv_std, mean_dy, mean_dyxc, dx)

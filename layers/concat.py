@@ -6,15 +6,11 @@ top shape is bottom 0's with the concat axis summed. One bottom: the top shares 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from pycaffe_lite.errors import ShapeError
-from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
-
-KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("Concat")
@@ -84,24 +80,26 @@ class ConcatLayer(Layer):
                 b.mutable_cpu_diff()[...] = dy[:, offset:offset + n].reshape(b.shape)
             offset += n
 
-    def _gpu_copy(self, name: str, top_ptr: int, top_axis: int, bottom, bottom_ptrs) -> None:
-        """One strided-copy launch per bottom between its rows and its slice of the top."""
-        k = backend.kernel(KERNELS, name, self.dtype, "iiiiiPP")
+    def _gpu_copy(self, top, bottom, bottom_ptrs, forward: bool) -> None:
+        """One row-block copy per bottom between its rows and its column slice of the top."""
+        top_cols = top[0].shape[self.axis] * self.concat_size
+        top_ptr = top[0].mutable_gpu_data() if forward else top[0].gpu_diff()
         offset = 0
         for b, ptr in zip(bottom, bottom_ptrs):
-            n_axis = b.shape[self.axis]
-            if ptr is not None and b.count:
-                k(b.count, b.count, self.concat_size, top_axis, n_axis, offset, ptr, top_ptr)
-            offset += n_axis
+            cols = b.shape[self.axis] * self.concat_size
+            if ptr is not None:
+                part = top_ptr + offset * self.dtype.itemsize
+                if forward:
+                    gm.copy_rows(self.num_concats, cols, ptr, cols, part, top_cols, self.dtype)
+                else:
+                    gm.copy_rows(self.num_concats, cols, part, top_cols, ptr, cols, self.dtype)
+            offset += cols
 
     def forward_gpu(self, bottom, top):
-        if len(bottom) == 1:
-            return
-        ptrs = [b.gpu_data() for b in bottom]
-        self._gpu_copy("concat_forward", top[0].mutable_gpu_data(), top[0].shape[self.axis], bottom, ptrs)
+        if len(bottom) > 1:
+            self._gpu_copy(top, bottom, [b.gpu_data() for b in bottom], True)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if len(bottom) == 1:
-            return
-        ptrs = [b.mutable_gpu_diff() if propagate_down[i] else None for i, b in enumerate(bottom)]
-        self._gpu_copy("concat_backward", top[0].gpu_diff(), top[0].shape[self.axis], bottom, ptrs)
+        if len(bottom) > 1:
+            self._gpu_copy(top, bottom, [b.mutable_gpu_diff() if p else None for b, p in zip(bottom, propagate_down)],
+                           False)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Layer, register_layer
 
@@ -75,24 +76,26 @@ class CropLayer(Layer):
 
     # -- GPU: one thread per top element, index map from a small device table ---------------
     def _table(self, bottom, top) -> int:
-        """Device int32 table [top shape | bottom strides | offsets], cached per geometry."""
+        """Device int32 table [top shape | bottom strides | offsets] (raw bits in an internal blob),
+        rewritten on the host only when the geometry changes."""
         naxes = bottom[0].num_axes
         strides = [bottom[0].count_range(i + 1) for i in range(naxes)]
         key = (top[0].shape, tuple(strides), tuple(self.offsets))
         if getattr(self, "_table_key", None) != key:
-            self._table_host = np.array(list(top[0].shape) + strides + self.offsets, dtype=np.int32)
-            self._table_dev = backend.alloc(max(self._table_host.nbytes, 4))
-            backend.memcpy_htod(int(self._table_dev), self._table_host)
+            if not hasattr(self, "_table_blob"):
+                self._table_blob = Blob(dtype=np.float32)
+            self._table_blob.reshape((3 * naxes,))
+            self._table_blob.mutable_cpu_data().view(np.int32)[...] = list(top[0].shape) + strides + self.offsets
             self._table_key = key
-        return int(self._table_dev)
+        return self._table_blob.gpu_data()
 
     def forward_gpu(self, bottom, top):
         n = top[0].count
         if n == 0:
             return
         table = self._table(bottom, top)
-        k = backend.kernel(KERNELS, "crop_copy", self.dtype, "iiPiPP")
-        k(n, n, bottom[0].num_axes, table, 1, bottom[0].gpu_data(), top[0].mutable_gpu_data())
+        k = backend.kernel(KERNELS, "crop_copy", self.dtype)
+        k(n, bottom[0].num_axes, table, 1, bottom[0].gpu_data(), top[0].mutable_gpu_data())
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -103,5 +106,5 @@ class CropLayer(Layer):
         if n == 0:
             return
         table = self._table(bottom, top)
-        k = backend.kernel(KERNELS, "crop_copy", self.dtype, "iiPiPP")
-        k(n, n, bottom[0].num_axes, table, 0, dx, top[0].gpu_diff())
+        k = backend.kernel(KERNELS, "crop_copy", self.dtype)
+        k(n, bottom[0].num_axes, table, 0, dx, top[0].gpu_diff())

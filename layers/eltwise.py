@@ -15,7 +15,7 @@ import numpy as np
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
-from pycaffe_lite.gpu import backend, blas
+from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.proto import caffe_pb2
@@ -92,7 +92,7 @@ class EltwiseLayer(Layer):
                 dx = np.where(self.mask.cpu_data() == i, dy, 0)
             b.mutable_cpu_diff()[...] = dx
 
-    # -- GPU --------------------------------------------------------------------------------
+    # -- GPU: one pass per output (SUM over up to four bottoms per pass) ------------------------
     def forward_gpu(self, bottom, top):
         n, dt = top[0].count, self.dtype
         y = top[0].mutable_gpu_data()
@@ -101,16 +101,13 @@ class EltwiseLayer(Layer):
             for b in bottom[2:]:
                 gm.mul(n, y, b.gpu_data(), y, dt)
         elif self.op == Op.SUM:
-            # scale first (not zero-fill) so that a top aliasing bottom 0 stays correct
-            gm.scale(n, self.coeffs[0], bottom[0].gpu_data(), y, dt)
-            for c, b in zip(self.coeffs[1:], bottom[1:]):
-                blas.axpy(n, c, b.gpu_data(), y, dt)
+            gm.weighted_sum(n, [b.gpu_data() for b in bottom], self.coeffs, y, dt)
         else:
             mask = self.mask.mutable_gpu_data()
-            k = backend.kernel(KERNELS, "eltwise_max_forward", dt, "iPPiPP")
-            k(n, n, bottom[0].gpu_data(), bottom[1].gpu_data(), 0, y, mask)
+            k = backend.kernel(KERNELS, "eltwise_max_forward", dt)
+            k(n, bottom[0].gpu_data(), bottom[1].gpu_data(), 0, y, mask)
             for i in range(2, len(bottom)):
-                k(n, n, y, bottom[i].gpu_data(), i - 1, y, mask)
+                k(n, y, bottom[i].gpu_data(), i - 1, y, mask)
 
     def backward_gpu(self, top, propagate_down, bottom):
         n, dt = top[0].count, self.dtype
@@ -120,21 +117,17 @@ class EltwiseLayer(Layer):
                 continue
             dx = b.mutable_gpu_diff()
             if self.op == Op.PROD:
-                if self.stable_prod_grad:
-                    first = True
-                    for j, other in enumerate(bottom):
-                        if j == i:
-                            continue
-                        if first:
-                            gm.copy(n, other.gpu_data(), dx, dt)
-                            first = False
-                        else:
-                            gm.mul(n, dx, other.gpu_data(), dx, dt)
+                if self.stable_prod_grad:  # dx = dy · Π_{j≠i} bottom_j
+                    others = [o.gpu_data() for j, o in enumerate(bottom) if j != i]
+                    gm.mul(n, dy, others[0], dx, dt)
+                    for o in others[1:]:
+                        gm.mul(n, dx, o, dx, dt)
                 else:
-                    gm.div(n, top[0].gpu_data(), b.gpu_data(), dx, dt)
-                gm.mul(n, dx, dy, dx, dt)
+                    k = backend.elementwise("eltwise_prod_grad",
+                                            "const Dtype* dy, const Dtype* y, const Dtype* x, Dtype* dx",
+                                            "dx[i] = dy[i] * y[i] / x[i]", dt)
+                    k(n, dy, top[0].gpu_data(), b.gpu_data(), dx)
             elif self.op == Op.SUM:
                 gm.scale(n, self.coeffs[i], dy, dx, dt)
             else:
-                k = backend.kernel(KERNELS, "eltwise_max_backward", dt, "iPPiP")
-                k(n, n, dy, self.mask.gpu_data(), i, dx)
+                backend.kernel(KERNELS, "eltwise_max_backward", dt)(n, dy, self.mask.gpu_data(), i, dx)

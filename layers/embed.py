@@ -79,8 +79,8 @@ class EmbedLayer(Layer):
     def forward_gpu(self, bottom, top):
         n = self.M * self.N
         y = top[0].mutable_gpu_data()
-        k = backend.kernel(KERNELS, "embed_forward", self.dtype, "iiiPPP")
-        k(n, n, self.N, self.K, bottom[0].gpu_data(), self.blobs[0].gpu_data(), y)
+        k = backend.kernel(KERNELS, "embed_forward", self.dtype)
+        k(n, self.N, self.K, bottom[0].gpu_data(), self.blobs[0].gpu_data(), y)
         if self.bias_term:
             gm.add_bias(self.M, self.N, self.blobs[1].gpu_data(), y, self.dtype)
 
@@ -90,7 +90,7 @@ class EmbedLayer(Layer):
         dy = top[0].gpu_diff()
         if self.param_propagate_down[0]:
             n = self.M * self.N
-            k = backend.kernel(KERNELS, "embed_backward", self.dtype, "iiiPPP")
-            k(n, n, self.N, self.K, bottom[0].gpu_data(), dy, self.blobs[0].mutable_gpu_diff())
+            k = backend.kernel(KERNELS, "embed_backward", self.dtype)
+            k(n, self.N, self.K, bottom[0].gpu_data(), dy, self.blobs[0].mutable_gpu_diff())
         if self.bias_term and self.param_propagate_down[1]:
             gm.sum_rows_into(self.M, self.N, dy, self.blobs[1].mutable_gpu_diff(), self.dtype, beta=1.0)

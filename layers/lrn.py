@@ -93,12 +93,8 @@ class LRNLayer(Layer):
         axes, n, base = self._window()
         x, s = bottom[0].gpu_data(), self.scale.mutable_gpu_data()
         name = "lrn_scale_across" if self.region == ACROSS else "lrn_scale_within"
-        backend.kernel(KERNELS, name, self.dtype, "iPiiiiffP")(
-            count, count, x, C, H, W, self.size, base, self.alpha / n, s,
-        )
-        backend.kernel(KERNELS, "lrn_output", self.dtype, "iPPfP")(
-            count, count, x, s, -self.beta, top[0].mutable_gpu_data(),
-        )
+        backend.kernel(KERNELS, name, self.dtype)(count, x, C, H, W, self.size, base, self.alpha / n, s)
+        backend.kernel(KERNELS, "lrn_output", self.dtype)(count, x, s, -self.beta, top[0].mutable_gpu_data())
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -107,7 +103,7 @@ class LRNLayer(Layer):
         count = bottom[0].count
         axes, n, _ = self._window()
         name = "lrn_diff_across" if self.region == ACROSS else "lrn_diff_within"
-        backend.kernel(KERNELS, name, self.dtype, "iPPPPiiiiffP")(
-            count, count, bottom[0].gpu_data(), top[0].gpu_data(), top[0].gpu_diff(), self.scale.gpu_data(),
+        backend.kernel(KERNELS, name, self.dtype)(
+            count, bottom[0].gpu_data(), top[0].gpu_data(), top[0].gpu_diff(), self.scale.gpu_data(),
             C, H, W, self.size, -self.beta, 2.0 * self.alpha * self.beta / n, bottom[0].mutable_gpu_diff(),
         )

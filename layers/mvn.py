@@ -79,7 +79,7 @@ class MVNLayer(Layer):
         mean = self._rows_a.mutable_gpu_data()
         self._row_sums(bottom[0].gpu_data(), 1.0 / dim, mean)
         y = top[0].mutable_gpu_data()
-        backend.kernel(KERNELS, "mvn_sub_row", dt, "iiPPP")(n, n, dim, bottom[0].gpu_data(), mean, y)
+        backend.kernel(KERNELS, "mvn_sub_row", dt)(n, dim, bottom[0].gpu_data(), mean, y)
         if not self.normalize_variance:
             return
         tmp = self._tmp.mutable_gpu_data()
@@ -88,7 +88,7 @@ class MVNLayer(Layer):
         self._row_sums(tmp, 1.0 / dim, std)
         gm.sqrt(self.rows, std, std, dt)
         gm.add_scalar(self.rows, self.eps, std, dt)
-        backend.kernel(KERNELS, "mvn_div_row", dt, "iiPP")(n, n, dim, std, y)
+        backend.kernel(KERNELS, "mvn_div_row", dt)(n, dim, std, y)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -101,7 +101,7 @@ class MVNLayer(Layer):
         dx = bottom[0].mutable_gpu_diff()
         if not self.normalize_variance:
             self._row_sums(dy, 1.0 / dim, sum_dy)
-            backend.kernel(KERNELS, "mvn_sub_row", dt, "iiPPP")(n, n, dim, dy, sum_dy, dx)
+            backend.kernel(KERNELS, "mvn_sub_row", dt)(n, dim, dy, sum_dy, dx)
             return
         y = top[0].gpu_data()
         tmp = self._tmp.mutable_gpu_data()
@@ -109,5 +109,5 @@ class MVNLayer(Layer):
         sum_dyy = self._rows_b.mutable_gpu_data()
         self._row_sums(tmp, 1.0, sum_dyy)
         self._row_sums(dy, 1.0, sum_dy)
-        k = backend.kernel(KERNELS, "mvn_backward", dt, "iiPPPPPfP")
-        k(n, n, dim, dy, y, sum_dy, sum_dyy, self._std.gpu_data(), 1.0 / dim, dx)
+        k = backend.kernel(KERNELS, "mvn_backward", dt)
+        k(n, dim, dy, y, sum_dy, sum_dyy, self._std.gpu_data(), 1.0 / dim, dx)

@@ -39,32 +39,6 @@ __global__ void max_pool_forward(const int count, const Dtype* bottom, POOL_GEOM
   }
 }
 
-// One thread per bottom element: sums the diffs of the top windows that contain it and chose it.
-__global__ void max_pool_backward(const int count, const Dtype* top_diff, const int* mask,
-                                  POOL_GEOMETRY_ARGS, Dtype* bottom_diff) {
-  CUDA_KERNEL_LOOP(index, count) {
-    const int w = index % width;
-    const int h = (index / width) % height;
-    const int plane = index / (width * height);
-    // top windows whose (unclipped) span contains (h, w)
-    const int phstart = (h + pad_h < kernel_h) ? 0 : (h + pad_h - kernel_h) / stride_h + 1;
-    const int phend = min((h + pad_h) / stride_h + 1, pooled_h);
-    const int pwstart = (w + pad_w < kernel_w) ? 0 : (w + pad_w - kernel_w) / stride_w + 1;
-    const int pwend = min((w + pad_w) / stride_w + 1, pooled_w);
-    const int offset = plane * pooled_h * pooled_w;
-    const int target = h * width + w;
-    Dtype grad = 0;
-    for (int ph = phstart; ph < phend; ++ph) {
-      for (int pw = pwstart; pw < pwend; ++pw) {
-        if (mask[offset + ph * pooled_w + pw] == target) {
-          grad += top_diff[offset + ph * pooled_w + pw];
-        }
-      }
-    }
-    bottom_diff[index] = grad;
-  }
-}
-
 // Caffe's AVE divisor: the window area clipped to the padded image (positive when the window
 // holds input; ave_pool_forward writes 0 for a window that holds none instead of dividing).
 __device__ int ave_pool_size(const int ph, const int pw, POOL_GEOMETRY_ARGS) {
@@ -97,27 +71,66 @@ __global__ void ave_pool_forward(const int count, const Dtype* bottom, POOL_GEOM
   }
 }
 
-// One thread per bottom element: sums top_diff / pool_size over the windows that contain it.
-__global__ void ave_pool_backward(const int count, const Dtype* top_diff, POOL_GEOMETRY_ARGS,
-                                  Dtype* bottom_diff) {
-  CUDA_KERNEL_LOOP(index, count) {
-    const int w = index % width;
-    const int h = (index / width) % height;
-    const int plane = index / (width * height);
-    const int phstart = (h + pad_h < kernel_h) ? 0 : (h + pad_h - kernel_h) / stride_h + 1;
-    const int phend = min((h + pad_h) / stride_h + 1, pooled_h);
-    const int pwstart = (w + pad_w < kernel_w) ? 0 : (w + pad_w - kernel_w) / stride_w + 1;
-    const int pwend = min((w + pad_w) / stride_w + 1, pooled_w);
-    const Dtype* dy = top_diff + plane * pooled_h * pooled_w;
+// Backward: a gather, one thread per bottom element (h, w) and plane; no atomics. Launched on
+// grid (ceil(width / POOL_TILE_W), ceil(height / POOL_TILE_H), min(planes, 65535)) with block
+// (POOL_TILE_W, POOL_TILE_H): the top-window ranges of the tile's rows and columns are computed once
+// per block (the only integer divisions) and the block loops over planes, so writes are coalesced
+// rows and the window reads hit the cache.
+#define POOL_TILE_W 32
+#define POOL_TILE_H 8
+
+extern "C++" {
+template <bool MAX>
+__device__ void pool_backward(const int planes, const Dtype* top_diff, const int* mask,
+                              POOL_GEOMETRY_ARGS, Dtype* bottom_diff) {
+  __shared__ int ph_range[2][POOL_TILE_H], pw_range[2][POOL_TILE_W];
+  const int w = blockIdx.x * POOL_TILE_W + threadIdx.x;
+  const int h = blockIdx.y * POOL_TILE_H + threadIdx.y;
+  // top windows whose (unclipped) span contains the row / column
+  if (threadIdx.y == 0) {
+    pw_range[0][threadIdx.x] = (w + pad_w < kernel_w) ? 0 : (w + pad_w - kernel_w) / stride_w + 1;
+    pw_range[1][threadIdx.x] = min((w + pad_w) / stride_w + 1, pooled_w);
+  }
+  if (threadIdx.x == 0) {
+    ph_range[0][threadIdx.y] = (h + pad_h < kernel_h) ? 0 : (h + pad_h - kernel_h) / stride_h + 1;
+    ph_range[1][threadIdx.y] = min((h + pad_h) / stride_h + 1, pooled_h);
+  }
+  __syncthreads();
+  if (h >= height || w >= width) return;
+  const int phstart = ph_range[0][threadIdx.y], phend = ph_range[1][threadIdx.y];
+  const int pwstart = pw_range[0][threadIdx.x], pwend = pw_range[1][threadIdx.x];
+  const int target = h * width + w;
+  for (int plane = blockIdx.z; plane < planes; plane += gridDim.z) {
+    const int offset = plane * pooled_h * pooled_w;
     Dtype grad = 0;
     for (int ph = phstart; ph < phend; ++ph) {
       for (int pw = pwstart; pw < pwend; ++pw) {
-        grad += dy[ph * pooled_w + pw] / ave_pool_size(ph, pw, height, width, pooled_h, pooled_w,
-                                                       kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w);
+        const int t = offset + ph * pooled_w + pw;
+        if (MAX) {
+          if (mask[t] == target) grad += top_diff[t];
+        } else {
+          grad += top_diff[t] / ave_pool_size(ph, pw, height, width, pooled_h, pooled_w, kernel_h,
+                                              kernel_w, stride_h, stride_w, pad_h, pad_w);
+        }
       }
     }
-    bottom_diff[index] = grad;
+    bottom_diff[plane * height * width + target] = grad;
   }
+}
+}  // extern "C++"
+
+// Sums the diffs of the top windows that contain the element and chose it (mask).
+__global__ void max_pool_backward(const int planes, const Dtype* top_diff, const int* mask,
+                                  POOL_GEOMETRY_ARGS, Dtype* bottom_diff) {
+  pool_backward<true>(planes, top_diff, mask, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
+                      stride_h, stride_w, pad_h, pad_w, bottom_diff);
+}
+
+// Sums top_diff / pool_size over the windows that contain the element.
+__global__ void ave_pool_backward(const int planes, const Dtype* top_diff, POOL_GEOMETRY_ARGS,
+                                  Dtype* bottom_diff) {
+  pool_backward<false>(planes, top_diff, nullptr, height, width, pooled_h, pooled_w, kernel_h,
+                       kernel_w, stride_h, stride_w, pad_h, pad_w, bottom_diff);
 }
 
 // The MAX mask as a Dtype top blob (Caffe's optional second top).

@@ -12,7 +12,9 @@ CPU: loops over the ``kh*kw`` kernel offsets, each a strided slice of the padded
 the slices into one contiguous (kh*kw, N, C, PH, PW) stack and finds each window's first maximum
 with whole-array reductions; backward routes each top diff to that offset's slice (assigned when
 windows are disjoint, accumulated when they overlap). GPU: one thread per top element forward,
-one per bottom element backward (a gather, no atomics).
+one per bottom element backward (a gather in one pass, no atomics, in 32x8 tiles whose window
+ranges are computed once per block); the MAX argmax kept from forward to backward lives in an
+internal blob.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.proto import caffe_pb2
@@ -28,6 +31,7 @@ from pycaffe_lite.proto import caffe_pb2
 KERNELS = Path(__file__).with_suffix(".cu")
 PP = caffe_pb2.PoolingParameter
 LOWEST = -np.finfo(np.float32).max  # Caffe's -FLT_MAX, for float and double alike
+_TILE = (32, 8)  # backward thread block: POOL_TILE_W x POOL_TILE_H of pooling.cu
 
 
 def pooled_size(size: int, kernel: int, pad: int, stride: int, ceil_mode: bool, any_pad: bool) -> int:
@@ -54,6 +58,7 @@ class PoolingLayer(Layer):
     def layer_setup(self, bottom, top):
         p = self.layer_param.pooling_param
         self.method = p.pool
+        self._argmax = Blob(dtype=np.float32)  # GPU MAX: int32 plane index per top element (raw bits)
         if self.method == PP.STOCHASTIC:
             raise self.error("STOCHASTIC pooling is not supported (use MAX or AVE)")
         if len(top) > 1 and self.method != PP.MAX:
@@ -231,34 +236,35 @@ class PoolingLayer(Layer):
             bottom[0].mutable_cpu_diff()[...] = dxp[:, :, ph:ph + h, pw:pw + w]
 
     # -- GPU --------------------------------------------------------------------------------
+    def _k(self, name: str) -> backend.Kernel:
+        return backend.kernel(KERNELS, name, self.dtype)
+
     def _geometry(self) -> tuple[int, ...]:
         return (*self.in_hw, *self.pooled, *self.kernel, *self.stride, *self.pad)
 
     def forward_gpu(self, bottom, top):
-        dt, count = self.dtype, top[0].count
+        count = top[0].count
         if self.method == PP.MAX:
-            if getattr(self, "_gpu_mask", None) is None or self._gpu_mask[0] < count:
-                self._gpu_mask = (count, backend.alloc(max(count, 1) * 4))
-            mask = int(self._gpu_mask[1])
-            k = backend.kernel(KERNELS, "max_pool_forward", dt, "iP" + "i" * 10 + "PP")
-            k(count, count, bottom[0].gpu_data(), *self._geometry(), top[0].mutable_gpu_data(), mask)
-            self._gpu_mask_shape = top[0].shape
+            self._argmax.reshape(top[0].shape)
+            mask = self._argmax.mutable_gpu_data()
+            self._k("max_pool_forward")(count, bottom[0].gpu_data(), *self._geometry(), top[0].mutable_gpu_data(), mask)
+            self._argmax_shape = top[0].shape
             if len(top) > 1:
-                backend.kernel(KERNELS, "pool_mask_to_dtype", dt, "iPP")(count, count, mask, top[1].mutable_gpu_data())
+                self._k("pool_mask_to_dtype")(count, mask, top[1].mutable_gpu_data())
         else:
-            k = backend.kernel(KERNELS, "ave_pool_forward", dt, "iP" + "i" * 10 + "P")
-            k(count, count, bottom[0].gpu_data(), *self._geometry(), top[0].mutable_gpu_data())
+            self._k("ave_pool_forward")(count, bottom[0].gpu_data(), *self._geometry(), top[0].mutable_gpu_data())
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
+        if not propagate_down[0] or bottom[0].count == 0:
             return
-        dt, count = self.dtype, bottom[0].count
+        n, c, h, w = bottom[0].shape
+        planes = n * c
+        launch = {"grid": (-(-w // _TILE[0]), -(-h // _TILE[1]), min(planes, 65535)), "block": (*_TILE, 1)}
         if self.method == PP.MAX:
-            if getattr(self, "_gpu_mask_shape", None) != top[0].shape:
+            if getattr(self, "_argmax_shape", None) != top[0].shape:
                 raise self.error("MAX pooling backward_gpu needs a forward_gpu on the same shapes first")
-            k = backend.kernel(KERNELS, "max_pool_backward", dt, "iPP" + "i" * 10 + "P")
-            k(count, count, top[0].gpu_diff(), int(self._gpu_mask[1]), *self._geometry(),
-              bottom[0].mutable_gpu_diff())
+            self._k("max_pool_backward")(planes, top[0].gpu_diff(), self._argmax.gpu_data(), *self._geometry(),
+                                         bottom[0].mutable_gpu_diff(), **launch)
         else:
-            k = backend.kernel(KERNELS, "ave_pool_backward", dt, "iP" + "i" * 10 + "P")
-            k(count, count, top[0].gpu_diff(), *self._geometry(), bottom[0].mutable_gpu_diff())
+            self._k("ave_pool_backward")(planes, top[0].gpu_diff(), *self._geometry(), bottom[0].mutable_gpu_diff(),
+                                         **launch)

@@ -92,6 +92,6 @@ class ReductionLayer(Layer):
         if not propagate_down[0]:
             return
         n = bottom[0].count
-        k = backend.kernel(KERNELS, "reduction_backward", self.dtype, "iiifPPP")
-        k(n, n, self.dim, int(self.op), self.coeff, bottom[0].gpu_data(), top[0].gpu_diff(),
+        k = backend.kernel(KERNELS, "reduction_backward", self.dtype)
+        k(n, self.dim, int(self.op), self.coeff, bottom[0].gpu_data(), top[0].gpu_diff(),
           bottom[0].mutable_gpu_diff())

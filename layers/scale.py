@@ -9,33 +9,25 @@ Params: ``[s, b]``, ``[s]``, ``[b]`` (scale from bottom 1) or none.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pycaffe_lite import fillers
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import register_layer
 from pycaffe_lite.proto import caffe_pb2
 
-from .bias import broadcast_dims, channel_sum, param_shape
-
-KERNELS = Path(__file__).with_suffix(".cu")
+from .bias import BiasLayer
 
 
 @register_layer("Scale")
-class ScaleLayer(Layer):
-    min_bottom_blobs = 1
-    max_bottom_blobs = 2
-    exact_num_top_blobs = 1
+class ScaleLayer(BiasLayer):
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.scale_param
         scale_is_param = len(bottom) == 1
         if scale_is_param:
-            shape = param_shape(self, bottom[0], p.axis, p.num_axes)
+            shape = self._param_shape(bottom[0], p.axis, p.num_axes)
         else:
-            shape = param_shape(self, bottom[0], p.axis, bottom[1].num_axes)
+            shape = self._param_shape(bottom[0], p.axis, bottom[1].num_axes)
         expected = [shape] * (int(scale_is_param) + int(p.bias_term))
         self.bias_index = int(scale_is_param) if p.bias_term else None
         if self.blobs:
@@ -59,8 +51,8 @@ class ScaleLayer(Layer):
         return bottom[1] if len(bottom) > 1 else self.blobs[0]
 
     def reshape(self, bottom, top):
-        self.outer, self.dim, self.inner = broadcast_dims(
-            self, bottom[0], self._scale(bottom), self.layer_param.scale_param.axis
+        self.outer, self.dim, self.inner = self._broadcast_dims(
+            bottom[0], self._scale(bottom), self.layer_param.scale_param.axis
         )
         self.in_place = bottom[0] is top[0]
         if self.in_place:  # the input is needed for the scale gradient but gets overwritten
@@ -69,11 +61,6 @@ class ScaleLayer(Layer):
             self._saved.reshape(bottom[0].shape)
         else:
             top[0].reshape(bottom[0].shape)
-        if not hasattr(self, "_product"):
-            self._product = Blob(dtype=self.dtype)
-
-    def _view(self, a):
-        return a.reshape(self.outer, self.dim, self.inner)
 
     def _input(self, bottom) -> Blob:
         return self._saved if self.in_place else bottom[0]
@@ -117,30 +104,24 @@ class ScaleLayer(Layer):
         n, dt = bottom[0].count, self.dtype
         if self.in_place:
             gm.copy(n, bottom[0].gpu_data(), self._saved.mutable_gpu_data(), dt)
-        x = self._input(bottom).gpu_data()
-        s = self._scale(bottom).gpu_data()
-        if self.bias_index is not None:
-            k = backend.kernel(KERNELS, "scale_bias_forward", dt, "iiiPPPP")
-            k(n, n, self.dim, self.inner, x, s, self.blobs[self.bias_index].gpu_data(), top[0].mutable_gpu_data())
-        else:
-            k = backend.kernel(KERNELS, "scale_forward", dt, "iiiPPP")
-            k(n, n, self.dim, self.inner, x, s, top[0].mutable_gpu_data())
+        b = self.blobs[self.bias_index].gpu_data() if self.bias_index is not None else None
+        gm.channel_affine(self.outer, self.dim, self.inner, self._input(bottom).gpu_data(),
+                          self._scale(bottom).gpu_data(), b, top[0].mutable_gpu_data(), dt)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        n, dt = top[0].count, self.dtype
-        dy = top[0].gpu_diff()
-        bi = self.bias_index
-        if bi is not None and self.param_propagate_down[bi]:
-            channel_sum(self.outer, self.dim, self.inner, dy, self.blobs[bi].mutable_gpu_diff(), dt, True)
+        """One pass over dy and x: the scale gradient Σ dy·x, the bias gradient Σ dy, and dx = dy·s."""
+        dt, dy, bi = self.dtype, top[0].gpu_diff(), self.bias_index
         scale = self._scale(bottom)
+        want_bias = bi is not None and self.param_propagate_down[bi]
+        bias_diff = self.blobs[bi].mutable_gpu_diff() if want_bias else None
         want, accumulate = self._scale_grad_wanted(bottom, propagate_down)
+        dims = (self.outer, self.dim, self.inner)
         if want:
-            self._product.reshape(top[0].shape)
-            prod = self._product.mutable_gpu_data()
-            gm.mul(n, dy, self._input(bottom).gpu_data(), prod, dt)
-            channel_sum(self.outer, self.dim, self.inner, prod, scale.mutable_gpu_diff(), dt, accumulate)
+            fused = {"q": scale.gpu_data(), "y": bottom[0].mutable_gpu_diff()} if propagate_down[0] else {}
+            gm.channel_dot(*dims, dy, self._input(bottom).gpu_data(), dt, sum_a=bias_diff,
+                           dot=scale.mutable_gpu_diff(), beta_sum=1.0, beta_dot=float(accumulate), **fused)
+            return
+        if want_bias:
+            gm.channel_sum(*dims, dy, bias_diff, dt, beta=1.0)
         if propagate_down[0]:
-            k = backend.kernel(KERNELS, "scale_forward", dt, "iiiPPP")
-            k(n, n, self.dim, self.inner, dy, scale.gpu_data(), bottom[0].mutable_gpu_diff())
-
-
+            gm.channel_affine(*dims, dy, scale.gpu_data(), None, bottom[0].mutable_gpu_diff(), dt)

@@ -6,12 +6,8 @@ into len(top) equal parts (it must divide). Backward concatenates the top diffs.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
-
-KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("Slice")
@@ -80,14 +76,14 @@ class SliceLayer(Layer):
             dx[:, start:start + s] = t.cpu_diff().reshape(self.outer, s, self.inner)
 
     def _copy_gpu(self, top, bottom_ptr: int, forward: bool) -> None:
-        dim = sum(self.sizes)
-        k = backend.kernel(KERNELS, "slice_copy", self.dtype, "iiiiiiPP")
+        """One row-block copy per top between it and its column slice of the bottom rows."""
+        bottom_cols = sum(self.sizes) * self.inner
         for t, (start, s) in zip(top, self._bounds()):
-            n = t.count
-            if n == 0:
-                continue
-            tptr = t.mutable_gpu_data() if forward else t.gpu_diff()
-            k(n, n, self.inner, dim, s, start, int(forward), bottom_ptr, tptr)
+            cols, part = s * self.inner, bottom_ptr + start * self.inner * self.dtype.itemsize
+            if forward:
+                gm.copy_rows(self.outer, cols, part, bottom_cols, t.mutable_gpu_data(), cols, self.dtype)
+            else:
+                gm.copy_rows(self.outer, cols, t.gpu_diff(), cols, part, bottom_cols, self.dtype)
 
     def forward_gpu(self, bottom, top):
         self._copy_gpu(top, bottom[0].gpu_data(), True)

@@ -4,7 +4,6 @@ the top diffs into the bottom diff. The Net inserts these automatically for blob
 
 from __future__ import annotations
 
-from pycaffe_lite.gpu import blas
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
 
@@ -35,13 +34,6 @@ class SplitLayer(Layer):
         bottom[0].mutable_cpu_diff()[...] = total
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        n, dt = bottom[0].count, self.dtype
-        dx = bottom[0].mutable_gpu_diff()
-        if len(top) == 1:
-            gm.copy(n, top[0].gpu_diff(), dx, dt)
-            return
-        gm.add(n, top[0].gpu_diff(), top[1].gpu_diff(), dx, dt)
-        for t in top[2:]:
-            blas.axpy(n, 1.0, t.gpu_diff(), dx, dt)
+        if propagate_down[0]:
+            gm.weighted_sum(bottom[0].count, [t.gpu_diff() for t in top], [1.0] * len(top),
+                            bottom[0].mutable_gpu_diff(), self.dtype)

@@ -128,11 +128,7 @@ class SPPLayer(Layer):
             self.pools[0].backward_gpu(top, propagate_down, bottom)
             return
         self.concat.backward_gpu(top, [True] * self.height, self.flat)
-        n, dt = bottom[0].count, self.dtype
-        dx = bottom[0].mutable_gpu_diff()
         for i, pool in enumerate(self.pools):
             pool.backward_gpu([self.pooled[i]], [True], [self.split[i]])
-            if i == 0:
-                gm.copy(n, self.split[0].gpu_diff(), dx, dt)
-            else:
-                gm.add(n, dx, self.split[i].gpu_diff(), dx, dt)
+        gm.weighted_sum(bottom[0].count, [s.gpu_diff() for s in self.split], [1.0] * self.height,
+                        bottom[0].mutable_gpu_diff(), self.dtype)

@@ -50,12 +50,12 @@ class TileLayer(Layer):
 
     def forward_gpu(self, bottom, top):
         n = top[0].count
-        k = backend.kernel(KERNELS, "tile_forward", self.dtype, "iiiPP")
-        k(n, n, self.inner, self.tiles, bottom[0].gpu_data(), top[0].mutable_gpu_data())
+        k = backend.kernel(KERNELS, "tile_forward", self.dtype)
+        k(n, self.inner, self.tiles, bottom[0].gpu_data(), top[0].mutable_gpu_data())
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
         n = bottom[0].count
-        k = backend.kernel(KERNELS, "tile_backward", self.dtype, "iiiPP")
-        k(n, n, self.inner, self.tiles, top[0].gpu_diff(), bottom[0].mutable_gpu_diff())
+        k = backend.kernel(KERNELS, "tile_backward", self.dtype)
+        k(n, self.inner, self.tiles, top[0].gpu_diff(), bottom[0].mutable_gpu_diff())

@@ -33,10 +33,12 @@ from .solver import Solver, load_solver_param
 KERNELS = Path(__file__).with_name("solver_updates.cu")
 
 
-def _kernel(name: str, dtype, argtypes: str):
+def _update_gpu(name: str, blob, history, *args) -> None:
+    """Launch update kernel ``name(count, w, g, *history, *args)`` over ``blob``'s data and diff."""
     from .gpu import backend
 
-    return backend.kernel(KERNELS, name, dtype, argtypes)
+    backend.kernel(KERNELS, name, blob.dtype)(blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(),
+                                              *(h.mutable_gpu_data() for h in history), *args)
 
 
 class SGDSolver(Solver):
@@ -52,11 +54,8 @@ class SGDSolver(Solver):
         diff[...] = h
 
     def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
-        (h,) = self.history_views(param_id)
-        _kernel("sgd_update", self.dtype, "iPPPffifPf")(
-            blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), h.mutable_gpu_data(),
-            scale, decay, reg, self.param.momentum, rate_ptr, lr_mult,
-        )
+        _update_gpu("sgd_update", blob, self.history_views(param_id),
+                    scale, decay, reg, self.param.momentum, rate_ptr, lr_mult)
 
 
 class NesterovSolver(Solver):
@@ -73,11 +72,8 @@ class NesterovSolver(Solver):
         diff[...] = (self.dtype.type(1) + momentum) * h - momentum * old
 
     def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
-        (h,) = self.history_views(param_id)
-        _kernel("nesterov_update", self.dtype, "iPPPffifPf")(
-            blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), h.mutable_gpu_data(),
-            scale, decay, reg, self.param.momentum, rate_ptr, lr_mult,
-        )
+        _update_gpu("nesterov_update", blob, self.history_views(param_id),
+                    scale, decay, reg, self.param.momentum, rate_ptr, lr_mult)
 
 
 class AdaGradSolver(Solver):
@@ -95,11 +91,8 @@ class AdaGradSolver(Solver):
         diff[...] = local_rate * (diff / (np.sqrt(h) + self.dtype.type(self.param.delta)))
 
     def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
-        (h,) = self.history_views(param_id)
-        _kernel("adagrad_update", self.dtype, "iPPPffifPf")(
-            blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), h.mutable_gpu_data(),
-            scale, decay, reg, self.param.delta, rate_ptr, lr_mult,
-        )
+        _update_gpu("adagrad_update", blob, self.history_views(param_id),
+                    scale, decay, reg, self.param.delta, rate_ptr, lr_mult)
 
 
 class RMSPropSolver(Solver):
@@ -121,11 +114,8 @@ class RMSPropSolver(Solver):
         diff[...] = local_rate * (diff / (np.sqrt(h) + self.dtype.type(self.param.delta)))
 
     def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
-        (h,) = self.history_views(param_id)
-        _kernel("rmsprop_update", self.dtype, "iPPPffiffPf")(
-            blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), h.mutable_gpu_data(),
-            scale, decay, reg, self.param.rms_decay, self.param.delta, rate_ptr, lr_mult,
-        )
+        _update_gpu("rmsprop_update", blob, self.history_views(param_id),
+                    scale, decay, reg, self.param.rms_decay, self.param.delta, rate_ptr, lr_mult)
 
 
 class AdaDeltaSolver(Solver):
@@ -147,11 +137,8 @@ class AdaDeltaSolver(Solver):
         diff *= local_rate
 
     def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
-        h, h2 = self.history_views(param_id)
-        _kernel("adadelta_update", self.dtype, "iPPPPffiffPf")(
-            blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), h.mutable_gpu_data(),
-            h2.mutable_gpu_data(), scale, decay, reg, self.param.momentum, self.param.delta, rate_ptr, lr_mult,
-        )
+        _update_gpu("adadelta_update", blob, self.history_views(param_id),
+                    scale, decay, reg, self.param.momentum, self.param.delta, rate_ptr, lr_mult)
 
 
 class AdamSolver(Solver):
@@ -181,12 +168,8 @@ class AdamSolver(Solver):
         diff[...] = rate * (m / (np.sqrt(v) + self.dtype.type(self.param.delta)))
 
     def update_gpu(self, param_id, blob, rate_ptr, lr_mult, scale, decay, reg) -> None:
-        m, v = self.history_views(param_id)
-        _kernel("adam_update", self.dtype, "iPPPPffifffPf")(
-            blob.count, blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(), m.mutable_gpu_data(),
-            v.mutable_gpu_data(), scale, decay, reg, self.param.momentum, self.param.momentum2,
-            self.param.delta, rate_ptr, lr_mult,
-        )
+        _update_gpu("adam_update", blob, self.history_views(param_id),
+                    scale, decay, reg, self.param.momentum, self.param.momentum2, self.param.delta, rate_ptr, lr_mult)
 
 
 SOLVERS: dict[str, type[Solver]] = {

@@ -1,74 +1,207 @@
-// Shared element-wise kernels (Caffe's math_functions.cu role). Dtype/CUDA_KERNEL_LOOP: prelude.
+// Shared kernels that are more than one statement (math_functions.py generates the one-statement
+// element-wise ones): per-channel affine maps and sums of several inputs, vectorized by W
+// (vec.cuh), and per-channel reductions over an (outer, dim, inner) view. Dtype: the prelude.
+#include "vec.cuh"
 
-__global__ void set_kernel(const int n, const Dtype v, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = v; }
-}
-__global__ void add_scalar_kernel(const int n, const Dtype v, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] += v; }
-}
-__global__ void add_kernel(const int n, const Dtype* a, const Dtype* b, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = a[i] + b[i]; }
-}
-__global__ void sub_kernel(const int n, const Dtype* a, const Dtype* b, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = a[i] - b[i]; }
-}
-__global__ void mul_kernel(const int n, const Dtype* a, const Dtype* b, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = a[i] * b[i]; }
-}
-__global__ void div_kernel(const int n, const Dtype* a, const Dtype* b, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = a[i] / b[i]; }
-}
-__global__ void scale_kernel(const int n, const Dtype alpha, const Dtype* x, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = alpha * x[i]; }
-}
-__global__ void axpby_kernel(const int n, const Dtype alpha, const Dtype* x, const Dtype beta,
-                             Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = alpha * x[i] + beta * y[i]; }
-}
-__global__ void powx_kernel(const int n, const Dtype* a, const Dtype alpha, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = pow(a[i], alpha); }
-}
-__global__ void exp_kernel(const int n, const Dtype* a, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = exp(a[i]); }
-}
-__global__ void log_kernel(const int n, const Dtype* a, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = log(a[i]); }
-}
-__global__ void abs_kernel(const int n, const Dtype* a, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = fabs(a[i]); }
-}
-__global__ void sqrt_kernel(const int n, const Dtype* a, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = sqrt(a[i]); }
-}
-__global__ void sign_kernel(const int n, const Dtype* a, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = (Dtype(0) < a[i]) - (a[i] < Dtype(0)); }
-}
-// y(rows, cols) += bias[col]
-__global__ void add_bias_kernel(const int n, const int cols, const Dtype* bias, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] += bias[i % cols]; }
-}
-// y(num, channels, spatial) += bias[channel]
-__global__ void add_channel_bias_kernel(const int n, const int channels, const int spatial,
-                                        const Dtype* bias, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] += bias[(i / spatial) % channels]; }
-}
-// out[c] = beta * out[c] + sum over (num, spatial) of x(num, channels, spatial); one block per c.
-__global__ void channel_sum_kernel(const int num, const int channels, const int spatial,
-                                   const Dtype* x, const Dtype beta, Dtype* out) {
-  extern __shared__ unsigned char smem_raw[];
-  Dtype* buf = reinterpret_cast<Dtype*>(smem_raw);
-  const int c = blockIdx.x;
-  Dtype acc = 0;
-  const int per = num * spatial;
-  for (int j = threadIdx.x; j < per; j += blockDim.x) {
-    const int nn = j / spatial, s = j - nn * spatial;
-    acc += x[(nn * channels + c) * spatial + s];
+#define REDUCE_THREADS 256
+
+extern "C++" {
+// y = x * s[c] + b[c] (either term optional) over an (outer, dim, inner) view; x and y may alias.
+template <int W, bool HAS_S, bool HAS_B>
+__device__ void channel_affine(const int n, const int dim, const int inner, const Dtype* x,
+                               const Dtype* s, const Dtype* b, Dtype* y) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const int c = vchannel<W>(u, dim, inner);
+    const Dtype sc = HAS_S ? s[c] : Dtype(1), bc = HAS_B ? b[c] : Dtype(0);
+    Vec<W> v = vload<W>(x, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) v.v[j] = HAS_S ? v.v[j] * sc + bc : v.v[j] + bc;
+    vstore<W>(y, u, v);
   }
-  buf[threadIdx.x] = acc;
+}
+
+// y = sum over j < k (k <= 4) of c_j * a_j; y may alias any input.
+template <int W>
+__device__ void weighted_sum(const int n, const int k, const Dtype* a0, const Dtype* a1,
+                             const Dtype* a2, const Dtype* a3, const Dtype c0, const Dtype c1,
+                             const Dtype c2, const Dtype c3, Dtype* y) {
+  CUDA_KERNEL_LOOP(u, n) {
+    Vec<W> acc = vload<W>(a0, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) acc.v[j] *= c0;
+    const Dtype* in[3] = {a1, a2, a3};
+    const Dtype co[3] = {c1, c2, c3};
+#pragma unroll
+    for (int t = 0; t < 3; ++t) {
+      if (t + 1 < k) {
+        const Vec<W> v = vload<W>(in[t], u);
+#pragma unroll
+        for (int j = 0; j < W; ++j) acc.v[j] += co[t] * v.v[j];
+      }
+    }
+    vstore<W>(y, u, acc);
+  }
+}
+
+// dst[r * dst_stride + c] = src[r * src_stride + c] for u = r * cols + c < n (all in units of W).
+template <int W>
+__device__ void copy_rows(const int n, const int cols, const Dtype* src, const int src_stride,
+                          Dtype* dst, const int dst_stride) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const int r = u / cols, c = u - r * cols;
+    vstore<W>(dst, r * dst_stride + c, vload<W>(src, r * src_stride + c));
+  }
+}
+
+// Sum of two values over the block; the result is valid in thread 0. blockDim.x == REDUCE_THREADS.
+__device__ __forceinline__ void block_sum2(Dtype& s0, Dtype& s1) {
+  __shared__ Dtype buf[2][REDUCE_THREADS / 32];
+  for (int off = 16; off > 0; off >>= 1) {
+    s0 += __shfl_down_sync(0xffffffffu, s0, off);
+    s1 += __shfl_down_sync(0xffffffffu, s1, off);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    buf[0][warp] = s0;
+    buf[1][warp] = s1;
+  }
   __syncthreads();
-  for (int step = blockDim.x / 2; step > 0; step >>= 1) {
-    if (threadIdx.x < step) buf[threadIdx.x] += buf[threadIdx.x + step];
-    __syncthreads();
+  if (warp == 0) {
+    s0 = lane < REDUCE_THREADS / 32 ? buf[0][lane] : Dtype(0);
+    s1 = lane < REDUCE_THREADS / 32 ? buf[1][lane] : Dtype(0);
+    for (int off = 16; off > 0; off >>= 1) {
+      s0 += __shfl_down_sync(0xffffffffu, s0, off);
+      s1 += __shfl_down_sync(0xffffffffu, s1, off);
+    }
   }
-  if (threadIdx.x == 0) out[c] = (beta == Dtype(0) ? Dtype(0) : beta * out[c]) + buf[0];
+}
+
+enum ReduceOp { OP_SUM, OP_MOMENTS, OP_DOT, OP_DOT_SHIFT, OP_DOT_DX };
+
+// Partial per-channel sums over an (outer, dim, inner) view. Block blk handles channel
+// blk / chunks and the chunk blk % chunks of that channel's outer * inner elements; it writes
+// part[c * chunks + chunk] (first sum) and part[(dim + c) * chunks + chunk] (second sum):
+//   OP_SUM:       a
+//   OP_MOMENTS:   d and d * d with d = a - (the channel's first element a[c * inner])
+//   OP_DOT:       a and a * b
+//   OP_DOT_SHIFT: a and a * (b - shift[c])
+//   OP_DOT_DX:    a and a * b, and also writes y = a * q[c] (y may alias a)
+// Unused pointers may be anything non-null.
+template <int W, int OP>
+__device__ void channel_reduce(const int chunks, const int outer, const int dim, const int inner,
+                               const Dtype* a, const Dtype* b, const Dtype* shift,
+                               const Dtype* q, Dtype* y, Dtype* part) {
+  const int c = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
+  const int units = outer * (inner / W);  // of this channel
+  const int per = (units + chunks - 1) / chunks;
+  const int end = min(units, (chunk + 1) * per);
+  const Dtype k = OP == OP_MOMENTS ? a[c * inner] : OP == OP_DOT_SHIFT ? shift[c] : Dtype(0);
+  const Dtype qc = OP == OP_DOT_DX ? q[c] : Dtype(0);
+  Dtype s0 = 0, s1 = 0;
+  for (int u = chunk * per + threadIdx.x; u < end; u += blockDim.x) {
+    const int e = u * W, o = e / inner;
+    const int unit = ((o * dim + c) * inner + (e - o * inner)) / W;
+    Vec<W> va = vload<W>(a, unit);
+    Vec<W> vb;
+    if (OP >= OP_DOT) vb = vload<W>(b, unit);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      if (OP == OP_MOMENTS) {
+        const Dtype d = va.v[j] - k;
+        s0 += d;
+        s1 += d * d;
+      } else {
+        s0 += va.v[j];
+        if (OP >= OP_DOT) s1 += va.v[j] * (vb.v[j] - k);
+        if (OP == OP_DOT_DX) va.v[j] *= qc;
+      }
+    }
+    if (OP == OP_DOT_DX) vstore<W>(y, unit, va);
+  }
+  block_sum2(s0, s1);
+  if (threadIdx.x == 0) {
+    part[c * chunks + chunk] = s0;
+    part[(dim + c) * chunks + chunk] = s1;
+  }
+}
+}  // extern "C++"
+
+#define AFFINE(NAME, W, S, B)                                                              \
+  __global__ void NAME##_v##W(const int n, const int dim, const int inner, const Dtype* x, \
+                              const Dtype* s, const Dtype* b, Dtype* y) {                  \
+    channel_affine<W, S, B>(n, dim, inner, x, s, b, y);                                    \
+  }
+AFFINE(affine_s, 1, true, false)
+AFFINE(affine_s, 4, true, false)
+AFFINE(affine_b, 1, false, true)
+AFFINE(affine_b, 4, false, true)
+AFFINE(affine_sb, 1, true, true)
+AFFINE(affine_sb, 4, true, true)
+
+#define WSUM(W)                                                                              \
+  __global__ void weighted_sum_v##W(const int n, const int k, const Dtype* a0,               \
+                                    const Dtype* a1, const Dtype* a2, const Dtype* a3,       \
+                                    const Dtype c0, const Dtype c1, const Dtype c2,          \
+                                    const Dtype c3, Dtype* y) {                              \
+    weighted_sum<W>(n, k, a0, a1, a2, a3, c0, c1, c2, c3, y);                                \
+  }
+WSUM(1)
+WSUM(4)
+
+#define COPY_ROWS(W)                                                                           \
+  __global__ void copy_rows_v##W(const int n, const int cols, const Dtype* src,                \
+                                 const int src_stride, Dtype* dst, const int dst_stride) {     \
+    copy_rows<W>(n, cols, src, src_stride, dst, dst_stride);                                   \
+  }
+COPY_ROWS(1)
+COPY_ROWS(4)
+
+#define REDUCE(NAME, W, OP)                                                                  \
+  __global__ void __launch_bounds__(REDUCE_THREADS)                                          \
+  NAME##_v##W(const int chunks, const int outer, const int dim, const int inner,             \
+              const Dtype* a, const Dtype* b, const Dtype* shift, const Dtype* q, Dtype* y,  \
+              Dtype* part) {                                                                 \
+    channel_reduce<W, OP>(chunks, outer, dim, inner, a, b, shift, q, y, part);              \
+  }
+REDUCE(reduce_sum, 1, OP_SUM)
+REDUCE(reduce_sum, 4, OP_SUM)
+REDUCE(reduce_moments, 1, OP_MOMENTS)
+REDUCE(reduce_moments, 4, OP_MOMENTS)
+REDUCE(reduce_dot, 1, OP_DOT)
+REDUCE(reduce_dot, 4, OP_DOT)
+REDUCE(reduce_dot_shift, 1, OP_DOT_SHIFT)
+REDUCE(reduce_dot_shift, 4, OP_DOT_SHIFT)
+REDUCE(reduce_dot_dx, 1, OP_DOT_DX)
+REDUCE(reduce_dot_dx, 4, OP_DOT_DX)
+
+// Second level of channel_reduce: out0[c] = alpha * (first sum) + beta0 * out0[c] when which & 1,
+// out1[c] = alpha * (second sum) + beta1 * out1[c] when which & 2 (beta 0 never reads out).
+__global__ void reduce_finish(const int dim, const int chunks, const Dtype* part, const Dtype alpha,
+                              const int which, Dtype* out0, const Dtype beta0, Dtype* out1,
+                              const Dtype beta1) {
+  CUDA_KERNEL_LOOP(c, dim) {
+    Dtype s0 = 0, s1 = 0;
+    for (int k = 0; k < chunks; ++k) {
+      s0 += part[c * chunks + k];
+      s1 += part[(dim + c) * chunks + k];
+    }
+    if (which & 1) out0[c] = alpha * s0 + (beta0 == Dtype(0) ? Dtype(0) : beta0 * out0[c]);
+    if (which & 2) out1[c] = alpha * s1 + (beta1 == Dtype(0) ? Dtype(0) : beta1 * out1[c]);
+  }
+}
+
+// Second level of reduce_moments over m = outer * inner elements per channel: mean and biased
+// variance (shifted sums: mean = k + s0 / m, var = s1 / m - (s0 / m)^2).
+__global__ void moments_finish(const int dim, const int chunks, const int m, const int inner,
+                               const Dtype* x, const Dtype* part, Dtype* mean, Dtype* var) {
+  CUDA_KERNEL_LOOP(c, dim) {
+    Dtype s0 = 0, s1 = 0;
+    for (int k = 0; k < chunks; ++k) {
+      s0 += part[c * chunks + k];
+      s1 += part[(dim + c) * chunks + k];
+    }
+    const Dtype d = s0 / m;
+    mean[c] = x[c * inner] + d;
+    var[c] = max(s1 / m - d * d, Dtype(0));
+  }
 }

@@ -1,7 +1,16 @@
-"""Element-wise GPU helpers shared by layers and solvers (kernels in ``math_functions.cu``).
+"""GPU helpers shared by layers and solvers (Caffe's math_functions role).
 
-Every function takes ``n`` (element count), device pointers (ints) and ``dtype``; all run on the
-backend stream without synchronizing.
+Every function takes sizes, device pointers (ints) and ``dtype``; all queue work on the backend
+stream without synchronizing or reading device data, so they are safe inside CUDA graph capture.
+One-statement element-wise kernels are generated with :func:`backend.elementwise`; the per-channel
+affine maps, multi-input sums and per-channel reductions live in ``math_functions.cu``. The latter
+view a tensor as (outer, dim, inner) — for NCHW with channel statistics (N, C, H·W) — and use
+128-bit accesses (:func:`vec_width`) when ``inner`` and the pointers allow.
+
+Reductions run in two levels: a block per (channel, chunk) writes partial sums into
+:func:`backend.workspace`, then one thread per channel adds the chunks and applies the result.
+So ``channel_sum`` (when ``spatial > 1``), ``channel_dot`` and ``channel_moments`` invalidate
+workspace pointers a caller obtained earlier: ask for the workspace after calling them.
 """
 
 from __future__ import annotations
@@ -13,19 +22,30 @@ import numpy as np
 from . import backend, blas
 
 KERNELS = Path(__file__).with_name("math_functions.cu")
-REDUCE_THREADS = 256
+REDUCE_THREADS = 256  # must match REDUCE_THREADS in math_functions.cu
+# Reduction grids aim for this many blocks per multiprocessor (about four waves of 8 resident
+# 256-thread blocks: small enough blocks that the last wave's tail stays short), each at least
+# 4 units per thread.
+_BLOCKS_PER_SM = 32
 
 
-def _k(name: str, dtype, argtypes: str) -> backend.Kernel:
-    return backend.kernel(KERNELS, name, dtype, argtypes)
+def _ew(name: str, params: str, body: str, dtype) -> backend.Kernel:
+    return backend.elementwise(name, params, body, dtype)
 
 
+def vec_width(inner: int, dtype, *ptrs: int) -> int:
+    """4 when ``inner`` is a multiple of 4 and every pointer is 4-element aligned, else 1."""
+    align = 4 * np.dtype(dtype).itemsize
+    return 4 if inner % 4 == 0 and all(int(p) % align == 0 for p in ptrs) else 1
+
+
+# -- element-wise ---------------------------------------------------------------------------
 def set(n: int, value: float, y: int, dtype) -> None:  # noqa: A001 - Caffe's name
     """``y[:] = value``."""
     if value == 0:
         backend.memset_zero(y, n * np.dtype(dtype).itemsize)
     else:
-        _k("set_kernel", dtype, "ifP")(n, n, value, y)
+        _ew("set_kernel", "const Dtype v, Dtype* y", "y[i] = v", dtype)(n, value, y)
 
 
 def copy(n: int, x: int, y: int, dtype) -> None:
@@ -35,76 +55,166 @@ def copy(n: int, x: int, y: int, dtype) -> None:
 
 
 def add_scalar(n: int, value: float, y: int, dtype) -> None:
-    _k("add_scalar_kernel", dtype, "ifP")(n, n, value, y)
+    """``y += value``."""
+    _ew("add_scalar_kernel", "const Dtype v, Dtype* y", "y[i] += v", dtype)(n, value, y)
 
 
-def add(n: int, a: int, b: int, y: int, dtype) -> None:
-    _k("add_kernel", dtype, "iPPP")(n, n, a, b, y)
+def _binary(name: str, op: str):
+    def fn(n: int, a: int, b: int, y: int, dtype) -> None:
+        _ew(f"{name}_kernel", "const Dtype* a, const Dtype* b, Dtype* y", f"y[i] = a[i] {op} b[i]", dtype)(n, a, b, y)
+
+    fn.__name__ = name
+    fn.__doc__ = f"``y = a {op} b`` element-wise."
+    return fn
 
 
-def sub(n: int, a: int, b: int, y: int, dtype) -> None:
-    _k("sub_kernel", dtype, "iPPP")(n, n, a, b, y)
-
-
-def mul(n: int, a: int, b: int, y: int, dtype) -> None:
-    _k("mul_kernel", dtype, "iPPP")(n, n, a, b, y)
-
-
-def div(n: int, a: int, b: int, y: int, dtype) -> None:
-    _k("div_kernel", dtype, "iPPP")(n, n, a, b, y)
+add = _binary("add", "+")
+sub = _binary("sub", "-")
+mul = _binary("mul", "*")
+div = _binary("div", "/")
 
 
 def scale(n: int, alpha: float, x: int, y: int, dtype) -> None:
     """``y = alpha·x``."""
-    _k("scale_kernel", dtype, "ifPP")(n, n, alpha, x, y)
+    _ew("scale_kernel", "const Dtype alpha, const Dtype* x, Dtype* y", "y[i] = alpha * x[i]", dtype)(n, alpha, x, y)
 
 
 def axpby(n: int, alpha: float, x: int, beta: float, y: int, dtype) -> None:
     """``y = alpha·x + beta·y``."""
-    _k("axpby_kernel", dtype, "ifPfP")(n, n, alpha, x, beta, y)
+    _ew("axpby_kernel", "const Dtype alpha, const Dtype* x, const Dtype beta, Dtype* y",
+        "y[i] = alpha * x[i] + beta * y[i]", dtype)(n, alpha, x, beta, y)
 
 
 def powx(n: int, a: int, alpha: float, y: int, dtype) -> None:
-    _k("powx_kernel", dtype, "iPfP")(n, n, a, alpha, y)
+    """``y = a ** alpha``."""
+    _ew("powx_kernel", "const Dtype* a, const Dtype alpha, Dtype* y", "y[i] = pow(a[i], alpha)", dtype)(n, a, alpha, y)
 
 
-def _unary(name: str):
+def _unary(name: str, expr: str):
     def fn(n: int, a: int, y: int, dtype) -> None:
-        _k(f"{name}_kernel", dtype, "iPP")(n, n, a, y)
+        _ew(f"{name}_kernel", "const Dtype* a, Dtype* y", f"y[i] = {expr}", dtype)(n, a, y)
 
     fn.__name__ = name
     fn.__doc__ = f"``y = {name}(a)`` element-wise."
     return fn
 
 
-exp = _unary("exp")
-log = _unary("log")
-abs = _unary("abs")  # noqa: A001
-sqrt = _unary("sqrt")
-sign = _unary("sign")
+exp = _unary("exp", "exp(a[i])")
+log = _unary("log", "log(a[i])")
+abs = _unary("abs", "fabs(a[i])")  # noqa: A001
+sqrt = _unary("sqrt", "sqrt(a[i])")
+sign = _unary("sign", "(Dtype(0) < a[i]) - (a[i] < Dtype(0))")
+
+
+# -- per-channel maps and multi-input sums ---------------------------------------------------
+def channel_affine(outer: int, dim: int, inner: int, x: int, s: int | None, b: int | None, y: int, dtype) -> None:
+    """``y[o, c, i] = x[o, c, i]·s[c] + b[c]`` (``s``/``b`` None: omitted); ``x`` and ``y`` may alias."""
+    if s is None and b is None:
+        copy(outer * dim * inner, x, y, dtype)
+        return
+    w = vec_width(inner, dtype, x, y)
+    name = "affine_sb" if s is not None and b is not None else "affine_s" if s is not None else "affine_b"
+    backend.kernel(KERNELS, f"{name}_v{w}", dtype)(outer * dim * inner // w, dim, inner, x,
+                                                   s if s is not None else x, b if b is not None else x, y)
 
 
 def add_bias(rows: int, cols: int, bias: int, y: int, dtype) -> None:
     """``y(rows, cols) += bias[None, :]``."""
-    n = rows * cols
-    _k("add_bias_kernel", dtype, "iiPP")(n, n, cols, bias, y)
+    channel_affine(rows, cols, 1, y, None, bias, y, dtype)
 
 
 def add_channel_bias(num: int, channels: int, spatial: int, bias: int, y: int, dtype) -> None:
     """``y(num, channels, spatial) += bias[None, :, None]``."""
-    n = num * channels * spatial
-    _k("add_channel_bias_kernel", dtype, "iiiPP")(n, n, channels, spatial, bias, y)
+    channel_affine(num, channels, spatial, y, None, bias, y, dtype)
+
+
+def weighted_sum(n: int, xs: list[int], coeffs: list[float], y: int, dtype) -> None:
+    """``y = Σ_j coeffs[j]·xs[j]`` in one pass per four inputs (later passes add onto ``y``);
+    ``y`` may alias one of the first four inputs."""
+    w = vec_width(n, dtype, y, *xs)
+    k = backend.kernel(KERNELS, f"weighted_sum_v{w}", dtype)
+    xs, coeffs = list(xs), [float(c) for c in coeffs]
+    while xs:
+        group, xs = xs[:4], xs[4:]
+        cs, coeffs = coeffs[:4], coeffs[4:]
+        k(n // w, len(group), *(group + [group[0]] * (4 - len(group))), *(cs + [0.0] * (4 - len(cs))), y)
+        if xs:  # the partial sum so far becomes the first input of the next group
+            xs.insert(0, y)
+            coeffs.insert(0, 1.0)
+
+
+def copy_rows(rows: int, cols: int, src: int, src_stride: int, dst: int, dst_stride: int, dtype) -> None:
+    """``dst[r·dst_stride + c] = src[r·src_stride + c]`` for ``r < rows``, ``c < cols`` (elements):
+    a block of rows between two row-major matrices (Concat, Slice)."""
+    w = vec_width(cols, dtype, src, dst) if src_stride % 4 == 0 and dst_stride % 4 == 0 else 1
+    backend.kernel(KERNELS, f"copy_rows_v{w}", dtype)(rows * cols // w, cols // w, src, src_stride // w,
+                                                      dst, dst_stride // w)
+
+
+# -- per-channel reductions ------------------------------------------------------------------
+def _reduce(op: str, outer: int, dim: int, inner: int, a: int, dtype, b: int | None = None,
+            shift: int | None = None, q: int | None = None, y: int | None = None) -> tuple[int, int]:
+    """First level: partial sums into the workspace; returns (pointer, chunks per channel)."""
+    w = vec_width(inner, dtype, *(p for p in (a, b, y) if p is not None))
+    units = outer * inner // w
+    target = -(-_BLOCKS_PER_SM * backend.multiprocessor_count() // dim)
+    chunks = max(1, min(target, -(-units // (4 * REDUCE_THREADS))))
+    (part,) = backend.workspace(2 * dim * chunks * np.dtype(dtype).itemsize)
+    backend.kernel(KERNELS, f"reduce_{op}_v{w}", dtype)(
+        chunks, outer, dim, inner, a, b or a, shift or a, q or a, y or part, part,
+        grid=(chunks * dim, 1, 1), block=REDUCE_THREADS)
+    return part, chunks
+
+
+def _finish(dim: int, part: int, chunks: int, alpha: float, out0: int | None, beta0: float,
+            out1: int | None, beta1: float, dtype) -> None:
+    which = (out0 is not None) | 2 * (out1 is not None)
+    backend.kernel(KERNELS, "reduce_finish", dtype)(
+        dim, chunks, part, alpha, which, out0 or part, beta0, out1 or part, beta1)
 
 
 def channel_sum(num: int, channels: int, spatial: int, x: int, out: int, dtype, beta: float = 1.0) -> None:
     """``out[c] = beta·out[c] + Σ_{n,s} x[n, c, s]``."""
     if channels == 0:
         return
-    itemsize = np.dtype(dtype).itemsize
-    _k("channel_sum_kernel", dtype, "iiiPfP")(
-        0, num, channels, spatial, x, beta, out,
-        grid=(channels, 1, 1), block=REDUCE_THREADS, shared=REDUCE_THREADS * itemsize,
-    )
+    if spatial == 1 or num * spatial == 0:  # rows of a matrix: a GEMV reads them coalesced
+        sum_rows_into(num * spatial, channels, x, out, dtype, beta)
+        return
+    part, chunks = _reduce("sum", num, channels, spatial, x, dtype)
+    _finish(channels, part, chunks, 1.0, out, beta, None, 0.0, dtype)
+
+
+def channel_dot(outer: int, dim: int, inner: int, a: int, b: int, dtype, sum_a: int | None = None,
+                dot: int | None = None, alpha: float = 1.0, beta_sum: float = 0.0, beta_dot: float = 0.0,
+                shift: int | None = None, q: int | None = None, y: int | None = None) -> None:
+    """One pass over ``a`` and ``b`` (outer, dim, inner): ``sum_a[c] = alpha·Σ a + beta_sum·sum_a[c]``
+    and ``dot[c] = alpha·Σ a·(b - shift[c]) + beta_dot·dot[c]`` (each output optional; ``shift``
+    None: 0). With ``q`` and ``y`` the same pass also writes ``y = a·q[c]`` (``y`` may alias ``a``).
+    """
+    if (q is None) != (y is None) or (q is not None and shift is not None):
+        raise ValueError("channel_dot: give q and y together, and not with shift")
+    if dim == 0:
+        return
+    if outer * inner == 0:
+        for out, beta in ((sum_a, beta_sum), (dot, beta_dot)):
+            if out is not None:
+                scale(dim, beta, out, out, dtype)
+        return
+    op = "dot_dx" if q is not None else "dot_shift" if shift is not None else "dot"
+    part, chunks = _reduce(op, outer, dim, inner, a, dtype, b=b, shift=shift, q=q, y=y)
+    _finish(dim, part, chunks, alpha, sum_a, beta_sum, dot, beta_dot, dtype)
+
+
+def channel_moments(outer: int, dim: int, inner: int, x: int, mean: int, var: int, dtype) -> None:
+    """Per-channel mean and biased variance of ``x`` (outer, dim, inner) in one pass over ``x``."""
+    if dim == 0:
+        return
+    if outer * inner == 0:
+        set(dim, 0.0, mean, dtype)
+        set(dim, 0.0, var, dtype)
+        return
+    part, chunks = _reduce("moments", outer, dim, inner, x, dtype)
+    backend.kernel(KERNELS, "moments_finish", dtype)(dim, chunks, outer * inner, inner, x, part, mean, var)
 
 
 def sum_rows_into(rows: int, cols: int, x: int, y: int, dtype, beta: float = 1.0) -> None:

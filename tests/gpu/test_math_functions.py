@@ -183,3 +183,122 @@ def test_zero_sized_calls_do_nothing():
     gm.add(0, Y.ptr, Y.ptr, Y.ptr, np.float32)
     gm.channel_sum(0, 0, 3, Y.ptr, Y.ptr, np.float32)
     np.testing.assert_array_equal(Y.get(), np.arange(4, dtype=np.float32))
+
+
+# -- vectorized per-channel maps, multi-input sums, row copies ------------------------------------
+# Shapes (outer, dim, inner): 128-bit units (inner % 4 == 0), odd inner, one element, rows (inner 1).
+SHAPES = [(2, 3, 8), (3, 5, 7), (1, 1, 1), (4, 6, 1), (2, 3, 4097)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("terms", ["s", "b", "sb"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_channel_affine(dtype, shape, terms, in_place):
+    outer, dim, inner = shape
+    x, s, b = data(dtype, outer * dim * inner, 20), data(dtype, dim, 21), data(dtype, dim, 22)
+    X, S, B = Dev(x), Dev(s), Dev(b)
+    Y = X if in_place else Dev(np.zeros_like(x))
+    gm.channel_affine(outer, dim, inner, X.ptr, S.ptr if "s" in terms else None, B.ptr if "b" in terms else None,
+                      Y.ptr, dtype)
+    v = x.reshape(shape)
+    expected = (v * s[None, :, None] if "s" in terms else v) + (b[None, :, None] if "b" in terms else 0)
+    np.testing.assert_allclose(Y.get().reshape(shape), expected, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channel_affine_misaligned_pointer_falls_back_to_scalar(dtype):
+    x = data(dtype, 1 + 2 * 3 * 8, 23)
+    s = data(dtype, 3, 24)
+    X, S = Dev(x), Dev(s)
+    isz = np.dtype(dtype).itemsize
+    gm.channel_affine(2, 3, 8, X.ptr + isz, S.ptr, None, X.ptr + isz, dtype)  # one element off
+    out = X.get()
+    assert out[0] == x[0]
+    np.testing.assert_allclose(out[1:].reshape(2, 3, 8), x[1:].reshape(2, 3, 8) * s[None, :, None], **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 3, 8, N, 40000])
+@pytest.mark.parametrize("k", [1, 2, 4, 5, 9])
+def test_weighted_sum(dtype, n, k):
+    xs = [data(dtype, n, 30 + j) for j in range(k)]
+    coeffs = [0.5 * j - 1.25 for j in range(k)]
+    devs = [Dev(x) for x in xs]
+    Y = devs[0]  # the output aliases the first input
+    gm.weighted_sum(n, [d.ptr for d in devs], coeffs, Y.ptr, dtype)
+    expected = sum(c * x.astype(np.float64) for c, x in zip(coeffs, xs))
+    np.testing.assert_allclose(Y.get(), expected, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("rows", "cols", "src_stride", "dst_stride", "dst_off"),
+                         [(3, 8, 8, 24, 8), (3, 5, 5, 12, 7), (1, 1, 1, 1, 0), (4, 12, 16, 12, 0)])
+def test_copy_rows(dtype, rows, cols, src_stride, dst_stride, dst_off):
+    src = data(dtype, rows * src_stride, 40)
+    dst = data(dtype, dst_off + rows * dst_stride, 41)
+    S, D = Dev(src), Dev(dst)
+    isz = np.dtype(dtype).itemsize
+    gm.copy_rows(rows, cols, S.ptr, src_stride, D.ptr + dst_off * isz, dst_stride, dtype)
+    expected = dst.copy()
+    for r in range(rows):
+        expected[dst_off + r * dst_stride: dst_off + r * dst_stride + cols] = src[r * src_stride: r * src_stride + cols]
+    np.testing.assert_array_equal(D.get(), expected)
+
+
+# -- two-level per-channel reductions at odd and large sizes ----------------------------------------
+RSHAPES = [(1, 1, 1), (1, 3, 1), (3, 2, 5), (2, 3, 4), (5, 2, 1003), (16, 3, 12544), (2, 700, 9)]
+
+
+def _rtol(dtype):
+    return {"rtol": 2e-4, "atol": 2e-3} if dtype == np.float32 else {"rtol": 1e-11, "atol": 1e-10}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", RSHAPES)
+def test_channel_sum_odd_and_large(dtype, shape):
+    x = data(dtype, int(np.prod(shape)), 50).reshape(shape)
+    X, OUT = Dev(x), Dev(np.full(shape[1], np.nan, dtype))
+    gm.channel_sum(*shape, X.ptr, OUT.ptr, dtype, beta=0.0)
+    np.testing.assert_allclose(OUT.get(), x.astype(np.float64).sum(axis=(0, 2)), **_rtol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", RSHAPES)
+@pytest.mark.parametrize("variant", ["plain", "shift", "fused_dx"])
+def test_channel_dot(dtype, shape, variant):
+    outer, dim, inner = shape
+    a, b = data(dtype, outer * dim * inner, 51).reshape(shape), data(dtype, outer * dim * inner, 52).reshape(shape)
+    shift, q = data(dtype, dim, 53), data(dtype, dim, 54)
+    s0, d0 = data(dtype, dim, 55), data(dtype, dim, 56)
+    A, B, SH, Q, SUM, DOT = Dev(a), Dev(b), Dev(shift), Dev(q), Dev(s0), Dev(d0)
+    extra = {"shift": SH.ptr} if variant == "shift" else {"q": Q.ptr, "y": A.ptr} if variant == "fused_dx" else {}
+    gm.channel_dot(outer, dim, inner, A.ptr, B.ptr, dtype, sum_a=SUM.ptr, dot=DOT.ptr, alpha=0.5,
+                   beta_sum=1.0, beta_dot=-2.0, **extra)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if variant == "shift":
+        b64 = b64 - shift[None, :, None]
+    np.testing.assert_allclose(SUM.get(), 0.5 * a64.sum(axis=(0, 2)) + s0, **_rtol(dtype))
+    np.testing.assert_allclose(DOT.get(), 0.5 * (a64 * b64).sum(axis=(0, 2)) - 2.0 * d0, **_rtol(dtype))
+    if variant == "fused_dx":  # y = a * q[c], written over a
+        np.testing.assert_allclose(A.get(), a * q[None, :, None], **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channel_dot_single_output(dtype):
+    shape = (3, 4, 6)
+    a, b = data(dtype, 72, 57).reshape(shape), data(dtype, 72, 58).reshape(shape)
+    A, B, DOT = Dev(a), Dev(b), Dev(np.full(4, np.nan, dtype))
+    gm.channel_dot(*shape, A.ptr, B.ptr, dtype, dot=DOT.ptr)
+    np.testing.assert_allclose(DOT.get(), (a.astype(np.float64) * b).sum(axis=(0, 2)), **_rtol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", RSHAPES)
+def test_channel_moments(dtype, shape):
+    x = (data(dtype, int(np.prod(shape)), 59) * dtype(3) + dtype(20)).reshape(shape)  # mean far from 0
+    X, MEAN, VAR = Dev(x), Dev(np.zeros(shape[1], dtype)), Dev(np.zeros(shape[1], dtype))
+    gm.channel_moments(*shape, X.ptr, MEAN.ptr, VAR.ptr, dtype)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(MEAN.get(), x64.mean(axis=(0, 2)), **_rtol(dtype))
+    np.testing.assert_allclose(VAR.get(), x64.var(axis=(0, 2)), **_rtol(dtype))

@@ -128,21 +128,104 @@ def test_cpu_gpu_agree_batch(text):
     assert_cpu_gpu_agree(text, [X])
 
 
+def with_stats(text, mean, var, factor):
+    """Layer text with the running sums embedded as its param blobs."""
+    def blob(values):
+        return f"blobs {{ shape {{ dim: {len(values)} }} " + " ".join(f"data: {v}" for v in values) + " }"
+    return f"{text} {blob(mean)} {blob(var)} {blob([factor])}"
+
+
 @pytest.mark.gpu
-def test_cpu_gpu_agree_global():
-    results = []
-    for gpu in (False, True):
-        caffe.set_mode_gpu() if gpu else caffe.set_mode_cpu()
-        try:
-            layer = make_layer(GLOBAL)
-            bottom, top = blobs([X]), empty_blobs(1)
-            layer.setup(bottom, top)
-            set_stats(layer, [1.0, 2.0], [3.0, 0.5], 1.5)
-            layer.forward(bottom, top)
-            top[0].mutable_cpu_diff()[...] = np.arange(X.size).reshape(X.shape) / X.size
-            layer.backward(top, [True], bottom)
-            results.append((top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()))
-        finally:
-            caffe.set_mode_cpu()
-    for a, b in zip(*results):
-        np.testing.assert_allclose(b, a, rtol=1e-10)
+@pytest.mark.parametrize("factor", [1.5, 0.0])
+@pytest.mark.parametrize("x", [X, RNG.standard_normal((4, 2, 4, 6)) + 3], ids=["odd", "vec4"])
+def test_cpu_gpu_agree_global(factor, x):
+    assert_cpu_gpu_agree(with_stats(GLOBAL, [1.0, 2.0], [3.0, 0.5], factor), [x], rtol=1e-10, atol=1e-12)
+
+
+LARGE = RNG.standard_normal((8, 3, 40, 48)) * 3 + 5  # many reduction chunks; a mean far from 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("x", [X, LARGE, RNG.standard_normal((6, 4)), RNG.standard_normal((2, 3, 1, 1))],
+                         ids=["odd", "large", "2-axis", "1x1"])
+@pytest.mark.parametrize("text", [TRAIN, GLOBAL])
+def test_cpu_gpu_agree_shapes(dtype, x, text):
+    if text == GLOBAL:
+        c = x.shape[1]
+        text = with_stats(GLOBAL, np.linspace(-1, 1, c), np.linspace(0.5, 2, c), 2.0)
+    tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == np.float32 else {"rtol": 1e-8, "atol": 1e-10}
+    assert_cpu_gpu_agree(text, [x], dtype=dtype, **tol)
+
+
+ITER_TEXT = 'type: "BatchNorm" phase: TRAIN batch_norm_param { moving_average_fraction: 0.7 }'
+ITER_X = [RNG.standard_normal((4, 3, 4, 4)) * (i + 1) + i for i in range(4)]
+ITER_DY = [np.cos(np.arange(x.size) + i).reshape(x.shape) for i, x in enumerate(ITER_X)]
+
+
+def reference_iterations(layer):
+    """numpy: per TRAIN iteration over ITER_X/ITER_DY, (y, dx, [mean sum, variance sum, scale factor])."""
+    maf, eps = layer.maf, layer.eps  # as stored (float32)
+    s, run_mean, run_var, m = 0.0, np.zeros(3), np.zeros(3), 4 * 16
+    for x, dy in zip(ITER_X, ITER_DY):
+        mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+        std = np.sqrt(var + eps)[None, :, None, None]
+        y = (x - mean[None, :, None, None]) / std
+        dx = (dy - dy.mean(axis=(0, 2, 3), keepdims=True) - y * (dy * y).mean(axis=(0, 2, 3), keepdims=True)) / std
+        s, run_mean, run_var = maf * s + 1, mean + maf * run_mean, var * m / (m - 1) + maf * run_var
+        yield y, dx, [run_mean, run_var, np.array([s])]
+
+
+def check_iteration(layer, b, top, expected):
+    y, dx, stats = expected
+    np.testing.assert_allclose(top[0].cpu_data(), y, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(b.cpu_diff(), dx, rtol=1e-9, atol=1e-12)
+    for blob, want in zip(layer.blobs, stats):
+        np.testing.assert_allclose(blob.cpu_data(), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_running_average_over_iterations(mode, in_place):
+    """Several TRAIN iterations with changing inputs, on each device against numpy: outputs, input
+    gradients and Caffe's running sums (on the GPU these never leave the device)."""
+    layer = make_layer(ITER_TEXT)
+    (b,) = blobs([ITER_X[0]])
+    top = [b] if in_place else empty_blobs(1)
+    layer.setup([b], top)
+    for x, dy, expected in zip(ITER_X, ITER_DY, reference_iterations(layer)):
+        b.mutable_cpu_data()[...] = x
+        layer.forward([b], top)
+        top[0].mutable_cpu_diff()[...] = dy
+        layer.backward(top, [True], [b])
+        check_iteration(layer, b, top, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_place", [False, True])
+def test_train_pass_replays_in_cuda_graph(gpu_mode, in_place):
+    """Forward + backward captured once and replayed with new inputs: the statistics, the factor and
+    the running sums are device-side, so every replay matches numpy."""
+    from pycaffe_lite.gpu import cuda_graph
+
+    layer = make_layer(ITER_TEXT)
+    (b,) = blobs([ITER_X[0]])
+    top = [b] if in_place else empty_blobs(1)
+    layer.setup([b], top)
+    expected = reference_iterations(layer)
+    layer.forward([b], top)  # eager first: compiles, sizes the workspace and internal blobs
+    top[0].mutable_cpu_diff()[...] = ITER_DY[0]
+    layer.backward(top, [True], [b])
+    check_iteration(layer, b, top, next(expected))
+    with cuda_graph.capture() as graph:
+        layer.forward([b], top)
+        layer.backward(top, [True], [b])
+    for x, dy, want in zip(ITER_X[1:], ITER_DY[1:], expected):
+        b.mutable_cpu_data()[...] = x
+        b.gpu_data()
+        top[0].mutable_cpu_diff()[...] = dy
+        top[0].gpu_diff()
+        graph.launch()
+        for blob in [b, top[0], *layer.blobs]:  # the replay wrote these on the device
+            blob.mutable_gpu_data()
+            blob.mutable_gpu_diff()
+        check_iteration(layer, b, top, want)

@@ -82,6 +82,9 @@ def test_in_place(mode):
     ('type: "Bias" bias_param { filler { type: "gaussian" } }', [X]),
     ('type: "Bias" bias_param { axis: 0 num_axes: 0 filler { type: "gaussian" } }', [X]),
     ('type: "Bias" bias_param { axis: 1 }', [X, RNG.standard_normal((3, 4, 2))]),
+    ('type: "Bias" bias_param { filler { type: "gaussian" } }', [RNG.standard_normal((16, 3, 32, 36))]),
+    ('type: "Bias" bias_param { filler { type: "gaussian" } }', [RNG.standard_normal((5, 3, 7, 3))]),
+    ('type: "Bias" bias_param { axis: 0 num_axes: 2 }', [X, RNG.standard_normal((2, 3))]),
 ])
 def test_cpu_gpu_agree(text, arrays):
     assert_cpu_gpu_agree(text, arrays)

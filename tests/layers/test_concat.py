@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def _inputs(shapes, seed=0):
@@ -110,21 +109,15 @@ def test_reshape_follows_bottom_changes():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("param,shapes,axis", CASES)
+@pytest.mark.parametrize("param,shapes,axis", CASES + [
+    ("concat_param { axis: 1 }", [(3, 4, 2, 2), (3, 8, 2, 2), (3, 1, 2, 2)], 1),  # 128-bit rows, then not
+    ("concat_param { axis: 1 }", [(2, 3, 5), (2, 2, 5)], 1),
+])
 def test_cpu_gpu_agree(param, shapes, axis, dtype):
-    arrays = _inputs(shapes, 3)
-    results = []
-    for dev in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if dev == "gpu" else caffe.set_mode_cpu()
-        try:
-            layer = make_layer(f'type: "Concat" {param}', dtype)
-            bottom, top = blobs(arrays, dtype), empty_blobs(1, dtype)
-            layer.setup(bottom, top)
-            layer.forward(bottom, top)
-            top[0].diff[...] = np.random.default_rng(4).standard_normal(top[0].shape)
-            layer.backward(top, [True] * len(bottom), bottom)
-            results.append([top[0].data.copy()] + [b.diff.copy() for b in bottom])
-        finally:
-            caffe.set_mode_cpu()
-    for c, g in zip(*results):
-        np.testing.assert_array_equal(c, g)
+    assert_cpu_gpu_agree(f'type: "Concat" {param}', _inputs(shapes, 3), rtol=0, atol=0, dtype=dtype)
+
+
+@pytest.mark.gpu
+def test_cpu_gpu_agree_partial_backward():
+    assert_cpu_gpu_agree('type: "Concat"', _inputs([(2, 4, 3), (2, 4, 3), (2, 8, 3)], 5),
+                         propagate=[True, False, True], rtol=0, atol=0)

@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 SHAPE = (2, 3, 2, 2)
 
@@ -136,19 +135,15 @@ def test_coeff_count_and_op_errors():
     ["operation: SUM", "operation: SUM coeff: 0.5 coeff: -2 coeff: 3", "operation: PROD",
      "operation: PROD stable_prod_grad: false", "operation: MAX"],
 )
-def test_cpu_gpu_agree(param, dtype):
-    arrays = _inputs(3, 7)
-    dy = np.random.default_rng(8).standard_normal(SHAPE)
-    results = []
-    for dev in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if dev == "gpu" else caffe.set_mode_cpu()
-        try:
-            layer, bottom, top = _run(param, arrays, dtype)
-            top[0].diff[...] = dy
-            layer.backward(top, [True] * 3, bottom)
-            results.append([top[0].data.copy()] + [b.diff.copy() for b in bottom])
-        finally:
-            caffe.set_mode_cpu()
+@pytest.mark.parametrize("shape", [SHAPE, (2, 3, 5, 7)])  # 128-bit passes, then scalar ones
+def test_cpu_gpu_agree(param, dtype, shape):
     tol = 1e-5 if dtype == np.float32 else 1e-12
-    for c, g in zip(*results):
-        np.testing.assert_allclose(c, g, rtol=tol, atol=tol)
+    assert_cpu_gpu_agree(f'type: "Eltwise" eltwise_param {{ {param} }}', _inputs(3, 7, shape), rtol=tol, atol=tol,
+                         dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [2, 5, 9])  # one, two and three weighted_sum passes
+def test_cpu_gpu_agree_sum_many(n):
+    coeffs = " ".join(f"coeff: {0.5 * i - 1}" for i in range(n))
+    assert_cpu_gpu_agree(f'type: "Eltwise" eltwise_param {{ operation: SUM {coeffs} }}', _inputs(n, 2, (3, 8, 4)))

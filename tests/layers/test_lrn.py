@@ -4,10 +4,9 @@ formula), gradient checks, errors, CPU-vs-GPU agreement."""
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def f32(v):
@@ -138,16 +137,6 @@ def test_even_size_and_wrong_axes_are_clear():
           text("WITHIN_CHANNEL", 5, 5e-2, 0.75)],
 )
 def test_cpu_gpu_agree(dtype, t):
-    rng = np.random.default_rng(4)
-    x, dy = rng.standard_normal((2, 7, 5, 6)) * 3, rng.standard_normal((2, 7, 5, 6))
-    out = {}
-    for m in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if m == "gpu" else caffe.set_mode_cpu()
-        try:
-            _, bottom, top = run(t, x, dtype, dy=dy)
-            out[m] = (top[0].data.copy(), bottom[0].diff.copy())
-        finally:
-            caffe.set_mode_cpu()
+    x = np.random.default_rng(4).standard_normal((2, 7, 5, 6)) * 3
     tol = 1e-5 if dtype == np.float32 else 1e-12
-    for a, b in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    assert_cpu_gpu_agree(t, [x], rtol=tol, atol=tol, dtype=dtype)

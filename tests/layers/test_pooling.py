@@ -8,10 +8,9 @@ import math
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -230,23 +229,13 @@ def test_errors(body, ntop, shape, match):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
-@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES] + [((3, 4, 13, 11), "kernel_size: 3 stride: 2")])
+@pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES] + [
+    ((3, 4, 13, 11), "kernel_size: 3 stride: 2"),
+    ((2, 3, 37, 70), "kernel_size: 3 stride: 2 pad: 1"),  # several backward tiles, partial ones at the edges
+    ((1, 66000, 2, 3), "kernel_size: 2 stride: 1"),  # more planes than one grid dimension holds
+])
 def test_cpu_gpu_agree(method, shape, body, dtype):
     x = np.random.default_rng(8).standard_normal(shape)
-    ntop = 2 if method == "MAX" else 1
-    results = []
-    for mode in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if mode == "gpu" else caffe.set_mode_cpu()
-        try:
-            layer = make_layer(pool_text(f"pool: {method} {body}"), dtype)
-            bottom, top = blobs([x], dtype), empty_blobs(ntop, dtype)
-            layer.setup(bottom, top)
-            layer.forward(bottom, top)
-            top[0].diff[...] = np.random.default_rng(9).standard_normal(top[0].shape)
-            layer.backward(top, [True], bottom)
-            results.append([t.data.copy() for t in top] + [bottom[0].diff.copy()])
-        finally:
-            caffe.set_mode_cpu()
     tol = 1e-5 if dtype == np.float32 else 1e-12
-    for cpu, gpu in zip(*results):
-        np.testing.assert_allclose(gpu, cpu, rtol=tol, atol=tol)
+    assert_cpu_gpu_agree(pool_text(f"pool: {method} {body}"), [x], ntop=2 if method == "MAX" else 1,
+                         rtol=tol, atol=tol, dtype=dtype)

@@ -85,6 +85,27 @@ def test_gradient(mode, text, arrays):
     ('type: "Scale" scale_param { num_axes: 0 filler { type: "gaussian" } }', [X]),
     ('type: "Scale" scale_param { axis: 2 bias_term: true bias_filler { type: "gaussian" } }',
      [X, RNG.standard_normal((4, 2))]),
+    ('type: "Scale" scale_param { axis: 0 }', [X, RNG.standard_normal((2, 3))]),  # inner 8: 128-bit passes
 ])
 def test_cpu_gpu_agree(text, arrays):
     assert_cpu_gpu_agree(text, arrays)
+
+
+BIG = RNG.standard_normal((16, 3, 32, 36))  # many reduction chunks per channel
+ODD = RNG.standard_normal((5, 3, 7, 3))  # inner not a multiple of 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("x", [BIG, ODD], ids=["big", "odd"])
+@pytest.mark.parametrize("propagate", [[True], [False]])  # fused dx, or the gradients alone
+def test_cpu_gpu_agree_one_pass_backward(dtype, x, propagate):
+    tol = {"rtol": 2e-4, "atol": 1e-3} if dtype == np.float32 else {"rtol": 1e-9, "atol": 1e-9}
+    text = 'type: "Scale" scale_param { filler { type: "gaussian" } bias_term: true bias_filler { type: "gaussian" } }'
+    assert_cpu_gpu_agree(text, [x], propagate=propagate, dtype=dtype, **tol)
+
+
+@pytest.mark.gpu
+def test_cpu_gpu_agree_bottom_scale_not_propagated():
+    assert_cpu_gpu_agree('type: "Scale" scale_param { bias_term: true }', [ODD, RNG.standard_normal(3)],
+                         propagate=[True, False])

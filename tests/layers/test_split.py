@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def _setup(n_top, shape=(2, 3, 2), dtype=np.float64):
@@ -64,21 +63,9 @@ def test_in_place_rejected():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n_top", [1, 2, 3])
-def test_cpu_gpu_agree(n_top, dtype):
-    diffs = [np.random.default_rng(i).standard_normal((2, 3, 2)) for i in range(n_top)]
-    results = []
-    for dev in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if dev == "gpu" else caffe.set_mode_cpu()
-        try:
-            _, layer, bottom, top = _setup(n_top, dtype=dtype)
-            layer.forward(bottom, top)
-            for t, d in zip(top, diffs):
-                t.diff[...] = d
-            layer.backward(top, [True], bottom)
-            results.append([t.data.copy() for t in top] + [bottom[0].diff.copy()])
-        finally:
-            caffe.set_mode_cpu()
+@pytest.mark.parametrize("n_top", [1, 2, 3, 5])
+@pytest.mark.parametrize("shape", [(2, 3, 2), (2, 4, 8)])
+def test_cpu_gpu_agree(n_top, dtype, shape):
+    x = np.random.default_rng(0).standard_normal(shape)
     tol = 1e-6 if dtype == np.float32 else 1e-12
-    for c, g in zip(*results):
-        np.testing.assert_allclose(c, g, rtol=tol, atol=tol)
+    assert_cpu_gpu_agree('type: "Split"', [x], ntop=n_top, rtol=tol, atol=tol, dtype=dtype)

@@ -7,10 +7,9 @@ import math
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def spp_text(height: int, pool: str = "MAX") -> str:
@@ -131,22 +130,5 @@ def test_errors(text, shape, match):
 @pytest.mark.parametrize("shape,height", CASES[:4])
 def test_cpu_gpu_agree(dtype, pool, shape, height):
     x = np.random.default_rng(6).standard_normal(shape)
-    dy = None
-    out = {}
-    for m in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if m == "gpu" else caffe.set_mode_cpu()
-        try:
-            layer = make_layer(spp_text(height, pool), dtype)
-            bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
-            layer.setup(bottom, top)
-            layer.forward(bottom, top)
-            if dy is None:
-                dy = np.random.default_rng(7).standard_normal(top[0].shape)
-            top[0].diff[...] = dy
-            layer.backward(top, [True], bottom)
-            out[m] = (top[0].data.copy(), bottom[0].diff.copy())
-        finally:
-            caffe.set_mode_cpu()
     tol = 1e-5 if dtype == np.float32 else 1e-12
-    for a, b in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    assert_cpu_gpu_agree(spp_text(height, pool), [x], rtol=tol, atol=tol, dtype=dtype)
