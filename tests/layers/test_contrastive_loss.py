@@ -94,7 +94,7 @@ def test_labels_get_no_gradient():
     assert layer.allow_force_backward(0) and layer.allow_force_backward(1) and not layer.allow_force_backward(2)
     a, b, y = _data()
     layer, bottom, top = run(a, b, y)
-    with pytest.raises(NetError, match="cannot backpropagate to the similarity labels"):
+    with pytest.raises(NetError, match=r"cannot backpropagate to label inputs \(bottom 2\)"):
         layer.backward(top, [True, True, True], bottom)
 
 

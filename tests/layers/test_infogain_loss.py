@@ -137,7 +137,7 @@ def test_errors(tmp_path):
     with pytest.raises(NetError, match="label 5 out of range"):
         layer.forward(bottom, top)
     layer, bottom, top = run("", [np.zeros((2, 3)), np.zeros(2), np.eye(3)])
-    with pytest.raises(NetError, match="cannot backpropagate to the infogain matrix"):
+    with pytest.raises(NetError, match=r"cannot backpropagate to label inputs \(bottom 2\)"):
         layer.backward(top, [True, False, True], bottom)
 
 
