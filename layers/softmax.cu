@@ -16,8 +16,7 @@ __global__ void softmax_forward(const int n, const int channels, const int inner
       y[base + c * inner] = e;
       sum += e;
     }
-    const Dtype inv = Dtype(1) / sum;
-    for (int c = 0; c < channels; ++c) y[base + c * inner] *= inv;
+    for (int c = 0; c < channels; ++c) y[base + c * inner] /= sum;
   }
 }
 
