@@ -101,6 +101,5 @@ class AccuracyLayer(Layer):
             int(self.has_ignore_label), self.ignore_label, self.top_k, correct, valid,
         )
         reduce = backend.kernel(KERNELS, "accuracy_reduce", dt)
-        reduce(n, correct, valid, -1, labels, top[0].mutable_gpu_data(), grid=1, block=REDUCE_THREADS)
-        if len(top) > 1:
-            reduce(n, correct, valid, 0, labels, top[1].mutable_gpu_data(), grid=self.channels, block=REDUCE_THREADS)
+        for per_class, out, blocks in ((-1, top[0], 1), (0, top[-1], self.channels))[: len(top)]:
+            reduce(n, correct, valid, per_class, labels, out.mutable_gpu_data(), grid=blocks, block=REDUCE_THREADS)

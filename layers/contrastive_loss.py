@@ -99,5 +99,5 @@ class ContrastiveLossLayer(LossLayer):
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
                 k(self.outer * self.channels, self.channels, self.diff.gpu_data(), self.dist_sq.gpu_data(),
-                  bottom[2].gpu_data(), self.margin, int(self.legacy), sign, top[0].gpu_diff(), self.gpu_norm(),
-                  bottom[i].mutable_gpu_diff())
+                  bottom[2].gpu_data(), self.margin, int(self.legacy), sign, top[0].gpu_diff(),
+                  self.gpu_norm(), bottom[i].mutable_gpu_diff())

@@ -30,12 +30,12 @@ class EuclideanLossLayer(LossLayer):
 
     def reshape(self, bottom, top):
         a, b = bottom
-        if a.num_axes == 0 or b.num_axes == 0 or a.shape[0] != b.shape[0] or a.count_range(1) != b.count_range(1):
+        super().reshape(bottom, top)  # the same first dimension
+        if a.count_range(1) != b.count_range(1):
             raise ShapeError(
                 f"layer '{self.name}' (EuclideanLoss): inputs must have the same first dimension and "
                 f"the same count per item, got {a.shape} and {b.shape}"
             )
-        super().reshape(bottom, top)
         self.diff.reshape(a.shape)
 
     def forward_cpu(self, bottom, top):

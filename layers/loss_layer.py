@@ -84,7 +84,7 @@ class LossLayer(Layer):
         a, b = bottom[0], bottom[1]
         if a.num_axes == 0 or b.num_axes == 0 or a.shape[0] != b.shape[0]:
             raise ShapeError(
-                f"layer '{self.name}' ({self.type}): the data and label should have the same first "
+                f"layer '{self.name}' ({self.type}): bottom 0 and bottom 1 should have the same first "
                 f"dimension, got {a.shape} and {b.shape}"
             )
         top[0].reshape(())

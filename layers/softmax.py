@@ -47,7 +47,8 @@ class SoftmaxLayer(Layer):
     # -- GPU: one thread per (outer, inner) position -----------------------------------------
     def forward_gpu(self, bottom, top):
         backend.kernel(KERNELS, "softmax_forward", self.dtype)(
-            self.outer * self.inner, self.channels, self.inner, bottom[0].gpu_data(), top[0].mutable_gpu_data())
+            self.outer * self.inner, self.channels, self.inner, bottom[0].gpu_data(),
+            top[0].mutable_gpu_data())
 
     def backward_gpu(self, top, propagate_down, bottom):
         if propagate_down[0]:

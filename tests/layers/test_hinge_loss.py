@@ -101,5 +101,6 @@ def test_cpu_gpu_agree(dtype, norm, shape):
     rng = np.random.default_rng(2)
     x = rng.standard_normal(shape) * 2
     labels = rng.integers(0, shape[1], shape[0]).astype(float)
+    tol = 2e-5 if dtype == np.float32 else 1e-11
     assert_cpu_gpu_agree(f"type: 'HingeLoss' hinge_loss_param {{ norm: {norm} }}", [x, labels],
-                         propagate=[True, False], dtype=dtype, rtol=2e-5 if dtype == np.float32 else 1e-10, atol=2e-5 if dtype == np.float32 else 1e-12)
+                         propagate=[True, False], dtype=dtype, rtol=tol, atol=tol)

@@ -154,5 +154,6 @@ def test_gradient(mode, text, shape):
                                   "loss_param { ignore_label: 0 normalization: NONE }"])
 def test_cpu_gpu_agree(dtype, text):
     x, labels, h = _case(7, (3, 5, 4))
+    tol = 2e-5 if dtype == np.float32 else 1e-11
     assert_cpu_gpu_agree(f"type: 'InfogainLoss' {text}", [x, labels, h], ntop=2, propagate=[True, False, False],
-                         dtype=dtype, rtol=2e-5 if dtype == np.float32 else 1e-10, atol=2e-5 if dtype == np.float32 else 1e-12)
+                         dtype=dtype, rtol=tol, atol=tol)

@@ -58,7 +58,8 @@ class ProbeLoss(LossLayer):
     def backward_gpu(self, top, propagate_down, bottom):
         backend.elementwise("probe_loss_bwd", "const Dtype* valid, const Dtype* w, const Dtype* norm, Dtype* dx",
                             "dx[i] = valid[i] * w[0] / norm[0]", self.dtype)(
-            bottom[0].count, self.buf.gpu_diff(), top[0].gpu_diff(), self.gpu_norm(), bottom[0].mutable_gpu_diff())
+            bottom[0].count, self.buf.gpu_diff(), top[0].gpu_diff(), self.gpu_norm(),
+            bottom[0].mutable_gpu_diff())
 
 
 class FixedProbeLoss(ProbeLoss):  # a Caffe loss with a fixed normalizer: loss_param is ignored

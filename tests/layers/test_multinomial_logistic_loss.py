@@ -81,5 +81,6 @@ def test_cpu_gpu_agree(dtype):
     prob = rng.uniform(0, 1, (5, 7))
     labels = rng.integers(0, 7, 5).astype(float)
     prob[2, int(labels[2])] = 0
+    tol = 2e-5 if dtype == np.float32 else 1e-11
     assert_cpu_gpu_agree("type: 'MultinomialLogisticLoss'", [prob, labels], propagate=[True, False], dtype=dtype,
-                         rtol=2e-5 if dtype == np.float32 else 1e-10, atol=2e-5 if dtype == np.float32 else 1e-12)
+                         rtol=tol, atol=tol)

@@ -116,5 +116,6 @@ def test_cpu_gpu_agree(dtype, text):
     x = rng.standard_normal((3, 50)) * 4
     t = rng.integers(0, 2, (3, 50)).astype(float)
     t[:, ::7] = rng.uniform(0, 1, (3, 8))
+    tol = 2e-5 if dtype == np.float32 else 1e-11
     assert_cpu_gpu_agree(f"type: 'SigmoidCrossEntropyLoss' {text}", [x, t], propagate=[True, False], dtype=dtype,
-                         rtol=2e-5 if dtype == np.float32 else 1e-10, atol=2e-5 if dtype == np.float32 else 1e-12)
+                         rtol=tol, atol=tol)
