@@ -1,9 +1,9 @@
 // Accuracy on (outer, channels, inner) scores and (outer, inner) labels. Dtype and
 // CUDA_KERNEL_LOOP come from the backend prelude.
 
-// Per position p = (o, s): valid[p] = 0 for ignored labels (and for labels outside
-// [0, channels), which are never read), else 1; correct[p] = 1 when fewer than top_k other
-// classes score >= the true class.
+// Per position p = (o, s): valid[p] = 0 for ignored labels, else 1; correct[p] = 1 when fewer than
+// top_k other classes score >= the true class, NaN for a label outside [0, channels) (so the
+// accuracy is NaN: no host read during forward).
 __global__ void accuracy_forward(const int n, const Dtype* scores, const Dtype* label,
                                  const int channels, const int inner, const int has_ignore,
                                  const int ignore_label, const int top_k, Dtype* correct,
@@ -11,9 +11,12 @@ __global__ void accuracy_forward(const int n, const Dtype* scores, const Dtype* 
   CUDA_KERNEL_LOOP(p, n) {
     const int o = p / inner, s = p - o * inner;
     const int l = static_cast<int>(label[p]);
-    if ((has_ignore && l == ignore_label) || l < 0 || l >= channels) {
+    if (has_ignore && l == ignore_label) {
       correct[p] = 0;
       valid[p] = 0;
+    } else if (l < 0 || l >= channels) {
+      correct[p] = Dtype(__int_as_float(0x7fffffff));
+      valid[p] = 1;
     } else {
       const Dtype* row = scores + o * channels * inner + s;
       const Dtype t = row[l * inner];
@@ -27,12 +30,12 @@ __global__ void accuracy_forward(const int n, const Dtype* scores, const Dtype* 
 
 // One block per output: out[blockIdx.x] = Σ correct / Σ valid over the positions whose label is
 // blockIdx.x (when per_class >= 0) or over all positions (per_class < 0); 0 when nothing counts.
-// Shared memory: 2 * blockDim.x Dtypes.
+// Launch with ACCURACY_THREADS threads per block.
+#define ACCURACY_THREADS 256
 __global__ void accuracy_reduce(const int n, const Dtype* correct, const Dtype* valid,
                                 const int per_class, const Dtype* label, Dtype* out) {
-  extern __shared__ unsigned char accuracy_smem[];
-  Dtype* sa = reinterpret_cast<Dtype*>(accuracy_smem);
-  Dtype* sn = sa + blockDim.x;
+  __shared__ Dtype sa[ACCURACY_THREADS];
+  __shared__ Dtype sn[ACCURACY_THREADS];
   const int cls = blockIdx.x;
   Dtype a = 0, m = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -44,7 +47,7 @@ __global__ void accuracy_reduce(const int n, const Dtype* correct, const Dtype* 
   sa[threadIdx.x] = a;
   sn[threadIdx.x] = m;
   __syncthreads();
-  for (int step = blockDim.x / 2; step > 0; step >>= 1) {
+  for (int step = ACCURACY_THREADS / 2; step > 0; step >>= 1) {
     if (threadIdx.x < step) {
       sa[threadIdx.x] += sa[threadIdx.x + step];
       sn[threadIdx.x] += sn[threadIdx.x + step];

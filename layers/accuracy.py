@@ -5,7 +5,8 @@ bottom[0]: scores (outer, C, inner) around ``accuracy_param.axis``; bottom[1]: l
 ``top_k`` classes other than the true one score ``>=`` the true class's score (ties count against
 it, as in Caffe). Positions labelled ``ignore_label`` are skipped. top[0]: scalar accuracy (0
 when nothing counts); optional top[1]: (C,) per-class accuracy (0 for classes never seen).
-No gradient.
+No gradient. A label outside ``[0, C)`` raises on the CPU; on the GPU (no host read during forward)
+it makes top[0] NaN.
 """
 
 from __future__ import annotations
@@ -95,17 +96,10 @@ class AccuracyLayer(Layer):
         n, dt = self.outer * self.inner, self.dtype
         correct, valid = self._buf.mutable_gpu_data(), self._buf.mutable_gpu_diff()
         labels = bottom[1].gpu_data()
-        backend.kernel(KERNELS, "accuracy_forward", dt, "iPPiiiiiPP")(
-            n, n, bottom[0].gpu_data(), labels, self.channels, self.inner,
+        backend.kernel(KERNELS, "accuracy_forward", dt)(
+            n, bottom[0].gpu_data(), labels, self.channels, self.inner,
             int(self.has_ignore_label), self.ignore_label, self.top_k, correct, valid,
         )
-        shared = 2 * REDUCE_THREADS * dt.itemsize
-        backend.kernel(KERNELS, "accuracy_reduce", dt, "iPPiPP")(
-            0, n, correct, valid, -1, labels, top[0].mutable_gpu_data(),
-            grid=(1, 1, 1), block=REDUCE_THREADS, shared=shared,
-        )
-        if len(top) > 1:
-            backend.kernel(KERNELS, "accuracy_reduce", dt, "iPPiPP")(
-                0, n, correct, valid, 0, labels, top[1].mutable_gpu_data(),
-                grid=(self.channels, 1, 1), block=REDUCE_THREADS, shared=shared,
-            )
+        reduce = backend.kernel(KERNELS, "accuracy_reduce", dt)
+        for per_class, out, blocks in ((-1, top[0], 1), (0, top[-1], self.channels))[: len(top)]:
+            reduce(n, correct, valid, per_class, labels, out.mutable_gpu_data(), grid=blocks, block=REDUCE_THREADS)

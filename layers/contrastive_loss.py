@@ -18,31 +18,26 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import register_layer
 
-from .multinomial_logistic_loss import gpu_sum_into
+from .loss_layer import LossLayer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 EPSILON = 1e-4
 
 
 @register_layer("ContrastiveLoss")
-class ContrastiveLossLayer(Layer):
+class ContrastiveLossLayer(LossLayer):
     exact_num_bottom_blobs = 3
-    exact_num_top_blobs = 1
-    is_loss = True
-    auto_top_blobs = True
+    label_bottoms = (2,)
 
     def layer_setup(self, bottom, top):
+        super().layer_setup(bottom, top)
         p = self.layer_param.contrastive_loss_param
         self.margin = float(p.margin)
         self.legacy = bool(p.legacy_version)
         self.diff = Blob((), self.dtype)  # a - b
         self.dist_sq = Blob((), self.dtype)  # data: ||a - b||² per pair; diff: per-pair loss (GPU)
-
-    def allow_force_backward(self, bottom_index: int) -> bool:
-        return bottom_index != 2
 
     def reshape(self, bottom, top):
         a, b, y = bottom
@@ -53,17 +48,17 @@ class ContrastiveLossLayer(Layer):
                 f"layer '{self.name}' (ContrastiveLoss): expected features (N, C, 1, 1) or (N, C) of one "
                 f"shape and N similarity labels, got {a.shape}, {b.shape} and {y.shape}"
             )
-        self.num, self.channels = a.shape[0], a.shape[1]
-        top[0].reshape(())
-        self.diff.reshape((self.num, self.channels))
-        self.dist_sq.reshape((self.num,))
+        super().reshape(bottom, top)
+        self.channels = a.shape[1]
+        self.diff.reshape((self.outer, self.channels))
+        self.dist_sq.reshape((self.outer,))
 
     # -- CPU --------------------------------------------------------------------------------
     def _similar(self, bottom) -> np.ndarray:
         return bottom[2].cpu_data().reshape(-1).astype(np.int64) != 0
 
     def forward_cpu(self, bottom, top):
-        d = bottom[0].cpu_data().reshape(self.num, -1) - bottom[1].cpu_data().reshape(self.num, -1)
+        d = bottom[0].cpu_data().reshape(self.outer, -1) - bottom[1].cpu_data().reshape(self.outer, -1)
         self.diff.mutable_cpu_data()[...] = d
         dist_sq = (d * d).sum(axis=1)
         self.dist_sq.mutable_cpu_data()[...] = dist_sq
@@ -72,45 +67,37 @@ class ContrastiveLossLayer(Layer):
         else:
             apart = np.maximum(self.margin - np.sqrt(dist_sq), 0) ** 2
         loss = np.where(self._similar(bottom), dist_sq, apart).sum()
-        top[0].mutable_cpu_data()[...] = loss / self.num / 2
+        top[0].mutable_cpu_data()[...] = loss / self.normalizer() / 2
 
     def backward_cpu(self, top, propagate_down, bottom):
-        if propagate_down[2]:
-            raise self.error("cannot backpropagate to the similarity labels (bottom 2)")
         d = self.diff.cpu_data()
         dist_sq = self.dist_sq.cpu_data()
-        similar = self._similar(bottom)
         if self.legacy:
             mdist = self.margin - dist_sq
-            beta = np.full(self.num, -1.0)
+            beta = np.full(self.outer, -1.0)
         else:
             dist = np.sqrt(dist_sq)
             mdist = self.margin - dist
             beta = -mdist / (dist + EPSILON)
-        factor = np.where(similar, 1.0, np.where(mdist > 0, beta, 0.0))  # per pair, times α
-        w = float(top[0].cpu_diff())
+        factor = np.where(self._similar(bottom), 1.0, np.where(mdist > 0, beta, 0.0))  # per pair, times α
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
-                g = (sign * w / self.num) * factor[:, None] * d
+                g = (sign * self.grad_scale(top)) * factor[:, None] * d
                 bottom[i].mutable_cpu_diff()[...] = g.reshape(bottom[i].shape)
 
-    # -- GPU: a - b, a per-pair kernel, a device-side sum, a per-element gradient kernel --------
+    # -- GPU: a per-pair kernel (a - b, distance, loss), LossLayer's reduction, a gradient kernel --
     def forward_gpu(self, bottom, top):
-        dt, count = self.dtype, self.num * self.channels
-        d = self.diff.mutable_gpu_data()
-        gm.sub(count, bottom[0].gpu_data(), bottom[1].gpu_data(), d, dt)
-        backend.kernel(KERNELS, "contrastive_forward", dt, "iiPPfiPP")(
-            self.num, self.num, self.channels, d, bottom[2].gpu_data(), self.margin, int(self.legacy),
-            self.dist_sq.mutable_gpu_data(), self.dist_sq.mutable_gpu_diff(),
+        backend.kernel(KERNELS, "contrastive_forward", self.dtype)(
+            self.outer, self.channels, bottom[0].gpu_data(), bottom[1].gpu_data(), bottom[2].gpu_data(),
+            self.margin, int(self.legacy), self.diff.mutable_gpu_data(), self.dist_sq.mutable_gpu_data(),
+            self.dist_sq.mutable_gpu_diff(),
         )
-        gpu_sum_into(self.num, 0.5 / self.num, self.dist_sq.gpu_diff(), top[0].mutable_gpu_data(), dt)
+        self.gpu_reduce(self.outer, self.dist_sq.gpu_diff(), top, scale=0.5)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if propagate_down[2]:
-            raise self.error("cannot backpropagate to the similarity labels (bottom 2)")
-        count = self.num * self.channels
-        k = backend.kernel(KERNELS, "contrastive_backward", self.dtype, "iiPPPfifPP")
+        k = backend.kernel(KERNELS, "contrastive_backward", self.dtype)
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
-                k(count, count, self.channels, self.diff.gpu_data(), self.dist_sq.gpu_data(), bottom[2].gpu_data(),
-                  self.margin, int(self.legacy), sign / self.num, top[0].gpu_diff(), bottom[i].mutable_gpu_diff())
+                k(self.outer * self.channels, self.channels, self.diff.gpu_data(), self.dist_sq.gpu_data(),
+                  bottom[2].gpu_data(), self.margin, int(self.legacy), sign, top[0].gpu_diff(),
+                  self.gpu_norm(), bottom[i].mutable_gpu_diff())

@@ -1,29 +1,41 @@
 // HingeLoss on (num, dim) scores and num labels. Dtype and CUDA_KERNEL_LOOP come from the prelude.
+#include "loss_layer.cuh"
 
-// d[n, j] = max(0, 1 + s*x[n, j]) with s = -1 at j == label_n, +1 elsewhere; a row whose label
-// lies outside [0, dim) becomes NaN instead of a silently wrong loss.
-__global__ void hinge_forward(const int count, const Dtype* x, const Dtype* label, const int dim, Dtype* d) {
+// d[n, j] = max(0, 1 + s*x[n, j]) with s = -1 at j == label_n, +1 elsewhere, fused with the block
+// sums of d (or d^2 when squared) into partials[blockIdx.x] (LossLayer's first reduction stage;
+// launch with LOSS_REDUCE_THREADS threads). A label outside [0, dim) gives NaN margins and sets the
+// bad-label flag status[1] = 1, status[2] = label (LossLayer.gpu_status).
+__global__ void hinge_forward(const int count, const Dtype* x, const Dtype* label, const int dim,
+                              const int squared, Dtype* d, Dtype* partials, Dtype* status) {
+  __shared__ Dtype smem[LOSS_REDUCE_THREADS];
+  Dtype acc = 0;
   CUDA_KERNEL_LOOP(i, count) {
     const int n = i / dim;
     const int j = i - n * dim;
     const int l = static_cast<int>(label[n]);
+    Dtype m;
     if (l < 0 || l >= dim) {
-      d[i] = Dtype(__int_as_float(0x7fffffff));
+      m = Dtype(__int_as_float(0x7fffffff));
+      status[1] = 1;
+      status[2] = label[n];
     } else {
-      const Dtype v = (j == l) ? -x[i] : x[i];
-      d[i] = max(Dtype(0), Dtype(1) + v);
+      m = max(Dtype(0), Dtype(1) + ((j == l) ? -x[i] : x[i]));
     }
+    d[i] = m;
+    acc += squared ? m * m : m;
   }
+  acc = loss_block_sum(acc, smem);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-// dx = s*sign(d)*w*inv_num (L1) or 2*s*d*w*inv_num (squared, L2); w = top_diff[0].
+// dx = s*sign(d)*w/norm (L1) or 2*s*d*w/norm (squared, L2); w = top_diff[0], norm = norm[0].
 __global__ void hinge_backward(const int count, const Dtype* d, const Dtype* label, const int dim,
-                               const int squared, const Dtype* top_diff, const Dtype inv_num, Dtype* dx) {
+                               const int squared, const Dtype* top_diff, const Dtype* norm, Dtype* dx) {
+  const Dtype scale = top_diff[0] / norm[0];
   CUDA_KERNEL_LOOP(i, count) {
     const int n = i / dim;
     const int j = i - n * dim;
     const Dtype v = (j == static_cast<int>(label[n])) ? -d[i] : d[i];
-    const Dtype scale = top_diff[0] * inv_num;
     if (squared) {
       dx[i] = Dtype(2) * v * scale;
     } else {

@@ -14,84 +14,66 @@ import numpy as np
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
-from pycaffe_lite.gpu import backend, blas
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.gpu import backend
+from pycaffe_lite.layer import register_layer
 from pycaffe_lite.proto import caffe_pb2
 
-from .multinomial_logistic_loss import check_same_num, gpu_sum_into, integer_labels
+from .loss_layer import REDUCE_THREADS, LossLayer, reduce_blocks
 
 KERNELS = Path(__file__).with_suffix(".cu")
 _L2 = caffe_pb2.HingeLossParameter.L2
 
 
 @register_layer("HingeLoss")
-class HingeLossLayer(Layer):
-    exact_num_bottom_blobs = 2
-    exact_num_top_blobs = 1
-    is_loss = True
-    auto_top_blobs = True
-
+class HingeLossLayer(LossLayer):
     def layer_setup(self, bottom, top):
+        super().layer_setup(bottom, top)
         self.squared = self.layer_param.hinge_loss_param.norm == _L2
         self.margins = Blob((), self.dtype)  # d = max(0, 1 + s·x), kept for backward
 
-    def allow_force_backward(self, bottom_index: int) -> bool:
-        return bottom_index != 1
-
     def reshape(self, bottom, top):
-        self.num = check_same_num(self, bottom)
-        if bottom[1].count != self.num:
+        super().reshape(bottom, top)
+        if bottom[1].count != self.outer:
             raise ShapeError(
                 f"layer '{self.name}' (HingeLoss): the label blob must hold one value per sample "
-                f"({self.num}), got shape {bottom[1].shape}"
+                f"({self.outer}), got shape {bottom[1].shape}"
             )
-        self.dim = bottom[0].count // self.num
-        top[0].reshape(())
-        self.margins.reshape((self.num, self.dim))
+        self.classes = self.inner
+        self.margins.reshape((self.outer, self.inner))
 
-    def _check_backward(self, propagate_down) -> bool:
-        if propagate_down[1]:
-            raise self.error("cannot backpropagate to label inputs (bottom 1)")
-        return bool(propagate_down[0])
-
-    def _labels(self, bottom) -> np.ndarray:
-        return integer_labels(self, bottom[1].cpu_data().reshape(-1), self.dim)
+    def _at_labels(self, bottom) -> tuple[np.ndarray, np.ndarray]:
+        return np.arange(self.outer), self.class_labels(bottom[1].cpu_data().reshape(-1))[0]
 
     def forward_cpu(self, bottom, top):
-        x = bottom[0].cpu_data().reshape(self.num, self.dim).copy()
-        rows, labels = np.arange(self.num), self._labels(bottom)
-        x[rows, labels] *= -1
+        x = bottom[0].cpu_data().reshape(self.outer, self.inner).copy()
+        x[self._at_labels(bottom)] *= -1
         d = np.maximum(0, 1 + x)
         self.margins.mutable_cpu_data()[...] = d
         loss = (d * d).sum() if self.squared else d.sum()
-        top[0].mutable_cpu_data()[...] = loss / self.num
+        top[0].mutable_cpu_data()[...] = loss / self.normalizer()
 
     def backward_cpu(self, top, propagate_down, bottom):
-        if not self._check_backward(propagate_down):
+        if not propagate_down[0]:
             return
         g = self.margins.cpu_data().copy()
-        g[np.arange(self.num), self._labels(bottom)] *= -1
-        scale = float(top[0].cpu_diff()) / self.num
+        g[self._at_labels(bottom)] *= -1
+        scale = self.grad_scale(top)
         g = 2 * g * scale if self.squared else np.sign(g) * scale
         bottom[0].mutable_cpu_diff()[...] = g.reshape(bottom[0].shape)
 
-    # GPU: margins kernel, a device-side (squared) sum, gradient kernel: no host reads.
+    # GPU: margins fused with the first reduction stage, LossLayer's finish, gradient kernel.
     def forward_gpu(self, bottom, top):
-        count, dt = bottom[0].count, self.dtype
-        d = self.margins.mutable_gpu_data()
-        backend.kernel(KERNELS, "hinge_forward", dt, "iPPiP")(
-            count, count, bottom[0].gpu_data(), bottom[1].gpu_data(), self.dim, d)
-        out = top[0].mutable_gpu_data()
-        if self.squared:
-            blas.gemm(False, True, 1, 1, count, 1.0 / self.num, d, d, 0.0, out, dt)
-        else:
-            gpu_sum_into(count, 1.0 / self.num, d, out, dt)
+        count, blocks = bottom[0].count, reduce_blocks(bottom[0].count)
+        (partials,) = backend.workspace(blocks * self.dtype.itemsize)
+        backend.kernel(KERNELS, "hinge_forward", self.dtype)(
+            count, bottom[0].gpu_data(), bottom[1].gpu_data(), self.inner, int(self.squared),
+            self.margins.mutable_gpu_data(), partials, self.gpu_status(), grid=blocks, block=REDUCE_THREADS,
+        )
+        self.gpu_finish(blocks, partials, top)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if not self._check_backward(propagate_down):
-            return
-        count = bottom[0].count
-        backend.kernel(KERNELS, "hinge_backward", self.dtype, "iPPiiPfP")(
-            count, count, self.margins.gpu_data(), bottom[1].gpu_data(), self.dim, int(self.squared),
-            top[0].gpu_diff(), 1.0 / self.num, bottom[0].mutable_gpu_diff(),
-        )
+        if propagate_down[0]:
+            backend.kernel(KERNELS, "hinge_backward", self.dtype)(
+                bottom[0].count, self.margins.gpu_data(), bottom[1].gpu_data(), self.inner, int(self.squared),
+                top[0].gpu_diff(), self.gpu_norm(), bottom[0].mutable_gpu_diff(),
+            )

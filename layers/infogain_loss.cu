@@ -4,10 +4,11 @@
 #define INFOGAIN_LOG_THRESHOLD 1e-20f
 
 // Per position p = (o, s) with label l: loss[p] = -sum_c H[l, c] * log(max(prob[o, c, s], 1e-20)),
-// valid[p] = 1; both 0 where ignored; NaN loss for a label outside [0, channels).
+// valid[p] = 1; both 0 where ignored. A label outside [0, channels) gives a NaN loss and sets the
+// bad-label flag status[1] = 1, status[2] = label (LossLayer.gpu_status).
 __global__ void infogain_forward(const int n, const Dtype* prob, const Dtype* label, const Dtype* h,
                                  const int channels, const int inner, const int has_ignore,
-                                 const int ignore_label, Dtype* loss, Dtype* valid) {
+                                 const int ignore_label, Dtype* loss, Dtype* valid, Dtype* status) {
   CUDA_KERNEL_LOOP(p, n) {
     const int o = p / inner;
     const int s = p - o * inner;
@@ -18,6 +19,8 @@ __global__ void infogain_forward(const int n, const Dtype* prob, const Dtype* la
     } else if (l < 0 || l >= channels) {
       loss[p] = Dtype(__int_as_float(0x7fffffff));
       valid[p] = 1;
+      status[1] = 1;
+      status[2] = label[p];
     } else {
       const Dtype* row = h + l * channels;
       const Dtype* q = prob + o * channels * inner + s;

@@ -3,27 +3,30 @@
 
 #define MLL_LOG_THRESHOLD 1e-20f
 
-// loss[n] = -log(max(prob[n, label_n], 1e-20)); NaN for a label outside [0, dim) instead of a bad read.
+// loss[n] = -log(max(prob[n, label_n], 1e-20)). A label outside [0, dim) gives a NaN loss and sets
+// the bad-label flag status[1] = 1, status[2] = label (LossLayer.gpu_status).
 __global__ void mll_forward(const int num, const Dtype* prob, const Dtype* label, const int dim,
-                            Dtype* loss) {
+                            Dtype* loss, Dtype* status) {
   CUDA_KERNEL_LOOP(n, num) {
     const int l = static_cast<int>(label[n]);
     if (l < 0 || l >= dim) {
       loss[n] = Dtype(__int_as_float(0x7fffffff));
+      status[1] = 1;
+      status[2] = label[n];
     } else {
       loss[n] = -log(max(prob[n * dim + l], Dtype(MLL_LOG_THRESHOLD)));
     }
   }
 }
 
-// dx[n, j] = -top_diff[0] * inv_num / max(prob[n, j], 1e-20) where j == label_n, else 0.
+// dx[n, j] = -top_diff[0] / norm[0] / max(prob[n, j], 1e-20) where j == label_n, else 0.
 __global__ void mll_backward(const int count, const Dtype* prob, const Dtype* label, const int dim,
-                             const Dtype* top_diff, const Dtype inv_num, Dtype* dx) {
+                             const Dtype* top_diff, const Dtype* norm, Dtype* dx) {
   CUDA_KERNEL_LOOP(i, count) {
     const int n = i / dim;
     const int j = i - n * dim;
     if (j == static_cast<int>(label[n])) {
-      dx[i] = -top_diff[0] * inv_num / max(prob[i], Dtype(MLL_LOG_THRESHOLD));
+      dx[i] = -top_diff[0] / norm[0] / max(prob[i], Dtype(MLL_LOG_THRESHOLD));
     } else {
       dx[i] = 0;
     }

@@ -4,10 +4,9 @@ shape checks, gradient checks, CPU-vs-GPU agreement."""
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def run(a, b, weight=1.0, propagate=(True, True), dtype=np.float64):
@@ -78,17 +77,9 @@ def test_gradient(mode):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_cpu_gpu_agree(dtype):
+@pytest.mark.parametrize("shape", [(5, 3, 4), (3, 100003)])  # the second spans many reduction blocks
+def test_cpu_gpu_agree(dtype, shape):
     rng = np.random.default_rng(2)
-    a, b = rng.standard_normal((5, 3, 4)), rng.standard_normal((5, 3, 4))
-    out = {}
-    for m in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if m == "gpu" else caffe.set_mode_cpu()
-        try:
-            _, bottom, top = run(a, b, weight=1.7, dtype=dtype)
-            out[m] = (top[0].data.copy(), bottom[0].diff.copy(), bottom[1].diff.copy())
-        finally:
-            caffe.set_mode_cpu()
-    tol = 1e-5 if dtype == np.float32 else 1e-12
-    for x, y in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_allclose(x, y, rtol=tol, atol=tol)
+    a, b = rng.standard_normal(shape), rng.standard_normal(shape)
+    tol = 2e-5 if dtype == np.float32 else 1e-11
+    assert_cpu_gpu_agree("type: 'EuclideanLoss'", [a, b], dtype=dtype, rtol=tol, atol=tol)

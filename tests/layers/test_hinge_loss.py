@@ -4,10 +4,9 @@ CPU-vs-GPU agreement."""
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def naive(x, labels, norm):
@@ -68,7 +67,7 @@ def test_random_against_loop(mode, norm):
     np.testing.assert_allclose(bottom[0].diff, 0.5 * grad, rtol=1e-12)
 
 
-def test_label_checks():
+def test_label_checks(mode):
     layer = make_layer("type: 'HingeLoss'")
     assert layer.allow_force_backward(0) and not layer.allow_force_backward(1)
     with pytest.raises(ShapeError, match="one value per sample"):
@@ -97,18 +96,11 @@ def test_gradient(mode, norm):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("norm", ["L1", "L2"])
-def test_cpu_gpu_agree(dtype, norm):
+@pytest.mark.parametrize("shape", [(6, 5), (40, 3000)])  # the second spans many reduction blocks
+def test_cpu_gpu_agree(dtype, norm, shape):
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((6, 5)) * 2
-    labels = rng.integers(0, 5, 6).astype(float)
-    out = {}
-    for m in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if m == "gpu" else caffe.set_mode_cpu()
-        try:
-            _, bottom, top = run(norm, x, labels, weight=0.7, dtype=dtype)
-            out[m] = (top[0].data.copy(), bottom[0].diff.copy())
-        finally:
-            caffe.set_mode_cpu()
-    tol = 1e-5 if dtype == np.float32 else 1e-12
-    for a, b in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    x = rng.standard_normal(shape) * 2
+    labels = rng.integers(0, shape[1], shape[0]).astype(float)
+    tol = 2e-5 if dtype == np.float32 else 1e-11
+    assert_cpu_gpu_agree(f"type: 'HingeLoss' hinge_loss_param {{ norm: {norm} }}", [x, labels],
+                         propagate=[True, False], dtype=dtype, rtol=tol, atol=tol)

@@ -4,10 +4,9 @@ stability for large scores, gradients, CPU-vs-GPU agreement."""
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def naive(x, t, ignore=None, mode="BATCH_SIZE"):
@@ -117,14 +116,6 @@ def test_cpu_gpu_agree(dtype, text):
     x = rng.standard_normal((3, 50)) * 4
     t = rng.integers(0, 2, (3, 50)).astype(float)
     t[:, ::7] = rng.uniform(0, 1, (3, 8))
-    out = {}
-    for m in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if m == "gpu" else caffe.set_mode_cpu()
-        try:
-            _, bottom, top = run(text, x, t, weight=0.7, dtype=dtype)
-            out[m] = (top[0].data.copy(), bottom[0].diff.copy())
-        finally:
-            caffe.set_mode_cpu()
-    tol = 2e-5 if dtype == np.float32 else 1e-12
-    for a, b in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    tol = 2e-5 if dtype == np.float32 else 1e-11
+    assert_cpu_gpu_agree(f"type: 'SigmoidCrossEntropyLoss' {text}", [x, t], propagate=[True, False], dtype=dtype,
+                         rtol=tol, atol=tol)

@@ -4,10 +4,9 @@ CPU-vs-GPU agreement."""
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def naive_softmax(x, axis):
@@ -77,24 +76,9 @@ def test_gradient(mode, shape, axis):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape,axis", [((5, 10), 1), ((2, 3, 4, 5), 1), ((2, 3, 4), 2), ((3, 4), 0)])
 def test_cpu_gpu_agree(dtype, shape, axis):
-    rng = np.random.default_rng(3)
-    x, dy = rng.standard_normal(shape) * 5, rng.standard_normal(shape)
-    out = {}
-    for m in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if m == "gpu" else caffe.set_mode_cpu()
-        try:
-            layer = make_layer(f"type: 'Softmax' softmax_param {{ axis: {axis} }}", dtype)
-            bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
-            layer.setup(bottom, top)
-            layer.forward(bottom, top)
-            top[0].diff[...] = dy
-            layer.backward(top, [True], bottom)
-            out[m] = (top[0].data.copy(), bottom[0].diff.copy())
-        finally:
-            caffe.set_mode_cpu()
-    tol = 2e-5 if dtype == np.float32 else 1e-12
-    for a, b in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    x = np.random.default_rng(3).standard_normal(shape) * 5
+    tol = 2e-5 if dtype == np.float32 else 1e-11
+    assert_cpu_gpu_agree(f"type: 'Softmax' softmax_param {{ axis: {axis} }}", [x], dtype=dtype, rtol=tol, atol=tol)
 
 
 @pytest.mark.gpu

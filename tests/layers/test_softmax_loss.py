@@ -7,7 +7,7 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def naive_loss(x, labels, axis=1, ignore=None, mode="VALID"):
@@ -115,7 +115,7 @@ def test_label_count_mismatch_is_clear():
         layer.setup(blobs([np.zeros((2, 3, 3)), np.zeros((2, 2))]), empty_blobs(1))
 
 
-def test_label_out_of_range_is_clear():
+def test_label_out_of_range_is_clear(mode):
     layer = make_layer("type: 'SoftmaxWithLoss'")
     bottom, top = blobs([np.zeros((2, 3)), np.array([0.0, 3.0])]), empty_blobs(1)
     layer.setup(bottom, top)
@@ -164,17 +164,9 @@ def test_cpu_gpu_agree(dtype, text):
     x = rng.standard_normal((3, 5, 4)) * 3
     axis = 2 if "axis: 2" in text else 1
     labels = rng.integers(0, x.shape[axis], (3, 4) if axis == 1 else (3, 5)).astype(float)
-    out = {}
-    for m in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if m == "gpu" else caffe.set_mode_cpu()
-        try:
-            _, bottom, top = run(text, x, labels, ntop=2, weight=0.7, dtype=dtype)
-            out[m] = (top[0].data.copy(), top[1].data.copy(), bottom[0].diff.copy())
-        finally:
-            caffe.set_mode_cpu()
-    tol = 2e-5 if dtype == np.float32 else 1e-12
-    for a, b in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    tol = 2e-5 if dtype == np.float32 else 1e-11
+    assert_cpu_gpu_agree(f"type: 'SoftmaxWithLoss' {text}", [x, labels], ntop=2, propagate=[True, False],
+                         dtype=dtype, rtol=tol, atol=tol)
 
 
 def test_in_a_net_auto_top_and_no_label_gradient(mode):
