@@ -389,7 +389,8 @@ class Net:
     def _graph_key(self, tag) -> tuple:
         from .gpu import backend
 
-        return (tag, backend.state().alloc_generation, tuple(b.shape for b in self._blobs))
+        # a new random seed re-keys device generators (Dropout), which happens outside a replay
+        return (tag, backend.state().alloc_generation, common.seed_generation(), tuple(b.shape for b in self._blobs))
 
     def _graph_run(self, tag, start: int, end: int, work) -> None:
         if self._graph_runner is None:
