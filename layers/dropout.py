@@ -55,10 +55,13 @@ class DropoutLayer(NeuronLayer):
     def train(self) -> bool:
         return self.phase == common.TRAIN
 
-    def gpu_scalars(self):
+    def _scale(self) -> float:
         if self.train:
-            return {"scale": self.scale if self.scale_train else 1.0}
-        return {"scale": 1.0 if self.scale_train else 1.0 - self.threshold}
+            return self.scale if self.scale_train else 1.0
+        return 1.0 if self.scale_train else 1.0 - self.threshold
+
+    def gpu_scalars(self):
+        return {"scale": self._scale()}
 
     def _checked_mask(self, shape) -> None:
         if self.mask_shape != tuple(shape):
@@ -71,13 +74,13 @@ class DropoutLayer(NeuronLayer):
         x, mask = bottom[0].cpu_data(), self.mask.mutable_cpu_data()
         mask[...] = common.rng().random(x.shape) >= self.threshold
         self.mask_shape = x.shape
-        top[0].mutable_cpu_data()[...] = np.where(mask != 0, x * self.dtype.type(self.gpu_scalars()["scale"]), 0)
+        top[0].mutable_cpu_data()[...] = np.where(mask != 0, x * self.dtype.type(self._scale()), 0)
 
     def cpu_forward(self, x):
-        return x * self.dtype.type(self.gpu_scalars()["scale"])
+        return x * self.dtype.type(self._scale())
 
     def cpu_backward(self, x, y, dy):
-        scale = self.dtype.type(self.gpu_scalars()["scale"])
+        scale = self.dtype.type(self._scale())
         if not self.train:
             return dy * scale
         self._checked_mask(dy.shape)
@@ -100,7 +103,7 @@ class DropoutLayer(NeuronLayer):
         n, (seed, stream) = bottom[0].count, self._seed_and_stream()
         counter = self.draw_counter.mutable_gpu_data()
         backend.kernel(KERNELS, "dropout_forward_train", self.dtype)(
-            n, bottom[0].gpu_data(), counter, seed, stream, self.uint_thres, self.gpu_scalars()["scale"],
+            n, bottom[0].gpu_data(), counter, seed, stream, self.uint_thres, self._scale(),
             self.mask.mutable_gpu_data(), top[0].mutable_gpu_data(),
         )
         backend.kernel(KERNELS, "dropout_advance", self.dtype)(counter, grid=1, block=1)

@@ -16,6 +16,7 @@ buffers (Swish's sigmoid, PReLU's slopes) reuse it instead of writing launch cod
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import ClassVar
 
@@ -29,8 +30,8 @@ class NeuronLayer(Layer):
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
     allow_in_place: ClassVar[bool] = True  # False: setup refuses top == bottom (backward needs the input)
-    gpu_forward: ClassVar[str] = ""
-    gpu_backward: ClassVar[str] = ""
+    gpu_forward: str = ""  # class attributes, or set per instance in layer_setup
+    gpu_backward: str = ""
 
     def reshape(self, bottom, top):
         if top[0] is bottom[0] and not self.allow_in_place:
@@ -69,13 +70,18 @@ class NeuronLayer(Layer):
     def launch(self, tag: str, body: str, n: int, **arrays: int) -> None:
         """Run ``body`` for every ``i < n`` over the named ``Dtype`` device arrays it mentions and
         :meth:`gpu_scalars`; the kernel is ``<type>_<tag>`` (generated once per source and dtype)."""
-        used = {name: ptr for name, ptr in arrays.items() if re.search(rf"\b{name}\[", body)}
         scalars = self.gpu_scalars()
-        params = [f"{'' if _assigned(name, body) else 'const '}Dtype* {name}" for name in used]
-        params += [f"const {'int' if isinstance(v, int) else 'Dtype'} {name}" for name, v in scalars.items()]
-        kernel = backend.elementwise(f"{self.type.lower()}_{tag}", ", ".join(params), body, self.dtype)
-        kernel(n, *used.values(), *scalars.values())
+        kinds = tuple((name, isinstance(v, int)) for name, v in scalars.items())
+        used, params = _parameters(body, tuple(arrays), kinds)
+        kernel = backend.elementwise(f"{self.type.lower()}_{tag}", params, body, self.dtype)
+        kernel(n, *(arrays[name] for name in used), *scalars.values())
 
 
-def _assigned(name: str, body: str) -> bool:
-    return re.search(rf"\b{name}\[[^\]]*\]\s*[-+*/]?=(?!=)", body) is not None
+@functools.cache
+def _parameters(body: str, arrays: tuple[str, ...], scalars: tuple[tuple[str, bool], ...]):
+    """(arrays ``body`` mentions, the kernel's parameter list): arrays ``const`` unless assigned."""
+    used = [name for name in arrays if re.search(rf"\b{name}\[", body)]
+    written = {name for name in used if re.search(rf"\b{name}\[[^\]]*\]\s*[-+*/]?=(?!=)", body)}
+    params = [f"{'' if name in written else 'const '}Dtype* {name}" for name in used]
+    params += [f"const {'int' if is_int else 'Dtype'} {name}" for name, is_int in scalars]
+    return used, ", ".join(params)
