@@ -34,7 +34,7 @@ def test_known_values_and_no_overflow():
     np.testing.assert_allclose(top[0].data, [0.0, 1.0, -1.0, 0.8], atol=1e-14)
 
 
-def test_backward_formula_in_place():
+def test_backward_formula_in_place(mode):
     rng = np.random.default_rng(1)
     x, dy = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
     layer, (b,) = make_layer(TEXT), blobs([x])
