@@ -1,40 +1,42 @@
-// Dropout with a counter-based generator: the uint32 draw for element i is a hash of
-// (seed, counter, i), so a forward needs no generator state on the device and identical
-// (seed, counter) pairs give identical masks. Dtype and CUDA_KERNEL_LOOP come from the prelude.
+// Dropout's device generator: Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as
+// 1, 2, 3", SC'11), keyed by (seed, stream) and counting over (i, offset, 0, 0). The offset lives in
+// device memory and dropout_advance bumps it after each forward, so a CUDA graph replay draws a fresh
+// mask without any host write. Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
 
-// A 32-bit finalizer with good avalanche (xor-shift / multiply rounds).
-__device__ __forceinline__ unsigned int dropout_mix(unsigned int x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
+__host__ __device__ __forceinline__ unsigned int philox_mulhi(unsigned int a, unsigned int b) {
+  return static_cast<unsigned int>((static_cast<unsigned long long>(a) * b) >> 32);
 }
 
-__device__ __forceinline__ unsigned int dropout_draw(unsigned int seed, unsigned int counter,
-                                                     unsigned int i) {
-  const unsigned int key = dropout_mix(seed ^ 0x9e3779b9U) ^ dropout_mix(counter * 0x85ebca6bU + 0x632be5abU);
-  return dropout_mix(dropout_mix(i ^ key) + key);
+// First 32-bit word of Philox-4x32-10 of counter (c0, c1, c2, c3) under key (k0, k1).
+__host__ __device__ __forceinline__ unsigned int philox4x32_10(unsigned int c0, unsigned int c1,
+                                                               unsigned int c2, unsigned int c3,
+                                                               unsigned int k0, unsigned int k1) {
+  for (int r = 0; r < 10; ++r) {
+    if (r > 0) {
+      k0 += 0x9E3779B9U;
+      k1 += 0xBB67AE85U;
+    }
+    const unsigned int hi0 = philox_mulhi(0xD2511F53U, c0), lo0 = 0xD2511F53U * c0;
+    const unsigned int hi1 = philox_mulhi(0xCD9E8D57U, c2), lo1 = 0xCD9E8D57U * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+  }
+  return c0;
 }
 
-// mask[i] = draw; y = x * (draw > thres) * scale
-__global__ void dropout_forward(const int n, const Dtype* x, const unsigned int seed,
-                                const unsigned int counter, const unsigned int thres,
-                                unsigned int* mask, const Dtype scale, Dtype* y) {
+// mask[i] = draw > thres (keep); y[i] = keep ? x[i] * scale : 0. x may equal y.
+__global__ void dropout_forward_train(const int n, const Dtype* x, const unsigned int* offset,
+                                      const unsigned int seed, const unsigned int stream,
+                                      const unsigned int thres, const Dtype scale, Dtype* mask, Dtype* y) {
+  const unsigned int off = *offset;
   CUDA_KERNEL_LOOP(i, n) {
-    const unsigned int r = dropout_draw(seed, counter, static_cast<unsigned int>(i));
-    mask[i] = r;
-    y[i] = r > thres ? x[i] * scale : Dtype(0);
+    const bool keep = philox4x32_10(static_cast<unsigned int>(i), off, 0U, 0U, seed, stream) > thres;
+    mask[i] = keep ? Dtype(1) : Dtype(0);
+    y[i] = keep ? x[i] * scale : Dtype(0);
   }
 }
 
-__global__ void dropout_backward(const int n, const Dtype* dy, const unsigned int* mask,
-                                 const unsigned int thres, const Dtype scale, Dtype* dx) {
-  CUDA_KERNEL_LOOP(i, n) { dx[i] = mask[i] > thres ? dy[i] * scale : Dtype(0); }
-}
-
-// y = x * scale (the TEST phase; x may equal y)
-__global__ void dropout_scale(const int n, const Dtype* x, const Dtype scale, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) { y[i] = x[i] * scale; }
-}
+// One thread: the next forward draws from the next counter block.
+__global__ void dropout_advance(unsigned int* offset) { *offset += 1U; }

@@ -3,9 +3,11 @@ the identity. Any shape; works in place.
 
 ``scale = 1 / (1 - dropout_ratio)`` when ``scale_train`` (the default, Caffe's behaviour), else 1
 at train time and ``1 - dropout_ratio`` at test time (``scale_train`` is read only where the
-compiled caffe.proto has the field). The CPU mask comes from ``common.rng()``; the GPU mask is
-drawn on the device by a counter-based hash of (seed, counter, index) with the pair from
-``common.next_gpu_seed()`` at each forward, so ``set_random_seed`` makes both repeatable.
+compiled caffe.proto has the field). The mask (1 kept, 0 dropped) is an internal Blob read by
+backward. CPU masks come from ``common.rng()``. GPU masks are drawn on the device by Philox-4x32-10
+(``dropout.cu``) keyed by ``common.next_gpu_seed()`` (taken at the first forward after each
+``set_random_seed``, so both devices are repeatable) at a draw counter kept in device memory and
+advanced by a kernel, so a captured CUDA graph draws a fresh mask on every replay.
 """
 
 from __future__ import annotations
@@ -15,19 +17,22 @@ from pathlib import Path
 import numpy as np
 
 from pycaffe_lite import common
+from pycaffe_lite.blob import Blob
+from pycaffe_lite.errors import CudaError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import register_layer
+
+from .neuron_layer import NeuronLayer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 UINT_MAX = 2**32 - 1
 
 
 @register_layer("Dropout")
-class DropoutLayer(Layer):
-    exact_num_bottom_blobs = 1
-    exact_num_top_blobs = 1
-    # Each GPU forward draws a new (seed, counter) on the host: a replayed graph would repeat one mask.
-    graph_safe = False
+class DropoutLayer(NeuronLayer):
+    gpu_forward = "y[i] = x[i] * scale"  # TEST; TRAIN draws in dropout.cu
+    gpu_backward = "dx[i] = dy[i] * scale"  # TEST
+    gpu_backward_train = "dx[i] = mask[i] != Dtype(0) ? dy[i] * scale : Dtype(0)"
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.dropout_param
@@ -35,75 +40,78 @@ class DropoutLayer(Layer):
         if not 0.0 <= self.threshold < 1.0:
             raise self.error(f"dropout_ratio must be in [0, 1), got {self.threshold}")
         self.scale = 1.0 / (1.0 - self.threshold)
-        self.uint_thres = int(UINT_MAX * self.threshold)  # keep where the uint32 draw is above
+        self.uint_thres = int(UINT_MAX * self.threshold)  # the GPU keeps where the uint32 draw is above
         self.scale_train = p.scale_train if "scale_train" in p.DESCRIPTOR.fields_by_name else True
-        self.mask: np.ndarray | None = None  # CPU mask (uint32 0/1)
-        self._gpu_mask = None  # device allocation of count uint32 draws
-        self._gpu_mask_count = 0
-        self._gpu_mask_used = -1  # element count of the last GPU TRAIN forward
+        self.mask = Blob((), self.dtype)
+        self.mask_shape: tuple | None = None  # shape of the last TRAIN forward's mask
+        self.draw_counter = Blob((1,), np.float32)  # device-only: holds the uint32 counter's bits
+        self.generator: tuple[int, int, int] | None = None  # (seed generation, seed, stream)
 
     def reshape(self, bottom, top):
-        top[0].reshape(bottom[0].shape)
+        super().reshape(bottom, top)
+        self.mask.reshape(bottom[0].shape)
 
     @property
     def train(self) -> bool:
         return self.phase == common.TRAIN
 
-    def _train_scale(self) -> float:
-        return self.scale if self.scale_train else 1.0
-
-    def _test_scale(self) -> float:
+    def _scale(self) -> float:
+        if self.train:
+            return self.scale if self.scale_train else 1.0
         return 1.0 if self.scale_train else 1.0 - self.threshold
+
+    def gpu_scalars(self):
+        return {"scale": self._scale()}
+
+    def _checked_mask(self, shape) -> None:
+        if self.mask_shape != tuple(shape):
+            raise self.error("backward at TRAIN needs a forward pass first (no dropout mask)")
 
     # -- CPU --------------------------------------------------------------------------------
     def forward_cpu(self, bottom, top):
-        x = bottom[0].cpu_data()
-        if self.train:
-            self.mask = (common.rng().random(x.shape) >= self.threshold).astype(np.uint32)
-            top[0].mutable_cpu_data()[...] = np.where(self.mask, x * self.dtype.type(self._train_scale()), 0)
-        else:
-            top[0].mutable_cpu_data()[...] = x * self.dtype.type(self._test_scale())
+        if not self.train:
+            return super().forward_cpu(bottom, top)
+        x, mask = bottom[0].cpu_data(), self.mask.mutable_cpu_data()
+        mask[...] = common.rng().random(x.shape) >= self.threshold
+        self.mask_shape = x.shape
+        top[0].mutable_cpu_data()[...] = np.where(mask != 0, x * self.dtype.type(self._scale()), 0)
 
-    def backward_cpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        dy = top[0].cpu_diff()
-        if self.train:
-            if self.mask is None or self.mask.shape != dy.shape:
-                raise self.error("backward at TRAIN needs a forward pass first (no dropout mask)")
-            bottom[0].mutable_cpu_diff()[...] = np.where(self.mask, dy * self.dtype.type(self._train_scale()), 0)
-        else:
-            bottom[0].mutable_cpu_diff()[...] = dy * self.dtype.type(self._test_scale())
+    def cpu_forward(self, x):
+        return x * self.dtype.type(self._scale())
+
+    def cpu_backward(self, x, y, dy):
+        scale = self.dtype.type(self._scale())
+        if not self.train:
+            return dy * scale
+        self._checked_mask(dy.shape)
+        return np.where(self.mask.cpu_data() != 0, dy * scale, 0)
 
     # -- GPU --------------------------------------------------------------------------------
-    def _mask_ptr(self, count: int) -> int:
-        if self._gpu_mask is None or self._gpu_mask_count < count:
-            self._gpu_mask = backend.alloc(max(count, 1) * 4)
-            self._gpu_mask_count = count
-        return int(self._gpu_mask)
+    def _seed_and_stream(self) -> tuple[int, int]:
+        """The generator's key; after a set_random_seed a new one, with the draw counter zeroed."""
+        generation = common.seed_generation()
+        if self.generator is None or self.generator[0] != generation:
+            if backend.state().capturing:  # the reset would be replayed: every replay the same mask
+                raise CudaError(f"Dropout '{self.name}' re-seeds its generator: run once before capturing")
+            self.generator = (generation, *common.next_gpu_seed())
+            backend.memset_zero(self.draw_counter.mutable_gpu_data(), 4)
+        return self.generator[1:]
 
     def forward_gpu(self, bottom, top):
-        n = bottom[0].count
-        x, y = bottom[0].gpu_data(), top[0].mutable_gpu_data()
-        if self.train:
-            seed, counter = common.next_gpu_seed()
-            self._gpu_mask_used = n
-            backend.kernel(KERNELS, "dropout_forward", self.dtype, "iPuuuPfP")(
-                n, n, x, seed, counter, self.uint_thres, self._mask_ptr(n), self._train_scale(), y,
-            )
-        else:
-            backend.kernel(KERNELS, "dropout_scale", self.dtype, "iPfP")(n, n, x, self._test_scale(), y)
+        if not self.train:
+            return super().forward_gpu(bottom, top)
+        n, (seed, stream) = bottom[0].count, self._seed_and_stream()
+        counter = self.draw_counter.mutable_gpu_data()
+        backend.kernel(KERNELS, "dropout_forward_train", self.dtype)(
+            n, bottom[0].gpu_data(), counter, seed, stream, self.uint_thres, self._scale(),
+            self.mask.mutable_gpu_data(), top[0].mutable_gpu_data(),
+        )
+        backend.kernel(KERNELS, "dropout_advance", self.dtype)(counter, grid=1, block=1)
+        self.mask_shape = tuple(bottom[0].shape)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        n = top[0].count
-        dy, dx = top[0].gpu_diff(), bottom[0].mutable_gpu_diff()
-        if self.train:
-            if self._gpu_mask is None or self._gpu_mask_used != n:
-                raise self.error("backward at TRAIN needs a forward pass first (no dropout mask)")
-            backend.kernel(KERNELS, "dropout_backward", self.dtype, "iPPufP")(
-                n, n, dy, int(self._gpu_mask), self.uint_thres, self._train_scale(), dx,
-            )
-        else:
-            backend.kernel(KERNELS, "dropout_scale", self.dtype, "iPfP")(n, n, dy, self._test_scale(), dx)
+        if not (self.train and propagate_down[0]):
+            return super().backward_gpu(top, propagate_down, bottom)
+        self._checked_mask(top[0].shape)
+        self.launch("backward_train", self.gpu_backward_train, top[0].count, mask=self.mask.gpu_data(),
+                    dy=top[0].gpu_diff(), dx=bottom[0].mutable_gpu_diff())

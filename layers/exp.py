@@ -8,20 +8,18 @@ the top, so in-place use is safe).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
-from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import register_layer
 
-KERNELS = Path(__file__).with_name("elementwise_activations.cu")
+from .neuron_layer import NeuronLayer
 
 
 @register_layer("Exp")
-class ExpLayer(Layer):
-    exact_num_bottom_blobs = 1
-    exact_num_top_blobs = 1
+class ExpLayer(NeuronLayer):
+    gpu_forward = "y[i] = outer_scale * exp(inner_scale * x[i])"
+    gpu_backward = "dx[i] = dy[i] * y[i] * inner_scale"
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.exp_param
@@ -33,26 +31,11 @@ class ExpLayer(Layer):
         shift = float(p.shift)
         self.outer_scale = 1.0 if shift == 0 else (math.exp(shift) if base == -1 else base**shift)
 
-    def reshape(self, bottom, top):
-        top[0].reshape(bottom[0].shape)
+    def gpu_scalars(self):
+        return {"inner_scale": self.inner_scale, "outer_scale": self.outer_scale}
 
-    def forward_cpu(self, bottom, top):
-        x = bottom[0].cpu_data()
-        top[0].mutable_cpu_data()[...] = self.outer_scale * np.exp(self.inner_scale * x)
+    def cpu_forward(self, x):
+        return self.outer_scale * np.exp(self.inner_scale * x)
 
-    def backward_cpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        bottom[0].mutable_cpu_diff()[...] = top[0].cpu_diff() * top[0].cpu_data() * self.inner_scale
-
-    def forward_gpu(self, bottom, top):
-        n = bottom[0].count
-        k = backend.kernel(KERNELS, "exp_forward", self.dtype, "iPPff")
-        k(n, n, bottom[0].gpu_data(), top[0].mutable_gpu_data(), self.inner_scale, self.outer_scale)
-
-    def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        n = bottom[0].count
-        k = backend.kernel(KERNELS, "exp_backward", self.dtype, "iPPPf")
-        k(n, n, top[0].gpu_diff(), top[0].gpu_data(), bottom[0].mutable_gpu_diff(), self.inner_scale)
+    def cpu_backward(self, x, y, dy):
+        return dy * y * self.inner_scale

@@ -7,20 +7,18 @@ Any shape; ``base`` must be positive (and not 1) or -1. Backward:
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
-from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import register_layer
 
-KERNELS = Path(__file__).with_name("elementwise_activations.cu")
+from .neuron_layer import NeuronLayer
 
 
 @register_layer("Log")
-class LogLayer(Layer):
-    exact_num_bottom_blobs = 1
-    exact_num_top_blobs = 1
+class LogLayer(NeuronLayer):
+    gpu_forward = "y[i] = base_scale * log(shift + scale * x[i])"
+    gpu_backward = "dx[i] = dy[i] * num_scale / (shift + scale * x[i])"
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.log_param
@@ -31,28 +29,12 @@ class LogLayer(Layer):
         self.scale, self.shift = float(p.scale), float(p.shift)
         self.backward_num_scale = self.scale * self.base_scale
 
-    def reshape(self, bottom, top):
-        top[0].reshape(bottom[0].shape)
+    def gpu_scalars(self):
+        return {"base_scale": self.base_scale, "scale": self.scale, "shift": self.shift,
+                "num_scale": self.backward_num_scale}
 
-    def forward_cpu(self, bottom, top):
-        x = bottom[0].cpu_data()
-        top[0].mutable_cpu_data()[...] = self.base_scale * np.log(self.shift + self.scale * x)
+    def cpu_forward(self, x):
+        return self.base_scale * np.log(self.shift + self.scale * x)
 
-    def backward_cpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        x = bottom[0].cpu_data()
-        bottom[0].mutable_cpu_diff()[...] = top[0].cpu_diff() * self.backward_num_scale / (self.shift + self.scale * x)
-
-    def forward_gpu(self, bottom, top):
-        n = bottom[0].count
-        k = backend.kernel(KERNELS, "log_forward", self.dtype, "iPPfff")
-        k(n, n, bottom[0].gpu_data(), top[0].mutable_gpu_data(), self.base_scale, self.scale, self.shift)
-
-    def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        n = bottom[0].count
-        k = backend.kernel(KERNELS, "log_backward", self.dtype, "iPPPfff")
-        k(n, n, top[0].gpu_diff(), bottom[0].gpu_data(), bottom[0].mutable_gpu_diff(), self.backward_num_scale,
-          self.scale, self.shift)
+    def cpu_backward(self, x, y, dy):
+        return dy * self.backward_num_scale / (self.shift + self.scale * x)

@@ -7,49 +7,44 @@ Reads both input and output, so it must not run in place.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from pycaffe_lite.gpu import backend
-from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import register_layer
 
-KERNELS = Path(__file__).with_name("elementwise_activations.cu")
+from .neuron_layer import NeuronLayer
 
 
 @register_layer("Power")
-class PowerLayer(Layer):
-    exact_num_bottom_blobs = 1
-    exact_num_top_blobs = 1
+class PowerLayer(NeuronLayer):
+    gpu_forward = ("const Dtype v = shift + scale * x[i]; "
+                   "y[i] = power == Dtype(1) ? v : power == Dtype(2) ? v * v : pow(v, power)")
+    gpu_backward = ("dx[i] = dy[i] * (power == Dtype(1) ? diff_scale"
+                    " : power == Dtype(2) ? diff_scale * shift + diff_scale * scale * x[i]"
+                    " : shift == Dtype(0) ? power * y[i] / x[i] : diff_scale * y[i] / (shift + scale * x[i]))")
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.power_param
         self.power, self.scale, self.shift = float(p.power), float(p.scale), float(p.shift)
         self.diff_scale = self.power * self.scale
+        if self.diff_scale == 0:  # a constant output: 1 for power 0, else shift^power; zero gradient
+            self.constant = 1.0 if self.power == 0 else float(np.power(self.dtype.type(self.shift),
+                                                                       self.dtype.type(self.power)))
+            self.gpu_forward, self.gpu_backward = "y[i] = constant", "dx[i] = Dtype(0)"
 
-    def reshape(self, bottom, top):
-        top[0].reshape(bottom[0].shape)
-
-    def _constant(self) -> float:
-        """The output when ``power · scale == 0``: 1 for power 0, else shift^power."""
-        return 1.0 if self.power == 0 else float(np.power(self.dtype.type(self.shift), self.dtype.type(self.power)))
-
-    def forward_cpu(self, bottom, top):
+    def gpu_scalars(self):
         if self.diff_scale == 0:
-            top[0].mutable_cpu_data()[...] = self._constant()
-            return
-        v = self.shift + self.scale * bottom[0].cpu_data()
-        top[0].mutable_cpu_data()[...] = v if self.power == 1 else np.power(v, self.dtype.type(self.power))
+            return {"constant": self.constant}
+        return {"power": self.power, "scale": self.scale, "shift": self.shift, "diff_scale": self.diff_scale}
 
-    def backward_cpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        dx = bottom[0].mutable_cpu_diff()
+    def cpu_forward(self, x):
         if self.diff_scale == 0:
-            dx[...] = 0
-            return
-        x, y, dy = bottom[0].cpu_data(), top[0].cpu_data(), top[0].cpu_diff()
+            return self.constant
+        v = self.shift + self.scale * x
+        return v if self.power == 1 else np.power(v, self.dtype.type(self.power))
+
+    def cpu_backward(self, x, y, dy):
+        if self.diff_scale == 0:
+            return 0
         if self.power == 1:
             d = self.diff_scale
         elif self.power == 2:
@@ -58,23 +53,4 @@ class PowerLayer(Layer):
             d = self.power * y / x
         else:
             d = self.diff_scale * y / (self.shift + self.scale * x)
-        dx[...] = dy * d
-
-    def forward_gpu(self, bottom, top):
-        n = bottom[0].count
-        if self.diff_scale == 0:
-            gm.set(n, self._constant(), top[0].mutable_gpu_data(), self.dtype)
-            return
-        k = backend.kernel(KERNELS, "power_forward", self.dtype, "iPPfff")
-        k(n, n, bottom[0].gpu_data(), top[0].mutable_gpu_data(), self.power, self.scale, self.shift)
-
-    def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        n = bottom[0].count
-        if self.diff_scale == 0:
-            gm.set(n, 0.0, bottom[0].mutable_gpu_diff(), self.dtype)
-            return
-        k = backend.kernel(KERNELS, "power_backward", self.dtype, "iPPPPfff")
-        k(n, n, top[0].gpu_diff(), bottom[0].gpu_data(), top[0].gpu_data(), bottom[0].mutable_gpu_diff(),
-          self.power, self.scale, self.shift)
+        return dy * d

@@ -1,47 +1,23 @@
-"""Sigmoid: ``y = 1 / (1 + exp(-x))`` element-wise; any shape; works in place.
-
-Backward: ``dx = dy · y · (1 - y)`` (reads only the top, so in-place use is safe).
+"""Sigmoid: ``y = 1 / (1 + exp(-x))`` element-wise (as ``0.5·tanh(0.5·x) + 0.5``, which cannot
+overflow); any shape; works in place. Backward: ``dx = dy · y · (1 - y)`` (reads only the top).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import register_layer
 
-KERNELS = Path(__file__).with_suffix(".cu")
+from .neuron_layer import NeuronLayer
 
 
 @register_layer("Sigmoid")
-class SigmoidLayer(Layer):
-    exact_num_bottom_blobs = 1
-    exact_num_top_blobs = 1
+class SigmoidLayer(NeuronLayer):
+    gpu_forward = "y[i] = Dtype(0.5) * tanh(Dtype(0.5) * x[i]) + Dtype(0.5)"
+    gpu_backward = "dx[i] = dy[i] * y[i] * (Dtype(1) - y[i])"
 
-    def reshape(self, bottom, top):
-        top[0].reshape(bottom[0].shape)
+    def cpu_forward(self, x):
+        return 0.5 * np.tanh(0.5 * x) + 0.5
 
-    def forward_cpu(self, bottom, top):
-        x = bottom[0].cpu_data()
-        # the tanh form is stable for large |x| (no overflow in exp)
-        top[0].mutable_cpu_data()[...] = 0.5 * np.tanh(0.5 * x) + 0.5
-
-    def backward_cpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        y = top[0].cpu_data()
-        bottom[0].mutable_cpu_diff()[...] = top[0].cpu_diff() * y * (1 - y)
-
-    def forward_gpu(self, bottom, top):
-        n = bottom[0].count
-        k = backend.kernel(KERNELS, "sigmoid_forward", self.dtype, "iPP")
-        k(n, n, bottom[0].gpu_data(), top[0].mutable_gpu_data())
-
-    def backward_gpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        n = bottom[0].count
-        k = backend.kernel(KERNELS, "sigmoid_backward", self.dtype, "iPPP")
-        k(n, n, top[0].gpu_diff(), top[0].gpu_data(), bottom[0].mutable_gpu_diff())
+    def cpu_backward(self, x, y, dy):
+        return dy * y * (1 - y)

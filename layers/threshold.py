@@ -6,28 +6,23 @@ the bottom gradient is an error.
 
 from __future__ import annotations
 
-from pathlib import Path
+from pycaffe_lite.layer import register_layer
 
-from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
-
-KERNELS = Path(__file__).with_name("elementwise_activations.cu")
+from .neuron_layer import NeuronLayer
 
 
 @register_layer("Threshold")
-class ThresholdLayer(Layer):
-    exact_num_bottom_blobs = 1
-    exact_num_top_blobs = 1
+class ThresholdLayer(NeuronLayer):
+    gpu_forward = "y[i] = x[i] > threshold ? Dtype(1) : Dtype(0)"
 
     def layer_setup(self, bottom, top):
         self.threshold = float(self.layer_param.threshold_param.threshold)
 
-    def reshape(self, bottom, top):
-        top[0].reshape(bottom[0].shape)
+    def gpu_scalars(self):
+        return {"threshold": self.threshold}
 
-    def forward_cpu(self, bottom, top):
-        x = bottom[0].cpu_data()
-        top[0].mutable_cpu_data()[...] = (x > self.dtype.type(self.threshold)).astype(self.dtype)
+    def cpu_forward(self, x):
+        return (x > self.dtype.type(self.threshold)).astype(self.dtype)
 
     def backward_cpu(self, top, propagate_down, bottom):
         if propagate_down[0]:
@@ -36,10 +31,4 @@ class ThresholdLayer(Layer):
                 "do not back-propagate through it (e.g. set propagate_down: false on the consumer)"
             )
 
-    def forward_gpu(self, bottom, top):
-        n = bottom[0].count
-        k = backend.kernel(KERNELS, "threshold_forward", self.dtype, "iPPf")
-        k(n, n, bottom[0].gpu_data(), top[0].mutable_gpu_data(), self.threshold)
-
-    def backward_gpu(self, top, propagate_down, bottom):
-        self.backward_cpu(top, propagate_down, bottom)
+    backward_gpu = backward_cpu

@@ -78,6 +78,11 @@ def rng() -> np.random.Generator:
     return _state.rng
 
 
+def seed_generation() -> int:
+    """How many times set_random_seed has run: device generators re-seed when it changes."""
+    return _state.seed_generation
+
+
 def next_gpu_seed() -> tuple[int, int]:
     """A (seed, counter) pair for a counter-based device generator; each call gives a new stream."""
     seed = _state.seed if _state.seed is not None else 0x5EED

@@ -167,7 +167,8 @@ class Executor:
                 yield blob.data_memory
 
     def _key(self, tag: tuple) -> tuple:
-        return (tag, backend.state().alloc_generation, shape_generation())
+        # set_random_seed re-keys device generators (Dropout), which graphs recorded: re-capture.
+        return (tag, backend.state().alloc_generation, shape_generation(), common.seed_generation())
 
     # -- plain execution ------------------------------------------------------------------------
     def _run_forward(self, start: int, end: int) -> None:

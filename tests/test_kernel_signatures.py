@@ -59,4 +59,4 @@ def test_every_cu_file_parses():
         sigs = parse_signatures(path.read_text())
         assert sigs, f"{path}: no __global__ kernels found"
         total += len(sigs)
-    assert total > 100
+    assert total > 50  # (elementwise kernels generated from layer statements live in no .cu file)

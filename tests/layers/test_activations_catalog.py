@@ -16,7 +16,7 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 SHAPE = (2, 3, 2, 3)
 
@@ -162,33 +162,8 @@ def test_in_place_matches_out_of_place(case, mode):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_cpu_gpu_agreement(case, dtype):
-    x = draw(case, seed=5).astype(dtype)
-    dy = np.random.default_rng(6).uniform(-1, 1, SHAPE).astype(dtype)
-    results = {}
-    params = None
-    try:
-        for where in ("cpu", "gpu"):
-            caffe.set_mode_cpu() if where == "cpu" else caffe.set_mode_gpu()
-            layer, bottom, top = setup_layer(case, x, dtype)
-            if params is None:
-                params = [p.cpu_data().copy() for p in layer.blobs]
-            for p, v in zip(layer.blobs, params):
-                p.mutable_cpu_data()[...] = v
-                p.mutable_cpu_diff()[...] = 0
-            layer.forward(bottom, top)
-            out = {"top": top[0].cpu_data().copy()}
-            if case.backward:
-                top[0].mutable_cpu_diff()[...] = dy
-                layer.backward(top, [True], bottom)
-                out["bottom_diff"] = bottom[0].cpu_diff().copy()
-                out.update({f"param{j}_diff": p.cpu_diff().copy() for j, p in enumerate(layer.blobs)})
-            results[where] = out
-    finally:
-        caffe.set_mode_cpu()
-    assert results["cpu"].keys() == results["gpu"].keys()
     looser = {"rtol": 1e-4, "atol": 1e-5} if np.dtype(dtype) == np.float32 else tol(dtype)
-    for key, value in results["cpu"].items():
-        np.testing.assert_allclose(results["gpu"][key], value, err_msg=key, **looser)
+    assert_cpu_gpu_agree(case.text, [draw(case, seed=5)], propagate=[case.backward], dtype=dtype, **looser)
 
 
 # -- layer-specific behaviour ----------------------------------------------------------------

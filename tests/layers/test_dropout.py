@@ -1,6 +1,10 @@
 """Dropout: TRAIN masks (rate, scaling, repeatability under a seed), TEST identity, backward with
 the forward's mask, in place, gradients; GPU: device-drawn masks (statistics, seed repeatability,
-independence), TEST identity."""
+independence, bit-exact Philox draws, fresh masks on CUDA graph replays), TEST identity."""
+
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,7 +13,28 @@ import pycaffe_lite as caffe
 from pycaffe_lite import common
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
+
+DROPOUT_CU = Path(__file__).resolve().parents[2] / "layers" / "dropout.cu"
+M32 = np.uint64(0xFFFFFFFF)
+
+
+def philox_first_word(c0, c1, c2, c3, k0, k1) -> np.ndarray:
+    """Independent numpy Philox-4x32-10 (Random123's constants): the first output word, element-wise."""
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) & M32 for c in (c0, c1, c2, c3))
+    k0, k1 = np.uint64(k0), np.uint64(k1)
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + np.uint64(0x9E3779B9)) & M32, (k1 + np.uint64(0xBB67AE85)) & M32
+        p0, p1 = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & M32, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & M32
+    return c0
+
+
+def expected_mask(layer, count: int, offset: int) -> np.ndarray:
+    """The keep mask the device draws for forward number ``offset`` since the layer was (re)seeded."""
+    _, seed, stream = layer.generator
+    return philox_first_word(np.arange(count), offset, 0, 0, seed, stream) > layer.uint_thres
 
 
 def forward(text, x, dtype=np.float64, seed=None):
@@ -96,6 +121,45 @@ def test_scale_train_false_scales_at_test_instead():
             np.testing.assert_allclose(y, x * 0.75)
 
 
+def test_mask_blob_is_kept_for_backward(mode):
+    x = np.random.default_rng(8).uniform(1, 2, (5, 6))
+    layer, _, top = forward("dropout_param { dropout_ratio: 0.3 }", x, seed=9)
+    mask = layer.mask.cpu_data()
+    assert set(np.unique(mask)) == {0.0, 1.0}
+    np.testing.assert_array_equal(mask != 0, top[0].data != 0)
+
+
+def test_backward_before_forward_is_an_error():
+    layer = make_layer("type: 'Dropout'")
+    bottom, top = blobs([np.ones(4)]), empty_blobs(1)
+    layer.setup(bottom, top)
+    with pytest.raises(NetError, match="needs a forward pass first"):
+        layer.backward(top, [True], bottom)
+
+
+def test_philox_reference_known_answers():
+    """Random123's known-answer vectors (first word) for philox4x32 with 10 rounds."""
+    words = [philox_first_word(0, 0, 0, 0, 0, 0),
+             philox_first_word(*[0xFFFFFFFF] * 4, 0xFFFFFFFF, 0xFFFFFFFF),
+             philox_first_word(0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344, 0xA4093822, 0x299F31D0)]
+    assert [int(w) for w in words] == [0x6627E8D5, 0x408F276D, 0xD16CFE09]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_device_generator_matches_reference(tmp_path):
+    """dropout.cu's generator (host-callable) built by nvcc and run on the host gives the reference draws."""
+    rng = np.random.default_rng(0)
+    cases = rng.integers(0, 2**32, (6, 6), dtype=np.uint64)
+    calls = "".join(f'  printf("%u\\n", philox4x32_10({", ".join(f"{int(v)}U" for v in row)}));\n' for row in cases)
+    src = tmp_path / "philox.cu"
+    src.write_text(f'typedef float Dtype;\n#define CUDA_KERNEL_LOOP(i, n) for (int i = 0; i < (n); ++i)\n'
+                   f'#include <cstdio>\nextern "C" {{\n#include "{DROPOUT_CU}"\n}}\nint main() {{\n{calls}}}\n')
+    subprocess.run(["nvcc", "-arch=sm_90", "-o", str(tmp_path / "philox"), str(src)], check=True,
+                   capture_output=True)
+    out = subprocess.run([str(tmp_path / "philox")], check=True, capture_output=True, text=True).stdout
+    assert [int(v) for v in out.split()] == [int(philox_first_word(*row)) for row in cases]
+
+
 @pytest.mark.parametrize("ratio", [1.0, -0.1])
 def test_bad_ratio_is_clear(ratio):
     with pytest.raises(NetError, match="dropout_ratio"):
@@ -163,20 +227,46 @@ def test_gpu_backward_matches_forward_mask(gpu_mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_cpu_gpu_agree_at_test(dtype):
-    rng = np.random.default_rng(7)
-    x, dy = rng.standard_normal((4, 6)), rng.standard_normal((4, 6))
-    out = {}
-    for m in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if m == "gpu" else caffe.set_mode_cpu()
-        try:
-            layer, bottom, top = forward("phase: TEST", x, dtype)
-            top[0].diff[...] = dy
-            layer.backward(top, [True], bottom)
-            out[m] = (top[0].data.copy(), bottom[0].diff.copy())
-        finally:
-            caffe.set_mode_cpu()
-    for a, b in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_array_equal(a, b)
+    x = np.random.default_rng(7).standard_normal((4, 6))
+    assert_cpu_gpu_agree("type: 'Dropout' phase: TEST", [x], dtype=dtype, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_masks_are_the_philox_draws(gpu_mode, dtype):
+    x = np.random.default_rng(9).uniform(1, 2, (37, 29))
+    layer, bottom, top = forward("dropout_param { dropout_ratio: 0.4 }", x, dtype, seed=13)
+    assert layer.generator[1:] == (13, 1)  # the first next_gpu_seed() after set_random_seed
+    for offset in range(3):
+        if offset:
+            layer.forward(bottom, top)
+        keep = expected_mask(layer, x.size, offset).reshape(x.shape)
+        np.testing.assert_array_equal(layer.mask.cpu_data(), keep.astype(dtype))
+        np.testing.assert_allclose(top[0].data, np.where(keep, x / (1 - float(np.float32(0.4))), 0), rtol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replays_draw_fresh_masks(gpu_mode):
+    """A net's Dropout range is captured as a CUDA graph; each replay advances the device counter."""
+    from pycaffe_lite.proto import caffe_pb2
+    from pycaffe_lite.protoio import parse_text
+
+    text = """layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 30 dim: 40 } } }
+    layer { name: "drop" type: "Dropout" bottom: "data" top: "drop" dropout_param { dropout_ratio: 0.5 } }"""
+    net = caffe.Net(parse_text(text, caffe_pb2.NetParameter(), "<net>"), caffe.TRAIN, dtype=np.float64)
+    net.blobs["data"].data[...] = 1.0
+    layer = net.layer_dict["drop"]
+    common.set_random_seed(17)
+    masks = []
+    for _ in range(5):
+        net.forward()
+        masks.append(net.blobs["drop"].data != 0)
+    assert net.graph_replays() >= 2
+    for offset, mask in enumerate(masks):
+        np.testing.assert_array_equal(mask.ravel(), expected_mask(layer, mask.size, offset))
+    common.set_random_seed(17)  # re-keys the graph: the next forward draws the first mask again
+    net.forward()
+    np.testing.assert_array_equal(net.blobs["drop"].data != 0, masks[0])
 
 
 @pytest.mark.parametrize("phase", ["TRAIN", "TEST"])

@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def _x(shape=(2, 3, 4), seed=0):
@@ -66,19 +65,18 @@ def test_backward_values_and_propagate_down():
 @pytest.mark.parametrize("slope", [0.0, 0.25])
 def test_cpu_gpu_agree(dtype, slope):
     x = _x((3, 5, 7), 4)
-    dy = np.random.default_rng(5).standard_normal(x.shape)
-    results = []
-    for dev in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if dev == "gpu" else caffe.set_mode_cpu()
-        try:
-            layer = make_layer(f'type: "ReLU" relu_param {{ negative_slope: {slope} }}', dtype)
-            bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
-            layer.setup(bottom, top)
-            layer.forward(bottom, top)
-            top[0].diff[...] = dy
-            layer.backward(top, [True], bottom)
-            results.append((top[0].data.copy(), bottom[0].diff.copy()))
-        finally:
-            caffe.set_mode_cpu()
-    for c, g in zip(*results):
-        np.testing.assert_allclose(c, g, rtol=1e-6)
+    x.flat[:3] = [0.0, -0.0, 2.0]  # the kink itself: dx is 0 (slope 0) or slope * dy on both devices
+    tol = {"rtol": 1e-6, "atol": 1e-7} if dtype == np.float32 else {}
+    assert_cpu_gpu_agree(f'type: "ReLU" relu_param {{ negative_slope: {slope} }}', [x], dtype=dtype, **tol)
+
+
+def test_backward_is_a_product_with_the_mask(mode):
+    """Caffe's dy * (x > 0): an inf or NaN top diff gives NaN where x <= 0, not 0."""
+    layer = make_layer('type: "ReLU"')
+    bottom, top = blobs([np.array([-1.0, 0.0, 2.0, 3.0])]), empty_blobs(1)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    top[0].diff[...] = [np.inf, np.nan, np.inf, 1.0]
+    with np.errstate(invalid="ignore"):
+        layer.backward(top, [True], bottom)
+    np.testing.assert_array_equal(bottom[0].diff, [np.nan, np.nan, np.inf, 1.0])

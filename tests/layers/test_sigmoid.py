@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 
-import pycaffe_lite as caffe
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 TEXT = "type: 'Sigmoid'"
 
@@ -35,7 +34,7 @@ def test_known_values_and_no_overflow():
     np.testing.assert_allclose(top[0].data, [0.5, 1.0, 0.0, 0.75], atol=1e-14)
 
 
-def test_backward_formula_in_place():
+def test_backward_formula_in_place(mode):
     rng = np.random.default_rng(1)
     x, dy = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
     layer, (b,) = make_layer(TEXT), blobs([x])
@@ -56,20 +55,6 @@ def test_gradient(mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_cpu_gpu_agree(dtype):
-    rng = np.random.default_rng(3)
-    x, dy = rng.standard_normal((4, 5, 3)) * 4, rng.standard_normal((4, 5, 3))
-    out = {}
-    for m in ("cpu", "gpu"):
-        caffe.set_mode_gpu() if m == "gpu" else caffe.set_mode_cpu()
-        try:
-            layer, bottom, top = make_layer(TEXT, dtype), blobs([x], dtype), empty_blobs(1, dtype)
-            layer.setup(bottom, top)
-            layer.forward(bottom, top)
-            top[0].diff[...] = dy
-            layer.backward(top, [True], bottom)
-            out[m] = (top[0].data.copy(), bottom[0].diff.copy())
-        finally:
-            caffe.set_mode_cpu()
+    x = np.random.default_rng(3).standard_normal((4, 5, 3)) * 4
     tol = 1e-5 if dtype == np.float32 else 1e-12
-    for a, b in zip(out["cpu"], out["gpu"]):
-        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    assert_cpu_gpu_agree(TEXT, [x], dtype=dtype, rtol=tol, atol=tol)
