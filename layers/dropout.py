@@ -91,7 +91,7 @@ class DropoutLayer(NeuronLayer):
         """The generator's key; after a set_random_seed a new one, with the draw counter zeroed."""
         generation = common.seed_generation()
         if self.generator is None or self.generator[0] != generation:
-            if backend.state().capturing:  # the reset would be replayed: every replay the same mask
+            if backend.recording() is not None:  # the reset would be replayed: every replay the same mask
                 raise CudaError(f"Dropout '{self.name}' re-seeds its generator: run once before capturing")
             self.generator = (generation, *common.next_gpu_seed())
             backend.memset_zero(self.draw_counter.mutable_gpu_data(), 4)

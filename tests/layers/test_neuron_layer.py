@@ -24,7 +24,6 @@ from pycaffe_lite.gpu import backend, cuda_graph
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.gpu.signatures import check_args, parse_signatures
 from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
-from pycaffe_lite.synced_memory import Head, set_capturing
 
 # (layer text, input range, has backward)
 NEURONS = [
@@ -115,10 +114,10 @@ class HostDevice:
         self.libs, self.sources, self.launches = libs, {}, []
         self.keep = []  # host buffers standing in for device allocations
         self.recording = None
-        self.state = type("State", (), {"capturing": False, "capture_written": set(), "alloc_generation": 0})()
+        self.state = type("State", (), {"recording": None, "alloc_generation": 0, "device_id": 0})()
 
     def alloc(self, nbytes):
-        if self.state.capturing:
+        if self.state.recording is not None:
             raise CudaError("allocation during capture")
         self.state.alloc_generation += 1
         self.keep.append(np.full(max(int(nbytes), 1), 0xAB, np.uint8))  # garbage, as device memory
@@ -162,23 +161,21 @@ class HostDevice:
         self.queue(op)
 
     @contextlib.contextmanager
-    def capture(self):
-        holder = cuda_graph._Capture()
-        self.recording, self.state.capturing = [], True
-        set_capturing(True)
+    def capture(self, recording):
+        self.recording, self.state.recording = [], recording
         try:
-            yield holder
+            yield recording
         finally:
-            set_capturing(False)
-            ops, self.recording, self.state.capturing = self.recording, None, False
-        holder.graph = type("Graph", (), {"launch": lambda _: [op() for op in ops]})()
+            ops, self.recording, self.state.recording = self.recording, None, None
+        recording.graph = type("Graph", (), {"launch": lambda _: [op() for op in ops]})()
 
     @contextlib.contextmanager
     def installed(self):
         mem = ctypes.memmove
         with pytest.MonkeyPatch.context() as mp:
             for name, value in {
-                "state": lambda: self.state, "init_device": lambda *a: None, "alloc": self.alloc,
+                "state": lambda: self.state, "recording": lambda: self.state.recording,
+                "init_device": lambda *a: None, "alloc": self.alloc,
                 "_compiled": self.compiled, "workspace": lambda *sizes: [self.alloc(s) for s in sizes],
                 "memset_zero": lambda p, n: self.queue(lambda: ctypes.memset(p, 0, n)),
                 "memcpy_dtod": lambda d, s, n: self.queue(lambda: mem(d, s, n)),
@@ -270,13 +267,14 @@ def test_dropout_on_the_host_device_replays_fresh_masks(host_device):
     common.set_random_seed(3)
     layer.forward(bottom, top)
     first = layer.mask.cpu_data().copy()
-    with cuda_graph.capture() as holder:
+    recording = cuda_graph.Recording()
+    with cuda_graph.capture(recording):
         layer.forward(bottom, top)
     masks = []
     for _ in range(2):
-        holder.graph.launch()
+        recording.graph.launch()
         masks.append(layer.mask.cpu_data().copy())
-        layer.mask.data_memory.head = Head.HEAD_AT_GPU  # as the graph runner marks written memory
+        layer.mask.data_memory.mark_device_newest()  # as the executor marks written memory
     assert not np.array_equal(masks[0], masks[1]) and not np.array_equal(first, masks[0])
     assert abs(np.mean(masks[1]) - 0.5) < 0.05
 
