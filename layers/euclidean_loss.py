@@ -51,7 +51,7 @@ class EuclideanLossLayer(LossLayer):
 
     def forward_gpu(self, bottom, top):
         n, blocks = bottom[0].count, reduce_blocks(bottom[0].count)
-        (partials,) = backend.workspace(blocks * self.dtype.itemsize)
+        (partials,) = backend.workspace(blocks * self.dtype.itemsize, slot="reduce")
         backend.kernel(KERNELS, "euclidean_forward", self.dtype)(
             n, bottom[0].gpu_data(), bottom[1].gpu_data(), self.diff.mutable_gpu_data(), partials,
             grid=blocks, block=REDUCE_THREADS,

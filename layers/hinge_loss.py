@@ -64,7 +64,7 @@ class HingeLossLayer(LossLayer):
     # GPU: margins fused with the first reduction stage, LossLayer's finish, gradient kernel.
     def forward_gpu(self, bottom, top):
         count, blocks = bottom[0].count, reduce_blocks(bottom[0].count)
-        (partials,) = backend.workspace(blocks * self.dtype.itemsize)
+        (partials,) = backend.workspace(blocks * self.dtype.itemsize, slot="reduce")
         backend.kernel(KERNELS, "hinge_forward", self.dtype)(
             count, bottom[0].gpu_data(), bottom[1].gpu_data(), self.inner, int(self.squared),
             self.margins.mutable_gpu_data(), partials, self.gpu_status(), grid=blocks, block=REDUCE_THREADS,

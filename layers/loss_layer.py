@@ -148,7 +148,7 @@ class LossLayer(Layer):
         """``top[0] = scale · Σ loss[:n] / normalizer`` on the device; ``valid`` (0/1 per item, or None
         when every item counts) gives the VALID count. Also stores the normalizer for backward."""
         blocks = reduce_blocks(n)
-        (partials,) = backend.workspace(2 * blocks * self.dtype.itemsize)
+        (partials,) = backend.workspace(2 * blocks * self.dtype.itemsize, slot="reduce")
         backend.kernel(KERNELS, "loss_partials", self.dtype)(
             n, loss, loss if valid is None else valid, int(valid is not None), partials,
             grid=blocks, block=REDUCE_THREADS,

@@ -19,6 +19,7 @@ variable ``PYCAFFE_LITE_CUDA_GRAPHS=0`` (or ``executor.use_graphs = False``) run
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
@@ -192,9 +193,13 @@ class Executor:
     def losses(self, start: int, end: int) -> float:
         """Σ loss_weight·top over the loss layers of ``start..end``, read from the device once."""
         net = self.net
-        tops = [blob for i in self._loss_layers if start <= i <= end
-                for t, blob in enumerate(net.top_vecs[i]) if net.layers[i].loss(t)]
-        return read_weighted_sum(tops)
+        layers = [i for i in self._loss_layers if start <= i <= end]
+        tops = [blob for i in layers for t, blob in enumerate(net.top_vecs[i]) if net.layers[i].loss(t)]
+        loss = read_weighted_sum(tops)
+        if math.isnan(loss):  # a layer may know why (a bad label flagged on the device): let it say
+            for i in layers:
+                net.layers[i].weighted_loss(net.top_vecs[i])
+        return loss
 
     # -- ranges ---------------------------------------------------------------------------------
     def forward(self, start: int, end: int) -> float:
@@ -274,11 +279,13 @@ class Executor:
         log_.pending += 1
 
 
+LOSS_LOG_KERNELS = Path(__file__).with_name("loss_log.cu")
+
+
 class LossLog:
     """Weighted losses of queued training iterations, kept on the device until :meth:`read`."""
 
     CAPACITY = 512
-    KERNELS = Path(__file__).with_name("loss_log.cu")
 
     def __init__(self, dtype: np.dtype) -> None:
         self.dtype = np.dtype(dtype)
@@ -294,12 +301,12 @@ class LossLog:
 
     def record(self, tops: list) -> None:
         """Queue: log[counter] = Σ vdot(top.data, top.diff); counter += 1 (capturable)."""
-        add = backend.kernel(self.KERNELS, "loss_log_add", self.dtype)
+        add = backend.kernel(LOSS_LOG_KERNELS, "loss_log_add", self.dtype)
         for k, top in enumerate(tops):
             add(top.count, top.gpu_data(), top.gpu_diff(), int(self._log), int(self._counter), self.CAPACITY,
                 int(k == 0), grid=1, block=256)
         self._no_tops = not tops
-        backend.kernel(self.KERNELS, "loss_log_advance", self.dtype)(int(self._counter), grid=1, block=1)
+        backend.kernel(LOSS_LOG_KERNELS, "loss_log_advance", self.dtype)(int(self._counter), grid=1, block=1)
 
     def read(self) -> list[float]:
         """The pending losses, oldest first (one host sync)."""

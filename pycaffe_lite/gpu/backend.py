@@ -47,7 +47,7 @@ class _State:
         self.lock = threading.Lock()
         self.recording = None  # the cuda_graph.Recording while a graph capture records the stream
         self.alloc_generation = 0  # bumped by every allocation: graphs keyed on old pointers retire
-        self.workspace: tuple[int, object] | None = None  # (bytes, allocation) shared by all layers
+        self.workspaces: dict[str, tuple[int, object]] = {}  # slot -> (bytes, allocation), see workspace()
 
     def close(self) -> None:
         try:
@@ -174,30 +174,30 @@ def alloc(nbytes: int):
 _WORKSPACE_ALIGN = 256
 
 
-def workspace(*sizes: int) -> list[int]:
+def workspace(*sizes: int, slot: str = "main") -> list[int]:
     """Device scratch shared by every layer: one pointer per requested size (bytes), carved from one
-    buffer grown on demand. Contents are undefined and the pointers are valid only until the next
-    call, so a pass asks once for everything it needs. Persistent state (a mask kept from forward
-    to backward) belongs in a Blob instead.
+    buffer per ``slot`` grown on demand. Contents are undefined and the pointers are valid only
+    until the next call for the same slot, so a pass asks once for everything it needs. Slot
+    ``"main"`` serves the big consumers (convolution engines); ``"reduce"`` the small partial sums
+    of reductions, which run inside such passes (a convolution's bias gradient) without
+    disturbing them. State kept from forward to backward belongs in a Blob instead.
     """
     st = state()
     offsets, total = [], 0
     for size in sizes:
         offsets.append(total)
         total += -(-max(int(size), 1) // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
-    buf = st.workspace
+    buf = st.workspaces.get(slot)
     if buf is None or buf[0] < total:
-        size = total
-        st.workspace = None  # free the old buffer first: the pool can reuse it
-        st.workspace = buf = (size, alloc(size))
+        st.workspaces.pop(slot, None)  # free the old buffer first: the pool can reuse it
+        st.workspaces[slot] = buf = (total, alloc(total))
     base = int(buf[1])
     return [base + off for off in offsets]
 
 
 def workspace_bytes() -> int:
-    """Current size of the shared device workspace (0 before first use)."""
-    buf = getattr(_state, "workspace", None) if _state is not None else None
-    return buf[0] if buf is not None else 0
+    """Current size of the shared device workspaces (0 before first use)."""
+    return sum(b[0] for b in _state.workspaces.values()) if _state is not None else 0
 
 
 def memory_held() -> dict[str, int]:

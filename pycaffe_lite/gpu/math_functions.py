@@ -159,7 +159,7 @@ def _reduce(op: str, outer: int, dim: int, inner: int, a: int, dtype, b: int | N
     units = outer * inner // w
     target = -(-_BLOCKS_PER_SM * backend.multiprocessor_count() // dim)
     chunks = max(1, min(target, -(-units // (4 * REDUCE_THREADS))))
-    (part,) = backend.workspace(2 * dim * chunks * np.dtype(dtype).itemsize)
+    (part,) = backend.workspace(2 * dim * chunks * np.dtype(dtype).itemsize, slot="reduce")
     backend.kernel(KERNELS, f"reduce_{op}_v{w}", dtype)(
         chunks, outer, dim, inner, a, b or a, shift or a, q or a, y or part, part,
         grid=(chunks * dim, 1, 1), block=REDUCE_THREADS)
