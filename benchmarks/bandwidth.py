@@ -114,9 +114,11 @@ class Timer:
             stop.record(backend.stream())
             stop.synchronize()
             return stop.time_since(start) / self.reps
-        with cuda_graph.capture() as graph:
+        recording = cuda_graph.Recording()
+        with cuda_graph.capture(recording):
             for _ in range(self.graph_calls):
                 fn()
+        graph = recording.graph
         graph.launch()
         backend.synchronize()
         start.record(backend.stream())

@@ -226,5 +226,5 @@ def _zoo_train(deploy, batch: int, iters: int, warmup: int, sync, gpu: bool) -> 
     out["params"] = sum(b.count for b, lr in zip(net.learnable_params, net.params_lr) if lr)  # no BN stats
     if gpu:
         out["memory"] = backend.memory_held()
-        out["graph_replays"] = net.graph_replays()
+        out["graph_replays"] = net.executor.replays
     return out

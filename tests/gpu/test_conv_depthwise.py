@@ -153,7 +153,7 @@ def test_gradient_check_forced_depthwise(body):
     layer = _layer(body)
     bottom, top = blobs([np.random.default_rng(1).standard_normal((2, 3, 6, 5))]), empty_blobs(1)
     layer.setup(bottom, top)
-    layer._choice = (layer._problem(), Choice("depthwise", "depthwise", "depthwise"))
+    layer._choice = Choice("depthwise", "depthwise", "depthwise")
     GradientChecker(stepsize=1e-3, threshold=1e-4).check(layer, bottom, top)
     assert layer.engine_choice().forward == "depthwise"
 
@@ -163,7 +163,7 @@ def test_layer_forced_depthwise_matches_reference():
     x = np.random.default_rng(2).standard_normal((3, 8, 13, 11))
     bottom, top = blobs([x]), empty_blobs(1)
     layer.setup(bottom, top)
-    layer._choice = (layer._problem(), Choice("depthwise", "depthwise", "depthwise"))
+    layer._choice = Choice("depthwise", "depthwise", "depthwise")
     layer.forward(bottom, top)
     w, b = layer.blobs[0].data.copy(), layer.blobs[1].data.copy()
     want = np.empty(top[0].shape)

@@ -92,7 +92,7 @@ def test_gradient_check_forced_direct(body):
     layer = _layer(body)
     bottom, top = blobs([np.random.default_rng(1).standard_normal((2, 2, 7, 6))]), empty_blobs(1)
     layer.setup(bottom, top)
-    layer._choice = (layer._problem(), Choice("direct", "direct", "direct"))
+    layer._choice = Choice("direct", "gemm", "gemm")
     GradientChecker(stepsize=1e-3, threshold=1e-4).check(layer, bottom, top)
     assert layer.engine_choice().forward == "direct"
 

@@ -216,9 +216,11 @@ def test_train_pass_replays_in_cuda_graph(gpu_mode, in_place):
     top[0].mutable_cpu_diff()[...] = ITER_DY[0]
     layer.backward(top, [True], [b])
     check_iteration(layer, b, top, next(expected))
-    with cuda_graph.capture() as graph:
+    recording = cuda_graph.Recording()
+    with cuda_graph.capture(recording):
         layer.forward([b], top)
         layer.backward(top, [True], [b])
+    graph = recording.graph
     for x, dy, want in zip(ITER_X[1:], ITER_DY[1:], expected):
         b.mutable_cpu_data()[...] = x
         b.gpu_data()

@@ -261,7 +261,7 @@ def test_gpu_graph_replays_draw_fresh_masks(gpu_mode):
     for _ in range(5):
         net.forward()
         masks.append(net.blobs["drop"].data != 0)
-    assert net.graph_replays() >= 2
+    assert net.executor.replays >= 2
     for offset, mask in enumerate(masks):
         np.testing.assert_array_equal(mask.ravel(), expected_mask(layer, mask.size, offset))
     common.set_random_seed(17)  # re-keys the graph: the next forward draws the first mask again
