@@ -257,6 +257,8 @@ ENGINE_CANDIDATES = {  # ConvolutionParameter.Engine name -> engines the autotun
     "CAFFE": ("gemm",),
     "IMPLICIT_GEMM": IMPLICIT,
     "WINOGRAD": ("winograd",),
+    "DEPTHWISE": ("depthwise",),
+    "DIRECT": ("direct",),
 }
 
 

@@ -537,11 +537,15 @@ class ConvolutionParameter(_message.Message):
         CUDNN: _ClassVar[ConvolutionParameter.Engine]
         IMPLICIT_GEMM: _ClassVar[ConvolutionParameter.Engine]
         WINOGRAD: _ClassVar[ConvolutionParameter.Engine]
+        DEPTHWISE: _ClassVar[ConvolutionParameter.Engine]
+        DIRECT: _ClassVar[ConvolutionParameter.Engine]
     DEFAULT: ConvolutionParameter.Engine
     CAFFE: ConvolutionParameter.Engine
     CUDNN: ConvolutionParameter.Engine
     IMPLICIT_GEMM: ConvolutionParameter.Engine
     WINOGRAD: ConvolutionParameter.Engine
+    DEPTHWISE: ConvolutionParameter.Engine
+    DIRECT: ConvolutionParameter.Engine
     NUM_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     BIAS_TERM_FIELD_NUMBER: _ClassVar[int]
     PAD_FIELD_NUMBER: _ClassVar[int]

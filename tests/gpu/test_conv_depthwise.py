@@ -13,7 +13,6 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite import cpu_conv
 from pycaffe_lite.gpu import conv_depthwise, conv_engines
-from pycaffe_lite.gpu.conv_engines import Choice
 from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.gradient_check import GradientChecker
 from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
@@ -150,20 +149,18 @@ def _layer(body: str, dtype=np.float64):
                                   "num_output: 6 group: 3 kernel_size: 3 pad: 1 dilation: 2"])
 def test_gradient_check_forced_depthwise(body):
     caffe.set_random_seed(4)
-    layer = _layer(body)
+    layer = _layer(body + " engine: DEPTHWISE")
     bottom, top = blobs([np.random.default_rng(1).standard_normal((2, 3, 6, 5))]), empty_blobs(1)
     layer.setup(bottom, top)
-    layer._choice = Choice("depthwise", "depthwise", "depthwise")
     GradientChecker(stepsize=1e-3, threshold=1e-4).check(layer, bottom, top)
     assert layer.engine_choice().forward == "depthwise"
 
 
 def test_layer_forced_depthwise_matches_reference():
-    layer = _layer("num_output: 8 group: 8 kernel_size: 3 stride: 2 pad: 1")
+    layer = _layer("num_output: 8 group: 8 kernel_size: 3 stride: 2 pad: 1 engine: DEPTHWISE")
     x = np.random.default_rng(2).standard_normal((3, 8, 13, 11))
     bottom, top = blobs([x]), empty_blobs(1)
     layer.setup(bottom, top)
-    layer._choice = Choice("depthwise", "depthwise", "depthwise")
     layer.forward(bottom, top)
     w, b = layer.blobs[0].data.copy(), layer.blobs[1].data.copy()
     want = np.empty(top[0].shape)

@@ -12,7 +12,6 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite import cpu_conv
 from pycaffe_lite.gpu import conv_direct, conv_engines
-from pycaffe_lite.gpu.conv_engines import Choice
 from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.gradient_check import GradientChecker
 from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
@@ -89,10 +88,9 @@ def _layer(body: str, dtype=np.float64):
 def test_gradient_check_forced_direct(body):
     """Forward by the direct engine, gradients by its gemm fallback (the engine's own backward)."""
     caffe.set_random_seed(4)
-    layer = _layer(body)
+    layer = _layer(body + " engine: DIRECT")
     bottom, top = blobs([np.random.default_rng(1).standard_normal((2, 2, 7, 6))]), empty_blobs(1)
     layer.setup(bottom, top)
-    layer._choice = Choice("direct", "gemm", "gemm")
     GradientChecker(stepsize=1e-3, threshold=1e-4).check(layer, bottom, top)
     assert layer.engine_choice().forward == "direct"
 
