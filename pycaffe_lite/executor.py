@@ -23,7 +23,7 @@ import math
 import os
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, SupportsInt
 
 import numpy as np
 
@@ -103,7 +103,7 @@ class _Graphs:
             for mem, head in heads:
                 mem.head = head
             self._failed.add(key)
-            self.fallbacks.append(f"{key[0]}: {type(exc).__name__}: {exc}")
+            self.fallbacks.append(f"{key}: {type(exc).__name__}: {exc}")
             log.info("CUDA graph capture not possible here (%s); running without graphs", exc)
             return None
         assert recording.graph is not None
@@ -323,7 +323,7 @@ class LossLog:
         return out
 
 
-_staging: dict[tuple, tuple[object, np.ndarray]] = {}
+_staging: dict[tuple, tuple[SupportsInt, np.ndarray]] = {}
 
 
 def read_weighted_sum(tops: list) -> float:

@@ -59,7 +59,7 @@ class ConvBNScale:
         if common.mode() is common.Mode.GPU:
             dt = w.dtype
             gamma = scale.blobs[0].gpu_data() if scale is not None else bn.blobs[0].gpu_data()
-            beta = scale.blobs[1].gpu_data() if has_beta else gamma
+            beta = scale.blobs[1].gpu_data() if scale is not None and has_beta else gamma
             cbias = conv.blobs[1].gpu_data() if has_bias else gamma
             mean, var, s = (blob.gpu_data() for blob in bn.blobs[:3])
             factor = "(s[0] == 0 ? Dtype(0) : Dtype(1) / s[0])"
@@ -77,17 +77,17 @@ class ConvBNScale:
                 dt)(channels, cbias, int(has_bias), mean, gamma, var, s, eps, beta, int(has_beta),
                     b.mutable_gpu_data())
             return
-        s = float(bn.blobs[2].cpu_data().ravel()[0])
-        f = 0.0 if s == 0 else 1.0 / s
-        mean = bn.blobs[0].cpu_data().ravel() * f
-        g = 1.0 / np.sqrt(bn.blobs[1].cpu_data().ravel() * f + eps)
+        inv_s = float(bn.blobs[2].cpu_data().ravel()[0])
+        inv_s = 0.0 if inv_s == 0 else 1.0 / inv_s
+        cpu_mean = bn.blobs[0].cpu_data().ravel() * inv_s
+        cpu_gain = 1.0 / np.sqrt(bn.blobs[1].cpu_data().ravel() * inv_s + eps)
         if scale is not None:
-            g = g * scale.blobs[0].cpu_data().ravel()
+            cpu_gain = cpu_gain * scale.blobs[0].cpu_data().ravel()
         wdata = conv.blobs[0].cpu_data()
-        w.mutable_cpu_data()[...] = wdata * g.reshape((channels,) + (1,) * (wdata.ndim - 1)).astype(w.dtype)
-        bias = conv.blobs[1].cpu_data().ravel() if has_bias else 0.0
-        beta = scale.blobs[1].cpu_data().ravel() if has_beta else 0.0
-        b.mutable_cpu_data()[...] = ((bias - mean) * g + beta).astype(b.dtype)
+        w.mutable_cpu_data()[...] = wdata * cpu_gain.reshape((channels,) + (1,) * (wdata.ndim - 1)).astype(w.dtype)
+        cpu_bias = conv.blobs[1].cpu_data().ravel() if has_bias else np.zeros(channels)
+        cpu_beta = scale.blobs[1].cpu_data().ravel() if scale is not None and has_beta else np.zeros(channels)
+        b.mutable_cpu_data()[...] = ((cpu_bias - cpu_mean) * cpu_gain + cpu_beta).astype(b.dtype)
 
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
         self.fold()

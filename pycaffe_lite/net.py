@@ -11,6 +11,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import zip_longest
+from typing import Any, cast
 
 import numpy as np
 
@@ -91,9 +92,9 @@ class Net:
             raise TypeError("Net(file, phase) or Net(file, weights, phase)")
         param = load_net_param(network)
         if phase is not None:
-            param.state.phase = int(phase)
+            param.state.phase = cast("caffe_pb2.Phase", int(phase))
         elif not param.state.HasField("phase"):
-            param.state.phase = common.TEST
+            param.state.phase = cast("caffe_pb2.Phase", common.TEST)
         param.state.level = level if level else param.state.level
         if stages:
             del param.state.stage[:]
@@ -171,7 +172,8 @@ class Net:
                 bids.append(bid)
                 bneed.append(self._blob_need_backward[bid] and prop)
                 need_backward |= self._blob_need_backward[bid]
-            tvec, tids = [], []
+            tvec: list[Blob] = []
+            tids: list[int] = []
             for ti, tname in enumerate(lp.top):
                 self._append_top(lp, ti, tname, tvec, tids, available)
             if layer.auto_top_blobs:
@@ -256,10 +258,11 @@ class Net:
             self.learnable_params.append(blob)
             has_lr = spec is not None and spec.HasField("lr_mult")
             has_decay = spec is not None and spec.HasField("decay_mult")
-            self.params_lr.append(spec.lr_mult if has_lr else 1.0)
-            self.params_weight_decay.append(spec.decay_mult if has_decay else 1.0)
+            self.params_lr.append(spec.lr_mult if spec is not None and has_lr else 1.0)
+            self.params_weight_decay.append(spec.decay_mult if spec is not None and has_decay else 1.0)
             self._lr_explicit[net_param_id] = (has_lr, has_decay)
             return
+        assert spec is not None  # a shared name comes from a ParamSpec
         owner_id = self._param_names_index[name]
         self.param_owners.append(owner_id)
         owner = self.params_list[owner_id]
@@ -427,6 +430,16 @@ class Net:
                 )
             blob.data[...] = value
 
+    def _set_diffs(self, arrays: dict[str, np.ndarray]) -> None:
+        for name, value in arrays.items():
+            if name not in self._blob_dict:
+                raise NetError(f"net '{self.name}': no blob named '{name}' to set a diff on")
+            blob = self._blob_dict[name]
+            value = np.asarray(value)
+            if value.shape != blob.shape:
+                raise ShapeError(f"net '{self.name}': diff for '{name}' has shape {value.shape}, blob is {blob.shape}")
+            blob.diff[...] = value
+
     def forward(
         self,
         blobs: Iterable[str] | None = None,
@@ -458,14 +471,7 @@ class Net:
         end_i = self._layer_index(end, 0)
         outputs = set(self.bottom_names_of(end_i)) if end is not None else set(self._inputs)
         outputs |= set(diffs or ())
-        for name, value in kwargs.items():
-            if name not in self._blob_dict:
-                raise NetError(f"net '{self.name}': no blob named '{name}' to set a diff on")
-            blob = self._blob_dict[name]
-            value = np.asarray(value)
-            if value.shape != blob.shape:
-                raise ShapeError(f"net '{self.name}': diff for '{name}' has shape {value.shape}, blob is {blob.shape}")
-            blob.diff[...] = value
+        self._set_diffs(kwargs)
         self.backward_from_to(start_i, end_i)
         return {name: self._blob_dict[name].diff for name in self._blob_names if name in outputs}
 
@@ -505,7 +511,8 @@ class Net:
             outs = self.forward(blobs=blobs)
             return {name: np.array(value, copy=True) for name, value in outs.items()}
         for batch in self._batch(kwargs):
-            outs = self.forward(blobs=blobs, **batch)
+            self._set_input_arrays(batch)
+            outs = self.forward(blobs)
             for name in names:
                 collected[name].append(np.array(outs[name], copy=True))
         num = _num_items(kwargs)
@@ -534,9 +541,12 @@ class Net:
         bwd = {n: kwargs[n] for n in self.outputs if n in kwargs}
         fwd_batches = self._batch(fwd) if fwd else iter(())
         bwd_batches = self._batch(bwd) if bwd else iter(())
-        for fb, bb in zip_longest(fwd_batches, bwd_batches, fillvalue={}):
-            outs = self.forward(blobs=blobs, **fb)
-            grads = self.backward(diffs=diffs, **bb)
+        empty: dict[str, np.ndarray] = {}
+        for fb, bb in zip_longest(fwd_batches, bwd_batches, fillvalue=empty):
+            self._set_input_arrays(fb)
+            outs = self.forward(blobs)
+            self._set_diffs(bb)
+            grads = self.backward(diffs)
             for n in out_names:
                 all_outs[n].append(np.array(outs[n], copy=True))
             for n in diff_names:
@@ -556,7 +566,7 @@ class Net:
                 f"net '{self.name}': set_input_arrays may only be called if the first layer is a "
                 f"MemoryData layer (first layer: {first})"
             )
-        layer = self.layers[0]
+        layer: Any = self.layers[0]  # a MemoryDataLayer (channels, height, width, batch_size, reset)
         if isinstance(labels, np.ndarray) and labels.ndim == 1:
             labels = np.ascontiguousarray(labels[:, None, None, None])
         _check_array(data, "data array", (layer.channels, layer.height, layer.width), self.dtype)

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, SupportsInt, cast
 
 import numpy as np
 
@@ -136,9 +136,9 @@ class Solver:
         self._callbacks: list[tuple[Callable[[], None] | None, Callable[[], None] | None]] = []
         self.requested_early_exit = False
         self._last_snapshot_iter: int | None = None
-        self._rate_device = None  # device scalar the GPU update kernels read the rate from
+        self._rate_device: SupportsInt | None = None  # device scalar the GPU update kernels read the rate from
         self._rate_table: tuple[int, list[tuple[float, int]]] | None = None  # (first iter, (rate, step)s)
-        self._rate_table_device: tuple[object, object] | None = None  # (rates, cursor) on the device
+        self._rate_table_device: tuple[SupportsInt, SupportsInt] | None = None  # (rates, cursor) on the device
         # Called as hook(iter, loss) for each iteration, in order, once its loss is read back: right
         # after the iteration, or (whole-iteration GPU replays, whose losses stay on the device) at
         # the next display, test, or end of step(). Unlike pycaffe callbacks they run outside the
@@ -204,7 +204,7 @@ class Solver:
 
     def _make_net(self, net_param: caffe_pb2.NetParameter, phase: int, *states: caffe_pb2.NetState) -> Net:
         state = caffe_pb2.NetState()
-        state.phase = phase
+        state.phase = cast("caffe_pb2.Phase", phase)
         state.MergeFrom(net_param.state)
         for s in states:
             state.MergeFrom(s)
@@ -597,6 +597,7 @@ class Solver:
     def _queue_replayed_update(self) -> None:
         """The update of a whole-iteration replay: the next table rate, then the fused updates."""
         assert self._rate_table_device is not None
+        assert self._rate_device is not None
         values, cursor = (int(a) for a in self._rate_table_device)
         backend.elementwise("next_rate", "const Dtype* table, int* cursor, Dtype* rate",
                             "rate[0] = table[cursor[0]]; cursor[0] += 1", self.dtype)(
@@ -607,6 +608,7 @@ class Solver:
         """One fused kernel per learnable param; the rate comes from device memory (graph-safe)."""
         p = self.param
         scale = 1.0 / p.iter_size
+        assert self._rate_device is not None  # set by _set_device_rate / _schedule_rates first
         rate_ptr = int(self._rate_device)
         for i, blob in enumerate(self.net.learnable_params):
             lr_mult, local_decay = self._mults(i)

@@ -8,6 +8,7 @@ date; asking for a mutable side makes it the head.
 from __future__ import annotations
 
 import enum
+from typing import SupportsInt
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class SyncedMemory:
         self.count = int(count)
         self.dtype = np.dtype(dtype)
         self._cpu: np.ndarray | None = None
-        self._gpu = None  # device allocation (int()-able pointer)
+        self._gpu: SupportsInt | None = None  # device allocation (int()-able pointer)
         self.head = Head.UNINITIALIZED
 
     @property
@@ -52,8 +53,10 @@ class SyncedMemory:
             if self._cpu is None:
                 self._cpu = np.empty(self.count, self.dtype)
             if self.count:
+                assert self._gpu is not None  # the device is the head: it holds the data
                 _backend.memcpy_dtoh(self._cpu, int(self._gpu))
             self.head = Head.SYNCED
+        assert self._cpu is not None
         return self._cpu
 
     def cpu(self) -> np.ndarray:
@@ -79,17 +82,16 @@ class SyncedMemory:
     def _to_gpu(self) -> int:
         if self._gpu is None:
             self._gpu = _backend.alloc(max(self.nbytes, self.dtype.itemsize))
-            if self.head is Head.UNINITIALIZED:
-                _backend.memset_zero(int(self._gpu), self.nbytes)
-                self.head = Head.HEAD_AT_GPU
+        ptr = int(self._gpu)
         if self.head is Head.UNINITIALIZED:
-            _backend.memset_zero(int(self._gpu), self.nbytes)
+            _backend.memset_zero(ptr, self.nbytes)
             self.head = Head.HEAD_AT_GPU
         elif self.head is Head.HEAD_AT_CPU:
             if self.count:
-                _backend.memcpy_htod(int(self._gpu), self._cpu)
+                assert self._cpu is not None  # the host is the head: it holds the data
+                _backend.memcpy_htod(ptr, self._cpu)
             self.head = Head.SYNCED
-        return int(self._gpu)
+        return ptr
 
     def gpu(self) -> int:
         """Device pointer to up-to-date data; does not change the head."""
