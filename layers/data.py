@@ -13,6 +13,7 @@ stops the thread and closes the database.
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import weakref
@@ -22,9 +23,12 @@ import numpy as np
 from pycaffe_lite import common
 from pycaffe_lite.data_transformer import DataTransformer
 from pycaffe_lite.db import open_cursor
+from pycaffe_lite.device_cache import DeviceBatches
 from pycaffe_lite.errors import CaffeError, DataError
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.proto import caffe_pb2
+
+log = logging.getLogger("pycaffe_lite")
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
@@ -170,7 +174,39 @@ class DataLayer(Layer):
             top[1].reshape((self.batch_size,))
         self._where = where
         self._next = prefetcher.position()  # where the batch after the last one handed out starts
-        self._install(prefetcher)
+        self._cache: DeviceBatches | None = None
+        if dp.cache_on_device and common.mode() is common.Mode.GPU:
+            self._cache_dataset(prefetcher)
+        else:
+            self._install(prefetcher)
+
+    def _cache_dataset(self, prefetcher: _Prefetcher) -> None:
+        """Load every record (transformed) into device memory; batches are then gathered there."""
+        p = self.transformer.param
+        if p.mirror or (p.crop_size and self.phase == common.TRAIN):
+            prefetcher.cursor.close()
+            raise self.error("data_param.cache_on_device needs a deterministic transform (no mirror, no "
+                             "TRAIN-phase random crop): the cache holds each record transformed once")
+        cursor, start = prefetcher.cursor, prefetcher.position()
+        count = len(cursor)
+        shape = self.transformer.infer_shape(prefetcher.read_datum())
+        nbytes = count * int(np.prod(shape)) * self.dtype.itemsize
+        data = np.empty((count, *shape), self.dtype)
+        labels = np.empty(count, self.dtype)
+        self._keys: list[bytes] = []
+        cursor.seek_to_first()
+        for i in range(count):
+            datum = prefetcher.read_datum()
+            self.transformer.transform(self.transformer.decode(datum), out=data[i])
+            labels[i] = datum.label
+            self._keys.append(bytes(cursor.key()))
+            cursor.next()
+        cursor.close()
+        self._cache = DeviceBatches(data, labels if self.output_labels else None, self.batch_size, start[0],
+                                    where=self._where)
+        self._host_copy = (data, labels)
+        self.graph_safe = True  # the gather reads its position from device memory: capturable
+        log.info("%s: %d records (%.1f MB) cached on the device", self._where, count, nbytes / 1e6)
 
     def _install(self, prefetcher: _Prefetcher) -> None:
         self._prefetcher = prefetcher
@@ -180,10 +216,19 @@ class DataLayer(Layer):
     def read_state(self) -> tuple[int, bytes, str]:
         """(index, key, transformer random state) of the next record the net will see (saved in
         snapshots so a resumed run reads on from there)."""
+        if self._cache is not None:
+            index = self._cache.position()
+            return index, self._keys[index], ""
         return self._next
 
     def restore_read_state(self, position: int, key: bytes, rng_state: str, where: str = "") -> None:
         """Continue from a position given by ``read_state`` (batches prefetched so far are dropped)."""
+        if self._cache is not None:
+            if not 0 <= int(position) < len(self._keys) or (key and bytes(key) != self._keys[int(position)]):
+                raise DataError(f"{where or self._where}: cannot restore the read position {position}: "
+                                "the database does not match the snapshot")
+            self._cache.seek(int(position))
+            return
         old = self._prefetcher
         self._finalizer.detach()
         old.stop()
@@ -202,6 +247,15 @@ class DataLayer(Layer):
         """Tops take the shape of each batch in forward."""
 
     def forward_cpu(self, bottom, top):
+        if self._cache is not None:  # cached for the GPU, run on the CPU: serve the host copy
+            data, labels = self._host_copy
+            start = self._cache.position()
+            idx = (start + np.arange(self.batch_size)) % len(data)
+            self._cache.seek(start + self.batch_size)
+            top[0].mutable_cpu_data()[...] = data[idx]
+            if self.output_labels:
+                top[1].mutable_cpu_data()[...] = labels[idx]
+            return
         data, labels, self._next = self._prefetcher.get()
         top[0].reshape(data.shape)
         top[0].mutable_cpu_data()[...] = data
@@ -209,8 +263,11 @@ class DataLayer(Layer):
             top[1].reshape(labels.shape)
             top[1].mutable_cpu_data()[...] = labels
 
-    # The host batch is copied into the top; the device copy syncs when the next layer reads it.
-    forward_gpu = forward_cpu
+    def forward_gpu(self, bottom, top):
+        if self._cache is None:  # the host batch is copied; the device copy syncs when read
+            self.forward_cpu(bottom, top)
+            return
+        self._cache.next_batch(top[0].mutable_gpu_data(), top[1].mutable_gpu_data() if self.output_labels else None)
 
     def close(self) -> None:
         """Stop the prefetch thread and close the database (idempotent)."""

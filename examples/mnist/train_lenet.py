@@ -35,8 +35,10 @@ def find_mnist(data_dir: str | None):
     return mnist.load_split(directory, "train"), mnist.load_split(directory, "test"), f"MNIST from {where}"
 
 
-def build_solver_param(out: Path, iters: int | None, test_batches: int, test_interval: int | None):
-    """Caffe's lenet_solver.prototxt with the net inlined and pointed at our LMDBs."""
+def build_solver_param(out: Path, iters: int | None, test_batches: int, test_interval: int | None,
+                       cache_on_device: bool = False):
+    """Caffe's lenet_solver.prototxt with the net inlined and pointed at our LMDBs; with
+    ``cache_on_device`` the Data layers keep MNIST in GPU memory (pycaffe-lite's extension)."""
     from pycaffe_lite import protoio
     from pycaffe_lite.proto import caffe_pb2
 
@@ -47,6 +49,7 @@ def build_solver_param(out: Path, iters: int | None, test_batches: int, test_int
             phase = layer.include[0].phase if layer.include else caffe_pb2.TRAIN
             name = "mnist_train_lmdb" if phase == caffe_pb2.TRAIN else "mnist_test_lmdb"
             layer.data_param.source = str(out / name)
+            layer.data_param.cache_on_device = cache_on_device
     sp.ClearField("net")
     sp.net_param.CopyFrom(net)
     if iters is not None:
@@ -103,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-interval", type=int, default=None, help="test every N iterations (default: 500)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (solver random_seed)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-device-cache", action="store_true",
+                        help="with --gpu: read batches from the LMDB on the host instead of keeping MNIST on the GPU")
     parser.add_argument("--verbose", action="store_true", help="log the solver's messages (Caffe style)")
     args = parser.parse_args(argv)
 
@@ -139,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         device = "CPU"
     test_batch = 100
     test_batches = max(1, len(test_y) // test_batch)
-    sp = build_solver_param(out, args.iters, test_batches, args.test_interval)
+    sp = build_solver_param(out, args.iters, test_batches, args.test_interval,
+                            cache_on_device=args.gpu is not None and not args.no_device_cache)
     iters = sp.max_iter
     if args.seed is not None:
         sp.random_seed = args.seed

@@ -593,7 +593,7 @@ class CropParameter(_message.Message):
     def __init__(self, axis: _Optional[int] = ..., offset: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DataParameter(_message.Message):
-    __slots__ = ("source", "batch_size", "rand_skip", "backend", "scale", "mean_file", "crop_size", "mirror", "force_encoded_color", "prefetch")
+    __slots__ = ("source", "batch_size", "rand_skip", "backend", "scale", "mean_file", "crop_size", "mirror", "force_encoded_color", "prefetch", "cache_on_device")
     class DB(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         LEVELDB: _ClassVar[DataParameter.DB]
@@ -610,6 +610,7 @@ class DataParameter(_message.Message):
     MIRROR_FIELD_NUMBER: _ClassVar[int]
     FORCE_ENCODED_COLOR_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    CACHE_ON_DEVICE_FIELD_NUMBER: _ClassVar[int]
     source: str
     batch_size: int
     rand_skip: int
@@ -620,7 +621,8 @@ class DataParameter(_message.Message):
     mirror: bool
     force_encoded_color: bool
     prefetch: int
-    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., backend: _Optional[_Union[DataParameter.DB, str]] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., force_encoded_color: bool = ..., prefetch: _Optional[int] = ...) -> None: ...
+    cache_on_device: bool
+    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., backend: _Optional[_Union[DataParameter.DB, str]] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., force_encoded_color: bool = ..., prefetch: _Optional[int] = ..., cache_on_device: bool = ...) -> None: ...
 
 class DropoutParameter(_message.Message):
     __slots__ = ("dropout_ratio",)

@@ -195,3 +195,43 @@ def test_net_forward_reads_the_database(source):
     net.forward()
     np.testing.assert_array_equal(net.blobs["label"].data, labels[2:4])
     net.layers[0].close()
+
+
+@pytest.mark.gpu
+def test_device_cache_serves_the_same_batches_and_replays(source, gpu_mode, tmp_path):
+    """cache_on_device: batches gathered on the device equal the host reader's (with rand_skip and
+    wrap-around), a training iteration including the data layer replays as one CUDA graph, and the
+    read position survives a snapshot and restore."""
+    path, images, labels = source
+    cached = data_layer(path, batch=4, extra="cache_on_device: true", transform="scale: 0.5", dtype=np.float32)
+    top = empty_blobs(2, np.float32)
+    cached.setup([], top)
+    assert cached.graph_safe and cached._cache is not None
+    order = np.arange(4 * 5) % N
+    for b in range(5):
+        cached.forward([], top)
+        idx = order[4 * b : 4 * b + 4]
+        np.testing.assert_array_equal(top[0].data, images[idx].astype(np.float32) * 0.5)
+        np.testing.assert_array_equal(top[1].data, labels[idx])
+    assert cached.read_state()[0] == 20 % N
+    cached.restore_read_state(3, b"%08d" % 3, "")
+    cached.forward([], top)
+    np.testing.assert_array_equal(top[1].data, labels[[3, 4, 5, 6]])
+    with pytest.raises(DataError, match="does not match"):
+        cached.restore_read_state(3, b"nope", "")
+
+    net = tmp_path / "net.prototxt"  # labels are 100 + i: 110 outputs make them valid classes
+    net.write_text(f'''
+layer {{ name: "d" type: "Data" top: "data" top: "label"
+        data_param {{ source: "{path}" batch_size: 4 backend: LMDB cache_on_device: true }}
+        transform_param {{ scale: 0.00390625 }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+        inner_product_param {{ num_output: 110 weight_filler {{ type: "xavier" }} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}''')
+    sp = caffe_pb2.SolverParameter(base_lr=0.01, lr_policy="fixed", max_iter=100, display=0, random_seed=1,
+                                   net=str(net), snapshot_prefix=str(tmp_path / "s"))
+    solver = caffe.get_solver(sp, progress=False)
+    assert solver._replays_whole_iteration()  # the data layer is inside the replayed iteration
+    solver.step(6)
+    assert solver.net.executor.replays >= 4
+    assert np.isfinite(solver.smoothed_loss)
