@@ -32,6 +32,7 @@ from .blob import shape_generation
 from .fusion import find_conv_bn_scale
 from .gpu import backend, cuda_graph
 from .layer import Layer
+from .memory_plan import shared_diff_slots, sharing_enabled
 from .synced_memory import SyncedMemory
 
 if TYPE_CHECKING:
@@ -122,6 +123,8 @@ class Executor:
         self._graphs = _Graphs(self._memories)
         self.fusions = {chain.first: chain for chain in find_conv_bn_scale(net)}
         self.loss_log: LossLog | None = None
+        self._diff_plan_key: tuple | None = None
+        self._diff_slots: list[SupportsInt] = []
         self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._read_loss_early = {
@@ -254,12 +257,28 @@ class Executor:
             return False
         return self._capturable(first, last)
 
+    def _plan_diffs(self) -> None:
+        """Give the gradients of intermediate blobs shared buffers (see :mod:`memory_plan`), once
+        per set of shapes, before the iteration that graphs will capture first runs."""
+        key = (shape_generation(), self.net.dtype.str)
+        if not sharing_enabled() or self._diff_plan_key == key:
+            return
+        self._diff_slots = []
+        for nbytes, members in shared_diff_slots(self.net):
+            buffer = backend.alloc(nbytes)
+            self._diff_slots.append(buffer)
+            for bid in members:
+                blob = self.net._blobs[bid]
+                blob.use_diff_memory(SyncedMemory(blob.count, blob.dtype, device=buffer))
+        self._diff_plan_key = (shape_generation(), self.net.dtype.str)
+
     def train_iteration(self, update: Callable[[], None], tag: Hashable = "") -> None:
         """Queue one iteration on the GPU: clear param diffs, forward, backward, ``update()`` (the
         solver's device update), and record the weighted loss in :attr:`loss_log`; everything after
         the data layers is replayed as one CUDA graph. Needs :meth:`can_replay_iteration`. The
         host does not wait: read the losses with ``loss_log.read()``."""
         net = self.net
+        self._plan_diffs()
         last = len(net.layers) - 1
         first = self._first_device_layer(0, last)
         self._run_forward(0, first - 1)

@@ -31,11 +31,13 @@ class SyncedMemory:
 
     __slots__ = ("count", "dtype", "_cpu", "_gpu", "head")
 
-    def __init__(self, count: int, dtype: np.dtype) -> None:
+    def __init__(self, count: int, dtype: np.dtype, device: SupportsInt | None = None) -> None:
+        """``device``: an existing device allocation of at least ``count`` elements to use (memory
+        the caller shares between SyncedMemory objects whose values are never live together)."""
         self.count = int(count)
         self.dtype = np.dtype(dtype)
         self._cpu: np.ndarray | None = None
-        self._gpu: SupportsInt | None = None  # device allocation (int()-able pointer)
+        self._gpu: SupportsInt | None = device  # device allocation (int()-able pointer)
         self.head = Head.UNINITIALIZED
 
     @property

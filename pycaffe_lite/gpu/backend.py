@@ -189,10 +189,18 @@ def workspace(*sizes: int, slot: str = "main") -> list[int]:
         total += -(-max(int(size), 1) // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
     buf = st.workspaces.get(slot)
     if buf is None or buf[0] < total:
-        st.workspaces.pop(slot, None)  # free the old buffer first: the pool can reuse it
+        if st.workspaces.pop(slot, None) is not None:  # give the old buffer back to the driver: the
+            st.pool.free_held()  # pool would keep it in a size bin no later request may fit
         st.workspaces[slot] = buf = (total, alloc(total))
     base = int(buf[1])
     return [base + off for off in offsets]
+
+
+def release_workspace(slot: str = "main") -> None:
+    """Free ``slot``'s buffer (back to the driver); the next :func:`workspace` call sizes it anew."""
+    st = state()
+    if st.workspaces.pop(slot, None) is not None:
+        st.pool.free_held()
 
 
 def workspace_bytes() -> int:

@@ -311,6 +311,7 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
         choice = Choice(*(only if p in ENGINES[only].passes else "gemm" for p in PASSES))
     else:
         choice = _tune(prob, has_bias, names)
+        backend.release_workspace()  # the tuning operands were full-size tensors: keep only scratch
     _choices[key] = choice
     return choice
 
