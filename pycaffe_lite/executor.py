@@ -53,6 +53,11 @@ def runs_on_device(layer: Layer) -> bool:
         cls.backward_gpu is not Layer.backward_gpu or cls.backward_cpu is Layer.backward_cpu)
 
 
+def _has_backward(layer: Layer) -> bool:
+    cls = type(layer)
+    return cls.backward_cpu is not Layer.backward_cpu or cls.backward_gpu is not Layer.backward_gpu
+
+
 class _Graphs:
     """Captured graphs by key, with the warm-up and fallback bookkeeping."""
 
@@ -253,7 +258,7 @@ class Executor:
         net = self.net
         last = len(net.layers) - 1
         first = self._first_device_layer(0, last)
-        if first > last or any(net.layer_need_backward[i] for i in range(first)):
+        if first > last or any(net.layer_need_backward[i] and _has_backward(net.layers[i]) for i in range(first)):
             return False
         return self._capturable(first, last)
 
