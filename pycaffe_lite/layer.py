@@ -82,7 +82,7 @@ class Layer:
     is_loss: ClassVar[bool] = False
     # Its GPU work may be captured into a CUDA graph and replayed: False for layers whose work
     # depends on host-side state that changes between calls (data readers, random seeds).
-    graph_safe: ClassVar[bool] = True
+    graph_safe: bool = True  # a class default; an instance may change it (a Data layer caching on the GPU)
 
     def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32) -> None:
         self.layer_param = caffe_pb2.LayerParameter()
