@@ -52,6 +52,7 @@ class _Prefetcher:
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"prefetch {where}", daemon=True)
+        self.skip_after = 0  # records skipped after each batch (multi-GPU: the other ranks' batches)
 
     def start(self) -> None:
         self.thread.start()
@@ -82,6 +83,8 @@ class _Prefetcher:
                 )
             self.transformer.transform(values, out=data[i])
             labels[i] = datum.label
+            self.cursor.next()
+        for _ in range(self.skip_after):
             self.cursor.next()
         return data, labels
 
@@ -150,6 +153,11 @@ class DataLayer(Layer):
                     cursor.next()
             prefetcher = _Prefetcher(cursor, self.transformer, self.batch_size, dp.prefetch,
                                      self.dtype, where)
+            # multi-GPU: rank r of N trains on batches r, r+N, r+2N, ... (tests read everything)
+            ranks, rank = (common.solver_count(), common.solver_rank()) if self.phase == common.TRAIN else (1, 0)
+            for _ in range(rank * self.batch_size):
+                cursor.next()
+            prefetcher.skip_after = (ranks - 1) * self.batch_size
             first = prefetcher.read_datum()
             shape = self.transformer.infer_shape(first)
         except BaseException:

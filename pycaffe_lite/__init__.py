@@ -9,7 +9,21 @@ from . import draw, io, proto
 from . import layers as _builtin_layers  # noqa: F401  (registers every layer type; before net_spec.layers)
 from .blob import Blob
 from .classifier import Classifier
-from .common import TEST, TRAIN, Mode, set_allow_tf32, set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+from .common import (
+    TEST,
+    TRAIN,
+    Mode,
+    set_allow_tf32,
+    set_device,
+    set_mode_cpu,
+    set_mode_gpu,
+    set_multiprocess,
+    set_random_seed,
+    set_solver_count,
+    set_solver_rank,
+    solver_count,
+    solver_rank,
+)
 from .detector import Detector
 from .digits import classify_digits
 from .errors import (
@@ -26,6 +40,8 @@ from .layer import layer_type_list, register_layer
 from .logging_compat import init_log, log
 from .net import Net
 from .net_spec import NetSpec, layers, params, to_proto
+from .parallel.multi_gpu import NCCL
+from .parallel.nccl import available as has_nccl
 from .python_layer import Layer
 from .sgd_solvers import (
     AdaDeltaSolver,
@@ -40,13 +56,12 @@ from .solver import Solver
 from .timer import Timer
 from .version import __version__
 
-has_nccl = False  # multi-GPU training is not implemented
-
 __all__ = [
     "TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "CaffeError", "Classifier",
-    "DataError", "Detector", "GPUUnavailableError", "Layer", "Mode", "NesterovSolver", "Net", "NetError",
+    "DataError", "Detector", "GPUUnavailableError", "Layer", "Mode", "NCCL", "NesterovSolver", "Net", "NetError",
     "NetSpec", "PrototxtError", "RMSPropSolver", "SGDSolver", "ShapeError", "Solver", "Timer",
     "UnknownLayerError", "WeightsError", "__version__", "classify_digits", "draw", "get_solver", "has_nccl", "init_log", "io",
     "layer_type_list", "layers", "log", "params", "proto", "register_layer", "set_allow_tf32", "set_device", "set_mode_cpu",
-    "set_mode_gpu", "set_random_seed", "to_proto",
+    "set_mode_gpu", "set_multiprocess", "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count",
+    "solver_rank", "to_proto",
 ]

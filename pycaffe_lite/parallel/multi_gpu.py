@@ -1,0 +1,170 @@
+"""Data-parallel training on several GPUs: pycaffe's ``caffe.NCCL`` and the per-rank session.
+
+One process per GPU (a *rank*). Every rank builds the same solver; rank 0's weights are broadcast
+(:meth:`NCCL.bcast`); each rank's Data layers read a disjoint share of the records; after backward
+the gradients are averaged over the ranks (all-reduce with ``ncclAvg``: the sum times
+1/solver_count, as BVLC scales them) and every rank applies the same update. With
+``layer_wise_reduce`` (default true) the gradients are reduced in buckets, each queued as soon as
+the backward pass has finished the layers it holds, on a stream of its own, so communication
+overlaps the rest of backward; the solver's update waits for that stream through an event. All of
+it is device work queued without host synchronisation, so the whole iteration, reductions
+included, is captured into one CUDA graph by :class:`~pycaffe_lite.executor.Executor`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .. import common
+from ..errors import CaffeError
+from . import nccl
+
+if TYPE_CHECKING:
+    from ..solver import Solver
+
+log = logging.getLogger("pycaffe_lite")
+
+BUCKET_BYTES = int(float(os.environ.get("PYCAFFE_LITE_BUCKET_MB", "16")) * (1 << 20))
+EXIT_PEER_LOST = 3
+
+
+def plan_buckets(ready: Sequence[int], nbytes: Sequence[int], cap: int = BUCKET_BYTES) -> list[tuple[int, list[int]]]:
+    """Group params into buckets reduced during backward.
+
+    ``ready[p]``: the layer after whose backward param ``p``'s gradient is final (the lowest index
+    of the layers using it; backward runs from the last layer to the first). Buckets close at
+    layer boundaries once they hold ``cap`` bytes, so a layer's params are reduced together.
+    Returns ``[(layer, [param ids])]`` in the order backward completes them: bucket k is queued
+    after ``layer``'s backward."""
+    order = sorted(range(len(ready)), key=lambda p: (-ready[p], p))
+    buckets: list[tuple[int, list[int]]] = []
+    current: list[int] = []
+    size = 0
+    for k, p in enumerate(order):
+        current.append(p)
+        size += nbytes[p]
+        last = k + 1 == len(order)
+        if last or (size >= cap and ready[order[k + 1]] != ready[p]):
+            buckets.append((ready[p], current))
+            current, size = [], 0
+    return buckets
+
+
+def ready_layers(net) -> list[int]:
+    """Per learnable param of ``net``: the lowest layer index using it (see :func:`plan_buckets`)."""
+    ready = [len(net.layers)] * len(net.learnable_params)
+    for net_param, (layer, _) in enumerate(net.param_layer_indices):
+        lid = net.learnable_param_ids[net_param]
+        ready[lid] = min(ready[lid], layer)
+    return ready
+
+
+def _require_gpu(what: str) -> None:
+    if common.mode() is not common.Mode.GPU:
+        raise CaffeError(f"{what} needs GPU mode: call caffe.set_mode_gpu() (and set_device) first")
+
+
+class NCCL:
+    """pycaffe's ``caffe.NCCL(solver, uid)``: this rank's communicator for ``solver``'s train net.
+
+    Use as BVLC's ``python/train.py``: ``nccl.bcast()``; ``solver.add_callback(nccl)``; with
+    ``layer_wise_reduce`` also ``solver.net.after_backward(nccl)``. Ranks and their number come
+    from ``caffe.set_solver_rank`` / ``set_solver_count``; the current device is used."""
+
+    graph_safe = True  # its hooks only queue device work (see Executor.hooks)
+
+    def __init__(self, solver: Solver, uid: bytes | str) -> None:
+        _require_gpu("caffe.NCCL")
+        from ..gpu import backend
+
+        self.solver = solver
+        self.net = solver.net
+        uid = uid.encode("latin-1") if isinstance(uid, str) else bytes(uid)
+        common.set_multiprocess(True)
+        self.comm = nccl.Communicator(uid, common.solver_count(), common.solver_rank())
+        if nccl.version() < (2, 10, 0):
+            raise CaffeError(f"NCCL {'.'.join(map(str, nccl.version()))} is too old: pycaffe-lite needs >= 2.10")
+        st = backend.state()
+        self._cuda = st.cuda
+        self._main = st.stream
+        self._side = st.cuda.Stream()  # the reductions' own stream
+        flags = st.cuda.event_flags.DISABLE_TIMING
+        self._fork, self._join = st.cuda.Event(flags), st.cuda.Event(flags)
+        self.params = list(self.net.learnable_params)
+        self.dtype = self.net.dtype
+        self.layer_wise = bool(solver.param.layer_wise_reduce)
+        self.buckets = plan_buckets(ready_layers(self.net), [b.count * b.dtype.itemsize for b in self.params])
+        self._at_layer: dict[int, list[int]] = {}
+        for k, (layer, _) in enumerate(self.buckets):
+            self._at_layer.setdefault(layer, []).append(k)
+        self._queued: set[int] = set()  # buckets queued in the current iteration
+
+    @staticmethod
+    def new_uid() -> bytes:
+        """A new NCCL unique id (128 bytes) for ``NCCL(solver, uid)`` on every rank."""
+        return nccl.new_unique_id()
+
+    def bcast(self) -> None:
+        """Every rank's weights become rank 0's (waits until done)."""
+        with self.comm.group():
+            for b in self.params:
+                self.comm.broadcast(b.mutable_gpu_data(), b.count, self.dtype, self._main.handle)
+        self._main.synchronize()
+
+    # -- per-layer hook and solver callbacks ---------------------------------------------------
+    def __call__(self, layer: int) -> None:
+        """``after_backward`` hook: queue the buckets whose gradients ``layer`` completed."""
+        for k in self._at_layer.get(layer, ()):
+            self._reduce_bucket(k)
+
+    run = __call__
+
+    def _reduce_bucket(self, k: int) -> None:
+        self._fork.record(self._main)  # the reduction waits for the gradients queued so far
+        self._side.wait_for_event(self._fork)
+        self._queued.add(k)
+        with self.comm.group():
+            for p in self.buckets[k][1]:
+                b = self.params[p]
+                self.comm.all_reduce(b.mutable_gpu_diff(), b.count, self.dtype, self._side.handle, nccl.AVG)
+
+    def on_start(self) -> None:
+        """Solver callback at the start of an iteration (nothing to do)."""
+
+    def on_gradients_ready(self) -> None:
+        """Solver callback before the update: reduce what is left, then make the update wait."""
+        if self.layer_wise:
+            for k in range(len(self.buckets)):
+                if k not in self._queued:
+                    self._reduce_bucket(k)
+            if self._queued:
+                self._join.record(self._side)
+                self._main.wait_for_event(self._join)
+            self._queued.clear()
+        else:
+            with self.comm.group():
+                for b in self.params:
+                    self.comm.all_reduce(b.mutable_gpu_diff(), b.count, self.dtype, self._main.handle, nccl.AVG)
+
+    on_start.graph_safe = True  # type: ignore[attr-defined]
+    on_gradients_ready.graph_safe = True  # type: ignore[attr-defined]
+
+    def abort(self) -> None:
+        """Stop pending collectives (from any thread); the communicator is unusable afterwards."""
+        self.comm.abort()
+
+
+def stop_process(message: str, nccl_object: NCCL | None = None) -> None:
+    """Log ``message``, abort NCCL (bounded: 5 s), and end this process with EXIT_PEER_LOST."""
+    log.error("%s; stopping this rank (%d)", message, common.solver_rank())
+    for handler in logging.getLogger("pycaffe_lite").handlers:
+        handler.flush()
+    if nccl_object is not None:
+        t = threading.Thread(target=nccl_object.abort, daemon=True)
+        t.start()
+        t.join(5.0)
+    os._exit(EXIT_PEER_LOST)
