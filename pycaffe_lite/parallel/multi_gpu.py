@@ -13,9 +13,11 @@ included, is captured into one CUDA graph by :class:`~pycaffe_lite.executor.Exec
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -97,11 +99,16 @@ class NCCL:
         self.params = list(self.net.learnable_params)
         self.dtype = self.net.dtype
         self.layer_wise = bool(solver.param.layer_wise_reduce)
-        self.buckets = plan_buckets(ready_layers(self.net), [b.count * b.dtype.itemsize for b in self.params])
+        if self.layer_wise:
+            self.buckets = plan_buckets(ready_layers(self.net), [b.count * b.dtype.itemsize for b in self.params])
+        else:  # one all-reduce of every gradient, queued before the update
+            self.buckets = [(-1, list(range(len(self.params))))]
         self._at_layer: dict[int, list[int]] = {}
         for k, (layer, _) in enumerate(self.buckets):
             self._at_layer.setdefault(layer, []).append(k)
         self._queued: set[int] = set()  # buckets queued in the current iteration
+        self._done = st.cuda.Event(flags)  # recorded after each iteration's reductions (also in graphs)
+        self._watchdog = _Watchdog(self)
 
     @staticmethod
     def new_uid() -> bytes:
@@ -137,18 +144,13 @@ class NCCL:
 
     def on_gradients_ready(self) -> None:
         """Solver callback before the update: reduce what is left, then make the update wait."""
-        if self.layer_wise:
-            for k in range(len(self.buckets)):
-                if k not in self._queued:
-                    self._reduce_bucket(k)
-            if self._queued:
-                self._join.record(self._side)
-                self._main.wait_for_event(self._join)
-            self._queued.clear()
-        else:
-            with self.comm.group():
-                for b in self.params:
-                    self.comm.all_reduce(b.mutable_gpu_diff(), b.count, self.dtype, self._main.handle, nccl.AVG)
+        for k in range(len(self.buckets)):
+            if k not in self._queued:
+                self._reduce_bucket(k)
+        self._join.record(self._side)
+        self._main.wait_for_event(self._join)
+        self._queued.clear()
+        self._watchdog.record(self._done, self._main)
 
     on_start.graph_safe = True  # type: ignore[attr-defined]
     on_gradients_ready.graph_safe = True  # type: ignore[attr-defined]
@@ -156,6 +158,79 @@ class NCCL:
     def abort(self) -> None:
         """Stop pending collectives (from any thread); the communicator is unusable afterwards."""
         self.comm.abort()
+
+
+class _Watchdog:
+    """Stops this rank (:func:`stop_process`) when waiting cannot end: the parent process is gone
+    (an orphaned rank), or a rank on this host has exited while this rank's reductions have been
+    waiting for more than ``STUCK_S`` seconds. (Ranks started by ``pycaffe-lite train`` are also
+    watched through their rendezvous connections, across machines and faster.)"""
+
+    STUCK_S = 10.0
+    _NOT_READY = 600  # CUDA_ERROR_NOT_READY
+
+    def __init__(self, owner: NCCL) -> None:
+        import socket
+        import zlib
+
+        import numpy as np
+
+        from ..gpu import backend, cuda_graph
+
+        self.owner = owner
+        self.lib = cuda_graph._driver()
+        self.lib.cuEventQuery.argtypes = [ctypes.c_void_p]
+        self.lib.cuEventRecordWithFlags.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+        self.lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+        self.context = backend.state().context.handle
+        n, me = owner.comm.nranks, np.array([zlib.crc32(socket.gethostname().encode()), os.getpid()], np.int64)
+        send, recv = backend.alloc(me.nbytes), backend.alloc(me.nbytes * n)
+        backend.memcpy_htod(int(send), me)
+        owner.comm.all_gather(int(send), int(recv), 2, np.int64, owner._main.handle)
+        everyone = np.empty(2 * n, np.int64)
+        backend.memcpy_dtoh(everyone, int(recv))
+        self.peers = [(r, int(everyone[2 * r + 1])) for r in range(n)
+                      if r != owner.comm.rank and everyone[2 * r] == me[0]]
+        self.parent = os.getppid()
+        threading.Thread(target=self._run, name="nccl watchdog", daemon=True).start()
+
+    def record(self, event, stream) -> None:
+        """Record ``event`` on ``stream``; inside a graph capture as a node replays record again."""
+        from ..gpu import backend
+
+        external = 1 if backend.recording() is not None else 0  # CU_EVENT_RECORD_EXTERNAL
+        self.lib.cuEventRecordWithFlags(ctypes.c_void_p(event.handle), ctypes.c_void_p(stream.handle), external)
+
+    def _run(self) -> None:
+        self.lib.cuCtxSetCurrent(ctypes.c_void_p(self.context))
+        waiting_since = None
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != self.parent:
+                stop_process(f"the parent process ({self.parent}) exited", self.owner)
+            gone = [r for r, pid in self.peers if not _alive(pid)]
+            stuck = gone and self.lib.cuEventQuery(ctypes.c_void_p(self.owner._done.handle)) == self._NOT_READY
+            if not stuck:
+                waiting_since = None
+            elif waiting_since is None:
+                waiting_since = time.monotonic()
+            elif time.monotonic() - waiting_since > self.STUCK_S:
+                stop_process(f"rank {gone[0]} exited while this rank waits for it in NCCL", self.owner)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
 
 
 def stop_process(message: str, nccl_object: NCCL | None = None) -> None:

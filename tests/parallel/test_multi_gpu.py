@@ -178,7 +178,7 @@ def one_gpu_reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("layer_wise, env", [
-    (True, {"PYCAFFE_LITE_BUCKET_MB": "0.002"}),  # several buckets, reduced during backward, in CUDA graphs
+    (True, {"PYCAFFE_LITE_BUCKET_MB": "0.001"}),  # several buckets, reduced during backward, in CUDA graphs
     (False, {}),  # one all-reduce before the update
     (True, {"PYCAFFE_LITE_CUDA_GRAPHS": "0"}),  # no graphs
 ], ids=["layer-wise", "one-reduce", "no-graphs"])
