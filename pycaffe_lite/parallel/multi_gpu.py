@@ -147,8 +147,9 @@ class NCCL:
         for k in range(len(self.buckets)):
             if k not in self._queued:
                 self._reduce_bucket(k)
-        self._join.record(self._side)
-        self._main.wait_for_event(self._join)
+        if self._queued:
+            self._join.record(self._side)
+            self._main.wait_for_event(self._join)
         self._queued.clear()
         self._watchdog.record(self._done, self._main)
 

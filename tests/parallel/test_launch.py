@@ -4,8 +4,10 @@ children's command lines and environment, the launcher's supervision of failing 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -172,3 +174,16 @@ def test_launch_without_nccl_fails_with_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: popen.append(a))
     assert cli.main(["train", "--solver", str(solver), "--gpu", "0,1"]) == 1
     assert not popen
+
+
+def test_alive_sees_exited_and_zombie_processes():
+    from pycaffe_lite.parallel.multi_gpu import _alive
+
+    assert _alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 20
+    while _alive(child.pid) and time.monotonic() < deadline:  # exited, not yet reaped: a zombie
+        time.sleep(0.05)
+    assert not _alive(child.pid)
+    child.wait(10)
+    assert not _alive(child.pid)
