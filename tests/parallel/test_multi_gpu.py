@@ -113,7 +113,7 @@ layer { name: "ip1" type: "InnerProduct" bottom: "data" top: "ip1"
 layer { name: "relu" type: "ReLU" bottom: "ip1" top: "ip1" }
 layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
         inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" top: "loss" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
 """
 
 SOLVER = """net: "%(net)s" base_lr: 0.05 momentum: 0.9 weight_decay: 0.0005 lr_policy: "step" gamma: 0.5
