@@ -58,6 +58,7 @@ class _Prefetcher:
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"prefetch {where}", daemon=True)
+        self.skip_after = 0  # records skipped after each batch (multi-GPU: the other ranks' batches)
 
     def start(self) -> None:
         self.thread.start()
@@ -88,6 +89,8 @@ class _Prefetcher:
                 )
             self.transformer.transform(values, out=data[i])
             labels[i] = datum.label
+            self.cursor.next()
+        for _ in range(self.skip_after):
             self.cursor.next()
         return data, labels
 
@@ -164,6 +167,11 @@ class DataLayer(Layer):
                     cursor.next()
             prefetcher = _Prefetcher(cursor, self.transformer, self.batch_size, dp.prefetch,
                                      self.dtype, where)
+            # multi-GPU: rank r of N trains on batches r, r+N, r+2N, ... (tests read everything)
+            ranks, rank = (common.solver_count(), common.solver_rank()) if self.phase == common.TRAIN else (1, 0)
+            for _ in range(rank * self.batch_size):
+                cursor.next()
+            prefetcher.skip_after = (ranks - 1) * self.batch_size
             first = prefetcher.read_datum()
             shape = self.transformer.infer_shape(first)
         except BaseException:
@@ -203,7 +211,7 @@ class DataLayer(Layer):
             cursor.next()
         cursor.close()
         self._cache = DeviceBatches(data, labels if self.output_labels else None, self.batch_size, start[0],
-                                    where=self._where)
+                                    stride=self.batch_size + prefetcher.skip_after, where=self._where)
         self._host_copy = (data, labels)
         self.graph_safe = True  # the gather reads its position from device memory: capturable
         log.info("%s: %d records (%.1f MB) cached on the device", self._where, count, nbytes / 1e6)
@@ -251,7 +259,7 @@ class DataLayer(Layer):
             data, labels = self._host_copy
             start = self._cache.position()
             idx = (start + np.arange(self.batch_size)) % len(data)
-            self._cache.seek(start + self.batch_size)
+            self._cache.seek(start + self._cache.stride)
             top[0].mutable_cpu_data()[...] = data[idx]
             if self.output_labels:
                 top[1].mutable_cpu_data()[...] = labels[idx]

@@ -15,7 +15,21 @@ from . import (  # type: ignore[attr-defined]  # (mypy reads layers/ as the pack
 )
 from .blob import Blob
 from .classifier import Classifier
-from .common import TEST, TRAIN, Mode, set_allow_tf32, set_device, set_mode_cpu, set_mode_gpu, set_random_seed
+from .common import (
+    TEST,
+    TRAIN,
+    Mode,
+    set_allow_tf32,
+    set_device,
+    set_mode_cpu,
+    set_mode_gpu,
+    set_multiprocess,
+    set_random_seed,
+    set_solver_count,
+    set_solver_rank,
+    solver_count,
+    solver_rank,
+)
 from .detector import Detector
 from .errors import (
     CaffeError,
@@ -31,6 +45,8 @@ from .glog import init_log, log
 from .layer import layer_type_list, register_layer
 from .net import Net
 from .net_spec import NetSpec, to_proto
+from .parallel.multi_gpu import NCCL
+from .parallel.nccl import available as has_nccl
 from .python_layer import Layer
 from .sgd_solvers import (
     AdaDeltaSolver,
@@ -45,15 +61,14 @@ from .solver import Solver
 from .timer import Timer
 from .version import __version__
 
-has_nccl = False  # multi-GPU training is not implemented
-
 __all__ = [
     "TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "CaffeError", "Classifier",
-    "DataError", "Detector", "GPUUnavailableError", "Layer", "Mode", "NesterovSolver", "Net", "NetError",
+    "DataError", "Detector", "GPUUnavailableError", "Layer", "Mode", "NCCL", "NesterovSolver", "Net", "NetError",
     "NetSpec", "PrototxtError", "RMSPropSolver", "SGDSolver", "ShapeError", "Solver", "Timer",
     "UnknownLayerError", "WeightsError", "__version__", "draw", "get_solver", "has_nccl", "init_log", "io",
     "layer_type_list", "layers", "log", "params", "proto", "register_layer", "set_allow_tf32", "set_device", "set_mode_cpu",
-    "set_mode_gpu", "set_random_seed", "to_proto",
+    "set_mode_gpu", "set_multiprocess", "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count",
+    "solver_rank", "to_proto",
 ]
 
 from . import threads as _threads  # noqa: E402

@@ -29,6 +29,7 @@ class _State:
         # Bumped on every set_random_seed so device-side generators re-seed too.
         self.seed_generation = 0
         self.gpu_rng_counter = 0
+        self.solver_count, self.solver_rank, self.multiprocess = 1, 0, False
 
 
 _state = _State()
@@ -98,3 +99,39 @@ def set_allow_tf32(allow: bool) -> None:
     if _state.mode is not Mode.GPU:
         raise GPUUnavailableError("set_allow_tf32 needs GPU mode (call set_mode_gpu() first)")
     blas.set_allow_tf32(bool(allow))
+
+
+# -- multi-GPU training (Caffe's solver_count / solver_rank / multiprocess) -----------------------
+def solver_count() -> int:
+    """How many solvers (ranks, one per GPU) train together; 1 without multi-GPU training."""
+    return _state.solver_count
+
+
+def set_solver_count(count: int) -> None:
+    if int(count) < 1:
+        raise ValueError(f"set_solver_count: expected >= 1, got {count}")
+    _state.solver_count = int(count)
+
+
+def solver_rank() -> int:
+    """This process's rank among :func:`solver_count` solvers (0: the root, which logs, tests, snapshots)."""
+    return _state.solver_rank
+
+
+def set_solver_rank(rank: int) -> None:
+    if int(rank) < 0:
+        raise ValueError(f"set_solver_rank: expected >= 0, got {rank}")
+    _state.solver_rank = int(rank)
+
+
+def root_solver() -> bool:
+    return _state.solver_rank == 0
+
+
+def multiprocess() -> bool:
+    return _state.multiprocess
+
+
+def set_multiprocess(value: bool) -> None:
+    """Mark this process as one of several training processes (pycaffe's set_multiprocess)."""
+    _state.multiprocess = bool(value)

@@ -19,7 +19,9 @@ class DeviceBatches:
     """``data`` (N, ...) and optional ``labels`` (N,) on the device; :meth:`next_batch` fills tops."""
 
     def __init__(self, data: np.ndarray, labels: np.ndarray | None, batch: int, start: int = 0,
-                 where: str = "") -> None:
+                 stride: int | None = None, where: str = "") -> None:
+        """``stride``: records the read position advances per batch (default ``batch``; more when
+        several ranks share the data, each reading every N-th batch)."""
         if data.ndim < 2 or len(data) == 0:
             raise DataError(f"{where}: a device cache needs at least one record, got shape {data.shape}")
         if labels is not None and len(labels) != len(data):
@@ -28,6 +30,7 @@ class DeviceBatches:
         self.total = len(data)
         self.per = int(np.prod(data.shape[1:]))
         self.batch = int(batch)
+        self.stride = int(stride if stride is not None else batch)
         self.record_shape = tuple(data.shape[1:])
         self._data = backend.alloc(data.nbytes)
         backend.memcpy_htod(int(self._data), np.ascontiguousarray(data))
@@ -54,7 +57,7 @@ class DeviceBatches:
         return int(out[0])
 
     def next_batch(self, data_ptr: int, label_ptr: int | None) -> None:
-        """Queue: the next ``batch`` records into ``data_ptr`` (and labels), then advance."""
+        """Queue: the next ``batch`` records into ``data_ptr`` (and labels), then advance ``stride``."""
         dt = self.dtype
         backend.elementwise(
             "cache_gather", "const int per, const long long total, const Dtype* src, const long long* cursor, "
@@ -67,4 +70,4 @@ class DeviceBatches:
                 "out[i] = src[(cursor[0] + i) % total]", dt)(
                 self.batch, self.total, int(self._labels), int(self._cursor), label_ptr)
         backend.elementwise("cache_advance", "const long long step, const long long total, long long* cursor",
-                            "cursor[0] = (cursor[0] + step) % total", dt)(1, self.batch, self.total, int(self._cursor))
+                            "cursor[0] = (cursor[0] + step) % total", dt)(1, self.stride, self.total, int(self._cursor))

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("pycaffe_lite")
 
 
+HOOK_KINDS = ("before_forward", "after_forward", "before_backward", "after_backward")
+
+
 def graphs_enabled() -> bool:
     """False when ``PYCAFFE_LITE_CUDA_GRAPHS=0`` asks for plain execution everywhere."""
     return os.environ.get("PYCAFFE_LITE_CUDA_GRAPHS", "1") != "0"
@@ -130,6 +133,11 @@ class Executor:
         self.loss_log: LossLog | None = None
         self._diff_plan_key: tuple | None = None
         self._diff_slots: list[SupportsInt] = []
+        # -- per-layer hooks (pycaffe's Net.before_forward & co.; multi-GPU gradient reduction) --
+        # hook(layer_index) around every layer of a pass. A hook with ``graph_safe = True`` only
+        # queues device work and may be captured in whole-iteration graphs; any other hook makes
+        # the passes run plainly.
+        self.hooks: dict[str, list[Callable[[int], None]]] = {k: [] for k in HOOK_KINDS}
         self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._read_loss_early = {
@@ -157,7 +165,14 @@ class Executor:
 
     def _capturable(self, start: int, end: int) -> bool:
         layers = self.net.layers
+        if any(self.hooks.values()):  # (graph-safe hooks only inside whole iterations: train_iteration)
+            return False
         return self._on_gpu() and all(runs_on_device(layers[i]) for i in range(start, end + 1))
+
+    def _call_hooks(self, kind: str, layers) -> None:
+        for fn in self.hooks[kind]:
+            for i in layers:
+                fn(i)
 
     def _first_device_layer(self, start: int, end: int) -> int:
         """The first layer of ``start..end`` after the leading host-side ones (end + 1 if none)."""
@@ -186,17 +201,23 @@ class Executor:
         while i <= end:
             chain = self.fusions.get(i)
             if chain is not None and chain.last <= end:
+                self._call_hooks("before_forward", range(i, chain.last + 1))
                 chain.forward(net.bottom_vecs[i], net.top_vecs[i])
+                self._call_hooks("after_forward", range(i, chain.last + 1))
                 i = chain.last + 1
                 continue
+            self._call_hooks("before_forward", (i,))
             net.layers[i].compute_forward(net.bottom_vecs[i], net.top_vecs[i])
+            self._call_hooks("after_forward", (i,))
             i += 1
 
     def _run_backward(self, start: int, end: int) -> None:
         net = self.net
         for i in range(start, end - 1, -1):
+            self._call_hooks("before_backward", (i,))
             if net.layer_need_backward[i]:
                 net.layers[i].backward(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+            self._call_hooks("after_backward", (i,))
 
     def losses(self, start: int, end: int) -> float:
         """Σ loss_weight·top over the loss layers of ``start..end``, read from the device once."""
@@ -224,10 +245,9 @@ class Executor:
         return self.losses(start, end)
 
     def _forward_reading_early(self, start: int, end: int) -> float:
-        net = self.net
         loss = 0.0
         for i in range(start, end + 1):
-            net.layers[i].compute_forward(net.bottom_vecs[i], net.top_vecs[i])
+            self._run_forward(i, i)
             if i in self._read_loss_early:
                 loss += self.losses(i, i)
         later = [i for i in self._loss_layers if start <= i <= end and i not in self._read_loss_early]
@@ -260,7 +280,9 @@ class Executor:
         first = self._first_device_layer(0, last)
         if first > last or any(net.layer_need_backward[i] and _has_backward(net.layers[i]) for i in range(first)):
             return False
-        return self._capturable(first, last)
+        if not all(getattr(fn, "graph_safe", False) for fns in self.hooks.values() for fn in fns):
+            return False
+        return self._on_gpu() and all(runs_on_device(net.layers[i]) for i in range(first, last + 1))
 
     def _plan_diffs(self) -> None:
         """Give the gradients of intermediate blobs shared buffers (see :mod:`memory_plan`), once

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import zip_longest
 from typing import Any, cast
 
@@ -371,6 +371,23 @@ class Net:
     def clear_param_diffs(self) -> None:
         """Zero the gradients of every learnable param."""
         self.executor.clear_param_diffs()
+
+    # -- per-layer hooks (pycaffe's Net.before_forward & co.; NCCL reduces gradients through after_backward)
+    def before_forward(self, fn: Callable[[int], None]) -> None:
+        """Call ``fn(layer_index)`` before each layer's forward."""
+        self.executor.hooks["before_forward"].append(fn)
+
+    def after_forward(self, fn: Callable[[int], None]) -> None:
+        """Call ``fn(layer_index)`` after each layer's forward."""
+        self.executor.hooks["after_forward"].append(fn)
+
+    def before_backward(self, fn: Callable[[int], None]) -> None:
+        """Call ``fn(layer_index)`` before each layer's backward (layers without backward too)."""
+        self.executor.hooks["before_backward"].append(fn)
+
+    def after_backward(self, fn: Callable[[int], None]) -> None:
+        """Call ``fn(layer_index)`` after each layer's backward; ``fn`` may be a ``caffe.NCCL``."""
+        self.executor.hooks["after_backward"].append(fn)
 
     # ------------------------------------------------------------------------------------------
     # pycaffe surface

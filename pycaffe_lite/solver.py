@@ -285,9 +285,12 @@ class Solver:
 
     # ------------------------------------------------------------------------------------------
     # pycaffe extras
-    def add_callback(self, on_start: Callable[[], None] | None, on_gradients_ready: Callable[[], None] | None) -> None:
+    def add_callback(self, on_start, on_gradients_ready: Callable[[], None] | None = None) -> None:
         """Call ``on_start()`` at the start of every iteration and ``on_gradients_ready()`` before
-        each update (pycaffe's ``Solver.add_callback``)."""
+        each update (pycaffe's ``Solver.add_callback``); or pass one object with both methods
+        (``caffe.NCCL``). Callables marked ``graph_safe`` keep whole-iteration CUDA graphs."""
+        if on_gradients_ready is None and hasattr(on_start, "on_gradients_ready"):
+            on_start, on_gradients_ready = on_start.on_start, on_start.on_gradients_ready
         self._callbacks.append((on_start, on_gradients_ready))
 
     def set_action_function(self, fn: Callable[[], str] | None) -> None:
@@ -401,7 +404,7 @@ class Solver:
                     timer = time.perf_counter()
                     iterations_last = self.iter
                     self._log_outputs(self.net, "Train", None)
-                for _, on_ready in self._callbacks:
+                for _, on_ready in ([] if whole else self._callbacks):  # (a replay calls them itself)
                     if on_ready is not None:
                         on_ready()
                 if not whole:
@@ -430,7 +433,8 @@ class Solver:
         """Whether the executor runs the iteration (diff clearing, passes, update) as one CUDA graph:
         GPU mode, ``iter_size`` 1, no gradient clipping (it reads a norm back to the host), no
         callbacks (they run host code mid-way) and a net whose backward runs on the device."""
-        if self.param.iter_size != 1 or self.param.clip_gradients >= 0 or self._callbacks:
+        if self.param.iter_size != 1 or self.param.clip_gradients >= 0 or not all(
+                getattr(fn, "graph_safe", False) for pair in self._callbacks for fn in pair if fn is not None):
             return False
         return self.net.executor.can_replay_iteration()
 
@@ -474,7 +478,9 @@ class Solver:
                 index += 1
 
     def test_all(self) -> list[dict[str, list[float]]]:
-        """Run every test net; returns, per net, output name -> mean values."""
+        """Run every test net; returns, per net, output name -> mean values (rank 0 only, as Caffe)."""
+        if not common.root_solver():
+            return []
         results = []
         for i in range(len(self.test_nets)):
             if self.requested_early_exit:
@@ -599,6 +605,9 @@ class Solver:
         assert self._rate_table_device is not None
         assert self._rate_device is not None
         values, cursor = (int(a) for a in self._rate_table_device)
+        for _, on_ready in self._callbacks:  # graph-safe ones only (multi-GPU gradient reduction)
+            if on_ready is not None:
+                on_ready()
         backend.elementwise("next_rate", "const Dtype* table, int* cursor, Dtype* rate",
                             "rate[0] = table[cursor[0]]; cursor[0] += 1", self.dtype)(
             1, values, cursor, int(self._rate_device))
@@ -661,7 +670,10 @@ class Solver:
         return f"{self.param.snapshot_prefix}_iter_{self.iter}{extension}"
 
     def snapshot(self) -> tuple[str, str]:
-        """Write ``<prefix>_iter_<n>.caffemodel`` and ``.solverstate``; returns both paths."""
+        """Write ``<prefix>_iter_<n>.caffemodel`` and ``.solverstate``; returns both paths.
+        With several ranks only rank 0 writes (the others return empty paths)."""
+        if not common.root_solver():
+            return "", ""
         if self.param.snapshot_format != caffe_pb2.SolverParameter.BINARYPROTO:
             raise SolverConfigError("snapshot_format HDF5 is not supported yet; use BINARYPROTO")
         if not self.param.snapshot_prefix:

@@ -153,7 +153,7 @@ def test_device_query_with_gpu(capsys):
         (["train", "--solver", "badsolver.prototxt"], "badsolver.prototxt:2:"),
         (["train", "--solver", "good.prototxt", "--snapshot", "none.solverstate"], "none.solverstate"),
         (["train", "--solver", "good.prototxt", "--weights", "none.caffemodel"], "none.caffemodel"),
-        (["train", "--solver", "good.prototxt", "--gpu", "0,1"], "multi-GPU"),
+        (["train", "--solver", "good.prototxt", "--gpu", "0,0"], "listed twice"),
         (["test", "--model", "net.prototxt", "--weights", "none.caffemodel"], "none.caffemodel: weights file not found"),
         (["test", "--model", "nonet.prototxt", "--weights", "x"], "nonet.prototxt: model file not found"),
         (["time", "--model", "bad.prototxt"], "bad.prototxt:2:"),

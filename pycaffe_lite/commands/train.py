@@ -14,6 +14,7 @@ import os
 import signal
 
 from ..errors import CaffeError, GPUUnavailableError, PrototxtError
+from ..parallel import launch
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
 
 NAME = "train"
@@ -30,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="initialize from these weights (finetuning)")
     group.add_argument("--snapshot", "-snapshot", dest="snapshot", metavar="STATE.solverstate",
                        help="resume training from this solver state")
-    add_gpu_argument(parser)
+    add_gpu_argument(parser, "GPU mode on device N; a list (0,1) or 'all' trains on several GPUs, one process "
+                             "each, with the prototxt's batch size per GPU (needs NCCL)")
+    launch.add_arguments(parser)  # multi-GPU: --nccl-init, --world-size, --rank
     parser.add_argument("--cpu", "-cpu", dest="cpu", action="store_true",
                         help="train on the CPU even when the solver says solver_mode: GPU")
     add_net_state_arguments(parser)
@@ -99,7 +102,13 @@ def run(args: argparse.Namespace) -> int:
     param, solver_dir = load_solver_param(args.solver)
     param.train_state.level = args.level
     param.train_state.stage.extend(stages(args))
-    device = parse_gpu(args.gpu)
+    job = launch.plan(args)  # -- multi-GPU: several GPUs start one process each; a rank joins its run
+    if isinstance(job, launch.Launch):
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        return launch.run_launch(job, args, parser)
+    session = launch.RankSession(job) if job is not None else None
+    device = parse_gpu(args.gpu) if job is None else job.device
     if getattr(args, "cpu", False) and device is not None:
         raise CaffeError("--cpu and --gpu: give one of them")
     from_solver = False
@@ -125,14 +134,19 @@ def run(args: argparse.Namespace) -> int:
         solver.restore(args.snapshot)
     elif args.weights:
         solver.load_weights(args.weights)
+    if session is not None:
+        session.attach(solver)
     signals = _Signals(args.sigint_effect, args.sighup_effect)
-    solver.set_action_function(signals.action)
+    solver.set_action_function(signals.action if session is None else session.agreed(signals.action, solver))
     log.info("Starting Optimization")
     signals.install()
     try:
         solver.solve()
-        if signals.stopped_by_signal and solver._last_snapshot_iter != solver.iter:
+        stopped = signals.stopped_by_signal or (session is not None and solver.requested_early_exit)
+        if stopped and solver._last_snapshot_iter != solver.iter:
             solver.snapshot()
+        if session is not None:
+            session.close()  # (not after an error: the other ranks must see this one fail)
     finally:
         signals.restore()
     return 0

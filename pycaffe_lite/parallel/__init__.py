@@ -1,0 +1,1 @@
+"""Multi-GPU training: NCCL bindings (:mod:`.nccl`), rendezvous, launcher, gradient all-reduce."""

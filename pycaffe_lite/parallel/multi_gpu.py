@@ -1,0 +1,246 @@
+"""Data-parallel training on several GPUs: pycaffe's ``caffe.NCCL`` and the per-rank session.
+
+One process per GPU (a *rank*). Every rank builds the same solver; rank 0's weights are broadcast
+(:meth:`NCCL.bcast`); each rank's Data layers read a disjoint share of the records; after backward
+the gradients are averaged over the ranks (all-reduce with ``ncclAvg``: the sum times
+1/solver_count, as BVLC scales them) and every rank applies the same update. With
+``layer_wise_reduce`` (default true) the gradients are reduced in buckets, each queued as soon as
+the backward pass has finished the layers it holds, on a stream of its own, so communication
+overlaps the rest of backward; the solver's update waits for that stream through an event. All of
+it is device work queued without host synchronisation, so the whole iteration, reductions
+included, is captured into one CUDA graph by :class:`~pycaffe_lite.executor.Executor`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .. import common
+from ..errors import CaffeError
+from . import nccl
+
+if TYPE_CHECKING:
+    from ..solver import Solver
+
+log = logging.getLogger("pycaffe_lite")
+
+BUCKET_BYTES = int(float(os.environ.get("PYCAFFE_LITE_BUCKET_MB", "16")) * (1 << 20))
+EXIT_PEER_LOST = 3
+
+
+def plan_buckets(ready: Sequence[int], nbytes: Sequence[int], cap: int = BUCKET_BYTES) -> list[tuple[int, list[int]]]:
+    """Group params into buckets reduced during backward.
+
+    ``ready[p]``: the layer after whose backward param ``p``'s gradient is final (the lowest index
+    of the layers using it; backward runs from the last layer to the first). Buckets close at
+    layer boundaries once they hold ``cap`` bytes, so a layer's params are reduced together.
+    Returns ``[(layer, [param ids])]`` in the order backward completes them: bucket k is queued
+    after ``layer``'s backward."""
+    order = sorted(range(len(ready)), key=lambda p: (-ready[p], p))
+    buckets: list[tuple[int, list[int]]] = []
+    current: list[int] = []
+    size = 0
+    for k, p in enumerate(order):
+        current.append(p)
+        size += nbytes[p]
+        last = k + 1 == len(order)
+        if last or (size >= cap and ready[order[k + 1]] != ready[p]):
+            buckets.append((ready[p], current))
+            current, size = [], 0
+    return buckets
+
+
+def ready_layers(net) -> list[int]:
+    """Per learnable param of ``net``: the lowest layer index using it (see :func:`plan_buckets`)."""
+    ready = [len(net.layers)] * len(net.learnable_params)
+    for net_param, (layer, _) in enumerate(net.param_layer_indices):
+        lid = net.learnable_param_ids[net_param]
+        ready[lid] = min(ready[lid], layer)
+    return ready
+
+
+def _require_gpu(what: str) -> None:
+    if common.mode() is not common.Mode.GPU:
+        raise CaffeError(f"{what} needs GPU mode: call caffe.set_mode_gpu() (and set_device) first")
+
+
+class NCCL:
+    """pycaffe's ``caffe.NCCL(solver, uid)``: this rank's communicator for ``solver``'s train net.
+
+    Use as BVLC's ``python/train.py``: ``nccl.bcast()``; ``solver.add_callback(nccl)``; with
+    ``layer_wise_reduce`` also ``solver.net.after_backward(nccl)``. Ranks and their number come
+    from ``caffe.set_solver_rank`` / ``set_solver_count``; the current device is used."""
+
+    graph_safe = True  # its hooks only queue device work (see Executor.hooks)
+
+    def __init__(self, solver: Solver, uid: bytes | str) -> None:
+        _require_gpu("caffe.NCCL")
+        from ..gpu import backend
+
+        self.solver = solver
+        self.net = solver.net
+        uid = uid.encode("latin-1") if isinstance(uid, str) else bytes(uid)
+        common.set_multiprocess(True)
+        self.comm = nccl.Communicator(uid, common.solver_count(), common.solver_rank())
+        if nccl.version() < (2, 10, 0):
+            raise CaffeError(f"NCCL {'.'.join(map(str, nccl.version()))} is too old: pycaffe-lite needs >= 2.10")
+        st = backend.state()
+        self._cuda = st.cuda
+        self._main = st.stream
+        self._side = st.cuda.Stream()  # the reductions' own stream
+        flags = st.cuda.event_flags.DISABLE_TIMING
+        self._fork, self._join = st.cuda.Event(flags), st.cuda.Event(flags)
+        self.params = list(self.net.learnable_params)
+        self.dtype = self.net.dtype
+        self.layer_wise = bool(solver.param.layer_wise_reduce)
+        if self.layer_wise:
+            self.buckets = plan_buckets(ready_layers(self.net), [b.count * b.dtype.itemsize for b in self.params])
+        else:  # one all-reduce of every gradient, queued before the update
+            self.buckets = [(-1, list(range(len(self.params))))]
+        self._at_layer: dict[int, list[int]] = {}
+        for k, (layer, _) in enumerate(self.buckets):
+            self._at_layer.setdefault(layer, []).append(k)
+        self._queued: set[int] = set()  # buckets queued in the current iteration
+        self._done = st.cuda.Event(flags)  # recorded after each iteration's reductions (also in graphs)
+        self._watchdog = _Watchdog(self)
+
+    @staticmethod
+    def new_uid() -> bytes:
+        """A new NCCL unique id (128 bytes) for ``NCCL(solver, uid)`` on every rank."""
+        return nccl.new_unique_id()
+
+    def bcast(self) -> None:
+        """Every rank's weights become rank 0's (waits until done)."""
+        with self.comm.group():
+            for b in self.params:
+                self.comm.broadcast(b.mutable_gpu_data(), b.count, self.dtype, self._main.handle)
+        self._main.synchronize()
+
+    # -- per-layer hook and solver callbacks ---------------------------------------------------
+    def __call__(self, layer: int) -> None:
+        """``after_backward`` hook: queue the buckets whose gradients ``layer`` completed."""
+        for k in self._at_layer.get(layer, ()):
+            self._reduce_bucket(k)
+
+    run = __call__
+
+    def _reduce_bucket(self, k: int) -> None:
+        self._fork.record(self._main)  # the reduction waits for the gradients queued so far
+        self._side.wait_for_event(self._fork)
+        self._queued.add(k)
+        with self.comm.group():
+            for p in self.buckets[k][1]:
+                b = self.params[p]
+                self.comm.all_reduce(b.mutable_gpu_diff(), b.count, self.dtype, self._side.handle, nccl.AVG)
+
+    def on_start(self) -> None:
+        """Solver callback at the start of an iteration (nothing to do)."""
+
+    def on_gradients_ready(self) -> None:
+        """Solver callback before the update: reduce what is left, then make the update wait."""
+        for k in range(len(self.buckets)):
+            if k not in self._queued:
+                self._reduce_bucket(k)
+        if self._queued:
+            self._join.record(self._side)
+            self._main.wait_for_event(self._join)
+        self._queued.clear()
+        self._watchdog.record(self._done, self._main)
+
+    on_start.graph_safe = True  # type: ignore[attr-defined]
+    on_gradients_ready.graph_safe = True  # type: ignore[attr-defined]
+
+    def abort(self) -> None:
+        """Stop pending collectives (from any thread); the communicator is unusable afterwards."""
+        self.comm.abort()
+
+
+class _Watchdog:
+    """Stops this rank (:func:`stop_process`) when waiting cannot end: the parent process is gone
+    (an orphaned rank), or a rank on this host has exited while this rank's reductions have been
+    waiting for more than ``STUCK_S`` seconds. (Ranks started by ``pycaffe-lite train`` are also
+    watched through their rendezvous connections, across machines and faster.)"""
+
+    STUCK_S = 10.0
+    _NOT_READY = 600  # CUDA_ERROR_NOT_READY
+
+    def __init__(self, owner: NCCL) -> None:
+        import socket
+        import zlib
+
+        import numpy as np
+
+        from ..gpu import backend, cuda_graph
+
+        self.owner = owner
+        self.lib = cuda_graph._driver()
+        self.lib.cuEventQuery.argtypes = [ctypes.c_void_p]
+        self.lib.cuEventRecordWithFlags.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+        self.lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+        self.context = backend.state().context.handle
+        n, me = owner.comm.nranks, np.array([zlib.crc32(socket.gethostname().encode()), os.getpid()], np.int64)
+        send, recv = backend.alloc(me.nbytes), backend.alloc(me.nbytes * n)
+        backend.memcpy_htod(int(send), me)
+        owner.comm.all_gather(int(send), int(recv), 2, np.int64, owner._main.handle)
+        everyone = np.empty(2 * n, np.int64)
+        backend.memcpy_dtoh(everyone, int(recv))
+        self.peers = [(r, int(everyone[2 * r + 1])) for r in range(n)
+                      if r != owner.comm.rank and everyone[2 * r] == me[0]]
+        self.parent = os.getppid()
+        threading.Thread(target=self._run, name="nccl watchdog", daemon=True).start()
+
+    def record(self, event, stream) -> None:
+        """Record ``event`` on ``stream``; inside a graph capture as a node replays record again."""
+        from ..gpu import backend
+
+        external = 1 if backend.recording() is not None else 0  # CU_EVENT_RECORD_EXTERNAL
+        self.lib.cuEventRecordWithFlags(ctypes.c_void_p(event.handle), ctypes.c_void_p(stream.handle), external)
+
+    def _run(self) -> None:
+        self.lib.cuCtxSetCurrent(ctypes.c_void_p(self.context))
+        waiting_since = None
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != self.parent:
+                stop_process(f"the parent process ({self.parent}) exited", self.owner)
+            gone = [r for r, pid in self.peers if not _alive(pid)]
+            stuck = gone and self.lib.cuEventQuery(ctypes.c_void_p(self.owner._done.handle)) == self._NOT_READY
+            if not stuck:
+                waiting_since = None
+            elif waiting_since is None:
+                waiting_since = time.monotonic()
+            elif time.monotonic() - waiting_since > self.STUCK_S:
+                stop_process(f"rank {gone[0]} exited while this rank waits for it in NCCL", self.owner)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def stop_process(message: str, nccl_object: NCCL | None = None) -> None:
+    """Log ``message``, abort NCCL (bounded: 5 s), and end this process with EXIT_PEER_LOST."""
+    log.error("%s; stopping this rank (%d)", message, common.solver_rank())
+    for handler in logging.getLogger("pycaffe_lite").handlers:
+        handler.flush()
+    if nccl_object is not None:
+        t = threading.Thread(target=nccl_object.abort, daemon=True)
+        t.start()
+        t.join(5.0)
+    os._exit(EXIT_PEER_LOST)
