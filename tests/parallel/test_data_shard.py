@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pycaffe_lite.testing import empty_blobs, make_layer
 
 import pycaffe_lite as caffe
 from pycaffe_lite.db import LMDBWriter
+from pycaffe_lite.layer_testing import empty_blobs, make_layer
 from pycaffe_lite.proto import caffe_pb2
 
 pytest.importorskip("lmdb")
