@@ -24,8 +24,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples" / "model_zoo"))
 
-from pycaffe_lite import model_zoo  # noqa: E402
+import model_zoo  # noqa: E402  (examples/model_zoo/model_zoo.py)
+
 from pycaffe_lite.proto import caffe_pb2  # noqa: E402
 from pycaffe_lite.protoio import parse_text, write_text  # noqa: E402
 
