@@ -83,7 +83,7 @@ class Classifier(Net):
         caffe_in = np.zeros(np.array(input_.shape)[[0, 3, 1, 2]], dtype=np.float32)
         for ix, in_ in enumerate(input_):
             caffe_in[ix] = self.transformer.preprocess(in_name, in_)
-        out = self.forward_all(**{in_name: caffe_in})  # type: ignore[attr-defined]  # pycaffe.py adds it
+        out = self.forward_all(**{in_name: caffe_in})
         predictions = out[self.outputs[0]]
         if oversample:
             predictions = predictions.reshape((len(predictions) // 10, 10, -1)).mean(1)

@@ -130,7 +130,7 @@ class DataTransformer:
         mirror = bool(p.mirror) and bool(self.rng.integers(2))
         x = values[:, h_off : h_off + oh, w_off : w_off + ow].astype(self.dtype)
         if self.mean is not None:
-            x -= self._mean_for(values.shape)[:, h_off : h_off + oh, w_off : w_off + ow]
+            x -= self._mean_for(self.mean, values.shape)[:, h_off : h_off + oh, w_off : w_off + ow]
         if p.scale != 1:
             x *= self.dtype.type(p.scale)
         if mirror:
@@ -142,10 +142,9 @@ class DataTransformer:
         out[...] = x
         return out
 
-    def _mean_for(self, shape) -> np.ndarray:
-        """The mean broadcast to ``(C, H, W)`` (before cropping), in the output dtype."""
+    def _mean_for(self, mean: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """``mean`` (:attr:`mean`) broadcast to ``(C, H, W)`` (before cropping), in the output dtype."""
         c, h, w = shape
-        mean = self.mean
         if self.param.HasField("mean_file"):
             if mean.shape != (c, h, w):
                 raise ShapeError(

@@ -48,7 +48,7 @@ class Detector(Net):
         caffe_in = np.zeros((len(window_inputs), window_inputs[0].shape[2]) + tuple(in_dims), dtype=np.float32)
         for ix, window_in in enumerate(window_inputs):
             caffe_in[ix] = self.transformer.preprocess(in_, window_in)
-        out = self.forward_all(**{in_: caffe_in})  # type: ignore[attr-defined]  # pycaffe.py adds it
+        out = self.forward_all(**{in_: caffe_in})
         predictions = out[self.outputs[0]]
         predictions = predictions.reshape(len(predictions), -1)
         detections = []

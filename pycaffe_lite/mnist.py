@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,10 @@ SHA256 = {
 }
 SIZES = {"train": 60000, "test": 10000}
 
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_DTYPES: dict[int, np.dtype] = {
+    0x08: np.dtype(np.uint8), 0x09: np.dtype(np.int8), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8"),
+}
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -72,7 +76,7 @@ def read_idx(path: str | os.PathLike, expected_magic: int | None = None) -> np.n
     if len(raw) < header:
         raise DataError(f"{path}: truncated IDX header ({len(raw)} bytes, expected at least {header})")
     dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    dtype = np.dtype(_IDX_DTYPES[type_code])
+    dtype = _IDX_DTYPES[type_code]
     need = int(np.prod(dims)) * dtype.itemsize
     have = len(raw) - header
     if have < need:
@@ -197,7 +201,7 @@ def verify_sha256(directory: str | os.PathLike) -> None:
             )
 
 
-def locate(data_dir: str | os.PathLike | None = None, env: dict[str, str] | None = None
+def locate(data_dir: str | os.PathLike | None = None, env: Mapping[str, str] | None = None
            ) -> tuple[Path, str]:
     """The folder holding the four MNIST files and where it came from: ``data_dir`` (--data), else
     ``$MNIST_DIR``, else the copy shipped in examples/mnist/data (SHA-256 checked). A given folder

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ from .errors import WeightsError
 from .proto import caffe_pb2
 
 if TYPE_CHECKING:
+    from .net import Net
     from .solver import Solver
 
 log = logging.getLogger("pycaffe_lite")
@@ -195,7 +197,7 @@ def rng_from_json(gen: np.random.Generator, text: str) -> None:
     gen.bit_generator.state = json.loads(text)
 
 
-def _data_nets(solver: Solver):
+def _data_nets(solver: Solver) -> Iterator[tuple[str, Net]]:
     yield "train", solver.net
     for i, net in enumerate(solver.test_nets):
         yield f"test{i}", net
@@ -222,8 +224,10 @@ def restore_extras(solver: Solver, state: caffe_pb2.SolverState, path: str) -> N
     nets = dict(_data_nets(solver))
     for entry in state.data_state:
         net = nets.get(entry.net)
-        index = net._layer_names_index.get(entry.layer) if net is not None else None
-        layer = net.layers[index] if index is not None else None
+        layer = None
+        if net is not None:
+            index = net._layer_names_index.get(entry.layer)
+            layer = net.layers[index] if index is not None else None
         if layer is None or not hasattr(layer, "restore_read_state"):
             log.warning("%s: data position of %s layer '%s' has no matching data layer: ignored",
                         path, entry.net, entry.layer)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Mapping
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -82,7 +83,7 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_threads(env: dict[str, str] | None = None, cores: int | None = None,
+def default_threads(env: Mapping[str, str] | None = None, cores: int | None = None,
                     load: float | None = None) -> int | None:
     """The thread count ``configure`` would set (None: the user chose one through BLAS's variables)."""
     env = os.environ if env is None else env

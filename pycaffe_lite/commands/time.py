@@ -133,7 +133,7 @@ def conv_cost(layer, bottom: Sequence, top: Sequence,
         bwd_elems += sum(b.count for b in bottom) + 2 * weight.count  # bottom data, weight diff r+w
     if any(need_x):
         bwd_elems += weight.count + sum(b.count for b, x in zip(bottom, need_x) if x)
-    if need_b:
+    if need_b and bias is not None:
         bwd_elems += 2 * bias.count
     return ConvCost(fwd_flops, bwd_flops, float(fwd_elems * item), float(bwd_elems * item))
 

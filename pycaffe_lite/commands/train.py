@@ -12,10 +12,19 @@ import argparse
 import logging
 import os
 import signal
+from typing import TYPE_CHECKING
 
 from ..errors import CaffeError, GPUUnavailableError, PrototxtError
 from ..parallel import launch
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+    from typing import Any, TypeAlias
+
+    # what signal.signal() takes and returns
+    _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 NAME = "train"
 HELP = "train or finetune a model from a solver prototxt"
@@ -51,14 +60,14 @@ class _Signals:
     """Turns SIGINT/SIGHUP into solver actions polled by the training loop."""
 
     def __init__(self, sigint_effect: str, sighup_effect: str) -> None:
-        self.effects = {signal.SIGINT: sigint_effect}
+        self.effects: dict[int, str] = {signal.SIGINT: sigint_effect}
         if hasattr(signal, "SIGHUP"):
             self.effects[signal.SIGHUP] = sighup_effect
         self.pending: list[int] = []
-        self.previous: dict[int, object] = {}
+        self.previous: dict[int, _Handler] = {}
         self.stopped_by_signal = False
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.pending.append(signum)
         if signum == signal.SIGINT and self.effects[signum] == "stop":
             # A second Ctrl-C aborts immediately.

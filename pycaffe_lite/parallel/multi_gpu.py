@@ -107,8 +107,8 @@ class NCCL:
         for k, (layer, _) in enumerate(self.buckets):
             self._at_layer.setdefault(layer, []).append(k)
         self._queued: set[int] = set()  # buckets queued in the current iteration
-        self._done = st.cuda.Event(flags)  # recorded after each iteration's reductions (also in graphs)
         self._watchdog = _Watchdog(self)
+        self._done = self._watchdog.new_event()  # recorded after each iteration's reductions (also in graphs)
 
     @staticmethod
     def new_uid() -> bytes:
@@ -181,6 +181,7 @@ class _Watchdog:
         self.owner = owner
         self.lib = cuda_graph._driver()
         self.lib.cuEventQuery.argtypes = [ctypes.c_void_p]
+        self.lib.cuEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         self.lib.cuEventRecordWithFlags.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
         self.lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
         self.context = backend.state().context.handle
@@ -195,12 +196,20 @@ class _Watchdog:
         self.parent = os.getppid()
         threading.Thread(target=self._run, name="nccl watchdog", daemon=True).start()
 
-    def record(self, event, stream) -> None:
+    def new_event(self) -> ctypes.c_void_p:
+        """A driver event (CUevent, timing disabled) the watchdog thread can query."""
+        event = ctypes.c_void_p()
+        status = self.lib.cuEventCreate(ctypes.byref(event), 2)  # CU_EVENT_DISABLE_TIMING
+        if status != 0:
+            raise CaffeError(f"cuEventCreate failed with CUDA error {status}")
+        return event
+
+    def record(self, event: ctypes.c_void_p, stream) -> None:
         """Record ``event`` on ``stream``; inside a graph capture as a node replays record again."""
         from ..gpu import backend
 
         external = 1 if backend.recording() is not None else 0  # CU_EVENT_RECORD_EXTERNAL
-        self.lib.cuEventRecordWithFlags(ctypes.c_void_p(event.handle), ctypes.c_void_p(stream.handle), external)
+        self.lib.cuEventRecordWithFlags(event, ctypes.c_void_p(stream.handle), external)
 
     def _run(self) -> None:
         self.lib.cuCtxSetCurrent(ctypes.c_void_p(self.context))
@@ -210,7 +219,8 @@ class _Watchdog:
             if os.getppid() != self.parent:
                 stop_process(f"the parent process ({self.parent}) exited", self.owner)
             gone = [r for r, pid in self.peers if not _alive(pid)]
-            stuck = gone and self.lib.cuEventQuery(ctypes.c_void_p(self.owner._done.handle)) == self._NOT_READY
+            done = getattr(self.owner, "_done", None)
+            stuck = gone and done is not None and self.lib.cuEventQuery(done) == self._NOT_READY
             if not stuck:
                 waiting_since = None
             elif waiting_since is None:

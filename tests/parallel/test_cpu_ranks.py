@@ -167,7 +167,7 @@ def test_bvlc_style_script_calls_on_cpu(tmp_path, timing):
     script = Path(__file__).resolve().parent / "bvlc_style_train.py"
     done = subprocess.run([sys.executable, str(script), "--solver", str(solver), "--gpus", "0", "1"]
                           + (["--timing"] if timing else []), capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
     assert done.returncode == 0, done.stderr[-3000:]
     assert [p.name for p in tmp_path.glob("api_iter_*.caffemodel")] == ["api_iter_20.caffemodel"]
     if timing:
