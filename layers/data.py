@@ -230,17 +230,22 @@ class DataLayer(Layer):
         return self._next
 
     def restore_read_state(self, position: int, key: bytes, rng_state: str, where: str = "") -> None:
-        """Continue from a position given by ``read_state`` (batches prefetched so far are dropped)."""
+        """Continue from a position given by ``read_state`` (batches prefetched so far are dropped).
+        Snapshots hold rank 0's position: with several training ranks, rank r starts r batches on."""
+        shift = common.solver_rank() * self.batch_size if self.phase == common.TRAIN else 0
         if self._cache is not None:
             if not 0 <= int(position) < len(self._keys) or (key and bytes(key) != self._keys[int(position)]):
                 raise DataError(f"{where or self._where}: cannot restore the read position {position}: "
                                 "the database does not match the snapshot")
-            self._cache.seek(int(position))
+            self._cache.seek(int(position) + shift)
             return
         old = self._prefetcher
         self._finalizer.detach()
         old.stop()
         try:
+            if shift:  # check the saved record, then move on to this rank's first batch
+                old.cursor.seek(position, key)
+                position, key = (int(position) + shift) % len(old.cursor), b""
             old.cursor.seek(position, key)
             if rng_state:
                 self.transformer.rng.bit_generator.state = json.loads(rng_state)
@@ -248,8 +253,10 @@ class DataLayer(Layer):
             old.cursor.close()
             raise DataError(f"{where or self._where}: cannot restore the read position: {exc}") from None
         self._next = (int(position), bytes(key), rng_state)
-        self._install(_Prefetcher(old.cursor, self.transformer, self.batch_size, self.layer_param.data_param.prefetch,
-                                  self.dtype, self._where))
+        fresh = _Prefetcher(old.cursor, self.transformer, self.batch_size, self.layer_param.data_param.prefetch,
+                            self.dtype, self._where)
+        fresh.skip_after = old.skip_after  # multi-GPU: keep skipping the other ranks' batches
+        self._install(fresh)
 
     def reshape(self, bottom, top):
         """Tops take the shape of each batch in forward."""
