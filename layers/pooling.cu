@@ -71,65 +71,73 @@ __global__ void ave_pool_forward(const int count, const Dtype* bottom, POOL_GEOM
   }
 }
 
-// Backward: a gather, one thread per bottom element (h, w) and plane; no atomics. Launched on
-// grid (ceil(width / POOL_TILE_W), ceil(height / POOL_TILE_H), min(planes, 65535)) with block
-// (POOL_TILE_W, POOL_TILE_H): the top-window ranges of the tile's rows and columns are computed once
-// per block (the only integer divisions) and the block loops over planes, so writes are coalesced
-// rows and the window reads hit the cache.
-#define POOL_TILE_W 32
-#define POOL_TILE_H 8
+// Backward: a gather, no atomics. One thread per bottom position (h, w) and group of
+// POOL_BACKWARD_PLANES consecutive planes: work item (group * height + h) * width + w, so a warp
+// writes consecutive w of one row (coalesced). The range of top windows covering (h, w) is the
+// same in every plane, so its integer divisions are done once per thread; the innermost loop over
+// the group's planes makes independent loads (ILP). Launched with the item count only.
+#define POOL_BACKWARD_PLANES 4
 
 extern "C++" {
 template <bool MAX>
-__device__ void pool_backward(const int planes, const Dtype* top_diff, const int* mask,
+__device__ void pool_backward(const int count, const int planes, const Dtype* top_diff, const int* mask,
                               POOL_GEOMETRY_ARGS, Dtype* bottom_diff) {
-  __shared__ int ph_range[2][POOL_TILE_H], pw_range[2][POOL_TILE_W];
-  const int w = blockIdx.x * POOL_TILE_W + threadIdx.x;
-  const int h = blockIdx.y * POOL_TILE_H + threadIdx.y;
-  // top windows whose (unclipped) span contains the row / column
-  if (threadIdx.y == 0) {
-    pw_range[0][threadIdx.x] = (w + pad_w < kernel_w) ? 0 : (w + pad_w - kernel_w) / stride_w + 1;
-    pw_range[1][threadIdx.x] = min((w + pad_w) / stride_w + 1, pooled_w);
-  }
-  if (threadIdx.x == 0) {
-    ph_range[0][threadIdx.y] = (h + pad_h < kernel_h) ? 0 : (h + pad_h - kernel_h) / stride_h + 1;
-    ph_range[1][threadIdx.y] = min((h + pad_h) / stride_h + 1, pooled_h);
-  }
-  __syncthreads();
-  if (h >= height || w >= width) return;
-  const int phstart = ph_range[0][threadIdx.y], phend = ph_range[1][threadIdx.y];
-  const int pwstart = pw_range[0][threadIdx.x], pwend = pw_range[1][threadIdx.x];
-  const int target = h * width + w;
-  for (int plane = blockIdx.z; plane < planes; plane += gridDim.z) {
-    const int offset = plane * pooled_h * pooled_w;
-    Dtype grad = 0;
+  const int top_plane = pooled_h * pooled_w, bottom_plane = height * width;
+  CUDA_KERNEL_LOOP(index, count) {
+    const int row = index / width;
+    const int w = index - row * width;
+    const int group = row / height;
+    const int h = row - group * height;
+    const int plane0 = group * POOL_BACKWARD_PLANES;
+    const int nplanes = min(planes - plane0, POOL_BACKWARD_PLANES);
+    // top windows whose (unclipped) span holds the row / column, as in Caffe's MaxPoolBackward
+    const int phstart = (h + pad_h < kernel_h) ? 0 : (h + pad_h - kernel_h) / stride_h + 1;
+    const int phend = min((h + pad_h) / stride_h + 1, pooled_h);
+    const int pwstart = (w + pad_w < kernel_w) ? 0 : (w + pad_w - kernel_w) / stride_w + 1;
+    const int pwend = min((w + pad_w) / stride_w + 1, pooled_w);
+    const int target = h * width + w;
+    const int top0 = plane0 * top_plane;
+    Dtype grad[POOL_BACKWARD_PLANES];
+#pragma unroll
+    for (int k = 0; k < POOL_BACKWARD_PLANES; ++k) grad[k] = 0;
     for (int ph = phstart; ph < phend; ++ph) {
       for (int pw = pwstart; pw < pwend; ++pw) {
-        const int t = offset + ph * pooled_w + pw;
+        const int t = top0 + ph * pooled_w + pw;
         if (MAX) {
-          if (mask[t] == target) grad += top_diff[t];
+#pragma unroll
+          for (int k = 0; k < POOL_BACKWARD_PLANES; ++k) {
+            if (k < nplanes && mask[t + k * top_plane] == target) grad[k] += top_diff[t + k * top_plane];
+          }
         } else {
-          grad += top_diff[t] / ave_pool_size(ph, pw, height, width, pooled_h, pooled_w, kernel_h,
-                                              kernel_w, stride_h, stride_w, pad_h, pad_w);
+          const Dtype size = ave_pool_size(ph, pw, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
+                                           stride_h, stride_w, pad_h, pad_w);
+#pragma unroll
+          for (int k = 0; k < POOL_BACKWARD_PLANES; ++k) {
+            if (k < nplanes) grad[k] += top_diff[t + k * top_plane] / size;
+          }
         }
       }
     }
-    bottom_diff[plane * height * width + target] = grad;
+#pragma unroll
+    for (int k = 0; k < POOL_BACKWARD_PLANES; ++k) {
+      if (k < nplanes) bottom_diff[(plane0 + k) * bottom_plane + target] = grad[k];
+    }
   }
 }
 }  // extern "C++"
 
-// Sums the diffs of the top windows that contain the element and chose it (mask).
-__global__ void max_pool_backward(const int planes, const Dtype* top_diff, const int* mask,
+// count = ceil(planes / POOL_BACKWARD_PLANES) * height * width. Sums the diffs of the top windows
+// that contain the element and chose it (mask).
+__global__ void max_pool_backward(const int count, const int planes, const Dtype* top_diff, const int* mask,
                                   POOL_GEOMETRY_ARGS, Dtype* bottom_diff) {
-  pool_backward<true>(planes, top_diff, mask, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
+  pool_backward<true>(count, planes, top_diff, mask, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
                       stride_h, stride_w, pad_h, pad_w, bottom_diff);
 }
 
-// Sums top_diff / pool_size over the windows that contain the element.
-__global__ void ave_pool_backward(const int planes, const Dtype* top_diff, POOL_GEOMETRY_ARGS,
+// count as for max_pool_backward. Sums top_diff / pool_size over the windows that contain the element.
+__global__ void ave_pool_backward(const int count, const int planes, const Dtype* top_diff, POOL_GEOMETRY_ARGS,
                                   Dtype* bottom_diff) {
-  pool_backward<false>(planes, top_diff, nullptr, height, width, pooled_h, pooled_w, kernel_h,
+  pool_backward<false>(count, planes, top_diff, nullptr, height, width, pooled_h, pooled_w, kernel_h,
                        kernel_w, stride_h, stride_w, pad_h, pad_w, bottom_diff);
 }
 

@@ -11,10 +11,10 @@ sum inside the image by the window area clipped to the padded image (Caffe's div
 CPU: loops over the ``kh*kw`` kernel offsets, each a strided slice of the padded batch. MAX copies
 the slices into one contiguous (kh*kw, N, C, PH, PW) stack and finds each window's first maximum
 with whole-array reductions; backward routes each top diff to that offset's slice (assigned when
-windows are disjoint, accumulated when they overlap). GPU: one thread per top element forward,
-one per bottom element backward (a gather in one pass, no atomics, in 32x8 tiles whose window
-ranges are computed once per block); the MAX argmax kept from forward to backward lives in an
-internal blob.
+windows are disjoint, accumulated when they overlap). GPU: one thread per top element forward;
+backward a gather in one pass, no atomics: one thread per bottom position (h, w) for a group of
+planes, computing its covering window range once and writing coalesced rows; the MAX argmax kept
+from forward to backward lives in an internal blob.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pycaffe_lite.proto import caffe_pb2
 KERNELS = Path(__file__).with_suffix(".cu")
 PP = caffe_pb2.PoolingParameter
 LOWEST = -np.finfo(np.float32).max  # Caffe's -FLT_MAX, for float and double alike
-_TILE = (32, 8)  # backward thread block: POOL_TILE_W x POOL_TILE_H of pooling.cu
+_BACKWARD_PLANES = 4  # planes per backward thread: POOL_BACKWARD_PLANES of pooling.cu
 
 
 def pooled_size(size: int, kernel: int, pad: int, stride: int, ceil_mode: bool, any_pad: bool) -> int:
@@ -259,12 +259,11 @@ class PoolingLayer(Layer):
             return
         n, c, h, w = bottom[0].shape
         planes = n * c
-        launch = {"grid": (-(-w // _TILE[0]), -(-h // _TILE[1]), min(planes, 65535)), "block": (*_TILE, 1)}
+        count = -(-planes // _BACKWARD_PLANES) * h * w
         if self.method == PP.MAX:
             if getattr(self, "_argmax_shape", None) != top[0].shape:
                 raise self.error("MAX pooling backward_gpu needs a forward_gpu on the same shapes first")
-            self._k("max_pool_backward")(planes, top[0].gpu_diff(), self._argmax.gpu_data(), *self._geometry(),
-                                         bottom[0].mutable_gpu_diff(), **launch)
+            self._k("max_pool_backward")(count, planes, top[0].gpu_diff(), self._argmax.gpu_data(), *self._geometry(),
+                                         bottom[0].mutable_gpu_diff())
         else:
-            self._k("ave_pool_backward")(planes, top[0].gpu_diff(), *self._geometry(), bottom[0].mutable_gpu_diff(),
-                                         **launch)
+            self._k("ave_pool_backward")(count, planes, top[0].gpu_diff(), *self._geometry(), bottom[0].mutable_gpu_diff())
