@@ -1,91 +1,68 @@
 // LRN on an (N, C, H, W) array, one thread per element; windows of odd `size` centred on the
 // element, zero beyond the edges. Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
 
-// scale = base + coeff * sum of x^2 over the channels [c - pre, c + pre]
-__global__ void lrn_scale_across(const int count, const Dtype* x, const int channels,
-                                 const int height, const int width, const int size,
-                                 const Dtype base, const Dtype coeff, Dtype* scale) {
-  CUDA_KERNEL_LOOP(i, count) {
-    const int hw = height * width;
-    const int s = i % hw;
-    const int c = (i / hw) % channels;
-    const int n = i / (hw * channels);
-    const int pre = (size - 1) / 2;
-    const int lo = max(c - pre, 0), hi = min(c + pre, channels - 1);
-    const Dtype* col = x + n * channels * hw + s;
-    Dtype acc = 0;
-    for (int j = lo; j <= hi; ++j) acc += col[j * hw] * col[j * hw];
-    scale[i] = base + coeff * acc;
+extern "C++" {
+// Sum of f(q) over the element indices q of element i's window: the channels [c - pre, c + pre]
+// (ACROSS) or the size x size spatial window of its plane (WITHIN).
+template <bool ACROSS, class F>
+__device__ Dtype window_sum(const int i, const int channels, const int height, const int width,
+                            const int size, const F f) {
+  const int pre = (size - 1) / 2, hw = height * width;
+  Dtype acc = 0;
+  if (ACROSS) {
+    const int s = i % hw, c = (i / hw) % channels;
+    const int base = (i / (hw * channels)) * channels * hw + s;
+    for (int j = max(c - pre, 0); j <= min(c + pre, channels - 1); ++j) acc += f(base + j * hw);
+  } else {
+    const int w = i % width, h = (i / width) % height, plane = (i / hw) * hw;
+    for (int hh = max(h - pre, 0); hh <= min(h + pre, height - 1); ++hh)
+      for (int ww = max(w - pre, 0); ww <= min(w + pre, width - 1); ++ww) acc += f(plane + hh * width + ww);
   }
+  return acc;
 }
 
-// scale = base + coeff * sum of x^2 over the size x size spatial window
-__global__ void lrn_scale_within(const int count, const Dtype* x, const int channels,
-                                 const int height, const int width, const int size,
-                                 const Dtype base, const Dtype coeff, Dtype* scale) {
-  CUDA_KERNEL_LOOP(i, count) {
-    const int w = i % width;
-    const int h = (i / width) % height;
-    const int pre = (size - 1) / 2;
-    const Dtype* plane = x + (i / (width * height)) * height * width;
-    const int h0 = max(h - pre, 0), h1 = min(h + pre, height - 1);
-    const int w0 = max(w - pre, 0), w1 = min(w + pre, width - 1);
-    Dtype acc = 0;
-    for (int hh = h0; hh <= h1; ++hh)
-      for (int ww = w0; ww <= w1; ++ww) {
-        const Dtype v = plane[hh * width + ww];
-        acc += v * v;
-      }
-    scale[i] = base + coeff * acc;
+struct Squares {  // x^2: the forward's window terms
+  const Dtype* x;
+  __device__ Dtype operator()(const int q) const { return x[q] * x[q]; }
+};
+
+struct Ratios {  // dy * y / scale: the backward's window terms
+  const Dtype *dy, *y, *scale;
+  __device__ Dtype operator()(const int q) const { return dy[q] * y[q] / scale[q]; }
+};
+}  // extern "C++"
+
+// scale = base + coeff * sum of x^2 over the window
+#define LRN_SCALE(NAME, ACROSS)                                                                 \
+  __global__ void NAME(const int count, const Dtype* x, const int channels, const int height,  \
+                       const int width, const int size, const Dtype base, const Dtype coeff,   \
+                       Dtype* scale) {                                                          \
+    const Squares f = {x};                                                                      \
+    CUDA_KERNEL_LOOP(i, count) {                                                                \
+      scale[i] = base + coeff * window_sum<ACROSS>(i, channels, height, width, size, f);       \
+    }                                                                                           \
   }
-}
+
+// dx = dy * scale^neg_beta - ratio * x * sum over the window of dy * y / scale
+#define LRN_DIFF(NAME, ACROSS)                                                                  \
+  __global__ void NAME(const int count, const Dtype* x, const Dtype* y, const Dtype* dy,       \
+                       const Dtype* scale, const int channels, const int height,               \
+                       const int width, const int size, const Dtype neg_beta,                  \
+                       const Dtype ratio, Dtype* dx) {                                          \
+    const Ratios f = {dy, y, scale};                                                            \
+    CUDA_KERNEL_LOOP(i, count) {                                                                \
+      dx[i] = dy[i] * pow(scale[i], neg_beta) -                                                 \
+              ratio * x[i] * window_sum<ACROSS>(i, channels, height, width, size, f);          \
+    }                                                                                           \
+  }
+
+LRN_SCALE(lrn_scale_across, true)
+LRN_SCALE(lrn_scale_within, false)
+LRN_DIFF(lrn_diff_across, true)
+LRN_DIFF(lrn_diff_within, false)
 
 // y = x * scale^neg_beta
 __global__ void lrn_output(const int count, const Dtype* x, const Dtype* scale,
                            const Dtype neg_beta, Dtype* y) {
   CUDA_KERNEL_LOOP(i, count) { y[i] = x[i] * pow(scale[i], neg_beta); }
-}
-
-// dx = dy * scale^neg_beta - ratio * x * sum over the channel window of dy * y / scale
-__global__ void lrn_diff_across(const int count, const Dtype* x, const Dtype* y,
-                                const Dtype* dy, const Dtype* scale, const int channels,
-                                const int height, const int width, const int size,
-                                const Dtype neg_beta, const Dtype ratio, Dtype* dx) {
-  CUDA_KERNEL_LOOP(i, count) {
-    const int hw = height * width;
-    const int s = i % hw;
-    const int c = (i / hw) % channels;
-    const int n = i / (hw * channels);
-    const int pre = (size - 1) / 2;
-    const int lo = max(c - pre, 0), hi = min(c + pre, channels - 1);
-    const int base = n * channels * hw + s;
-    Dtype acc = 0;
-    for (int j = lo; j <= hi; ++j) {
-      const int q = base + j * hw;
-      acc += dy[q] * y[q] / scale[q];
-    }
-    dx[i] = dy[i] * pow(scale[i], neg_beta) - ratio * x[i] * acc;
-  }
-}
-
-// dx = dy * scale^neg_beta - ratio * x * sum over the spatial window of dy * y / scale
-__global__ void lrn_diff_within(const int count, const Dtype* x, const Dtype* y,
-                                const Dtype* dy, const Dtype* scale, const int channels,
-                                const int height, const int width, const int size,
-                                const Dtype neg_beta, const Dtype ratio, Dtype* dx) {
-  CUDA_KERNEL_LOOP(i, count) {
-    const int w = i % width;
-    const int h = (i / width) % height;
-    const int pre = (size - 1) / 2;
-    const int plane = (i / (width * height)) * height * width;
-    const int h0 = max(h - pre, 0), h1 = min(h + pre, height - 1);
-    const int w0 = max(w - pre, 0), w1 = min(w + pre, width - 1);
-    Dtype acc = 0;
-    for (int hh = h0; hh <= h1; ++hh)
-      for (int ww = w0; ww <= w1; ++ww) {
-        const int q = plane + hh * width + ww;
-        acc += dy[q] * y[q] / scale[q];
-      }
-    dx[i] = dy[i] * pow(scale[i], neg_beta) - ratio * x[i] * acc;
-  }
 }
