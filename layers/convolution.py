@@ -180,8 +180,10 @@ class ConvolutionBase(Layer):
         layers), narrowed by the ``engine`` field (CAFFE: im2col + GEMM; IMPLICIT_GEMM; WINOGRAD;
         DEFAULT/CUDNN: any). Raises an error naming the layer and its geometry when the forced
         engine cannot run it (checked before any GPU work)."""
+        prob = self.problem
+        assert prob is not None, "reshape() builds the problem before any engine is chosen"
         if self._choice is None:
-            prob, g = self.problem, self.geo
+            g = self.geo
             p = self.layer_param.convolution_param
             engine = p.Engine.Name(p.engine)
             candidates = conv_engines.ENGINE_CANDIDATES[engine]
@@ -191,7 +193,7 @@ class ConvolutionBase(Layer):
                     f"kernel {g.kernel}, stride {g.stride}, dilation {g.dilation}, group {self.group}, pad {g.pad} "
                     f"(bottom {self.bottom_shape}, top {self.top_shape})")
             self._choice = conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates)
-        return self.problem, self._choice
+        return prob, self._choice
 
     def engine_choice(self) -> conv_engines.Choice:
         """The engine per pass for the current shape (see :meth:`engines`)."""

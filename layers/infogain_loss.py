@@ -68,7 +68,10 @@ class InfogainLossLayer(LossLayer):
         self._buf = Blob((), self.dtype)  # GPU: data = per-position loss, diff = counted flags
 
     def _h(self, bottom) -> Blob:
-        return bottom[2] if len(bottom) >= 3 else self.infogain
+        if len(bottom) >= 3:
+            return bottom[2]
+        assert self.infogain is not None, "layer_setup loads H when no bottom gives it"
+        return self.infogain
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)

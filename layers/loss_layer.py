@@ -50,8 +50,8 @@ class LossLayer(Layer):
     """Base of the loss layers. Subclasses set ``self.outer``/``self.inner`` (normalizer sizes) and,
     when they read class labels, ``self.classes`` in ``reshape`` after calling ``super().reshape``."""
 
-    exact_num_bottom_blobs = 2
-    exact_num_top_blobs = 1
+    exact_num_bottom_blobs: ClassVar[int | None] = 2
+    exact_num_top_blobs: ClassVar[int | None] = 1
     is_loss = True
     auto_top_blobs = True  # Caffe's LossLayer: a missing top is created
     label_bottoms: ClassVar[tuple[int, ...]] = (1,)  # bottoms that never take a gradient

@@ -32,7 +32,10 @@ def window_sum(a: np.ndarray, size: int, axes: tuple[int, ...]) -> np.ndarray:
         pad[ax] = (pre, pre)
         p = np.pad(a, pad)
         n = a.shape[ax]
-        a = sum(np.take(p, np.arange(j, j + n), axis=ax) for j in range(size))
+        total = np.take(p, np.arange(0, n), axis=ax)
+        for j in range(1, size):
+            total = total + np.take(p, np.arange(j, j + n), axis=ax)
+        a = total
     return a
 
 

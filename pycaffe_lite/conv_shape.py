@@ -32,5 +32,6 @@ def out_shape(height: int, width: int, kernel: Pair, pad: Pair, stride: Pair, di
 def deconv_out_shape(height: int, width: int, kernel: Pair, pad: Pair, stride: Pair, dilation: Pair) -> Pair:
     """``(Ho, Wo)`` of a deconvolution (transposed convolution): ``stride*(size-1) + extent - 2*pad``,
     the input size of the convolution that maps ``(Ho, Wo)`` back to ``(height, width)``."""
-    return tuple(s * (n - 1) + d * (k - 1) + 1 - 2 * p
-                 for n, k, p, s, d in zip((height, width), kernel, pad, stride, dilation))
+    ho, wo = (s * (n - 1) + d * (k - 1) + 1 - 2 * p
+              for n, k, p, s, d in zip((height, width), kernel, pad, stride, dilation))
+    return ho, wo

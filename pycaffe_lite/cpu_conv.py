@@ -84,7 +84,7 @@ def columns(xp: np.ndarray, layout: Layout, kernel: Pair, stride: Pair, dilation
         sn, sc, sh, sw = xp.strides
         shape = (n, c, kh, kw, *out_hw)
         strides = (sn, sc, dilation[0] * sh, dilation[1] * sw, stride[0] * sh, stride[1] * sw)
-        flat = (n, c * kh * kw, out_hw[0] * out_hw[1])
+        flat: tuple[int, ...] = (n, c * kh * kw, out_hw[0] * out_hw[1])
     else:
         c, n = xp.shape[0], xp.shape[3]
         sc, sh, sw, sn = xp.strides
@@ -157,7 +157,9 @@ def backward(x: np.ndarray | None, weight: np.ndarray, dy: np.ndarray, kernel: P
     (N, C, H, W); each is skipped when None. ``x`` (N, C, H, W) is read only for ``dweight`` (it may
     be None without it). ``layout`` as in :func:`forward`.
     """
-    n, c, h, w = (dx if x is None else x).shape
+    image = dx if x is None else x
+    assert image is not None, "backward needs x or dx (the image shape)"
+    n, c, h, w = image.shape
     m = weight.shape[0]
     mg = m // group
     out_hw = out_shape(h, w, kernel, pad, stride, dilation)
@@ -166,10 +168,11 @@ def backward(x: np.ndarray | None, weight: np.ndarray, dy: np.ndarray, kernel: P
     kg = wg.shape[2]
     if layout == "nchw":
         p = out_hw[0] * out_hw[1]
-        dyg = dy.reshape(n, group, mg, p)
+        dyg: np.ndarray = dy.reshape(n, group, mg, p)
         if dbias is not None:
             dbias += dyg.sum(axis=3).sum(axis=0).reshape(m)
         if dweight is not None:
+            assert x is not None, "dweight needs x"
             cols = columns(padded(x, pad, layout, "x"), layout, kernel, stride, dilation, out_hw)
             # per image: dW[g]ᵀ (Kg, Mg) = cols[n, g] (Kg, P) · dy[n, g]ᵀ (P, Mg); then sum the images
             dwt = scratch("dwt", (n, group, kg, mg), dy.dtype)
@@ -186,6 +189,7 @@ def backward(x: np.ndarray | None, weight: np.ndarray, dy: np.ndarray, kernel: P
     if dbias is not None:
         dbias += dyt.reshape(m, p).sum(axis=1)
     if dweight is not None:
+        assert x is not None, "dweight needs x"
         cols = columns(padded(x, pad, layout, "x"), layout, kernel, stride, dilation, out_hw)
         # dW[g]ᵀ (Kg, Mg) = cols[g] (Kg, N*P) · dy[g]ᵀ (N*P, Mg): the faster GEMM orientation here
         dwt = scratch("dwt", (group, kg, mg), dy.dtype)

@@ -13,11 +13,15 @@ import atexit
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, SupportsInt
 
 import numpy as np
 
 from ..errors import CudaError, GPUUnavailableError
 from .signatures import Signature, SignatureError, check_args, parse_signatures
+
+if TYPE_CHECKING:
+    from .cuda_graph import Recording
 
 CUDA_NUM_THREADS = 256
 MAX_BLOCKS = 65535 * 4
@@ -45,9 +49,10 @@ class _State:
         self.free_at_init = cuda.mem_get_info()[0]  # baseline of memory_held()
         self.modules: dict[tuple[str, str], KernelModule] = {}
         self.lock = threading.Lock()
-        self.recording = None  # the cuda_graph.Recording while a graph capture records the stream
+        self.recording: Recording | None = None  # the cuda_graph.Recording while a graph capture records the stream
         self.alloc_generation = 0  # bumped by every allocation: graphs keyed on old pointers retire
-        self.workspaces: dict[str, tuple[int, object]] = {}  # slot -> (bytes, allocation), see workspace()
+        self.workspaces: dict[str, tuple[int, SupportsInt]] = {}  # slot -> (bytes, allocation), see workspace()
+        self.sm_count: int | None = None  # cached by multiprocessor_count()
 
     def close(self) -> None:
         try:
@@ -124,7 +129,7 @@ def state() -> _State:
     return _state
 
 
-def recording():
+def recording() -> Recording | None:
     """The CUDA-graph recording in progress (a ``cuda_graph.Recording``), or None."""
     return _state.recording if _state is not None else None
 
@@ -149,10 +154,9 @@ def device_name() -> str:
 def multiprocessor_count() -> int:
     """Streaming multiprocessors of the current device."""
     st = state()
-    count = getattr(st, "sm_count", None)
-    if count is None:
-        count = st.sm_count = st.device.get_attribute(st.cuda.device_attribute.MULTIPROCESSOR_COUNT)
-    return count
+    if st.sm_count is None:
+        st.sm_count = st.device.get_attribute(st.cuda.device_attribute.MULTIPROCESSOR_COUNT)
+    return st.sm_count
 
 
 # -- memory ---------------------------------------------------------------------------------

@@ -53,20 +53,21 @@ def _candidates() -> list[str]:
 class _Cublas:
     def __init__(self) -> None:
         errors = []
-        self.lib = None
+        lib: ctypes.CDLL | None = None
         for name in _candidates():
             try:
-                self.lib = ctypes.CDLL(name)
+                lib = ctypes.CDLL(name)
                 self.path = name
                 break
             except OSError as exc:
                 errors.append(f"{name}: {exc}")
-        if self.lib is None:
+        if lib is None:
             raise GPUUnavailableError(
                 "cuBLAS library not found; set CUDA_HOME to the CUDA toolkit or install "
                 "nvidia-cublas (tried: " + "; ".join(errors[:6]) + ")"
             )
-        lib = self.lib
+        self.lib: ctypes.CDLL = lib
+        self.stream_handle: int | None = None  # the backend stream this handle is bound to, set by handle()
         lib.cublasCreate_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
         for prefix, ct in (("S", ctypes.c_float), ("D", ctypes.c_double)):

@@ -21,6 +21,7 @@ each pass separately, and caches the fastest per shape (cuDNN's "find" step). Th
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -308,7 +309,8 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
         return have
     if len(names) == 1:
         only = names[0]
-        choice = Choice(*(only if p in ENGINES[only].passes else "gemm" for p in PASSES))
+        fwd, bwd_data, bwd_weight = (only if p in ENGINES[only].passes else "gemm" for p in PASSES)
+        choice = Choice(fwd, bwd_data, bwd_weight)
     else:
         choice = _tune(prob, has_bias, names)
         backend.release_workspace()  # the tuning operands were full-size tensors: keep only scratch
@@ -353,7 +355,7 @@ def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...]) -> Choice:
     best: dict[str, tuple[float, str]] = {}
     for pass_ in PASSES:
         for name in (n for n in names if pass_ in ENGINES[n].passes):
-            ms = _time(lambda e=ENGINES[name], p=pass_: _call(e, prob, p, args[p], operands))
+            ms = _time(functools.partial(_call, ENGINES[name], prob, pass_, args[pass_], operands))
             timings.append((pass_, name, ms))
             if pass_ not in best or ms < best[pass_][0]:
                 best[pass_] = (ms, name)

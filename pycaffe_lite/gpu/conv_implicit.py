@@ -11,6 +11,7 @@ on the device.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import SupportsInt
 
 import numpy as np
 
@@ -23,7 +24,7 @@ THREADS = 256
 TILES = ("128x128", "64x128", "32x64", "16x128", "32x32")  # forward and data gradient
 WEIGHT_TILES = ("64x64", "32x32")  # weight gradient
 _BK = {"128x128": 8, "64x128": 16, "32x64": 16, "16x128": 16, "64x64": 16, "32x32": 16}
-_tables: dict[tuple, object] = {}
+_tables: dict[tuple, SupportsInt] = {}
 
 
 def _tile(name: str) -> tuple[int, int]:
@@ -67,8 +68,8 @@ def backward_data_table(prob: ConvProblem) -> int:
     key = ("bwd", backend.state().device_id, prob.mg, prob.kg, prob.out_plane, prob.kernel, prob.dilation)
     if key in _tables:
         return int(_tables[key])
-    m, i, j = np.meshgrid(np.arange(prob.mg), np.arange(prob.kernel[0]), np.arange(prob.kernel[1]), indexing="ij")
-    m, i, j = m.ravel(), i.ravel(), j.ravel()
+    mg, ig, jg = np.meshgrid(np.arange(prob.mg), np.arange(prob.kernel[0]), np.arange(prob.kernel[1]), indexing="ij")
+    m, i, j = mg.ravel(), ig.ravel(), jg.ravel()
     rows = np.stack([m * prob.kg + i * prob.kernel[1] + j, m * prob.out_plane,
                      i * prob.dilation[0], j * prob.dilation[1]], axis=1)
     return _upload_table(key, rows)

@@ -16,6 +16,7 @@ workspace pointers a caller obtained earlier: ask for the workspace after callin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import SupportsInt
 
 import numpy as np
 
@@ -229,7 +230,7 @@ def sum_rows_into(rows: int, cols: int, x: int, y: int, dtype, beta: float = 1.0
     blas.gemv(True, rows, cols, 1.0, x, ones, beta, y, dtype)
 
 
-_ones: dict[tuple[int, str], tuple[int, object]] = {}
+_ones: dict[tuple[int, str], tuple[int, SupportsInt]] = {}
 
 
 def ones_vector(n: int, dtype) -> int:

@@ -93,7 +93,9 @@ def _collect_macros(text: str) -> tuple[dict[str, tuple[list[str] | None, str]],
 
 
 def _split_args(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch in "([{<":
             depth += 1

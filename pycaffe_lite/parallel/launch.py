@@ -271,8 +271,8 @@ class RankSession:
 
     def attach(self, solver) -> None:
         """Join the NCCL communicator, broadcast rank 0's weights, register the reductions."""
-        uid = nccl.new_unique_id().hex() if self.job.rank == 0 else None
-        uid = bytes.fromhex(self.rendezvous.allgather(uid)[0])
+        mine = nccl.new_unique_id().hex() if self.job.rank == 0 else None
+        uid = bytes.fromhex(self.rendezvous.allgather(mine)[0])
         where = self.rendezvous.allgather(f"{socket.gethostname()} GPU {self.job.device} pid {os.getpid()}")
         for r, w in enumerate(where):
             log.info("rank %d: %s", r, w)

@@ -69,7 +69,7 @@ def library() -> ctypes.CDLL:
                 errors.append(f"{name}: {exc}")
                 continue
             _declare(lib)
-            lib.path = name
+            lib.path = name  # type: ignore[attr-defined]  # where it was found, for messages
             _lib = lib
             return lib
         _load_error = "; ".join(errors[:6])

@@ -115,8 +115,8 @@ class Rendezvous:
                     continue
                 sock.settimeout(None)
                 rank = hello.get("rank") if isinstance(hello, dict) else None
-                if not isinstance(rank, int) or not 0 < rank < self.world_size or rank in self.peers \
-                        or hello.get("world_size") != self.world_size:
+                if not isinstance(hello, dict) or not isinstance(rank, int) or not 0 < rank < self.world_size \
+                        or rank in self.peers or hello.get("world_size") != self.world_size:
                     peer.send(kind="reject", reason=f"bad hello {hello!r} for world size {self.world_size}")
                     sock.close()
                     continue
