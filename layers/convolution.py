@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycaffe_lite import cpu_conv, fillers
+from pycaffe_lite.blob import Blob
 from pycaffe_lite.conv_shape import Pair, out_shape
 from pycaffe_lite.gpu import conv_engines
 from pycaffe_lite.gpu import math_functions as gm
@@ -203,6 +204,19 @@ class ConvolutionBase(Layer):
         """``db += dy`` summed over images and pixels of the top."""
         gm.channel_sum(self.num, self.num_output, self.out_hw[0] * self.out_hw[1], dy, db, self.dtype, beta=1.0)
 
+    def backward_gpu(self, top, propagate_down, bottom):
+        prob, choice = self.engines()
+        w = self.blobs[0].gpu_data()
+        dw, db = self._param_diffs(gpu=True)
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            self.backward_gpu_pair(prob, choice, w, dw, db, t.gpu_diff(), b, propagate_down[i])
+
+    def backward_gpu_pair(self, prob: ConvProblem, choice: conv_engines.Choice, w: int, dw: int | None,
+                          db: int | None, dy: int, b: Blob, down: bool) -> None:
+        """The GPU gradients of one bottom/top pair: accumulate into ``dw``/``db`` (None when not
+        propagated) from the top diff ``dy``; write ``b``'s diff when ``down``."""
+        raise NotImplementedError
+
 
 @register_layer("Convolution")
 class ConvolutionLayer(ConvolutionBase):
@@ -250,15 +264,10 @@ class ConvolutionLayer(ConvolutionBase):
         for b, t in zip(bottom, top):
             conv_engines.run(prob, choice, "forward", b.gpu_data(), w, bias, t.mutable_gpu_data())
 
-    def backward_gpu(self, top, propagate_down, bottom):
-        prob, choice = self.engines()
-        w = self.blobs[0].gpu_data()
-        dw, db = self._param_diffs(gpu=True)
-        for i, (b, t) in enumerate(zip(bottom, top)):
-            dy = t.gpu_diff()
-            if dw is not None:  # the bias gradient rides along (implicit GEMM folds it into its GEMM)
-                conv_engines.run(prob, choice, "backward_weight", b.gpu_data(), dy, dw, db)
-            elif db is not None:
-                self._bias_backward_gpu(dy, db)
-            if propagate_down[i]:
-                conv_engines.run(prob, choice, "backward_data", w, dy, b.mutable_gpu_diff())
+    def backward_gpu_pair(self, prob, choice, w, dw, db, dy, b, down):
+        if dw is not None:  # the bias gradient rides along (implicit GEMM folds it into its GEMM)
+            conv_engines.run(prob, choice, "backward_weight", b.gpu_data(), dy, dw, db)
+        elif db is not None:
+            self._bias_backward_gpu(dy, db)
+        if down:
+            conv_engines.run(prob, choice, "backward_data", w, dy, b.mutable_gpu_diff())

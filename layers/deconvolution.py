@@ -85,15 +85,10 @@ class DeconvolutionLayer(ConvolutionBase):
                 gm.add_channel_bias(self.num, self.num_output, self.out_hw[0] * self.out_hw[1],
                                     self.blobs[1].gpu_data(), y, self.dtype)
 
-    def backward_gpu(self, top, propagate_down, bottom):
-        prob, choice = self.engines()
-        w = self.blobs[0].gpu_data()
-        dw, db = self._param_diffs(gpu=True)
-        for i, (b, t) in enumerate(zip(bottom, top)):
-            dy = t.gpu_diff()
-            if db is not None:
-                self._bias_backward_gpu(dy, db)
-            if dw is not None:
-                conv_engines.run(prob, choice, "backward_weight", dy, b.gpu_data(), dw, None)
-            if propagate_down[i]:
-                conv_engines.run(prob, choice, "forward", dy, w, None, b.mutable_gpu_diff())
+    def backward_gpu_pair(self, prob, choice, w, dw, db, dy, b, down):
+        if db is not None:
+            self._bias_backward_gpu(dy, db)
+        if dw is not None:
+            conv_engines.run(prob, choice, "backward_weight", dy, b.gpu_data(), dw, None)
+        if down:
+            conv_engines.run(prob, choice, "forward", dy, w, None, b.mutable_gpu_diff())

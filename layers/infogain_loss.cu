@@ -1,27 +1,19 @@
 // InfogainLoss on (outer, channels, inner) probabilities, (outer, inner) labels and a
 // (channels, channels) infogain matrix H. Dtype and CUDA_KERNEL_LOOP come from the prelude.
+#include "loss_layer.cuh"
 
 #define INFOGAIN_LOG_THRESHOLD 1e-20f
 
 // Per position p = (o, s) with label l: loss[p] = -sum_c H[l, c] * log(max(prob[o, c, s], 1e-20)),
-// valid[p] = 1; both 0 where ignored. A label outside [0, channels) gives a NaN loss and sets the
-// bad-label flag status[1] = 1, status[2] = label (LossLayer.gpu_status).
+// valid[p] = 1; both 0 where ignored; a label outside [0, channels): see loss_class_label.
 __global__ void infogain_forward(const int n, const Dtype* prob, const Dtype* label, const Dtype* h,
                                  const int channels, const int inner, const int has_ignore,
                                  const int ignore_label, Dtype* loss, Dtype* valid, Dtype* status) {
   CUDA_KERNEL_LOOP(p, n) {
     const int o = p / inner;
     const int s = p - o * inner;
-    const int l = static_cast<int>(label[p]);
-    if (has_ignore && l == ignore_label) {
-      loss[p] = 0;
-      valid[p] = 0;
-    } else if (l < 0 || l >= channels) {
-      loss[p] = Dtype(__int_as_float(0x7fffffff));
-      valid[p] = 1;
-      status[1] = 1;
-      status[2] = label[p];
-    } else {
+    const int l = loss_class_label(p, label, channels, has_ignore, ignore_label, loss, valid, status);
+    if (l >= 0) {
       const Dtype* row = h + l * channels;
       const Dtype* q = prob + o * channels * inner + s;
       Dtype acc = 0;
@@ -29,7 +21,6 @@ __global__ void infogain_forward(const int n, const Dtype* prob, const Dtype* la
         acc -= row[c] * log(max(q[c * inner], Dtype(INFOGAIN_LOG_THRESHOLD)));
       }
       loss[p] = acc;
-      valid[p] = 1;
     }
   }
 }
@@ -52,16 +43,13 @@ __global__ void infogain_backward(const int count, const Dtype* prob, const Dtyp
                                   const int has_ignore, const int ignore_label, const Dtype* top_diff,
                                   const Dtype* norm, Dtype* dx) {
   CUDA_KERNEL_LOOP(i, count) {
-    const int s = i % inner;
-    const int c = (i / inner) % channels;
-    const int o = i / (inner * channels);
-    const int l = static_cast<int>(label[o * inner + s]);
-    if (has_ignore && l == ignore_label) {
+    const LossGradItem e = loss_grad_item(i, label, channels, inner, has_ignore, ignore_label);
+    if (e.ignored) {
       dx[i] = 0;
-    } else if (l < 0 || l >= channels) {
+    } else if (e.l < 0 || e.l >= channels) {
       dx[i] = Dtype(__int_as_float(0x7fffffff));
     } else {
-      dx[i] = (prob[i] * sums[l] - h[l * channels + c]) * (top_diff[0] / norm[0]);
+      dx[i] = (prob[i] * sums[e.l] - h[e.l * channels + e.c]) * (top_diff[0] / norm[0]);
     }
   }
 }

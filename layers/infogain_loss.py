@@ -24,8 +24,8 @@ from pycaffe_lite.layer import register_layer
 from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.protoio import read_binary
 
-from .loss_layer import LOG_THRESHOLD, LossLayer, Norm
-from .softmax import SoftmaxLayer
+from .loss_layer import LOG_THRESHOLD
+from .softmax_loss import SoftmaxWithLossLayer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
@@ -36,27 +36,22 @@ def infogain_axis(param: caffe_pb2.InfogainLossParameter) -> int:
 
 
 @register_layer("InfogainLoss")
-class InfogainLossLayer(LossLayer):
+class InfogainLossLayer(SoftmaxWithLossLayer):
+    """SoftmaxWithLoss's softmax, label checks, reduction and normalization with H-weighted
+    per-position losses and gradients."""
+
     exact_num_bottom_blobs = None
     min_bottom_blobs = 2
     max_bottom_blobs = 3
-    exact_num_top_blobs = None
-    min_top_blobs = 1
-    max_top_blobs = 2
     label_bottoms = (1, 2)  # labels and H take no gradient
-    default_normalization = Norm.VALID
     accepts_normalize = False
-    uses_ignore_label = True
+
+    def inner_softmax_param(self) -> caffe_pb2.SoftmaxParameter:
+        return caffe_pb2.SoftmaxParameter(axis=infogain_axis(self.layer_param.infogain_loss_param))
 
     def layer_setup(self, bottom, top):
         super().layer_setup(bottom, top)
         ip = self.layer_param.infogain_loss_param
-        self.axis_param = infogain_axis(ip)
-        sm = caffe_pb2.LayerParameter(name=f"{self.name}_softmax", type="Softmax")
-        sm.softmax_param.axis = self.axis_param
-        self.softmax = SoftmaxLayer(sm, dtype=self.dtype)
-        self.prob = Blob((), self.dtype)
-        self.softmax.setup([bottom[0]], [self.prob])
         self.infogain: Blob | None = None
         if len(bottom) < 3:
             if not ip.source:
@@ -65,7 +60,6 @@ class InfogainLossLayer(LossLayer):
             self.infogain = Blob((), self.dtype)
             self.infogain.from_proto(proto, where=f"layer '{self.name}': infogain matrix {ip.source}")
         self.row_sums = Blob((), self.dtype)
-        self._buf = Blob((), self.dtype)  # GPU: data = per-position loss, diff = counted flags
 
     def _h(self, bottom) -> Blob:
         if len(bottom) >= 3:
@@ -75,67 +69,34 @@ class InfogainLossLayer(LossLayer):
 
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
-        self.softmax.reshape([bottom[0]], [self.prob])
-        self.axis = bottom[0].canonical_axis(self.axis_param)
-        self.outer = bottom[0].count_range(0, self.axis)
-        self.classes = bottom[0].shape[self.axis]
-        self.inner = bottom[0].count_range(self.axis + 1)
-        if self.outer * self.inner != bottom[1].count:
-            raise ShapeError(
-                f"layer '{self.name}' (InfogainLoss): number of labels must match number of predictions: "
-                f"scores {bottom[0].shape} with axis {self.axis} need {self.outer * self.inner} labels, "
-                f"the label blob {bottom[1].shape} holds {bottom[1].count}"
-            )
         h = self._h(bottom)
         if h.count != self.classes * self.classes:
             raise ShapeError(
                 f"layer '{self.name}' (InfogainLoss): the infogain matrix H must be {self.classes}x"
                 f"{self.classes} for {self.classes} labels, got shape {h.shape}"
             )
-        if len(top) >= 2:
-            top[1].reshape(bottom[0].shape)
-            top[1].share_data(self.prob)
         self.row_sums.reshape((self.classes,))
-        self._buf.reshape((self.outer, self.inner))
 
-    # -- CPU --------------------------------------------------------------------------------
-    def _labels(self, bottom) -> tuple[np.ndarray, np.ndarray]:
-        return self.class_labels(bottom[1].cpu_data().reshape(self.outer, self.inner))
-
+    # -- CPU: the per-position math inside SoftmaxWithLoss's forward_cpu/backward_cpu --------------
     def _matrix(self, bottom) -> np.ndarray:
         return self._h(bottom).cpu_data().reshape(self.classes, self.classes)
 
-    def _prob(self) -> np.ndarray:
-        return self.prob.cpu_data().reshape(self.outer, self.classes, self.inner)
-
-    def forward_cpu(self, bottom, top):
-        self.softmax.forward_cpu([bottom[0]], [self.prob])
-        labels, valid = self._labels(bottom)
+    def position_loss_cpu(self, bottom, labels: np.ndarray) -> np.ndarray:
         logp = np.log(np.maximum(self._prob(), self.dtype.type(LOG_THRESHOLD)))
         weights = self._matrix(bottom)[labels]  # (outer, inner, C): the row H[l] of each position
-        per_position = np.einsum("osc,ocs->os", weights, logp)
-        top[0].mutable_cpu_data()[...] = -per_position[valid].sum() / self.normalizer(int(valid.sum()))
+        return -np.einsum("osc,ocs->os", weights, logp)
 
-    def backward_cpu(self, top, propagate_down, bottom):
-        if not propagate_down[0]:
-            return
-        labels, valid = self._labels(bottom)
+    def position_grad_cpu(self, bottom, labels: np.ndarray, valid: np.ndarray) -> np.ndarray:
         h = self._matrix(bottom)
         sums = h.sum(axis=1)[labels]  # (outer, inner)
-        diff = self._prob() * sums[:, None, :] - h[labels].transpose(0, 2, 1)
-        diff *= valid[:, None, :] * self.grad_scale(top, int(valid.sum()))
-        bottom[0].mutable_cpu_diff()[...] = diff.reshape(bottom[0].shape)
+        return self._prob() * sums[:, None, :] - h[labels].transpose(0, 2, 1)
 
-    # -- GPU: per-position loss kernel, LossLayer's reduction, gradient kernels ------------------
-    def forward_gpu(self, bottom, top):
-        self.softmax.forward_gpu([bottom[0]], [self.prob])
-        n = self.outer * self.inner
-        loss, valid = self._buf.mutable_gpu_data(), self._buf.mutable_gpu_diff()
+    # -- GPU: per-position loss kernel (in SoftmaxWithLoss's forward_gpu), gradient kernels ------
+    def position_loss_gpu(self, bottom, n: int, loss: int, valid: int) -> None:
         backend.kernel(KERNELS, "infogain_forward", self.dtype)(
             n, self.prob.gpu_data(), bottom[1].gpu_data(), self._h(bottom).gpu_data(), self.classes,
             self.inner, int(self.has_ignore_label), self.ignore_label, loss, valid, self.gpu_status(),
         )
-        self.gpu_reduce(n, loss, top, valid if self.has_ignore_label else None)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:

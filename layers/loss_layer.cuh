@@ -1,5 +1,6 @@
-// Block reduction shared by the loss kernels (included by loss_layer.cu and the losses that fuse
-// their per-item math with the first reduction stage). Blocks are LOSS_REDUCE_THREADS wide
+// Device helpers shared by the loss kernels (included by loss_layer.cu and the losses' .cu files):
+// the block reduction of the losses that fuse their per-item math with the first reduction stage,
+// and the class-label check. Blocks are LOSS_REDUCE_THREADS wide
 // (loss_layer.py: REDUCE_THREADS). Dtype comes from the backend prelude.
 #ifndef LOSS_LAYER_CUH
 #define LOSS_LAYER_CUH
@@ -17,6 +18,46 @@ __device__ Dtype loss_block_sum(Dtype v, Dtype* smem) {
   const Dtype sum = smem[0];
   __syncthreads();  // smem may be reused by the caller's next reduction
   return sum;
+}
+
+// Caffe's label check at position p of a class-label loss: the label truncated to int when it
+// counts and lies in [0, channels), with valid[p] = 1 (the caller writes loss[p]); otherwise -1,
+// with loss[p] = valid[p] = 0 for an ignored label, or a NaN loss[p], valid[p] = 1 and the bad-label
+// flag status[1] = 1, status[2] = label (LossLayer.gpu_status) for one outside [0, channels).
+__device__ int loss_class_label(const int p, const Dtype* label, const int channels, const int has_ignore,
+                                const int ignore_label, Dtype* loss, Dtype* valid, Dtype* status) {
+  const int l = static_cast<int>(label[p]);
+  if (has_ignore && l == ignore_label) {
+    loss[p] = 0;
+    valid[p] = 0;
+    return -1;
+  }
+  valid[p] = 1;
+  if (l < 0 || l >= channels) {
+    loss[p] = Dtype(__int_as_float(0x7fffffff));
+    status[1] = 1;
+    status[2] = label[p];
+    return -1;
+  }
+  return l;
+}
+
+// Element i = (o, c, s) of the (outer, channels, inner) gradient of a class-label loss: its channel
+// c, the label l at position (o, s) truncated to int (not range-checked) and whether it is ignored.
+struct LossGradItem {
+  int c, l;
+  bool ignored;
+};
+
+__device__ LossGradItem loss_grad_item(const int i, const Dtype* label, const int channels, const int inner,
+                                       const int has_ignore, const int ignore_label) {
+  const int s = i % inner;
+  const int o = i / (inner * channels);
+  LossGradItem item;
+  item.c = (i / inner) % channels;
+  item.l = static_cast<int>(label[o * inner + s]);
+  item.ignored = has_ignore && item.l == ignore_label;
+  return item;
 }
 
 #endif  // LOSS_LAYER_CUH

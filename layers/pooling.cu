@@ -11,23 +11,36 @@
       const int kernel_h, const int kernel_w, const int stride_h, const int stride_w,        \
       const int pad_h, const int pad_w
 
+// The window of top element index: its plane, position (ph, pw) and the bottom rows
+// [hstart, hend) and columns [wstart, wend) it reads (clipped to the image).
+struct PoolWindow {
+  int plane, ph, pw, hstart, wstart, hend, wend;
+};
+
+__device__ PoolWindow pool_window(const int index, POOL_GEOMETRY_ARGS) {
+  PoolWindow win;
+  win.pw = index % pooled_w;
+  win.ph = (index / pooled_w) % pooled_h;
+  win.plane = index / (pooled_w * pooled_h);
+  win.hstart = max(win.ph * stride_h - pad_h, 0);
+  win.wstart = max(win.pw * stride_w - pad_w, 0);
+  win.hend = min(win.ph * stride_h - pad_h + kernel_h, height);
+  win.wend = min(win.pw * stride_w - pad_w + kernel_w, width);
+  return win;
+}
+
 // One thread per top element: the maximum and its index h*width + w in the bottom plane (-1 if
 // the window holds no input). The first maximum in row-major order wins.
 __global__ void max_pool_forward(const int count, const Dtype* bottom, POOL_GEOMETRY_ARGS,
                                  Dtype* top, int* mask) {
   CUDA_KERNEL_LOOP(index, count) {
-    const int pw = index % pooled_w;
-    const int ph = (index / pooled_w) % pooled_h;
-    const int plane = index / (pooled_w * pooled_h);
-    const int hstart = max(ph * stride_h - pad_h, 0);
-    const int wstart = max(pw * stride_w - pad_w, 0);
-    const int hend = min(ph * stride_h - pad_h + kernel_h, height);
-    const int wend = min(pw * stride_w - pad_w + kernel_w, width);
-    const Dtype* x = bottom + plane * height * width;
+    const PoolWindow win = pool_window(index, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
+                                       stride_h, stride_w, pad_h, pad_w);
+    const Dtype* x = bottom + win.plane * height * width;
     Dtype best = POOL_LOWEST;
     int arg = -1;
-    for (int h = hstart; h < hend; ++h) {
-      for (int w = wstart; w < wend; ++w) {
+    for (int h = win.hstart; h < win.hend; ++h) {
+      for (int w = win.wstart; w < win.wend; ++w) {
         if (x[h * width + w] > best) {
           best = x[h * width + w];
           arg = h * width + w;
@@ -51,23 +64,18 @@ __device__ int ave_pool_size(const int ph, const int pw, POOL_GEOMETRY_ARGS) {
 
 __global__ void ave_pool_forward(const int count, const Dtype* bottom, POOL_GEOMETRY_ARGS, Dtype* top) {
   CUDA_KERNEL_LOOP(index, count) {
-    const int pw = index % pooled_w;
-    const int ph = (index / pooled_w) % pooled_h;
-    const int plane = index / (pooled_w * pooled_h);
-    const int hstart = max(ph * stride_h - pad_h, 0);
-    const int wstart = max(pw * stride_w - pad_w, 0);
-    const int hend = min(ph * stride_h - pad_h + kernel_h, height);
-    const int wend = min(pw * stride_w - pad_w + kernel_w, width);
-    const Dtype* x = bottom + plane * height * width;
+    const PoolWindow win = pool_window(index, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
+                                       stride_h, stride_w, pad_h, pad_w);
+    const Dtype* x = bottom + win.plane * height * width;
     Dtype sum = 0;
-    for (int h = hstart; h < hend; ++h) {
-      for (int w = wstart; w < wend; ++w) {
+    for (int h = win.hstart; h < win.hend; ++h) {
+      for (int w = win.wstart; w < win.wend; ++w) {
         sum += x[h * width + w];
       }
     }
-    const int size = ave_pool_size(ph, pw, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
+    const int size = ave_pool_size(win.ph, win.pw, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
                                    stride_h, stride_w, pad_h, pad_w);
-    top[index] = (hstart < hend && wstart < wend) ? sum / size : Dtype(0);
+    top[index] = (win.hstart < win.hend && win.wstart < win.wend) ? sum / size : Dtype(0);
   }
 }
 

@@ -1,4 +1,4 @@
-"""Reshape: give the bottom a new shape without copying (top shares data and diff).
+"""Reshape: give the bottom a new shape without copying (the top is a view, :mod:`view_layer`).
 
 ``reshape_param { shape { dim } axis num_axes }`` replaces bottom axes ``[axis, axis + num_axes)``
 (``num_axes: -1``: through the last axis; a negative ``axis`` counts from the end, -1 meaning
@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import math
 
+from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import register_layer
+
+from .view_layer import ViewLayer
 
 
 @register_layer("Reshape")
-class ReshapeLayer(Layer):
-    exact_num_bottom_blobs = 1
-    exact_num_top_blobs = 1
-
+class ReshapeLayer(ViewLayer):
     def layer_setup(self, bottom, top):
-        if top[0] is bottom[0]:
-            raise self.error("Reshape cannot be used in place (give the top a different name)")
+        super().layer_setup(bottom, top)
         dims = list(self.layer_param.reshape_param.shape.dim)
         self.dims = dims
         self.copy_axes = [i for i, d in enumerate(dims) if d == 0]
@@ -34,9 +33,8 @@ class ReshapeLayer(Layer):
         self.inferred_axis = inferred[0] if inferred else None
         self.constant_count = math.prod(d for d in dims if d > 0)
 
-    def reshape(self, bottom, top):
+    def top_shape(self, b: Blob) -> tuple[int, ...]:
         p = self.layer_param.reshape_param
-        b = bottom[0]
         n = b.num_axes
         start = p.axis if p.axis >= 0 else p.axis + n + 1
         if not 0 <= start <= n:
@@ -71,15 +69,4 @@ class ReshapeLayer(Layer):
                 f"layer '{self.name}' (Reshape): output shape {shape} has {math.prod(shape)} elements, "
                 f"bottom shape {b.shape} has {b.count}"
             )
-        top[0].reshape(shape)
-        top[0].share_data(b)
-        top[0].share_diff(b)
-
-    def forward_cpu(self, bottom, top):
-        """Nothing to do: the top shares the bottom's data."""
-
-    def backward_cpu(self, top, propagate_down, bottom):
-        """Nothing to do: the bottom shares the top's diff."""
-
-    forward_gpu = forward_cpu
-    backward_gpu = backward_cpu
+        return shape
