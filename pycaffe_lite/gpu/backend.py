@@ -200,6 +200,11 @@ def workspace(*sizes: int, slot: str = "main") -> list[int]:
     return [base + off for off in offsets]
 
 
+def workspace_total(*sizes: int) -> int:
+    """Bytes :func:`workspace` needs for ``sizes`` (each region aligned)."""
+    return sum(-(-max(int(size), 1) // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN for size in sizes)
+
+
 def release_workspace(slot: str = "main") -> None:
     """Free ``slot``'s buffer (back to the driver); the next :func:`workspace` call sizes it anew."""
     st = state()

@@ -274,6 +274,7 @@ class Choice:
 
 
 _choices: dict[tuple, Choice] = {}
+_scratch_peak = 0  # bytes: the largest scratch of any chosen engine pass (see choose)
 
 
 def cached_choices() -> dict[tuple, Choice]:
@@ -313,7 +314,15 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
         choice = Choice(fwd, bwd_data, bwd_weight)
     else:
         choice = _tune(prob, has_bias, names)
-        backend.release_workspace()  # the tuning operands were full-size tensors: keep only scratch
+        # The tuning operands were full-size tensors: give them back, keeping room for the largest
+        # scratch any chosen pass needs so far, so later passes do not grow (and re-key graphs).
+        global _scratch_peak
+        for p in PASSES:
+            sizes = ENGINES[getattr(choice, p)].scratch(prob, p, has_bias)
+            _scratch_peak = max(_scratch_peak, backend.workspace_total(*sizes))
+        backend.release_workspace()
+        if _scratch_peak:
+            backend.workspace(_scratch_peak)
     _choices[key] = choice
     return choice
 
