@@ -1,5 +1,5 @@
-"""The package's shape: no import cycles, layer modules import only Caffe's hierarchy, and kernel
-call sites spell no argument types (tools/check_imports.py and tools/check_kernels.py --calls)."""
+"""The package's shape: no import cycles (tools/check_imports.py) and layer modules that import only
+family bases and Caffe's hierarchy. (.ci/run also runs tools/check_kernels.py --calls.)"""
 
 from __future__ import annotations
 
