@@ -16,14 +16,7 @@ from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.gradient_check import GradientChecker
 from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _gpu_mode():
-    caffe.set_mode_gpu()
-    yield
-    caffe.set_mode_cpu()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_mode")]  # conftest's: GPU mode, then CPU
 
 
 def _geometries():
