@@ -100,8 +100,8 @@ def test_gpu_quick_both_sides(zoo, tmp_path, capsys):
     assert rc == 0, text
     cells = _table_row(out, "squeezenet1_1")
     assert float(cells[1]) > 0 and float(cells[4]) > 0
-    device_mib, pool_mib = float(cells[7]), float(cells[10])
-    assert 0 < pool_mib <= device_mib
+    pool_mib = float(cells[10])
+    assert pool_mib > 0  # (the device-wide figure is exact only with no other process on the GPU)
     if peer_torch.torchvision_available() is None:
         assert float(cells[2]) > 0 and float(cells[8]) > 0
         assert cells[3].endswith("x") and cells[6].endswith("x") and cells[9].endswith("x")

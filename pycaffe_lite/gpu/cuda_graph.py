@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 
 from ..errors import CudaError
 from . import backend
@@ -61,16 +62,27 @@ class CudaGraph:
         _check(_driver().cuGraphLaunch(self._exec, ctypes.c_void_p(backend.stream().handle)), "cuGraphLaunch")
 
     def __del__(self) -> None:
-        lib = _lib
-        if lib is None:
+        if _lib is None:
             return
+        handles = (self._exec, self._graph)
         try:
-            if self._exec:
-                lib.cuGraphExecDestroy(self._exec)
-            if self._graph:
-                lib.cuGraphDestroy(self._graph)
+            if backend.recording() is not None:  # destroying now would invalidate that capture
+                _doomed.append(handles)
+            else:
+                _destroy(handles)
         except Exception:  # interpreter shutdown
             pass
+
+
+_doomed: list[tuple[ctypes.c_void_p, ctypes.c_void_p]] = []  # graphs collected during a capture
+
+
+def _destroy(handles: tuple[ctypes.c_void_p, ctypes.c_void_p]) -> None:
+    executable, graph = handles
+    if executable:
+        _driver().cuGraphExecDestroy(executable)
+    if graph:
+        _driver().cuGraphDestroy(graph)
 
 
 class Recording:
@@ -89,17 +101,32 @@ def capture(recording: Recording):
     lib = _driver()
     st = backend.state()
     stream = ctypes.c_void_p(st.stream.handle)
-    _check(lib.cuStreamBeginCapture_v2(stream, _CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture")
+    # No cyclic garbage collection while recording: an unrelated object freed now (another net's
+    # graph, a module) would make a driver call that invalidates the capture.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        _check(lib.cuStreamBeginCapture_v2(stream, _CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture")
+    except BaseException:
+        if collecting:
+            gc.enable()
+        raise
     st.recording = recording
     graph = ctypes.c_void_p()
     try:
-        yield recording
-    except BaseException:
-        lib.cuStreamEndCapture(stream, ctypes.byref(graph))
-        if graph:
-            lib.cuGraphDestroy(graph)
-        raise
-    finally:
-        st.recording = None
-    _check(lib.cuStreamEndCapture(stream, ctypes.byref(graph)), "cuStreamEndCapture")
-    recording.graph = CudaGraph(graph)
+        try:
+            yield recording
+        except BaseException:
+            lib.cuStreamEndCapture(stream, ctypes.byref(graph))
+            if graph:
+                lib.cuGraphDestroy(graph)
+            raise
+        finally:
+            st.recording = None
+        _check(lib.cuStreamEndCapture(stream, ctypes.byref(graph)), "cuStreamEndCapture")
+        recording.graph = CudaGraph(graph)
+    finally:  # the capture has ended: what was collected meanwhile can go now
+        if collecting:
+            gc.enable()
+        while _doomed:
+            _destroy(_doomed.pop())
