@@ -14,13 +14,12 @@
 - GPU: per-item losses are summed on the device and divided by a normalizer also computed there
   (the valid count for VALID with an ignore label), written into ``top[0]`` with no host read, so
   forward passes can be captured as CUDA graphs. Kernels that read class labels set a bad-label flag
-  in device memory (:meth:`gpu_status`) and write NaN losses; :meth:`weighted_loss`, which the net
-  calls after the pass to read the loss, raises naming the label when that flag is set.
+  in device memory (:meth:`gpu_status`) and write NaN losses; :meth:`explain_nonfinite_loss`, which the
+  loss read after the pass calls when the loss is NaN, raises naming the label when that flag is set.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -165,12 +164,10 @@ class LossLayer(Layer):
             self._status.mutable_gpu_data(), grid=1, block=REDUCE_THREADS,
         )
 
-    def weighted_loss(self, top: Sequence[Blob]) -> float:
-        """The weighted loss; on the GPU a NaN loss whose pass flagged a bad label raises here, the
-        first host read after the pass."""
-        loss = super().weighted_loss(top)
-        if math.isnan(loss) and common.mode() is common.Mode.GPU and self.classes:
+    def explain_nonfinite_loss(self) -> None:
+        """On the GPU a pass that met a bad label flagged it in the status blob and wrote a NaN
+        loss: raise the CPU path's error, at the first host read after the pass."""
+        if common.mode() is common.Mode.GPU and self.classes:
             status = self._status.cpu_data()
             if status[1]:
                 raise self._bad_label(int(status[2]))
-        return loss

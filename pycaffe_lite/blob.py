@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import SupportsInt
 
 import numpy as np
 
 from .errors import ShapeError
+from .gpu import backend
 from .proto import caffe_pb2
 from .synced_memory import SyncedMemory
 
@@ -257,3 +259,39 @@ def proto_shape(proto: caffe_pb2.BlobProto) -> tuple[int, ...]:
         return (proto.num, proto.channels, proto.height, proto.width)
     n = len(proto.double_data) or len(proto.data)
     return (n,) if n else ()
+
+
+_staging: dict[tuple, tuple[SupportsInt, np.ndarray]] = {}
+
+
+def weighted_sum(tops: Sequence[Blob]) -> float:
+    """Σ over ``tops`` of vdot(data, diff) (loss tops hold their loss weight in the diff).
+
+    On the GPU, device-newest data is gathered into one staging buffer and read with one sync."""
+    if not tops:
+        return 0.0
+    on_device = [b for b in tops if b.data_memory.device_is_newer()]
+    values: dict[int, np.ndarray] = {}
+    if on_device:
+        dtype = on_device[0].dtype
+        total = sum(b.count for b in on_device)
+        key = (backend.state().device_id, dtype.str)
+        have = _staging.get(key)
+        if have is None or have[1].size < total:
+            have = _staging[key] = (backend.alloc(total * dtype.itemsize), np.empty(total, dtype))
+        dev, host = have
+        offset = 0
+        for b in on_device:
+            backend.memcpy_dtod(int(dev) + offset * dtype.itemsize, b.gpu_data(), b.count * dtype.itemsize)
+            offset += b.count
+        backend.memcpy_dtoh(host[:total], int(dev))
+        offset = 0
+        for b in on_device:
+            values[id(b)] = host[offset:offset + b.count]
+            offset += b.count
+    total_loss = 0.0
+    for b in tops:
+        data = values.get(id(b))
+        data = b.cpu_data().ravel() if data is None else data
+        total_loss += float(np.vdot(data, b.cpu_diff().ravel()))
+    return total_loss

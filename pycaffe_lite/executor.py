@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, SupportsInt
 import numpy as np
 
 from . import common
-from .blob import shape_generation
+from .blob import shape_generation, weighted_sum
 from .fusion import find_conv_bn_scale
 from .gpu import backend, cuda_graph
 from .layer import Layer
@@ -163,10 +163,13 @@ class Executor:
     def _on_gpu(self) -> bool:
         return self.use_graphs and common.mode() is common.Mode.GPU
 
-    def _capturable(self, start: int, end: int) -> bool:
-        layers = self.net.layers
-        if any(self.hooks.values()):  # (graph-safe hooks only inside whole iterations: train_iteration)
+    def _capturable(self, start: int, end: int, safe_hooks: bool = False) -> bool:
+        """GPU mode, graphs on, layers ``start..end`` on the device, and no hooks (``safe_hooks``:
+        hooks marked ``graph_safe`` allowed, as inside whole training iterations)."""
+        hooks = [fn for fns in self.hooks.values() for fn in fns]
+        if hooks and not (safe_hooks and all(getattr(fn, "graph_safe", False) for fn in hooks)):
             return False
+        layers = self.net.layers
         return self._on_gpu() and all(runs_on_device(layers[i]) for i in range(start, end + 1))
 
     def _call_hooks(self, kind: str, layers) -> None:
@@ -224,10 +227,10 @@ class Executor:
         net = self.net
         layers = [i for i in self._loss_layers if start <= i <= end]
         tops = [blob for i in layers for t, blob in enumerate(net.top_vecs[i]) if net.layers[i].loss(t)]
-        loss = read_weighted_sum(tops)
+        loss = weighted_sum(tops)
         if math.isnan(loss):  # a layer may know why (a bad label flagged on the device): let it say
             for i in layers:
-                net.layers[i].weighted_loss(net.top_vecs[i])
+                net.layers[i].explain_nonfinite_loss()
         return loss
 
     # -- ranges ---------------------------------------------------------------------------------
@@ -280,9 +283,7 @@ class Executor:
         first = self._first_device_layer(0, last)
         if first > last or any(net.layer_need_backward[i] and _has_backward(net.layers[i]) for i in range(first)):
             return False
-        if not all(getattr(fn, "graph_safe", False) for fns in self.hooks.values() for fn in fns):
-            return False
-        return self._on_gpu() and all(runs_on_device(net.layers[i]) for i in range(first, last + 1))
+        return self._capturable(first, last, safe_hooks=True)
 
     def _plan_diffs(self) -> None:
         """Give the gradients of intermediate blobs shared buffers (see :mod:`memory_plan`), once
@@ -367,39 +368,3 @@ class LossLog:
         out = [float(values[i % self.CAPACITY]) for i in range(end - self.pending, end)]
         self.pending = 0
         return out
-
-
-_staging: dict[tuple, tuple[SupportsInt, np.ndarray]] = {}
-
-
-def read_weighted_sum(tops: list) -> float:
-    """Σ over ``tops`` of vdot(data, diff) (loss tops hold their loss weight in the diff).
-
-    On the GPU, device-newest data is gathered into one staging buffer and read with one sync."""
-    if not tops:
-        return 0.0
-    on_device = [b for b in tops if b.data_memory.device_is_newer()]
-    values: dict[int, np.ndarray] = {}
-    if on_device:
-        dtype = on_device[0].dtype
-        total = sum(b.count for b in on_device)
-        key = (backend.state().device_id, dtype.str)
-        have = _staging.get(key)
-        if have is None or have[1].size < total:
-            have = _staging[key] = (backend.alloc(total * dtype.itemsize), np.empty(total, dtype))
-        dev, host = have
-        offset = 0
-        for b in on_device:
-            backend.memcpy_dtod(int(dev) + offset * dtype.itemsize, b.gpu_data(), b.count * dtype.itemsize)
-            offset += b.count
-        backend.memcpy_dtoh(host[:total], int(dev))
-        offset = 0
-        for b in on_device:
-            values[id(b)] = host[offset:offset + b.count]
-            offset += b.count
-    total_loss = 0.0
-    for b in tops:
-        data = values.get(id(b))
-        data = b.cpu_data().ravel() if data is None else data
-        total_loss += float(np.vdot(data, b.cpu_diff().ravel()))
-    return total_loss

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import math
 from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
 
 from . import common
-from .blob import Blob
+from .blob import Blob, weighted_sum
 from .errors import CaffeError, NetError, ShapeError, UnknownLayerError
 from .proto import caffe_pb2
-from .synced_memory import Head
 
 _REGISTRY: dict[str, type[Layer]] = {}
 
@@ -193,17 +193,16 @@ class Layer:
             self.forward_cpu(bottom, top)
 
     def weighted_loss(self, top: Sequence[Blob]) -> float:
-        """Σ loss_weight·top over the tops with a loss weight (the weight lives in the top's diff)."""
-        loss = 0.0
-        for i, blob in enumerate(top):
-            if self.loss(i):
-                if common.mode() is common.Mode.GPU and blob.data_memory.head is Head.HEAD_AT_GPU:
-                    from .gpu import blas
-
-                    loss += blas.dot(blob.count, blob.gpu_data(), blob.gpu_diff(), blob.dtype)
-                else:
-                    loss += float(np.vdot(blob.cpu_data(), blob.cpu_diff()))
+        """Σ loss_weight·top over the tops with a loss weight (the weight lives in the top's diff),
+        read from the device with one sync; a NaN lets :meth:`explain_nonfinite_loss` raise."""
+        loss = weighted_sum([blob for i, blob in enumerate(top) if self.loss(i)])
+        if math.isnan(loss):
+            self.explain_nonfinite_loss()
         return loss
+
+    def explain_nonfinite_loss(self) -> None:
+        """Called when this layer's loss was read back NaN: raise an error saying why, if the layer
+        knows (a loss layer that flagged a bad label on the device does); else nothing."""
 
     def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         """Gradients for the bottoms flagged in ``propagate_down`` and for the params."""

@@ -556,9 +556,12 @@ class Solver:
         """This iteration's learning rate (advances multistep's counter), logged at display."""
         p = self.param
         rate, self.current_step = lr_policy.learning_rate(p, self.iter, self.current_step)
-        if p.display and self.iter % p.display == 0:
-            log.info("Iteration %d, lr = %g", self.iter, rate)
+        self._log_rate(rate)
         return rate
+
+    def _log_rate(self, rate: float) -> None:
+        if self.param.display and self.iter % self.param.display == 0:
+            log.info("Iteration %d, lr = %g", self.iter, rate)
 
     def _mults(self, i: int) -> tuple[float, float]:
         """(lr_mult, weight_decay * decay_mult) of learnable param ``i``."""
@@ -571,10 +574,14 @@ class Solver:
         current one; Adam folds its bias correction in)."""
         return rate
 
-    def _set_device_rate(self, rate: float) -> None:
+    def _rate_slot(self) -> int:
+        """The device scalar the GPU update kernels read the base rate from."""
         if self._rate_device is None:
             self._rate_device = backend.alloc(self.dtype.itemsize)
-        backend.memcpy_htod(int(self._rate_device), np.array([self.device_rate(rate)], self.dtype))
+        return int(self._rate_device)
+
+    def _set_device_rate(self, rate: float) -> None:
+        backend.memcpy_htod(self._rate_slot(), np.array([self.device_rate(rate)], self.dtype))
 
     RATE_TABLE = 256
 
@@ -589,36 +596,32 @@ class Solver:
                 rate, cs = lr_policy.learning_rate(self.param, self.iter + j, cs)
                 steps.append((rate, cs))
                 values.append(self.device_rate(rate, self.iter + j))
-            if self._rate_device is None:
-                self._rate_device = backend.alloc(self.dtype.itemsize)
+            self._rate_slot()  # allocated before any capture
             if self._rate_table_device is None:
                 self._rate_table_device = (backend.alloc(self.RATE_TABLE * self.dtype.itemsize), backend.alloc(4))
             backend.memcpy_htod(int(self._rate_table_device[0]), np.array(values, self.dtype))
             backend.memset_zero(int(self._rate_table_device[1]), 4)
             self._rate_table = table = (self.iter, steps)
         rate, self.current_step = table[1][self.iter - table[0]]
-        if self.param.display and self.iter % self.param.display == 0:
-            log.info("Iteration %d, lr = %g", self.iter, rate)
+        self._log_rate(rate)
 
     def _queue_replayed_update(self) -> None:
         """The update of a whole-iteration replay: the next table rate, then the fused updates."""
         assert self._rate_table_device is not None
-        assert self._rate_device is not None
         values, cursor = (int(a) for a in self._rate_table_device)
         for _, on_ready in self._callbacks:  # graph-safe ones only (multi-GPU gradient reduction)
             if on_ready is not None:
                 on_ready()
         backend.elementwise("next_rate", "const Dtype* table, int* cursor, Dtype* rate",
                             "rate[0] = table[cursor[0]]; cursor[0] += 1", self.dtype)(
-            1, values, cursor, int(self._rate_device))
+            1, values, cursor, self._rate_slot())
         self._queue_gpu_updates()
 
     def _queue_gpu_updates(self) -> None:
         """One fused kernel per learnable param; the rate comes from device memory (graph-safe)."""
         p = self.param
         scale = 1.0 / p.iter_size
-        assert self._rate_device is not None  # set by _set_device_rate / _schedule_rates first
-        rate_ptr = int(self._rate_device)
+        rate_ptr = self._rate_slot()
         for i, blob in enumerate(self.net.learnable_params):
             lr_mult, local_decay = self._mults(i)
             reg = 0 if not local_decay else (1 if p.regularization_type == "L2" else 2)
