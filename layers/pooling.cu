@@ -149,6 +149,93 @@ __global__ void ave_pool_backward(const int count, const int planes, const Dtype
                        kernel_w, stride_h, stride_w, pad_h, pad_w, bottom_diff);
 }
 
+// Blocked backward for equal strides S and at most WD windows per axis meeting a block
+// (WD >= ceil(kernel / S)): one thread per (plane, block row bh, block column bw). Block (bh, bw)
+// owns the bottom rows [bh*S - pad_h, +S) and columns [bw*S - pad_w, +S) inside the image, so every
+// bottom pixel has exactly one owner; the windows meeting the block are ph in [bh-WD+1, bh] and
+// pw in [bw-WD+1, bw] (clipped to the top plane). Each window's diff (and MAX's argmax) is loaded
+// once for the S*S pixels it may feed; every pixel sums the windows that chose it (MAX) or contain
+// it (AVE, divided by the window's size) in Caffe's order, ph then pw ascending, so the result is
+// the gather's, bit for bit. count = planes * blocks_h * blocks_w.
+extern "C++" {
+template <bool MAX, int S, int WD>
+__device__ void pool_backward_blocked(const int count, const Dtype* top_diff, const int* mask,
+                                      POOL_GEOMETRY_ARGS, const int blocks_h, const int blocks_w,
+                                      Dtype* bottom_diff) {
+  const int top_plane = pooled_h * pooled_w;
+  CUDA_KERNEL_LOOP(index, count) {
+    const int bw = index % blocks_w;
+    const int row = index / blocks_w;
+    const int bh = row % blocks_h;
+    const int plane = row / blocks_h;
+    const int h0 = bh * S - pad_h, w0 = bw * S - pad_w;
+    Dtype grad[S][S];
+#pragma unroll
+    for (int i = 0; i < S; ++i)
+#pragma unroll
+      for (int j = 0; j < S; ++j) grad[i][j] = 0;
+#pragma unroll
+    for (int a = 0; a < WD; ++a) {
+      const int ph = bh - WD + 1 + a;
+      if (ph < 0 || ph >= pooled_h) continue;
+#pragma unroll
+      for (int b = 0; b < WD; ++b) {
+        const int pw = bw - WD + 1 + b;
+        if (pw < 0 || pw >= pooled_w) continue;
+        const int t = plane * top_plane + ph * pooled_w + pw;
+        if (MAX) {
+          // a pixel outside the image may alias another's index: it is never written
+          const int arg = mask[t];
+          const Dtype d = top_diff[t];
+#pragma unroll
+          for (int i = 0; i < S; ++i)
+#pragma unroll
+            for (int j = 0; j < S; ++j)
+              if (arg == (h0 + i) * width + (w0 + j)) grad[i][j] += d;
+        } else {
+          const Dtype d = top_diff[t] / (Dtype)ave_pool_size(ph, pw, height, width, pooled_h, pooled_w, kernel_h,
+                                                             kernel_w, stride_h, stride_w, pad_h, pad_w);
+          const int top = ph * S - pad_h, left = pw * S - pad_w;  // the unclipped window's corner
+#pragma unroll
+          for (int i = 0; i < S; ++i)
+#pragma unroll
+            for (int j = 0; j < S; ++j)
+              if (h0 + i >= top && h0 + i < top + kernel_h && w0 + j >= left && w0 + j < left + kernel_w)
+                grad[i][j] += d;
+        }
+      }
+    }
+    Dtype* dx = bottom_diff + plane * height * width;
+#pragma unroll
+    for (int i = 0; i < S; ++i)
+#pragma unroll
+      for (int j = 0; j < S; ++j)
+        if (h0 + i >= 0 && h0 + i < height && w0 + j >= 0 && w0 + j < width)
+          dx[(h0 + i) * width + w0 + j] = grad[i][j];
+  }
+}
+}  // extern "C++"
+
+#define POOL_BACKWARD_BLOCKED(S, WD)                                                               \
+  __global__ void max_pool_backward_s##S##_w##WD(const int count, const Dtype* top_diff, const int* mask,  \
+                                                 POOL_GEOMETRY_ARGS, const int blocks_h,           \
+                                                 const int blocks_w, Dtype* bottom_diff) {          \
+    pool_backward_blocked<true, S, WD>(count, top_diff, mask, height, width, pooled_h, pooled_w,   \
+                                       kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,       \
+                                       blocks_h, blocks_w, bottom_diff);                           \
+  }                                                                                                \
+  __global__ void ave_pool_backward_s##S##_w##WD(const int count, const Dtype* top_diff,           \
+                                                 POOL_GEOMETRY_ARGS, const int blocks_h,           \
+                                                 const int blocks_w, Dtype* bottom_diff) {          \
+    pool_backward_blocked<false, S, WD>(count, top_diff, nullptr, height, width, pooled_h, pooled_w, \
+                                        kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,      \
+                                        blocks_h, blocks_w, bottom_diff);                          \
+  }
+
+POOL_BACKWARD_BLOCKED(2, 1)  // 2x2 stride 2 (VGG, LeNet)
+POOL_BACKWARD_BLOCKED(2, 2)  // 3x3 stride 2 (ResNet, GoogLeNet, SqueezeNet, AlexNet)
+POOL_BACKWARD_BLOCKED(1, 3)  // 3x3 stride 1 (GoogLeNet's inception pools)
+
 // The MAX mask as a Dtype top blob (Caffe's optional second top).
 __global__ void pool_mask_to_dtype(const int count, const int* mask, Dtype* out) {
   CUDA_KERNEL_LOOP(index, count) {

@@ -32,6 +32,8 @@ KERNELS = Path(__file__).with_suffix(".cu")
 PP = caffe_pb2.PoolingParameter
 LOWEST = -np.finfo(np.float32).max  # Caffe's -FLT_MAX, for float and double alike
 _BACKWARD_PLANES = 4  # planes per backward thread: POOL_BACKWARD_PLANES of pooling.cu
+# (stride S, windows per axis WD) of the blocked backward kernels in pooling.cu, smallest WD first
+BLOCKED_BACKWARD = ((2, 1), (2, 2), (1, 3))
 
 
 def pooled_size(size: int, kernel: int, pad: int, stride: int, ceil_mode: bool, any_pad: bool) -> int:
@@ -51,6 +53,7 @@ def _window_slices(i: int, j: int, pooled: tuple[int, int], stride: tuple[int, i
 
 @register_layer("Pooling")
 class PoolingLayer(Layer):
+    use_blocked_backward = True  # False: always the generic gather (tests compare the two)
     exact_num_bottom_blobs = 1
     min_top_blobs = 1
     max_top_blobs = 2  # the second (mask) top only for MAX: checked in layer_setup
@@ -254,16 +257,31 @@ class PoolingLayer(Layer):
         else:
             self._k("ave_pool_forward")(count, bottom[0].gpu_data(), *self._geometry(), top[0].mutable_gpu_data())
 
+    def _blocked_backward(self) -> tuple[int, int] | None:
+        """(S, WD) of the blocked backward kernel for this geometry, or None (use the gather)."""
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        for s, wd in BLOCKED_BACKWARD:
+            if sh == sw == s and -(-kh // s) <= wd and -(-kw // s) <= wd:
+                return s, wd
+        return None
+
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0] or bottom[0].count == 0:
             return
         n, c, h, w = bottom[0].shape
         planes = n * c
-        count = -(-planes // _BACKWARD_PLANES) * h * w
-        if self.method == PP.MAX:
-            if getattr(self, "_argmax_shape", None) != top[0].shape:
-                raise self.error("MAX pooling backward_gpu needs a forward_gpu on the same shapes first")
-            self._k("max_pool_backward")(count, planes, top[0].gpu_diff(), self._argmax.gpu_data(), *self._geometry(),
-                                         bottom[0].mutable_gpu_diff())
+        is_max = self.method == PP.MAX
+        if is_max and getattr(self, "_argmax_shape", None) != top[0].shape:
+            raise self.error("MAX pooling backward_gpu needs a forward_gpu on the same shapes first")
+        mask = (self._argmax.gpu_data(),) if is_max else ()
+        kind = "max" if is_max else "ave"
+        blocked = self._blocked_backward() if self.use_blocked_backward else None
+        if blocked is not None:
+            s, wd = blocked
+            blocks = (-(-(h + self.pad[0]) // s), -(-(w + self.pad[1]) // s))
+            self._k(f"{kind}_pool_backward_s{s}_w{wd}")(planes * blocks[0] * blocks[1], top[0].gpu_diff(), *mask,
+                                                      *self._geometry(), *blocks, bottom[0].mutable_gpu_diff())
         else:
-            self._k("ave_pool_backward")(count, planes, top[0].gpu_diff(), *self._geometry(), bottom[0].mutable_gpu_diff())
+            count = -(-planes // _BACKWARD_PLANES) * h * w
+            self._k(f"{kind}_pool_backward")(count, planes, top[0].gpu_diff(), *mask, *self._geometry(),
+                                            bottom[0].mutable_gpu_diff())

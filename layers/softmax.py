@@ -46,12 +46,19 @@ class SoftmaxLayer(Layer):
 
     # -- GPU: one thread per (outer, inner) position -----------------------------------------
     def forward_gpu(self, bottom, top):
+        if self.inner == 1:  # one warp per row
+            backend.kernel(KERNELS, "softmax_forward_rows", self.dtype)(
+                self.outer * 32, self.channels, bottom[0].gpu_data(), top[0].mutable_gpu_data())
+            return
         backend.kernel(KERNELS, "softmax_forward", self.dtype)(
             self.outer * self.inner, self.channels, self.inner, bottom[0].gpu_data(),
             top[0].mutable_gpu_data())
 
     def backward_gpu(self, top, propagate_down, bottom):
-        if propagate_down[0]:
+        if propagate_down[0] and self.inner == 1:
+            backend.kernel(KERNELS, "softmax_backward_rows", self.dtype)(
+                self.outer * 32, self.channels, top[0].gpu_data(), top[0].gpu_diff(), bottom[0].mutable_gpu_diff())
+        elif propagate_down[0]:
             backend.kernel(KERNELS, "softmax_backward", self.dtype)(
                 self.outer * self.inner, self.channels, self.inner, top[0].gpu_data(), top[0].gpu_diff(),
                 bottom[0].mutable_gpu_diff())

@@ -239,3 +239,37 @@ def test_cpu_gpu_agree(method, shape, body, dtype):
     tol = 1e-5 if dtype == np.float32 else 1e-12
     assert_cpu_gpu_agree(pool_text(f"pool: {method} {body}"), [x], ntop=2 if method == "MAX" else 1,
                          rtol=tol, atol=tol, dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["MAX", "AVE"])
+@pytest.mark.parametrize("shape,body", [
+    ((2, 3, 14, 14), "kernel_size: 2 stride: 2"),
+    ((2, 3, 13, 15), "kernel_size: 2 stride: 2 pad: 1"),
+    ((2, 3, 15, 13), "kernel_size: 3 stride: 2"),
+    ((2, 3, 16, 17), "kernel_size: 3 stride: 2 pad: 1"),
+    ((2, 3, 9, 9), "kernel_size: 3 stride: 2 pad: 2"),
+    ((2, 3, 12, 11), "kernel_size: 3 stride: 2 round_mode: FLOOR"),
+    ((2, 3, 11, 12), "kernel_size: 3 stride: 1 pad: 1"),
+    ((2, 3, 10, 10), "kernel_size: 2 stride: 1"),
+    ((1, 2, 7, 9), "kernel_h: 1 kernel_w: 3 stride: 2 pad_h: 0 pad_w: 1"),
+])
+def test_blocked_backward_equals_gather(gpu_mode, method, shape, body):
+    """The blocked backward kernels give the generic gather's diffs bit for bit (and are used)."""
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    x[:, :, ::3, ::2] = x[:, :, 1::3, 1::2].max()  # ties between windows' candidates
+    text = pool_text(f"pool: {method} {body}")
+    got = []
+    for blocked in (True, False):
+        layer = make_layer(text, np.float32)
+        layer.use_blocked_backward = blocked
+        bottom, top = blobs([x], np.float32), empty_blobs(1, np.float32)
+        layer.setup(bottom, top)
+        assert layer._blocked_backward() is not None
+        layer.forward(bottom, top)
+        top[0].mutable_cpu_diff()[...] = np.random.default_rng(4).standard_normal(top[0].shape)
+        bottom[0].mutable_cpu_diff()[...] = np.nan  # every pixel must be written
+        layer.backward(top, [True], bottom)
+        got.append(bottom[0].cpu_diff().copy())
+    assert np.isfinite(got[0]).all()
+    np.testing.assert_array_equal(got[0], got[1])

@@ -65,7 +65,7 @@ def test_bad_axis_raises():
         layer.setup(blobs([np.zeros((2, 3))]), empty_blobs(1))
 
 
-@pytest.mark.parametrize("shape,axis", [((2, 4), 1), ((2, 3, 2, 2), 1), ((2, 3, 3), 2), ((3, 2), 0)])
+@pytest.mark.parametrize("shape,axis", [((2, 4), 1), ((2, 3, 2, 2), 1), ((2, 3, 3), 2), ((3, 2), 0), ((2, 45), 1)])
 def test_gradient(mode, shape, axis):
     x = np.random.default_rng(2).standard_normal(shape)
     layer = make_layer(f"type: 'Softmax' softmax_param {{ axis: {axis} }}")
@@ -74,7 +74,8 @@ def test_gradient(mode, shape, axis):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape,axis", [((5, 10), 1), ((2, 3, 4, 5), 1), ((2, 3, 4), 2), ((3, 4), 0)])
+@pytest.mark.parametrize("shape,axis", [((5, 10), 1), ((2, 3, 4, 5), 1), ((2, 3, 4), 2), ((3, 4), 0),
+                                        ((3, 1000), 1), ((2, 37), 1), ((4, 1), 1), ((2, 3, 70), -1)])
 def test_cpu_gpu_agree(dtype, shape, axis):
     x = np.random.default_rng(3).standard_normal(shape) * 5
     tol = 2e-5 if dtype == np.float32 else 1e-11
@@ -82,8 +83,9 @@ def test_cpu_gpu_agree(dtype, shape, axis):
 
 
 @pytest.mark.gpu
-def test_gpu_in_place(gpu_mode):
-    x, dy = np.random.default_rng(4).standard_normal((2, 3, 4)), np.ones((2, 3, 4))
+@pytest.mark.parametrize("shape", [(2, 3, 4), (3, 40)])  # per position; one warp per row (inner 1)
+def test_gpu_in_place(gpu_mode, shape):
+    x, dy = np.random.default_rng(4).standard_normal(shape), np.ones(shape)
     layer, (b,) = make_layer("type: 'Softmax'"), blobs([x])
     layer.setup([b], [b])
     layer.forward([b], [b])
