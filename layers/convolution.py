@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pycaffe_lite import cpu_conv, fillers
+import numpy as np
+
+from pycaffe_lite import common, cpu_conv, fillers
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.conv_shape import Pair, out_shape
 from pycaffe_lite.gpu import conv_engines
@@ -236,14 +238,26 @@ class ConvolutionLayer(ConvolutionBase):
     def engine_problem_dims(self) -> tuple[int, Pair, int]:
         return self.channels, self.in_hw, self.num_output
 
+    def compute_forward_relu(self, bottom, top) -> None:
+        """Forward followed by ReLU (negative_slope 0) on the tops, fused into the engines' epilogue on
+        the GPU: what this layer and an in-place ReLU on its top leave (the executor's fusion)."""
+        self.reshape(bottom, top)
+        if common.mode() is common.Mode.GPU:
+            self.forward_gpu(bottom, top, relu=True)
+        else:
+            self.forward_cpu(bottom, top, relu=True)
+
     # -- CPU (pycaffe_lite.cpu_conv) -------------------------------------------------------
-    def forward_cpu(self, bottom, top):
+    def forward_cpu(self, bottom, top, relu: bool = False):
         g = self.geo
         w = self.blobs[0].cpu_data()
         bias = self.blobs[1].cpu_data() if self.bias_term else None
         for b, t in zip(bottom, top):
+            y = t.mutable_cpu_data().reshape(self.top_shape)
             cpu_conv.forward(b.cpu_data().reshape(self.bottom_shape), w, bias, g.kernel, g.pad, g.stride,
-                             g.dilation, self.group, t.mutable_cpu_data().reshape(self.top_shape))
+                             g.dilation, self.group, y)
+            if relu:
+                np.maximum(y, 0, out=y)  # ReLULayer's CPU formula at negative_slope 0
 
     def backward_cpu(self, top, propagate_down, bottom):
         g = self.geo
@@ -257,12 +271,12 @@ class ConvolutionLayer(ConvolutionBase):
                               g.kernel, g.pad, g.stride, g.dilation, self.group, dweight=dw, dbias=db, dx=dx)
 
     # -- GPU (pycaffe_lite.gpu.conv_engines) ------------------------------------------------
-    def forward_gpu(self, bottom, top):
+    def forward_gpu(self, bottom, top, relu: bool = False):
         prob, choice = self.engines()
         w = self.blobs[0].gpu_data()
         bias = self.blobs[1].gpu_data() if self.bias_term else None
         for b, t in zip(bottom, top):
-            conv_engines.run(prob, choice, "forward", b.gpu_data(), w, bias, t.mutable_gpu_data())
+            conv_engines.run(prob, choice, "forward", b.gpu_data(), w, bias, t.mutable_gpu_data(), relu=relu)
 
     def backward_gpu_pair(self, prob, choice, w, dw, db, dy, b, down):
         if dw is not None:  # the bias gradient rides along (implicit GEMM folds it into its GEMM)

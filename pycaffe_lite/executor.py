@@ -29,7 +29,7 @@ import numpy as np
 
 from . import common
 from .blob import shape_generation, weighted_sum
-from .fusion import find_conv_bn_scale
+from .fusion import find_fusions
 from .gpu import backend, cuda_graph
 from .layer import Layer
 from .memory_plan import shared_diff_slots, sharing_enabled
@@ -129,7 +129,7 @@ class Executor:
         self.net = net
         self.use_graphs = graphs_enabled()
         self._graphs = _Graphs(self._memories)
-        self.fusions = {chain.first: chain for chain in find_conv_bn_scale(net)}
+        self.fusions = {chain.first: chain for chain in find_fusions(net)}
         self.loss_log: LossLog | None = None
         self._diff_plan_key: tuple | None = None
         self._diff_slots: list[SupportsInt] = []
@@ -190,7 +190,7 @@ class Executor:
             yield blob.data_memory
             yield blob.diff_memory
         for chain in self.fusions.values():
-            for blob in chain.fused.blobs:
+            for blob in chain.extra_blobs:
                 yield blob.data_memory
 
     def _key(self, tag: tuple) -> tuple:

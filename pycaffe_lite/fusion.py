@@ -1,6 +1,11 @@
 """Layer fusion the executor applies where Caffe's semantics allow it.
 
-Convolution -> BatchNorm -> Scale, written in place (``top == bottom``, as ResNet and MobileNet
+Convolution -> ReLU, the ReLU in place on the convolution's top with negative_slope 0 (VGG,
+GoogLeNet, SqueezeNet, AlexNet), runs as one convolution whose engines apply the ReLU in their
+epilogue, in every phase: the blob holds what the two layers leave, and backward runs both layers
+as written (ReLU's backward reads only that blob; the convolution's does not read its top).
+
+Convolution -> BatchNorm -> Scale (-> ReLU), written in place (``top == bottom``, as ResNet and MobileNet
 write them) in a net that runs no backward through them, with BatchNorm on its global statistics
 (TEST phase), is one convolution with folded weights and bias:
 
@@ -8,16 +13,16 @@ write them) in a net that runs no backward through them, with BatchNorm on its g
     W'[c] = W[c]·g_c,   b'_c = (b_c − mean_c·f)·g_c + beta_c
 
 The folded weights are recomputed from the layers' current blobs on every forward (on the device,
-inside captured graphs too), so weights a user changes after building are used. Because the chain
-is in place, the blob it writes holds exactly what the three layers would leave there. Set
-``PYCAFFE_LITE_FUSION=0`` to run every layer as written.
+inside captured graphs too), so weights a user changes after building are used. A following in-place
+ReLU (negative_slope 0) joins as the epilogue. Because the chain is in place, the blob it writes
+holds what the layers would leave there. Set ``PYCAFFE_LITE_FUSION=0`` to run every layer as written.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
@@ -36,9 +41,30 @@ def fusion_enabled() -> bool:
     return os.environ.get("PYCAFFE_LITE_FUSION", "1") != "0"
 
 
+class _ReLUEpilogue(Protocol):  # the Convolution layer's fused forward (layers/convolution.py)
+    def compute_forward_relu(self, bottom: list[Blob], top: list[Blob]) -> None: ...
+
+
+@dataclass
+class ConvReLU:
+    """Layers ``first`` (Convolution) and ``last = first + 1`` (ReLU) run as one convolution."""
+
+    first: int
+    last: int
+    conv: Layer
+
+    @property
+    def extra_blobs(self) -> list[Blob]:
+        return []
+
+    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        cast(_ReLUEpilogue, self.conv).compute_forward_relu(bottom, top)
+
+
 @dataclass
 class ConvBNScale:
-    """Layers ``first..last`` of a net replaced by one convolution with folded parameters."""
+    """Layers ``first..last`` of a net replaced by one convolution with folded parameters (and a
+    ReLU epilogue when ``relu``)."""
 
     first: int
     last: int
@@ -46,6 +72,11 @@ class ConvBNScale:
     bn: Layer
     scale: Layer | None
     fused: Layer  # a Convolution with a bias term whose blobs are the folded weight and bias
+    relu: bool = False
+
+    @property
+    def extra_blobs(self) -> list[Blob]:
+        return list(self.fused.blobs)
 
     def fold(self) -> None:
         """Write the folded weight and bias into ``fused``'s blobs from the current parameters."""
@@ -91,23 +122,38 @@ class ConvBNScale:
 
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
         self.fold()
-        self.fused.compute_forward(bottom, top)
+        if self.relu:
+            cast(_ReLUEpilogue, self.fused).compute_forward_relu(bottom, top)
+        else:
+            self.fused.compute_forward(bottom, top)
 
 
 def _in_place(net: Net, i: int) -> bool:
     return len(net.bottom_id_vecs[i]) >= 1 and net.top_id_vecs[i] == net.bottom_id_vecs[i][:1]
 
 
-def find_conv_bn_scale(net: Net) -> list[ConvBNScale]:
-    """The fusable Convolution -> BatchNorm (-> Scale) chains of ``net`` (none when disabled)."""
+def _relu_on(net: Net, k: int, blob_id: int) -> bool:
+    """Layer ``k`` exists and is a ReLU with negative_slope 0, in place on blob ``blob_id``."""
+    return (k < len(net.layers) and net.layers[k].type == "ReLU" and len(net.bottom_id_vecs[k]) == 1
+            and _in_place(net, k) and net.bottom_id_vecs[k][0] == blob_id
+            and net.layers[k].layer_param.relu_param.negative_slope == 0)
+
+
+def find_fusions(net: Net) -> list[ConvBNScale | ConvReLU]:
+    """The fusable chains of ``net`` in order (none when disabled)."""
     if not fusion_enabled():
         return []
-    chains = []
+    chains: list[ConvBNScale | ConvReLU] = []
     layers = net.layers
     i = 0
     while i < len(layers) - 1:
         conv = layers[i]
         bn_i = i + 1
+        if (conv.type == "Convolution" and len(net.bottom_vecs[i]) == 1 and len(net.top_vecs[i]) == 1
+                and _relu_on(net, i + 1, net.top_id_vecs[i][0])):
+            chains.append(ConvReLU(i, i + 1, conv))
+            i += 2
+            continue
         if not (conv.type == "Convolution" and layers[bn_i].type == "BatchNorm"
                 and len(net.bottom_vecs[i]) == 1 and len(net.top_vecs[i]) == 1
                 and _in_place(net, bn_i) and net.bottom_id_vecs[bn_i][0] == net.top_id_vecs[i][0]
@@ -124,9 +170,10 @@ def find_conv_bn_scale(net: Net) -> list[ConvBNScale]:
         if any(net.layer_need_backward[k] for k in range(i, last + 1)) or conv.layer_param.convolution_param.axis != 1:
             i = last + 1
             continue
-        chains.append(ConvBNScale(i, last, conv, layers[bn_i], scale,
-                                  _folded_conv(conv, net.bottom_vecs[i], net.top_vecs[i])))
-        i = last + 1
+        relu = _relu_on(net, last + 1, net.top_id_vecs[i][0]) and not net.layer_need_backward[last + 1]
+        chains.append(ConvBNScale(first=i, last=last + 1 if relu else last, conv=conv, bn=layers[bn_i], scale=scale,
+                                  fused=_folded_conv(conv, net.bottom_vecs[i], net.top_vecs[i]), relu=relu))
+        i = chains[-1].last + 1
     return chains
 
 

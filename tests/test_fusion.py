@@ -1,4 +1,5 @@
-"""Convolution -> BatchNorm -> Scale fusion in TEST phase gives what the unfused layers give."""
+"""Layer fusions give what the unfused layers give: Convolution -> BatchNorm -> Scale (-> ReLU) in
+TEST phase, Convolution -> ReLU in every phase (forward and backward)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def test_fused_equals_unfused(tmp_path, monkeypatch, mode, scale, bias):
     fused = _net(tmp_path, monkeypatch, True, scale=scale, bias=bias)
     plain = _net(tmp_path, monkeypatch, False, scale=scale, bias=bias)
     assert len(fused.executor.fusions) == 1 and not plain.executor.fusions
+    (chain,) = fused.executor.fusions.values()
+    assert chain.relu and fused._layer_names[chain.last] == "relu1"  # the in-place ReLU is the epilogue
     x = np.random.default_rng(0).standard_normal((2, 3, 9, 9))
     for _ in range(2):  # second pass: CUDA-graph replay on the GPU
         a, b = fused.forward(data=x), plain.forward(data=x)
@@ -68,3 +71,55 @@ def test_weights_changed_after_building_are_used(tmp_path, monkeypatch, mode):
 def test_no_fusion_when_training_or_backward_is_needed(tmp_path, monkeypatch):
     assert not _net(tmp_path, monkeypatch, True, phase=caffe.TRAIN).executor.fusions
     assert not _net(tmp_path, monkeypatch, True, force="force_backward: true").executor.fusions
+
+
+CONV_RELU = """
+name: "cr"
+input: "data"
+input_shape { dim: 3 dim: 2 dim: 8 dim: 8 }
+input: "label"
+input_shape { dim: 3 }
+force_backward: true
+layer { name: "c1" type: "Convolution" bottom: "data" top: "c1"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.5 }
+                            bias_filler { type: "gaussian" } } }
+layer { name: "r1" type: "ReLU" bottom: "c1" top: "c1" }
+layer { name: "c2" type: "Convolution" bottom: "c1" top: "c2"
+        convolution_param { num_output: 3 kernel_size: 1 bias_term: false weight_filler { type: "gaussian" } } }
+layer { name: "r2" type: "ReLU" bottom: "c2" top: "c2" }
+layer { name: "c3" type: "Convolution" bottom: "c2" top: "c3"
+        convolution_param { num_output: 2 kernel_size: 3 stride: 2 weight_filler { type: "gaussian" } } }
+layer { name: "r3" type: "ReLU" bottom: "c3" top: "c3" relu_param { negative_slope: 0.1 } }
+layer { name: "ip" type: "InnerProduct" bottom: "c3" top: "ip"
+        inner_product_param { num_output: 5 weight_filler { type: "gaussian" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def test_conv_relu_fused_in_training_forward_and_backward(tmp_path, monkeypatch, mode):
+    """Conv -> in-place ReLU (slope 0) runs fused in TRAIN; every blob's data and diff and every
+    parameter gradient equal the unfused net's (a leaky ReLU is not fused)."""
+    path = tmp_path / "cr.prototxt"
+    path.write_text(CONV_RELU)
+    nets = []
+    for fuse in (True, False):
+        monkeypatch.setenv("PYCAFFE_LITE_FUSION", "1" if fuse else "0")
+        caffe.set_random_seed(3)
+        nets.append(caffe.Net(str(path), caffe.TRAIN, dtype=np.float64))
+    fused, plain = nets
+    names = fused._layer_names
+    assert [(names[c.first], names[c.last]) for c in fused.executor.fusions.values()] == [("c1", "r1"), ("c2", "r2")]
+    rng = np.random.default_rng(5)
+    x, label = rng.standard_normal((3, 2, 8, 8)), np.array([0.0, 3.0, 4.0])
+    for _ in range(2):  # second pass: CUDA-graph replay on the GPU
+        for net in nets:
+            net.clear_param_diffs()
+            net.forward(data=x, label=label)
+            net.backward()
+        for name in plain.blobs:
+            np.testing.assert_allclose(fused.blobs[name].data, plain.blobs[name].data, rtol=1e-12, atol=1e-13)
+            np.testing.assert_allclose(fused.blobs[name].diff, plain.blobs[name].diff, rtol=1e-12, atol=1e-13)
+        for name in plain.params:
+            for a, b in zip(fused.params[name], plain.params[name]):
+                np.testing.assert_allclose(a.diff, b.diff, rtol=1e-12, atol=1e-13)
+    assert (fused.blobs["c1"].data == 0).any()  # the ReLU clipped something

@@ -6,6 +6,7 @@
 // dilation arguments). The k3 forward, k3s1 data gradient and k3 weight gradient give each thread a
 // row vector of DW_V outputs (input pixels) along W: the input row segment they share is loaded once
 // into registers. Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+#include "conv_epilogue.cuh"
 
 #define DW_THREADS 256  // block size of dw_backward_weight_*
 #define DW_V 4  // outputs along W per thread in the row-vector (k3) kernels
@@ -25,7 +26,7 @@ extern "C++" {
 // y: index over (n, m, oh, ow).
 __device__ __forceinline__ void dw_forward_body(const int count, const Dtype* __restrict__ x,
                                                 const Dtype* __restrict__ w, const Dtype* __restrict__ bias,
-                                                const int has_bias, Dtype* __restrict__ y, DW_GEOMETRY_PARAMS) {
+                                                const int epilogue, Dtype* __restrict__ y, DW_GEOMETRY_PARAMS) {
   const int kh = kernel_h, kw = kernel_w, sh = stride_h, sw = stride_w;
   const int num_output = channels * mult;
   CUDA_KERNEL_LOOP(index, count) {
@@ -46,7 +47,7 @@ __device__ __forceinline__ void dw_forward_body(const int count, const Dtype* __
         if (iw >= 0 && iw < width) sum += wp[i * kw + j] * xp[ih * width + iw];
       }
     }
-    y[index] = has_bias ? sum + bias[m] : sum;
+    y[index] = conv_epilogue(sum, bias, m, epilogue);
   }
 }
 
@@ -160,7 +161,7 @@ __device__ __forceinline__ void dw_load_row(const Dtype* __restrict__ row, const
 template <int S>
 __device__ __forceinline__ void dw_forward_rows(const int count, const Dtype* __restrict__ x,
                                                 const Dtype* __restrict__ w, const Dtype* __restrict__ bias,
-                                                const int has_bias, Dtype* __restrict__ y, DW_GEOMETRY_PARAMS) {
+                                                const int epilogue, Dtype* __restrict__ y, DW_GEOMETRY_PARAMS) {
   constexpr int SPAN = (DW_V - 1) * S + 3;
   const int num_output = channels * mult, quads = (width_out + DW_V - 1) / DW_V;
   CUDA_KERNEL_LOOP(index, count) {
@@ -189,10 +190,9 @@ __device__ __forceinline__ void dw_forward_rows(const int count, const Dtype* __
         for (int j = 0; j < 3; ++j) sum[v] += k[i * 3 + j] * r[v * S + j];
     }
     Dtype* yp = y + (plane * height_out + oh) * width_out;
-    const Dtype b = has_bias ? bias[m] : Dtype(0);
 #pragma unroll
     for (int v = 0; v < DW_V; ++v)
-      if (ow0 + v < width_out) yp[ow0 + v] = sum[v] + b;
+      if (ow0 + v < width_out) yp[ow0 + v] = conv_epilogue(sum[v], bias, m, epilogue);
   }
 }
 
@@ -285,8 +285,8 @@ __device__ __forceinline__ void dw_backward_weight_rows(const Dtype* __restrict_
 // Entry points: FWD, DATA and WEIGHT are the bodies' calls (template arguments included).
 #define DW_ENTRY_POINTS(SUFFIX, FWD, DATA, WEIGHT)                                                   \
   __global__ void dw_forward_##SUFFIX(const int count, const Dtype* x, const Dtype* w, const Dtype* bias, \
-                                      const int has_bias, Dtype* y, DW_GEOMETRY_PARAMS) {            \
-    FWD(count, x, w, bias, has_bias, y, DW_GEOMETRY_ARGS);                                           \
+                                      const int epilogue, Dtype* y, DW_GEOMETRY_PARAMS) {            \
+    FWD(count, x, w, bias, epilogue, y, DW_GEOMETRY_ARGS);                                           \
   }                                                                                                  \
   __global__ void dw_backward_data_##SUFFIX(const int count, const Dtype* dy, const Dtype* w, Dtype* dx, \
                                             DW_GEOMETRY_PARAMS) {                                    \

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import backend
 from . import math_functions as gm
-from .conv_problem import ConvProblem
+from .conv_problem import ConvProblem, epilogue_flags
 
 KERNELS = Path(__file__).with_name("conv_depthwise.cu")
 NAME = "depthwise"
@@ -65,10 +65,10 @@ def chunking(prob: ConvProblem) -> tuple[int, int]:
     return chunk, -(-total // chunk)
 
 
-def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int) -> None:
-    """``y = conv(x, w) (+ bias)``."""
+def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int, relu: bool = False) -> None:
+    """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``."""
     count = prob.num * prob.num_output * prob.out_hw[0] * _quads(prob.out_hw[1], prob)
-    _kernel(prob, "dw_forward")(count, x, w, bias or w, int(bias is not None), y, *_geometry(prob))
+    _kernel(prob, "dw_forward")(count, x, w, bias or w, epilogue_flags(bias, relu), y, *_geometry(prob))
 
 
 def weight_scratch(prob: ConvProblem) -> int:

@@ -5,6 +5,7 @@
 // (2 * DC_TM accumulators). Input channels are walked CK at a time: their input patch
 // ((16-1)*S + K)^2 (zero outside the image) and the DC_TM x CK x K x K filter taps go to shared memory.
 // Grid: (tiles along W * tiles along H, ceil(M / DC_TM), num). Dtype comes from the backend prelude.
+#include "conv_epilogue.cuh"
 
 #define DC_TILE 16
 #define DC_TM 8
@@ -13,7 +14,7 @@ extern "C++" {
 
 template <int K, int S>
 __device__ __forceinline__ void dc_forward_body(const Dtype* __restrict__ x, const Dtype* __restrict__ w,
-                                                const Dtype* __restrict__ bias, const int has_bias,
+                                                const Dtype* __restrict__ bias, const int epilogue,
                                                 Dtype* __restrict__ y, const int channels, const int height,
                                                 const int width, const int num_output, const int pad_h,
                                                 const int pad_w, const int height_out, const int width_out) {
@@ -70,7 +71,7 @@ __device__ __forceinline__ void dc_forward_body(const Dtype* __restrict__ x, con
     for (int r = 0; r < 2; ++r) {
       const int oh = oh0 + ty + 8 * r;
       if (m < num_output && oh < height_out && ow < width_out)
-        y[((n * num_output + m) * height_out + oh) * width_out + ow] = has_bias ? acc[r][t] + bias[m] : acc[r][t];
+        y[((n * num_output + m) * height_out + oh) * width_out + ow] = conv_epilogue(acc[r][t], bias, m, epilogue);
     }
   }
 }
@@ -79,10 +80,10 @@ __device__ __forceinline__ void dc_forward_body(const Dtype* __restrict__ x, con
 
 #define DC_FORWARD(K, S)                                                                              \
   __global__ void __launch_bounds__(DC_TILE * 8) dc_forward_k##K##s##S(                              \
-      const Dtype* x, const Dtype* w, const Dtype* bias, const int has_bias, Dtype* y, const int channels, \
+      const Dtype* x, const Dtype* w, const Dtype* bias, const int epilogue, Dtype* y, const int channels, \
       const int height, const int width, const int num_output, const int pad_h, const int pad_w,     \
       const int height_out, const int width_out) {                                                    \
-    dc_forward_body<K, S>(x, w, bias, has_bias, y, channels, height, width, num_output, pad_h, pad_w, \
+    dc_forward_body<K, S>(x, w, bias, epilogue, y, channels, height, width, num_output, pad_h, pad_w, \
                           height_out, width_out);                                                     \
   }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import backend
-from .conv_problem import ConvProblem
+from .conv_problem import ConvProblem, epilogue_flags
 
 KERNELS = Path(__file__).with_name("conv_direct.cu")
 NAME = "direct"
@@ -29,10 +29,10 @@ def supports(prob: ConvProblem) -> bool:
             and prob.stride == (s, s) and s in (1, 2) and prob.dilation == (1, 1) and big <= backend.INT32_MAX)
 
 
-def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int) -> None:
-    """``y = conv(x, w) (+ bias)``."""
+def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int, relu: bool = False) -> None:
+    """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``."""
     ho, wo = prob.out_hw
     k = backend.kernel(KERNELS, f"dc_forward_k{prob.kernel[0]}s{prob.stride[0]}", prob.np_dtype)
     grid = (-(-ho // TILE) * -(-wo // TILE), -(-prob.num_output // TM), prob.num)
-    k(x, w, bias or w, int(bias is not None), y, prob.channels, prob.height, prob.width, prob.num_output,
+    k(x, w, bias or w, epilogue_flags(bias, relu), y, prob.channels, prob.height, prob.width, prob.num_output,
       *prob.pad, ho, wo, grid=grid, block=(TILE, 8, 1))

@@ -48,13 +48,15 @@ def bias_backward(prob: ConvProblem, dy: int, db: int) -> None:
 
 class Engine:
     """One way to run the three passes of a :class:`ConvProblem`. ``forward`` assigns ``y`` (adding
-    ``bias`` when given); ``backward_data`` assigns ``dx``; ``backward_weight`` accumulates ``dw`` and,
-    when given, ``db``. ``ws`` holds device pointers to scratch regions of the byte sizes
-    :meth:`scratch` gives for the pass."""
+    ``bias`` when given, then applying ReLU when ``relu``: the fused Convolution -> ReLU epilogue);
+    ``backward_data`` assigns ``dx``; ``backward_weight`` accumulates ``dw`` and, when given, ``db``.
+    ``ws`` holds device pointers to scratch regions of the byte sizes :meth:`scratch` gives for the
+    pass."""
 
     name = ""
     requirement = ""  # what a problem needs for :meth:`supports`, for error messages
     passes: tuple[str, ...] = PASSES  # the passes it implements (others fall back to gemm)
+    relu_epilogue = True  # forward applies ``relu`` itself (else :func:`run` adds a ReLU pass)
 
     def supports(self, prob: ConvProblem) -> bool:
         return True
@@ -62,7 +64,8 @@ class Engine:
     def scratch(self, prob: ConvProblem, pass_: str, has_bias: bool) -> tuple[int, ...]:
         return ()
 
-    def forward(self, prob: ConvProblem, x: int, w: int, bias: int | None, y: int, ws: list[int]) -> None:
+    def forward(self, prob: ConvProblem, x: int, w: int, bias: int | None, y: int, ws: list[int],
+                relu: bool = False) -> None:
         raise NotImplementedError
 
     def backward_data(self, prob: ConvProblem, w: int, dy: int, dx: int, ws: list[int]) -> None:
@@ -87,7 +90,7 @@ class GemmEngine(Engine):
         nmax = self._chunk(prob)
         return prob.group * prob.kg * nmax * prob.out_plane * isz, prob.num_output * nmax * prob.out_plane * isz
 
-    def forward(self, prob, x, w, bias, y, ws):
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
         chw = prob.channels * prob.in_plane
@@ -104,7 +107,9 @@ class GemmEngine(Engine):
                                           0.0, yt, mg * nb * p, prob.group, dt)
                 gpu_im2col.swap_leading_axes(yt, m, nb, p, y + n0 * m * p * isz, dt)  # -> (nb, M, P)
         if bias is not None:
-            gm.add_channel_bias(prob.num, m, p, bias, y, dt)
+            gm.add_channel_bias(prob.num, m, p, bias, y, dt, relu)
+        elif relu:
+            _relu(prob.num * m * p, y, dt)
 
     def _chunks(self, prob: ConvProblem) -> list[tuple[int, int]]:
         """(first image, images) of each chunk whose columns fit in COL_BUFFER_BYTES."""
@@ -172,8 +177,8 @@ class ImplicitEngine(Engine):
             return ()
         return (ig.workspace_count(prob, self.tiles[2], has_bias) * prob.itemsize,)
 
-    def forward(self, prob, x, w, bias, y, ws):
-        ig.forward(prob, self.tiles[0], x, w, bias, y)
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
+        ig.forward(prob, self.tiles[0], x, w, bias, y, relu)
 
     def backward_data(self, prob, w, dy, dx, ws):
         ig.backward_data(prob, self.tiles[1], w, dy, dx)
@@ -192,8 +197,8 @@ class WinogradEngine(Engine):
     def scratch(self, prob, pass_, has_bias):
         return winograd.scratch(prob, pass_)
 
-    def forward(self, prob, x, w, bias, y, ws):
-        winograd.forward(prob, x, w, bias, y, ws)
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
+        winograd.forward(prob, x, w, bias, y, ws, relu)
 
     def backward_data(self, prob, w, dy, dx, ws):
         winograd.backward_data(prob, w, dy, dx, ws)
@@ -227,8 +232,8 @@ class DepthwiseEngine(Engine):
         size = depthwise.weight_scratch(prob) if pass_ == "backward_weight" else 0
         return (size,) if size else ()
 
-    def forward(self, prob, x, w, bias, y, ws):
-        depthwise.forward(prob, x, w, bias, y)
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
+        depthwise.forward(prob, x, w, bias, y, relu)
 
     def backward_data(self, prob, w, dy, dx, ws):
         depthwise.backward_data(prob, w, dy, dx)
@@ -247,8 +252,8 @@ class DirectEngine(Engine):
     def supports(self, prob):
         return direct.supports(prob)
 
-    def forward(self, prob, x, w, bias, y, ws):
-        direct.forward(prob, x, w, bias, y)
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
+        direct.forward(prob, x, w, bias, y, relu)
 
 
 ENGINES: dict[str, Engine] = {"gemm": GemmEngine(), **_implicit_engines(), "winograd": WinogradEngine(),
@@ -358,7 +363,13 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
     return choice
 
 
-def _call(engine: Engine, prob: ConvProblem, pass_: str, args: tuple, reserved: tuple[int, ...] = ()) -> None:
+def _relu(n: int, y: int, dtype) -> None:
+    """``y = ReLU(y)`` in place (negative_slope 0, ReLULayer's formula)."""
+    backend.elementwise("conv_relu", "Dtype* y", "y[i] = y[i] > 0 ? y[i] : y[i] * Dtype(0)", dtype)(n, y)
+
+
+def _call(engine: Engine, prob: ConvProblem, pass_: str, args: tuple, reserved: tuple[int, ...] = (),
+          relu: bool = False) -> None:
     """Run ``pass_`` with its scratch from one :func:`backend.workspace` call, after ``reserved``
     leading regions (the autotune's operands) that the call keeps in place."""
     key = ("scratch", engine.name, pass_, pass_ == "backward_weight" and args[-1] is not None)
@@ -366,14 +377,21 @@ def _call(engine: Engine, prob: ConvProblem, pass_: str, args: tuple, reserved: 
     if sizes is None:
         sizes = prob.cache[key] = engine.scratch(prob, pass_, key[-1])
     ws = backend.workspace(*reserved, *sizes)[len(reserved):] if reserved or sizes else []
-    getattr(engine, pass_)(prob, *args, ws)
+    if not relu:
+        getattr(engine, pass_)(prob, *args, ws)
+        return
+    x, w, bias, y = args
+    engine.forward(prob, x, w, bias, y, ws, relu=engine.relu_epilogue)
+    if not engine.relu_epilogue:
+        _relu(prob.num * prob.num_output * prob.out_plane, y, prob.np_dtype)
 
 
-def run(prob: ConvProblem, choice: Choice, pass_: str, *args) -> None:
+def run(prob: ConvProblem, choice: Choice, pass_: str, *args, relu: bool = False) -> None:
     """Run ``pass_`` of ``prob`` with the engine ``choice`` picked for it. ``args``: forward
     ``(x, w, bias, y)``; backward_data ``(w, dy, dx)``; backward_weight ``(x, dy, dw, db)``
-    (``bias``/``db`` may be None)."""
-    _call(ENGINES[getattr(choice, pass_)], prob, pass_, args)
+    (``bias``/``db`` may be None). ``relu`` (forward only): ReLU after the bias, fused where the
+    engine can."""
+    _call(ENGINES[getattr(choice, pass_)], prob, pass_, args, relu=relu)
 
 
 def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...]) -> Choice:

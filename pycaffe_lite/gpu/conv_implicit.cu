@@ -10,6 +10,7 @@
 // The GEMM core keeps a BM x BN tile per 256-thread block, TM x TN outputs per thread spread with
 // stride (BM/TM, BN/TN) to avoid shared-memory bank conflicts, and prefetches the next BK slice
 // into registers while the current one is multiplied. Dtype comes from the backend prelude.
+#include "conv_epilogue.cuh"
 
 #define IG_THREADS 256
 
@@ -100,7 +101,7 @@ __device__ __forceinline__ void igemm_core(const Op& op, const int m0, const int
 // ---- forward ------------------------------------------------------------------------------
 // tab[k] = (c*H*W + i*dh*W + j*dw, i*dh, j*dw, 0) for k = (c, i, j) within a group.
 struct FwdOp {
-  const Dtype* x; const Dtype* w; const Dtype* bias; Dtype* y; const int4* tab;
+  const Dtype* x; const Dtype* w; const Dtype* bias; Dtype* y; const int4* tab; int epilogue;
   int H, W, Wo, P, chw, mp, Mg, Kg, ncols, sh, sw, ph, pw;
   struct AState { int row; };
   struct BState { const Dtype* base; int iy0, ix0, ok; };
@@ -126,7 +127,7 @@ struct FwdOp {
   __device__ void store(int m, int col, Dtype v) const {
     if (m >= Mg || col >= ncols) return;
     const int n = col / P, p = col - n * P;
-    y[(long long)n * mp + m * P + p] = v + (bias ? bias[m] : Dtype(0));
+    y[(long long)n * mp + m * P + p] = conv_epilogue(v, bias, m, epilogue);
   }
 };
 
@@ -214,7 +215,7 @@ struct BwdWeightOp {
 
 #define IG_FORWARD(NAME, BM, BN, BK, TM, TN)                                                    \
   __global__ void __launch_bounds__(IG_THREADS) NAME(                                         \
-      const Dtype* x, const Dtype* w, const Dtype* bias, const int has_bias, const int4* tab,  \
+      const Dtype* x, const Dtype* w, const Dtype* bias, const int epilogue, const int4* tab,  \
       Dtype* y, IG_GEOMETRY_PARAMS) {                                                          \
     const int g = blockIdx.z, cg = channels / group, mg = num_output / group;                \
     FwdOp op;                                                                                  \
@@ -223,7 +224,7 @@ struct BwdWeightOp {
     op.Mg = mg; op.Kg = cg * kernel_h * kernel_w; op.ncols = num * op.P;                       \
     op.sh = stride_h; op.sw = stride_w; op.ph = pad_h; op.pw = pad_w;                          \
     op.x = x + g * cg * height * width; op.w = w + g * mg * op.Kg;                            \
-    op.bias = has_bias ? bias + g * mg : 0; op.y = y + g * mg * op.P; op.tab = tab;                \
+    op.bias = bias + g * mg; op.epilogue = epilogue; op.y = y + g * mg * op.P; op.tab = tab;       \
     igemm_core<BM, BN, BK, TM, TN, true, false>(op, blockIdx.y * BM, blockIdx.x * BN, 0, op.Kg); \
   }
 

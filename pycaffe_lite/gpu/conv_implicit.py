@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import CudaError
 from . import backend
-from .conv_problem import ConvProblem
+from .conv_problem import ConvProblem, epilogue_flags
 
 KERNELS = Path(__file__).with_name("conv_implicit.cu")
 THREADS = 256
@@ -83,19 +83,19 @@ def _nonnull(*ptrs: int) -> None:
         raise CudaError("implicit-GEMM convolution: a null device pointer was passed")
 
 
-def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: int) -> None:
-    """``y = conv(x, w) (+ bias)`` over the whole batch, in one launch."""
-    has_bias = int(bias is not None)
+def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: int, relu: bool = False) -> None:
+    """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``, over the whole batch in one launch."""
+    epilogue = epilogue_flags(bias, relu)
     plan = prob.cache.get(("ig_forward", tile))
     if plan is None:
         bm, bn = _tile(tile)
         k = backend.kernel(KERNELS, f"ig_forward_{tile}", prob.np_dtype)
         grid = ((prob.num * prob.out_plane + bn - 1) // bn, (prob.mg + bm - 1) // bm, prob.group)
         plan = prob.cache[("ig_forward", tile)] = (k, grid, forward_table(prob))
-        k.check_args(x, w, bias or w, has_bias, plan[2], y, *prob.geometry_args)
+        k.check_args(x, w, bias or w, epilogue, plan[2], y, *prob.geometry_args)
     k, grid, tab = plan
     _nonnull(x, w, y)
-    k.launch(grid, BLOCK, x, w, bias or w, has_bias, tab, y, *prob.geometry_args)
+    k.launch(grid, BLOCK, x, w, bias or w, epilogue, tab, y, *prob.geometry_args)
 
 
 def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int) -> None:

@@ -80,3 +80,12 @@ class ConvProblem:
         ho, wo = self.out_hw
         return (self.num, self.channels, self.height, self.width, self.num_output, self.group,
                 self.kernel[0], self.kernel[1], self.pad[0], self.pad[1], self.stride[0], self.stride[1], ho, wo)
+
+
+EPI_BIAS, EPI_RELU = 1, 2  # conv_epilogue.cuh's CONV_EPI_BIAS, CONV_EPI_RELU
+
+
+def epilogue_flags(bias: int | None, relu: bool) -> int:
+    """The ``epilogue`` argument of the engines' forward kernels: add ``bias`` (when given), then
+    ReLU (negative_slope 0) when ``relu``."""
+    return (EPI_BIAS if bias is not None else 0) | (EPI_RELU if relu else 0)

@@ -6,8 +6,9 @@
 #define REDUCE_THREADS 256
 
 extern "C++" {
-// y = x * s[c] + b[c] (either term optional) over an (outer, dim, inner) view; x and y may alias.
-template <int W, bool HAS_S, bool HAS_B>
+// y = x * s[c] + b[c] (either term optional; RELU: then v > 0 ? v : v * 0, ReLULayer's formula)
+// over an (outer, dim, inner) view; x and y may alias.
+template <int W, bool HAS_S, bool HAS_B, bool RELU = false>
 __device__ void channel_affine(const int n, const int dim, const int inner, const Dtype* x,
                                const Dtype* s, const Dtype* b, Dtype* y) {
   CUDA_KERNEL_LOOP(u, n) {
@@ -15,7 +16,10 @@ __device__ void channel_affine(const int n, const int dim, const int inner, cons
     const Dtype sc = HAS_S ? s[c] : Dtype(1), bc = HAS_B ? b[c] : Dtype(0);
     Vec<W> v = vload<W>(x, u);
 #pragma unroll
-    for (int j = 0; j < W; ++j) v.v[j] = HAS_S ? v.v[j] * sc + bc : v.v[j] + bc;
+    for (int j = 0; j < W; ++j) {
+      v.v[j] = HAS_S ? v.v[j] * sc + bc : v.v[j] + bc;
+      if (RELU && !(v.v[j] > 0)) v.v[j] *= Dtype(0);
+    }
     vstore<W>(y, u, v);
   }
 }
@@ -126,17 +130,19 @@ __device__ void channel_reduce(const int chunks, const int outer, const int dim,
 }
 }  // extern "C++"
 
-#define AFFINE(NAME, W, S, B)                                                              \
+#define AFFINE(NAME, W, S, B, R)                                                           \
   __global__ void NAME##_v##W(const int n, const int dim, const int inner, const Dtype* x, \
                               const Dtype* s, const Dtype* b, Dtype* y) {                  \
-    channel_affine<W, S, B>(n, dim, inner, x, s, b, y);                                    \
+    channel_affine<W, S, B, R>(n, dim, inner, x, s, b, y);                                 \
   }
-AFFINE(affine_s, 1, true, false)
-AFFINE(affine_s, 4, true, false)
-AFFINE(affine_b, 1, false, true)
-AFFINE(affine_b, 4, false, true)
-AFFINE(affine_sb, 1, true, true)
-AFFINE(affine_sb, 4, true, true)
+AFFINE(affine_s, 1, true, false, false)
+AFFINE(affine_s, 4, true, false, false)
+AFFINE(affine_b, 1, false, true, false)
+AFFINE(affine_b, 4, false, true, false)
+AFFINE(affine_sb, 1, true, true, false)
+AFFINE(affine_sb, 4, true, true, false)
+AFFINE(affine_b_relu, 1, false, true, true)  // bias then ReLU: the gemm engine's fused epilogue
+AFFINE(affine_b_relu, 4, false, true, true)
 
 #define WSUM(W)                                                                              \
   __global__ void weighted_sum_v##W(const int n, const int k, const Dtype* a0,               \

@@ -124,8 +124,13 @@ def add_bias(rows: int, cols: int, bias: int, y: int, dtype) -> None:
     channel_affine(rows, cols, 1, y, None, bias, y, dtype)
 
 
-def add_channel_bias(num: int, channels: int, spatial: int, bias: int, y: int, dtype) -> None:
-    """``y(num, channels, spatial) += bias[None, :, None]``."""
+def add_channel_bias(num: int, channels: int, spatial: int, bias: int, y: int, dtype, relu: bool = False) -> None:
+    """``y(num, channels, spatial) += bias[None, :, None]``, then ReLU (negative_slope 0) when ``relu``."""
+    if relu:
+        w = vec_width(spatial, dtype, y)
+        backend.kernel(KERNELS, f"affine_b_relu_v{w}", dtype)(num * channels * spatial // w, channels, spatial, y, y,
+                                                             bias, y)
+        return
     channel_affine(num, channels, spatial, y, None, bias, y, dtype)
 
 

@@ -9,6 +9,7 @@
 // The weight gradient uses the adjoints: dMo = A dY A^T per tile, dU[xi] = dMo[xi] V[xi]^T,
 // dW = G^T dU G; there the tiles are stored in blocks so that the long sum over tiles splits into
 // one batched GEMM over (xi, block) plus a reduction over blocks. Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+#include "conv_epilogue.cuh"
 
 // 1-D transforms of four values (in place in the caller's registers).
 __device__ __forceinline__ void wino_bt4(Dtype& a, Dtype& b, Dtype& c, Dtype& d) {  // B^T
@@ -104,11 +105,11 @@ __global__ void winograd_input(const int count, const Dtype* x, const int channe
   }
 }
 
-// Y[n][m] tile (ty, tx) = A^T Mo[.][m][t] A (+ bias[m]), cropped to height_out x width_out.
-// accumulate = 1 adds to y instead of assigning.
+// Y[n][m] tile (ty, tx) = A^T Mo[.][m][t] A, then the epilogue (conv_epilogue.cuh), cropped to
+// height_out x width_out.
 __global__ void winograd_output(const int count, const Dtype* mo, const int num_output, const int tiles_h,
                                 const int tiles_w, const int num_tiles, const int height_out,
-                                const int width_out, const Dtype* bias, const int has_bias, Dtype* y) {
+                                const int width_out, const Dtype* bias, const int epilogue, Dtype* y) {
   CUDA_KERNEL_LOOP(index, count) {  // index = m * num_tiles + t
     const int m = index / num_tiles, t = index - m * num_tiles;
     const int tx = t % tiles_w, ty = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
@@ -120,12 +121,12 @@ __global__ void winograd_output(const int count, const Dtype* mo, const int num_
       r[0][j] = v[0][j] + v[1][j] + v[2][j];
       r[1][j] = v[1][j] - v[2][j] - v[3][j];
     }
-    const Dtype b = has_bias ? bias[m] : Dtype(0);
     Dtype* plane = y + ((long long)n * num_output + m) * height_out * width_out;
     for (int i = 0; i < 2; ++i) {
       const int yy = 2 * ty + i;
       if (yy >= height_out) continue;
-      const Dtype o0 = r[i][0] + r[i][1] + r[i][2] + b, o1 = r[i][1] - r[i][2] - r[i][3] + b;
+      const Dtype o0 = conv_epilogue(r[i][0] + r[i][1] + r[i][2], bias, m, epilogue);
+      const Dtype o1 = conv_epilogue(r[i][1] - r[i][2] - r[i][3], bias, m, epilogue);
       const int x0 = 2 * tx;
       plane[yy * width_out + x0] = o0;
       if (x0 + 1 < width_out) plane[yy * width_out + x0 + 1] = o1;

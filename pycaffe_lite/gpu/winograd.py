@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import backend, blas
 from . import math_functions as gm
-from .conv_problem import ConvProblem
+from .conv_problem import ConvProblem, epilogue_flags
 
 KERNELS = Path(__file__).with_name("winograd.cu")
 BUFFER_BYTES = 512 << 20  # per transformed-tile buffer; larger batches run in image chunks
@@ -52,11 +52,11 @@ def _input(dtype, x: int, nb: int, channels: int, hw: tuple[int, int], pad: tupl
 
 
 def _output(dtype, mo: int, nb: int, channels: int, tiles: tuple[int, int], out_hw: tuple[int, int],
-            bias: int | None, y: int) -> None:
+            bias: int | None, y: int, relu: bool = False) -> None:
     t = nb * tiles[0] * tiles[1]
     n = channels * t
     backend.kernel(KERNELS, "winograd_output", dtype)(n, mo, channels, tiles[0], tiles[1], t, out_hw[0], out_hw[1],
-                                                      bias or mo, int(bias is not None), y)
+                                                      bias or mo, epilogue_flags(bias, relu), y)
 
 
 def _sides(prob: ConvProblem, pass_: str) -> tuple[int, int, tuple[int, int]]:
@@ -91,9 +91,10 @@ def scratch(prob: ConvProblem, pass_: str) -> tuple[int, ...]:
     return 16 * cin * cout * isz, 16 * cin * nt * isz, 16 * cout * nt * isz
 
 
-def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int, ws: list[int]) -> None:
-    """``y = conv(x, w) (+ bias)``; ``ws``: the regions of :func:`scratch` ``"forward"``."""
-    _convolve(prob, "forward", (prob.height, prob.width), prob.pad, x, w, False, bias, y, ws)
+def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int, ws: list[int], relu: bool = False) -> None:
+    """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``; ``ws``: the regions of :func:`scratch`
+    ``"forward"``."""
+    _convolve(prob, "forward", (prob.height, prob.width), prob.pad, x, w, False, bias, y, ws, relu)
 
 
 def backward_data(prob: ConvProblem, w: int, dy: int, dx: int, ws: list[int]) -> None:
@@ -104,7 +105,7 @@ def backward_data(prob: ConvProblem, w: int, dy: int, dx: int, ws: list[int]) ->
 
 
 def _convolve(prob: ConvProblem, pass_: str, in_hw, pad, x: int, w: int, flip: bool, bias: int | None, y: int,
-              ws: list[int]) -> None:
+              ws: list[int], relu: bool = False) -> None:
     """``y (num, cout, *out_hw) = conv3x3(x (num, cin, *in_hw) padded by pad)``."""
     dtype, isz = prob.np_dtype, prob.itemsize
     cin, cout, out_hw = _sides(prob, pass_)
@@ -119,7 +120,7 @@ def _convolve(prob: ConvProblem, pass_: str, in_hw, pad, x: int, w: int, flip: b
         # Mo[xi] (cout, t) = U[xi] (cout, cin) . V[xi] (cin, t)
         blas.gemm_strided_batched(False, False, cout, t, cin, 1.0, u, cout * cin, v, cin * t, 0.0, mo, cout * t,
                                   16, dtype)
-        _output(dtype, mo, nb, cout, tiles, out_hw, bias, y + n0 * cout * out_hw[0] * out_hw[1] * isz)
+        _output(dtype, mo, nb, cout, tiles, out_hw, bias, y + n0 * cout * out_hw[0] * out_hw[1] * isz, relu)
 
 
 def _filter_any(dtype, w: int, cin: int, cout: int, flip: bool, u: int) -> None:

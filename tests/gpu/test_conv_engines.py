@@ -265,3 +265,37 @@ def test_layers_share_one_workspace():
     top[0].diff[...] = 1.0
     small.backward(top, [True], bottom)
     assert backend.workspace_bytes() == size
+
+
+RELU_GEOMETRIES = GEOMETRIES + [((2, 4, 7, 7), "num_output: 4 kernel_size: 3 pad: 1 group: 4"),  # depthwise
+                                ((1, 3, 9, 9), "num_output: 5 kernel_size: 3 pad: 1 stride: 2")]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,body", RELU_GEOMETRIES)
+def test_relu_epilogue_every_engine(shape, body, dtype):
+    """Forward with the fused ReLU epilogue equals the CPU forward followed by ReLU, on every engine
+    that runs the geometry (with and without a bias)."""
+    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.gpu.conv_engines import Choice
+
+    cpu_layer, x, _, _ = _reference(shape, body, dtype)
+    bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
+    caffe.set_mode_cpu()
+    cpu_layer.compute_forward_relu(bottom, top)
+    want = top[0].data.copy()
+    assert (want == 0).any() and (want > 0).any()
+    tried = 0
+    for name, engine in conv_engines.ENGINES.items():
+        caffe.set_mode_gpu()
+        layer = _gpu_layer(cpu_layer, body, dtype)
+        bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
+        layer.setup(bottom, top)
+        if not engine.supports(layer.problem) or "forward" not in engine.passes:
+            continue
+        layer._choice = Choice(name, "gemm", "gemm")
+        top[0].data[...] = np.nan  # the forward assigns every element
+        layer.compute_forward_relu(bottom, top)
+        np.testing.assert_allclose(top[0].data, want, rtol=_tol(dtype), atol=_tol(dtype), err_msg=name)
+        tried += 1
+    assert tried >= 2

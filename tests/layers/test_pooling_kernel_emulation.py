@@ -107,6 +107,43 @@ def pool_backward(a, dt, planes_per_thread, is_max):
     return writes
 
 
+def pool_backward_blocked(a, dt, S: int, WD: int, is_max: bool) -> np.ndarray:
+    """pool_backward_blocked<MAX, S, WD>: one thread per (plane, bh, bw) block of S x S pixels."""
+    dy, dx = a["top_diff"], a["bottom_diff"]
+    height, width, pooled_h, pooled_w = a["height"], a["width"], a["pooled_h"], a["pooled_w"]
+    bh_n, bw_n = a["blocks_h"], a["blocks_w"]
+    writes = np.zeros(dx.size, np.int64)
+    for index in grid_stride(a["count"]):
+        bw, row = index % bw_n, cdiv(index, bw_n)
+        bh, plane = row % bh_n, cdiv(row, bh_n)
+        h0, w0 = bh * S - a["pad_h"], bw * S - a["pad_w"]
+        grad = [[dt(0)] * S for _ in range(S)]
+        for ph in range(bh - WD + 1, bh + 1):
+            for pw in range(bw - WD + 1, bw + 1):
+                if not (0 <= ph < pooled_h and 0 <= pw < pooled_w):
+                    continue
+                t = plane * pooled_h * pooled_w + ph * pooled_w + pw
+                if is_max:
+                    for i in range(S):
+                        for j in range(S):
+                            if a["mask"][t] == (h0 + i) * width + (w0 + j):
+                                grad[i][j] += dy[t]
+                    continue
+                d = dy[t] / dt(ave_pool_size(ph, pw, **a))
+                top, left = ph * a["stride_h"] - a["pad_h"], pw * a["stride_w"] - a["pad_w"]
+                for i in range(S):
+                    for j in range(S):
+                        if top <= h0 + i < top + a["kernel_h"] and left <= w0 + j < left + a["kernel_w"]:
+                            grad[i][j] += d
+        for i in range(S):
+            for j in range(S):
+                if 0 <= h0 + i < height and 0 <= w0 + j < width:
+                    k = plane * height * width + (h0 + i) * width + w0 + j
+                    dx[k] = grad[i][j]
+                    writes[k] += 1
+    return writes
+
+
 class Emulated:
     """Stands in for a compiled kernel: binds a flat launch's arguments by the signature's names."""
 
@@ -123,7 +160,11 @@ class Emulated:
                 v = v.reshape(-1).view(np.int32) if p.name == "mask" else v.reshape(-1)
             a[p.name] = v
         name = self.sig.name
-        if name.endswith("backward"):
+        blocked = re.search(r"_backward_s(\d+)_w(\d+)$", name)
+        if blocked:
+            self.log.append(pool_backward_blocked(a, self.dtype, int(blocked[1]), int(blocked[2]),
+                                                  name.startswith("max")))
+        elif name.endswith("backward"):
             self.log.append(pool_backward(a, self.dtype, self.planes, name.startswith("max")))
         else:
             globals()[name](a, self.dtype)
@@ -147,13 +188,16 @@ GEOMETRIES = [
     ((2, 2, 7, 9), "kernel_size: 2 stride: 2 round_mode: FLOOR"),  # floor: trailing rows/cols in no window
     ((1, 1, 5, 5), "kernel_size: 4 stride: 1 pad: 2"),  # up to 16 windows per pixel, one plane
     ((3, 3, 4, 5), "global_pooling: true"),  # 9 planes
+    ((1, 2, 7, 6), "kernel_size: 3 stride: 1 pad: 1"),  # blocked S=1, WD=3
+    ((2, 2, 7, 8), "kernel_size: 2 stride: 2 pad: 1"),  # blocked S=2, WD=1, a block row all padding
 ]
 
 
+@pytest.mark.parametrize("blocked", [True, False], ids=["blocked", "gather"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
 @pytest.mark.parametrize("shape,body", GEOMETRIES)
-def test_emulated_gpu_kernels_match_cpu(monkeypatch, shape, body, method, dtype):
+def test_emulated_gpu_kernels_match_cpu(monkeypatch, shape, body, method, dtype, blocked):
     rng = np.random.default_rng(7)
     x = rng.integers(-3, 4, size=shape).astype(dtype)  # many ties: the first maximum must win
     text = f'type: "Pooling" pooling_param {{ pool: {method} {body} }}'
@@ -161,6 +205,7 @@ def test_emulated_gpu_kernels_match_cpu(monkeypatch, shape, body, method, dtype)
     results = []
     for gpu in (False, True):
         layer = make_layer(text, dtype)
+        layer.use_blocked_backward = blocked
         bottom, top = blobs([x], dtype), empty_blobs(ntop, dtype)
         layer.setup(bottom, top)
         log: list = []
