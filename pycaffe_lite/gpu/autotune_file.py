@@ -73,12 +73,22 @@ def _entry(key: Key, picks: Picks, timings: Timings) -> dict[str, Any]:
             "timings": [list(t) for t in timings]}
 
 
+def _value(v: Any) -> int | str | tuple[int, int]:
+    """A problem field from JSON: an int, a string (the dtype) or an (h, w) pair."""
+    if isinstance(v, list):
+        h, w = v
+        return int(h), int(w)
+    return v if isinstance(v, str) else int(v)
+
+
 def _parse(e: dict[str, Any]) -> tuple[Key, Picks, Timings]:
     """The entry's key, picks and timings; KeyError, TypeError or ValueError when malformed."""
     fields = e["problem"]
     if set(fields) != set(_FIELDS):
         raise ValueError(f"problem fields {sorted(fields)}")
-    prob = ConvProblem(**{f: tuple(v) if isinstance(v, list) else v for f, v in fields.items()})
+    values: dict[str, Any] = {f: _value(v) for f, v in fields.items()}
+    prob = ConvProblem(**values)
+    prob.np_dtype  # noqa: B018  (TypeError for a dtype numpy does not know)
     dev = e["device"]
     key = (prob, bool(e["bias"]), tuple(map(str, e["candidates"])), bool(e["tf32"]),
            (str(dev["name"]), (int(dev["capability"][0]), int(dev["capability"][1]))))
@@ -154,6 +164,7 @@ def write(path: str | os.PathLike, entries: Mapping[Key, tuple[Picks, Timings]])
             mine = {_same_key(e) for e in ours}
             kept = [e for e in doc["entries"] if isinstance(e, dict) and _same_key(e) not in mine]
     out = {"format": FORMAT, "format_version": FORMAT_VERSION, "code": code_version(), "entries": kept + ours}
+    n = len(kept) + len(ours)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
@@ -166,4 +177,4 @@ def write(path: str | os.PathLike, entries: Mapping[Key, tuple[Picks, Timings]])
     except BaseException:
         os.unlink(tmp)
         raise
-    return len(out["entries"])
+    return n
