@@ -27,12 +27,15 @@ import functools
 import hashlib
 import json
 import logging
+import operator
 import os
 import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..errors import CaffeError
 from ..version import __version__
@@ -73,12 +76,14 @@ def _entry(key: Key, picks: Picks, timings: Timings) -> dict[str, Any]:
             "timings": [list(t) for t in timings]}
 
 
-def _value(v: Any) -> int | str | tuple[int, int]:
-    """A problem field from JSON: an int, a string (the dtype) or an (h, w) pair."""
+def _value(field: str, v: Any) -> int | str | tuple[int, int]:
+    """A problem field from JSON: the dtype string, an (h, w) pair, or an int (TypeError/ValueError else)."""
+    if field == "dtype":
+        return np.dtype(v).str
     if isinstance(v, list):
         h, w = v
-        return int(h), int(w)
-    return v if isinstance(v, str) else int(v)
+        return operator.index(h), operator.index(w)
+    return operator.index(v)
 
 
 def _parse(e: dict[str, Any]) -> tuple[Key, Picks, Timings]:
@@ -86,9 +91,8 @@ def _parse(e: dict[str, Any]) -> tuple[Key, Picks, Timings]:
     fields = e["problem"]
     if set(fields) != set(_FIELDS):
         raise ValueError(f"problem fields {sorted(fields)}")
-    values: dict[str, Any] = {f: _value(v) for f, v in fields.items()}
+    values: dict[str, Any] = {f: _value(f, v) for f, v in fields.items()}
     prob = ConvProblem(**values)
-    prob.np_dtype  # noqa: B018  (TypeError for a dtype numpy does not know)
     dev = e["device"]
     key = (prob, bool(e["bias"]), tuple(map(str, e["candidates"])), bool(e["tf32"]),
            (str(dev["name"]), (int(dev["capability"][0]), int(dev["capability"][1]))))
