@@ -94,12 +94,14 @@ def total(r: dict) -> float:
 
 
 def print_row(name: str, count: int, res: dict) -> None:
+    """cuDNN's line for a shape, then ours (autotuned, then any forced engines) with ours / cuDNN."""
     peer = res["cudnn"]
-    print(f"{name:44s} x{count:<3d} cuDNN fwd {peer['fwd_ms']:8.3f} bwd {peer['bwd_ms']:8.3f}")
+    print(f"{name:38s} x{count:<3d} {'cuDNN':>16s} {peer['fwd_ms']:8.3f} {peer['bwd_ms']:8.3f}")
     for engine, r in res.items():
         if engine != "cudnn":
-            print(f"{'':49s}{engine:>16s} fwd {r['fwd_ms']:8.3f} bwd {r['bwd_ms']:8.3f} "
-                  f"{total(r) / max(total(peer), 1e-9):6.2f}x   [{r['engines']}]")
+            picked = f"  [{r['engines']}]" if engine == "default" else ""
+            print(f"{'':43s}{engine:>16s} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} "
+                  f"{total(r) / max(total(peer), 1e-9):6.2f}x{picked}")
 
 
 def net_sums(shapes: Counter[Shape], times: dict[Shape, dict]) -> dict[str, float]:
@@ -137,7 +139,8 @@ def run_zoo(args, engines: list[str], per_net: dict[str, Counter[Shape]]) -> dic
     sums: dict[tuple[str, int], dict[str, float]] = {}
     results = []
     for batch in map(int, args.batches.split(",")):
-        print(f"\n-- batch {batch}: ms per call ({args.timing} time), ours / cuDNN in fwd+bwd time")
+        print(f"\n-- batch {batch}: ms per call ({args.timing} time); ratio: ours / cuDNN, fwd+bwd time")
+        print(f"{'shape':38s} {'count':4s} {'engine':>16s} {'fwd':>8s} {'bwd':>8s}")
         times = {}
         for shape in distinct:
             prob = at_batch(shape[0], batch)

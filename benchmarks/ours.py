@@ -114,8 +114,9 @@ def conv_engine_ms(prob: ConvProblem, bias: bool, candidates: tuple[str, ...], b
                                            (prob.num, prob.num_output, *prob.out_hw),
                                            (prob.num_output, prob.cg, *prob.kernel), (prob.num_output,))]
     (x, dx), (y, dy), (w, dw), (b, db) = ((bl.mutable_gpu_data(), bl.mutable_gpu_diff()) for bl in blobs)
-    for bl, ptr in zip(blobs, (x, dy, w, b)):
+    for bl, ptr, dptr in zip(blobs, (x, dy, w, b), (dx, y, dw, db)):
         gm.set(bl.count, 0.5, ptr, dt)
+        gm.set(bl.count, 0.0, dptr, dt)  # (the weight pass accumulates into dw, db)
     b, db = (b, db) if bias else (None, None)
 
     def fwd():

@@ -68,3 +68,19 @@ def test_sums_and_targets(bench, shapes):
     lines = bench.summary(sums, tf32=False)  # MobileNet v2 missing: no batch-1 target
     assert len(lines) == 1 and "batch 32, fwd+bwd (fp32)" in lines[0] and "0.93x  target <= 1.0x  MET" in lines[0]
     assert "target <= 1.2x" in bench.summary(sums, tf32=True)[0]
+
+
+def test_zoo_report(bench, shapes, monkeypatch, capsys):
+    """The report's rows, per-net sums and targets, with made-up timings (ours half of cuDNN)."""
+    def fake_measure(prob, bias, engines, backward, args):
+        peer = {"fwd_ms": 2.0 * prob.num, "bwd_ms": 4.0 * prob.num if backward else 0.0}
+        return {"cudnn": peer, "default": {k: v / 2 for k, v in peer.items()} | {"engines": "fwd gemm"}}
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    args = bench.argparse.Namespace(batches="1,32", tf32=False, timing="device")
+    nets = {n: shapes[n] for n in ("resnet50", "vgg16", "mobilenet_v2")}
+    out = bench.run_zoo(args, [], nets)
+    text = capsys.readouterr().out
+    assert "SUM resnet50       batch  32: ours fwd  1696.00 bwd  3392.00 ms" in text  # 53 layers x 32 x 1, 2
+    assert len(out["targets"]) == 2 and all("0.50x" in line and "MET" in line for line in out["targets"])
+    assert len(out["shapes"]) == 2 * len(set(nets["resnet50"]) | set(nets["vgg16"]) | set(nets["mobilenet_v2"]))
