@@ -108,6 +108,7 @@ def conv_engine_ms(prob: ConvProblem, bias: bool, candidates: tuple[str, ...], b
     from pycaffe_lite.gpu import math_functions as gm
 
     caffe.set_mode_gpu()
+    backend.state().pool.free_held()  # earlier shapes' operands: the pool would keep one set per size
     choice = conv_engines.choose(prob, bias, candidates)
     dt = prob.np_dtype
     blobs = [Blob(shape, dt) for shape in ((prob.num, prob.channels, prob.height, prob.width),

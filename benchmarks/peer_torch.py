@@ -120,6 +120,7 @@ def conv_layer_ms(n: int, c: int, h: int, w: int, k: int, kernel: tuple[int, int
     events behind a spin kernel); else :func:`timing.median_ms` (wall time between synchronizations)."""
     torch = _torch()
     torch.backends.cudnn.benchmark = True
+    torch.cuda.empty_cache()  # earlier shapes' operands (as ours.conv_engine_ms)
     dev = torch.device("cuda")
     F = torch.nn.functional
     x = torch.randn(n, c, h, w, device=dev)

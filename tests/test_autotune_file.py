@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
+from pycaffe_lite.cli import build_parser
 from pycaffe_lite.commands import use_device
 from pycaffe_lite.gpu import autotune_file, conv_engines
 from pycaffe_lite.gpu.conv_engines import Choice
@@ -160,6 +161,9 @@ def test_automatic_file_from_environment_and_cli(cache, tmp_path, monkeypatch):
     conv_engines.clear_cache()
     conv_engines._cache_files.clear()
     assert conv_engines._autoload(str(path)) and len(cache) == 1
+    for command in (["train", "--solver", "s"], ["test", "--model", "m", "--weights", "w"], ["time", "--model", "m"]):
+        args = build_parser().parse_args([*command, "--gpu", "0", "--autotune-cache", "cli.json"])
+        assert args.autotune_cache == "cli.json"
     use_device(None, str(tmp_path / "cli.json"))  # --autotune-cache wins over the environment
     assert conv_engines.cache_file() == str(tmp_path / "cli.json")
 
