@@ -8,10 +8,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from timing import median_ms
+from timing import SPIN_CYCLES, device_median_ms, median_ms
 
 import pycaffe_lite as caffe
+from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.layer_testing import empty_blobs, make_layer
 from pycaffe_lite.net import load_net_param
 from pycaffe_lite.proto import caffe_pb2
@@ -92,6 +94,59 @@ def conv_fwd_bwd(n, c, h, w, k, ksize, pad, stride=1, reps=50, gpu=True, engine:
     if gpu:
         ch = layer.engine_choice()
         out["engines"] = f"fwd {ch.forward}, bwd data {ch.backward_data}, bwd weight {ch.backward_weight}"
+    return out
+
+
+def conv_engine_ms(prob: ConvProblem, bias: bool, candidates: tuple[str, ...], backward: bool, reps: int = 10,
+                   device_time: bool = True) -> dict:
+    """One convolution through our engines, as the Convolution layer runs it: the engine per pass
+    that ``conv_engines.choose`` picks among ``candidates`` (autotuned, or the one engine forced),
+    the median ms of the forward and, with ``backward``, of the backward (weight and, with ``bias``,
+    bias gradients, then the data gradient). ``device_time``: :func:`timing.device_median_ms` (CUDA
+    events behind a spin kernel); else :func:`timing.median_ms` (wall time between synchronizations)."""
+    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.gpu import math_functions as gm
+
+    caffe.set_mode_gpu()
+    backend.state().pool.free_held()  # earlier shapes' operands: the pool would keep one set per size
+    choice = conv_engines.choose(prob, bias, candidates)
+    dt = prob.np_dtype
+    blobs = [Blob(shape, dt) for shape in ((prob.num, prob.channels, prob.height, prob.width),
+                                           (prob.num, prob.num_output, *prob.out_hw),
+                                           (prob.num_output, prob.cg, *prob.kernel), (prob.num_output,))]
+    (x, dx), (y, dy), (w, dw), (b, db) = ((bl.mutable_gpu_data(), bl.mutable_gpu_diff()) for bl in blobs)
+    for bl, ptr, dptr in zip(blobs, (x, dy, w, b), (dx, y, dw, db)):
+        gm.set(bl.count, 0.5, ptr, dt)
+        gm.set(bl.count, 0.0, dptr, dt)  # (the weight pass accumulates into dw, db)
+    b, db = (b, db) if bias else (None, None)
+
+    def fwd():
+        conv_engines.run(prob, choice, "forward", x, w, b, y)
+
+    def bwd():
+        conv_engines.run(prob, choice, "backward_weight", x, dy, dw, db)
+        conv_engines.run(prob, choice, "backward_data", w, dy, dx)
+
+    def timed(step) -> float:
+        if not device_time:
+            return median_ms(step, backend.synchronize, reps, 3)
+        cuda = backend.state().cuda
+        spin = backend.elementwise("bench_spin", "const long long cycles",
+                                   "const long long t0 = clock64(); while (clock64() - t0 < cycles) { }", np.float32)
+
+        def record():
+            event = cuda.Event()
+            event.record(backend.stream())
+            return event
+
+        def elapsed(start, end) -> float:
+            end.synchronize()
+            return end.time_since(start)
+
+        return device_median_ms(step, lambda: spin(1, SPIN_CYCLES), record, elapsed, reps, 3)
+
+    out = {"fwd_ms": timed(fwd), "bwd_ms": timed(bwd) if backward else 0.0}
+    out["engines"] = f"fwd {choice.forward}, bwd data {choice.backward_data}, bwd weight {choice.backward_weight}"
     return out
 
 

@@ -10,7 +10,7 @@ import math
 import time
 
 import numpy as np
-from timing import median_ms
+from timing import SPIN_CYCLES, device_median_ms, median_ms
 
 ALLOW_TF32 = False  # run_all --tf32 sets it; both sides then allow TF32 GEMMs/convolutions
 
@@ -109,6 +109,49 @@ def conv_fwd_bwd(n: int, c: int, h: int, w: int, k: int, ksize: int, pad: int, s
     t_fwd = _time_cuda(torch, fwd, reps)
     t_both = _time_cuda(torch, fwdbwd, reps)
     return {"fwd_ms": t_fwd, "bwd_ms": max(t_both - t_fwd, 0.0)}
+
+
+def conv_layer_ms(n: int, c: int, h: int, w: int, k: int, kernel: tuple[int, int], pad: tuple[int, int],
+                  stride: tuple[int, int], dilation: tuple[int, int], group: int, bias: bool, backward: bool,
+                  reps: int = 10, device_time: bool = True) -> dict:
+    """One convolution through cuDNN: median ms of the forward (``F.conv2d`` under no_grad) and, with
+    ``backward``, of the backward (``aten.convolution_backward``, what autograd calls: data, weight
+    and, with ``bias``, bias gradients). ``device_time``: :func:`timing.device_median_ms` (CUDA
+    events behind a spin kernel); else :func:`timing.median_ms` (wall time between synchronizations)."""
+    torch = _torch()
+    torch.backends.cudnn.benchmark = True
+    torch.cuda.empty_cache()  # earlier shapes' operands (as ours.conv_engine_ms)
+    dev = torch.device("cuda")
+    F = torch.nn.functional
+    x = torch.randn(n, c, h, w, device=dev)
+    wt = torch.randn(k, c // group, *kernel, device=dev) * 0.01
+    b = torch.zeros(k, device=dev) if bias else None
+    with torch.no_grad():
+        gy = torch.randn_like(F.conv2d(x, wt, b, stride, pad, dilation, group))
+
+    def fwd():
+        with torch.no_grad():
+            F.conv2d(x, wt, b, stride, pad, dilation, group)
+
+    def bwd():
+        torch.ops.aten.convolution_backward(gy, x, wt, [k] if bias else None, stride, pad, dilation, False,
+                                            [0, 0], group, [True, True, bias])
+
+    def record():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def elapsed(start, end) -> float:
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def timed(step) -> float:
+        if device_time:
+            return device_median_ms(step, lambda: torch.cuda._sleep(SPIN_CYCLES), record, elapsed, reps, 3)
+        return median_ms(step, torch.cuda.synchronize, reps, 3)
+
+    return {"fwd_ms": timed(fwd), "bwd_ms": timed(bwd) if backward else 0.0}
 
 
 def maxpool_fwd(n: int, c: int, h: int, w: int, k: int = 3, stride: int = 2, reps: int = 50,

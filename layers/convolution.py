@@ -8,8 +8,10 @@ may be given: each is convolved with the same weights into the top of the same i
 The whole minibatch is done at once. CPU: :mod:`pycaffe_lite.cpu_conv` (im2col and one GEMM per
 group over the whole batch, or per-image GEMMs for large output planes). GPU: one of the engines
 of :mod:`pycaffe_lite.gpu.conv_engines` per pass (im2col + cuBLAS, implicit GEMM, Winograd),
-autotuned once per shape; ``engine: CAFFE`` forces im2col + cuBLAS, ``IMPLICIT_GEMM`` and
-``WINOGRAD`` (pycaffe-lite's additions to the enum) force those, DEFAULT and CUDNN pick the fastest.
+autotuned once per shape; ``engine: CAFFE`` forces im2col + cuBLAS, ``IMPLICIT_GEMM``,
+``WINOGRAD``, ``DEPTHWISE`` and ``DIRECT`` (pycaffe-lite's additions to the enum) force those, DEFAULT
+and CUDNN pick the fastest. A forced engine that cannot run the layer's geometry is an error naming
+the layer, the engine, its requirement and the geometry (checked before any GPU work).
 :class:`ConvolutionBase` holds what Deconvolution shares (set-up, shapes, engine choice).
 """
 
@@ -193,8 +195,8 @@ class ConvolutionBase(Layer):
             if not any(conv_engines.ENGINES[n].supports(prob) for n in candidates):
                 raise self.error(
                     f"engine {engine} needs {conv_engines.ENGINES[candidates[0]].requirement}; this layer has "
-                    f"kernel {g.kernel}, stride {g.stride}, dilation {g.dilation}, group {self.group}, pad {g.pad} "
-                    f"(bottom {self.bottom_shape}, top {self.top_shape})")
+                    f"kernel {g.kernel}, stride {g.stride}, dilation {g.dilation}, group {self.group}, pad {g.pad}, "
+                    f"batch {prob.num} (bottom {self.bottom_shape}, top {self.top_shape})")
             self._choice = conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates)
         return prob, self._choice
 

@@ -42,6 +42,8 @@ from .errors import (
     WeightsError,
 )
 from .glog import init_log, log
+from .gpu.conv_engines import load_cache as load_autotune
+from .gpu.conv_engines import save_cache as save_autotune
 from .layer import layer_type_list, register_layer
 from .net import Net
 from .net_spec import NetSpec, to_proto
@@ -66,7 +68,8 @@ __all__ = [
     "DataError", "Detector", "GPUUnavailableError", "Layer", "Mode", "NCCL", "NesterovSolver", "Net", "NetError",
     "NetSpec", "PrototxtError", "RMSPropSolver", "SGDSolver", "ShapeError", "Solver", "Timer",
     "UnknownLayerError", "WeightsError", "__version__", "draw", "get_solver", "has_nccl", "init_log", "io",
-    "layer_type_list", "layers", "log", "params", "proto", "register_layer", "set_allow_tf32", "set_device", "set_mode_cpu",
+    "layer_type_list", "layers", "load_autotune", "log", "params", "proto", "register_layer", "save_autotune",
+    "set_allow_tf32", "set_device", "set_mode_cpu",
     "set_mode_gpu", "set_multiprocess", "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count",
     "solver_rank", "to_proto",
 ]

@@ -53,6 +53,9 @@ def flag(parser: argparse.ArgumentParser, name: str, **kwargs) -> argparse.Actio
 def add_gpu_argument(parser: argparse.ArgumentParser, help_text: str | None = None) -> None:
     flag(parser, "gpu", metavar="N", default=None,
          help=help_text or "run in GPU mode on device N (Caffe also accepts 'all' or a list; one device is used)")
+    flag(parser, "autotune-cache", metavar="FILE.json", default=None,
+         help="GPU: keep the convolution autotune in this file: loaded at the first convolution, saved after "
+              "each new tuning (default: $PYCAFFE_LITE_AUTOTUNE_CACHE)")
 
 
 def parse_gpu(value: str | None) -> int | None:
@@ -77,10 +80,14 @@ def parse_gpu(value: str | None) -> int | None:
     return device
 
 
-def use_device(device: int | None) -> None:
-    """GPU mode on ``device`` (raises GPUUnavailableError with the reason), or CPU mode for None."""
+def use_device(device: int | None, autotune_cache: str | None = None) -> None:
+    """GPU mode on ``device`` (raises GPUUnavailableError with the reason), or CPU mode for None;
+    ``autotune_cache``: the convolution autotune file (:func:`~pycaffe_lite.gpu.conv_engines.use_cache_file`)."""
     from .. import common
+    from ..gpu import conv_engines
 
+    if autotune_cache:
+        conv_engines.use_cache_file(autotune_cache)
     if device is None:
         log.info("Use CPU.")
         common.set_mode_cpu()

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..apps.digits import classify_digits
 
-    use_device(parse_gpu(args.gpu))
+    use_device(parse_gpu(args.gpu), args.autotune_cache)
     invert: bool | str = {"yes": True, "no": False}.get(args.invert, "auto")
     errors: list[tuple[str, str]] = []
     results = classify_digits(args.model, args.weights, args.images, scale=args.scale, invert=invert,

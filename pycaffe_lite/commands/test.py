@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise PrototxtError(f"{args.model}: model file not found")
     if not os.path.isfile(args.weights):
         raise WeightsError(f"{args.weights}: weights file not found")
-    use_device(parse_gpu(args.gpu))
+    use_device(parse_gpu(args.gpu), args.autotune_cache)
     net = Net(args.model, common.TEST, level=args.level, stages=stages(args) or None)
     net.copy_from(args.weights, allow_missing=args.allow_missing)
     log.info("Running for %d iterations.", args.iterations)

@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.model):
         raise PrototxtError(f"{args.model}: model file not found")
     device = parse_gpu(args.gpu)
-    use_device(device)
+    use_device(device, args.autotune_cache)
     phase = common.TRAIN if args.phase == "TRAIN" else common.TEST
     net = Net(args.model, phase, level=args.level, stages=stages(args) or None)
     if device is not None:

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             and param.solver_mode == param.GPU:
         device, from_solver = param.device_id, True
     try:
-        use_device(device)
+        use_device(device, args.autotune_cache)
     except GPUUnavailableError as exc:
         if not from_solver:
             raise

@@ -16,18 +16,23 @@ convolution layers share one buffer sized to the largest need.
 
 :func:`choose` times every engine that supports a :class:`ConvProblem` on workspace buffers, for
 each pass separately, and caches the fastest per shape (cuDNN's "find" step). The layer's
-``engine`` field narrows the candidates (:data:`ENGINE_CANDIDATES`).
+``engine`` field narrows the candidates (:data:`ENGINE_CANDIDATES`). The choices can be kept in a
+file (:mod:`.autotune_file`): :func:`save_cache` / :func:`load_cache` (``pycaffe_lite.save_autotune``
+/ ``load_autotune``), or :func:`use_cache_file` / ``$PYCAFFE_LITE_AUTOTUNE_CACHE``, which load the
+file at the first choice and save it after each new tuning.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import backend, blas, cuda_graph, winograd
+from ..errors import CaffeError
+from . import autotune_file, backend, blas, cuda_graph, winograd
 from . import conv_depthwise as depthwise
 from . import conv_direct as direct
 from . import conv_implicit as ig
@@ -38,6 +43,7 @@ from .conv_problem import ConvProblem
 COL_BUFFER_BYTES = 256 << 20  # gemm engine column buffer budget; larger batches run in chunks
 TUNE_REPS = 3
 TUNE_GRAPH_CALLS = 5  # graph replays per timed batch
+log = logging.getLogger("pycaffe_lite")
 PASSES = ("forward", "backward_data", "backward_weight")
 
 
@@ -282,15 +288,87 @@ class Choice:
 
 _choices: dict[tuple, Choice] = {}
 _scratch_peak = 0  # bytes: the largest scratch of any chosen engine pass (see choose)
+_unreserved: set[tuple] = set()  # keys loaded from a file whose scratch choose() has not reserved yet
+_cache_file: str | None = None  # set by use_cache_file (the CLI's --autotune-cache)
+_cache_files: dict[str, bool] = {}  # autotune file -> loaded (so saved to) or not an autotune file
 
 
 def cached_choices() -> dict[tuple, Choice]:
-    """The autotune cache (key: problem, bias, candidates, TF32 mode, device)."""
+    """The autotune cache (key: problem, bias, candidates, TF32 mode, device (name, compute
+    capability)); see :mod:`.autotune_file`."""
     return _choices
 
 
 def clear_cache() -> None:
     _choices.clear()
+    _unreserved.clear()
+
+
+def use_cache_file(path: str | os.PathLike | None) -> None:
+    """Load the autotune file ``path`` at the first choice and save to it after every new tuning
+    (as ``$PYCAFFE_LITE_AUTOTUNE_CACHE``, which applies when no path is set here)."""
+    global _cache_file
+    _cache_file = os.fspath(path) if path else None
+
+
+def cache_file() -> str | None:
+    """The autotune file :func:`choose` loads and saves (:func:`use_cache_file`, else the environment)."""
+    return _cache_file or os.environ.get(autotune_file.ENV) or None
+
+
+def save_cache(path: str | os.PathLike) -> int:
+    """Write the tuned choices to the autotune file ``path``, merged with the entries already there
+    (:func:`.autotune_file.write`); returns the number of entries the file holds."""
+    return autotune_file.write(path, {k: ((c.forward, c.backward_data, c.backward_weight), c.timings)
+                                      for k, c in _choices.items() if c.timings})
+
+
+def _usable(key: autotune_file.Key, picks: autotune_file.Picks) -> bool:
+    """An entry still names existing engines, its candidates are exactly those that support its
+    problem, and each pass's engine runs that pass (gemm, the fallback, being a candidate or not)."""
+    prob, names = key[0], key[2]
+    if not all(n in ENGINES and ENGINES[n].supports(prob) for n in names):
+        return False
+    return all(e in ENGINES and (e in names or e == "gemm") and ENGINES[e].supports(prob) and p in ENGINES[e].passes
+               for p, e in zip(PASSES, picks))
+
+
+def load_cache(path: str | os.PathLike) -> int:
+    """Add the choices of the autotune file ``path`` to the cache; :func:`choose` then uses them
+    without tuning. Stale files and entries naming engines that no longer exist or no longer
+    support the problem are ignored with a warning. Returns the number of entries loaded."""
+    entries = autotune_file.read(path)
+    usable = [(k, p, t) for k, p, t in entries if _usable(k, p)]
+    if len(usable) < len(entries):
+        log.warning("%s: ignoring %d autotune entries for engines that no longer exist or fit their problem",
+                    path, len(entries) - len(usable))
+    for key, picks, timings in usable:
+        _choices[key] = Choice(*picks, timings)
+        _unreserved.add(key)
+    return len(usable)
+
+
+def _autoload(path: str) -> bool:
+    """Load the autotune file ``path`` once per process; whether choose() may save to it (not when
+    it holds something else)."""
+    usable = _cache_files.get(path)
+    if usable is None:
+        try:
+            log.info("%s: %d convolution autotune entries loaded", path, load_cache(path))
+            usable = True
+        except CaffeError as exc:
+            log.warning("%s (it is neither used nor written)", exc)
+            usable = False
+        _cache_files[path] = usable
+    return usable
+
+
+@functools.cache
+def _device(device_id: int) -> autotune_file.Device:
+    """Name and compute capability of the current device (``device_id``)."""
+    dev = backend.state().device
+    major, minor = dev.compute_capability()
+    return dev.name(), (int(major), int(minor))
 
 
 def _time(fn: Callable[[], None]) -> float:
@@ -335,31 +413,43 @@ def _graph_of(fn: Callable[[], None]) -> cuda_graph.CudaGraph | None:
 
 
 def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Choice:
-    """The fastest supporting engine per pass among ``candidates`` (cached per shape)."""
+    """The fastest supporting engine per pass among ``candidates`` (cached per shape; loaded from
+    and saved to the autotune file of :func:`cache_file` when one is set)."""
     names = tuple(n for n in candidates if ENGINES[n].supports(prob))
     if not names:
         raise ValueError(f"no convolution engine among {candidates} supports {prob}")
+    path = cache_file()
+    save_to = path if path and _autoload(path) else None
     h = blas.handle()
-    key = (prob, has_bias, names, getattr(h, "tf32", False), backend.state().device_id)
-    have = _choices.get(key)
-    if have is not None:
-        return have
-    if len(names) == 1:
+    key = (prob, has_bias, names, getattr(h, "tf32", False), _device(backend.state().device_id))
+    choice = _choices.get(key)
+    if choice is not None and key not in _unreserved:
+        return choice
+    tuned = False
+    if choice is None and len(names) == 1:
         only = names[0]
         fwd, bwd_data, bwd_weight = (only if p in ENGINES[only].passes else "gemm" for p in PASSES)
         choice = Choice(fwd, bwd_data, bwd_weight)
     else:
-        choice = _tune(prob, has_bias, names)
-        # The tuning operands were full-size tensors: give them back, keeping room for the largest
-        # scratch any chosen pass needs so far, so later passes do not grow (and re-key graphs).
+        if choice is None:
+            choice, tuned = _tune(prob, has_bias, names), True
+        # Keep room for the largest scratch any chosen pass needs so far, so later passes do not
+        # grow (and re-key graphs); the tuning operands were full-size tensors: give them back.
         global _scratch_peak
         for p in PASSES:
             sizes = ENGINES[getattr(choice, p)].scratch(prob, p, has_bias)
             _scratch_peak = max(_scratch_peak, backend.workspace_total(*sizes))
-        backend.release_workspace()
+        if tuned:
+            backend.release_workspace()
         if _scratch_peak:
             backend.workspace(_scratch_peak)
+    _unreserved.discard(key)
     _choices[key] = choice
+    if tuned and save_to:
+        try:
+            save_cache(save_to)
+        except (CaffeError, OSError) as exc:
+            log.warning("cannot save the convolution autotune to %s: %s", save_to, exc)
     return choice
 
 

@@ -186,6 +186,25 @@ def test_errors(shape, body, match):
     assert "layer 'conv'" in str(info.value)
 
 
+@pytest.mark.parametrize("shape,body,match", [
+    ((8, 3, 6, 6), "num_output: 4 kernel_size: 3 engine: DIRECT",
+     r"engine DIRECT needs batch <= 4.*kernel \(3, 3\), stride \(1, 1\).*group 1, pad \(0, 0\), batch 8 "
+     r"\(bottom \(8, 3, 6, 6\), top \(8, 4, 4, 4\)\)"),
+    ((1, 4, 6, 6), "num_output: 4 kernel_size: 3 group: 2 engine: DEPTHWISE",
+     r"engine DEPTHWISE needs group == channels.*group 2"),
+    ((2, 3, 9, 9), "num_output: 2 kernel_size: 3 dilation: 2 engine: WINOGRAD",
+     r"engine WINOGRAD needs a 3x3 kernel, stride 1, no dilation.*dilation \(2, 2\)"),
+])
+def test_forced_engine_rejects_geometry(shape, body, match):
+    """Checked before any GPU work (so this runs without a GPU): names the layer, the engine, its
+    requirement and the geometry."""
+    layer = make_layer(conv_text(body))
+    layer.setup(blobs([np.zeros(shape)]), empty_blobs(1))
+    with pytest.raises(NetError, match=match) as info:
+        layer.engines()
+    assert str(info.value).startswith("layer 'conv' (Convolution): ")
+
+
 def test_embedded_weight_shape_mismatch():
     layer, bottom, top = _run((1, 3, 4, 4), "num_output: 2 kernel_size: 3")
     bad = make_layer(conv_text("num_output: 2 kernel_size: 3"))
