@@ -12,6 +12,13 @@ runs, and the read positions that make a resumed run equal an uninterrupted one.
 * Files and folders follow the umask (``tempfile`` would make them 0600 / 0700).
 * ``SolverState.data_state`` (a pycaffe-lite extension field that BVLC ignores) records each data
   layer's next record and random state, ``SolverState.rng_state`` the process-wide generator.
+  Layers that read on record their position with ``read_state() -> (position, key, rng_json)``
+  and take it back with ``restore_read_state``: Data (record index and key, transform state),
+  ImageData (line, its path, shuffle and transform state), HDF5Data (row, file, shuffle states),
+  MemoryData (the next item; give the arrays before resuming). DummyData draws from the
+  process-wide generator and Input holds what the caller puts in: nothing of theirs to record.
+  A shuffled order is recorded as the generator state it was drawn from (``Order``), a few
+  hundred bytes however long the list, and drawn again on restore.
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -189,12 +196,30 @@ def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
 
 # ----------------------------------------------------------------------------------------------
 # data positions and random state
-def rng_to_json(gen: np.random.Generator) -> str:
-    return json.dumps(gen.bit_generator.state)
+class Order:
+    """An order of ``n`` items: ``order`` is ``arange(n)`` until ``shuffle()`` draws a permutation
+    from ``common.rng()``; ``drawn_from`` is the generator state it was drawn from (None: not
+    shuffled), which ``redraw`` turns into the same permutation again."""
 
+    def __init__(self, n: int) -> None:
+        self.order = np.arange(n)
+        self.drawn_from: Mapping[str, Any] | None = None
 
-def rng_from_json(gen: np.random.Generator, text: str) -> None:
-    gen.bit_generator.state = json.loads(text)
+    def shuffle(self) -> None:
+        gen = common.rng()
+        self.drawn_from = gen.bit_generator.state
+        self.order = gen.permutation(len(self.order))
+
+    def redraw(self, drawn_from: Mapping[str, Any] | None) -> None:
+        """The order ``shuffle`` drew from the generator state ``drawn_from`` (ValueError if that
+        is no state of this numpy's generator)."""
+        if drawn_from is None:
+            self.order = np.arange(len(self.order))
+        else:
+            bits = type(common.rng().bit_generator)()
+            bits.state = drawn_from
+            self.order = np.random.Generator(bits).permutation(len(self.order))
+        self.drawn_from = drawn_from
 
 
 def _data_nets(solver: Solver) -> Iterator[tuple[str, Net]]:
