@@ -2,11 +2,13 @@
 runs, and the read positions that make a resumed run equal an uninterrupted one.
 
 * ``write_pair`` writes both files to temporary files (named ``.<final name>.<pid>.<random>.tmp``,
-  fsynced), records the pair in a journal file ``.<prefix>_iter_<n>.pending``, renames both into
-  place and removes the journal. A run killed at any point leaves either the complete pair or
-  leftovers that ``clean_leftovers`` (run when a solver starts) removes: temporary files of dead
-  processes, and the half of a pair whose journal is still there. So under their final names the
-  two files are complete together or absent together.
+  fsynced), records ``<final> <temporary>`` for both in a journal file ``.<prefix>_iter_<n>.pending``,
+  renames both into place and removes the journal. A run killed at any point leaves either the
+  complete pair or leftovers that ``clean_leftovers`` (run when a solver starts) removes: temporary
+  files of dead processes, and a pair whose journal shows that one file was renamed and the other
+  not (the half of a new pair, or a new file beside the old one of the same name). So under their
+  final names the two files are complete together or absent together, and an older pair that a
+  killed run was about to replace stays as it was unless a rename had begun.
 * Disk-full and permission errors raise ``SnapshotError`` naming the file; earlier snapshots are
   untouched, so the run can be resumed from the last complete one.
 * Files and folders follow the umask (``tempfile`` would make them 0600 / 0700).
@@ -82,6 +84,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _writer_alive(tmp_name: str) -> bool:
+    """Whether the process that named a temporary file ``.<name>.<pid>.<random>.tmp`` still runs."""
+    m = _TMP_RE.match(tmp_name)
+    return m is not None and _pid_alive(int(m.group("pid")))
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -134,7 +142,7 @@ def write_pair(model: str | os.PathLike, model_bytes: bytes, state: str | os.Pat
         current = state
         temps.append(write_temp(state, state_bytes))
         current = journal
-        journal.write_text(f"{model.name}\n{state.name}\n")
+        journal.write_text("".join(f"{final.name} {tmp.name}\n" for final, tmp in zip((model, state), temps)))
         for tmp, final in zip(temps, (model, state)):
             current = final
             os.replace(tmp, final)
@@ -151,6 +159,27 @@ def write_pair(model: str | os.PathLike, model_bytes: bytes, state: str | os.Pat
         ) from None
 
 
+def _settle(journal: Path) -> list[Path]:
+    """Finish what a killed ``write_pair`` left: remove its journal, and the pair's files if it was
+    renamed in part (a file is renamed when its temporary is gone). Returns the removed paths."""
+    try:
+        lines = [line.split() for line in journal.read_text().splitlines()]
+    except OSError:
+        return []
+    files = [(journal.parent / line[0], journal.parent / line[1]) for line in lines if len(line) == 2]
+    if any(_writer_alive(tmp.name) for _, tmp in files):  # still being written
+        return []
+    renamed = [not tmp.exists() for _, tmp in files]
+    removed = []
+    if any(renamed) and not all(renamed):
+        for final, _ in files:
+            if final.exists():
+                final.unlink()
+                removed.append(final)
+    journal.unlink(missing_ok=True)
+    return [*removed, journal]
+
+
 def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
     """Remove what killed runs left beside the snapshots of ``prefix``: temporary files of dead
     processes, and pairs a journal says were half renamed. Returns the removed paths."""
@@ -164,26 +193,12 @@ def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
         entries = list(directory.iterdir())
     except OSError:
         return []
-    for entry in entries:
-        name = entry.name
-        if not name.startswith(f".{base}_iter_"):
-            continue
-        if name.endswith(".pending"):
-            try:
-                finals = [directory / n for n in entry.read_text().split() if n]
-            except OSError:
-                continue
-            if not all(f.exists() for f in finals):
-                for f in finals:
-                    if f.exists():
-                        f.unlink()
-                        removed.append(f)
-            entry.unlink(missing_ok=True)
-            removed.append(entry)
-        elif name.endswith(".tmp"):
-            m = _TMP_RE.match(name)
-            if m and _pid_alive(int(m.group("pid"))):
-                continue
+    ours = [e for e in entries if e.name.startswith(f".{base}_iter_")]
+    for entry in ours:  # journals first: they tell renamed files by their missing temporaries
+        if entry.name.endswith(".pending"):
+            removed += _settle(entry)
+    for entry in ours:
+        if entry.name.endswith(".tmp") and not _writer_alive(entry.name):
             try:
                 entry.unlink()
                 removed.append(entry)
