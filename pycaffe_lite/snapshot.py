@@ -25,12 +25,14 @@ runs, and the read positions that make a resumed run equal an uninterrupted one.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
 import re
 import secrets
-from collections.abc import Iterator, Mapping
+import shutil
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,9 +86,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _writer_alive(tmp_name: str) -> bool:
-    """Whether the process that named a temporary file ``.<name>.<pid>.<random>.tmp`` still runs."""
-    m = _TMP_RE.match(tmp_name)
+def _writer_alive(tmp: Path) -> bool:
+    """Whether the process that named the temporary ``tmp`` (see ``temp_path``) still runs."""
+    m = _TMP_RE.match(tmp.name)
     return m is not None and _pid_alive(int(m.group("pid")))
 
 
@@ -107,9 +109,35 @@ def _describe(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def temp_path(final: Path) -> Path:
+    """A new name ``.<final name>.<pid>.<random>.tmp`` beside ``final`` for a file or folder built
+    before it is renamed to ``final``; ``remove_stale_temps`` removes those of ended processes."""
+    return final.parent / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def remove_stale_temps(directory: Path, owns: Callable[[str], bool]) -> list[Path]:
+    """Remove the temporary files and folders (named by ``temp_path``) in ``directory`` whose
+    process has ended and whose final name ``owns`` accepts. Returns the removed paths."""
+    removed = []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        m = _TMP_RE.match(entry.name)
+        if m is None or not owns(m.group("name")) or _writer_alive(entry):
+            continue
+        try:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        except OSError:
+            continue
+        removed.append(entry)
+    return removed
+
+
 def write_temp(final: Path, data: bytes) -> Path:
     """Write ``data`` to a fsynced temporary file beside ``final`` (mode per umask); returns it."""
-    tmp = final.parent / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = temp_path(final)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # open() applies the umask
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -167,7 +195,7 @@ def _settle(journal: Path) -> list[Path]:
     except OSError:
         return []
     files = [(journal.parent / line[0], journal.parent / line[1]) for line in lines if len(line) == 2]
-    if any(_writer_alive(tmp.name) for _, tmp in files):  # still being written
+    if any(_writer_alive(tmp) for _, tmp in files):  # still being written
         return []
     renamed = [not tmp.exists() for _, tmp in files]
     removed = []
@@ -189,21 +217,9 @@ def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
         return []
     base = prefix.name
     removed: list[Path] = []
-    try:
-        entries = list(directory.iterdir())
-    except OSError:
-        return []
-    ours = [e for e in entries if e.name.startswith(f".{base}_iter_")]
-    for entry in ours:  # journals first: they tell renamed files by their missing temporaries
-        if entry.name.endswith(".pending"):
-            removed += _settle(entry)
-    for entry in ours:
-        if entry.name.endswith(".tmp") and not _writer_alive(entry.name):
-            try:
-                entry.unlink()
-                removed.append(entry)
-            except OSError:
-                pass
+    for journal in directory.glob(f".{glob.escape(base)}_iter_*.pending"):  # first: they tell renamed
+        removed += _settle(journal)  # files by their missing temporaries
+    removed += remove_stale_temps(directory, lambda name: name.startswith(f"{base}_iter_"))
     for p in removed:
         log.info("Removed %s (left by an interrupted snapshot)", p)
     return removed

@@ -2,7 +2,9 @@
 names the snapshots are complete, loadable pairs (a half-renamed pair only while its journal says
 so), and the next start (resuming from the latest pair) removes every leftover. The CI version
 kills 12 runs; the slow one 80, as in the report of issue 14. A simulated kill before each line of
-``write_pair`` checks the same of every moment, with and without an older pair of the same name."""
+``write_pair`` checks the same of every moment, with and without an older pair of the same name.
+An LMDB build killed midway leaves no database under its final name (and an older one it was
+overwriting intact); the next build removes its temporary folder."""
 
 from __future__ import annotations
 
@@ -229,3 +231,87 @@ def test_kill_before_each_line_of_write_pair(tmp_path, monkeypatch):
             if not killed:
                 break
     assert len(outcomes) == 5  # each outcome was met: the kills reached every stage
+
+
+BUILD = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from pycaffe_lite import mnist
+
+    def progress(done, total):
+        print(done, flush=True)
+        time.sleep(60)  # killed here, 1000 of 3000 records committed
+
+    images = np.random.default_rng(0).integers(0, 256, (3000, 28, 28), dtype=np.uint8)
+    mnist.write_lmdb(images, np.zeros(3000, np.uint8), sys.argv[1], overwrite=True, progress=progress)
+""")
+
+
+def killed_build(path: Path) -> int:
+    """SIGKILL a build of ``path`` (3000 MNIST-sized records) after its first 1000; its pid."""
+    proc = subprocess.Popen([sys.executable, "-c", BUILD, str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.strip() == "1000", proc.communicate()[1][-3000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    return proc.pid
+
+
+@pytest.mark.parametrize("older", [False, True])
+def test_killed_lmdb_build_leaves_no_half_database(tmp_path, older):
+    pytest.importorskip("lmdb")
+    import numpy as np
+
+    from pycaffe_lite import db, mnist
+
+    path = tmp_path / "train_lmdb"
+    if older:  # a complete database that the killed build was to replace
+        mnist.write_lmdb(np.ones((5, 28, 28), np.uint8), np.ones(5, np.uint8), path)
+    pid = killed_build(path)
+    left = [p.name for p in tmp_path.iterdir() if p.name != path.name]
+    assert len(left) == 1 and left[0].startswith(f".train_lmdb.{pid}.") and left[0].endswith(".tmp")
+    assert (tmp_path / left[0] / "data.mdb").stat().st_size > 1000 * 28 * 28  # killed midway indeed
+    if older:
+        with db.open_cursor(path) as cur:
+            assert len(cur) == 5  # untouched
+    else:
+        assert not path.exists()
+    live = tmp_path / f".train_lmdb.{os.getppid()}.abcd.tmp"  # a build still running elsewhere: kept
+    live.mkdir()
+    other = tmp_path / f".train_lmdb2.{pid}.abcd.tmp"  # another database's: not this build's to remove
+    other.mkdir()
+    mnist.write_lmdb(np.zeros((7, 28, 28), np.uint8), np.zeros(7, np.uint8), path, overwrite=older)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, live.name, other.name])
+    with db.open_cursor(path) as cur:
+        assert len(cur) == 7
+
+
+def test_kill_between_the_renames_of_an_overwrite(tmp_path, monkeypatch):
+    """Killed after the old database was moved aside: no database under the final name (rather
+    than a half-deleted one), and the next build removes both temporary folders."""
+    pytest.importorskip("lmdb")
+    import numpy as np
+
+    from pycaffe_lite import db, mnist
+
+    path = tmp_path / "d"
+    mnist.write_lmdb(np.ones((5, 4, 4), np.uint8), np.ones(5, np.uint8), path)
+    calls = []
+    real = os.replace
+
+    def dying_replace(a, b):
+        calls.append(b)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # SIGKILL after moving the old database aside
+        real(a, b)
+
+    monkeypatch.setattr(db.os, "replace", dying_replace)
+    monkeypatch.setattr(snapshot.os, "getpid", lambda: 999999999)  # the build is dead afterwards
+    with pytest.raises(KeyboardInterrupt):
+        with db.LMDBWriter(path, overwrite=True) as w:
+            w.put(b"k", b"v")
+    monkeypatch.undo()
+    assert not path.exists() and len(list(tmp_path.iterdir())) == 2
+    mnist.write_lmdb(np.ones((3, 4, 4), np.uint8), np.ones(3, np.uint8), path)
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]
