@@ -8,19 +8,21 @@ the same ``N``. Files are loaded whole, one at a time; rows are served in order 
 to the next file after the last row, wrapping to the first file after the last. With ``shuffle``
 the file order is shuffled at set-up and at each wrap, and the row order of a file when it is
 loaded and each time its rows run out (random numbers from ``pycaffe_lite.common.rng()``).
-No backward. Needs h5py.
+``read_state()`` / ``restore_read_state()`` give and set the file, row and shuffled orders (kept in
+solver snapshots for an exact resume). No backward. Needs h5py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 
-from pycaffe_lite import common
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.optional import require
+from pycaffe_lite.snapshot import Order
 
 
 def read_file_list(source: str, where: str) -> list[str]:
@@ -54,18 +56,25 @@ class HDF5DataLayer(Layer):
         if len(self.dataset_names) != len(top):
             raise self.error("every top needs a name (the name of the dataset it reads)")
         self.files = read_file_list(p.source, self.where)
-        self.file_order = np.arange(len(self.files))
+        self.file_order = Order(len(self.files))
         if self.shuffle:
-            common.rng().shuffle(self.file_order)
+            self.file_order.shuffle()
         self.current_file = 0
         self.arrays: list[np.ndarray] = []
-        self._load(self.files[self.file_order[0]])
-        self.current_row = 0
+        self._open(0)
         for blob, arr in zip(top, self.arrays):
             blob.reshape((self.batch_size, *arr.shape[1:]))
 
+    def _open(self, index: int) -> None:
+        """Load the ``index``-th file of the (shuffled) file order; rows from the first, shuffled."""
+        self.current_file = index
+        self._load(self.files[self.file_order.order[index]])
+        if self.shuffle:
+            self.rows.shuffle()
+        self.current_row = 0
+
     def _load(self, path: str) -> None:
-        """Read every top's dataset from ``path``; reset the row order."""
+        """Read every top's dataset from ``path`` (rows in file order)."""
         h5py = require("h5py", feature=self.where)
         if not os.path.isfile(path):
             raise DataError(f"{self.where}: HDF5 file {path} (listed in {self.layer_param.hdf5_data_param.source}) "
@@ -102,25 +111,55 @@ class HDF5DataLayer(Layer):
                     raise DataError(f"{self.where}: HDF5 file {path}: dataset '{name}' has rows of shape "
                                     f"{arr.shape[1:]}, earlier files have {old.shape[1:]}")
         self.arrays = arrays
-        self.row_order = np.arange(num)
-        if self.shuffle:
-            common.rng().shuffle(self.row_order)
+        self.loaded = path
+        self.rows = Order(num)
 
     def _next(self) -> None:
         """Advance one row, moving to the next file (or wrapping) after the last row."""
         self.current_row += 1
         if self.current_row < self.arrays[0].shape[0]:
             return
-        if len(self.files) > 1:
-            self.current_file += 1
-            if self.current_file == len(self.files):
-                self.current_file = 0
-                if self.shuffle:
-                    common.rng().shuffle(self.file_order)
-            self._load(self.files[self.file_order[self.current_file]])
-        self.current_row = 0
-        if self.shuffle:
-            common.rng().shuffle(self.row_order)
+        if len(self.files) == 1:
+            self.current_row = 0
+            if self.shuffle:
+                self.rows.shuffle()
+            return
+        index = self.current_file + 1
+        if index == len(self.files):
+            index = 0
+            if self.shuffle:
+                self.file_order.shuffle()
+        self._open(index)
+
+    def read_state(self) -> tuple[int, bytes, str]:
+        """(next row, its file, JSON of the file index and the shuffle random states)."""
+        rng = {"file": self.current_file, "files": self.file_order.drawn_from, "rows": self.rows.drawn_from}
+        return self.current_row, self.loaded.encode(), json.dumps(rng)
+
+    def restore_read_state(self, position: int, key: bytes, rng_state: str, where: str = "") -> None:
+        """Continue from a state given by ``read_state``."""
+        where = where or self.where
+        try:
+            rng = json.loads(rng_state)
+            self.file_order.redraw(rng["files"])
+            index = int(rng["file"])
+            path = self.files[self.file_order.order[index]]
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise DataError(f"{where}: cannot restore the read position: {exc}") from None
+        if path.encode() != key:
+            raise DataError(f"{where}: cannot restore the read position: file {index} of the shuffled list is "
+                            f"{path}, the snapshot says {key.decode(errors='replace')} (was "
+                            f"{self.layer_param.hdf5_data_param.source} changed?)")
+        if path != self.loaded:
+            self._load(path)
+        if not 0 <= position < self.arrays[0].shape[0]:
+            raise DataError(f"{where}: cannot restore the read position: row {position} of {path}, which "
+                            f"has {self.arrays[0].shape[0]} rows")
+        try:
+            self.rows.redraw(rng["rows"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise DataError(f"{where}: cannot restore the random state: {exc}") from None
+        self.current_file, self.current_row = index, int(position)
 
     def reshape(self, bottom, top):
         """Top shapes are fixed at set-up: (batch_size, *row shape)."""
@@ -128,7 +167,7 @@ class HDF5DataLayer(Layer):
     def forward_cpu(self, bottom, top):
         outs = [blob.mutable_cpu_data() for blob in top]
         for i in range(self.batch_size):
-            row = self.row_order[self.current_row]
+            row = self.rows.order[self.current_row]
             for out, arr in zip(outs, self.arrays):
                 out[i] = arr[row]
             self._next()

@@ -11,10 +11,13 @@ interpolation (OpenCV's ``INTER_LINEAR`` half-pixel rule, rounded to uint8) to
 the first image of each batch) and ``label`` ``(batch_size,)``. Lines are read in order and wrap
 after the last; with ``shuffle`` the list is shuffled at set-up and at every wrap, with
 ``pycaffe_lite.common.rng()``. ``rand_skip`` skips a random number (< rand_skip) of lines at set-up.
+``read_state()`` / ``restore_read_state()`` give and set the next line, the shuffled order and the
+crop/mirror random state (kept in solver snapshots for an exact resume).
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -26,6 +29,7 @@ from pycaffe_lite.io import resize
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.optional import require
 from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.snapshot import Order
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
@@ -122,26 +126,46 @@ class ImageDataLayer(Layer):
             if p.HasField(field) and not tp.HasField(field):
                 setattr(tp, field, getattr(p, field))
         self.transformer = DataTransformer(tp, self.phase, self.dtype, where=self.where)
-        self.lines = read_image_list(p.source, self.where)
+        self.listed = read_image_list(p.source, self.where)
+        self.order = Order(len(self.listed))
         if self.shuffle:
-            self._shuffle()
+            self.order.shuffle()
         self.line_id = 0
         if p.rand_skip:
             skip = int(common.rng().integers(p.rand_skip))
-            if skip >= len(self.lines):
+            if skip >= len(self.listed):
                 raise DataError(f"{self.where}: rand_skip drew {skip}, but {p.source} has only "
-                                f"{len(self.lines)} lines (not enough points to skip)")
+                                f"{len(self.listed)} lines (not enough points to skip)")
             self.line_id = skip
         shape = self.transformer.infer_shape(self._read(self.line_id))
         top[0].reshape((self.batch_size, *shape))
         top[1].reshape((self.batch_size,))
 
-    def _shuffle(self) -> None:
-        order = common.rng().permutation(len(self.lines))
-        self.lines = [self.lines[i] for i in order]
+    def _line(self, line_id: int) -> tuple[str, int, int]:
+        """The ``line_id``-th line of the (shuffled) list: ``(path, label, line number)``."""
+        return self.listed[self.order.order[line_id]]
+
+    def read_state(self) -> tuple[int, bytes, str]:
+        """(next line, its path, JSON of the shuffle and transform random states)."""
+        rng = {"order": self.order.drawn_from, "transform": self.transformer.rng.bit_generator.state}
+        return self.line_id, self._line(self.line_id)[0].encode(), json.dumps(rng)
+
+    def restore_read_state(self, position: int, key: bytes, rng_state: str, where: str = "") -> None:
+        """Continue from a state given by ``read_state``."""
+        try:
+            rng = json.loads(rng_state)
+            self.order.redraw(rng["order"])
+            self.transformer.rng.bit_generator.state = rng["transform"]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise DataError(f"{where or self.where}: cannot restore the random state: {exc}") from None
+        if not 0 <= position < len(self.listed) or self._line(position)[0].encode() != key:
+            raise DataError(f"{where or self.where}: cannot restore the read position: line {position} of "
+                            f"the shuffled list is not {key.decode(errors='replace')!r} (was "
+                            f"{self.layer_param.image_data_param.source} changed?)")
+        self.line_id = int(position)
 
     def _read(self, line_id: int) -> np.ndarray:
-        path, _, number = self.lines[line_id]
+        path, _, number = self._line(line_id)
         full = self.root_folder + path
         if not os.path.isfile(full):
             raise DataError(f"{self.where}: image file {full} not found "
@@ -164,17 +188,17 @@ class ImageDataLayer(Layer):
         for i in range(self.batch_size):
             img = first if i == 0 else self._read(self.line_id)
             if img.shape != first.shape:
-                path, _, number = self.lines[self.line_id]
+                path, _, number = self._line(self.line_id)
                 raise DataError(f"{self.where}: image {self.root_folder + path} (line {number}) has shape "
                                 f"{img.shape}, the first image of its batch has {first.shape} (set new_height/"
                                 "new_width or batch_size 1 for images of different sizes)")
             self.transformer.transform(img, out=data[i])
-            labels[i] = self.lines[self.line_id][1]
+            labels[i] = self._line(self.line_id)[1]
             self.line_id += 1
-            if self.line_id >= len(self.lines):
+            if self.line_id >= len(self.listed):
                 self.line_id = 0
                 if self.shuffle:
-                    self._shuffle()
+                    self.order.shuffle()
 
     # The host batch is written into the tops; the device copy syncs when the next layer reads it.
     forward_gpu = forward_cpu

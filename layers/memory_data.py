@@ -6,6 +6,8 @@
 (n values); each forward copies the next ``batch_size`` items and wraps around after ``n``.
 The arrays are kept by reference, so later changes to them are seen, as in Caffe. As in Caffe,
 ``transform_param`` is not applied to arrays given through ``reset`` (a warning says so).
+``read_state()`` / ``restore_read_state()`` give and set the next item (kept in solver snapshots:
+give the arrays before resuming, as ``reset`` starts again from the first item).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import warnings
 
 import numpy as np
 
+from pycaffe_lite.errors import DataError
 from pycaffe_lite.layer import Layer, register_layer
 
 
@@ -64,6 +67,18 @@ class MemoryDataLayer(Layer):
         self._labels = labels.reshape(-1)[:n]
         self.n = n
         self.pos = 0
+
+    def read_state(self) -> tuple[int, bytes, str]:
+        """(next item, no key, no random state)."""
+        return self.pos, b"", ""
+
+    def restore_read_state(self, position: int, key: bytes, rng_state: str, where: str = "") -> None:
+        """Continue from the item given by ``read_state``."""
+        if self._data is not None and not 0 <= position < self.n:
+            where = where or f"layer '{self.name}' (MemoryData)"
+            raise DataError(f"{where}: cannot restore the read position {position}: the arrays "
+                            f"given by reset hold {self.n} items")
+        self.pos = int(position)
 
     def set_batch_size(self, batch_size: int) -> None:
         """Change the batch size (the next forward reshapes the tops)."""

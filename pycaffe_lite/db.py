@@ -2,7 +2,9 @@
 
 ``open_cursor(source, backend)`` gives a read cursor that cycles back to the first record after
 the last one; ``LMDBWriter`` builds a new database in a temporary folder and renames it into place
-when closed without error. LevelDB is not supported: convert such data to LMDB.
+when closed without error, so a killed build leaves no half database under the final name; the
+next build of that name removes the temporary folders of killed ones. LevelDB is not supported:
+convert such data to LMDB.
 
 py-lmdb refuses to open one environment twice in a process, so read environments are shared
 between cursors (a train and a test net reading the same database) and closed with the last one.
@@ -10,14 +12,17 @@ between cursors (a train and a test net reading the same database) and closed wi
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 
 from .errors import DataError
 from .optional import require
+from .snapshot import default_mode, remove_stale_temps, temp_path
+
+log = logging.getLogger("pycaffe_lite")
 
 _ENVS: dict[str, list] = {}  # realpath -> [env, reference count]
 _ENVS_LOCK = threading.Lock()
@@ -207,7 +212,10 @@ class LMDBWriter:
             )
         self.overwrite = overwrite
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent))
+        for left in remove_stale_temps(self.path.parent, lambda name: name == self.path.name):
+            log.info("Removed %s (left by an interrupted database build)", left)
+        self._tmp = temp_path(self.path)
+        os.mkdir(self._tmp)  # mode per umask
         self._map_size = map_size
         self._env = lmdb.open(str(self._tmp), map_size=map_size, subdir=True)
         self._txn = self._env.begin(write=True)
@@ -251,14 +259,15 @@ class LMDBWriter:
         self._txn.abort()
         self._env.close()
         self._env = None
-        from .snapshot import default_mode
-
-        os.chmod(self._tmp, default_mode(directory=True))  # mkdtemp makes 0700: follow the umask
         for f in self._tmp.iterdir():
-            os.chmod(f, default_mode())
-        if self.path.exists() and self.overwrite:
-            shutil.rmtree(self.path) if self.path.is_dir() else self.path.unlink()
+            os.chmod(f, default_mode())  # py-lmdb creates them with its own mode: follow the umask
+        old = None
+        if self.path.exists() and self.overwrite:  # moved aside whole, removed once replaced
+            old = temp_path(self.path)
+            os.replace(self.path, old)
         os.replace(self._tmp, self.path)
+        if old is not None:
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
 
     def abort(self) -> None:
         """Discard the database being built."""

@@ -2,28 +2,39 @@
 runs, and the read positions that make a resumed run equal an uninterrupted one.
 
 * ``write_pair`` writes both files to temporary files (named ``.<final name>.<pid>.<random>.tmp``,
-  fsynced), records the pair in a journal file ``.<prefix>_iter_<n>.pending``, renames both into
-  place and removes the journal. A run killed at any point leaves either the complete pair or
-  leftovers that ``clean_leftovers`` (run when a solver starts) removes: temporary files of dead
-  processes, and the half of a pair whose journal is still there. So under their final names the
-  two files are complete together or absent together.
+  fsynced), records ``<final> <temporary>`` for both in a journal file ``.<prefix>_iter_<n>.pending``,
+  renames both into place and removes the journal. A run killed at any point leaves either the
+  complete pair or leftovers that ``clean_leftovers`` (run when a solver starts) removes: temporary
+  files of dead processes, and a pair whose journal shows that one file was renamed and the other
+  not (the half of a new pair, or a new file beside the old one of the same name). So under their
+  final names the two files are complete together or absent together, and an older pair that a
+  killed run was about to replace stays as it was unless a rename had begun.
 * Disk-full and permission errors raise ``SnapshotError`` naming the file; earlier snapshots are
   untouched, so the run can be resumed from the last complete one.
 * Files and folders follow the umask (``tempfile`` would make them 0600 / 0700).
 * ``SolverState.data_state`` (a pycaffe-lite extension field that BVLC ignores) records each data
   layer's next record and random state, ``SolverState.rng_state`` the process-wide generator.
+  Layers that read on record their position with ``read_state() -> (position, key, rng_json)``
+  and take it back with ``restore_read_state``: Data (record index and key, transform state),
+  ImageData (line, its path, shuffle and transform state), HDF5Data (row, file, shuffle states),
+  MemoryData (the next item; give the arrays before resuming). DummyData draws from the
+  process-wide generator and Input holds what the caller puts in: nothing of theirs to record.
+  A shuffled order is recorded as the generator state it was drawn from (``Order``), a few
+  hundred bytes however long the list, and drawn again on restore.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
 import re
 import secrets
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -75,6 +86,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _writer_alive(tmp: Path) -> bool:
+    """Whether the process that named the temporary ``tmp`` (see ``temp_path``) still runs."""
+    m = _TMP_RE.match(tmp.name)
+    return m is not None and _pid_alive(int(m.group("pid")))
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -92,9 +109,35 @@ def _describe(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def temp_path(final: Path) -> Path:
+    """A new name ``.<final name>.<pid>.<random>.tmp`` beside ``final`` for a file or folder built
+    before it is renamed to ``final``; ``remove_stale_temps`` removes those of ended processes."""
+    return final.parent / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def remove_stale_temps(directory: Path, owns: Callable[[str], bool]) -> list[Path]:
+    """Remove the temporary files and folders (named by ``temp_path``) in ``directory`` whose
+    process has ended and whose final name ``owns`` accepts. Returns the removed paths."""
+    removed = []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        m = _TMP_RE.match(entry.name)
+        if m is None or not owns(m.group("name")) or _writer_alive(entry):
+            continue
+        try:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        except OSError:
+            continue
+        removed.append(entry)
+    return removed
+
+
 def write_temp(final: Path, data: bytes) -> Path:
     """Write ``data`` to a fsynced temporary file beside ``final`` (mode per umask); returns it."""
-    tmp = final.parent / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = temp_path(final)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # open() applies the umask
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -127,7 +170,7 @@ def write_pair(model: str | os.PathLike, model_bytes: bytes, state: str | os.Pat
         current = state
         temps.append(write_temp(state, state_bytes))
         current = journal
-        journal.write_text(f"{model.name}\n{state.name}\n")
+        journal.write_text("".join(f"{final.name} {tmp.name}\n" for final, tmp in zip((model, state), temps)))
         for tmp, final in zip(temps, (model, state)):
             current = final
             os.replace(tmp, final)
@@ -144,6 +187,27 @@ def write_pair(model: str | os.PathLike, model_bytes: bytes, state: str | os.Pat
         ) from None
 
 
+def _settle(journal: Path) -> list[Path]:
+    """Finish what a killed ``write_pair`` left: remove its journal, and the pair's files if it was
+    renamed in part (a file is renamed when its temporary is gone). Returns the removed paths."""
+    try:
+        lines = [line.split() for line in journal.read_text().splitlines()]
+    except OSError:
+        return []
+    files = [(journal.parent / line[0], journal.parent / line[1]) for line in lines if len(line) == 2]
+    if any(_writer_alive(tmp) for _, tmp in files):  # still being written
+        return []
+    renamed = [not tmp.exists() for _, tmp in files]
+    removed = []
+    if any(renamed) and not all(renamed):
+        for final, _ in files:
+            if final.exists():
+                final.unlink()
+                removed.append(final)
+    journal.unlink(missing_ok=True)
+    return [*removed, journal]
+
+
 def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
     """Remove what killed runs left beside the snapshots of ``prefix``: temporary files of dead
     processes, and pairs a journal says were half renamed. Returns the removed paths."""
@@ -153,35 +217,9 @@ def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
         return []
     base = prefix.name
     removed: list[Path] = []
-    try:
-        entries = list(directory.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        name = entry.name
-        if not name.startswith(f".{base}_iter_"):
-            continue
-        if name.endswith(".pending"):
-            try:
-                finals = [directory / n for n in entry.read_text().split() if n]
-            except OSError:
-                continue
-            if not all(f.exists() for f in finals):
-                for f in finals:
-                    if f.exists():
-                        f.unlink()
-                        removed.append(f)
-            entry.unlink(missing_ok=True)
-            removed.append(entry)
-        elif name.endswith(".tmp"):
-            m = _TMP_RE.match(name)
-            if m and _pid_alive(int(m.group("pid"))):
-                continue
-            try:
-                entry.unlink()
-                removed.append(entry)
-            except OSError:
-                pass
+    for journal in directory.glob(f".{glob.escape(base)}_iter_*.pending"):  # first: they tell renamed
+        removed += _settle(journal)  # files by their missing temporaries
+    removed += remove_stale_temps(directory, lambda name: name.startswith(f"{base}_iter_"))
     for p in removed:
         log.info("Removed %s (left by an interrupted snapshot)", p)
     return removed
@@ -189,12 +227,30 @@ def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
 
 # ----------------------------------------------------------------------------------------------
 # data positions and random state
-def rng_to_json(gen: np.random.Generator) -> str:
-    return json.dumps(gen.bit_generator.state)
+class Order:
+    """An order of ``n`` items: ``order`` is ``arange(n)`` until ``shuffle()`` draws a permutation
+    from ``common.rng()``; ``drawn_from`` is the generator state it was drawn from (None: not
+    shuffled), which ``redraw`` turns into the same permutation again."""
 
+    def __init__(self, n: int) -> None:
+        self.order = np.arange(n)
+        self.drawn_from: Mapping[str, Any] | None = None
 
-def rng_from_json(gen: np.random.Generator, text: str) -> None:
-    gen.bit_generator.state = json.loads(text)
+    def shuffle(self) -> None:
+        gen = common.rng()
+        self.drawn_from = gen.bit_generator.state
+        self.order = gen.permutation(len(self.order))
+
+    def redraw(self, drawn_from: Mapping[str, Any] | None) -> None:
+        """The order ``shuffle`` drew from the generator state ``drawn_from`` (ValueError if that
+        is no state of this numpy's generator)."""
+        if drawn_from is None:
+            self.order = np.arange(len(self.order))
+        else:
+            bits = type(common.rng().bit_generator)()
+            bits.state = drawn_from
+            self.order = np.random.Generator(bits).permutation(len(self.order))
+        self.drawn_from = drawn_from
 
 
 def _data_nets(solver: Solver) -> Iterator[tuple[str, Net]]:
