@@ -11,6 +11,12 @@
 // stride (BM/TM, BN/TN) to avoid shared-memory bank conflicts, and prefetches the next BK slice
 // into registers while the current one is multiplied. Dtype comes from the backend prelude.
 
+// The geometry parameters of every entry point (conv_implicit_ops.cuh passes them on as
+// IG_GEOMETRY_ARGS).
+#define IG_GEOMETRY_PARAMS                                                                     \
+  const int num, const int channels, const int height, const int width, const int num_output, \
+      const int group, const int kernel_h, const int kernel_w, const int pad_h, const int pad_w, \
+      const int stride_h, const int stride_w, const int height_out, const int width_out
 #include "conv_implicit_ops.cuh"
 
 #define IG_THREADS 256

@@ -116,12 +116,11 @@ struct BwdWeightOp {
 
 
 // ---- setup from the entry points' arguments ---------------------------------------------------
-// Geometry arguments, in order: num, channels, height, width, num_output, group, kernel_h,
-// kernel_w, pad_h, pad_w, stride_h, stride_w, height_out, width_out.
-#define IG_GEOMETRY_PARAMS                                                                     \
-  const int num, const int channels, const int height, const int width, const int num_output, \
-      const int group, const int kernel_h, const int kernel_w, const int pad_h, const int pad_w, \
-      const int stride_h, const int stride_w, const int height_out, const int width_out
+// Geometry arguments: the includer defines IG_GEOMETRY_PARAMS (the parameter list of its entry
+// points, in the .cu file where the kernel signature parser reads it), in this order:
+#ifndef IG_GEOMETRY_PARAMS
+#error "define IG_GEOMETRY_PARAMS before including conv_implicit_ops.cuh"
+#endif
 #define IG_GEOMETRY_ARGS                                                                        \
   num, channels, height, width, num_output, group, kernel_h, kernel_w, pad_h, pad_w, stride_h, \
       stride_w, height_out, width_out
