@@ -9,12 +9,15 @@
 // cols) into registers through the Op (zeros outside the matrix), rounds them to TF32 and stores
 // them to shared memory:
 //   As[row][k]   (row-major A, leading dimension BK + 4)
-//   Bs[k][col]   (row-major B, leading dimension BN + 4)   when consecutive threads load columns
+//   Bs[k][col]   (row-major B, leading dimension BN + 8)   when consecutive threads load columns
 //   Bs[col][k]   (column-major B, leading dimension BK + 4) when they load k (B_KFAST)
 // then each warp multiplies its fragments for k = 0, 8, ..; meanwhile the next slice is already
 // being loaded into registers. The epilogue stores each accumulator fragment to a per-warp 16x16
 // shared scratch and the warp's lanes hand its elements to Op::store (bounds, bias, layout).
-// The padding (+4 floats) keeps every fragment pointer 32-byte aligned and ldm a multiple of 4.
+// The padding (+4 / +8 floats) keeps every fragment pointer 32-byte aligned and ldm a multiple of 4,
+// and spreads a fragment's rows over distinct shared-memory banks.
+// Registers: the 128x128 kernels take 1 block per SM (up to 255 registers a thread), the 64x128
+// ones 2 (at most 128, no spills).
 
 // The geometry parameters of every entry point (conv_implicit_ops.cuh passes them on as
 // IG_GEOMETRY_ARGS).
@@ -49,7 +52,7 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
   const int B_PER = BN * BK / TC_THREADS;
   const int B_STATES = B_KFAST ? B_PER : 1;
   const int LDA = BK + 4;
-  const int LDB = B_KFAST ? BK + 4 : BN + 4;
+  const int LDB = B_KFAST ? BK + 4 : BN + 8;
   const int FM = WM / 16, FN = WN / 16;
   __shared__ __align__(32) float As[BM * LDA];
   __shared__ __align__(32) float Bs[B_KFAST ? BN * LDB : BK * LDB];
@@ -144,16 +147,16 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
 // ---- entry points ---------------------------------------------------------------------------
 // The arguments and grids of conv_implicit.cu's entry points (same Python call side shape).
 
-#define TC_FORWARD(NAME, BM, BN, WM, WN)                                                        \
-  __global__ void __launch_bounds__(TC_THREADS) NAME(                                         \
+#define TC_FORWARD(NAME, BM, BN, WM, WN, MIN_BLOCKS)                                                        \
+  __global__ void __launch_bounds__(TC_THREADS, MIN_BLOCKS) NAME(                                         \
       const Dtype* x, const Dtype* w, const Dtype* bias, const int has_bias, const int4* tab,  \
       Dtype* y, IG_GEOMETRY_PARAMS) {                                                          \
     const FwdOp op = ig_forward_op(blockIdx.z, x, w, bias, has_bias, tab, y, IG_GEOMETRY_ARGS); \
     tc_core<BM, BN, 16, WM, WN, false>(op, blockIdx.y * BM, blockIdx.x * BN);                 \
   }
 
-#define TC_BACKWARD_DATA(NAME, BM, BN, WM, WN)                                                  \
-  __global__ void __launch_bounds__(TC_THREADS) NAME(                                         \
+#define TC_BACKWARD_DATA(NAME, BM, BN, WM, WN, MIN_BLOCKS)                                                  \
+  __global__ void __launch_bounds__(TC_THREADS, MIN_BLOCKS) NAME(                                         \
       const Dtype* w, const Dtype* dy, const int4* tab, Dtype* dx, IG_GEOMETRY_PARAMS) {       \
     const BwdDataOp op = ig_backward_data_op(blockIdx.z, w, dy, tab, dx, IG_GEOMETRY_ARGS);    \
     tc_core<BM, BN, 16, WM, WN, false>(op, blockIdx.y * BM, blockIdx.x * BN);                 \
@@ -161,8 +164,8 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
 
 // ws: (group, splits, M/G, C/G*kh*kw + has_bias) partial sums, reduced by conv_implicit.cu's
 // ig_reduce_weight.
-#define TC_BACKWARD_WEIGHT(NAME, BM, BN, WM, WN)                                                \
-  __global__ void __launch_bounds__(TC_THREADS) NAME(                                         \
+#define TC_BACKWARD_WEIGHT(NAME, BM, BN, WM, WN, MIN_BLOCKS)                                                \
+  __global__ void __launch_bounds__(TC_THREADS, MIN_BLOCKS) NAME(                                         \
       const Dtype* x, const Dtype* dy, const int4* tab, Dtype* ws, const int splits,           \
       const int chunk, const int has_bias, IG_GEOMETRY_PARAMS) {                               \
     const BwdWeightOp op = ig_backward_weight_op(blockIdx.z / splits, blockIdx.z % splits, x, dy, tab, ws, \
@@ -170,9 +173,9 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
     tc_core<BM, BN, 16, WM, WN, true>(op, blockIdx.y * BM, blockIdx.x * BN);                  \
   }
 
-TC_FORWARD(tc_forward_128x128, 128, 128, 32, 64)
-TC_FORWARD(tc_forward_64x128, 64, 128, 32, 32)
-TC_BACKWARD_DATA(tc_backward_data_128x128, 128, 128, 32, 64)
-TC_BACKWARD_DATA(tc_backward_data_64x128, 64, 128, 32, 32)
-TC_BACKWARD_WEIGHT(tc_backward_weight_128x128, 128, 128, 32, 64)
-TC_BACKWARD_WEIGHT(tc_backward_weight_64x128, 64, 128, 32, 32)
+TC_FORWARD(tc_forward_128x128, 128, 128, 32, 64, 1)
+TC_FORWARD(tc_forward_64x128, 64, 128, 32, 32, 2)
+TC_BACKWARD_DATA(tc_backward_data_128x128, 128, 128, 32, 64, 1)
+TC_BACKWARD_DATA(tc_backward_data_64x128, 64, 128, 32, 32, 2)
+TC_BACKWARD_WEIGHT(tc_backward_weight_128x128, 128, 128, 32, 64, 1)
+TC_BACKWARD_WEIGHT(tc_backward_weight_64x128, 64, 128, 32, 32, 2)
