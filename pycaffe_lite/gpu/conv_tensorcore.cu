@@ -17,7 +17,7 @@
 // The padding (+4 / +8 floats) keeps every fragment pointer 32-byte aligned and ldm a multiple of 4,
 // and spreads a fragment's rows over distinct shared-memory banks.
 // Registers: the 128x128 kernels take 1 block per SM (up to 255 registers a thread), the 64x128
-// ones 2 (at most 128, no spills).
+// and 64x64 ones 2 (at most 128, no spills); 64x64 fills the device on small late layers.
 
 // The geometry parameters of every entry point (conv_implicit_ops.cuh passes them on as
 // IG_GEOMETRY_ARGS).
@@ -179,3 +179,6 @@ TC_BACKWARD_DATA(tc_backward_data_128x128, 128, 128, 32, 64, 1)
 TC_BACKWARD_DATA(tc_backward_data_64x128, 64, 128, 32, 32, 2)
 TC_BACKWARD_WEIGHT(tc_backward_weight_128x128, 128, 128, 32, 64, 1)
 TC_BACKWARD_WEIGHT(tc_backward_weight_64x128, 64, 128, 32, 32, 2)
+TC_FORWARD(tc_forward_64x64, 64, 64, 32, 16, 2)
+TC_BACKWARD_DATA(tc_backward_data_64x64, 64, 64, 32, 16, 2)
+TC_BACKWARD_WEIGHT(tc_backward_weight_64x64, 64, 64, 32, 16, 2)

@@ -18,7 +18,7 @@ from . import conv_implicit as ig
 from .conv_problem import ConvProblem
 
 KERNELS = Path(__file__).with_name("conv_tensorcore.cu")
-TILES = ("128x128", "64x128")
+TILES = ("128x128", "64x128", "64x64")
 BK = 16  # contraction slice per shared-memory stage (the kernels' template argument)
 BLOCK = (256, 1, 1)
 REQUIREMENT = "float32 with TF32 allowed (caffe.set_allow_tf32), compute capability 8.0+, " + ig.REQUIREMENT
