@@ -216,8 +216,8 @@ def test_autotune_includes_it_only_with_tf32(allow):
 def test_forced_engine_needs_tf32():
     layer = _conv_layer("engine: TENSOR_CORE")
     bottom, top = blobs([np.ones((2, 5, 9, 9))], np.float32), empty_blobs(1, np.float32)
-    layer.setup(bottom, top)
     with pytest.raises(NetError, match="engine TENSOR_CORE needs float32 with TF32 allowed"):
+        layer.setup(bottom, top)
         layer.forward(bottom, top)
 
 
