@@ -141,6 +141,7 @@ class ConvolutionBase(Layer):
                 fillers.fill(self.blobs[1], p.bias_filler)
         self.problem: ConvProblem | None = None
         self._choice: conv_engines.Choice | None = None
+        self._choice_tf32 = False
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
@@ -187,7 +188,8 @@ class ConvolutionBase(Layer):
         engine cannot run it (checked before any GPU work)."""
         prob = self.problem
         assert prob is not None, "reshape() builds the problem before any engine is chosen"
-        if self._choice is None:
+        if self._choice is None or self._choice_tf32 != common.tf32_allowed():  # TF32 changes the engines
+            self._choice_tf32 = common.tf32_allowed()
             g = self.geo
             p = self.layer_param.convolution_param
             engine = p.Engine.Name(p.engine)

@@ -195,7 +195,8 @@ class Executor:
 
     def _key(self, tag: tuple) -> tuple:
         # set_random_seed re-keys device generators (Dropout), which graphs recorded: re-capture.
-        return (tag, backend.state().alloc_generation, shape_generation(), common.seed_generation())
+        return (tag, backend.state().alloc_generation, shape_generation(), common.seed_generation(),
+                common.tf32_allowed())
 
     # -- plain execution ------------------------------------------------------------------------
     def _run_forward(self, start: int, end: int) -> None:

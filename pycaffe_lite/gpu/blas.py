@@ -131,9 +131,18 @@ def handle() -> _Cublas:
 
 def set_allow_tf32(allow: bool) -> None:
     """Let float32 GEMMs use TF32 tensor cores (faster, ~10-bit mantissa inputs). Off by default."""
+    global _tf32
     h = handle()
     h.check(h.lib.cublasSetMathMode(h.handle, TF32_TENSOR_OP_MATH if allow else DEFAULT_MATH), "cublasSetMathMode")
-    h.tf32 = bool(allow)
+    h.tf32 = _tf32 = bool(allow)
+
+
+_tf32 = False
+
+
+def tf32_allowed() -> bool:
+    """Whether :func:`set_allow_tf32` last allowed TF32 (creates no handle, needs no GPU)."""
+    return _tf32
 
 
 def _prefix(dtype) -> tuple[str, type]:

@@ -8,6 +8,8 @@ Engines (each does the whole minibatch; groups in the same calls):
   :data:`COL_BUFFER_BYTES` run in chunks of images.
 - ``implicit-BMxBN``: im2col fused into a tiled GEMM (``conv_implicit``), one launch per pass.
 - ``winograd``: F(2x2, 3x3) for 3x3/stride-1 convolutions (``winograd``).
+- ``tensorcore-BMxBN``: the implicit GEMM on TF32 tensor cores (``conv_tensorcore``), offered only
+  for float32 with TF32 allowed.
 
 Each engine runs three passes (:data:`PASSES`): ``forward``, ``backward_data`` and
 ``backward_weight``. Their scratch (column buffers, Winograd transforms, implicit-GEMM partial sums)
@@ -36,6 +38,7 @@ from . import autotune_file, backend, blas, cuda_graph, winograd
 from . import conv_depthwise as depthwise
 from . import conv_direct as direct
 from . import conv_implicit as ig
+from . import conv_tensorcore as tc
 from . import im2col as gpu_im2col
 from . import math_functions as gm
 from .conv_problem import ConvProblem
@@ -223,6 +226,31 @@ def _implicit_engines() -> dict[str, Engine]:
     return out
 
 
+class TensorCoreEngine(Engine):
+    """The implicit GEMM on TF32 tensor cores (``conv_tensorcore``): float32 when TF32 is allowed."""
+
+    requirement = tc.REQUIREMENT
+
+    def __init__(self, tile: str) -> None:
+        self.tile = tile
+        self.name = f"tensorcore-{tile}"
+
+    def supports(self, prob):
+        return tc.supports(prob)
+
+    def scratch(self, prob, pass_, has_bias):
+        return (tc.workspace_count(prob, self.tile, has_bias) * prob.itemsize,) if pass_ == "backward_weight" else ()
+
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
+        tc.forward(prob, self.tile, x, w, bias, y, relu)
+
+    def backward_data(self, prob, w, dy, dx, ws):
+        tc.backward_data(prob, self.tile, w, dy, dx)
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        tc.backward_weight(prob, self.tile, x, dy, dw, db, ws[0])
+
+
 # -- engines-branch hook: an engine whose module has NAME, supports(prob), forward(prob, x, w, bias, y)
 # and, unless forward-only, backward(prob, x, w, dy, dx, dw, db); forward-only ones back-propagate with gemm.
 class DepthwiseEngine(Engine):
@@ -263,8 +291,10 @@ class DirectEngine(Engine):
 
 
 ENGINES: dict[str, Engine] = {"gemm": GemmEngine(), **_implicit_engines(), "winograd": WinogradEngine(),
-                              "depthwise": DepthwiseEngine(), "direct": DirectEngine()}
+                              "depthwise": DepthwiseEngine(), "direct": DirectEngine(),
+                              **{e.name: e for e in map(TensorCoreEngine, tc.TILES)}}
 IMPLICIT = tuple(n for n in ENGINES if n.startswith("implicit"))
+TENSOR_CORE = tuple(n for n in ENGINES if n.startswith("tensorcore"))
 ENGINE_CANDIDATES = {  # ConvolutionParameter.Engine name -> engines the autotune may pick
     "DEFAULT": tuple(ENGINES),
     "CUDNN": tuple(ENGINES),
@@ -273,6 +303,7 @@ ENGINE_CANDIDATES = {  # ConvolutionParameter.Engine name -> engines the autotun
     "WINOGRAD": ("winograd",),
     "DEPTHWISE": ("depthwise",),
     "DIRECT": ("direct",),
+    "TENSOR_CORE": TENSOR_CORE,
 }
 
 

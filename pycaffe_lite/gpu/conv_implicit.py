@@ -27,7 +27,8 @@ _BK = {"128x128": 8, "64x128": 16, "32x64": 16, "16x128": 16, "64x64": 16, "32x3
 _tables: dict[tuple, SupportsInt] = {}
 
 
-def _tile(name: str) -> tuple[int, int]:
+def tile_shape(name: str) -> tuple[int, int]:
+    """(BM, BN) of a tile named ``"BMxBN"``."""
     bm, bn = name.split("x")
     return int(bm), int(bn)
 
@@ -78,7 +79,7 @@ def backward_data_table(prob: ConvProblem) -> int:
 BLOCK = (THREADS, 1, 1)
 
 
-def _nonnull(*ptrs: int) -> None:
+def nonnull(*ptrs: int) -> None:
     if not all(ptrs):
         raise CudaError("implicit-GEMM convolution: a null device pointer was passed")
 
@@ -88,13 +89,13 @@ def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: i
     epilogue = epilogue_flags(bias, relu)
     plan = prob.cache.get(("ig_forward", tile))
     if plan is None:
-        bm, bn = _tile(tile)
+        bm, bn = tile_shape(tile)
         k = backend.kernel(KERNELS, f"ig_forward_{tile}", prob.np_dtype)
         grid = ((prob.num * prob.out_plane + bn - 1) // bn, (prob.mg + bm - 1) // bm, prob.group)
         plan = prob.cache[("ig_forward", tile)] = (k, grid, forward_table(prob))
         k.check_args(x, w, bias or w, epilogue, plan[2], y, *prob.geometry_args)
     k, grid, tab = plan
-    _nonnull(x, w, y)
+    nonnull(x, w, y)
     k.launch(grid, BLOCK, x, w, bias or w, epilogue, tab, y, *prob.geometry_args)
 
 
@@ -102,20 +103,24 @@ def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int) -> Non
     """``dx = conv_transpose(dy, w)`` (assigned), in one launch."""
     plan = prob.cache.get(("ig_backward_data", tile))
     if plan is None:
-        bm, bn = _tile(tile)
+        bm, bn = tile_shape(tile)
         k = backend.kernel(KERNELS, f"ig_backward_data_{tile}", prob.np_dtype)
         grid = ((prob.num * prob.in_plane + bn - 1) // bn, (prob.cg + bm - 1) // bm, prob.group)
         plan = prob.cache[("ig_backward_data", tile)] = (k, grid, backward_data_table(prob))
         k.check_args(w, dy, plan[2], dx, *prob.geometry_args)
     k, grid, tab = plan
-    _nonnull(w, dy, dx)
+    nonnull(w, dy, dx)
     k.launch(grid, BLOCK, w, dy, tab, dx, *prob.geometry_args)
 
 
 def weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, int]:
     """(splits, chunk) of the contraction over ``num * Ho * Wo`` so the grid fills the device."""
-    bm, bn = _tile(tile)
-    bk = _BK[tile]
+    return split_contraction(prob, *tile_shape(tile), _BK[tile], has_bias)
+
+
+def split_contraction(prob: ConvProblem, bm: int, bn: int, bk: int, has_bias: bool) -> tuple[int, int]:
+    """(splits, chunk) for a weight-gradient kernel of ``bm x bn`` tiles and ``bk`` slices: split s
+    sums ``t`` in ``[s*chunk, (s+1)*chunk)`` of the ``num * Ho * Wo`` contraction."""
     tiles = -(-prob.mg // bm) * -(-(prob.kg + int(has_bias)) // bn) * prob.group
     total = prob.num * prob.out_plane
     want = max(1, -(-2 * backend.multiprocessor_count() // tiles))
@@ -143,7 +148,7 @@ def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: 
     key = ("ig_backward_weight", tile, has_bias)
     plan = prob.cache.get(key)
     if plan is None:
-        bm, bn = _tile(tile)
+        bm, bn = tile_shape(tile)
         splits, chunk = weight_splits(prob, tile, bool(has_bias))
         cols = prob.kg + has_bias
         k = backend.kernel(KERNELS, f"ig_backward_weight_{tile}", prob.np_dtype)
@@ -156,7 +161,7 @@ def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: 
         k.check_args(x, dy, plan[2][0], workspace, splits, chunk, has_bias, *prob.geometry_args)
         r.check_args(n, workspace, splits, prob.mg, prob.kg, has_bias, dw, db or dw)
     k, grid, (tab, splits, chunk, _), r, rgrid, rargs = plan
-    _nonnull(x, dy, dw, workspace)
+    nonnull(x, dy, dw, workspace)
     k.launch(grid, BLOCK, x, dy, tab, workspace, splits, chunk, has_bias, *prob.geometry_args)
     n = prob.group * prob.mg * (prob.kg + has_bias)
     r.launch(rgrid, BLOCK, n, workspace, *rargs, dw, db or dw)

@@ -539,6 +539,7 @@ class ConvolutionParameter(_message.Message):
         WINOGRAD: _ClassVar[ConvolutionParameter.Engine]
         DEPTHWISE: _ClassVar[ConvolutionParameter.Engine]
         DIRECT: _ClassVar[ConvolutionParameter.Engine]
+        TENSOR_CORE: _ClassVar[ConvolutionParameter.Engine]
     DEFAULT: ConvolutionParameter.Engine
     CAFFE: ConvolutionParameter.Engine
     CUDNN: ConvolutionParameter.Engine
@@ -546,6 +547,7 @@ class ConvolutionParameter(_message.Message):
     WINOGRAD: ConvolutionParameter.Engine
     DEPTHWISE: ConvolutionParameter.Engine
     DIRECT: ConvolutionParameter.Engine
+    TENSOR_CORE: ConvolutionParameter.Engine
     NUM_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     BIAS_TERM_FIELD_NUMBER: _ClassVar[int]
     PAD_FIELD_NUMBER: _ClassVar[int]
