@@ -68,13 +68,13 @@ INCEPTION = (_input(3, 12) + _conv("conv1", "data", 8) + _relu("conv1")
 NETS = {"vgg": VGG, "inception": INCEPTION}
 
 
-def _net(text: str, share: bool = True, phase=caffe.TEST) -> caffe.Net:
-    """A net with fixed random weights; ``share=False``: the reference that keeps every blob."""
-    net = caffe.Net(parse_text(text, caffe_pb2.NetParameter()), phase)
+def _net(text: str | caffe_pb2.NetParameter, share: bool = True) -> caffe.Net:
+    """A TEST net with fixed random weights; ``share=False``: the reference that keeps every blob."""
+    net = caffe.Net(parse_text(text, caffe_pb2.NetParameter()) if isinstance(text, str) else text, caffe.TEST)
     rng = np.random.default_rng(0)
     for layer in net.layers:
         for i, blob in enumerate(layer.blobs):
-            values = rng.standard_normal(blob.shape) * 0.3
+            values = rng.standard_normal(blob.shape) / np.sqrt(blob.count // blob.shape[0] if blob.shape else 1)
             if layer.type == "BatchNorm":
                 values = np.abs(values) + 0.5 if i == 1 else np.ones(blob.shape) if i == 2 else values
             blob.data[...] = values
@@ -178,6 +178,22 @@ def test_reading_a_stale_blob_reruns_the_forward(name, mode, monkeypatch, caplog
     for name_ in shared.blobs:
         np.testing.assert_array_equal(shared.blobs[name_].data, ref.blobs[name_].data, err_msg=name_)
     assert len(runs) > n
+
+
+@pytest.mark.parametrize("name", ["squeezenet_v1_1", "bvlc_googlenet"])
+def test_zoo_deploy_nets_equal_with_and_without_sharing(name, mode):
+    param = load_net_param(ZOO / f"{name}_deploy.prototxt")
+    param.layer[0].input_param.shape[0].dim[0] = 1
+    shared, ref = _net(param), _net(param, share=False)
+    x = _input_values(ref)
+    for _ in range(3):
+        expect = {k: v.copy() for k, v in ref.forward(data=x).items()}
+        got = shared.forward(data=x)
+        for k in expect:
+            np.testing.assert_array_equal(got[k], expect[k])
+    assert len(shared.executor.shared_data.stale) > 40
+    for blob in ref.blobs:  # the first read re-runs the forward; then every value is pycaffe's
+        np.testing.assert_array_equal(shared.blobs[blob].data, ref.blobs[blob].data, err_msg=blob)
 
 
 def test_touching_a_current_shared_blob_unshares_without_rerun(monkeypatch):
