@@ -172,8 +172,9 @@ class SharedData:
     *stale*: a later blob overwrote it. Every net blob then reports user access through its
     ``data``/``diff`` properties (layers never use those):
 
-    - a source (input, data reader top) is copied once, so that a later re-run can check that it
-      still holds what the forward consumed;
+    - a source (input, data reader top) is copied (at the end of the forward when its host copy is
+      current, else on its first access), so that a re-run can check it still holds what the
+      forward consumed (an array kept from an earlier ``data`` access may have been written);
     - a shared blob un-shares the net for good: every blob gets memory of its own holding its
       current values (one INFO line says so);
     - a stale blob is recomputed: the last forward is re-run (every layer but the sources, whose
@@ -266,19 +267,26 @@ class SharedData:
             self._plan()
         elif self._memories:
             self._drop_plan()
-        self._running = True
+        blobs = self.net._blobs
+        self._running = ok = True
         try:
             yield
+        except BaseException:
+            ok = False
+            raise
         finally:
             self._running = False
-        if full:
-            self.stale = set(self._overwritten)
-            self._consumed.clear()
-            self._sources_replaced = False
-        else:  # blobs sharing memory with what the range produced hold fresh values
-            fresh = {id(self.net._blobs[b].data_memory) for k in range(start, end + 1) for b in self.net.top_id_vecs[k]}
-            self.stale = {b for b in self.stale if id(self.net._blobs[b].data_memory) not in fresh}
-        self._set_hooks(bool(self._memories or self.stale))
+            if full:  # what a failed forward left in shared memory is undefined: stale
+                self.stale = set(self._overwritten if ok else self._planned)
+                self._sources_replaced = False
+                # The sources' values a re-run must find again: host copies now when they are
+                # current (no device traffic), the others on their first access (_access).
+                self._consumed = {b: blobs[b].cpu_data().copy() for b in self._sources
+                                  if self.stale and not blobs[b].data_memory.device_is_newer()}
+            elif ok:  # blobs sharing memory with what the range produced hold fresh values
+                fresh = {id(blobs[b].data_memory) for k in range(start, end + 1) for b in self.net.top_id_vecs[k]}
+                self.stale = {b for b in self.stale if id(blobs[b].data_memory) not in fresh}
+            self._set_hooks(bool(self._memories or self.stale))
 
     def keep_blobs(self, bids: Collection[int]) -> None:
         """Give these blobs memory of their own from the next forward on (``forward(blobs=...)``)."""
@@ -317,7 +325,7 @@ class SharedData:
         """Re-run the last forward (sources excluded) to recompute the stale values ``what`` needs."""
         net = self.net
         changed = [net._blob_names[b] for b, values in self._consumed.items()
-                   if not np.array_equal(net._blobs[b].cpu_data(), values)]
+                   if not np.array_equal(net._blobs[b].cpu_data(), values, equal_nan=True)]
         if changed or self._sources_replaced:
             names = ", ".join(f"'{n}'" for n in changed) or "inputs"
             raise NetError(

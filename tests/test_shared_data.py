@@ -224,6 +224,34 @@ def test_changed_input_then_stale_read_is_a_clear_error():
     np.testing.assert_array_equal(net.blobs[stale].data, _rerun_reference(VGG, np.zeros_like(_input_values(net)))[stale])
 
 
+def test_input_written_through_a_kept_array_is_noticed():
+    net = _net(VGG)
+    data = net.blobs["data"].data  # kept from before the forward, as feeding loops do
+    data[...] = _input_values(net)
+    net.forward()
+    data[...] = 0.0
+    with pytest.raises(NetError, match="'data' changed since"):
+        _ = net.blobs[net._blob_names[min(net.executor.shared_data.stale)]].data
+
+
+def test_a_failed_forward_leaves_shared_values_stale(monkeypatch):
+    net = _net(VGG)
+    net.forward(data=_input_values(net))
+    plain = net.executor._run_forward
+
+    def failing(start, end):
+        plain(start, end)
+        raise RuntimeError("layer failed")
+
+    monkeypatch.setattr(net.executor, "_run_forward", failing)
+    with pytest.raises(RuntimeError):
+        net.forward(data=_input_values(net))
+    sd = net.executor.shared_data
+    assert sd._planned and sd._planned <= sd.stale
+    with pytest.raises(RuntimeError, match="layer failed"):  # a read re-runs, and fails the same way
+        _ = net.blobs["fc7"].data
+
+
 def _rerun_reference(text: str, x: np.ndarray) -> dict[str, np.ndarray]:
     ref = _net(text, share=False)
     ref.forward(data=x)
