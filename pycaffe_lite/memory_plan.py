@@ -166,15 +166,17 @@ class SharedData:
     """Applies :func:`shared_data_slots` to a net's forwards, keeping pycaffe's semantics.
 
     Before a full forward of a net that runs no backward (no layer needs it, no per-layer hooks, no
-    layer with outside effects: Python, HDF5Output), the data of the planned blobs is pointed into
+    layer with outside effects: Python, HDF5Output, no layer rewriting a source in place), the data of the planned blobs is pointed into
     one buffer per slot: a numpy array on the CPU, a device allocation on the GPU (planned again
     when shapes or the mode change). After the forward, every member of a slot but the last is
-    *stale*: a later blob overwrote it. Every net blob then reports user access through its
-    ``data``/``diff`` properties (layers never use those):
+    *stale*: a later blob overwrote it. Every net blob and param blob then reports user access
+    through its ``data``/``diff`` properties (layers never use those):
 
     - a source (input, data reader top) is copied (at the end of the forward when its host copy is
-      current, else on its first access), so that a re-run can check it still holds what the
-      forward consumed (an array kept from an earlier ``data`` access may have been written);
+      current, else on its first access), and so is a param blob of the net on its first access,
+      so that a re-run can check they still hold what the forward consumed (an array kept from an
+      earlier ``data`` access may have been written). Weights changed otherwise (loaded, trained
+      through another net sharing them) are not noticed: a re-run uses the current ones;
     - a shared blob un-shares the net for good: every blob gets memory of its own holding its
       current values (one INFO line says so);
     - a stale blob is recomputed: the last forward is re-run (every layer but the sources, whose
@@ -201,7 +203,16 @@ class SharedData:
         self._memories: list[SyncedMemory] = []  # memories pointed into slots
         self._planned: set[int] = set()  # blob ids of those memories
         self._sources = source_blobs(net)
-        self._consumed: dict[int, np.ndarray] = {}  # source blob id -> values the forward read
+        # What a re-run reads besides the net's own values: sources and weights, by id(Blob)
+        self._consumed: dict[int, tuple[Blob, np.ndarray]] = {}  # -> (blob, values the forward read)
+        self._names = {id(blob): f"'{name}'" for name, blob in zip(net._blob_names, net._blobs)}
+        self._names.update({id(blob): f"the weights of layer '{net._layer_names[k]}' (param {i})"
+                            for blob, (k, i) in zip(net.params_list, net.param_layer_indices)})
+        # A re-run repeats every layer but the sources: none may rewrite a source in place or act
+        # outside the net.
+        rewritten = {b for k, bottoms in enumerate(net.bottom_id_vecs) if bottoms for b in net.top_id_vecs[k]}
+        self._can_share = not any(net.layer_need_backward) and not rewritten & self._sources and not any(
+            layer.type in _EFFECTS for layer in net.layers)
         self._sources_replaced = False
         self._running = False
         self._ids = {id(blob): bid for bid, blob in enumerate(net._blobs)}
@@ -211,12 +222,10 @@ class SharedData:
         return sum(self._slot_bytes), sum(m.nbytes for m in self._memories)
 
     def _eligible(self) -> bool:
-        net = self.net
-        return (data_sharing_enabled() and not self.disabled and not any(net.layer_need_backward)
-                and not any(self.executor.hooks.values()) and not any(layer.type in _EFFECTS for layer in net.layers))
+        return self._can_share and data_sharing_enabled() and not self.disabled and not any(self.executor.hooks.values())
 
     def _set_hooks(self, on: bool) -> None:
-        for blob in self.net._blobs:
+        for blob in (*self.net._blobs, *self.net.params_list):
             blob.on_access = self._access if on else None
 
     def _forget_plan(self) -> None:
@@ -281,7 +290,7 @@ class SharedData:
                 self._sources_replaced = False
                 # The sources' values a re-run must find again: host copies now when they are
                 # current (no device traffic), the others on their first access (_access).
-                self._consumed = {b: blobs[b].cpu_data().copy() for b in self._sources
+                self._consumed = {id(blobs[b]): (blobs[b], blobs[b].cpu_data().copy()) for b in self._sources
                                   if self.stale and not blobs[b].data_memory.device_is_newer()}
             elif ok:  # blobs sharing memory with what the range produced hold fresh values
                 fresh = {id(blobs[b].data_memory) for k in range(start, end + 1) for b in self.net.top_id_vecs[k]}
@@ -300,10 +309,10 @@ class SharedData:
     def _access(self, blob: Blob) -> None:
         if self._running:  # a Python layer or hook inside the forward
             return
-        bid = self._ids[id(blob)]
-        if bid in self._sources:
-            if self.stale and bid not in self._consumed:
-                self._consumed[bid] = blob.cpu_data().copy()
+        bid = self._ids.get(id(blob))
+        if bid is None or bid in self._sources:  # a weight or a source: what a re-run reads
+            if self.stale and id(blob) not in self._consumed:
+                self._consumed[id(blob)] = (blob, blob.cpu_data().copy())
             return
         if bid in self._planned:
             self._unshare(f"blob '{self.net._blob_names[bid]}' was accessed")
@@ -324,10 +333,10 @@ class SharedData:
     def _rematerialise(self, what: str) -> None:
         """Re-run the last forward (sources excluded) to recompute the stale values ``what`` needs."""
         net = self.net
-        changed = [net._blob_names[b] for b, values in self._consumed.items()
-                   if not np.array_equal(net._blobs[b].cpu_data(), values, equal_nan=True)]
+        changed = [self._names[key] for key, (blob, values) in self._consumed.items()
+                   if not np.array_equal(blob.cpu_data(), values, equal_nan=True)]
         if changed or self._sources_replaced:
-            names = ", ".join(f"'{n}'" for n in changed) or "inputs"
+            names = ", ".join(changed) or "its inputs"
             raise NetError(
                 f"net '{net.name}': {what} needs values of the last forward that are gone: the net shares "
                 f"memory between intermediate blobs whose values are not needed at the same time, and "

@@ -234,6 +234,26 @@ def test_input_written_through_a_kept_array_is_noticed():
         _ = net.blobs[net._blob_names[min(net.executor.shared_data.stale)]].data
 
 
+def test_weights_changed_through_params_then_stale_read_is_an_error():
+    net = _net(VGG)
+    net.forward(data=_input_values(net))
+    stale = net._blob_names[min(net.executor.shared_data.stale)]
+    assert net.params["conv1_1"][0].data.any()  # a read: the re-run may still happen
+    np.testing.assert_array_equal(net.blobs[stale].data, _rerun_reference(VGG, _input_values(net))[stale])
+    net = _net(VGG)
+    net.forward(data=_input_values(net))
+    net.params["conv1_1"][0].data[...] *= 2
+    with pytest.raises(NetError, match=r"the weights of layer 'conv1_1' \(param 0\) changed since"):
+        _ = net.blobs[stale].data
+
+
+def test_nets_that_cannot_rerun_do_not_share():
+    power = 'layer { name: "scale" type: "Power" bottom: "data" top: "data" power_param { scale: 2 } }\n'
+    net = _net(VGG.replace(_input(3, 16), _input(3, 16) + power, 1))  # a re-run would scale again
+    net.forward(data=_input_values(net))
+    assert not net.executor.shared_data.slots
+
+
 def test_a_failed_forward_leaves_shared_values_stale(monkeypatch):
     net = _net(VGG)
     net.forward(data=_input_values(net))
