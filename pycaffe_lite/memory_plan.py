@@ -131,6 +131,8 @@ def _held_by_layers(net: Net) -> set[int]:
             held.add(id(obj.data_memory))
         elif isinstance(obj, (list, tuple)):
             todo.extend(obj)
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
         elif isinstance(obj, (Layer, python_layer.Layer)):
             todo.extend(vars(obj).values())
     return held

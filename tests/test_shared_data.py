@@ -127,6 +127,18 @@ def test_plan_shares_only_values_never_live_together(name):
         assert any({"res", "one", "flat"} <= g for g in groups)
 
 
+def test_memory_a_layer_holds_itself_is_never_shared():
+    text = (_input(3, 8) + _conv("c1", "data", 4) + _conv("c2", "c1", 4)
+            + 'layer { name: "spp" type: "SPP" bottom: "c2" top: "spp" spp_param { pyramid_height: 2 } }\n'
+            + 'layer { name: "fc" type: "InnerProduct" bottom: "spp" top: "fc" inner_product_param { num_output: 3 } }\n')
+    net = _net(text)
+    planned = {net._blob_names[b] for _, groups in shared_data_slots(net) for g in groups for b in g}
+    assert planned == {"c1", "spp"}  # c2 is also the SPP's internal splits' memory
+    shared, ref = _net(text), _net(text, share=False)
+    x = _input_values(ref)
+    np.testing.assert_array_equal(shared.forward(data=x)["fc"], ref.forward(data=x)["fc"])
+
+
 def test_vgg16_deploy_plan_needs_less_memory_than_its_blobs():
     param = load_net_param(ZOO / "vgg16_deploy.prototxt")
     param.layer[0].input_param.shape[0].dim[0] = 2
