@@ -14,6 +14,10 @@ once, with a log line and an entry in :attr:`Executor.fallbacks`. Before a repla
 memory the net can reach is copied to the device (values a user wrote through ``blob.data`` are
 used); after it, the memories the work writes are marked device-newest. Setting the environment
 variable ``PYCAFFE_LITE_CUDA_GRAPHS=0`` (or ``executor.use_graphs = False``) runs everything plainly.
+
+Memory plans (:mod:`~pycaffe_lite.memory_plan`): training iterations share gradient buffers
+(``_plan_diffs``); full forwards of nets that never run backward share intermediate data
+(:attr:`Executor.shared_data`, which also keeps pycaffe's semantics for the blobs users read).
 """
 
 from __future__ import annotations
