@@ -1,17 +1,21 @@
 """Peak device memory of deploy-net forwards (TEST phase, no force_backward) at batch 32.
 
-    python benchmarks/deploy_memory.py [--nets resnet50,vgg16,...] [--batch 32]
+    python benchmarks/deploy_memory.py [--nets resnet50,vgg16,...] [--batch 32] [--plan]
 
 Each net runs in its own subprocess (so memory is counted from a fresh CUDA context, as in
-``zoo.py``): build the model-zoo deploy net, two forwards (the second a CUDA-graph replay), then
-print what the process holds from the device (``backend.memory_held()``). The issue's target:
-at most half of the same net's training step, which ``zoo.py`` reports.
+``zoo.py``): build the model-zoo deploy net, three forwards (a plain run, a CUDA-graph capture, a
+replay), then print what the process holds from the device (``backend.memory_held()``); once with
+intermediate blobs sharing memory (the default, ``memory_plan.SharedData``) and once with
+``PYCAFFE_LITE_SHARE_DATA=0`` for reference. The issue's target: at most half of the same net's
+training step, which ``zoo.py`` reports. ``--plan`` needs no GPU: it builds the nets on the CPU
+and prints the bytes of their blobs' data alone and with the shared-data plan.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,43 +26,79 @@ FILES = {"resnet50": "resnet50", "vgg16": "vgg16", "googlenet": "bvlc_googlenet"
          "squeezenet1_1": "squeezenet_v1_1", "mobilenet_v2": "mobilenet_v2"}
 
 
-def worker(name: str, batch: int) -> dict:
+def _net(name: str, batch: int):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import numpy as np
     import ours
+
+    import pycaffe_lite as caffe
+
+    return caffe.Net(ours.zoo_param(ZOO / f"{FILES[name]}_deploy.prototxt", batch, train=False), caffe.TEST)
+
+
+def worker(name: str, batch: int) -> dict:
+    import numpy as np
 
     import pycaffe_lite as caffe
     from pycaffe_lite.gpu import backend
 
     caffe.set_mode_gpu()
     backend.state()
-    net = caffe.Net(ours.zoo_param(ZOO / f"{FILES[name]}_deploy.prototxt", batch, train=False), caffe.TEST)
+    net = _net(name, batch)
+    import ours  # (on the path now)
+
     ours.randomize_params(net)
     net.blobs["data"].data[...] = np.random.default_rng(0).standard_normal(net.blobs["data"].shape)
     for _ in range(3):
         net.forward_prefilled()
     backend.synchronize()
-    return {"net": name, "batch": batch, **backend.memory_held(), "fusions": len(net.executor.fusions)}
+    slots, alone = net.executor.shared_data.planned_bytes()
+    return {"net": name, "batch": batch, **backend.memory_held(), "fusions": len(net.executor.fusions),
+            "slots": slots, "alone": alone}
+
+
+def plan(name: str, batch: int) -> str:
+    """The shared-data plan's bytes on the CPU (no forward runs)."""
+    from pycaffe_lite.memory_plan import shared_data_slots
+
+    net = _net(name, batch)
+    memories = {id(b.data_memory): b.data_memory.nbytes for b in net._blobs}
+    slots = [s for s in shared_data_slots(net) if len(s[1]) > 1]
+    planned = sum(net._blobs[g[0]].data_memory.nbytes for _, groups in slots for g in groups)
+    blobs = sum(memories.values())
+    shared = blobs - planned + sum(n for n, _ in slots)
+    return (f"{name:14s} b{batch} blob data: {blobs / 2**20:7.0f} MiB alone, {shared / 2**20:6.0f} MiB shared "
+            f"({len(slots)} slots for {sum(len(g) for _, g in slots)} of {len(memories)} data memories)")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nets", default="resnet50,vgg16,squeezenet1_1,mobilenet_v2")
+    ap.add_argument("--nets", default="resnet50,vgg16,squeezenet1_1,mobilenet_v2,googlenet")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--plan", action="store_true", help="print the CPU-counted plan only (no GPU)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.batch)))
         return 0
     for name in args.nets.split(","):
-        proc = subprocess.run([sys.executable, __file__, "--worker", name, "--batch", str(args.batch)],
-                              capture_output=True, text=True, timeout=300)
-        if proc.returncode:
-            print(f"{name}: error\n{proc.stderr[-2000:]}")
+        if args.plan:
+            print(plan(name, args.batch))
             continue
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"{name:14s} deploy b{r['batch']} forward: {r['device'] / 2**20:8.0f} MiB held "
-              f"(pool {r['pool'] / 2**20:.0f} MiB), {r['fusions']} Conv+BN(+Scale) fusions")
+        held = {}
+        for share in ("1", "0"):
+            proc = subprocess.run([sys.executable, __file__, "--worker", name, "--batch", str(args.batch)],
+                                  capture_output=True, text=True, timeout=300,
+                                  env={**os.environ, "PYCAFFE_LITE_SHARE_DATA": share})
+            if proc.returncode:
+                print(f"{name}: error\n{proc.stderr[-2000:]}")
+                break
+            held[share] = json.loads(proc.stdout.strip().splitlines()[-1])
+        else:
+            r = held["1"]
+            print(f"{name:14s} deploy b{r['batch']} forward: {r['device'] / 2**20:8.0f} MiB held (pool "
+                  f"{r['pool'] / 2**20:.0f} MiB; shared data: {r['slots'] / 2**20:.0f} MiB of slots for "
+                  f"{r['alone'] / 2**20:.0f} MiB of blobs), {held['0']['device'] / 2**20:.0f} MiB without sharing "
+                  f"(PYCAFFE_LITE_SHARE_DATA=0), {r['fusions']} Conv+BN(+Scale) fusions")
     return 0
 
 

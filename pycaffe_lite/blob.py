@@ -9,7 +9,7 @@ writes through the ``mutable_*`` variants, as in Caffe.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import SupportsInt
 
 import numpy as np
@@ -48,6 +48,7 @@ class Blob:
         self._capacity = 0
         self._data = SyncedMemory(0, self.dtype)  # (allocates nothing; reshape sizes it)
         self._diff = SyncedMemory(0, self.dtype)
+        self.on_access: Callable[[Blob], None] | None = None  # told of user access (data/diff properties)
         self.reshape(shape)
 
     # -- shape ------------------------------------------------------------------------------
@@ -130,22 +131,32 @@ class Blob:
     def mutable_cpu_diff(self) -> np.ndarray:
         return self._view(self._diff.mutable_cpu())
 
+    # pycaffe's properties are the user's access: a net that shares memory between blobs is told
+    # (``on_access``, see memory_plan.SharedData); layers use the methods above.
+    def _user_access(self) -> None:
+        if self.on_access is not None:
+            self.on_access(self)
+
     @property
     def data(self) -> np.ndarray:
         """pycaffe: writable host array of the data (marks the host copy newest)."""
+        self._user_access()
         return self.mutable_cpu_data()
 
     @data.setter
     def data(self, value) -> None:
+        self._user_access()
         self.mutable_cpu_data()[...] = value
 
     @property
     def diff(self) -> np.ndarray:
         """pycaffe: writable host array of the diff (marks the host copy newest)."""
+        self._user_access()
         return self.mutable_cpu_diff()
 
     @diff.setter
     def diff(self, value) -> None:
+        self._user_access()
         self.mutable_cpu_diff()[...] = value
 
     # -- device access (pointers) -----------------------------------------------------------

@@ -14,6 +14,10 @@ once, with a log line and an entry in :attr:`Executor.fallbacks`. Before a repla
 memory the net can reach is copied to the device (values a user wrote through ``blob.data`` are
 used); after it, the memories the work writes are marked device-newest. Setting the environment
 variable ``PYCAFFE_LITE_CUDA_GRAPHS=0`` (or ``executor.use_graphs = False``) runs everything plainly.
+
+Memory plans (:mod:`~pycaffe_lite.memory_plan`): training iterations share gradient buffers
+(``_plan_diffs``); full forwards of nets that never run backward share intermediate data
+(:attr:`Executor.shared_data`, which also keeps pycaffe's semantics for the blobs users read).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from .blob import shape_generation, weighted_sum
 from .fusion import find_fusions
 from .gpu import backend, cuda_graph
 from .layer import Layer
-from .memory_plan import shared_diff_slots, sharing_enabled
+from .memory_plan import SharedData, shared_diff_slots, sharing_enabled
 from .synced_memory import SyncedMemory
 
 if TYPE_CHECKING:
@@ -133,6 +137,7 @@ class Executor:
         self.loss_log: LossLog | None = None
         self._diff_plan_key: tuple | None = None
         self._diff_slots: list[SupportsInt] = []
+        self.shared_data = SharedData(self)  # intermediate data of nets that never run backward
         # -- per-layer hooks (pycaffe's Net.before_forward & co.; multi-GPU gradient reduction) --
         # hook(layer_index) around every layer of a pass. A hook with ``graph_safe = True`` only
         # queues device work and may be captured in whole-iteration graphs; any other hook makes
@@ -237,6 +242,10 @@ class Executor:
     # -- ranges ---------------------------------------------------------------------------------
     def forward(self, start: int, end: int) -> float:
         """Run layers ``start..end`` (inclusive); the summed weighted loss of their loss tops."""
+        with self.shared_data.forward(start, end):
+            return self._forward(start, end)
+
+    def _forward(self, start: int, end: int) -> float:
         if any(start <= i <= end for i in self._read_loss_early):
             return self._forward_reading_early(start, end)
         first = self._first_device_layer(start, end)

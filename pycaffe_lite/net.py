@@ -445,7 +445,8 @@ class Net:
                     f"net '{self.name}': input '{name}' has shape {value.shape}, blob expects {blob.shape} "
                     "(call blob.reshape(...) and net.reshape() first to change it)"
                 )
-            blob.data[...] = value
+            self.executor.shared_data.sources_replaced()
+            blob.mutable_cpu_data()[...] = value
 
     def _set_diffs(self, arrays: dict[str, np.ndarray]) -> None:
         for name, value in arrays.items():
@@ -472,7 +473,9 @@ class Net:
             outputs = set(self.top_names_of(end_i))
         else:
             outputs = set(self._outputs)
-        outputs |= set(blobs or ())
+        wanted = set(blobs or ())
+        outputs |= wanted
+        self.executor.shared_data.keep_blobs([self._blob_name_to_idx[n] for n in wanted if n in self._blob_dict])
         self.forward_from_to(start_i, end_i)
         return {name: self._blob_dict[name].data for name in self._blob_names if name in outputs}
 

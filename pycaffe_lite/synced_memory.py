@@ -29,7 +29,7 @@ class HostAccessDuringCapture(RuntimeError):
 class SyncedMemory:
     """``count`` elements of ``dtype`` on the host (numpy) and, on demand, on the device."""
 
-    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head")
+    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head", "shared")
 
     def __init__(self, count: int, dtype: np.dtype, device: SupportsInt | None = None) -> None:
         """``device``: an existing device allocation of at least ``count`` elements to use (memory
@@ -39,6 +39,7 @@ class SyncedMemory:
         self._cpu: np.ndarray | None = None
         self._gpu: SupportsInt | None = device  # device allocation (int()-able pointer)
         self.head = Head.UNINITIALIZED
+        self.shared = False  # storage from use_storage(), which other SyncedMemory objects use too
 
     @property
     def nbytes(self) -> int:
@@ -79,6 +80,30 @@ class SyncedMemory:
             )
         self._cpu = array.reshape(-1)
         self.head = Head.HEAD_AT_CPU
+
+    # -- storage a memory plan shares -----------------------------------------------------------
+    def use_storage(self, host: np.ndarray | None = None, device: SupportsInt | None = None) -> None:
+        """Drop the values; keep the next ones in ``host`` (a flat array of ``count`` elements) or at
+        ``device`` (an allocation of at least ``nbytes``), storage a memory plan shares between
+        objects whose values are never live together; with neither, in memory of its own again
+        (allocated on first use)."""
+        self._cpu, self._gpu, self.head = None, device, Head.UNINITIALIZED
+        if host is not None:
+            self.set_cpu(host)
+        self.shared = host is not None or device is not None
+
+    def own_storage(self) -> None:
+        """Copy the values out of shared storage (:meth:`use_storage`) into memory of its own."""
+        if not self.shared:
+            return
+        self.shared = False
+        if self._cpu is not None:
+            self._cpu = self._cpu.copy()
+        if self._gpu is not None:
+            mine = _backend.alloc(max(self.nbytes, self.dtype.itemsize))
+            if self.head in (Head.HEAD_AT_GPU, Head.SYNCED):
+                _backend.memcpy_dtod(int(mine), int(self._gpu), self.nbytes)
+            self._gpu = mine
 
     # -- device side ------------------------------------------------------------------------
     def _to_gpu(self) -> int:
