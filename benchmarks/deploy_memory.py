@@ -6,8 +6,9 @@ Each net runs in its own subprocess (so memory is counted from a fresh CUDA cont
 ``zoo.py``): build the model-zoo deploy net, three forwards (a plain run, a CUDA-graph capture, a
 replay), then print what the process holds from the device (``backend.memory_held()``); once with
 intermediate blobs sharing memory (the default, ``memory_plan.SharedData``) and once with
-``PYCAFFE_LITE_SHARE_DATA=0`` for reference. The issue's target: at most half of the same net's
-training step, which ``zoo.py`` reports. ``--plan`` needs no GPU: it builds the nets on the CPU
+``PYCAFFE_LITE_SHARE_DATA=0`` for reference; and, in a third subprocess, what the same net's
+batch-32 training step holds (``zoo.py``'s measurement), so the ratio the issue targets (deploy at
+most half of training) comes from one run. ``--plan`` needs no GPU: it builds the nets on the CPU
 and prints the bytes of their blobs' data alone and with the shared-data plan.
 """
 
@@ -56,6 +57,20 @@ def worker(name: str, batch: int) -> dict:
             "slots": slots, "alone": alone}
 
 
+def train_worker(name: str, batch: int) -> dict:
+    """What the process holds after training steps of the net (zoo.py's our-side measurement)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import ours
+
+    import pycaffe_lite as caffe
+    from pycaffe_lite.gpu import backend
+
+    caffe.set_mode_gpu()
+    backend.state()
+    out = ours._zoo_train(ZOO / f"{FILES[name]}_deploy.prototxt", batch, 3, 2, backend.synchronize, True)
+    return out["memory"]
+
+
 def plan(name: str, batch: int) -> str:
     """The shared-data plan's bytes on the CPU (no forward runs)."""
     from pycaffe_lite.memory_plan import shared_data_slots
@@ -76,29 +91,34 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--plan", action="store_true", help="print the CPU-counted plan only (no GPU)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--train-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.batch)))
+        return 0
+    if args.train_worker:
+        print(json.dumps(train_worker(args.train_worker, args.batch)))
         return 0
     for name in args.nets.split(","):
         if args.plan:
             print(plan(name, args.batch))
             continue
         held = {}
-        for share in ("1", "0"):
-            proc = subprocess.run([sys.executable, __file__, "--worker", name, "--batch", str(args.batch)],
+        for what, share in (("--worker", "1"), ("--worker", "0"), ("--train-worker", "1")):
+            proc = subprocess.run([sys.executable, __file__, what, name, "--batch", str(args.batch)],
                                   capture_output=True, text=True, timeout=300,
                                   env={**os.environ, "PYCAFFE_LITE_SHARE_DATA": share})
             if proc.returncode:
                 print(f"{name}: error\n{proc.stderr[-2000:]}")
                 break
-            held[share] = json.loads(proc.stdout.strip().splitlines()[-1])
+            held[what + share] = json.loads(proc.stdout.strip().splitlines()[-1])
         else:
-            r = held["1"]
-            print(f"{name:14s} deploy b{r['batch']} forward: {r['device'] / 2**20:8.0f} MiB held (pool "
+            r, train = held["--worker1"], held["--train-worker1"]["device"]
+            print(f"{name:14s} deploy b{r['batch']} forward: {r['device'] / 2**20:8.0f} MiB held = "
+                  f"{r['device'] / train:.2f}x of the training step's {train / 2**20:.0f} MiB (pool "
                   f"{r['pool'] / 2**20:.0f} MiB; shared data: {r['slots'] / 2**20:.0f} MiB of slots for "
-                  f"{r['alone'] / 2**20:.0f} MiB of blobs), {held['0']['device'] / 2**20:.0f} MiB without sharing "
-                  f"(PYCAFFE_LITE_SHARE_DATA=0), {r['fusions']} Conv+BN(+Scale) fusions")
+                  f"{r['alone'] / 2**20:.0f} MiB of blobs); {held['--worker0']['device'] / 2**20:.0f} MiB without "
+                  f"sharing (PYCAFFE_LITE_SHARE_DATA=0); {r['fusions']} fusions")
     return 0
 
 

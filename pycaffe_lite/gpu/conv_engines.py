@@ -464,12 +464,13 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
     else:
         if choice is None:
             choice, tuned = _tune(prob, has_bias, names), True
-        # Keep room for the largest scratch any chosen pass needs so far, so later passes do not
-        # grow (and re-key graphs); the tuning operands were full-size tensors: give them back.
+        # Keep room for the largest forward scratch chosen so far, so later forwards do not grow
+        # the workspace (and re-key graphs); the tuning operands were full-size tensors: give them
+        # back. Backward passes grow it when they first run (a net's first, uncaptured iteration),
+        # so nets that never run backward (deploy) hold no backward scratch.
         global _scratch_peak
-        for p in PASSES:
-            sizes = ENGINES[getattr(choice, p)].scratch(prob, p, has_bias)
-            _scratch_peak = max(_scratch_peak, backend.workspace_total(*sizes))
+        sizes = ENGINES[choice.forward].scratch(prob, "forward", has_bias)
+        _scratch_peak = max(_scratch_peak, backend.workspace_total(*sizes))
         if tuned:
             backend.release_workspace()
         if _scratch_peak:
