@@ -141,6 +141,14 @@ class BatchNormLayer(Layer):
         w = gm.vec_width(S, dt, x, y)
         self._k(f"bn_normalize_v{w}")(bottom[0].count // w, C, S, x, mean, inv_std, y)
 
+    def normalize_into(self, bottom: Blob, out: int) -> None:
+        """Write this layer's last forward output into device pointer ``out`` again, bit for bit,
+        from ``bottom`` (its input, which must be unchanged) and the statistics that forward used."""
+        x = bottom.gpu_data()
+        w = gm.vec_width(self.spatial, self.dtype, x, out)
+        self._k(f"bn_normalize_v{w}")(bottom.count // w, self.channels, self.spatial, x, self._mean.gpu_data(),
+                                      self._inv_std.gpu_data(), out)
+
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return

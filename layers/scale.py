@@ -9,8 +9,11 @@ Params: ``[s, b]``, ``[s]``, ``[b]`` (scale from bottom 1) or none.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pycaffe_lite import fillers
 from pycaffe_lite.blob import Blob
+from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import register_layer
 from pycaffe_lite.proto import caffe_pb2
@@ -65,6 +68,11 @@ class ScaleLayer(BiasLayer):
     def _input(self, bottom) -> Blob:
         return self._saved if self.in_place else bottom[0]
 
+    # Set by the executor inside whole training iterations (memory_plan.recomputable_scale_inputs):
+    # writes this in-place layer's input into a device pointer on demand (a BatchNorm re-normalizing
+    # its own intact input), so the GPU path keeps no saved copy of it.
+    recompute_input: Callable[[int], None] | None = None
+
     # -- CPU --------------------------------------------------------------------------------
     def forward_cpu(self, bottom, top):
         x = bottom[0].cpu_data()
@@ -102,11 +110,12 @@ class ScaleLayer(BiasLayer):
     # -- GPU --------------------------------------------------------------------------------
     def forward_gpu(self, bottom, top):
         n, dt = bottom[0].count, self.dtype
-        if self.in_place:
-            gm.copy(n, bottom[0].gpu_data(), self._saved.mutable_gpu_data(), dt)
+        x = bottom[0].gpu_data()
+        if self.in_place and self.recompute_input is None:
+            gm.copy(n, x, self._saved.mutable_gpu_data(), dt)
         b = self.blobs[self.bias_index].gpu_data() if self.bias_index is not None else None
-        gm.channel_affine(self.outer, self.dim, self.inner, self._input(bottom).gpu_data(),
-                          self._scale(bottom).gpu_data(), b, top[0].mutable_gpu_data(), dt)
+        gm.channel_affine(self.outer, self.dim, self.inner, x, self._scale(bottom).gpu_data(), b,
+                          top[0].mutable_gpu_data(), dt)
 
     def backward_gpu(self, top, propagate_down, bottom):
         """One pass over dy and x: the scale gradient Σ dy·x, the bias gradient Σ dy, and dx = dy·s."""
@@ -117,8 +126,13 @@ class ScaleLayer(BiasLayer):
         want, accumulate = self._scale_grad_wanted(bottom, propagate_down)
         dims = (self.outer, self.dim, self.inner)
         if want:
+            if self.in_place and self.recompute_input is not None:
+                (x,) = backend.workspace(bottom[0].count * dt.itemsize)  # channel_dot uses the reduce slot
+                self.recompute_input(x)
+            else:
+                x = self._input(bottom).gpu_data()
             fused = {"q": scale.gpu_data(), "y": bottom[0].mutable_gpu_diff()} if propagate_down[0] else {}
-            gm.channel_dot(*dims, dy, self._input(bottom).gpu_data(), dt, sum_a=bias_diff,
+            gm.channel_dot(*dims, dy, x, dt, sum_a=bias_diff,
                            dot=scale.mutable_gpu_diff(), beta_sum=1.0, beta_dot=float(accumulate), **fused)
             return
         if want_bias:

@@ -22,6 +22,7 @@ Memory plans (:mod:`~pycaffe_lite.memory_plan`): training iterations share gradi
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -36,7 +37,7 @@ from .blob import shape_generation, weighted_sum
 from .fusion import find_fusions
 from .gpu import backend, cuda_graph
 from .layer import Layer
-from .memory_plan import SharedData, shared_diff_slots, sharing_enabled
+from .memory_plan import SharedData, recomputable_scale_inputs, shared_diff_slots, sharing_enabled
 from .synced_memory import SyncedMemory
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ class Executor:
         self.loss_log: LossLog | None = None
         self._diff_plan_key: tuple | None = None
         self._diff_slots: list[SupportsInt] = []
+        self._recompute: list | None = None  # memory_plan.recomputable_scale_inputs, for train_iteration
         self.shared_data = SharedData(self)  # intermediate data of nets that never run backward
         # -- per-layer hooks (pycaffe's Net.before_forward & co.; multi-GPU gradient reduction) --
         # hook(layer_index) around every layer of a pass. A hook with ``graph_safe = True`` only
@@ -325,12 +327,22 @@ class Executor:
             self.loss_log = LossLog(net.dtype)
         log_ = self.loss_log
 
+        if self._recompute is None:  # depends on the net's structure only
+            self._recompute = recomputable_scale_inputs(net) if sharing_enabled() else []
+        recompute = self._recompute
+
         def work() -> None:
-            self.clear_param_diffs()
-            self._run_forward(first, last)
-            log_.record(tops)
-            self._run_backward(last, first)
-            update()
+            for scale, bn, source in recompute:  # no saved Scale inputs inside this iteration
+                scale.recompute_input = functools.partial(bn.normalize_into, source)
+            try:
+                self.clear_param_diffs()
+                self._run_forward(first, last)
+                log_.record(tops)
+                self._run_backward(last, first)
+                update()
+            finally:
+                for scale, _, _ in recompute:
+                    scale.recompute_input = None
 
         self._graphs.run(self._key(("train", first, tag)), work)
         log_.pending += 1

@@ -13,6 +13,11 @@ that take no gradient keep their own diffs.
 blob's data is live from its producer to its last consumer. :class:`SharedData` applies that plan
 on the host or the device and keeps pycaffe's semantics: see its docstring
 (``PYCAFFE_LITE_SHARE_DATA=0`` turns it off). Both plans share one allocator, :func:`assign_slots`.
+
+:func:`recomputable_scale_inputs` finds the in-place Scale layers (after a BatchNorm that is not in
+place, as MobileNet writes them) whose saved input copy whole training iterations replace by
+re-normalizing the BatchNorm's intact input in the Scale's backward: one full-size buffer per such
+layer less, for one extra elementwise pass (also under ``PYCAFFE_LITE_SHARE_DIFFS``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import logging
 import os
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -109,6 +114,27 @@ def shared_diff_slots(net: Net) -> list[tuple[int, list[int]]]:
     steps = layers - 1  # backward step of layer k
     return assign_slots([(steps - first[b], steps - last[b], blobs[b].count * blobs[b].dtype.itemsize, b)
                          for b in candidates])
+
+
+def recomputable_scale_inputs(net: Net) -> list[tuple[Any, Any, Blob]]:  # (ScaleLayer, BatchNormLayer, Blob)
+    """``[(scale, batch_norm, bn_bottom)]``: Scale layers in place on the top of a BatchNorm (not in
+    place) at layer j < k, with one bottom, where no layer between them rewrites that top and no
+    layer after j rewrites the BatchNorm's input, so ``batch_norm.normalize_into(bn_bottom, ptr)``
+    gives the Scale's input again during its backward."""
+    out = []
+    tops = net.top_id_vecs
+    for k, scale in enumerate(net.layers):
+        if scale.type != "Scale" or len(net.bottom_id_vecs[k]) != 1 or tops[k] != net.bottom_id_vecs[k]:
+            continue
+        bid = tops[k][0]
+        j = max((i for i in range(k) if bid in tops[i]), default=-1)
+        if j < 0 or net.layers[j].type != "BatchNorm" or net.bottom_id_vecs[j][0] == bid:
+            continue
+        source = net.bottom_id_vecs[j][0]
+        if any(source in tops[i] for i in range(j + 1, len(net.layers))):
+            continue
+        out.append((scale, net.layers[j], net._blobs[source]))
+    return out
 
 
 def source_blobs(net: Net) -> set[int]:
