@@ -35,7 +35,7 @@ def _normal(rng: np.random.Generator, mean: float, std: float, shape, dt: np.dty
 
 def _fans(blob: Blob) -> tuple[int, int]:
     """Caffe's fan_in = count / shape[0], fan_out = count / shape[1]."""
-    if blob.num_axes == 0 or blob.shape[0] == 0:
+    if blob.num_axes == 0 or blob.count == 0:
         raise NetError(f"filler: cannot compute fan-in of a blob of shape {blob.shape}")
     fan_in = blob.count // blob.shape[0]
     fan_out = blob.count // blob.shape[1] if blob.num_axes > 1 else blob.count

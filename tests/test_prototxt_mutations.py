@@ -84,6 +84,7 @@ SOLVER_INSERTS = ["type: \"{s}\"", "lr_policy: \"{s}\"", "stepsize: {i}", "stepv
                   "solver_type: {e}", "iter_size: {i}", "test_initialization: false", "weights: \"{s}\""]
 
 FIELD = re.compile(r"^(\s*)(\w+)(\s*:\s*)(.+?)\s*$")
+VALUE = re.compile(r'(\w+)\s*:\s*("[^"\n]*"|[^\s{}"]+)')
 
 
 def _blocks(lines: list[str], head: str = "layer {") -> list[tuple[int, int]]:
@@ -109,23 +110,23 @@ def mutate(text: str, rng: random.Random, solver: bool) -> tuple[str, str]:
     lines = text.splitlines()
     fields = [i for i, line in enumerate(lines) if FIELD.match(line) and "{" not in line]
     op = rng.choice(["value"] * 6 + ["delete", "insert", "insert", "duplicate", "swap", "truncate"])
-    if op == "value" and fields:
-        i = rng.choice(fields)
-        indent, key, sep, value = FIELD.match(lines[i]).groups()  # type: ignore[union-attr]
+    values = list(VALUE.finditer(text))
+    if op == "value" and values:
+        m = rng.choice(values)
+        key, value = m.group(1), m.group(2)
         if value.startswith('"'):
             new = '"' + rng.choice(STRINGS) + '"'
         elif re.fullmatch(r"[A-Za-z_]\w*", value):
             new = rng.choice(ENUMS)
         elif re.fullmatch(r"-?\d+", value):
-            new = rng.choice(INTS if rng.random() < 0.8 else FLOATS)
+            new = "0" if rng.random() < 0.2 else rng.choice(INTS if rng.random() < 0.8 else FLOATS)
         else:
             new = rng.choice(FLOATS if rng.random() < 0.8 else INTS)
-        lines[i] = f"{indent}{key}{sep}{new}"
-        return "\n".join(lines), f"line {i + 1}: {key}: {value} -> {new}"
+        return text[:m.start(2)] + new + text[m.end(2):], f"{key}: {value} -> {new} (character {m.start(2)})"
     if op == "delete" and fields:
         i = rng.choice(fields)
         return "\n".join(lines[:i] + lines[i + 1:]), f"deleted line {i + 1}: {lines[i].strip()}"
-    layers = _blocks(lines)
+    layers = _blocks(lines) or [(0, len(lines) - 1)]  # (a truncated text may have no whole layer)
     if op == "insert":
         if solver:
             new = _fill(rng.choice(SOLVER_INSERTS), rng)
@@ -144,7 +145,7 @@ def mutate(text: str, rng: random.Random, solver: bool) -> tuple[str, str]:
                 extra = " ".join(_fill(rng.choice(LAYER_INSERTS), rng) for _ in range(rng.randrange(3)))
                 new = f'layer {{ name: "new{i}" type: "{rng.choice(TYPES)}" bottom: "{bottom}" top: "new{i}" {extra} }}'
         return "\n".join(lines[:i] + [new] + lines[i:]), f"inserted at line {i + 1}: {new}"
-    if op == "duplicate" and layers:
+    if op == "duplicate":
         a, b = rng.choice(layers)
         at = rng.choice(layers)[1] + 1
         return "\n".join(lines[:at] + lines[a:b + 1] + lines[at:]), f"layer at line {a + 1} copied to line {at + 1}"
@@ -152,7 +153,7 @@ def mutate(text: str, rng: random.Random, solver: bool) -> tuple[str, str]:
         (a0, a1), (b0, b1) = sorted(rng.sample(layers, 2))
         out = lines[:a0] + lines[b0:b1 + 1] + lines[a1 + 1:b0] + lines[a0:a1 + 1] + lines[b1 + 1:]
         return "\n".join(out), f"layers at lines {a0 + 1} and {b0 + 1} swapped"
-    cut = rng.randrange(len(text))
+    cut = rng.randrange(len(text) + 1)
     return text[:cut], f"truncated at character {cut}"
 
 
