@@ -53,31 +53,12 @@ def _norm(param: caffe_pb2.FillerParameter, blob: Blob) -> float:
 
 def fill(blob: Blob, param: caffe_pb2.FillerParameter | None, where: str = "") -> None:
     """Fill ``blob``'s data according to ``param`` (default: constant 0), drawing in the blob's
-    dtype (no float64 copy of a float32 blob). ``where`` names the layer in errors (the caller's
-    layer is found on the stack when not given)."""
-    param = param if param is not None else caffe_pb2.FillerParameter()
+    dtype (no float64 copy of a float32 blob). Errors start with ``where`` when given (a layer's
+    set-up adds the layer's name itself)."""
     try:
-        _fill(blob, param)
+        _fill(blob, param if param is not None else caffe_pb2.FillerParameter())
     except NetError as exc:
-        where = where or _calling_layer()
-        if where and not str(exc).startswith(where):
-            raise NetError(f"{where}: {exc}") from None
-        raise
-
-
-def _calling_layer() -> str:
-    import inspect
-
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            layer = frame.f_locals.get("self")
-            if layer is not None and hasattr(layer, "layer_param") and hasattr(layer, "error"):
-                return f"layer '{layer.layer_param.name}' ({layer.layer_param.type})"
-            frame = frame.f_back
-    finally:
-        del frame
-    return ""
+        raise (NetError(f"{where}: {exc}") if where else exc) from None
 
 
 def _fill(blob: Blob, param: caffe_pb2.FillerParameter) -> None:

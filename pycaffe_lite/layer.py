@@ -120,8 +120,8 @@ class Layer:
             if len(self.param_propagate_down) != len(self.blobs):
                 self.param_propagate_down = [True] * len(self.blobs)
             self.reshape(bottom, top)
-        except (ShapeError, OutOfMemoryError) as exc:  # from Blob methods, which do not know the layer
-            raise self.error(str(exc), type(exc)) from None
+        except CaffeError as exc:  # from Blob methods, fillers... which do not know the layer
+            raise self.error(str(exc), type(exc)).with_traceback(exc.__traceback__) from None
         self.set_loss_weights(top)
 
     def layer_setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:

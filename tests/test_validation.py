@@ -65,7 +65,7 @@ INPUT = 'layer {{ name: "data" type: "Input" top: "data" input_param {{ shape {{
     ('type: "Deconvolution" convolution_param { num_output: 4 kernel_size: 3 stride: 1000000 }',
      r"layer 'l' \(Deconvolution\): a blob of shape \(2, 4, 7000003, 7000003\)"),
     ('type: "Pooling" pooling_param { kernel_size: 2 stride: 2147483647 }',
-     r"layer 'l' \(Pooling\): kernel 2x2, stride 2147483647x2147483647 on a 8x8 input: the padded input would need"),
+     r"layer 'l' \(Pooling\): kernel 2x2, stride 2147483647x2147483647 on a 8x8 input: the padded input and the stack of its kernel windows would need"),
     ('type: "InnerProduct" inner_product_param { num_output: 2000000000 }',
      r"layer 'l' \(InnerProduct\): the 2000000000x192 weights would need"),
     ('type: "Tile" tile_param { tiles: 2000000000 }', r"layer 'l' \(Tile\): a blob of shape \(2, 6000000000, 8, 8\)"),
@@ -173,3 +173,21 @@ def test_solver_net_errors_name_the_net_file_and_a_missing_policy_the_solver(tmp
     bad = _write(tmp_path, f'net: "{net}" base_lr: 0.1 lr_policy: "fixed"', "solver2.prototxt")
     with pytest.raises(CaffeError, match=rf"^{net}: layer 'r': unknown bottom blob 'dat'"):
         caffe.get_solver(bad, progress=False)
+
+
+@pytest.mark.parametrize("layer,match", [
+    ('type: "Convolution" convolution_param { num_output: 1 kernel_size: 9 pad: 4 }',
+     r"layer 'l' \(Convolution\): the padded 28x28 input and its columns for kernel 9x9 over 28x28 outputs would "
+     r"need 63.3 MiB \(8,294,400 values\)"),
+    ('type: "Deconvolution" convolution_param { num_output: 64 kernel_size: 9 pad: 4 }',
+     r"layer 'l' \(Deconvolution\): the padded 28x28 input and its columns for kernel 9x9 over 28x28 outputs"),
+    ('type: "Pooling" pooling_param { kernel_size: 14 stride: 1 }',
+     r"layer 'l' \(Pooling\): kernel 14x14, stride 1x1 on a 28x28 input: the padded input and the stack of its "
+     r"kernel windows would need 43.8 MiB"),
+])
+def test_cpu_scratch_beyond_memory_is_refused(monkeypatch, layer, match):
+    """cpu_conv's columns and MAX pooling's window stack, far larger than the blobs, are checked too."""
+    monkeypatch.setattr(memcheck, "host_limit", lambda: 16 * MiB)
+    lay, bottom, top = make_layer(f'name: "l" {layer}'), blobs([np.zeros((2, 64, 28, 28), np.float32)]), empty_blobs(1)
+    with pytest.raises(OutOfMemoryError, match=match):
+        lay.setup(bottom, top)
