@@ -28,7 +28,7 @@ from pycaffe_lite.errors import CaffeError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist"
 HOST_LIMIT = 256 << 20  # every LeNet blob is far smaller; anything larger is a mutated size
-CI_CASES = 300
+CI_CASES = 500
 ALL_CASES = 2000
 
 INTS = ["0", "1", "2", "3", "5", "27", "64", "1000", "65536", "2147483647", "-1", "-2147483648", "2147483648",
