@@ -29,6 +29,7 @@ from pycaffe_lite.gpu import conv_engines
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.memcheck import check_fits
 
 __all__ = ["ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "conv_geometry"]
 
@@ -177,6 +178,12 @@ class ConvolutionBase(Layer):
         have = self.problem
         if have is None or have.num != self.num or (have.height, have.width) != hw:
             g = self.geo
+            if common.mode() is common.Mode.CPU:  # cpu_conv's scratch: the padded batch and its columns
+                ho, wo = out_shape(hw[0], hw[1], g.kernel, g.pad, g.stride, g.dilation)
+                padded = self.num * c * (hw[0] + 2 * g.pad[0]) * (hw[1] + 2 * g.pad[1])
+                check_fits("", f"the padded {hw[0]}x{hw[1]} input and its columns for kernel {g.kernel[0]}x"
+                           f"{g.kernel[1]} over {ho}x{wo} outputs", padded + self.num * c * g.kernel[0] * g.kernel[1]
+                           * ho * wo, self.dtype.itemsize)
             self.problem = ConvProblem(self.num, c, hw[0], hw[1], m, self.group, g.kernel, g.pad, g.stride,
                                        g.dilation, self.dtype.str)
             self._choice = None

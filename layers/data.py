@@ -129,6 +129,8 @@ class _Prefetcher:
     def stop(self) -> None:
         """Stop the thread and drop the batches it prepared (the cursor stays open)."""
         self.stop_event.set()
+        if self.thread is threading.current_thread():  # (a garbage collection in the thread finalized its layer)
+            return
         while self.thread.is_alive():
             try:  # unblock a producer waiting on a full queue
                 while True:

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
+from pycaffe_lite import common
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.memcheck import check_fits
 from pycaffe_lite.proto import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
@@ -109,13 +111,13 @@ class PoolingLayer(Layer):
         if min(self.pooled) <= 0:
             raise self.error(f"kernel {self.kernel[0]}x{self.kernel[1]} is larger than the input {h}x{w} "
                              f"padded by {self.pad[0]}x{self.pad[1]}: the output would be empty")
-        from pycaffe_lite.memcheck import check_fits
-
         (bh, bw), (ah, aw) = self.pad, self._pad_after()
-        check_fits(f"layer '{self.name}' (Pooling)",
-                   f"kernel {self.kernel[0]}x{self.kernel[1]}, stride {self.stride[0]}x{self.stride[1]} "
-                   f"on a {h}x{w} input: the padded input", n * c * (h + bh + ah) * (w + bw + aw),
-                   np.dtype(self.dtype).itemsize)
+        scratch, what = n * c * (h + bh + ah) * (w + bw + aw), "the padded input"
+        if self.method == PP.MAX and common.mode() is common.Mode.CPU:  # forward_cpu's window stack
+            scratch += self.kernel[0] * self.kernel[1] * n * c * self.pooled[0] * self.pooled[1]
+            what += " and the stack of its kernel windows"
+        check_fits(f"layer '{self.name}' (Pooling)", f"kernel {self.kernel[0]}x{self.kernel[1]}, stride "
+                   f"{self.stride[0]}x{self.stride[1]} on a {h}x{w} input: {what}", scratch, np.dtype(self.dtype).itemsize)
         for t in top:
             t.reshape((n, c) + self.pooled)
 

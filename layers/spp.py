@@ -20,6 +20,7 @@ from pycaffe_lite.layer import Layer, create_layer, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 _SPP = caffe_pb2.SPPParameter
+MAX_PYRAMID_HEIGHT = 32
 _POOL = {_SPP.MAX: caffe_pb2.PoolingParameter.MAX, _SPP.AVE: caffe_pb2.PoolingParameter.AVE}
 
 
@@ -38,8 +39,8 @@ class SPPLayer(Layer):
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.spp_param
-        if p.pyramid_height < 1:
-            raise self.error(f"spp_param.pyramid_height must be at least 1, got {p.pyramid_height}")
+        if not 1 <= p.pyramid_height <= MAX_PYRAMID_HEIGHT:  # (the top level's 2^(L-1) bins exceed any axis)
+            raise self.error(f"spp_param.pyramid_height must be 1 to {MAX_PYRAMID_HEIGHT}, got {p.pyramid_height}")
         if p.pool not in _POOL:
             raise self.error("only MAX and AVE spatial pyramid pooling are supported (not STOCHASTIC)")
         self.height = p.pyramid_height
@@ -72,6 +73,9 @@ class SPPLayer(Layer):
         hw = b.shape[2:]
         if min(hw) <= 0:
             raise self.error(f"bottom height and width must be positive, got {b.shape}")
+        if 2 ** (self.height - 1) > min(hw):  # the top level's windows would be 1 pixel with pads of 1 or more
+            raise self.error(f"pyramid_height {self.height} pools the top level into {2 ** (self.height - 1)} bins "
+                             f"per side, more than the {hw[0]}x{hw[1]} bottom has pixels")
         rebuild = hw != self._hw
         self._hw = hw
         if self.height == 1:

@@ -14,6 +14,7 @@ from typing import SupportsInt
 
 import numpy as np
 
+from . import common, memcheck
 from .errors import ShapeError
 from .gpu import backend
 from .proto import caffe_pb2
@@ -62,6 +63,9 @@ class Blob:
         if any(d < 0 for d in shape):
             raise ShapeError(f"blob shape {shape} has a negative dimension")
         count = math.prod(shape)  # a 0-axis (scalar) blob holds one value, as in Caffe
+        if count > self._capacity:  # refused before anything changes (memory is taken lazily)
+            memcheck.check_fits("", f"a blob of shape {shape} ({self.dtype.name})", count, self.dtype.itemsize,
+                                device=common.mode() is common.Mode.GPU)
         if shape != self._shape:
             _shapes_changed[0] += 1
         self._shape = shape

@@ -35,7 +35,7 @@ def _normal(rng: np.random.Generator, mean: float, std: float, shape, dt: np.dty
 
 def _fans(blob: Blob) -> tuple[int, int]:
     """Caffe's fan_in = count / shape[0], fan_out = count / shape[1]."""
-    if blob.num_axes == 0 or blob.shape[0] == 0:
+    if blob.num_axes == 0 or blob.count == 0:
         raise NetError(f"filler: cannot compute fan-in of a blob of shape {blob.shape}")
     fan_in = blob.count // blob.shape[0]
     fan_out = blob.count // blob.shape[1] if blob.num_axes > 1 else blob.count
@@ -53,31 +53,12 @@ def _norm(param: caffe_pb2.FillerParameter, blob: Blob) -> float:
 
 def fill(blob: Blob, param: caffe_pb2.FillerParameter | None, where: str = "") -> None:
     """Fill ``blob``'s data according to ``param`` (default: constant 0), drawing in the blob's
-    dtype (no float64 copy of a float32 blob). ``where`` names the layer in errors (the caller's
-    layer is found on the stack when not given)."""
-    param = param if param is not None else caffe_pb2.FillerParameter()
+    dtype (no float64 copy of a float32 blob). Errors start with ``where`` when given (a layer's
+    set-up adds the layer's name itself)."""
     try:
-        _fill(blob, param)
+        _fill(blob, param if param is not None else caffe_pb2.FillerParameter())
     except NetError as exc:
-        where = where or _calling_layer()
-        if where and not str(exc).startswith(where):
-            raise NetError(f"{where}: {exc}") from None
-        raise
-
-
-def _calling_layer() -> str:
-    import inspect
-
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            layer = frame.f_locals.get("self")
-            if layer is not None and hasattr(layer, "layer_param") and hasattr(layer, "error"):
-                return f"layer '{layer.layer_param.name}' ({layer.layer_param.type})"
-            frame = frame.f_back
-    finally:
-        del frame
-    return ""
+        raise (NetError(f"{where}: {exc}") if where else exc) from None
 
 
 def _fill(blob: Blob, param: caffe_pb2.FillerParameter) -> None:

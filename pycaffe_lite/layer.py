@@ -20,6 +20,7 @@ import numpy as np
 from . import common
 from .blob import Blob, weighted_sum
 from .errors import CaffeError, NetError, ShapeError, UnknownLayerError
+from .memcheck import OutOfMemoryError
 from .proto import caffe_pb2
 
 _REGISTRY: dict[str, type[Layer]] = {}
@@ -119,8 +120,8 @@ class Layer:
             if len(self.param_propagate_down) != len(self.blobs):
                 self.param_propagate_down = [True] * len(self.blobs)
             self.reshape(bottom, top)
-        except ShapeError as exc:  # from Blob methods, which do not know the layer
-            raise self.error(str(exc), ShapeError) from None
+        except CaffeError as exc:  # from Blob methods, fillers... which do not know the layer
+            raise self.error(str(exc), type(exc)).with_traceback(exc.__traceback__) from None
         self.set_loss_weights(top)
 
     def layer_setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
@@ -186,7 +187,10 @@ class Layer:
 
     def compute_forward(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         """Reshape and run the forward pass for the current mode, without reading the loss back."""
-        self.reshape(bottom, top)
+        try:
+            self.reshape(bottom, top)
+        except (ShapeError, OutOfMemoryError) as exc:  # a new input shape too large, say
+            raise self.error(str(exc), type(exc)) from None
         if common.mode() is common.Mode.GPU:
             self.forward_gpu(bottom, top)
         else:

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import common, hdf5_weights, protoio
 from .blob import Blob
-from .errors import NetError, ShapeError, WeightsError
+from .errors import CaffeError, NetError, ShapeError, WeightsError
 from .executor import Executor
 from .layer import Layer, create_layer
 from .net_filter import filter_net, insert_splits
@@ -36,6 +36,15 @@ def load_net_param(source: str | os.PathLike | caffe_pb2.NetParameter) -> caffe_
     upgrade.upgrade_net(param, source=str(source) if not isinstance(source, caffe_pb2.NetParameter) else "<NetParameter>")
     return param
 
+
+
+def in_file(exc: CaffeError, source: str | None) -> CaffeError:
+    """``exc`` (same class and traceback) with its message prefixed by ``source``, the file whose
+    definition failed, unless it already names it."""
+    if not source or source in str(exc):
+        return exc
+    named = type(exc)(f"{source}: {exc}")
+    return named.with_traceback(exc.__traceback__)
 
 
 def _num_items(arrays: dict[str, np.ndarray]) -> int:
@@ -101,7 +110,10 @@ class Net:
             param.state.stage.extend(stages)
         self.dtype = np.dtype(dtype)
         self.source = str(network) if not isinstance(network, caffe_pb2.NetParameter) else None
-        self._init(param)
+        try:
+            self._init(param)
+        except CaffeError as exc:
+            raise in_file(exc, self.source) from None
         if weights is not None:
             self.copy_from(weights)
 
@@ -188,6 +200,7 @@ class Net:
             self.top_vecs.append(tvec)
             self.top_id_vecs.append(tids)
             layer.setup(bvec, tvec)  # its errors name the layer
+            self._check_tops_hold_values(layer_id)
             # Param specs a layer adds for itself in setup (BatchNorm's lr_mult 0) count too.
             if len(layer.layer_param.param) > len(lp.param):
                 lp.param.extend(layer.layer_param.param[len(lp.param):])
@@ -367,6 +380,16 @@ class Net:
         """Propagate input shape changes through every layer."""
         for i, layer in enumerate(self.layers):
             layer.reshape(self.bottom_vecs[i], self.top_vecs[i])
+            self._check_tops_hold_values(i)
+
+    def _check_tops_hold_values(self, layer_id: int) -> None:
+        """NetError naming the layer and blob when a top has a 0 dimension (BVLC's CHECK(data_)
+        refuses such blobs at their first use; the layers after would divide or reshape by 0)."""
+        for blob, tid in zip(self.top_vecs[layer_id], self.top_id_vecs[layer_id]):
+            if blob.count == 0:
+                layer = self.layers[layer_id]
+                raise layer.error(f"top blob '{self._blob_names[tid]}' has shape {blob.shape}: a dimension is 0, "
+                                  "so it holds no values")
 
     def clear_param_diffs(self) -> None:
         """Zero the gradients of every learnable param."""

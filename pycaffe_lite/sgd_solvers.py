@@ -194,7 +194,11 @@ def get_solver(
     """A solver of the class named by the file's ``type`` (or legacy ``solver_type``), as
     pycaffe's ``caffe.get_solver``. ``kwargs`` go to :class:`Solver` (``dtype``, ``progress``)."""
     param, _ = load_solver_param(solver)
-    return solver_class(param.type)(solver, **kwargs)
+    try:
+        cls = solver_class(param.type)
+    except SolverConfigError as exc:
+        raise SolverConfigError(f"{solver if isinstance(solver, (str, os.PathLike)) else 'solver'}: {exc}") from None
+    return cls(solver, **kwargs)
 
 
 __all__ = [

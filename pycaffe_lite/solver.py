@@ -29,10 +29,10 @@ import numpy as np
 
 from . import common, lr_policy, protoio
 from .blob import Blob
-from .errors import PrototxtError, ShapeError, WeightsError
+from .errors import CaffeError, PrototxtError, ShapeError, WeightsError
 from .gpu import backend
 from .lr_policy import SolverConfigError
-from .net import Net
+from .net import Net, in_file
 from .proto import caffe_pb2
 
 log = logging.getLogger("pycaffe_lite")
@@ -126,6 +126,7 @@ class Solver:
         if solver_dir is not None:
             self._solver_dir = Path(solver_dir)
         self.source = None if isinstance(solver, caffe_pb2.SolverParameter) else str(solver)
+        self.where = self.source or "solver"  # what errors name
         self.dtype = np.dtype(dtype)
         self.progress = progress
         self.iter = 0
@@ -165,17 +166,17 @@ class Solver:
     def check_param(self) -> None:
         p = self.param
         if p.iter_size < 1:
-            raise SolverConfigError(f"solver: iter_size must be >= 1, got {p.iter_size}")
+            raise SolverConfigError(f"{self.where}: iter_size must be >= 1, got {p.iter_size}")
         if p.average_loss < 1:
-            raise SolverConfigError(f"solver: average_loss must be >= 1, got {p.average_loss}")
+            raise SolverConfigError(f"{self.where}: average_loss must be >= 1, got {p.average_loss}")
         if p.regularization_type not in ("L1", "L2"):
             raise SolverConfigError(
-                f"solver: unknown regularization_type '{p.regularization_type}' (expected L1 or L2)"
+                f"{self.where}: unknown regularization_type '{p.regularization_type}' (expected L1 or L2)"
             )
         if p.snapshot_format == caffe_pb2.SolverParameter.HDF5:
-            raise SolverConfigError("solver: snapshot_format HDF5 is not supported yet; use BINARYPROTO")
+            raise SolverConfigError(f"{self.where}: snapshot_format HDF5 is not supported yet; use BINARYPROTO")
         if p.snapshot and not p.snapshot_prefix:
-            raise SolverConfigError("solver: snapshot is set but snapshot_prefix is empty")
+            raise SolverConfigError(f"{self.where}: snapshot is set but snapshot_prefix is empty")
         if p.snapshot:
             parent = Path(self.snapshot_filename("")).parent
             if parent.exists() and not os.access(parent, os.W_OK):
@@ -184,7 +185,7 @@ class Solver:
                 )
         from . import snapshot, solver_checks
 
-        solver_checks.check_solver_param(p, self.source or "solver")
+        solver_checks.check_solver_param(p, self.where)
         self.stop_on_nonfinite_loss = getattr(self, "stop_on_nonfinite_loss", True)
         if not any(getattr(h, "__qualname__", "").startswith("nonfinite_loss_hook") for h in self.iteration_hooks):
             self.iteration_hooks.append(solver_checks.nonfinite_loss_hook(self))
@@ -202,7 +203,9 @@ class Solver:
         param = caffe_pb2.NetParameter()
         return protoio.read_text(resolved, param)
 
-    def _make_net(self, net_param: caffe_pb2.NetParameter, phase: int, *states: caffe_pb2.NetState) -> Net:
+    def _make_net(self, net_param: caffe_pb2.NetParameter, phase: int, *states: caffe_pb2.NetState,
+                  source: str) -> Net:
+        """The net of ``net_param`` in ``phase`` and ``states``; its errors name ``source`` (the net file)."""
         state = caffe_pb2.NetState()
         state.phase = cast("caffe_pb2.Phase", phase)
         state.MergeFrom(net_param.state)
@@ -211,7 +214,10 @@ class Solver:
         param = caffe_pb2.NetParameter()
         param.CopyFrom(net_param)
         param.state.CopyFrom(state)
-        return Net(param, dtype=self.dtype)
+        try:
+            return Net(param, dtype=self.dtype)
+        except CaffeError as exc:
+            raise in_file(exc, source) from None
 
     def _init_train_net(self) -> Net:
         p = self.param
@@ -219,7 +225,7 @@ class Solver:
         if len(given) != 1:
             what = "none" if not given else ", ".join(given)
             raise SolverConfigError(
-                f"solver: give exactly one of train_net_param, train_net, net_param, net (got {what})"
+                f"{self.where}: give exactly one of train_net_param, train_net, net_param, net (got {what})"
             )
         field = given[0]
         if field == "train_net_param":
@@ -234,7 +240,8 @@ class Solver:
         else:
             log.info("Creating training net from net file: %s", p.net)
             net_param = self._read_net(p.net)
-        return self._make_net(net_param, common.TRAIN, p.train_state)
+        source = getattr(p, field) if field in ("train_net", "net") else f"{self.where} ({field})"
+        return self._make_net(net_param, common.TRAIN, p.train_state, source=source)
 
     def _init_test_nets(self) -> list[Net]:
         p = self.param
@@ -243,16 +250,16 @@ class Solver:
         if generic:
             if len(p.test_iter) < specific:
                 raise SolverConfigError(
-                    f"solver: test_iter must be given for each of the {specific} test nets, got {len(p.test_iter)}"
+                    f"{self.where}: test_iter must be given for each of the {specific} test nets, got {len(p.test_iter)}"
                 )
         elif len(p.test_iter) != specific:
             raise SolverConfigError(
-                f"solver: {specific} test nets (test_net/test_net_param) but {len(p.test_iter)} test_iter values"
+                f"{self.where}: {specific} test nets (test_net/test_net_param) but {len(p.test_iter)} test_iter values"
             )
         instances = specific + (len(p.test_iter) - specific)
         if p.test_state and len(p.test_state) != instances:
             raise SolverConfigError(
-                f"solver: test_state must be unspecified or given once per test net ({instances}), "
+                f"{self.where}: test_state must be unspecified or given once per test net ({instances}), "
                 f"got {len(p.test_state)}"
             )
         sources: list[tuple[str, caffe_pb2.NetParameter]] = []
@@ -268,7 +275,7 @@ class Solver:
         for i, (what, net_param) in enumerate(sources):
             log.info("Creating test net (#%d) specified by %s", i, what)
             states = (p.test_state[i],) if p.test_state else ()
-            nets.append(self._make_net(net_param, common.TEST, *states))
+            nets.append(self._make_net(net_param, common.TEST, *states, source=f"{self.where} (test net #{i}: {what})"))
         return nets
 
     def load_weights(self, spec: str) -> None:
@@ -308,7 +315,14 @@ class Solver:
     @property
     def learning_rate(self) -> float:
         """The rate the next update would use (does not advance multistep's counter)."""
-        return lr_policy.learning_rate(self.param, self.iter, self.current_step)[0]
+        return self._rate()[0]
+
+    def _rate(self) -> tuple[float, int]:
+        """:func:`lr_policy.learning_rate` now; its errors name the solver file."""
+        try:
+            return lr_policy.learning_rate(self.param, self.iter, self.current_step)
+        except SolverConfigError as exc:
+            raise SolverConfigError(f"{self.where}: {exc}") from None
 
     # ------------------------------------------------------------------------------------------
     # the loop
@@ -554,8 +568,7 @@ class Solver:
 
     def _next_rate(self) -> float:
         """This iteration's learning rate (advances multistep's counter), logged at display."""
-        p = self.param
-        rate, self.current_step = lr_policy.learning_rate(p, self.iter, self.current_step)
+        rate, self.current_step = self._rate()
         self._log_rate(rate)
         return rate
 
@@ -680,7 +693,7 @@ class Solver:
         if self.param.snapshot_format != caffe_pb2.SolverParameter.BINARYPROTO:
             raise SolverConfigError("snapshot_format HDF5 is not supported yet; use BINARYPROTO")
         if not self.param.snapshot_prefix:
-            raise SolverConfigError("solver: cannot snapshot without a snapshot_prefix")
+            raise SolverConfigError(f"{self.where}: cannot snapshot without a snapshot_prefix")
         from . import snapshot
 
         model, path = snapshot.write_snapshot(self)  # the pair, complete or absent; data positions

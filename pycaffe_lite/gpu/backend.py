@@ -160,6 +160,11 @@ def multiprocessor_count() -> int:
 
 
 # -- memory ---------------------------------------------------------------------------------
+def device_memory_bytes() -> int:
+    """Total memory of the current device (what :mod:`pycaffe_lite.memcheck` checks sizes against)."""
+    return int(state().device.total_memory())
+
+
 def alloc(nbytes: int):
     """A pooled device allocation of ``nbytes`` (``int(a)`` is its pointer); freed to the pool on GC."""
     st = state()

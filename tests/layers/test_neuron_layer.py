@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pycaffe_lite import common
+from pycaffe_lite import common, memcheck
 from pycaffe_lite.errors import CudaError, NetError
 from pycaffe_lite.gpu import backend, cuda_graph
 from pycaffe_lite.gpu import math_functions as gm
@@ -175,7 +175,7 @@ class HostDevice:
         with pytest.MonkeyPatch.context() as mp:
             for name, value in {
                 "state": lambda: self.state, "recording": lambda: self.state.recording,
-                "init_device": lambda *a: None, "alloc": self.alloc,
+                "init_device": lambda *a: None, "alloc": self.alloc, "device_memory_bytes": memcheck.host_limit,
                 "_compiled": self.compiled, "workspace": lambda *sizes: [self.alloc(s) for s in sizes],
                 "memset_zero": lambda p, n: self.queue(lambda: ctypes.memset(p, 0, n)),
                 "memcpy_dtod": lambda d, s, n: self.queue(lambda: mem(d, s, n)),

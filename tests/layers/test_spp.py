@@ -112,10 +112,12 @@ def test_backward_sums_levels():
 @pytest.mark.parametrize(
     "text,shape,match",
     [
-        (spp_text(0), (1, 1, 4, 4), "pyramid_height must be at least 1"),
+        (spp_text(0), (1, 1, 4, 4), "pyramid_height must be 1 to 32, got 0"),
+        (spp_text(4294967295), (1, 1, 4, 4), "pyramid_height must be 1 to 32, got 4294967295"),
         (spp_text(2, "STOCHASTIC"), (1, 1, 4, 4), "only MAX and AVE"),
         (spp_text(2), (1, 4, 4), "must have 4 axes"),
-        (spp_text(3), (1, 1, 1, 4), "pad .* must be smaller than the kernel"),
+        (spp_text(3), (1, 1, 1, 4), "pyramid_height 3 pools the top level into 4 bins per side, more than the 1x4"),
+        (spp_text(3), (1, 1, 5, 5), "pad 2x2 must be smaller than the kernel 2x2"),  # 4 bins of 5: BVLC refuses too
     ],
 )
 def test_errors(text, shape, match):
