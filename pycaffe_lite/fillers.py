@@ -14,23 +14,23 @@ from .proto import caffe_pb2
 VarianceNorm = caffe_pb2.FillerParameter
 
 
-def _uniform(rng: np.random.Generator, lo: float, hi: float, shape, dt: np.dtype) -> np.ndarray:
-    """Uniform in [lo, hi) drawn directly in ``dt`` (float32 or float64)."""
-    if dt == np.float32:
-        out = rng.random(shape, dtype=np.float32)
-        out *= np.float32(hi - lo)
-        out += np.float32(lo)
-        return out
-    return rng.uniform(lo, hi, shape)
+def _uniform(rng: np.random.Generator, lo: float, hi: float, shape, dt: np.dtype,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """Uniform in [lo, hi) drawn directly in ``dt`` (float32 or float64), into ``out`` when given."""
+    out = np.empty(shape, dt) if out is None else out
+    rng.random(out=out, dtype=out.dtype)
+    out *= out.dtype.type(hi - lo)
+    out += out.dtype.type(lo)
+    return out
 
 
-def _normal(rng: np.random.Generator, mean: float, std: float, shape, dt: np.dtype) -> np.ndarray:
-    if dt == np.float32:
-        out = rng.standard_normal(shape, dtype=np.float32)
-        out *= np.float32(std)
-        out += np.float32(mean)
-        return out
-    return rng.normal(mean, std, shape)
+def _normal(rng: np.random.Generator, mean: float, std: float, shape, dt: np.dtype,
+            out: np.ndarray | None = None) -> np.ndarray:
+    out = np.empty(shape, dt) if out is None else out
+    rng.standard_normal(out=out, dtype=out.dtype)
+    out *= out.dtype.type(std)
+    out += out.dtype.type(mean)
+    return out
 
 
 def _fans(blob: Blob) -> tuple[int, int]:
@@ -66,12 +66,15 @@ def _fill(blob: Blob, param: caffe_pb2.FillerParameter) -> None:
     dt = np.dtype(blob.dtype) if np.dtype(blob.dtype).kind == "f" else np.dtype(np.float64)
     shape = blob.shape
     kind = param.type
+    # float blobs are drawn straight into their host array: no full-size temporary
+    into = blob.mutable_cpu_data() if dt == blob.dtype and kind in ("uniform", "gaussian", "xavier", "msra") else None
     if kind == "constant":
-        values = np.full(shape, param.value, dtype=dt)
-    elif kind == "uniform":
-        values = _uniform(rng, param.min, param.max, shape, dt)
+        blob.mutable_cpu_data()[...] = param.value
+        return
+    if kind == "uniform":
+        values = _uniform(rng, param.min, param.max, shape, dt, into)
     elif kind == "gaussian":
-        values = _normal(rng, param.mean, param.std, shape, dt)
+        values = _normal(rng, param.mean, param.std, shape, dt, into)
         if param.sparse >= 0:
             if blob.num_axes < 1 or blob.shape[0] == 0:
                 raise NetError(f"gaussian filler: sparse needs a blob with outputs, got {shape}")
@@ -83,9 +86,9 @@ def _fill(blob: Blob, param: caffe_pb2.FillerParameter) -> None:
         flat /= flat.sum(axis=1, keepdims=True)
     elif kind == "xavier":
         scale = math.sqrt(3.0 / _norm(param, blob))
-        values = _uniform(rng, -scale, scale, shape, dt)
+        values = _uniform(rng, -scale, scale, shape, dt, into)
     elif kind == "msra":
-        values = _normal(rng, 0.0, math.sqrt(2.0 / _norm(param, blob)), shape, dt)
+        values = _normal(rng, 0.0, math.sqrt(2.0 / _norm(param, blob)), shape, dt, into)
     elif kind == "bilinear":
         if blob.num_axes != 4 or shape[2] != shape[3]:
             raise NetError(f"bilinear filler needs a 4-axis blob with height == width, got {shape}")
@@ -100,4 +103,5 @@ def _fill(blob: Blob, param: caffe_pb2.FillerParameter) -> None:
             f"unknown filler type '{kind}' (known: constant, uniform, gaussian, positive_unitball, "
             "xavier, msra, bilinear)"
         )
-    blob.mutable_cpu_data()[...] = values
+    if values is not into:
+        blob.mutable_cpu_data()[...] = values
