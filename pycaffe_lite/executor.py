@@ -35,7 +35,7 @@ import numpy as np
 from . import common
 from .blob import shape_generation, weighted_sum
 from .fusion import find_fusions
-from .gpu import backend, cuda_graph
+from .gpu import backend, conv_engines, cuda_graph
 from .layer import Layer
 from .memory_plan import SharedData, recomputable_scale_inputs, shared_diff_slots, sharing_enabled
 from .synced_memory import SyncedMemory
@@ -89,11 +89,13 @@ class _Graphs:
             return
         entry = self._graphs.get(key)
         if entry is None:
-            if key not in self._warm:
+            if key not in self._warm:  # the warm-up run tunes engines for replay (device time)
                 self._warm.add(key)
-                work()
+                with conv_engines.graph_timing():
+                    work()
                 return
-            entry = self._capture(key, work)
+            with conv_engines.graph_timing():
+                entry = self._capture(key, work)
             if entry is None:
                 work()
                 return

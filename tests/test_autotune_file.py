@@ -26,9 +26,10 @@ def _prob(num=32, kernel=3, stride=1, channels=64) -> ConvProblem:
     return ConvProblem(num, channels, 56, 56, 64, 1, (kernel, kernel), (pad, pad), (stride, stride), (1, 1), "<f4")
 
 
-def _key(prob: ConvProblem, device=H100, tf32=False, bias=True) -> tuple:
-    names = tuple(n for n in conv_engines.ENGINE_CANDIDATES["DEFAULT"] if conv_engines.ENGINES[n].supports(prob))
-    return prob, bias, names, tf32, device
+def _key(prob: ConvProblem, device=H100, tf32=False, bias=True, timing="wall") -> tuple:
+    names = tuple(n for n in conv_engines.ENGINE_CANDIDATES["DEFAULT"]
+                  if conv_engines.ENGINES[n].supports(prob))
+    return prob, bias, names, tf32, device, timing
 
 
 def _choice(fwd="winograd", data="implicit-64x128", weight="gemm") -> Choice:
@@ -50,28 +51,30 @@ def cache(monkeypatch):
 def test_round_trip(cache, tmp_path):
     path = tmp_path / "tune.json"
     want = {_key(_prob()): _choice(), _key(_prob(), device=A100, tf32=True): _choice("gemm", "gemm", "gemm"),
+            _key(_prob(), timing="graph"): _choice("gemm", "winograd", "gemm"),
             _key(_prob(num=1, kernel=1), bias=False): _choice("gemm", "gemm", "implicit-32x32")}
     cache.update(want)
     cache[_key(_prob(kernel=5))] = Choice("gemm", "gemm", "gemm")  # forced (never tuned): not saved
-    assert caffe.save_autotune(path) == 3
+    assert caffe.save_autotune(path) == 4
     doc = json.loads(path.read_text())
-    assert (doc["format"], doc["format_version"], doc["code"]) == (autotune_file.FORMAT, 1, autotune_file.code_version())
+    assert (doc["format"], doc["format_version"], doc["code"]) == (autotune_file.FORMAT, 2, autotune_file.code_version())
+    assert {e["timing"] for e in doc["entries"]} == {"wall", "graph"}
     assert doc["entries"][0]["device"] == {"name": H100[0], "capability": [9, 0]}
     assert doc["entries"][0]["problem"]["kernel"] == [3, 3]
     conv_engines.clear_cache()
-    assert caffe.load_autotune(str(path)) == 3
+    assert caffe.load_autotune(str(path)) == 4
     assert cache == want
     assert conv_engines._unreserved == set(want)  # their scratch is reserved at first use
 
 
 def _write_doc(path, entries, **fields) -> None:
-    doc = {"format": autotune_file.FORMAT, "format_version": 1, "code": autotune_file.code_version(),
+    doc = {"format": autotune_file.FORMAT, "format_version": 2, "code": autotune_file.code_version(),
            "entries": entries}
     doc.update(fields)
     path.write_text(json.dumps(doc))
 
 
-@pytest.mark.parametrize("fields", [{"format_version": 2}, {"code": "0.0.1+0123456789abcdef"}])
+@pytest.mark.parametrize("fields", [{"format_version": 1}, {"code": "0.0.1+0123456789abcdef"}])
 def test_stale_file_is_ignored_with_a_warning(cache, tmp_path, caplog, fields):
     path = tmp_path / "tune.json"
     entry = autotune_file._entry(_key(_prob()), ("gemm", "gemm", "gemm"), (("forward", "gemm", 1.0),))

@@ -42,11 +42,11 @@ from ..version import __version__
 from .conv_problem import ConvProblem
 
 FORMAT = "pycaffe-lite conv autotune"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: entries record the timing method (graph or wall)
 ENV = "PYCAFFE_LITE_AUTOTUNE_CACHE"  # a file loaded at the first choice and saved after new tunings
 
 Device = tuple[str, tuple[int, int]]  # (name, compute capability)
-Key = tuple[ConvProblem, bool, tuple[str, ...], bool, Device]  # problem, bias, candidates, TF32, device
+Key = tuple[ConvProblem, bool, tuple[str, ...], bool, Device, str]  # problem, bias, candidates, TF32, device, timing
 Picks = tuple[str, str, str]  # the engine for forward, backward_data, backward_weight
 Timings = tuple[tuple[str, str, float], ...]  # (pass, engine, ms)
 
@@ -69,10 +69,10 @@ def code_version() -> str:
 
 
 def _entry(key: Key, picks: Picks, timings: Timings) -> dict[str, Any]:
-    prob, bias, candidates, tf32, (name, capability) = key
+    prob, bias, candidates, tf32, (name, capability), timing = key
     return {"device": {"name": name, "capability": list(capability)},
             "problem": {f: getattr(prob, f) for f in _FIELDS}, "bias": bias, "candidates": list(candidates),
-            "tf32": tf32, "choice": dict(zip(("forward", "backward_data", "backward_weight"), picks)),
+            "tf32": tf32, "timing": timing, "choice": dict(zip(("forward", "backward_data", "backward_weight"), picks)),
             "timings": [list(t) for t in timings]}
 
 
@@ -95,7 +95,7 @@ def _parse(e: dict[str, Any]) -> tuple[Key, Picks, Timings]:
     prob = ConvProblem(**values)
     dev = e["device"]
     key = (prob, bool(e["bias"]), tuple(map(str, e["candidates"])), bool(e["tf32"]),
-           (str(dev["name"]), (int(dev["capability"][0]), int(dev["capability"][1]))))
+           (str(dev["name"]), (int(dev["capability"][0]), int(dev["capability"][1]))), str(e["timing"]))
     c = e["choice"]
     picks = (str(c["forward"]), str(c["backward_data"]), str(c["backward_weight"]))
     timings = tuple((str(p), str(n), float(ms)) for p, n, ms in e["timings"])
@@ -103,7 +103,7 @@ def _parse(e: dict[str, Any]) -> tuple[Key, Picks, Timings]:
 
 
 def _same_key(e: dict[str, Any]) -> str:
-    return json.dumps({k: e.get(k) for k in ("device", "problem", "bias", "candidates", "tf32")}, sort_keys=True)
+    return json.dumps({k: e.get(k) for k in ("device", "problem", "bias", "candidates", "tf32", "timing")}, sort_keys=True)
 
 
 def _read_doc(path: str | os.PathLike) -> dict[str, Any] | None:

@@ -26,11 +26,12 @@ file at the first choice and save it after each new tuning.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..errors import CaffeError
@@ -402,13 +403,29 @@ def _device(device_id: int) -> autotune_file.Device:
     return dev.name(), (int(major), int(minor))
 
 
+_timing = "wall"  # how _time measures: "graph" inside graph_timing(), else "wall"
+
+
+@contextlib.contextmanager
+def graph_timing() -> Iterator[None]:
+    """Tune for work that CUDA graphs will replay (the executor's warm-up and capture runs): engines
+    are timed as graph replays, i.e. device time without Python launch overhead. Elsewhere (plain
+    layer calls, graphs off) they are timed by wall clock, launch overhead included. Choices are
+    cached per method."""
+    global _timing
+    before, _timing = _timing, "graph"
+    try:
+        yield
+    finally:
+        _timing = before
+
+
 def _time(fn: Callable[[], None]) -> float:
-    """Milliseconds of device time per call of ``fn``: replays of a CUDA graph of one call (what
-    the executor's graphs run; a host-bound engine is not penalised for Python launch overhead),
-    or wall time of plain calls when graphs are off or the pass cannot be captured."""
+    """Milliseconds per call of ``fn``: device time of CUDA-graph replays of one call under
+    :func:`graph_timing`, else (or when the pass cannot be captured) wall time of plain calls."""
     fn()  # compiles kernels, sizes buffers
     backend.synchronize()
-    graph = _graph_of(fn)
+    graph = _graph_of(fn) if _timing == "graph" else None
     if graph is not None:
         st = backend.state()
         start, stop = st.cuda.Event(), st.cuda.Event()
@@ -452,7 +469,7 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
     path = cache_file()
     save_to = path if path and _autoload(path) else None
     h = blas.handle()
-    key = (prob, has_bias, names, getattr(h, "tf32", False), _device(backend.state().device_id))
+    key = (prob, has_bias, names, getattr(h, "tf32", False), _device(backend.state().device_id), _timing)
     choice = _choices.get(key)
     if choice is not None and key not in _unreserved:
         return choice

@@ -299,3 +299,24 @@ def test_relu_epilogue_every_engine(shape, body, dtype):
         np.testing.assert_allclose(top[0].data, want, rtol=_tol(dtype), atol=_tol(dtype), err_msg=name)
         tried += 1
     assert tried >= 2
+
+
+def test_nets_tune_for_graph_replay_and_plain_calls_by_wall_clock(tmp_path):
+    """The executor's warm-up run tunes with graph timing (what its replays cost); a plain layer call
+    tunes by wall clock (launch overhead included); the two are cached apart."""
+    from pycaffe_lite.gpu import conv_engines
+
+    conv_engines.clear_cache()
+    caffe.set_mode_gpu()
+    path = tmp_path / "n.prototxt"
+    path.write_text('input: "data" input_shape { dim: 2 dim: 3 dim: 9 dim: 9 }\n'
+                    'layer { name: "c" type: "Convolution" bottom: "data" top: "c" convolution_param { '
+                    'num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" } } }')
+    net = caffe.Net(str(path), caffe.TEST)
+    for _ in range(3):
+        net.forward()
+    assert net.executor.replays >= 1
+    assert {key[-1] for key in conv_engines.cached_choices()} == {"graph"}
+    _run(make_layer(_text("num_output: 4 kernel_size: 3"), np.float32), np.ones((2, 3, 9, 9)),
+         np.ones((2, 4, 7, 7)), np.float32)
+    assert {key[-1] for key in conv_engines.cached_choices()} == {"graph", "wall"}
