@@ -36,4 +36,4 @@ if os.environ.get("PYCAFFE_LITE_TEST_CPU_RANKS") == "1":
 
     launch._device_count = lambda: 2
     launch.RankSession.attach = attach
-    train.use_device = lambda device: common.set_mode_cpu()
+    train.use_device = lambda device, autotune_cache=None: common.set_mode_cpu()
