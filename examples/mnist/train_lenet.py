@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-limit", type=int, default=None, help="use only the first N training images")
     parser.add_argument("--test-limit", type=int, default=None, help="use only the first N test images (multiple of 100)")
     parser.add_argument("--test-interval", type=int, default=None, help="test every N iterations (default: 500)")
-    parser.add_argument("--seed", type=int, default=None, help="random seed (solver random_seed)")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="random seed (solver random_seed; default 1, so runs repeat; -1: from the clock, as Caffe)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-device-cache", action="store_true",
                         help="with --gpu: read batches from the LMDB on the host instead of keeping MNIST on the GPU")
@@ -147,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     sp = build_solver_param(out, args.iters, test_batches, args.test_interval,
                             cache_on_device=args.gpu is not None and not args.no_device_cache)
     iters = sp.max_iter
-    if args.seed is not None:
-        sp.random_seed = args.seed
+    sp.random_seed = args.seed
     solver = get_solver(sp, progress=False)
     interval = sp.test_interval or iters
 
