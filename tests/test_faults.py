@@ -230,3 +230,24 @@ def test_layer_values_checked_before_allocation(tmp_path):
     n = net('layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
             'inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } } }')
     assert n.params["ip"][0].data.dtype == np.float32 and 0.05 < n.params["ip"][0].data.std() < 0.2
+
+
+def test_atomic_write_removes_temporaries_of_dead_writers(tmp_path):
+    """A killed writer's temporary (named with its pid) goes at the next write of that file; a
+    live writer's (this process, or pid 1) stays."""
+    import subprocess
+
+    from pycaffe_lite import protoio
+
+    dead = subprocess.Popen(["true"])  # its pid names no live process once it has been waited for
+    dead.wait()
+    target = tmp_path / "w.caffemodel"
+    stale = tmp_path / f".w.caffemodel.{dead.pid}.abc123.tmp"
+    alive = tmp_path / ".w.caffemodel.1.abc123.tmp"
+    other = tmp_path / f".x.caffemodel.{dead.pid}.abc123.tmp"
+    for f in (stale, alive, other):
+        f.write_bytes(b"partial")
+    protoio.atomic_write_bytes(target, b"data")
+    assert target.read_bytes() == b"data"
+    assert not stale.exists() and alive.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, alive.name, other.name])
