@@ -198,6 +198,7 @@ def workspace(*sizes: int, slot: str = "main") -> list[int]:
         total += -(-max(int(size), 1) // _WORKSPACE_ALIGN) * _WORKSPACE_ALIGN
     buf = st.workspaces.get(slot)
     if buf is None or buf[0] < total:
+        buf = None  # no reference may keep the old buffer alive past free_held
         if st.workspaces.pop(slot, None) is not None:  # give the old buffer back to the driver: the
             st.pool.free_held()  # pool would keep it in a size bin no later request may fit
         st.workspaces[slot] = buf = (total, alloc(total))

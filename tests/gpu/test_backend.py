@@ -218,3 +218,18 @@ def test_compile_error_names_the_file(tmp_path):
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(CudaError, match="cannot read kernel file"):
         backend.module(tmp_path / "absent.cu", np.float64)
+
+
+def test_growing_the_workspace_gives_the_old_buffer_back():
+    """Growing a workspace slot frees its old buffer to the driver: the pool holds the new size only
+    (a kept reference once left every outgrown size cached in the pool)."""
+    backend.release_workspace()
+    backend.state().pool.free_held()
+    mib = 1 << 20
+    base = backend.memory_held()["pool"]
+    backend.workspace(64 * mib)
+    backend.workspace(96 * mib)
+    backend.workspace(128 * mib)
+    held = backend.memory_held()["pool"] - base
+    assert 128 * mib <= held < 160 * mib, held / mib
+    backend.release_workspace()
