@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import glob
 import os
-import tempfile
 from pathlib import Path
 from typing import TypeVar
 
@@ -63,39 +61,23 @@ def read_binary(path: str | os.PathLike, message: M, what: str = "binary proto")
     return message
 
 
-def _remove_dead_temporaries(path: Path) -> None:
-    """Remove ``.<name>.<pid>.*.tmp`` files a killed writer of ``path`` left (its process is gone)."""
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except OSError:  # alive under another user, or not ours to judge
-            pass
-
-
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder (named with this
-    process id; those of writers killed earlier are removed first), then rename."""
+    """Write ``data`` to ``path`` through a temporary file beside it (``snapshot.temp_path``: named
+    with this process id; those that ended writers of ``path`` left are removed first), then rename."""
+    from .snapshot import remove_stale_temps, temp_path
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_temporaries(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temps(path.parent, lambda name: name == path.name)
+    tmp = temp_path(path)
     try:
-        from .snapshot import default_mode
-
-        os.fchmod(fd, default_mode())  # mkstemp makes 0600: follow the umask as open() would
-        with os.fdopen(fd, "wb") as fh:
+        with open(tmp, "xb") as fh:  # created under the umask, as open() makes any file
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
 
 
