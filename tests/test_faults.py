@@ -247,7 +247,12 @@ def test_atomic_write_removes_temporaries_of_dead_writers(tmp_path):
     other = tmp_path / f".x.caffemodel.{dead.pid}.abc123.tmp"
     for f in (stale, alive, other):
         f.write_bytes(b"partial")
-    protoio.atomic_write_bytes(target, b"data")
+    old = os.umask(0o027)
+    try:
+        protoio.atomic_write_bytes(target, b"data")
+    finally:
+        os.umask(old)
     assert target.read_bytes() == b"data"
+    assert target.stat().st_mode & 0o777 == 0o640  # created under the umask, as open() would
     assert not stale.exists() and alive.exists() and other.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, alive.name, other.name])
