@@ -92,6 +92,16 @@ class SyncedMemory:
             self.set_cpu(host)
         self.shared = host is not None or device is not None
 
+    def relocate(self, device: SupportsInt) -> None:
+        """Keep the values, from now on at ``device`` (an allocation of at least ``nbytes`` that the
+        caller keeps alive, for example a slice of one buffer holding several gradients)."""
+        values = self._to_gpu()  # (the old allocation stays referenced until the copy is queued)
+        old = self._gpu
+        if self.count:
+            _backend.memcpy_dtod(int(device), values, self.nbytes)
+        self._gpu, self.head, self.shared = device, Head.HEAD_AT_GPU, True
+        del old
+
     def own_storage(self) -> None:
         """Copy the values out of shared storage (:meth:`use_storage`) into memory of its own."""
         if not self.shared:

@@ -141,3 +141,20 @@ def test_shared_data_sees_device_writes():
     b.share_data(a)
     gm.set(3, 5.0, a.mutable_gpu_data(), np.float64)
     np.testing.assert_array_equal(b.cpu_data(), [5.0, 5.0, 5.0])
+
+
+@pytest.mark.parametrize("head", ["cpu", "gpu"])
+def test_relocate_keeps_values_at_the_new_address(head):
+    mem = SyncedMemory(5, np.float32)
+    mem.mutable_cpu()[:] = np.arange(5)
+    if head == "gpu":
+        mem.mutable_gpu()
+    buf = backend.alloc(64 * 4)
+    backend.memset_zero(int(buf), 64 * 4)
+    mem.relocate(int(buf) + 16 * 4)
+    assert mem.gpu() == int(buf) + 16 * 4 and mem.head is Head.HEAD_AT_GPU
+    whole = np.empty(64, np.float32)
+    backend.memcpy_dtoh(whole, int(buf))
+    np.testing.assert_array_equal(whole[16:21], np.arange(5))
+    assert not whole[:16].any() and not whole[21:].any()
+    np.testing.assert_array_equal(mem.cpu(), np.arange(5))

@@ -6,7 +6,7 @@ import numpy as np
 
 import pycaffe_lite as caffe
 from pycaffe_lite import sgd_solvers
-from pycaffe_lite.parallel.multi_gpu import plan_buckets, ready_layers
+from pycaffe_lite.parallel.multi_gpu import bucket_layout, plan_buckets, ready_layers
 from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.protoio import parse_text
 
@@ -25,7 +25,8 @@ NET = """
 
 def solver():
     caffe.set_mode_cpu()
-    param = parse_text(f'net_param {{ {NET} }} base_lr: 0.1 lr_policy: "fixed"', caffe_pb2.SolverParameter())
+    param = parse_text(f'net_param {{ {NET} }} base_lr: 0.1 lr_policy: "fixed" random_seed: 1',
+                       caffe_pb2.SolverParameter())  # seeded: unlucky weights can zero every ReLU
     s = sgd_solvers.SOLVERS["SGD"](param, dtype=np.float64, progress=False)
     s.net.blobs["data"].data[...] = np.random.default_rng(0).normal(size=(2, 3))
     return s
@@ -117,3 +118,10 @@ def test_plan_buckets_in_backward_order_at_layer_boundaries():
     assert plan_buckets([], [], cap=1) == []
     every = sorted(p for _, ps in plan_buckets(ready, nbytes, cap=35) for p in ps)
     assert every == list(range(len(ready)))
+
+
+def test_bucket_layout_aligns_every_param():
+    offsets, total = bucket_layout([1, 64, 65, 0, 3], align=64)
+    assert offsets == [0, 64, 128, 256, 256] and total == 320
+    assert bucket_layout([], align=64) == ([], 0)
+    assert bucket_layout([5, 7], align=1) == ([0, 5], 12)
