@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pycaffe_lite")
 
-BUCKET_BYTES = int(float(os.environ.get("PYCAFFE_LITE_BUCKET_MB", "16")) * (1 << 20))
+BUCKET_BYTES = int(float(os.environ.get("PYCAFFE_LITE_BUCKET_MB", "32")) * (1 << 20))
 EXIT_PEER_LOST = 3
 FLAT_ALIGN = 64  # elements: each param's gradient starts 256-byte aligned in its bucket's buffer
 
