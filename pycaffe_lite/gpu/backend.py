@@ -290,6 +290,7 @@ class Kernel:
         self.name = signature.name
         self.dtype = dtype
         self.where = where
+        self._shared_allowed = 48 * 1024
         function.prepare(signature.struct_codes("f" if dtype == np.float32 else "d"))
 
     def check_args(self, *args) -> None:
@@ -315,6 +316,19 @@ class Kernel:
         block = (block, 1, 1) if isinstance(block, int) else tuple(block)
         grid = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
         self.function.prepared_async_call(grid, block, stream(), *args, shared_size=shared)
+
+    def allow_shared(self, nbytes: int) -> None:
+        """Let launches use ``nbytes`` of dynamic shared memory (beyond the default 48 KiB needs the
+        opt-in; the device's per-block maximum is checked)."""
+        if nbytes <= self._shared_allowed:
+            return
+        cuda = state().cuda
+        limit = state().device.get_attribute(cuda.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        if nbytes > limit:
+            raise CudaError(f"kernel {self.name} ({self.where}): {nbytes} bytes of shared memory exceed the "
+                            f"device's {limit} per block")
+        self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes))
+        self._shared_allowed = nbytes
 
     def launch(self, grid: tuple, block: tuple, *args, shared: int = 0) -> None:
         """Launch with explicit 3-D ``grid``/``block`` tuples and no argument checks."""

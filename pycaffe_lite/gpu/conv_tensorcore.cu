@@ -182,3 +182,332 @@ TC_BACKWARD_WEIGHT(tc_backward_weight_64x128, 64, 128, 32, 32, 2)
 TC_FORWARD(tc_forward_64x64, 64, 64, 32, 16, 2)
 TC_BACKWARD_DATA(tc_backward_data_64x64, 64, 64, 32, 16, 2)
 TC_BACKWARD_WEIGHT(tc_backward_weight_64x64, 64, 64, 32, 16, 2)
+
+// ==== channel-sliced kernels: cp.async pipeline ==============================================
+// For geometries whose contraction splits into slices of TCS_BK channels at one filter tap
+// (forward: C/G % 32 == 0; data gradient: M/G % 32 == 0; weight gradient: C/G % BN == 0; no
+// dilation), the contraction is reordered tap-major, k = (tap, channel): within a slice every
+// element a thread loads shares one bounds check and one base address, and consecutive elements
+// lie a plane apart, so a load costs an add and a cp.async (zero-filled outside the image). Each
+// block keeps TCS_STAGES slices in flight in dynamic shared memory (tcs_smem_floats), so global
+// latency hides behind the tensor-core work of the slices before; the operands are rounded to
+// TF32 as fragments leave shared memory. Tiles, warp layouts and the epilogue are those above.
+
+#define TCS_BK 32
+#define TCS_STAGES 3
+#define TCS_LDA (TCS_BK + 4)
+
+extern "C++" {
+
+__device__ __forceinline__ void tcs_copy(float* smem, const void* src, const bool valid) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+#endif
+}
+__device__ __forceinline__ void tcs_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+__device__ __forceinline__ void tcs_wait_all_but_newest() {  // all groups but the newest STAGES-2
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(TCS_STAGES - 2));
+#endif
+}
+__device__ __forceinline__ void tcs_wait_all() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
+}
+
+template <int BN, bool B_KFAST> struct TcsLayout {
+  static const int LDB = B_KFAST ? TCS_BK + 4 : BN + 8;
+};
+
+// ---- forward: A = W (M/G x (tap, c)), B = input columns ((tap, c) x N*Ho*Wo), B row-major -------
+// Thread t loads A rows m0 + t/32 + 8e at k = t%32, and B column n0 + t%BN at k = t/BN + (256/BN)e.
+template <int BM, int BN> struct FwdSliced {
+  const Dtype* x; const Dtype* w; const Dtype* bias; Dtype* y; int epilogue;
+  int H, W, HW, Wo, P, chw, mp, Mg, Kg, khkw, kw, ncols, cslices, slices;
+  // this thread's
+  const Dtype* a_ptr; int a_rows;          // its first A row's weights, and how many rows e are inside
+  const Dtype* b_img; int iy0, ix0, b_ok;  // its column's image, top-left input position
+  int sh, sw, ph, pw;
+  __device__ void init(int m0, int n0) {
+    const int t = threadIdx.x, m = m0 + t / 32;
+    a_rows = m < Mg ? (Mg - m + 7) / 8 : 0;
+    a_ptr = w + (long long)(m < Mg ? m : 0) * Kg;
+    const int col = n0 + t % BN;
+    b_ok = col < ncols;
+    const int n = b_ok ? col / P : 0, p = b_ok ? col - n * P : 0, oy = p / Wo, ox = p - oy * Wo;
+    b_img = x + (long long)n * chw;
+    iy0 = oy * sh - ph;
+    ix0 = ox * sw - pw;
+  }
+  __device__ void load(float* As, float* Bs, int slice) const {
+    const int t = threadIdx.x;
+    const int tap = slice / cslices, c0 = (slice - tap * cslices) * TCS_BK, r = tap / kw, s = tap - r * kw;
+    const Dtype* a = a_ptr + (c0 + t % 32) * khkw + tap;
+#pragma unroll
+    for (int e = 0; e < BM / 8; ++e)
+      tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + t % 32, e < a_rows ? a + (long long)e * 8 * Kg : w, e < a_rows);
+    const int iy = iy0 + r, ix = ix0 + s;
+    const bool ok = b_ok && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
+    const int kb = t / BN, step = 256 / BN;
+    const Dtype* b = ok ? b_img + (long long)(c0 + kb) * HW + iy * W + ix : x;
+    const int LDB = TcsLayout<BN, false>::LDB;
+#pragma unroll
+    for (int e = 0; e < TCS_BK * BN / 256; ++e)
+      tcs_copy(Bs + (kb + step * e) * LDB + t % BN, ok ? b + (long long)e * step * HW : x, ok);
+  }
+  __device__ void store(int m, int col, Dtype v) const {
+    if (m >= Mg || col >= ncols) return;
+    const int n = col / P, p = col - n * P;
+    y[(long long)n * mp + m * P + p] = conv_epilogue(v, bias, m, epilogue);
+  }
+};
+
+// ---- data gradient: A = W^T (C/G x (tap, m)), B = output-gradient columns ((tap, m) x N*H*W) ----
+template <int BM, int BN> struct BwdDataSliced {
+  const Dtype* w; const Dtype* dy; Dtype* dx;
+  int HW, W, Ho, Wo, P, chw, mp, Cg, khkw, kw, ncols, sh, sw, mslices, slices, wstride;  // wstride = C/G*kh*kw
+  const Dtype* a_ptr; int a_rows;
+  const Dtype* b_img; int ty, tx, b_ok;
+  __device__ void init(int m0, int n0, int ph, int pw) {
+    const int t = threadIdx.x, c = m0 + t / 32;
+    a_rows = c < Cg ? (Cg - c + 7) / 8 : 0;
+    a_ptr = w + (c < Cg ? c : 0) * khkw;
+    const int col = n0 + t % BN;
+    b_ok = col < ncols;
+    const int n = b_ok ? col / HW : 0, q = b_ok ? col - n * HW : 0, yy = q / W;
+    b_img = dy + (long long)n * mp;
+    ty = yy + ph;
+    tx = q - yy * W + pw;
+  }
+  __device__ void load(float* As, float* Bs, int slice) const {
+    const int t = threadIdx.x;
+    const int tap = slice / mslices, mb = (slice - tap * mslices) * TCS_BK, r = tap / kw, s = tap - r * kw;
+    const Dtype* a = a_ptr + tap + (long long)(mb + t % 32) * wstride;
+#pragma unroll
+    for (int e = 0; e < BM / 8; ++e)
+      tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + t % 32, e < a_rows ? a + e * 8 * khkw : w, e < a_rows);
+    int oy = ty - r, ox = tx - s;
+    bool ok = b_ok && oy >= 0 && ox >= 0;
+    if (sh != 1) { ok = ok && oy % sh == 0; oy /= sh; }
+    if (sw != 1) { ok = ok && ox % sw == 0; ox /= sw; }
+    ok = ok && oy < Ho && ox < Wo;
+    const int kb = t / BN, step = 256 / BN;
+    const Dtype* b = ok ? b_img + (long long)(mb + kb) * P + oy * Wo + ox : dy;
+    const int LDB = TcsLayout<BN, false>::LDB;
+#pragma unroll
+    for (int e = 0; e < TCS_BK * BN / 256; ++e)
+      tcs_copy(Bs + (kb + step * e) * LDB + t % BN, ok ? b + (long long)e * step * P : dy, ok);
+  }
+  __device__ void store(int c, int col, Dtype v) const {
+    if (c >= Cg || col >= ncols) return;
+    const int n = col / HW, q = col - n * HW;
+    dx[(long long)n * chw + c * HW + q] = v;
+  }
+};
+
+// ---- weight gradient: A = dy (M/G x pixels), B = input ((pixels) x (tap, c)), B column-major ----
+// A tile of BN columns lies within one tap (C/G % BN == 0). Thread t loads pixel k0 + t%32 of A
+// rows m0 + t/32 + 8e and of B columns n0 + t/32 + 8e.
+template <int BM, int BN> struct BwdWeightSliced {
+  const Dtype* x; const Dtype* dy; Dtype* ws;
+  int H, W, HW, Wo, P, chw, mp, Mg, Cg, Kg, khkw, kw, sh, sw, ph, pw, k_begin, k_end, slices;
+  const Dtype* a_ptr; int a_rows;
+  const Dtype* b_ptr; int r, s;
+  __device__ void init(int m0, int n0) {
+    const int t = threadIdx.x, m = m0 + t / 32;
+    a_rows = m < Mg ? (Mg - m + 7) / 8 : 0;
+    a_ptr = dy + (long long)(m < Mg ? m : 0) * P;
+    const int tap = n0 / Cg, c = n0 - tap * Cg + t / 32;
+    r = tap / kw;
+    s = tap - r * kw;
+    b_ptr = x + (long long)c * HW;
+  }
+  __device__ void load(float* As, float* Bs, int slice) const {
+    const int t = threadIdx.x, k = t % 32;
+    const int i = k_begin + slice * TCS_BK + k;
+    const bool in = i < k_end;
+    const int n = in ? i / P : 0, p = in ? i - n * P : 0, oy = p / Wo, ox = p - oy * Wo;
+    const Dtype* a = a_ptr + (long long)n * mp + p;
+#pragma unroll
+    for (int e = 0; e < BM / 8; ++e)
+      tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + k, in && e < a_rows ? a + (long long)e * 8 * P : dy,
+               in && e < a_rows);
+    const int iy = oy * sh - ph + r, ix = ox * sw - pw + s;
+    const bool ok = in && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
+    const Dtype* b = ok ? b_ptr + (long long)n * chw + iy * W + ix : x;
+    const int LDB = TcsLayout<BN, true>::LDB;
+#pragma unroll
+    for (int e = 0; e < BN / 8; ++e)
+      tcs_copy(Bs + (t / 32 + 8 * e) * LDB + k, ok ? b + (long long)e * 8 * HW : x, ok);
+  }
+  __device__ void store(int m, int col, Dtype v) const {
+    if (m >= Mg || col >= Kg) return;
+    const int tap = col / Cg, c = col - tap * Cg;
+    ws[m * Kg + c * khkw + tap] = v;
+  }
+};
+
+template <int BM, int BN, int WM, int WN, bool B_KFAST, class Op>
+__device__ __forceinline__ void tcs_core(const Op& op, const int m0, const int n0) {
+#if __CUDA_ARCH__ >= 800
+  using namespace nvcuda;
+  static_assert((BM / WM) * (BN / WN) == TC_WARPS, "8 warps per block");
+  const int LDB = TcsLayout<BN, B_KFAST>::LDB;
+  const int A_SIZE = BM * TCS_LDA, STAGE = A_SIZE + (B_KFAST ? BN : TCS_BK) * LDB;
+  const int FM = WM / 16, FN = WN / 16;
+  extern __shared__ __align__(128) float tcs_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp / (BN / WN), wn = warp % (BN / WN);
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[FM][FN];
+#pragma unroll
+  for (int i = 0; i < FM; ++i)
+#pragma unroll
+    for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  const int slices = op.slices;
+#pragma unroll
+  for (int s = 0; s < TCS_STAGES - 1; ++s) {
+    if (s < slices) op.load(tcs_smem + s * STAGE, tcs_smem + s * STAGE + A_SIZE, s);
+    tcs_commit();
+  }
+  for (int s = 0; s < slices; ++s) {
+    tcs_wait_all_but_newest();  // slice s has landed (this thread's copies) ...
+    __syncthreads();            // ... everyone's; and slice s-1's stage is free again
+    const int next = s + TCS_STAGES - 1;
+    if (next < slices) {
+      float* st = tcs_smem + (next % TCS_STAGES) * STAGE;
+      op.load(st, st + A_SIZE, next);
+    }
+    tcs_commit();
+    const float* As = tcs_smem + (s % TCS_STAGES) * STAGE;
+    const float* Bs = As + A_SIZE;
+#pragma unroll
+    for (int kk = 0; kk < TCS_BK; kk += 8) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa[FM];
+      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, typename TcBLayout<B_KFAST>::type> fb[FN];
+#pragma unroll
+      for (int i = 0; i < FM; ++i) {
+        wmma::load_matrix_sync(fa[i], As + (wm * WM + i * 16) * TCS_LDA + kk, TCS_LDA);
+#pragma unroll
+        for (int e = 0; e < fa[i].num_elements; ++e) fa[i].x[e] = wmma::__float_to_tf32(fa[i].x[e]);
+      }
+#pragma unroll
+      for (int j = 0; j < FN; ++j) {
+        const int col = wn * WN + j * 16;
+        wmma::load_matrix_sync(fb[j], B_KFAST ? Bs + col * LDB + kk : Bs + kk * LDB + col, LDB);
+#pragma unroll
+        for (int e = 0; e < fb[j].num_elements; ++e) fb[j].x[e] = wmma::__float_to_tf32(fb[j].x[e]);
+      }
+#pragma unroll
+      for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+  }
+  tcs_wait_all();
+  __syncthreads();  // the stages are free: the epilogue's per-warp scratch reuses them
+  float* cw = tcs_smem + warp * 256;
+#pragma unroll
+  for (int i = 0; i < FM; ++i)
+#pragma unroll
+    for (int j = 0; j < FN; ++j) {
+      wmma::store_matrix_sync(cw, acc[i][j], 16, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 16 * 16; e += 32)
+        op.store(m0 + wm * WM + i * 16 + e / 16, n0 + wn * WN + j * 16 + e % 16, cw[e]);
+      __syncwarp();
+    }
+#else
+  __trap();  // TF32 tensor cores need sm_80 or newer (conv_tensorcore.supports checks)
+#endif
+}
+
+}  // extern "C++"
+
+// ---- channel-sliced entry points (arguments as above, less the offset tables) -----------------
+extern "C++" {
+template <class Op>
+__device__ __forceinline__ void tcs_forward_setup(Op& op, const int g, const Dtype* x, const Dtype* w,
+                                                  const Dtype* bias, const int epilogue, Dtype* y, IG_GEOMETRY_PARAMS) {
+  const int cg = channels / group, mg = num_output / group;
+  op.H = height; op.W = width; op.HW = height * width; op.Wo = width_out; op.P = height_out * width_out;
+  op.chw = channels * op.HW; op.mp = num_output * op.P; op.Mg = mg; op.khkw = kernel_h * kernel_w;
+  op.kw = kernel_w; op.Kg = cg * op.khkw; op.ncols = num * op.P; op.cslices = cg / TCS_BK;
+  op.slices = op.khkw * op.cslices; op.sh = stride_h; op.sw = stride_w; op.ph = pad_h; op.pw = pad_w;
+  op.x = x + (long long)g * cg * op.HW; op.w = w + (long long)g * mg * op.Kg; op.bias = bias + g * mg;
+  op.epilogue = epilogue; op.y = y + (long long)g * mg * op.P;
+}
+
+template <class Op>
+__device__ __forceinline__ void tcs_backward_data_setup(Op& op, const int g, const Dtype* w, const Dtype* dy,
+                                                        Dtype* dx, IG_GEOMETRY_PARAMS) {
+  const int cg = channels / group, mg = num_output / group;
+  op.HW = height * width; op.W = width; op.Ho = height_out; op.Wo = width_out; op.P = height_out * width_out;
+  op.chw = channels * op.HW; op.mp = num_output * op.P; op.Cg = cg; op.khkw = kernel_h * kernel_w;
+  op.kw = kernel_w; op.ncols = num * op.HW; op.sh = stride_h; op.sw = stride_w; op.mslices = mg / TCS_BK;
+  op.slices = op.khkw * op.mslices; op.wstride = cg * op.khkw;
+  op.w = w + (long long)g * mg * op.wstride; op.dy = dy + (long long)g * mg * op.P;
+  op.dx = dx + (long long)g * cg * op.HW;
+}
+
+template <class Op>
+__device__ __forceinline__ void tcs_backward_weight_setup(Op& op, const int g, const int s, const Dtype* x,
+                                                          const Dtype* dy, Dtype* ws, const int splits,
+                                                          const int chunk, IG_GEOMETRY_PARAMS) {
+  const int cg = channels / group, mg = num_output / group;
+  op.H = height; op.W = width; op.HW = height * width; op.Wo = width_out; op.P = height_out * width_out;
+  op.chw = channels * op.HW; op.mp = num_output * op.P; op.Mg = mg; op.Cg = cg;
+  op.khkw = kernel_h * kernel_w; op.kw = kernel_w; op.Kg = cg * op.khkw;
+  op.sh = stride_h; op.sw = stride_w; op.ph = pad_h; op.pw = pad_w;
+  op.x = x + (long long)g * cg * op.HW; op.dy = dy + (long long)g * mg * op.P;
+  op.ws = ws + ((long long)g * splits + s) * mg * op.Kg;
+  const int total = num * op.P;
+  op.k_begin = s * chunk;
+  op.k_end = op.k_begin + chunk < total ? op.k_begin + chunk : total;
+  op.slices = (op.k_end - op.k_begin + TCS_BK - 1) / TCS_BK;
+}
+}  // extern "C++"
+
+#define TCS_FORWARD(NAME, BM, BN, WM, WN, MIN_BLOCKS)                                                      \
+  __global__ void __launch_bounds__(TC_THREADS, MIN_BLOCKS) NAME(                                         \
+      const Dtype* x, const Dtype* w, const Dtype* bias, const int epilogue, Dtype* y, IG_GEOMETRY_PARAMS) { \
+    FwdSliced<BM, BN> op;                                                                                  \
+    tcs_forward_setup(op, blockIdx.z, x, w, bias, epilogue, y, IG_GEOMETRY_ARGS);                          \
+    op.init(blockIdx.y * BM, blockIdx.x * BN);                                                             \
+    tcs_core<BM, BN, WM, WN, false>(op, blockIdx.y * BM, blockIdx.x * BN);                                 \
+  }
+
+#define TCS_BACKWARD_DATA(NAME, BM, BN, WM, WN, MIN_BLOCKS)                                                \
+  __global__ void __launch_bounds__(TC_THREADS, MIN_BLOCKS) NAME(                                         \
+      const Dtype* w, const Dtype* dy, Dtype* dx, IG_GEOMETRY_PARAMS) {                                    \
+    BwdDataSliced<BM, BN> op;                                                                              \
+    tcs_backward_data_setup(op, blockIdx.z, w, dy, dx, IG_GEOMETRY_ARGS);                                  \
+    op.init(blockIdx.y * BM, blockIdx.x * BN, pad_h, pad_w);                                               \
+    tcs_core<BM, BN, WM, WN, false>(op, blockIdx.y * BM, blockIdx.x * BN);                                 \
+  }
+
+// ws: (group, splits, M/G, C/G*kh*kw) partial sums, reduced by ig_reduce_weight (has_bias 0).
+#define TCS_BACKWARD_WEIGHT(NAME, BM, BN, WM, WN, MIN_BLOCKS)                                              \
+  __global__ void __launch_bounds__(TC_THREADS, MIN_BLOCKS) NAME(                                         \
+      const Dtype* x, const Dtype* dy, Dtype* ws, const int splits, const int chunk, IG_GEOMETRY_PARAMS) { \
+    BwdWeightSliced<BM, BN> op;                                                                            \
+    tcs_backward_weight_setup(op, blockIdx.z / splits, blockIdx.z % splits, x, dy, ws, splits, chunk,     \
+                              IG_GEOMETRY_ARGS);                                                           \
+    op.init(blockIdx.y * BM, blockIdx.x * BN);                                                             \
+    tcs_core<BM, BN, WM, WN, true>(op, blockIdx.y * BM, blockIdx.x * BN);                                  \
+  }
+
+TCS_FORWARD(tcs_forward_128x128, 128, 128, 32, 64, 1)
+TCS_FORWARD(tcs_forward_64x128, 64, 128, 32, 32, 2)
+TCS_FORWARD(tcs_forward_64x64, 64, 64, 32, 16, 2)
+TCS_BACKWARD_DATA(tcs_backward_data_128x128, 128, 128, 32, 64, 1)
+TCS_BACKWARD_DATA(tcs_backward_data_64x128, 64, 128, 32, 32, 2)
+TCS_BACKWARD_DATA(tcs_backward_data_64x64, 64, 64, 32, 16, 2)
+TCS_BACKWARD_WEIGHT(tcs_backward_weight_128x128, 128, 128, 32, 64, 1)
+TCS_BACKWARD_WEIGHT(tcs_backward_weight_64x128, 64, 128, 32, 32, 2)
+TCS_BACKWARD_WEIGHT(tcs_backward_weight_64x64, 64, 64, 32, 16, 2)

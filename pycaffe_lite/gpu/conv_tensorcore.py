@@ -5,6 +5,11 @@ deterministic split-K weight gradient with its fixed-order reduction ``ig_reduce
 inner products on tensor cores: operands rounded to TF32 (10-bit mantissa), products accumulated in
 fp32. Offered only for float32 when TF32 is allowed (``caffe.set_allow_tf32(True)``), so the default
 stays exact fp32. Tile shapes are named ``"BMxBN"`` (:data:`TILES`); every pass has each.
+
+A pass whose contraction splits into slices of :data:`SLICE` channels at one filter tap (see
+:func:`sliced`) runs the channel-sliced kernels (``tcs_*``): cp.async copies in a
+:data:`STAGES`-deep shared-memory pipeline, one bounds check per slice; the weight gradient's bias
+then comes from ``conv_engines.bias_backward``'s reduction instead of a column of ones.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ KERNELS = Path(__file__).with_name("conv_tensorcore.cu")
 TILES = ("128x128", "64x128", "64x64")
 BK = 16  # contraction slice per shared-memory stage (the kernels' template argument)
 BLOCK = (256, 1, 1)
+SLICE, STAGES = 32, 3  # the channel-sliced kernels' TCS_BK and TCS_STAGES
 REQUIREMENT = "float32 with TF32 allowed (caffe.set_allow_tf32), compute capability 8.0+, " + ig.REQUIREMENT
 
 
@@ -29,9 +35,45 @@ def supports(prob: ConvProblem) -> bool:
             and backend.state().device.compute_capability() >= (8, 0))
 
 
+def sliced(prob: ConvProblem, tile: str, pass_: str) -> bool:
+    """Whether ``pass_`` of ``prob`` runs the channel-sliced kernels: the contraction's channel axis
+    (C/G forward, M/G data gradient) is a multiple of :data:`SLICE`, or for the weight gradient C/G
+    a multiple of the tile's width (a tile's columns share a tap); no dilation."""
+    if prob.dilation != (1, 1):
+        return False
+    if pass_ == "forward":
+        return prob.cg % SLICE == 0
+    if pass_ == "backward_data":
+        return prob.mg % SLICE == 0
+    return prob.cg % ig.tile_shape(tile)[1] == 0
+
+
+def _sliced_kernel(name: str, tile: str, prob: ConvProblem, b_kfast: bool):
+    """The ``tcs_`` kernel ``name``, allowed the dynamic shared memory its stages take; (kernel, bytes)."""
+    bm, bn = ig.tile_shape(tile)
+    ldb = SLICE + 4 if b_kfast else bn + 8
+    floats = STAGES * (bm * (SLICE + 4) + (bn if b_kfast else SLICE) * ldb)
+    k = backend.kernel(KERNELS, name, prob.np_dtype)
+    nbytes = floats * 4
+    k.allow_shared(nbytes)
+    return k, nbytes
+
+
 def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: int, relu: bool = False) -> None:
     """``y = conv(x, w) (+ bias)`` over the whole batch, in one launch."""
     epilogue = epilogue_flags(bias, relu)
+    if sliced(prob, tile, "forward"):
+        plan = prob.cache.get(("tcs_forward", tile))
+        if plan is None:
+            bm, bn = ig.tile_shape(tile)
+            k, nbytes = _sliced_kernel(f"tcs_forward_{tile}", tile, prob, False)
+            grid = (-(-prob.num * prob.out_plane // bn), -(-prob.mg // bm), prob.group)
+            plan = prob.cache[("tcs_forward", tile)] = (k, grid, nbytes)
+            k.check_args(x, w, bias or w, epilogue, y, *prob.geometry_args)
+        k, grid, nbytes = plan
+        ig.nonnull(x, w, y)
+        k.launch(grid, BLOCK, x, w, bias or w, epilogue, y, *prob.geometry_args, shared=nbytes)
+        return
     plan = prob.cache.get(("tc_forward", tile))
     if plan is None:
         bm, bn = ig.tile_shape(tile)
@@ -46,6 +88,18 @@ def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: i
 
 def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int) -> None:
     """``dx = conv_transpose(dy, w)`` (assigned), in one launch."""
+    if sliced(prob, tile, "backward_data"):
+        plan = prob.cache.get(("tcs_backward_data", tile))
+        if plan is None:
+            bm, bn = ig.tile_shape(tile)
+            k, nbytes = _sliced_kernel(f"tcs_backward_data_{tile}", tile, prob, False)
+            grid = (-(-prob.num * prob.in_plane // bn), -(-prob.cg // bm), prob.group)
+            plan = prob.cache[("tcs_backward_data", tile)] = (k, grid, nbytes)
+            k.check_args(w, dy, dx, *prob.geometry_args)
+        k, grid, nbytes = plan
+        ig.nonnull(w, dy, dx)
+        k.launch(grid, BLOCK, w, dy, dx, *prob.geometry_args, shared=nbytes)
+        return
     plan = prob.cache.get(("tc_backward_data", tile))
     if plan is None:
         bm, bn = ig.tile_shape(tile)
@@ -60,6 +114,9 @@ def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int) -> Non
 
 def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
     """Elements of the partial-sum scratch :func:`backward_weight` needs."""
+    if sliced(prob, tile, "backward_weight"):
+        splits, _ = ig.split_contraction(prob, *ig.tile_shape(tile), SLICE, False)
+        return prob.group * splits * prob.mg * prob.kg
     splits, _ = ig.split_contraction(prob, *ig.tile_shape(tile), BK, has_bias)
     return prob.group * splits * prob.mg * (prob.kg + int(has_bias))
 
@@ -68,6 +125,13 @@ def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: 
     """``dw += dL/dw`` and, when ``db`` is given, ``db += dL/db`` (a column of ones in the same
     GEMM); ``workspace`` holds at least :func:`workspace_count` elements. Deterministic: split-K
     partial sums, then ``ig_reduce_weight`` adds them in a fixed order."""
+    if sliced(prob, tile, "backward_weight"):
+        _sliced_backward_weight(prob, tile, x, dy, dw, workspace)
+        if db is not None:
+            from .conv_engines import bias_backward
+
+            bias_backward(prob, dy, db)
+        return
     has_bias = int(db is not None)
     key = ("tc_backward_weight", tile, has_bias)
     plan = prob.cache.get(key)
@@ -87,3 +151,22 @@ def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: 
     ig.nonnull(x, dy, dw, workspace)
     k.launch(grid, BLOCK, x, dy, tab, workspace, splits, chunk, has_bias, *prob.geometry_args)
     r.launch(rgrid, ig.BLOCK, n, workspace, splits, prob.mg, prob.kg, has_bias, dw, db or dw)
+
+
+def _sliced_backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, workspace: int) -> None:
+    plan = prob.cache.get(("tcs_backward_weight", tile))
+    if plan is None:
+        bm, bn = ig.tile_shape(tile)
+        splits, chunk = ig.split_contraction(prob, bm, bn, SLICE, False)
+        k, nbytes = _sliced_kernel(f"tcs_backward_weight_{tile}", tile, prob, True)
+        grid = (-(-prob.kg // bn), -(-prob.mg // bm), prob.group * splits)
+        n = prob.group * prob.mg * prob.kg
+        r = backend.kernel(ig.KERNELS, "ig_reduce_weight", prob.np_dtype)
+        rgrid = (min(-(-n // ig.THREADS), backend.MAX_BLOCKS), 1, 1)
+        plan = prob.cache[("tcs_backward_weight", tile)] = (k, grid, nbytes, splits, chunk, r, rgrid, n)
+        k.check_args(x, dy, workspace, splits, chunk, *prob.geometry_args)
+        r.check_args(n, workspace, splits, prob.mg, prob.kg, 0, dw, dw)
+    k, grid, nbytes, splits, chunk, r, rgrid, n = plan
+    ig.nonnull(x, dy, dw, workspace)
+    k.launch(grid, BLOCK, x, dy, workspace, splits, chunk, *prob.geometry_args, shared=nbytes)
+    r.launch(rgrid, ig.BLOCK, n, workspace, splits, prob.mg, prob.kg, 0, dw, dw)
