@@ -29,7 +29,6 @@ class _State:
         # Bumped on every set_random_seed so device-side generators re-seed too.
         self.seed_generation = 0
         self.gpu_rng_counter = 0
-        self.tf32 = False
         self.solver_count, self.solver_rank, self.multiprocess = 1, 0, False
 
 
@@ -100,13 +99,12 @@ def set_allow_tf32(allow: bool) -> None:
     if _state.mode is not Mode.GPU:
         raise GPUUnavailableError("set_allow_tf32 needs GPU mode (call set_mode_gpu() first)")
     blas.set_allow_tf32(bool(allow))
-    _state.tf32 = bool(allow)
 
 
 def tf32_allowed() -> bool:
     """Whether :func:`set_allow_tf32` last allowed TF32 (convolution engine choices and captured
     graphs are keyed on it)."""
-    return _state.tf32
+    return blas.tf32_allowed()
 
 
 # -- multi-GPU training (Caffe's solver_count / solver_rank / multiprocess) -----------------------

@@ -449,7 +449,7 @@ def _time(fn: Callable[[], None]) -> float:
 
 
 def _graph_of(fn: Callable[[], None]) -> cuda_graph.CudaGraph | None:
-    if os.environ.get("PYCAFFE_LITE_CUDA_GRAPHS", "1") == "0" or backend.recording() is not None:
+    if backend.recording() is not None:
         return None
     recording = cuda_graph.Recording()
     try:
@@ -468,8 +468,7 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
         raise ValueError(f"no convolution engine among {candidates} supports {prob}")
     path = cache_file()
     save_to = path if path and _autoload(path) else None
-    h = blas.handle()
-    key = (prob, has_bias, names, getattr(h, "tf32", False), _device(backend.state().device_id), _timing)
+    key = (prob, has_bias, names, blas.tf32_allowed(), _device(backend.state().device_id), _timing)
     choice = _choices.get(key)
     if choice is not None and key not in _unreserved:
         return choice

@@ -108,15 +108,18 @@ sign = _unary("sign", "(Dtype(0) < a[i]) - (a[i] < Dtype(0))")
 
 
 # -- per-channel maps and multi-input sums ---------------------------------------------------
-def channel_affine(outer: int, dim: int, inner: int, x: int, s: int | None, b: int | None, y: int, dtype) -> None:
-    """``y[o, c, i] = x[o, c, i]·s[c] + b[c]`` (``s``/``b`` None: omitted); ``x`` and ``y`` may alias."""
-    if s is None and b is None:
+def channel_affine(outer: int, dim: int, inner: int, x: int, s: int | None, b: int | None, y: int, dtype,
+                   relu: bool = False) -> None:
+    """``y[o, c, i] = x[o, c, i]·s[c] + b[c]`` (``s``/``b`` None: omitted), then ReLU (negative_slope
+    0) when ``relu`` (compiled for ``b`` alone: the convolution engines' bias epilogue); ``x`` and
+    ``y`` may alias."""
+    if s is None and b is None and not relu:
         copy(outer * dim * inner, x, y, dtype)
         return
     w = vec_width(inner, dtype, x, y)
     name = "affine_sb" if s is not None and b is not None else "affine_s" if s is not None else "affine_b"
-    backend.kernel(KERNELS, f"{name}_v{w}", dtype)(outer * dim * inner // w, dim, inner, x,
-                                                   s if s is not None else x, b if b is not None else x, y)
+    backend.kernel(KERNELS, f"{name}{'_relu' if relu else ''}_v{w}", dtype)(
+        outer * dim * inner // w, dim, inner, x, s if s is not None else x, b if b is not None else x, y)
 
 
 def add_bias(rows: int, cols: int, bias: int, y: int, dtype) -> None:
@@ -126,12 +129,7 @@ def add_bias(rows: int, cols: int, bias: int, y: int, dtype) -> None:
 
 def add_channel_bias(num: int, channels: int, spatial: int, bias: int, y: int, dtype, relu: bool = False) -> None:
     """``y(num, channels, spatial) += bias[None, :, None]``, then ReLU (negative_slope 0) when ``relu``."""
-    if relu:
-        w = vec_width(spatial, dtype, y)
-        backend.kernel(KERNELS, f"affine_b_relu_v{w}", dtype)(num * channels * spatial // w, channels, spatial, y, y,
-                                                             bias, y)
-        return
-    channel_affine(num, channels, spatial, y, None, bias, y, dtype)
+    channel_affine(num, channels, spatial, y, None, bias, y, dtype, relu)
 
 
 def weighted_sum(n: int, xs: list[int], coeffs: list[float], y: int, dtype) -> None:
