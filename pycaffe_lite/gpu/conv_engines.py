@@ -240,13 +240,16 @@ class TensorCoreEngine(Engine):
         return tc.supports(prob)
 
     def scratch(self, prob, pass_, has_bias):
-        return (tc.workspace_count(prob, self.tile, has_bias) * prob.itemsize,) if pass_ == "backward_weight" else ()
+        if pass_ == "backward_weight":
+            return (tc.workspace_count(prob, self.tile, has_bias) * prob.itemsize,)
+        n = tc.weight_scratch_count(prob, self.tile, pass_)
+        return (n * prob.itemsize,) if n else ()
 
     def forward(self, prob, x, w, bias, y, ws, relu=False):
-        tc.forward(prob, self.tile, x, w, bias, y, relu)
+        tc.forward(prob, self.tile, x, w, bias, y, relu, ws[0] if ws else None)
 
     def backward_data(self, prob, w, dy, dx, ws):
-        tc.backward_data(prob, self.tile, w, dy, dx)
+        tc.backward_data(prob, self.tile, w, dy, dx, ws[0] if ws else None)
 
     def backward_weight(self, prob, x, dy, dw, db, ws):
         tc.backward_weight(prob, self.tile, x, dy, dw, db, ws[0])

@@ -226,6 +226,7 @@ template <int BN, bool B_KFAST> struct TcsLayout {
 };
 
 // ---- forward: A = W (M/G x (tap, c)), B = input columns ((tap, c) x N*Ho*Wo), B row-major -------
+// w: the weights permuted to (M, kh*kw, C/G) (tc_permute_forward), so a row's slice is contiguous.
 // Thread t loads A rows m0 + t/32 + 8e at k = t%32, and B column n0 + t%BN at k = t/BN + (256/BN)e.
 template <int BM, int BN> struct FwdSliced {
   const Dtype* x; const Dtype* w; const Dtype* bias; Dtype* y; int epilogue;
@@ -248,7 +249,7 @@ template <int BM, int BN> struct FwdSliced {
   __device__ void load(float* As, float* Bs, int slice) const {
     const int t = threadIdx.x;
     const int tap = slice / cslices, c0 = (slice - tap * cslices) * TCS_BK, r = tap / kw, s = tap - r * kw;
-    const Dtype* a = a_ptr + (c0 + t % 32) * khkw + tap;
+    const Dtype* a = a_ptr + tap * (Kg / khkw) + c0 + t % 32;
 #pragma unroll
     for (int e = 0; e < BM / 8; ++e)
       tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + t % 32, e < a_rows ? a + (long long)e * 8 * Kg : w, e < a_rows);
@@ -269,15 +270,16 @@ template <int BM, int BN> struct FwdSliced {
 };
 
 // ---- data gradient: A = W^T (C/G x (tap, m)), B = output-gradient columns ((tap, m) x N*H*W) ----
+// w: the weights permuted to (G, C/G, kh*kw, M/G) (tc_permute_backward_data).
 template <int BM, int BN> struct BwdDataSliced {
   const Dtype* w; const Dtype* dy; Dtype* dx;
-  int HW, W, Ho, Wo, P, chw, mp, Cg, khkw, kw, ncols, sh, sw, mslices, slices, wstride;  // wstride = C/G*kh*kw
+  int HW, W, Ho, Wo, P, chw, mp, Cg, Mg, khkw, kw, ncols, sh, sw, mslices, slices;
   const Dtype* a_ptr; int a_rows;
   const Dtype* b_img; int ty, tx, b_ok;
   __device__ void init(int m0, int n0, int ph, int pw) {
     const int t = threadIdx.x, c = m0 + t / 32;
     a_rows = c < Cg ? (Cg - c + 7) / 8 : 0;
-    a_ptr = w + (c < Cg ? c : 0) * khkw;
+    a_ptr = w + (long long)(c < Cg ? c : 0) * khkw * Mg;
     const int col = n0 + t % BN;
     b_ok = col < ncols;
     const int n = b_ok ? col / HW : 0, q = b_ok ? col - n * HW : 0, yy = q / W;
@@ -288,10 +290,11 @@ template <int BM, int BN> struct BwdDataSliced {
   __device__ void load(float* As, float* Bs, int slice) const {
     const int t = threadIdx.x;
     const int tap = slice / mslices, mb = (slice - tap * mslices) * TCS_BK, r = tap / kw, s = tap - r * kw;
-    const Dtype* a = a_ptr + tap + (long long)(mb + t % 32) * wstride;
+    const Dtype* a = a_ptr + tap * Mg + mb + t % 32;
 #pragma unroll
     for (int e = 0; e < BM / 8; ++e)
-      tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + t % 32, e < a_rows ? a + e * 8 * khkw : w, e < a_rows);
+      tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + t % 32, e < a_rows ? a + (long long)e * 8 * khkw * Mg : w,
+               e < a_rows);
     int oy = ty - r, ox = tx - s;
     bool ok = b_ok && oy >= 0 && ox >= 0;
     if (sh != 1) { ok = ok && oy % sh == 0; oy /= sh; }
@@ -450,8 +453,8 @@ __device__ __forceinline__ void tcs_backward_data_setup(Op& op, const int g, con
   op.HW = height * width; op.W = width; op.Ho = height_out; op.Wo = width_out; op.P = height_out * width_out;
   op.chw = channels * op.HW; op.mp = num_output * op.P; op.Cg = cg; op.khkw = kernel_h * kernel_w;
   op.kw = kernel_w; op.ncols = num * op.HW; op.sh = stride_h; op.sw = stride_w; op.mslices = mg / TCS_BK;
-  op.slices = op.khkw * op.mslices; op.wstride = cg * op.khkw;
-  op.w = w + (long long)g * mg * op.wstride; op.dy = dy + (long long)g * mg * op.P;
+  op.slices = op.khkw * op.mslices; op.Mg = mg;
+  op.w = w + (long long)g * cg * op.khkw * mg; op.dy = dy + (long long)g * mg * op.P;
   op.dx = dx + (long long)g * cg * op.HW;
 }
 
@@ -511,3 +514,20 @@ TCS_BACKWARD_DATA(tcs_backward_data_64x64, 64, 64, 32, 16, 2)
 TCS_BACKWARD_WEIGHT(tcs_backward_weight_128x128, 128, 128, 32, 64, 1)
 TCS_BACKWARD_WEIGHT(tcs_backward_weight_64x128, 64, 128, 32, 32, 2)
 TCS_BACKWARD_WEIGHT(tcs_backward_weight_64x64, 64, 64, 32, 16, 2)
+
+// The weights (M, C/G, kh*kw) re-laid for the sliced kernels' A loads; n = M*C/G*kh*kw.
+// forward: (M, kh*kw, C/G); data gradient: (G, C/G, kh*kw, M/G).
+__global__ void tc_permute_forward(const int n, const Dtype* w, const int cg, const int taps, Dtype* out) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int m = i / (taps * cg), r = i - m * taps * cg, tap = r / cg, c = r - tap * cg;
+    out[i] = w[((long long)m * cg + c) * taps + tap];
+  }
+}
+__global__ void tc_permute_backward_data(const int n, const Dtype* w, const int cg, const int taps, const int mg,
+                                         Dtype* out) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int per = cg * taps * mg, g = i / per, r = i - g * per, c = r / (taps * mg), r2 = r - c * taps * mg;
+    const int tap = r2 / mg, m = r2 - tap * mg;
+    out[i] = w[(((long long)g * mg + m) * cg + c) * taps + tap];
+  }
+}

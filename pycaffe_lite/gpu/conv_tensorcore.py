@@ -20,6 +20,7 @@ import numpy as np
 
 from . import backend, blas
 from . import conv_implicit as ig
+from .backend import CudaError
 from .conv_problem import ConvProblem, epilogue_flags
 
 KERNELS = Path(__file__).with_name("conv_tensorcore.cu")
@@ -59,10 +60,31 @@ def _sliced_kernel(name: str, tile: str, prob: ConvProblem, b_kfast: bool):
     return k, nbytes
 
 
-def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: int, relu: bool = False) -> None:
-    """``y = conv(x, w) (+ bias)`` over the whole batch, in one launch."""
+def weight_scratch_count(prob: ConvProblem, tile: str, pass_: str) -> int:
+    """Elements of the permuted-weight scratch the forward or data-gradient pass needs (0: none)."""
+    return prob.num_output * prob.kg if pass_ != "backward_weight" and sliced(prob, tile, pass_) else 0
+
+
+def _permute(prob: ConvProblem, pass_: str, w: int, out: int | None) -> None:
+    if not out:
+        raise CudaError(f"tensor-core {pass_}: the channel-sliced kernels need the permuted-weight scratch "
+                        "(weight_scratch_count elements)")
+    n = prob.num_output * prob.kg
+    k = backend.kernel(KERNELS, f"tc_permute_{pass_}", prob.np_dtype)
+    if pass_ == "forward":
+        k(n, w, prob.cg, prob.khkw, out)
+    else:
+        k(n, w, prob.cg, prob.khkw, prob.mg, out)
+
+
+def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: int, relu: bool = False,
+            scratch: int | None = None) -> None:
+    """``y = conv(x, w) (+ bias)`` over the whole batch, in one launch (two for the sliced kernels,
+    which first permute the weights into ``scratch`` of :func:`weight_scratch_count` elements)."""
     epilogue = epilogue_flags(bias, relu)
     if sliced(prob, tile, "forward"):
+        _permute(prob, "forward", w, scratch)
+        w = scratch  # type: ignore[assignment]
         plan = prob.cache.get(("tcs_forward", tile))
         if plan is None:
             bm, bn = ig.tile_shape(tile)
@@ -86,9 +108,12 @@ def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: i
     k.launch(grid, BLOCK, x, w, bias or w, epilogue, tab, y, *prob.geometry_args)
 
 
-def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int) -> None:
-    """``dx = conv_transpose(dy, w)`` (assigned), in one launch."""
+def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int, scratch: int | None = None) -> None:
+    """``dx = conv_transpose(dy, w)`` (assigned), in one launch (two for the sliced kernels, see
+    :func:`forward`)."""
     if sliced(prob, tile, "backward_data"):
+        _permute(prob, "backward_data", w, scratch)
+        w = scratch  # type: ignore[assignment]
         plan = prob.cache.get(("tcs_backward_data", tile))
         if plan is None:
             bm, bn = ig.tile_shape(tile)
