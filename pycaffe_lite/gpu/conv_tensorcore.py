@@ -9,7 +9,7 @@ stays exact fp32. Tile shapes are named ``"BMxBN"`` (:data:`TILES`); every pass 
 A pass whose contraction splits into slices of :data:`SLICE` channels at one filter tap (see
 :func:`sliced`) runs the channel-sliced kernels (``tcs_*``): cp.async copies in a
 :data:`STAGES`-deep shared-memory pipeline, one bounds check per slice; the weight gradient's bias
-then comes from ``conv_engines.bias_backward``'s reduction instead of a column of ones.
+then comes from the fp32 channel reduction (``channel_sum``) instead of a column of ones.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 
 from . import backend, blas
 from . import conv_implicit as ig
+from . import math_functions as gm
 from .backend import CudaError
 from .conv_problem import ConvProblem, epilogue_flags
 
@@ -152,10 +153,8 @@ def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: 
     partial sums, then ``ig_reduce_weight`` adds them in a fixed order."""
     if sliced(prob, tile, "backward_weight"):
         _sliced_backward_weight(prob, tile, x, dy, dw, workspace)
-        if db is not None:
-            from .conv_engines import bias_backward
-
-            bias_backward(prob, dy, db)
+        if db is not None:  # db += dy summed over images and pixels
+            gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
         return
     has_bias = int(db is not None)
     key = ("tc_backward_weight", tile, has_bias)
