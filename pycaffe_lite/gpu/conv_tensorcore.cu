@@ -39,6 +39,26 @@ extern "C++" {
 template <bool B_KFAST> struct TcBLayout { typedef nvcuda::wmma::row_major type; };
 template <> struct TcBLayout<true> { typedef nvcuda::wmma::col_major type; };
 
+#if __CUDA_ARCH__ >= 800
+// The epilogue: each 16x16 accumulator of a warp's WM x WN tile (rows m0.., cols n0..) goes
+// through the warp's 256-float shared scratch cw to Op::store (bounds, bias, layout).
+template <int WM, int WN, class Op>
+__device__ __forceinline__ void tc_store(
+    const Op& op, nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> (&acc)[WM / 16][WN / 16],
+    float* cw, const int m0, const int n0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+    for (int j = 0; j < WN / 16; ++j) {
+      nvcuda::wmma::store_matrix_sync(cw, acc[i][j], 16, nvcuda::wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 16 * 16; e += 32) op.store(m0 + i * 16 + e / 16, n0 + j * 16 + e % 16, cw[e]);
+      __syncwarp();
+    }
+}
+#endif
+
 template <int BM, int BN, int BK, int WM, int WN, bool B_KFAST, class Op>
 __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0) {
 #if __CUDA_ARCH__ >= 800
@@ -58,7 +78,7 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
   __shared__ __align__(32) float Bs[B_KFAST ? BN * LDB : BK * LDB];
   __shared__ __align__(32) float Cs[TC_WARPS][16 * 16];
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32;
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);  // this warp's tile: rows wm*WM.., cols wn*WN..
   // the (row, k) / (k, col) of every element this thread loads, in tile coordinates
   int a_row[A_PER], a_k[A_PER], b_col[B_PER], b_k[B_PER];
@@ -126,17 +146,7 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
     __syncthreads();
   }
 
-  float* cw = Cs[warp];
-#pragma unroll
-  for (int i = 0; i < FM; ++i)
-#pragma unroll
-    for (int j = 0; j < FN; ++j) {
-      wmma::store_matrix_sync(cw, acc[i][j], 16, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < 16 * 16; e += 32)
-        op.store(m0 + wm * WM + i * 16 + e / 16, n0 + wn * WN + j * 16 + e % 16, cw[e]);
-      __syncwarp();
-    }
+  tc_store<WM, WN>(op, acc, Cs[warp], m0 + wm * WM, n0 + wn * WN);
 #else
   __trap();  // TF32 tensor cores need sm_80 or newer (conv_tensorcore.supports checks)
 #endif
@@ -365,7 +375,7 @@ __device__ __forceinline__ void tcs_core(const Op& op, const int m0, const int n
   const int A_SIZE = BM * TCS_LDA, STAGE = A_SIZE + (B_KFAST ? BN : TCS_BK) * LDB;
   const int FM = WM / 16, FN = WN / 16;
   extern __shared__ __align__(128) float tcs_smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);
   wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[FM][FN];
 #pragma unroll
@@ -414,17 +424,7 @@ __device__ __forceinline__ void tcs_core(const Op& op, const int m0, const int n
   }
   tcs_wait_all();
   __syncthreads();  // the stages are free: the epilogue's per-warp scratch reuses them
-  float* cw = tcs_smem + warp * 256;
-#pragma unroll
-  for (int i = 0; i < FM; ++i)
-#pragma unroll
-    for (int j = 0; j < FN; ++j) {
-      wmma::store_matrix_sync(cw, acc[i][j], 16, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < 16 * 16; e += 32)
-        op.store(m0 + wm * WM + i * 16 + e / 16, n0 + wn * WN + j * 16 + e % 16, cw[e]);
-      __syncwarp();
-    }
+  tc_store<WM, WN>(op, acc, tcs_smem + warp * 256, m0 + wm * WM, n0 + wn * WN);
 #else
   __trap();  // TF32 tensor cores need sm_80 or newer (conv_tensorcore.supports checks)
 #endif

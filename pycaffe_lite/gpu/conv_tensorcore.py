@@ -61,6 +61,20 @@ def _sliced_kernel(name: str, tile: str, prob: ConvProblem, b_kfast: bool):
     return k, nbytes
 
 
+def _sliced_launch(prob: ConvProblem, tile: str, pass_: str, cols: int, rows: int, *args: int) -> None:
+    """Launch ``tcs_<pass_>_<tile>`` over a ``rows x cols`` output per group (``args``: its pointer
+    and flag arguments, pointers first; the geometry follows)."""
+    plan = prob.cache.get(("tcs", pass_, tile))
+    if plan is None:
+        bm, bn = ig.tile_shape(tile)
+        k, nbytes = _sliced_kernel(f"tcs_{pass_}_{tile}", tile, prob, False)
+        plan = prob.cache[("tcs", pass_, tile)] = (k, (-(-cols // bn), -(-rows // bm), prob.group), nbytes)
+        k.check_args(*args, *prob.geometry_args)
+    k, grid, nbytes = plan
+    ig.nonnull(*args[:2], args[-1])
+    k.launch(grid, BLOCK, *args, *prob.geometry_args, shared=nbytes)
+
+
 def weight_scratch_count(prob: ConvProblem, tile: str, pass_: str) -> int:
     """Elements of the permuted-weight scratch the forward or data-gradient pass needs (0: none)."""
     return prob.num_output * prob.kg if pass_ != "backward_weight" and sliced(prob, tile, pass_) else 0
@@ -86,16 +100,7 @@ def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: i
     if sliced(prob, tile, "forward"):
         _permute(prob, "forward", w, scratch)
         w = scratch  # type: ignore[assignment]
-        plan = prob.cache.get(("tcs_forward", tile))
-        if plan is None:
-            bm, bn = ig.tile_shape(tile)
-            k, nbytes = _sliced_kernel(f"tcs_forward_{tile}", tile, prob, False)
-            grid = (-(-prob.num * prob.out_plane // bn), -(-prob.mg // bm), prob.group)
-            plan = prob.cache[("tcs_forward", tile)] = (k, grid, nbytes)
-            k.check_args(x, w, bias or w, epilogue, y, *prob.geometry_args)
-        k, grid, nbytes = plan
-        ig.nonnull(x, w, y)
-        k.launch(grid, BLOCK, x, w, bias or w, epilogue, y, *prob.geometry_args, shared=nbytes)
+        _sliced_launch(prob, tile, "forward", prob.num * prob.out_plane, prob.mg, x, w, bias or w, epilogue, y)
         return
     plan = prob.cache.get(("tc_forward", tile))
     if plan is None:
@@ -115,16 +120,7 @@ def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int, scratc
     if sliced(prob, tile, "backward_data"):
         _permute(prob, "backward_data", w, scratch)
         w = scratch  # type: ignore[assignment]
-        plan = prob.cache.get(("tcs_backward_data", tile))
-        if plan is None:
-            bm, bn = ig.tile_shape(tile)
-            k, nbytes = _sliced_kernel(f"tcs_backward_data_{tile}", tile, prob, False)
-            grid = (-(-prob.num * prob.in_plane // bn), -(-prob.cg // bm), prob.group)
-            plan = prob.cache[("tcs_backward_data", tile)] = (k, grid, nbytes)
-            k.check_args(w, dy, dx, *prob.geometry_args)
-        k, grid, nbytes = plan
-        ig.nonnull(w, dy, dx)
-        k.launch(grid, BLOCK, w, dy, dx, *prob.geometry_args, shared=nbytes)
+        _sliced_launch(prob, tile, "backward_data", prob.num * prob.in_plane, prob.cg, w, dy, dx)
         return
     plan = prob.cache.get(("tc_backward_data", tile))
     if plan is None:
