@@ -215,6 +215,30 @@ __device__ __forceinline__ void tcs_copy(float* smem, const void* src, const boo
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
 #endif
 }
+__device__ __forceinline__ void tcs_copy16(float* smem, const void* src, const bool valid) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+// An A tile (BM x TCS_BK) whose rows are contiguous in global memory (the permuted weights):
+// thread t copies 16 bytes of tile row t/8 + 32e at k = 4*(t%8); rows at and past `rows` are zeros.
+template <int BM>
+__device__ __forceinline__ void tcs_load_rows(float* As, const Dtype* row0, const long long stride, const int rows) {
+  const int t = threadIdx.x, k = 4 * (t % 8);
+#pragma unroll
+  for (int e = 0; e < BM / 32; ++e) {
+    const int r = t / 8 + 32 * e;
+    tcs_copy16(As + r * TCS_LDA + k, r < rows ? row0 + r * stride + k : row0, r < rows);
+  }
+}
+__device__ __forceinline__ float tc_round(const float v) {  // to TF32, nearest (ties away)
+#if __CUDA_ARCH__ >= 800
+  return nvcuda::wmma::__float_to_tf32(v);
+#else
+  return v;
+#endif
+}
 __device__ __forceinline__ void tcs_commit() {
 #if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
@@ -237,18 +261,18 @@ template <int BN, bool B_KFAST> struct TcsLayout {
 
 // ---- forward: A = W (M/G x (tap, c)), B = input columns ((tap, c) x N*Ho*Wo), B row-major -------
 // w: the weights permuted to (M, kh*kw, C/G) (tc_permute_forward), so a row's slice is contiguous.
-// Thread t loads A rows m0 + t/32 + 8e at k = t%32, and B column n0 + t%BN at k = t/BN + (256/BN)e.
+// Thread t loads B column n0 + t%BN at k = t/BN + (256/BN)e; A goes by tcs_load_rows (already TF32).
 template <int BM, int BN> struct FwdSliced {
+  static const bool A_ROUNDED = true;
   const Dtype* x; const Dtype* w; const Dtype* bias; Dtype* y; int epilogue;
   int H, W, HW, Wo, P, chw, mp, Mg, Kg, khkw, kw, ncols, cslices, slices;
-  // this thread's
-  const Dtype* a_ptr; int a_rows;          // its first A row's weights, and how many rows e are inside
-  const Dtype* b_img; int iy0, ix0, b_ok;  // its column's image, top-left input position
+  const Dtype* a_ptr; int a_rows;          // the tile's first weight row, and its rows inside M/G
+  const Dtype* b_img; int iy0, ix0, b_ok;  // this thread's column: its image, top-left input position
   int sh, sw, ph, pw;
   __device__ void init(int m0, int n0) {
-    const int t = threadIdx.x, m = m0 + t / 32;
-    a_rows = m < Mg ? (Mg - m + 7) / 8 : 0;
-    a_ptr = w + (long long)(m < Mg ? m : 0) * Kg;
+    const int t = threadIdx.x;
+    a_rows = Mg - m0;
+    a_ptr = w + (long long)m0 * Kg;
     const int col = n0 + t % BN;
     b_ok = col < ncols;
     const int n = b_ok ? col / P : 0, p = b_ok ? col - n * P : 0, oy = p / Wo, ox = p - oy * Wo;
@@ -259,10 +283,7 @@ template <int BM, int BN> struct FwdSliced {
   __device__ void load(float* As, float* Bs, int slice) const {
     const int t = threadIdx.x;
     const int tap = slice / cslices, c0 = (slice - tap * cslices) * TCS_BK, r = tap / kw, s = tap - r * kw;
-    const Dtype* a = a_ptr + tap * (Kg / khkw) + c0 + t % 32;
-#pragma unroll
-    for (int e = 0; e < BM / 8; ++e)
-      tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + t % 32, e < a_rows ? a + (long long)e * 8 * Kg : w, e < a_rows);
+    tcs_load_rows<BM>(As, a_ptr + tap * (Kg / khkw) + c0, Kg, a_rows);
     const int iy = iy0 + r, ix = ix0 + s;
     const bool ok = b_ok && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
     const int kb = t / BN, step = 256 / BN;
@@ -282,14 +303,15 @@ template <int BM, int BN> struct FwdSliced {
 // ---- data gradient: A = W^T (C/G x (tap, m)), B = output-gradient columns ((tap, m) x N*H*W) ----
 // w: the weights permuted to (G, C/G, kh*kw, M/G) (tc_permute_backward_data).
 template <int BM, int BN> struct BwdDataSliced {
+  static const bool A_ROUNDED = true;
   const Dtype* w; const Dtype* dy; Dtype* dx;
   int HW, W, Ho, Wo, P, chw, mp, Cg, Mg, khkw, kw, ncols, sh, sw, mslices, slices;
   const Dtype* a_ptr; int a_rows;
   const Dtype* b_img; int ty, tx, b_ok;
   __device__ void init(int m0, int n0, int ph, int pw) {
-    const int t = threadIdx.x, c = m0 + t / 32;
-    a_rows = c < Cg ? (Cg - c + 7) / 8 : 0;
-    a_ptr = w + (long long)(c < Cg ? c : 0) * khkw * Mg;
+    const int t = threadIdx.x;
+    a_rows = Cg - m0;
+    a_ptr = w + (long long)m0 * khkw * Mg;
     const int col = n0 + t % BN;
     b_ok = col < ncols;
     const int n = b_ok ? col / HW : 0, q = b_ok ? col - n * HW : 0, yy = q / W;
@@ -300,11 +322,7 @@ template <int BM, int BN> struct BwdDataSliced {
   __device__ void load(float* As, float* Bs, int slice) const {
     const int t = threadIdx.x;
     const int tap = slice / mslices, mb = (slice - tap * mslices) * TCS_BK, r = tap / kw, s = tap - r * kw;
-    const Dtype* a = a_ptr + tap * Mg + mb + t % 32;
-#pragma unroll
-    for (int e = 0; e < BM / 8; ++e)
-      tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + t % 32, e < a_rows ? a + (long long)e * 8 * khkw * Mg : w,
-               e < a_rows);
+    tcs_load_rows<BM>(As, a_ptr + tap * Mg + mb, (long long)khkw * Mg, a_rows);
     int oy = ty - r, ox = tx - s;
     bool ok = b_ok && oy >= 0 && ox >= 0;
     if (sh != 1) { ok = ok && oy % sh == 0; oy /= sh; }
@@ -328,6 +346,7 @@ template <int BM, int BN> struct BwdDataSliced {
 // A tile of BN columns lies within one tap (C/G % BN == 0). Thread t loads pixel k0 + t%32 of A
 // rows m0 + t/32 + 8e and of B columns n0 + t/32 + 8e.
 template <int BM, int BN> struct BwdWeightSliced {
+  static const bool A_ROUNDED = false;
   const Dtype* x; const Dtype* dy; Dtype* ws;
   int H, W, HW, Wo, P, chw, mp, Mg, Cg, Kg, khkw, kw, sh, sw, ph, pw, k_begin, k_end, slices;
   const Dtype* a_ptr; int a_rows;
@@ -406,8 +425,9 @@ __device__ __forceinline__ void tcs_core(const Op& op, const int m0, const int n
 #pragma unroll
       for (int i = 0; i < FM; ++i) {
         wmma::load_matrix_sync(fa[i], As + (wm * WM + i * 16) * TCS_LDA + kk, TCS_LDA);
+        if (!Op::A_ROUNDED)
 #pragma unroll
-        for (int e = 0; e < fa[i].num_elements; ++e) fa[i].x[e] = wmma::__float_to_tf32(fa[i].x[e]);
+          for (int e = 0; e < fa[i].num_elements; ++e) fa[i].x[e] = wmma::__float_to_tf32(fa[i].x[e]);
       }
 #pragma unroll
       for (int j = 0; j < FN; ++j) {
@@ -505,22 +525,23 @@ __device__ __forceinline__ void tcs_backward_weight_setup(Op& op, const int g, c
     tcs_core<BM, BN, WM, WN, true>(op, blockIdx.y * BM, blockIdx.x * BN);                                  \
   }
 
-TCS_FORWARD(tcs_forward_128x128, 128, 128, 32, 64, 1)
+TCS_FORWARD(tcs_forward_128x128, 128, 128, 32, 64, 2)
 TCS_FORWARD(tcs_forward_64x128, 64, 128, 32, 32, 2)
 TCS_FORWARD(tcs_forward_64x64, 64, 64, 32, 16, 2)
-TCS_BACKWARD_DATA(tcs_backward_data_128x128, 128, 128, 32, 64, 1)
+TCS_BACKWARD_DATA(tcs_backward_data_128x128, 128, 128, 32, 64, 2)
 TCS_BACKWARD_DATA(tcs_backward_data_64x128, 64, 128, 32, 32, 2)
 TCS_BACKWARD_DATA(tcs_backward_data_64x64, 64, 64, 32, 16, 2)
 TCS_BACKWARD_WEIGHT(tcs_backward_weight_128x128, 128, 128, 32, 64, 1)
 TCS_BACKWARD_WEIGHT(tcs_backward_weight_64x128, 64, 128, 32, 32, 2)
 TCS_BACKWARD_WEIGHT(tcs_backward_weight_64x64, 64, 64, 32, 16, 2)
 
-// The weights (M, C/G, kh*kw) re-laid for the sliced kernels' A loads; n = M*C/G*kh*kw.
+// The weights (M, C/G, kh*kw) re-laid for the sliced kernels' A loads and rounded to TF32;
+// n = M*C/G*kh*kw.
 // forward: (M, kh*kw, C/G); data gradient: (G, C/G, kh*kw, M/G).
 __global__ void tc_permute_forward(const int n, const Dtype* w, const int cg, const int taps, Dtype* out) {
   CUDA_KERNEL_LOOP(i, n) {
     const int m = i / (taps * cg), r = i - m * taps * cg, tap = r / cg, c = r - tap * cg;
-    out[i] = w[((long long)m * cg + c) * taps + tap];
+    out[i] = tc_round(w[((long long)m * cg + c) * taps + tap]);
   }
 }
 __global__ void tc_permute_backward_data(const int n, const Dtype* w, const int cg, const int taps, const int mg,
@@ -528,6 +549,6 @@ __global__ void tc_permute_backward_data(const int n, const Dtype* w, const int 
   CUDA_KERNEL_LOOP(i, n) {
     const int per = cg * taps * mg, g = i / per, r = i - g * per, c = r / (taps * mg), r2 = r - c * taps * mg;
     const int tap = r2 / mg, m = r2 - tap * mg;
-    out[i] = w[(((long long)g * mg + m) * cg + c) * taps + tap];
+    out[i] = tc_round(w[(((long long)g * mg + m) * cg + c) * taps + tap]);
   }
 }
