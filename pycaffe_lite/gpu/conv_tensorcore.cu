@@ -525,10 +525,10 @@ __device__ __forceinline__ void tcs_backward_weight_setup(Op& op, const int g, c
     tcs_core<BM, BN, WM, WN, true>(op, blockIdx.y * BM, blockIdx.x * BN);                                  \
   }
 
-TCS_FORWARD(tcs_forward_128x128, 128, 128, 32, 64, 2)
+TCS_FORWARD(tcs_forward_128x128, 128, 128, 64, 32, 2)
 TCS_FORWARD(tcs_forward_64x128, 64, 128, 32, 32, 2)
 TCS_FORWARD(tcs_forward_64x64, 64, 64, 32, 16, 2)
-TCS_BACKWARD_DATA(tcs_backward_data_128x128, 128, 128, 32, 64, 2)
+TCS_BACKWARD_DATA(tcs_backward_data_128x128, 128, 128, 64, 32, 2)
 TCS_BACKWARD_DATA(tcs_backward_data_64x128, 64, 128, 32, 32, 2)
 TCS_BACKWARD_DATA(tcs_backward_data_64x64, 64, 64, 32, 16, 2)
 TCS_BACKWARD_WEIGHT(tcs_backward_weight_128x128, 128, 128, 32, 64, 1)
