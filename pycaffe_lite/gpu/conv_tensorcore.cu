@@ -199,9 +199,10 @@ TC_BACKWARD_WEIGHT(tc_backward_weight_64x64, 64, 64, 32, 16, 2)
 // dilation), the contraction is reordered tap-major, k = (tap, channel): within a slice every
 // element a thread loads shares one bounds check and one base address, and consecutive elements
 // lie a plane apart, so a load costs an add and a cp.async (zero-filled outside the image). Each
-// block keeps TCS_STAGES slices in flight in dynamic shared memory (tcs_smem_floats), so global
-// latency hides behind the tensor-core work of the slices before; the operands are rounded to
-// TF32 as fragments leave shared memory. Tiles, warp layouts and the epilogue are those above.
+// block keeps TCS_STAGES slices in flight in dynamic shared memory (sized by conv_tensorcore.py's
+// _sliced_kernel), so global latency hides behind the tensor-core work of the slices before. The
+// weights arrive permuted and already rounded to TF32 (tc_permute_*, 16-byte copies); the other
+// operand is rounded as its fragments leave shared memory. Tiles, warp layouts and the epilogue are those above.
 
 #define TCS_BK 32
 #define TCS_STAGES 3
