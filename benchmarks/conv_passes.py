@@ -4,7 +4,7 @@
 
 For each named shape (:data:`SHAPES`, batch 32) and each engine that supports it: forward, weight
 gradient (bias included when the shape has one) and data gradient, each the median of 10 calls'
-device time (CUDA events behind a spin kernel, as ``conv_engines.py`` measures), with the
+device time (``ours.device_ms``, as ``conv_engines.py`` measures), with the
 TFLOP/s that time gives the direct convolution's 2*N*M*C*kh*kw*Ho*Wo operations. No peer: the
 cuDNN side of these shapes is in ``conv_engines.py --zoo``. Needs a GPU.
 """
@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from timing import SPIN_CYCLES, device_median_ms  # noqa: E402
+from ours import device_ms  # noqa: E402
 
 import pycaffe_lite as caffe  # noqa: E402
 from pycaffe_lite.blob import Blob  # noqa: E402
@@ -59,23 +59,10 @@ def pass_times(prob: ConvProblem, bias: bool, engine: str, reps: int = 10) -> di
     backend.state().pool.free_held()
     with conv_engines.graph_timing():  # tuned (here: only set up) as our nets' graphs run it
         choice = conv_engines.choose(prob, bias, (engine,))
-    cuda = backend.state().cuda
-    spin = backend.elementwise("bench_spin", "const long long cycles",
-                               "const long long t0 = clock64(); while (clock64() - t0 < cycles) { }", np.float32)
-
-    def record():
-        event = cuda.Event()
-        event.record(backend.stream())
-        return event
-
-    def elapsed(start, end) -> float:
-        end.synchronize()
-        return end.time_since(start)
-
     passes = {"fwd": lambda: conv_engines.run(prob, choice, "forward", x, w, b, y),
               "dW": lambda: conv_engines.run(prob, choice, "backward_weight", x, dy, dw, db),
               "dX": lambda: conv_engines.run(prob, choice, "backward_data", w, dy, dx)}
-    return {k: device_median_ms(fn, lambda: spin(1, SPIN_CYCLES), record, elapsed, reps, 3) for k, fn in passes.items()}
+    return {k: device_ms(fn, reps) for k, fn in passes.items()}
 
 
 def main(argv=None) -> int:

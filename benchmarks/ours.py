@@ -97,6 +97,25 @@ def conv_fwd_bwd(n, c, h, w, k, ksize, pad, stride=1, reps=50, gpu=True, engine:
     return out
 
 
+def device_ms(step, reps: int = 10) -> float:
+    """Median device time of ``step`` in ms (:func:`timing.device_median_ms`: CUDA events around each
+    call, queued behind a spin kernel so its kernels run back to back); 3 warm-up calls."""
+    cuda = backend.state().cuda
+    spin = backend.elementwise("bench_spin", "const long long cycles",
+                               "const long long t0 = clock64(); while (clock64() - t0 < cycles) { }", np.float32)
+
+    def record():
+        event = cuda.Event()
+        event.record(backend.stream())
+        return event
+
+    def elapsed(start, end) -> float:
+        end.synchronize()
+        return end.time_since(start)
+
+    return device_median_ms(step, lambda: spin(1, SPIN_CYCLES), record, elapsed, reps, 3)
+
+
 def conv_engine_ms(prob: ConvProblem, bias: bool, candidates: tuple[str, ...], backward: bool, reps: int = 10,
                    device_time: bool = True) -> dict:
     """One convolution through our engines, as the Convolution layer runs it: the engine per pass
@@ -132,22 +151,7 @@ def conv_engine_ms(prob: ConvProblem, bias: bool, candidates: tuple[str, ...], b
         conv_engines.run(prob, choice, "backward_data", w, dy, dx)
 
     def timed(step) -> float:
-        if not device_time:
-            return median_ms(step, backend.synchronize, reps, 3)
-        cuda = backend.state().cuda
-        spin = backend.elementwise("bench_spin", "const long long cycles",
-                                   "const long long t0 = clock64(); while (clock64() - t0 < cycles) { }", np.float32)
-
-        def record():
-            event = cuda.Event()
-            event.record(backend.stream())
-            return event
-
-        def elapsed(start, end) -> float:
-            end.synchronize()
-            return end.time_since(start)
-
-        return device_median_ms(step, lambda: spin(1, SPIN_CYCLES), record, elapsed, reps, 3)
+        return device_ms(step, reps) if device_time else median_ms(step, backend.synchronize, reps, 3)
 
     out = {"fwd_ms": timed(fwd), "bwd_ms": timed(bwd) if backward else 0.0}
     out["engines"] = f"fwd {choice.forward}, bwd data {choice.backward_data}, bwd weight {choice.backward_weight}"
