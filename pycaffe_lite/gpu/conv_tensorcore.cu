@@ -1,21 +1,21 @@
 // Implicit-GEMM 2-D convolution on tensor cores: the GEMM views and operand gathers of
 // conv_implicit.cu (its Ops, conv_implicit_ops.cuh) with the inner product on TF32 tensor cores
-// (nvcuda::wmma m16n16k8: TF32 inputs, fp32 accumulation). For float only (Dtype == float); it
+// (PTX mma.sync m16n8k8: TF32 inputs, fp32 accumulation). For float only (Dtype == float); it
 // compiles for double so that every kernel file builds for both, but is never launched for it.
 //
 // Block: 256 threads (8 warps) own a BM x BN tile of C = A . B, the warps laid out as
-// (BM/WM) x (BN/WN), each holding WM x WN of it as (WM/16) x (WN/16) 16x16 accumulator fragments.
+// (BM/WM) x (BN/WN), each holding WM x WN of it as (WM/16) x (WN/8) m16n8 accumulators in registers.
 // Per BK slice of the contraction every thread gathers its share of A (rows x BK) and B (BK x
 // cols) into registers through the Op (zeros outside the matrix), rounds them to TF32 and stores
 // them to shared memory:
 //   As[row][k]   (row-major A, leading dimension BK + 4)
 //   Bs[k][col]   (row-major B, leading dimension BN + 8)   when consecutive threads load columns
 //   Bs[col][k]   (column-major B, leading dimension BK + 4) when they load k (B_KFAST)
-// then each warp multiplies its fragments for k = 0, 8, ..; meanwhile the next slice is already
-// being loaded into registers. The epilogue stores each accumulator fragment to a per-warp 16x16
-// shared scratch and the warp's lanes hand its elements to Op::store (bounds, bias, layout).
-// The padding (+4 / +8 floats) keeps every fragment pointer 32-byte aligned and ldm a multiple of 4,
-// and spreads a fragment's rows over distinct shared-memory banks.
+// then each warp multiplies its fragments for k = 0, 8, .. (tc_warp_step); meanwhile the next slice
+// is already being loaded into registers. The epilogue hands each accumulator element straight from
+// its register to Op::store (bounds, bias, layout).
+// The padding (+4 / +8 floats) keeps every ldmatrix row 16-byte aligned and puts the 8 rows (or the
+// 4 k-rows of a B fragment) that one instruction reads on distinct shared-memory banks.
 // Registers: the 128x128 kernels take 1 block per SM (up to 255 registers a thread), the 64x128
 // and 64x64 ones 2 (at most 128, no spills); 64x64 fills the device on small late layers.
 
@@ -27,42 +27,98 @@
       const int stride_h, const int stride_w, const int height_out, const int width_out
 #include "conv_implicit_ops.cuh"
 
-extern "C++" {
-#include <mma.h>
-}
-
 #define TC_THREADS 256
 #define TC_WARPS 8
 
 extern "C++" {
 
-template <bool B_KFAST> struct TcBLayout { typedef nvcuda::wmma::row_major type; };
-template <> struct TcBLayout<true> { typedef nvcuda::wmma::col_major type; };
+// ---- m16n8k8 TF32 fragments (PTX ISA, "mma.m16n8k8" for .tf32): lane l = 4g + t holds
+//   A (16 x 8, row-major): a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
+//   B (8 x 8, k x n):      b0 = B[t][g], b1 = B[t+4][g]
+//   C (16 x 8):            c0, c1 = C[g][2t], C[g][2t+1];  c2, c3 = C[g+8][2t], C[g+8][2t+1]
+// ldmatrix.x4 (b16 8x8 matrices, i.e. 8 rows of 4 floats) hands each lane exactly these A elements
+// from a row-major tile, and the B elements from a k-fast ([col][k]) tile.
+__device__ __forceinline__ unsigned tc_tf32(const float v) {  // rounded to TF32, nearest (ties away)
+#if __CUDA_ARCH__ >= 800
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return r;
+#else
+  return __float_as_uint(v);
+#endif
+}
+__device__ __forceinline__ float tc_round(const float v) { return __uint_as_float(tc_tf32(v)); }
 
 #if __CUDA_ARCH__ >= 800
-// The epilogue: each 16x16 accumulator of a warp's WM x WN tile (rows m0.., cols n0..) goes
-// through the warp's 256-float shared scratch cw to Op::store (bounds, bias, layout).
-template <int WM, int WN, class Op>
-__device__ __forceinline__ void tc_store(
-    const Op& op, nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float> (&acc)[WM / 16][WN / 16],
-    float* cw, const int m0, const int n0) {
+__device__ __forceinline__ void tc_ldmatrix4(unsigned (&r)[4], const float* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void tc_mma(float (&c)[4], const unsigned (&a)[4], const unsigned b0, const unsigned b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One 8-deep contraction step of a warp's WM x WN tile. As: the warp's first A row at this k
+// (row-major, leading dimension LDA); Bs: the warp's first column at this k, laid [k][col] (LDB) or,
+// B_KFAST, [col][k]. ROUND_A / ROUND_B: round that operand to TF32 on its way to the tensor cores.
+template <int WM, int WN, int LDA, int LDB, bool B_KFAST, bool ROUND_A, bool ROUND_B>
+__device__ __forceinline__ void tc_warp_step(float (&acc)[WM / 16][WN / 8][4], const float* As, const float* Bs) {
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile");
   const int lane = threadIdx.x % 32;
+  unsigned a[WM / 16][4], b[WN / 8][2];
+#pragma unroll
+  for (int i = 0; i < WM / 16; ++i) {
+    tc_ldmatrix4(a[i], As + (i * 16 + lane % 16) * LDA + 4 * (lane / 16));
+    if (ROUND_A)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[i][e] = tc_tf32(__uint_as_float(a[i][e]));
+  }
+#pragma unroll
+  for (int j = 0; j < WN / 8; j += 2) {
+    if (B_KFAST) {  // matrices: (cols j.., k 0-3), (cols j.., k 4-7), (cols j+8.., k 0-3), (.., k 4-7)
+      unsigned r[4];
+      tc_ldmatrix4(r, Bs + (j * 8 + lane % 8 + 8 * (lane / 16)) * LDB + 4 * (lane / 8 % 2));
+      b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float* p = Bs + (lane % 4) * LDB + (j + h) * 8 + lane / 4;
+        b[j + h][0] = __float_as_uint(p[0]), b[j + h][1] = __float_as_uint(p[4 * LDB]);
+      }
+    }
+  }
+  if (ROUND_B)
+#pragma unroll
+    for (int j = 0; j < WN / 8; ++j) b[j][0] = tc_tf32(__uint_as_float(b[j][0])), b[j][1] = tc_tf32(__uint_as_float(b[j][1]));
 #pragma unroll
   for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
-    for (int j = 0; j < WN / 16; ++j) {
-      nvcuda::wmma::store_matrix_sync(cw, acc[i][j], 16, nvcuda::wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < 16 * 16; e += 32) op.store(m0 + i * 16 + e / 16, n0 + j * 16 + e % 16, cw[e]);
-      __syncwarp();
-    }
+    for (int j = 0; j < WN / 8; ++j) tc_mma(acc[i][j], a[i], b[j][0], b[j][1]);
+}
+
+// The epilogue: every accumulator element of a warp's WM x WN tile (rows m0.., cols n0..) goes from
+// its register to Op::store (bounds, bias, layout).
+template <int WM, int WN, class Op>
+__device__ __forceinline__ void tc_store(const Op& op, const float (&acc)[WM / 16][WN / 8][4], const int m0,
+                                         const int n0) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+    for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) op.store(m0 + i * 16 + g + 8 * (e / 2), n0 + j * 8 + 2 * t + e % 2, acc[i][j][e]);
 }
 #endif
 
 template <int BM, int BN, int BK, int WM, int WN, bool B_KFAST, class Op>
 __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0) {
 #if __CUDA_ARCH__ >= 800
-  using namespace nvcuda;
   static_assert((BM / WM) * (BN / WN) == TC_WARPS, "8 warps per block");
   static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0 && BK % 8 == 0, "tile shape");
   static_assert(TC_THREADS % BK == 0 && (BM * BK) % TC_THREADS == 0 && (BN * BK) % TC_THREADS == 0,
@@ -73,10 +129,8 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
   const int B_STATES = B_KFAST ? B_PER : 1;
   const int LDA = BK + 4;
   const int LDB = B_KFAST ? BK + 4 : BN + 8;
-  const int FM = WM / 16, FN = WN / 16;
-  __shared__ __align__(32) float As[BM * LDA];
-  __shared__ __align__(32) float Bs[B_KFAST ? BN * LDB : BK * LDB];
-  __shared__ __align__(32) float Cs[TC_WARPS][16 * 16];
+  __shared__ __align__(16) float As[BM * LDA];
+  __shared__ __align__(16) float Bs[B_KFAST ? BN * LDB : BK * LDB];
 
   const int tid = threadIdx.x, warp = tid / 32;
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);  // this warp's tile: rows wm*WM.., cols wn*WN..
@@ -99,12 +153,7 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
 #pragma unroll
   for (int e = 0; e < B_STATES; ++e) bs[e] = op.b_state(n0 + b_col[e]);
 
-  wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[FM][FN];
-#pragma unroll
-  for (int i = 0; i < FM; ++i)
-#pragma unroll
-    for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-
+  float acc[WM / 16][WN / 8][4] = {};
   const int k_begin = op.k_begin, k_end = op.k_end;
   float ra[A_PER], rb[B_PER];
   if (k_begin < k_end) {
@@ -115,10 +164,10 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
   }
   for (int k0 = k_begin; k0 < k_end; k0 += BK) {
 #pragma unroll
-    for (int e = 0; e < A_PER; ++e) As[a_row[e] * LDA + a_k[e]] = wmma::__float_to_tf32(ra[e]);
+    for (int e = 0; e < A_PER; ++e) As[a_row[e] * LDA + a_k[e]] = tc_round(ra[e]);
 #pragma unroll
     for (int e = 0; e < B_PER; ++e)
-      Bs[B_KFAST ? b_col[e] * LDB + b_k[e] : b_k[e] * LDB + b_col[e]] = wmma::__float_to_tf32(rb[e]);
+      Bs[B_KFAST ? b_col[e] * LDB + b_k[e] : b_k[e] * LDB + b_col[e]] = tc_round(rb[e]);
     __syncthreads();
     const int k1 = k0 + BK;
     if (k1 < k_end) {
@@ -128,25 +177,12 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
       for (int e = 0; e < B_PER; ++e) rb[e] = op.b(bs[B_KFAST ? e : 0], k1 + b_k[e], k_end);
     }
 #pragma unroll
-    for (int kk = 0; kk < BK; kk += 8) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa[FM];
-      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, typename TcBLayout<B_KFAST>::type> fb[FN];
-#pragma unroll
-      for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(fa[i], As + (wm * WM + i * 16) * LDA + kk, LDA);
-#pragma unroll
-      for (int j = 0; j < FN; ++j) {
-        const int col = wn * WN + j * 16;
-        wmma::load_matrix_sync(fb[j], B_KFAST ? Bs + col * LDB + kk : Bs + kk * LDB + col, LDB);
-      }
-#pragma unroll
-      for (int i = 0; i < FM; ++i)
-#pragma unroll
-        for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
+    for (int kk = 0; kk < BK; kk += 8)
+      tc_warp_step<WM, WN, LDA, LDB, B_KFAST, false, false>(
+          acc, As + wm * WM * LDA + kk, B_KFAST ? Bs + wn * WN * LDB + kk : Bs + kk * LDB + wn * WN);
     __syncthreads();
   }
-
-  tc_store<WM, WN>(op, acc, Cs[warp], m0 + wm * WM, n0 + wn * WN);
+  tc_store<WM, WN>(op, acc, m0 + wm * WM, n0 + wn * WN);
 #else
   __trap();  // TF32 tensor cores need sm_80 or newer (conv_tensorcore.supports checks)
 #endif
@@ -232,13 +268,6 @@ __device__ __forceinline__ void tcs_load_rows(float* As, const Dtype* row0, cons
     const int r = t / 8 + 32 * e;
     tcs_copy16(As + r * TCS_LDA + k, r < rows ? row0 + r * stride + k : row0, r < rows);
   }
-}
-__device__ __forceinline__ float tc_round(const float v) {  // to TF32, nearest (ties away)
-#if __CUDA_ARCH__ >= 800
-  return nvcuda::wmma::__float_to_tf32(v);
-#else
-  return v;
-#endif
 }
 __device__ __forceinline__ void tcs_commit() {
 #if __CUDA_ARCH__ >= 800
@@ -389,19 +418,13 @@ template <int BM, int BN> struct BwdWeightSliced {
 template <int BM, int BN, int WM, int WN, bool B_KFAST, class Op>
 __device__ __forceinline__ void tcs_core(const Op& op, const int m0, const int n0) {
 #if __CUDA_ARCH__ >= 800
-  using namespace nvcuda;
   static_assert((BM / WM) * (BN / WN) == TC_WARPS, "8 warps per block");
   const int LDB = TcsLayout<BN, B_KFAST>::LDB;
   const int A_SIZE = BM * TCS_LDA, STAGE = A_SIZE + (B_KFAST ? BN : TCS_BK) * LDB;
-  const int FM = WM / 16, FN = WN / 16;
   extern __shared__ __align__(128) float tcs_smem[];
   const int warp = threadIdx.x / 32;
   const int wm = warp / (BN / WN), wn = warp % (BN / WN);
-  wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[FM][FN];
-#pragma unroll
-  for (int i = 0; i < FM; ++i)
-#pragma unroll
-    for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  float acc[WM / 16][WN / 8][4] = {};
   const int slices = op.slices;
 #pragma unroll
   for (int s = 0; s < TCS_STAGES - 1; ++s) {
@@ -417,35 +440,14 @@ __device__ __forceinline__ void tcs_core(const Op& op, const int m0, const int n
       op.load(st, st + A_SIZE, next);
     }
     tcs_commit();
-    const float* As = tcs_smem + (s % TCS_STAGES) * STAGE;
-    const float* Bs = As + A_SIZE;
+    const float* As = tcs_smem + (s % TCS_STAGES) * STAGE + wm * WM * TCS_LDA;
+    const float* Bs = tcs_smem + (s % TCS_STAGES) * STAGE + A_SIZE + (B_KFAST ? wn * WN * LDB : wn * WN);
 #pragma unroll
-    for (int kk = 0; kk < TCS_BK; kk += 8) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa[FM];
-      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, typename TcBLayout<B_KFAST>::type> fb[FN];
-#pragma unroll
-      for (int i = 0; i < FM; ++i) {
-        wmma::load_matrix_sync(fa[i], As + (wm * WM + i * 16) * TCS_LDA + kk, TCS_LDA);
-        if (!Op::A_ROUNDED)
-#pragma unroll
-          for (int e = 0; e < fa[i].num_elements; ++e) fa[i].x[e] = wmma::__float_to_tf32(fa[i].x[e]);
-      }
-#pragma unroll
-      for (int j = 0; j < FN; ++j) {
-        const int col = wn * WN + j * 16;
-        wmma::load_matrix_sync(fb[j], B_KFAST ? Bs + col * LDB + kk : Bs + kk * LDB + col, LDB);
-#pragma unroll
-        for (int e = 0; e < fb[j].num_elements; ++e) fb[j].x[e] = wmma::__float_to_tf32(fb[j].x[e]);
-      }
-#pragma unroll
-      for (int i = 0; i < FM; ++i)
-#pragma unroll
-        for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
+    for (int kk = 0; kk < TCS_BK; kk += 8)
+      tc_warp_step<WM, WN, TCS_LDA, LDB, B_KFAST, !Op::A_ROUNDED, true>(acc, As + kk, B_KFAST ? Bs + kk : Bs + kk * LDB);
   }
   tcs_wait_all();
-  __syncthreads();  // the stages are free: the epilogue's per-warp scratch reuses them
-  tc_store<WM, WN>(op, acc, tcs_smem + warp * 256, m0 + wm * WM, n0 + wn * WN);
+  tc_store<WM, WN>(op, acc, m0 + wm * WM, n0 + wn * WN);
 #else
   __trap();  // TF32 tensor cores need sm_80 or newer (conv_tensorcore.supports checks)
 #endif
