@@ -330,6 +330,19 @@ class Kernel:
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes))
         self._shared_allowed = nbytes
 
+    def resident_blocks(self, threads: int, shared: int = 0) -> int:
+        """Blocks of ``threads`` threads (``shared`` bytes of dynamic shared memory each) that one
+        multiprocessor holds at once: the least of what its registers, shared memory and thread
+        slots allow (registers go to warps in units of 256)."""
+        cuda = state().cuda
+        dev, fa, da = state().device, cuda.function_attribute, cuda.device_attribute
+        warps = -(-threads // 32)
+        per_warp = -(-self.function.get_attribute(fa.NUM_REGS) * 32 // 256) * 256
+        smem = self.function.get_attribute(fa.SHARED_SIZE_BYTES) + shared + 1024  # 1 KiB reserved per block
+        return max(1, min(dev.get_attribute(da.MAX_REGISTERS_PER_MULTIPROCESSOR) // max(per_warp * warps, 1),
+                          dev.get_attribute(da.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) // smem,
+                          dev.get_attribute(da.MAX_THREADS_PER_MULTIPROCESSOR) // threads))
+
     def launch(self, grid: tuple, block: tuple, *args, shared: int = 0) -> None:
         """Launch with explicit 3-D ``grid``/``block`` tuples and no argument checks."""
         self.function.prepared_async_call(grid, block, state().stream, *args, shared_size=shared)

@@ -23,6 +23,7 @@ KERNELS = Path(__file__).with_name("conv_implicit.cu")
 THREADS = 256
 TILES = ("128x128", "64x128", "32x64", "16x128", "32x32")  # forward and data gradient
 WEIGHT_TILES = ("64x64", "32x32")  # weight gradient
+BLOCK_OVERHEAD = 8  # a weight-gradient block's fixed cost (fill, epilogue, partial sums), in slices
 _BK = {"128x128": 8, "64x128": 16, "32x64": 16, "16x128": 16, "64x64": 16, "32x32": 16}
 _tables: dict[tuple, SupportsInt] = {}
 
@@ -115,19 +116,27 @@ def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int) -> Non
 
 def weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, int]:
     """(splits, chunk) of the contraction over ``num * Ho * Wo`` so the grid fills the device."""
-    return split_contraction(prob, *tile_shape(tile), _BK[tile], has_bias)
+    k = backend.kernel(KERNELS, f"ig_backward_weight_{tile}", prob.np_dtype)
+    return split_contraction(prob, *tile_shape(tile), _BK[tile], has_bias, k.resident_blocks(THREADS))
 
 
-def split_contraction(prob: ConvProblem, bm: int, bn: int, bk: int, has_bias: bool) -> tuple[int, int]:
-    """(splits, chunk) for a weight-gradient kernel of ``bm x bn`` tiles and ``bk`` slices: split s
-    sums ``t`` in ``[s*chunk, (s+1)*chunk)`` of the ``num * Ho * Wo`` contraction."""
+def split_contraction(prob: ConvProblem, bm: int, bn: int, bk: int, has_bias: bool,
+                      resident: int) -> tuple[int, int]:
+    """(splits, chunk) for a weight-gradient kernel of ``bm x bn`` tiles, ``bk`` slices and
+    ``resident`` blocks per multiprocessor: split s sums ``t`` in ``[s*chunk, (s+1)*chunk)`` of the
+    ``num * Ho * Wo`` contraction. The count minimises whole waves times each block's slices (plus
+    :data:`BLOCK_OVERHEAD`): a last wave that leaves most multiprocessors idle costs a full one."""
     tiles = -(-prob.mg // bm) * -(-(prob.kg + int(has_bias)) // bn) * prob.group
-    total = prob.num * prob.out_plane
-    want = max(1, -(-2 * backend.multiprocessor_count() // tiles))
-    splits = max(1, min(want, -(-total // (4 * bk)), 65535 // prob.group))
-    chunk = -(-total // splits)
-    chunk = -(-chunk // bk) * bk
-    return -(-total // chunk), chunk
+    slots = resident * backend.multiprocessor_count()
+    slices = -(-prob.num * prob.out_plane // bk)
+    cap = max(1, min(slices // 4, 65535 // prob.group, 4 * -(-slots // tiles)))
+
+    def cost(s: int) -> tuple[int, int]:
+        return -(-tiles * s // slots) * (-(-slices // s) + BLOCK_OVERHEAD), s
+
+    splits = min(range(1, cap + 1), key=cost)
+    chunk = -(-slices // splits) * bk
+    return -(-prob.num * prob.out_plane // chunk), chunk
 
 
 def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:

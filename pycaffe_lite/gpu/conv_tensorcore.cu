@@ -231,7 +231,7 @@ TC_BACKWARD_WEIGHT(tc_backward_weight_64x64, 64, 64, 32, 16, 2)
 
 // ==== channel-sliced kernels: cp.async pipeline ==============================================
 // For geometries whose contraction splits into slices of TCS_BK channels at one filter tap
-// (forward: C/G % 32 == 0; data gradient: M/G % 32 == 0; weight gradient: C/G % BN == 0; no
+// (forward: C/G % 32 == 0; data gradient: M/G % 32 == 0; weight gradient: C/G % (BN/8) == 0; no
 // dilation), the contraction is reordered tap-major, k = (tap, channel): within a slice every
 // element a thread loads shares one bounds check and one base address, and consecutive elements
 // lie a plane apart, so a load costs an add and a cp.async (zero-filled outside the image). Each
@@ -373,29 +373,36 @@ template <int BM, int BN> struct BwdDataSliced {
 };
 
 // ---- weight gradient: A = dy (M/G x pixels), B = input ((pixels) x (tap, c)), B column-major ----
-// A tile of BN columns lies within one tap (C/G % BN == 0). Thread t loads pixel k0 + t%32 of A
-// rows m0 + t/32 + 8e and of B columns n0 + t/32 + 8e.
+// Thread t loads pixel k = t%32 of each slice: of A rows m0 + t/32 + 8e, and of the BN/8 consecutive
+// B columns n0 + (BN/8)(t/32) + e, which share one tap (C/G % (BN/8) == 0). Slices are loaded in
+// order, so the thread steps its pixel's (image, row, column) on by TCS_BK instead of dividing.
 template <int BM, int BN> struct BwdWeightSliced {
   static const bool A_ROUNDED = false;
+  static const int B_COLS = BN / 8;  // B columns per thread
   const Dtype* x; const Dtype* dy; Dtype* ws;
-  int H, W, HW, Wo, P, chw, mp, Mg, Cg, Kg, khkw, kw, sh, sw, ph, pw, k_begin, k_end, slices;
+  int H, W, HW, Ho, Wo, P, chw, mp, Mg, Cg, Kg, khkw, kw, sh, sw, ph, pw, k_begin, k_end, slices;
   const Dtype* a_ptr; int a_rows;
-  const Dtype* b_ptr; int r, s;
+  const Dtype* b_ptr; int b_cols, r, s;
+  int i, n, oy, ox;  // this thread's pixel in the next slice to load: index, image, output row and column
   __device__ void init(int m0, int n0) {
-    const int t = threadIdx.x, m = m0 + t / 32;
+    const int t = threadIdx.x, m = m0 + t / 32, col = n0 + B_COLS * (t / 32);
     a_rows = m < Mg ? (Mg - m + 7) / 8 : 0;
     a_ptr = dy + (long long)(m < Mg ? m : 0) * P;
-    const int tap = n0 / Cg, c = n0 - tap * Cg + t / 32;
+    b_cols = col < Kg ? Kg - col : 0;
+    const int tap = col < Kg ? col / Cg : 0;
     r = tap / kw;
     s = tap - r * kw;
-    b_ptr = x + (long long)c * HW;
+    b_ptr = x + (long long)(col < Kg ? col - tap * Cg : 0) * HW;
+    i = k_begin + t % 32;
+    n = i / P;
+    const int p = i - n * P;
+    oy = p / Wo;
+    ox = p - oy * Wo;
   }
-  __device__ void load(float* As, float* Bs, int slice) const {
+  __device__ void load(float* As, float* Bs, int) {
     const int t = threadIdx.x, k = t % 32;
-    const int i = k_begin + slice * TCS_BK + k;
     const bool in = i < k_end;
-    const int n = in ? i / P : 0, p = in ? i - n * P : 0, oy = p / Wo, ox = p - oy * Wo;
-    const Dtype* a = a_ptr + (long long)n * mp + p;
+    const Dtype* a = a_ptr + (long long)n * mp + oy * Wo + ox;
 #pragma unroll
     for (int e = 0; e < BM / 8; ++e)
       tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + k, in && e < a_rows ? a + (long long)e * 8 * P : dy,
@@ -404,9 +411,16 @@ template <int BM, int BN> struct BwdWeightSliced {
     const bool ok = in && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
     const Dtype* b = ok ? b_ptr + (long long)n * chw + iy * W + ix : x;
     const int LDB = TcsLayout<BN, true>::LDB;
+    float* bs = Bs + B_COLS * (t / 32) * LDB + k;
 #pragma unroll
-    for (int e = 0; e < BN / 8; ++e)
-      tcs_copy(Bs + (t / 32 + 8 * e) * LDB + k, ok ? b + (long long)e * 8 * HW : x, ok);
+    for (int e = 0; e < B_COLS; ++e)
+      tcs_copy(bs + e * LDB, ok && e < b_cols ? b + (long long)e * HW : x, ok && e < b_cols);
+    i += TCS_BK;  // the next slice's pixel
+    ox += TCS_BK;
+    while (ox >= Wo) {
+      ox -= Wo;
+      if (++oy == Ho) oy = 0, ++n;
+    }
   }
   __device__ void store(int m, int col, Dtype v) const {
     if (m >= Mg || col >= Kg) return;
@@ -416,7 +430,7 @@ template <int BM, int BN> struct BwdWeightSliced {
 };
 
 template <int BM, int BN, int WM, int WN, bool B_KFAST, class Op>
-__device__ __forceinline__ void tcs_core(const Op& op, const int m0, const int n0) {
+__device__ __forceinline__ void tcs_core(Op& op, const int m0, const int n0) {
 #if __CUDA_ARCH__ >= 800
   static_assert((BM / WM) * (BN / WN) == TC_WARPS, "8 warps per block");
   const int LDB = TcsLayout<BN, B_KFAST>::LDB;
@@ -486,8 +500,8 @@ __device__ __forceinline__ void tcs_backward_weight_setup(Op& op, const int g, c
                                                           const Dtype* dy, Dtype* ws, const int splits,
                                                           const int chunk, IG_GEOMETRY_PARAMS) {
   const int cg = channels / group, mg = num_output / group;
-  op.H = height; op.W = width; op.HW = height * width; op.Wo = width_out; op.P = height_out * width_out;
-  op.chw = channels * op.HW; op.mp = num_output * op.P; op.Mg = mg; op.Cg = cg;
+  op.H = height; op.W = width; op.HW = height * width; op.Ho = height_out; op.Wo = width_out;
+  op.P = height_out * width_out; op.chw = channels * op.HW; op.mp = num_output * op.P; op.Mg = mg; op.Cg = cg;
   op.khkw = kernel_h * kernel_w; op.kw = kernel_w; op.Kg = cg * op.khkw;
   op.sh = stride_h; op.sw = stride_w; op.ph = pad_h; op.pw = pad_w;
   op.x = x + (long long)g * cg * op.HW; op.dy = dy + (long long)g * mg * op.P;

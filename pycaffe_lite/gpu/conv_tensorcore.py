@@ -40,14 +40,14 @@ def supports(prob: ConvProblem) -> bool:
 def sliced(prob: ConvProblem, tile: str, pass_: str) -> bool:
     """Whether ``pass_`` of ``prob`` runs the channel-sliced kernels: the contraction's channel axis
     (C/G forward, M/G data gradient) is a multiple of :data:`SLICE`, or for the weight gradient C/G
-    a multiple of the tile's width (a tile's columns share a tap); no dilation."""
+    a multiple of an eighth of the tile's width (each thread's columns share a tap); no dilation."""
     if prob.dilation != (1, 1):
         return False
     if pass_ == "forward":
         return prob.cg % SLICE == 0
     if pass_ == "backward_data":
         return prob.mg % SLICE == 0
-    return prob.cg % ig.tile_shape(tile)[1] == 0
+    return prob.cg % (ig.tile_shape(tile)[1] // 8) == 0
 
 
 def _sliced_kernel(name: str, tile: str, prob: ConvProblem, b_kfast: bool):
@@ -134,13 +134,21 @@ def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int, scratc
     k.launch(grid, BLOCK, w, dy, tab, dx, *prob.geometry_args)
 
 
+def _weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, int]:
+    """(splits, chunk) of the weight gradient's contraction for ``tile`` (ig.split_contraction)."""
+    bm, bn = ig.tile_shape(tile)
+    if sliced(prob, tile, "backward_weight"):
+        k, nbytes = _sliced_kernel(f"tcs_backward_weight_{tile}", tile, prob, True)
+        return ig.split_contraction(prob, bm, bn, SLICE, False, k.resident_blocks(BLOCK[0], nbytes))
+    k = backend.kernel(KERNELS, f"tc_backward_weight_{tile}", prob.np_dtype)
+    return ig.split_contraction(prob, bm, bn, BK, has_bias, k.resident_blocks(BLOCK[0]))
+
+
 def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
     """Elements of the partial-sum scratch :func:`backward_weight` needs."""
-    if sliced(prob, tile, "backward_weight"):
-        splits, _ = ig.split_contraction(prob, *ig.tile_shape(tile), SLICE, False)
-        return prob.group * splits * prob.mg * prob.kg
-    splits, _ = ig.split_contraction(prob, *ig.tile_shape(tile), BK, has_bias)
-    return prob.group * splits * prob.mg * (prob.kg + int(has_bias))
+    splits, _ = _weight_splits(prob, tile, has_bias)
+    cols = prob.kg if sliced(prob, tile, "backward_weight") else prob.kg + int(has_bias)
+    return prob.group * splits * prob.mg * cols
 
 
 def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: int | None, workspace: int) -> None:
@@ -157,7 +165,7 @@ def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: 
     plan = prob.cache.get(key)
     if plan is None:
         bm, bn = ig.tile_shape(tile)
-        splits, chunk = ig.split_contraction(prob, bm, bn, BK, bool(has_bias))
+        splits, chunk = _weight_splits(prob, tile, bool(has_bias))
         cols = prob.kg + has_bias
         k = backend.kernel(KERNELS, f"tc_backward_weight_{tile}", prob.np_dtype)
         grid = (-(-cols // bn), -(-prob.mg // bm), prob.group * splits)
@@ -177,7 +185,7 @@ def _sliced_backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: i
     plan = prob.cache.get(("tcs_backward_weight", tile))
     if plan is None:
         bm, bn = ig.tile_shape(tile)
-        splits, chunk = ig.split_contraction(prob, bm, bn, SLICE, False)
+        splits, chunk = _weight_splits(prob, tile, False)
         k, nbytes = _sliced_kernel(f"tcs_backward_weight_{tile}", tile, prob, True)
         grid = (-(-prob.kg // bn), -(-prob.mg // bm), prob.group * splits)
         n = prob.group * prob.mg * prob.kg
