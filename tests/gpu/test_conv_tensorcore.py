@@ -144,6 +144,9 @@ EXTRA = [
     ConvProblem(3, 12, 15, 14, 20, 2, (3, 3), (2, 2), (1, 1), (2, 2), "<f4"),
     ConvProblem(2, 33, 9, 9, 130, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f4"),
     ConvProblem(1, 5, 40, 33, 9, 1, (7, 7), (3, 3), (2, 2), (1, 1), "<f4"),
+    # sliced weight gradient on every tile, tiles straddling taps, the last one ragged (Kg = 432),
+    # output rows narrower than a slice (13 < 32 pixels), images crossed within a slice
+    ConvProblem(3, 48, 11, 13, 40, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f4"),
 ]
 
 
@@ -151,6 +154,17 @@ EXTRA = [
 @pytest.mark.parametrize("prob", EXTRA, ids=str)
 def test_edge_geometries_within_tf32_error(prob):
     _check_all(prob, tc.TILES, seed=7, what=str(prob))
+
+
+def test_zoo_and_edge_shapes_reach_every_sliced_kernel():
+    """The shapes above run each pass's channel-sliced kernels on every tile (a narrowed condition
+    in ``tc.sliced`` would otherwise leave them untested)."""
+    probs = EXTRA + [ConvProblem(1, c, h, w, m, g, k, p, s, d, "<f4") for net in ("vgg16", "squeezenet_v1_1")
+                     for c, h, w, m, g, k, p, s, d in _zoo_geometries(net)]
+    for tile in tc.TILES:
+        for pass_ in ("forward", "backward_data", "backward_weight"):
+            assert any(tc.sliced(p, tile, pass_) for p in probs), (tile, pass_)
+    assert any(tc.sliced(p, "128x128", "backward_weight") and p.cg < 128 for p in probs)
 
 
 @pytest.mark.usefixtures("tf32")
