@@ -11,7 +11,7 @@
 //   As[row][k]   (row-major A, leading dimension BK + 4)
 //   Bs[k][col]   (row-major B, leading dimension BN + 8)   when consecutive threads load columns
 //   Bs[col][k]   (column-major B, leading dimension BK + 4) when they load k (B_KFAST)
-// then each warp multiplies its fragments for k = 0, 8, .. (tc_warp_step); meanwhile the next slice
+// then each warp multiplies its fragments for k = 0, 8, .. (tc_warp_slice); meanwhile the next slice
 // is already being loaded into registers. The epilogue hands each accumulator element straight from
 // its register to Op::store (bounds, bias, layout).
 // The padding (+4 / +8 floats) keeps every ldmatrix row 16-byte aligned and puts the 8 rows (or the
@@ -101,6 +101,18 @@ __device__ __forceinline__ void tc_warp_step(float (&acc)[WM / 16][WN / 8][4], c
     for (int j = 0; j < WN / 8; ++j) tc_mma(acc[i][j], a[i], b[j][0], b[j][1]);
 }
 
+// A BK-deep slice of the warp at (wm, wn) of the block's tile: As and Bs the block's A and B tiles
+// in shared memory (layouts as in tc_warp_step, B's first column / k at the pointer).
+template <int BK, int WM, int WN, int LDA, int LDB, bool B_KFAST, bool ROUND_A, bool ROUND_B>
+__device__ __forceinline__ void tc_warp_slice(float (&acc)[WM / 16][WN / 8][4], const float* As, const float* Bs,
+                                              const int wm, const int wn) {
+  As += wm * WM * LDA;
+  Bs += B_KFAST ? wn * WN * LDB : wn * WN;
+#pragma unroll
+  for (int kk = 0; kk < BK; kk += 8)
+    tc_warp_step<WM, WN, LDA, LDB, B_KFAST, ROUND_A, ROUND_B>(acc, As + kk, B_KFAST ? Bs + kk : Bs + kk * LDB);
+}
+
 // The epilogue: every accumulator element of a warp's WM x WN tile (rows m0.., cols n0..) goes from
 // its register to Op::store (bounds, bias, layout).
 template <int WM, int WN, class Op>
@@ -176,10 +188,7 @@ __device__ __forceinline__ void tc_core(const Op& op, const int m0, const int n0
 #pragma unroll
       for (int e = 0; e < B_PER; ++e) rb[e] = op.b(bs[B_KFAST ? e : 0], k1 + b_k[e], k_end);
     }
-#pragma unroll
-    for (int kk = 0; kk < BK; kk += 8)
-      tc_warp_step<WM, WN, LDA, LDB, B_KFAST, false, false>(
-          acc, As + wm * WM * LDA + kk, B_KFAST ? Bs + wn * WN * LDB + kk : Bs + kk * LDB + wn * WN);
+    tc_warp_slice<BK, WM, WN, LDA, LDB, B_KFAST, false, false>(acc, As, Bs, wm, wn);
     __syncthreads();
   }
   tc_store<WM, WN>(op, acc, m0 + wm * WM, n0 + wn * WN);
@@ -289,6 +298,18 @@ template <int BN, bool B_KFAST> struct TcsLayout {
   static const int LDB = B_KFAST ? TCS_BK + 4 : BN + 8;
 };
 
+// A row-major B tile (TCS_BK x BN) with one column per thread: thread t copies column t%BN at
+// k = t/BN + (256/BN)e, from b + k*stride (b: the column's element at k = 0); zeros when !ok
+// (then b only has to be a valid address).
+template <int BN>
+__device__ __forceinline__ void tcs_load_cols(float* Bs, const Dtype* b, const long long stride, const bool ok) {
+  const int t = threadIdx.x, kb = t / BN, step = 256 / BN, LDB = TcsLayout<BN, false>::LDB;
+  const Dtype* p = ok ? b + kb * stride : b;
+#pragma unroll
+  for (int e = 0; e < TCS_BK * BN / 256; ++e)
+    tcs_copy(Bs + (kb + step * e) * LDB + t % BN, ok ? p + e * step * stride : b, ok);
+}
+
 // ---- forward: A = W (M/G x (tap, c)), B = input columns ((tap, c) x N*Ho*Wo), B row-major -------
 // w: the weights permuted to (M, kh*kw, C/G) (tc_permute_forward), so a row's slice is contiguous.
 // Thread t loads B column n0 + t%BN at k = t/BN + (256/BN)e; A goes by tcs_load_rows (already TF32).
@@ -311,17 +332,11 @@ template <int BM, int BN> struct FwdSliced {
     ix0 = ox * sw - pw;
   }
   __device__ void load(float* As, float* Bs, int slice) const {
-    const int t = threadIdx.x;
     const int tap = slice / cslices, c0 = (slice - tap * cslices) * TCS_BK, r = tap / kw, s = tap - r * kw;
-    tcs_load_rows<BM>(As, a_ptr + tap * (Kg / khkw) + c0, Kg, a_rows);
+    tcs_load_rows<BM>(As, a_ptr + tap * cslices * TCS_BK + c0, Kg, a_rows);  // C/G = cslices * TCS_BK
     const int iy = iy0 + r, ix = ix0 + s;
     const bool ok = b_ok && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
-    const int kb = t / BN, step = 256 / BN;
-    const Dtype* b = ok ? b_img + (long long)(c0 + kb) * HW + iy * W + ix : x;
-    const int LDB = TcsLayout<BN, false>::LDB;
-#pragma unroll
-    for (int e = 0; e < TCS_BK * BN / 256; ++e)
-      tcs_copy(Bs + (kb + step * e) * LDB + t % BN, ok ? b + (long long)e * step * HW : x, ok);
+    tcs_load_cols<BN>(Bs, ok ? b_img + (long long)c0 * HW + iy * W + ix : x, HW, ok);
   }
   __device__ void store(int m, int col, Dtype v) const {
     if (m >= Mg || col >= ncols) return;
@@ -350,7 +365,6 @@ template <int BM, int BN> struct BwdDataSliced {
     tx = q - yy * W + pw;
   }
   __device__ void load(float* As, float* Bs, int slice) const {
-    const int t = threadIdx.x;
     const int tap = slice / mslices, mb = (slice - tap * mslices) * TCS_BK, r = tap / kw, s = tap - r * kw;
     tcs_load_rows<BM>(As, a_ptr + tap * Mg + mb, (long long)khkw * Mg, a_rows);
     int oy = ty - r, ox = tx - s;
@@ -358,12 +372,7 @@ template <int BM, int BN> struct BwdDataSliced {
     if (sh != 1) { ok = ok && oy % sh == 0; oy /= sh; }
     if (sw != 1) { ok = ok && ox % sw == 0; ox /= sw; }
     ok = ok && oy < Ho && ox < Wo;
-    const int kb = t / BN, step = 256 / BN;
-    const Dtype* b = ok ? b_img + (long long)(mb + kb) * P + oy * Wo + ox : dy;
-    const int LDB = TcsLayout<BN, false>::LDB;
-#pragma unroll
-    for (int e = 0; e < TCS_BK * BN / 256; ++e)
-      tcs_copy(Bs + (kb + step * e) * LDB + t % BN, ok ? b + (long long)e * step * P : dy, ok);
+    tcs_load_cols<BN>(Bs, ok ? b_img + (long long)mb * P + oy * Wo + ox : dy, P, ok);
   }
   __device__ void store(int c, int col, Dtype v) const {
     if (c >= Cg || col >= ncols) return;
@@ -454,11 +463,8 @@ __device__ __forceinline__ void tcs_core(Op& op, const int m0, const int n0) {
       op.load(st, st + A_SIZE, next);
     }
     tcs_commit();
-    const float* As = tcs_smem + (s % TCS_STAGES) * STAGE + wm * WM * TCS_LDA;
-    const float* Bs = tcs_smem + (s % TCS_STAGES) * STAGE + A_SIZE + (B_KFAST ? wn * WN * LDB : wn * WN);
-#pragma unroll
-    for (int kk = 0; kk < TCS_BK; kk += 8)
-      tc_warp_step<WM, WN, TCS_LDA, LDB, B_KFAST, !Op::A_ROUNDED, true>(acc, As + kk, B_KFAST ? Bs + kk : Bs + kk * LDB);
+    const float* st = tcs_smem + (s % TCS_STAGES) * STAGE;
+    tc_warp_slice<TCS_BK, WM, WN, TCS_LDA, LDB, B_KFAST, !Op::A_ROUNDED, true>(acc, st, st + A_SIZE, wm, wn);
   }
   tcs_wait_all();
   tc_store<WM, WN>(op, acc, m0 + wm * WM, n0 + wn * WN);

@@ -14,6 +14,7 @@ then comes from the fp32 channel reduction (``channel_sum``) instead of a column
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,22 @@ def _sliced_launch(prob: ConvProblem, tile: str, pass_: str, cols: int, rows: in
     k.launch(grid, BLOCK, *args, *prob.geometry_args, shared=nbytes)
 
 
+def _gather_launch(prob: ConvProblem, tile: str, pass_: str, cols: int, rows: int,
+                   table: Callable[[ConvProblem], int], *args: int) -> None:
+    """Launch ``tc_<pass_>_<tile>`` (the kernels that gather through ``conv_implicit``'s offset
+    table ``table(prob)``, passed just before the output pointer, the last of ``args``) over a
+    ``rows x cols`` output per group."""
+    plan = prob.cache.get(("tc", pass_, tile))
+    if plan is None:
+        bm, bn = ig.tile_shape(tile)
+        k = backend.kernel(KERNELS, f"tc_{pass_}_{tile}", prob.np_dtype)
+        plan = prob.cache[("tc", pass_, tile)] = (k, (-(-cols // bn), -(-rows // bm), prob.group), table(prob))
+        k.check_args(*args[:-1], plan[2], args[-1], *prob.geometry_args)
+    k, grid, tab = plan
+    ig.nonnull(*args[:2], args[-1])
+    k.launch(grid, BLOCK, *args[:-1], tab, args[-1], *prob.geometry_args)
+
+
 def weight_scratch_count(prob: ConvProblem, tile: str, pass_: str) -> int:
     """Elements of the permuted-weight scratch the forward or data-gradient pass needs (0: none)."""
     return prob.num_output * prob.kg if pass_ != "backward_weight" and sliced(prob, tile, pass_) else 0
@@ -102,16 +119,8 @@ def forward(prob: ConvProblem, tile: str, x: int, w: int, bias: int | None, y: i
         w = scratch  # type: ignore[assignment]
         _sliced_launch(prob, tile, "forward", prob.num * prob.out_plane, prob.mg, x, w, bias or w, epilogue, y)
         return
-    plan = prob.cache.get(("tc_forward", tile))
-    if plan is None:
-        bm, bn = ig.tile_shape(tile)
-        k = backend.kernel(KERNELS, f"tc_forward_{tile}", prob.np_dtype)
-        grid = (-(-prob.num * prob.out_plane // bn), -(-prob.mg // bm), prob.group)
-        plan = prob.cache[("tc_forward", tile)] = (k, grid, ig.forward_table(prob))
-        k.check_args(x, w, bias or w, epilogue, plan[2], y, *prob.geometry_args)
-    k, grid, tab = plan
-    ig.nonnull(x, w, y)
-    k.launch(grid, BLOCK, x, w, bias or w, epilogue, tab, y, *prob.geometry_args)
+    _gather_launch(prob, tile, "forward", prob.num * prob.out_plane, prob.mg, ig.forward_table,
+                   x, w, bias or w, epilogue, y)
 
 
 def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int, scratch: int | None = None) -> None:
@@ -122,16 +131,8 @@ def backward_data(prob: ConvProblem, tile: str, w: int, dy: int, dx: int, scratc
         w = scratch  # type: ignore[assignment]
         _sliced_launch(prob, tile, "backward_data", prob.num * prob.in_plane, prob.cg, w, dy, dx)
         return
-    plan = prob.cache.get(("tc_backward_data", tile))
-    if plan is None:
-        bm, bn = ig.tile_shape(tile)
-        k = backend.kernel(KERNELS, f"tc_backward_data_{tile}", prob.np_dtype)
-        grid = (-(-prob.num * prob.in_plane // bn), -(-prob.cg // bm), prob.group)
-        plan = prob.cache[("tc_backward_data", tile)] = (k, grid, ig.backward_data_table(prob))
-        k.check_args(w, dy, plan[2], dx, *prob.geometry_args)
-    k, grid, tab = plan
-    ig.nonnull(w, dy, dx)
-    k.launch(grid, BLOCK, w, dy, tab, dx, *prob.geometry_args)
+    _gather_launch(prob, tile, "backward_data", prob.num * prob.in_plane, prob.cg, ig.backward_data_table,
+                   w, dy, dx)
 
 
 def _weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, int]:
