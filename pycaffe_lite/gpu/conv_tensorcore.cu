@@ -48,6 +48,13 @@ __device__ __forceinline__ unsigned tc_tf32(const float v) {  // rounded to TF32
 #endif
 }
 __device__ __forceinline__ float tc_round(const float v) { return __uint_as_float(tc_tf32(v)); }
+// The same rounding for a value on its way into mma.sync, in two instructions instead of cvt's
+// sequence: the tensor cores read a TF32 operand's top 19 bits and ignore the other 13, so adding
+// half a TF32 ulp to a finite value and letting them truncate gives cvt.rna's result. Infinities
+// and NaNs pass unchanged.
+__device__ __forceinline__ unsigned tc_tf32_for_mma(const unsigned bits) {
+  return isfinite(__uint_as_float(bits)) ? bits + 0x1000u : bits;
+}
 
 #if __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void tc_ldmatrix4(unsigned (&r)[4], const float* p) {
@@ -76,7 +83,7 @@ __device__ __forceinline__ void tc_warp_step(float (&acc)[WM / 16][WN / 8][4], c
     tc_ldmatrix4(a[i], As + (i * 16 + lane % 16) * LDA + 4 * (lane / 16));
     if (ROUND_A)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) a[i][e] = tc_tf32(__uint_as_float(a[i][e]));
+      for (int e = 0; e < 4; ++e) a[i][e] = tc_tf32_for_mma(a[i][e]);
   }
 #pragma unroll
   for (int j = 0; j < WN / 8; j += 2) {
@@ -94,7 +101,7 @@ __device__ __forceinline__ void tc_warp_step(float (&acc)[WM / 16][WN / 8][4], c
   }
   if (ROUND_B)
 #pragma unroll
-    for (int j = 0; j < WN / 8; ++j) b[j][0] = tc_tf32(__uint_as_float(b[j][0])), b[j][1] = tc_tf32(__uint_as_float(b[j][1]));
+    for (int j = 0; j < WN / 8; ++j) b[j][0] = tc_tf32_for_mma(b[j][0]), b[j][1] = tc_tf32_for_mma(b[j][1]);
 #pragma unroll
   for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
@@ -299,16 +306,30 @@ template <int BN, bool B_KFAST> struct TcsLayout {
 };
 
 // A row-major B tile (TCS_BK x BN) with one column per thread: thread t copies column t%BN at
-// k = t/BN + (256/BN)e, from b + k*stride (b: the column's element at k = 0); zeros when !ok
-// (then b only has to be a valid address).
+// k = t/BN + (256/BN)e, from b + k*stride (b: the column's element at k = 0); zeros when !ok (a
+// zero-byte cp.async reads nothing, so then the addresses need not be valid).
 template <int BN>
 __device__ __forceinline__ void tcs_load_cols(float* Bs, const Dtype* b, const long long stride, const bool ok) {
   const int t = threadIdx.x, kb = t / BN, step = 256 / BN, LDB = TcsLayout<BN, false>::LDB;
-  const Dtype* p = ok ? b + kb * stride : b;
+  b += kb * stride;
 #pragma unroll
   for (int e = 0; e < TCS_BK * BN / 256; ++e)
-    tcs_copy(Bs + (kb + step * e) * LDB + t % BN, ok ? p + e * step * stride : b, ok);
+    tcs_copy(Bs + (kb + step * e) * LDB + t % BN, b + e * step * stride, ok);
 }
+
+// Where the next slice of a tap-major contraction (k = (tap, channel), TCS_BK channels a slice)
+// starts: its first channel and its filter tap (r, s). Slices are loaded in order, so this steps
+// instead of dividing.
+struct TcsSlicePos {
+  int c0, r, s;
+  __device__ void next(const int channels, const int kw) {
+    c0 += TCS_BK;
+    if (c0 == channels) {
+      c0 = 0;
+      if (++s == kw) s = 0, ++r;
+    }
+  }
+};
 
 // ---- forward: A = W (M/G x (tap, c)), B = input columns ((tap, c) x N*Ho*Wo), B row-major -------
 // w: the weights permuted to (M, kh*kw, C/G) (tc_permute_forward), so a row's slice is contiguous.
@@ -320,8 +341,10 @@ template <int BM, int BN> struct FwdSliced {
   const Dtype* a_ptr; int a_rows;          // the tile's first weight row, and its rows inside M/G
   const Dtype* b_img; int iy0, ix0, b_ok;  // this thread's column: its image, top-left input position
   int sh, sw, ph, pw;
+  TcsSlicePos at;
   __device__ void init(int m0, int n0) {
     const int t = threadIdx.x;
+    at = TcsSlicePos{0, 0, 0};
     a_rows = Mg - m0;
     a_ptr = w + (long long)m0 * Kg;
     const int col = n0 + t % BN;
@@ -331,12 +354,12 @@ template <int BM, int BN> struct FwdSliced {
     iy0 = oy * sh - ph;
     ix0 = ox * sw - pw;
   }
-  __device__ void load(float* As, float* Bs, int slice) const {
-    const int tap = slice / cslices, c0 = (slice - tap * cslices) * TCS_BK, r = tap / kw, s = tap - r * kw;
-    tcs_load_rows<BM>(As, a_ptr + tap * cslices * TCS_BK + c0, Kg, a_rows);  // C/G = cslices * TCS_BK
-    const int iy = iy0 + r, ix = ix0 + s;
+  __device__ void load(float* As, float* Bs, int slice) {  // slices in order: 0, 1, ..
+    tcs_load_rows<BM>(As, a_ptr + slice * TCS_BK, Kg, a_rows);  // a weight row is (tap, c), tap-major
+    const int iy = iy0 + at.r, ix = ix0 + at.s;
     const bool ok = b_ok && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
-    tcs_load_cols<BN>(Bs, ok ? b_img + (long long)c0 * HW + iy * W + ix : x, HW, ok);
+    tcs_load_cols<BN>(Bs, ok ? b_img + (long long)at.c0 * HW + iy * W + ix : x, HW, ok);
+    at.next(cslices * TCS_BK, kw);
   }
   __device__ void store(int m, int col, Dtype v) const {
     if (m >= Mg || col >= ncols) return;
@@ -353,8 +376,10 @@ template <int BM, int BN> struct BwdDataSliced {
   int HW, W, Ho, Wo, P, chw, mp, Cg, Mg, khkw, kw, ncols, sh, sw, mslices, slices;
   const Dtype* a_ptr; int a_rows;
   const Dtype* b_img; int ty, tx, b_ok;
+  TcsSlicePos at;
   __device__ void init(int m0, int n0, int ph, int pw) {
     const int t = threadIdx.x;
+    at = TcsSlicePos{0, 0, 0};
     a_rows = Cg - m0;
     a_ptr = w + (long long)m0 * khkw * Mg;
     const int col = n0 + t % BN;
@@ -364,10 +389,11 @@ template <int BM, int BN> struct BwdDataSliced {
     ty = yy + ph;
     tx = q - yy * W + pw;
   }
-  __device__ void load(float* As, float* Bs, int slice) const {
-    const int tap = slice / mslices, mb = (slice - tap * mslices) * TCS_BK, r = tap / kw, s = tap - r * kw;
-    tcs_load_rows<BM>(As, a_ptr + tap * Mg + mb, (long long)khkw * Mg, a_rows);
-    int oy = ty - r, ox = tx - s;
+  __device__ void load(float* As, float* Bs, int slice) {  // slices in order: 0, 1, ..
+    tcs_load_rows<BM>(As, a_ptr + slice * TCS_BK, (long long)khkw * Mg, a_rows);  // rows are (tap, m)
+    const int mb = at.c0;
+    int oy = ty - at.r, ox = tx - at.s;
+    at.next(Mg, kw);
     bool ok = b_ok && oy >= 0 && ox >= 0;
     if (sh != 1) { ok = ok && oy % sh == 0; oy /= sh; }
     if (sw != 1) { ok = ok && ox % sw == 0; ox /= sw; }
@@ -413,9 +439,8 @@ template <int BM, int BN> struct BwdWeightSliced {
     const bool in = i < k_end;
     const Dtype* a = a_ptr + (long long)n * mp + oy * Wo + ox;
 #pragma unroll
-    for (int e = 0; e < BM / 8; ++e)
-      tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + k, in && e < a_rows ? a + (long long)e * 8 * P : dy,
-               in && e < a_rows);
+    for (int e = 0; e < BM / 8; ++e)  // (zero-byte copies read nothing: no address to guard)
+      tcs_copy(As + (t / 32 + 8 * e) * TCS_LDA + k, a + (long long)e * 8 * P, in && e < a_rows);
     const int iy = oy * sh - ph + r, ix = ox * sw - pw + s;
     const bool ok = in && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
     const Dtype* b = ok ? b_ptr + (long long)n * chw + iy * W + ix : x;
@@ -423,7 +448,7 @@ template <int BM, int BN> struct BwdWeightSliced {
     float* bs = Bs + B_COLS * (t / 32) * LDB + k;
 #pragma unroll
     for (int e = 0; e < B_COLS; ++e)
-      tcs_copy(bs + e * LDB, ok && e < b_cols ? b + (long long)e * HW : x, ok && e < b_cols);
+      tcs_copy(bs + e * LDB, b + (long long)e * HW, ok && e < b_cols);
     i += TCS_BK;  // the next slice's pixel
     ox += TCS_BK;
     while (ox >= Wo) {
