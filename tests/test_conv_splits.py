@@ -1,12 +1,12 @@
 """Host-side choices of the GPU convolution engines that need no GPU: how the weight gradient's
-contraction is split into blocks (whole waves of resident blocks), and which passes the channel-sliced
-tensor-core kernels take."""
+contraction is split into blocks (whole waves of resident blocks), which passes the channel-sliced
+tensor-core kernels take, and when the gemm engine's 1x1 passes skip the column buffer."""
 
 from __future__ import annotations
 
 import pytest
 
-from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import backend, conv_engines
 from pycaffe_lite.gpu import conv_implicit as ig
 from pycaffe_lite.gpu import conv_tensorcore as tc
 from pycaffe_lite.gpu.conv_problem import ConvProblem
@@ -55,3 +55,15 @@ def test_sliced_conditions():
     assert not tc.sliced(p, "128x128", "backward_weight") and tc.sliced(p, "64x64", "backward_weight")
     dilated = ConvProblem(2, 64, 9, 9, 64, 1, (3, 3), (2, 2), (1, 1), (2, 2), "<f4")
     assert not any(tc.sliced(dilated, "64x64", s) for s in ("forward", "backward_data", "backward_weight"))
+
+
+def test_gemm_1x1_weight_gradient_uses_columns_only_at_small_planes():
+    per_image = conv_engines.GemmEngine._per_image
+    small, large = _prob(32, 512, 7, 2048, k=1), _prob(32, 256, 14, 1024, k=1)
+    assert small.out_plane < conv_engines.COLUMNS_1X1_WEIGHT_PLANE <= large.out_plane
+    assert per_image(small, "forward") and per_image(small, "backward_data")
+    assert not per_image(small, "backward_weight") and per_image(large, "backward_weight")
+    assert not any(per_image(_prob(2, 8, 9, 8), p) for p in conv_engines.PASSES)  # 3x3: always columns
+    engine = conv_engines.GemmEngine()
+    assert len(engine.scratch(small, "backward_weight", False)) == 2  # columns and the transposed dy
+    assert engine.scratch(small, "forward", False) == ()

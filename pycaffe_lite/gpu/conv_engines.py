@@ -4,7 +4,8 @@ Engines (each does the whole minibatch; groups in the same calls):
 
 - ``gemm``: im2col into a column buffer (C*kh*kw, N, Ho*Wo), one cuBLAS strided-batched GEMM over
   the groups, an axis swap into (N, M, Ho*Wo). 1x1/stride-1/pad-0 convolutions skip im2col: one
-  strided-batched GEMM over the images reads the input in place. Batches whose columns exceed
+  strided-batched GEMM over the images reads the input in place (not the weight gradient at output
+  planes below :data:`COLUMNS_1X1_WEIGHT_PLANE`). Batches whose columns exceed
   :data:`COL_BUFFER_BYTES` run in chunks of images.
 - ``implicit-BMxBN``: im2col fused into a tiled GEMM (``conv_implicit``), one launch per pass.
 - ``winograd``: F(2x2, 3x3) for 3x3/stride-1 convolutions (``winograd``).
@@ -45,6 +46,7 @@ from . import math_functions as gm
 from .conv_problem import ConvProblem
 
 COL_BUFFER_BYTES = 256 << 20  # gemm engine column buffer budget; larger batches run in chunks
+COLUMNS_1X1_WEIGHT_PLANE = 100  # gemm engine: 1x1 weight gradients at smaller output planes use columns
 TUNE_REPS = 3
 TUNE_GRAPH_CALLS = 5  # graph replays per timed batch
 log = logging.getLogger("pycaffe_lite")
@@ -93,9 +95,17 @@ class GemmEngine(Engine):
         per_image = prob.channels * prob.khkw * prob.out_plane * prob.itemsize
         return max(1, min(prob.num, COL_BUFFER_BYTES // max(1, per_image)))
 
+    @staticmethod
+    def _per_image(prob: ConvProblem, pass_: str) -> bool:
+        """Whether ``pass_`` runs one GEMM per image straight on the blobs, without columns: for
+        1x1/stride-1/pad-0 convolutions, except the weight gradient at output planes below
+        :data:`COLUMNS_1X1_WEIGHT_PLANE` (its per-image partial products, N x M x C, then cost more
+        than columns and one GEMM over the batch)."""
+        return prob.is_1x1 and (pass_ != "backward_weight" or prob.out_plane >= COLUMNS_1X1_WEIGHT_PLANE)
+
     def scratch(self, prob, pass_, has_bias):
         isz = prob.itemsize
-        if prob.is_1x1:  # the weight pass's per-image partial products; no columns
+        if self._per_image(prob, pass_):  # the weight pass's per-image partial products; no columns
             return (prob.num * prob.mg * prob.cg * isz,) if pass_ == "backward_weight" else ()
         nmax = self._chunk(prob)
         return prob.group * prob.kg * nmax * prob.out_plane * isz, prob.num_output * nmax * prob.out_plane * isz
@@ -104,7 +114,7 @@ class GemmEngine(Engine):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
         chw = prob.channels * prob.in_plane
-        if prob.is_1x1:  # y[n, g] (mg, P) = W[g] (mg, cg) . x[n, g] (cg, P), batched over images
+        if self._per_image(prob, "forward"):  # y[n, g] (mg, P) = W[g] (mg, cg) . x[n, g] (cg, P), batched over images
             for g in range(prob.group):
                 blas.gemm_strided_batched(False, False, mg, p, kg, 1.0, w + g * mg * kg * isz, 0,
                                           x + g * kg * p * isz, chw, 0.0, y + g * mg * p * isz, m * p, prob.num, dt)
@@ -135,7 +145,7 @@ class GemmEngine(Engine):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
         chw = prob.channels * prob.in_plane
-        if prob.is_1x1:  # dx[n, g] (cg, P) = W[g]^T (cg, mg) . dy[n, g] (mg, P), batched over images
+        if self._per_image(prob, "backward_data"):  # dx[n, g] (cg, P) = W[g]^T (cg, mg) . dy[n, g] (mg, P), batched over images
             for g in range(prob.group):
                 blas.gemm_strided_batched(True, False, kg, p, mg, 1.0, w + g * mg * kg * isz, 0,
                                           dy + g * mg * p * isz, m * p, 0.0, dx + g * kg * p * isz, chw,
@@ -154,7 +164,7 @@ class GemmEngine(Engine):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m, n = prob.mg, prob.kg, prob.out_plane, prob.num_output, prob.num
         chw = prob.channels * prob.in_plane
-        if prob.is_1x1:
+        if self._per_image(prob, "backward_weight"):
             part, = ws
             for g in range(prob.group):  # part[n] = dy[n, g] . x[n, g]^T, then dW[g] += sum over n
                 blas.gemm_strided_batched(False, True, mg, kg, p, 1.0, dy + g * mg * p * isz, m * p,

@@ -26,6 +26,7 @@ GEOMETRIES = [
     ((3, 1, 16, 16), "num_output: 7 kernel_size: 5 bias_term: false"),
     ((2, 40, 5, 5), "num_output: 70 kernel_size: 3 pad: 1"),
     ((2, 1, 12, 12), "num_output: 20 kernel_size: 5 stride: 1"),
+    ((2, 6, 11, 10), "num_output: 5 kernel_size: 1"),  # 1x1, a plane large enough for per-image GEMMs
 ]
 ENGINE_NAMES = ["gemm", "implicit-128x128", "implicit-64x128", "implicit-32x64", "implicit-16x128", "implicit-32x32",
                 "winograd"]
