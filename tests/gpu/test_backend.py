@@ -233,3 +233,16 @@ def test_growing_the_workspace_gives_the_old_buffer_back():
     held = backend.memory_held()["pool"] - base
     assert 128 * mib <= held < 160 * mib, held / mib
     backend.release_workspace()
+
+
+def test_resident_blocks_follow_shared_memory_and_threads(kernel_file):
+    """row_sum uses few registers: what limits its blocks per multiprocessor is the thread count
+    or, with large dynamic shared memory, the shared memory (1 KiB per block reserved)."""
+    st = backend.state()
+    attr = st.cuda.device_attribute
+    threads, smem = (st.device.get_attribute(a) for a in (attr.MAX_THREADS_PER_MULTIPROCESSOR,
+                                                          attr.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR))
+    k = backend.kernel(kernel_file, "row_sum", np.float32)
+    assert k.resident_blocks(1024) == threads // 1024 and k.resident_blocks(256) == threads // 256
+    k.allow_shared(100 * 1024)
+    assert k.resident_blocks(256, 100 * 1024) == max(1, smem // (101 * 1024)) < threads // 256
