@@ -114,7 +114,7 @@ class GemmEngine(Engine):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
         chw = prob.channels * prob.in_plane
-        if self._per_image(prob, "forward"):  # y[n, g] (mg, P) = W[g] (mg, cg) . x[n, g] (cg, P), batched over images
+        if self._per_image(prob, "forward"):  # y[n, g] (mg, P) = W[g] (mg, cg) . x[n, g] (cg, P), per image
             for g in range(prob.group):
                 blas.gemm_strided_batched(False, False, mg, p, kg, 1.0, w + g * mg * kg * isz, 0,
                                           x + g * kg * p * isz, chw, 0.0, y + g * mg * p * isz, m * p, prob.num, dt)
@@ -145,7 +145,8 @@ class GemmEngine(Engine):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
         chw = prob.channels * prob.in_plane
-        if self._per_image(prob, "backward_data"):  # dx[n, g] (cg, P) = W[g]^T (cg, mg) . dy[n, g] (mg, P), batched over images
+        if self._per_image(prob, "backward_data"):
+            # dx[n, g] (cg, P) = W[g]^T (cg, mg) . dy[n, g] (mg, P), batched over images
             for g in range(prob.group):
                 blas.gemm_strided_batched(True, False, kg, p, mg, 1.0, w + g * mg * kg * isz, 0,
                                           dy + g * mg * p * isz, m * p, 0.0, dx + g * kg * p * isz, chw,

@@ -337,7 +337,7 @@ struct TcsSlicePos {
 template <int BM, int BN> struct FwdSliced {
   static const bool A_ROUNDED = true;
   const Dtype* x; const Dtype* w; const Dtype* bias; Dtype* y; int epilogue;
-  int H, W, HW, Wo, P, chw, mp, Mg, Kg, khkw, kw, ncols, cslices, slices;
+  int H, W, HW, Wo, P, chw, mp, Mg, Kg, kw, ncols, cslices, slices;
   const Dtype* a_ptr; int a_rows;          // the tile's first weight row, and its rows inside M/G
   const Dtype* b_img; int iy0, ix0, b_ok;  // this thread's column: its image, top-left input position
   int sh, sw, ph, pw;
@@ -373,7 +373,7 @@ template <int BM, int BN> struct FwdSliced {
 template <int BM, int BN> struct BwdDataSliced {
   static const bool A_ROUNDED = true;
   const Dtype* w; const Dtype* dy; Dtype* dx;
-  int HW, W, Ho, Wo, P, chw, mp, Cg, Mg, khkw, kw, ncols, sh, sw, mslices, slices;
+  int HW, W, Ho, Wo, P, chw, mp, Cg, Mg, khkw, kw, ncols, sh, sw, slices;
   const Dtype* a_ptr; int a_rows;
   const Dtype* b_img; int ty, tx, b_ok;
   TcsSlicePos at;
@@ -507,9 +507,9 @@ __device__ __forceinline__ void tcs_forward_setup(Op& op, const int g, const Dty
                                                   const Dtype* bias, const int epilogue, Dtype* y, IG_GEOMETRY_PARAMS) {
   const int cg = channels / group, mg = num_output / group;
   op.H = height; op.W = width; op.HW = height * width; op.Wo = width_out; op.P = height_out * width_out;
-  op.chw = channels * op.HW; op.mp = num_output * op.P; op.Mg = mg; op.khkw = kernel_h * kernel_w;
-  op.kw = kernel_w; op.Kg = cg * op.khkw; op.ncols = num * op.P; op.cslices = cg / TCS_BK;
-  op.slices = op.khkw * op.cslices; op.sh = stride_h; op.sw = stride_w; op.ph = pad_h; op.pw = pad_w;
+  op.chw = channels * op.HW; op.mp = num_output * op.P; op.Mg = mg;
+  op.kw = kernel_w; op.Kg = cg * kernel_h * kernel_w; op.ncols = num * op.P; op.cslices = cg / TCS_BK;
+  op.slices = kernel_h * kernel_w * op.cslices; op.sh = stride_h; op.sw = stride_w; op.ph = pad_h; op.pw = pad_w;
   op.x = x + (long long)g * cg * op.HW; op.w = w + (long long)g * mg * op.Kg; op.bias = bias + g * mg;
   op.epilogue = epilogue; op.y = y + (long long)g * mg * op.P;
 }
@@ -520,8 +520,8 @@ __device__ __forceinline__ void tcs_backward_data_setup(Op& op, const int g, con
   const int cg = channels / group, mg = num_output / group;
   op.HW = height * width; op.W = width; op.Ho = height_out; op.Wo = width_out; op.P = height_out * width_out;
   op.chw = channels * op.HW; op.mp = num_output * op.P; op.Cg = cg; op.khkw = kernel_h * kernel_w;
-  op.kw = kernel_w; op.ncols = num * op.HW; op.sh = stride_h; op.sw = stride_w; op.mslices = mg / TCS_BK;
-  op.slices = op.khkw * op.mslices; op.Mg = mg;
+  op.kw = kernel_w; op.ncols = num * op.HW; op.sh = stride_h; op.sw = stride_w;
+  op.slices = op.khkw * mg / TCS_BK; op.Mg = mg;
   op.w = w + (long long)g * cg * op.khkw * mg; op.dy = dy + (long long)g * mg * op.P;
   op.dx = dx + (long long)g * cg * op.HW;
 }

@@ -154,48 +154,35 @@ def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
 
 def backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, db: int | None, workspace: int) -> None:
     """``dw += dL/dw`` and, when ``db`` is given, ``db += dL/db`` (a column of ones in the same
-    GEMM); ``workspace`` holds at least :func:`workspace_count` elements. Deterministic: split-K
-    partial sums, then ``ig_reduce_weight`` adds them in a fixed order."""
-    if sliced(prob, tile, "backward_weight"):
-        _sliced_backward_weight(prob, tile, x, dy, dw, workspace)
-        if db is not None:  # db += dy summed over images and pixels
-            gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
-        return
-    has_bias = int(db is not None)
+    GEMM; the sliced kernels leave it to ``channel_sum``); ``workspace`` holds at least
+    :func:`workspace_count` elements. Deterministic: split-K partial sums, then ``ig_reduce_weight``
+    adds them in a fixed order."""
+    is_sliced = sliced(prob, tile, "backward_weight")
+    has_bias = int(db is not None and not is_sliced)
     key = ("tc_backward_weight", tile, has_bias)
     plan = prob.cache.get(key)
     if plan is None:
         bm, bn = ig.tile_shape(tile)
         splits, chunk = _weight_splits(prob, tile, bool(has_bias))
         cols = prob.kg + has_bias
-        k = backend.kernel(KERNELS, f"tc_backward_weight_{tile}", prob.np_dtype)
+        table: tuple[int, ...]
+        flags: tuple[int, ...]
+        if is_sliced:  # arguments: x, dy, ws, splits, chunk
+            k, nbytes = _sliced_kernel(f"tcs_backward_weight_{tile}", tile, prob, True)
+            table, flags = (), ()
+        else:  # x, dy, offset table, ws, splits, chunk, has_bias
+            k, nbytes = backend.kernel(KERNELS, f"tc_backward_weight_{tile}", prob.np_dtype), 0
+            table, flags = (ig.forward_table(prob),), (has_bias,)
         grid = (-(-cols // bn), -(-prob.mg // bm), prob.group * splits)
         n = prob.group * prob.mg * cols
         r = backend.kernel(ig.KERNELS, "ig_reduce_weight", prob.np_dtype)
         rgrid = (min(-(-n // ig.THREADS), backend.MAX_BLOCKS), 1, 1)
-        plan = prob.cache[key] = (k, grid, (ig.forward_table(prob), splits, chunk), r, rgrid, n)
-        k.check_args(x, dy, plan[2][0], workspace, splits, chunk, has_bias, *prob.geometry_args)
-        r.check_args(n, workspace, splits, prob.mg, prob.kg, has_bias, dw, db or dw)
-    k, grid, (tab, splits, chunk), r, rgrid, n = plan
+        plan = prob.cache[key] = (k, grid, nbytes, table, flags, splits, chunk, r, rgrid, n)
+        k.check_args(x, dy, *table, workspace, splits, chunk, *flags, *prob.geometry_args)
+        r.check_args(n, workspace, splits, prob.mg, prob.kg, has_bias, dw, dw)
+    k, grid, nbytes, table, flags, splits, chunk, r, rgrid, n = plan
     ig.nonnull(x, dy, dw, workspace)
-    k.launch(grid, BLOCK, x, dy, tab, workspace, splits, chunk, has_bias, *prob.geometry_args)
-    r.launch(rgrid, ig.BLOCK, n, workspace, splits, prob.mg, prob.kg, has_bias, dw, db or dw)
-
-
-def _sliced_backward_weight(prob: ConvProblem, tile: str, x: int, dy: int, dw: int, workspace: int) -> None:
-    plan = prob.cache.get(("tcs_backward_weight", tile))
-    if plan is None:
-        bm, bn = ig.tile_shape(tile)
-        splits, chunk = _weight_splits(prob, tile, False)
-        k, nbytes = _sliced_kernel(f"tcs_backward_weight_{tile}", tile, prob, True)
-        grid = (-(-prob.kg // bn), -(-prob.mg // bm), prob.group * splits)
-        n = prob.group * prob.mg * prob.kg
-        r = backend.kernel(ig.KERNELS, "ig_reduce_weight", prob.np_dtype)
-        rgrid = (min(-(-n // ig.THREADS), backend.MAX_BLOCKS), 1, 1)
-        plan = prob.cache[("tcs_backward_weight", tile)] = (k, grid, nbytes, splits, chunk, r, rgrid, n)
-        k.check_args(x, dy, workspace, splits, chunk, *prob.geometry_args)
-        r.check_args(n, workspace, splits, prob.mg, prob.kg, 0, dw, dw)
-    k, grid, nbytes, splits, chunk, r, rgrid, n = plan
-    ig.nonnull(x, dy, dw, workspace)
-    k.launch(grid, BLOCK, x, dy, workspace, splits, chunk, *prob.geometry_args, shared=nbytes)
-    r.launch(rgrid, ig.BLOCK, n, workspace, splits, prob.mg, prob.kg, 0, dw, dw)
+    k.launch(grid, BLOCK, x, dy, *table, workspace, splits, chunk, *flags, *prob.geometry_args, shared=nbytes)
+    r.launch(rgrid, ig.BLOCK, n, workspace, splits, prob.mg, prob.kg, has_bias, dw, db if has_bias else dw)
+    if is_sliced and db is not None:  # db += dy summed over images and pixels
+        gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)

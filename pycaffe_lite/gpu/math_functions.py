@@ -113,7 +113,9 @@ def channel_affine(outer: int, dim: int, inner: int, x: int, s: int | None, b: i
     """``y[o, c, i] = x[o, c, i]·s[c] + b[c]`` (``s``/``b`` None: omitted), then ReLU (negative_slope
     0) when ``relu`` (compiled for ``b`` alone: the convolution engines' bias epilogue); ``x`` and
     ``y`` may alias."""
-    if s is None and b is None and not relu:
+    if relu and (s is not None or b is None):
+        raise ValueError("channel_affine: relu is compiled for a bias alone (s None, b given)")
+    if s is None and b is None:
         copy(outer * dim * inner, x, y, dtype)
         return
     w = vec_width(inner, dtype, x, y)

@@ -302,3 +302,11 @@ def test_channel_moments(dtype, shape):
     x64 = x.astype(np.float64)
     np.testing.assert_allclose(MEAN.get(), x64.mean(axis=(0, 2)), **_rtol(dtype))
     np.testing.assert_allclose(VAR.get(), x64.var(axis=(0, 2)), **_rtol(dtype))
+
+
+def test_channel_affine_relu_needs_a_bias_alone():
+    """The fused ReLU exists only after a bias alone; other combinations are refused, not run with
+    a stand-in pointer."""
+    for s, b in ((None, None), (1, 1), (1, None)):
+        with pytest.raises(ValueError, match="bias alone"):
+            gm.channel_affine(1, 1, 1, 1, s, b, 1, np.float32, relu=True)
