@@ -1,15 +1,29 @@
 """pycaffe-lite: a Caffe-compatible deep-learning framework in Python.
 
 Use it as BVLC's pycaffe: ``import pycaffe_lite as caffe``; ``caffe.Net(path, caffe.TEST)``.
-``caffe.layers`` / ``caffe.params`` are net_spec's factories (as in pycaffe); the built-in layer
-modules are the package ``pycaffe_lite.builtin_layers`` (e.g. ``pycaffe_lite.builtin_layers.relu``).
+``caffe.layers`` is the package of built-in layers (``layers/``, e.g. ``pycaffe_lite.layers.relu``),
+whose capitalised attributes are net_spec's factories (``L.Convolution``), and ``caffe.params`` net_spec's
+constants, as in pycaffe.
 """
 
+import importlib.util as _importlib_util
+import sys as _sys
+from pathlib import Path as _Path
+
+if not (_Path(__file__).parent / "layers").is_dir():
+    # Run from a source checkout (or an editable install): ``layers/`` sits beside the package and is
+    # loaded as ``pycaffe_lite.layers``, the name setup.cfg installs it under.
+    _dir = _Path(__file__).resolve().parent.parent / "layers"
+    _spec = _importlib_util.spec_from_file_location(
+        f"{__name__}.layers", _dir / "__init__.py", submodule_search_locations=[str(_dir)])
+    assert _spec is not None and _spec.loader is not None
+    _sys.modules[_spec.name] = _importlib_util.module_from_spec(_spec)
+    _spec.loader.exec_module(_sys.modules[_spec.name])
+
 from . import (  # type: ignore[attr-defined]  # (mypy reads layers/ as the package 'layers')
-    builtin_layers,  # noqa: F401  (layers/, installed under this name: registers every layer type)
     draw,
     io,
-    layers,
+    layers,  # layers/: registers every layer type
     params,
     proto,
 )

@@ -39,18 +39,18 @@ def register_layer(type_name: str):
     return deco
 
 
-def _load_builtin_layers() -> None:
-    importlib.import_module(f"{__package__}.builtin_layers")
+def _load_layers() -> None:
+    importlib.import_module(f"{__package__}.layers")
 
 
 def layer_type_list() -> list[str]:
     """Sorted names of every registered layer type."""
-    _load_builtin_layers()
+    _load_layers()
     return sorted(_REGISTRY)
 
 
 def layer_class(type_name: str, where: str = "") -> type[Layer]:
-    _load_builtin_layers()
+    _load_layers()
     try:
         return _REGISTRY[type_name]
     except KeyError:

@@ -64,7 +64,7 @@ def test_importing_the_package_never_imports_pycuda():
         """
         import sys
         import pycaffe_lite as caffe
-        import pycaffe_lite.builtin_layers
+        import pycaffe_lite.layers
         from pycaffe_lite.gpu import backend, blas, math_functions
         caffe.layer_type_list()
         b = caffe.Blob((2, 3))

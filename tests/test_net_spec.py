@@ -1,5 +1,7 @@
 """net_spec: layers/params/NetSpec/to_proto as in BVLC, round-tripping through our parser and Net."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -219,6 +221,7 @@ def test_layers_and_params_modules_are_net_spec_factories():
     """``import pycaffe_lite.layers as L`` and ``from pycaffe_lite import layers as L, params as P``
     both give net_spec's factories, as pycaffe's ``caffe.layers`` / ``caffe.params`` do."""
     import pycaffe_lite.layers as L1
+
     import pycaffe_lite.params as P1
     from pycaffe_lite import layers as L2
     from pycaffe_lite import params as P2
@@ -231,14 +234,17 @@ def test_layers_and_params_modules_are_net_spec_factories():
         proto = top.to_proto()
         assert [lp.type for lp in proto.layer] == ["Input", "Convolution", "Pooling"]
         assert proto.layer[2].pooling_param.pool == caffe_pb2.PoolingParameter.AVE
-    # lower-case names are layer types too (no built-in modules behind them)
-    assert isinstance(L1.relu(L1.Input(shape=dict(dim=[1]))), Top)
+    # lower-case names are the layer modules of the same package, never factories
+    assert L1.relu.__name__ == "pycaffe_lite.layers.relu"
+    with pytest.raises(AttributeError, match="no_such_module"):
+        _ = L1.no_such_module
     with pytest.raises(AttributeError, match="NoSuch"):
         _ = P1.NoSuch.MAX
 
 
 def test_builtin_layer_modules_live_under_their_own_name():
-    import pycaffe_lite.builtin_layers.relu as relu_module
+    import pycaffe_lite.layers.relu as relu_module
 
-    assert relu_module.__name__ == "pycaffe_lite.builtin_layers.relu"
-    assert not hasattr(caffe.layers, "__path__")  # the factory is not a package
+    assert relu_module.__name__ == "pycaffe_lite.layers.relu"
+    # one name: the top-level layers/ folder is the package caffe.layers, also from a source checkout
+    assert Path(caffe.layers.__path__[0]).resolve() == Path(__file__).resolve().parents[1] / "layers"

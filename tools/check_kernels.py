@@ -154,8 +154,8 @@ def _module_path(module: str, level: int, here: Path) -> Path | None:
         base = here.parent
         for _ in range(level - 1):
             base = base.parent
-    elif module == "pycaffe_lite.builtin_layers" or module.startswith("pycaffe_lite.builtin_layers."):
-        base, module = REPO_ROOT / "layers", module[len("pycaffe_lite.builtin_layers"):].lstrip(".")
+    elif module == "pycaffe_lite.layers" or module.startswith("pycaffe_lite.layers."):
+        base, module = REPO_ROOT / "layers", module[len("pycaffe_lite.layers"):].lstrip(".")
     elif module == "pycaffe_lite" or module.startswith("pycaffe_lite."):
         base = REPO_ROOT
     else:

@@ -104,7 +104,7 @@ def test_h_from_binaryproto(mode, tmp_path):
 
 def test_axis(monkeypatch):
     """BVLC master's infogain_loss_param.axis (the schema may lack the field: patch the reader)."""
-    from pycaffe_lite.builtin_layers import infogain_loss as infogain_module
+    from pycaffe_lite.layers import infogain_loss as infogain_module
 
     monkeypatch.setattr(infogain_module, "infogain_axis", lambda param: 2)
     x, labels, h = _case(5, (2, 3, 4), axis=2)

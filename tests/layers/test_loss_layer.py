@@ -5,7 +5,7 @@ scaling, the two-stage device reduction. Exercised through a probe loss whose ow
 
 import numpy as np
 import pytest
-from pycaffe_lite.builtin_layers.loss_layer import LossLayer, Norm
+from pycaffe_lite.layers.loss_layer import LossLayer, Norm
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import NetError, ShapeError
