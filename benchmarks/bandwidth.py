@@ -140,7 +140,7 @@ def copy_bandwidth(timer: Timer, nbytes: int = 1 << 30) -> float:
 
 
 def run_case(case: Case, timer: Timer) -> tuple[float | None, float]:
-    from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+    from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
     rng = np.random.default_rng(0)
     layer = make_layer(case.text, np.float32)

@@ -40,8 +40,9 @@ def _ms(fn, sync, budget: float) -> float:
 
 
 def ours(engine_name: str, n: int, c: int, size: int, stride: int, dtype, budget: float) -> dict[str, float]:
-    from pycaffe_lite.gpu import backend, conv_engines
-    from pycaffe_lite.gpu.conv_problem import ConvProblem
+    from pycaffe_lite.conv import engines as conv_engines
+    from pycaffe_lite.conv.problem import ConvProblem
+    from pycaffe_lite.gpu import backend
 
     prob = ConvProblem(n, c, size, size, c, c, (3, 3), (1, 1), (stride, stride), (1, 1), np.dtype(dtype).str)
     rng = np.random.default_rng(0)

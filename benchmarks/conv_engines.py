@@ -39,7 +39,7 @@ import peer_torch  # noqa: E402
 from run_all import CONV_SHAPES  # noqa: E402
 from zoo import NETS, ZOO  # noqa: E402
 
-from pycaffe_lite.gpu.conv_problem import ConvProblem  # noqa: E402
+from pycaffe_lite.conv.problem import ConvProblem  # noqa: E402
 
 ZOO_NETS = "resnet50,vgg16,googlenet,mobilenet_v2,squeezenet1_1"
 Shape = tuple[ConvProblem, bool]  # the problem (batch 1 in the zoo's tables) and whether it has a bias
@@ -76,7 +76,7 @@ def label(shape: Shape) -> str:
 
 def measure(prob: ConvProblem, bias: bool, engines: list[str], backward: bool, args) -> dict:
     """ms of cuDNN ("cudnn") and of ours: "default" (autotuned) and each of ``engines`` forced."""
-    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
 
     device = args.timing == "device"
     out = {"cudnn": peer_torch.conv_layer_ms(prob.num, prob.channels, prob.height, prob.width, prob.num_output,
@@ -187,7 +187,8 @@ def main(argv=None) -> int:
     if reason:
         raise SystemExit(f"the cuDNN side needs PyTorch: {reason}")
     import pycaffe_lite as caffe
-    from pycaffe_lite.gpu import backend, conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
+    from pycaffe_lite.gpu import backend
 
     per_net = None
     if args.zoo:

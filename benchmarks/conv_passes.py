@@ -24,7 +24,7 @@ from ours import device_ms  # noqa: E402
 
 import pycaffe_lite as caffe  # noqa: E402
 from pycaffe_lite.blob import Blob  # noqa: E402
-from pycaffe_lite.gpu.conv_problem import ConvProblem  # noqa: E402
+from pycaffe_lite.conv.problem import ConvProblem  # noqa: E402
 
 SHAPES = {  # name: (N, C, H, W, M, kernel, pad, stride, bias)
     "vgg1_2": (32, 64, 224, 224, 64, 3, 1, 1, True),
@@ -44,7 +44,8 @@ def problem(name: str) -> tuple[ConvProblem, bool]:
 
 def pass_times(prob: ConvProblem, bias: bool, engine: str, reps: int = 10) -> dict[str, float]:
     """ms of the forward, weight-gradient and data-gradient passes of ``engine`` forced."""
-    from pycaffe_lite.gpu import backend, conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
+    from pycaffe_lite.gpu import backend
 
     dt = prob.np_dtype
     blobs = [Blob(s, dt) for s in ((prob.num, prob.channels, prob.height, prob.width),
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown:
         ap.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
-    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
 
     bad = [e for e in args.engines.split(",") if e not in conv_engines.ENGINES]
     if bad:

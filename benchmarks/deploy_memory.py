@@ -73,7 +73,7 @@ def train_worker(name: str, batch: int) -> dict:
 
 def plan(name: str, batch: int) -> str:
     """The shared-data plan's bytes on the CPU (no forward runs)."""
-    from pycaffe_lite.memory_plan import shared_data_slots
+    from pycaffe_lite.runtime.memory_plan import shared_data_slots
 
     net = _net(name, batch)
     memories = {id(b.data_memory): b.data_memory.nbytes for b in net._blobs}

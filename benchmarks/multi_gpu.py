@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "examples" / "model_zoo"))
 import model_zoo  # noqa: E402  (examples/model_zoo/model_zoo.py)
 
 from pycaffe_lite.proto import caffe_pb2  # noqa: E402
-from pycaffe_lite.protoio import parse_text, write_text  # noqa: E402
+from pycaffe_lite.proto.protoio import parse_text, write_text  # noqa: E402
 
 DISPLAY = 20
 
@@ -88,7 +88,7 @@ def ours_images_per_s(name: str, deploy, batch: int, gpus: str, iters: int, fold
 
 
 def lenet_accuracy(folder: Path, iters: int, timeout: float) -> float:
-    from pycaffe_lite import mnist
+    from pycaffe_lite.data import mnist
 
     d = os.environ.get("MNIST_DIR") or str(REPO.parent / "shared" / "mnist")
     dbs = {}

@@ -12,12 +12,12 @@ from timing import SPIN_CYCLES, device_median_ms, median_ms
 
 import pycaffe_lite as caffe
 from pycaffe_lite.blob import Blob
+from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.gpu.conv_problem import ConvProblem
-from pycaffe_lite.layer_testing import empty_blobs, make_layer
 from pycaffe_lite.net import load_net_param
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.protoio import read_text
+from pycaffe_lite.proto.protoio import read_text
+from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "mnist"
 
@@ -37,7 +37,8 @@ def _set_mode(gpu: bool) -> None:
 def lenet_train(train_x, train_y, test_x, test_y, iters: int, gpu: bool = True, seed: int = 1,
                 workdir: str | None = None) -> dict:
     """Caffe's LeNet recipe from examples/mnist through LMDB + Data layers; returns it/s, accuracy."""
-    from pycaffe_lite import get_solver, mnist
+    from pycaffe_lite import get_solver
+    from pycaffe_lite.data import mnist
 
     _set_mode(gpu)
     work = Path(workdir or tempfile.mkdtemp(prefix="bench-lenet-"))
@@ -123,7 +124,7 @@ def conv_engine_ms(prob: ConvProblem, bias: bool, candidates: tuple[str, ...], b
     the median ms of the forward and, with ``backward``, of the backward (weight and, with ``bias``,
     bias gradients, then the data gradient). ``device_time``: :func:`timing.device_median_ms` (CUDA
     events behind a spin kernel); else :func:`timing.median_ms` (wall time between synchronizations)."""
-    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
     from pycaffe_lite.gpu import math_functions as gm
 
     caffe.set_mode_gpu()

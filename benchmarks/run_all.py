@@ -30,7 +30,7 @@ CONV_SHAPES = {
 
 
 def mnist_arrays():
-    from pycaffe_lite import mnist
+    from pycaffe_lite.data import mnist
 
     d = os.environ.get("MNIST_DIR") or str(Path(__file__).resolve().parents[2] / "shared" / "mnist")
     train = mnist.find_files(d, "train")

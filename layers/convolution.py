@@ -5,9 +5,9 @@ weight (num_output, C/group, kh, kw); bias (num_output,); top (..., num_output, 
 ``Ho = (H + 2*pad_h - (dilation_h*(kh-1)+1)) // stride_h + 1`` (likewise Wo). Several bottoms
 may be given: each is convolved with the same weights into the top of the same index.
 
-The whole minibatch is done at once. CPU: :mod:`pycaffe_lite.cpu_conv` (im2col and one GEMM per
+The whole minibatch is done at once. CPU: :mod:`pycaffe_lite.conv.cpu` (im2col and one GEMM per
 group over the whole batch, or per-image GEMMs for large output planes). GPU: one of the engines
-of :mod:`pycaffe_lite.gpu.conv_engines` per pass (im2col + cuBLAS, implicit GEMM, Winograd),
+of :mod:`pycaffe_lite.conv.engines` per pass (im2col + cuBLAS, implicit GEMM, Winograd),
 autotuned once per shape; ``engine: CAFFE`` forces im2col + cuBLAS, ``IMPLICIT_GEMM``,
 ``WINOGRAD``, ``DEPTHWISE`` and ``DIRECT`` (pycaffe-lite's additions to the enum) force those, DEFAULT
 and CUDNN pick the fastest. A forced engine that cannot run the layer's geometry is an error naming
@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from pycaffe_lite import common, cpu_conv, fillers
+from pycaffe_lite import common, fillers
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.conv_shape import Pair, out_shape
-from pycaffe_lite.gpu import conv_engines
+from pycaffe_lite.conv import cpu as cpu_conv
+from pycaffe_lite.conv import engines as conv_engines
+from pycaffe_lite.conv.geometry import Pair, out_shape
+from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.memcheck import check_fits
 
@@ -258,7 +259,7 @@ class ConvolutionLayer(ConvolutionBase):
         else:
             self.forward_cpu(bottom, top, relu=True)
 
-    # -- CPU (pycaffe_lite.cpu_conv) -------------------------------------------------------
+    # -- CPU (pycaffe_lite.conv.cpu) -------------------------------------------------------
     def forward_cpu(self, bottom, top, relu: bool = False):
         g = self.geo
         w = self.blobs[0].cpu_data()
@@ -281,7 +282,7 @@ class ConvolutionLayer(ConvolutionBase):
             cpu_conv.backward(b.cpu_data().reshape(self.bottom_shape), w, t.cpu_diff().reshape(self.top_shape),
                               g.kernel, g.pad, g.stride, g.dilation, self.group, dweight=dw, dbias=db, dx=dx)
 
-    # -- GPU (pycaffe_lite.gpu.conv_engines) ------------------------------------------------
+    # -- GPU (pycaffe_lite.conv.engines) ------------------------------------------------
     def forward_gpu(self, bottom, top, relu: bool = False):
         prob, choice = self.engines()
         w = self.blobs[0].gpu_data()

@@ -21,9 +21,9 @@ import weakref
 import numpy as np
 
 from pycaffe_lite import common
-from pycaffe_lite.data_transformer import DataTransformer
-from pycaffe_lite.db import open_cursor
-from pycaffe_lite.device_cache import DeviceBatches
+from pycaffe_lite.data.db import open_cursor
+from pycaffe_lite.data.device_cache import DeviceBatches
+from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import CaffeError, DataError
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.proto import caffe_pb2

@@ -11,15 +11,15 @@ Everything runs through the convolution code, on the "transposed" convolution th
 its own (C, num_output/group, kh, kw) weights: forward is that convolution's data gradient (plus
 the bias, added per output channel), the bottom diff its forward pass, the weight diff its weight
 pass with the roles of input and top gradient taken by this layer's top diff and bottom. CPU:
-:mod:`pycaffe_lite.cpu_conv`; GPU: the engines of :mod:`pycaffe_lite.gpu.conv_engines`, picked
+:mod:`pycaffe_lite.conv.cpu`; GPU: the engines of :mod:`pycaffe_lite.conv.engines`, picked
 per pass by the same autotune and ``engine`` field as Convolution.
 """
 
 from __future__ import annotations
 
-from pycaffe_lite import cpu_conv
-from pycaffe_lite.conv_shape import Pair, deconv_out_shape
-from pycaffe_lite.gpu import conv_engines
+from pycaffe_lite.conv import cpu as cpu_conv
+from pycaffe_lite.conv import engines as conv_engines
+from pycaffe_lite.conv.geometry import Pair, deconv_out_shape
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import register_layer
 
@@ -48,7 +48,7 @@ class DeconvolutionLayer(ConvolutionBase):
     def engine_problem_dims(self) -> tuple[int, Pair, int]:
         return self.num_output, self.out_hw, self.channels  # top -> bottom
 
-    # -- CPU (pycaffe_lite.cpu_conv on the transposed convolution) --------------------------
+    # -- CPU (pycaffe_lite.conv.cpu on the transposed convolution) --------------------------
     def forward_cpu(self, bottom, top):
         g = self.geo
         w = self.blobs[0].cpu_data()
@@ -74,7 +74,7 @@ class DeconvolutionLayer(ConvolutionBase):
                 cpu_conv.forward(dy, w, None, g.kernel, g.pad, g.stride, g.dilation, self.group,
                                  b.mutable_cpu_diff().reshape(self.bottom_shape))
 
-    # -- GPU (pycaffe_lite.gpu.conv_engines on the transposed convolution) ------------------
+    # -- GPU (pycaffe_lite.conv.engines on the transposed convolution) ------------------
     def forward_gpu(self, bottom, top):
         prob, choice = self.engines()
         w = self.blobs[0].gpu_data()

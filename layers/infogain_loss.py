@@ -22,7 +22,7 @@ from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import register_layer
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.protoio import read_binary
+from pycaffe_lite.proto.protoio import read_binary
 
 from .loss_layer import LOG_THRESHOLD
 from .softmax_loss import SoftmaxWithLossLayer

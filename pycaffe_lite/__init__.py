@@ -44,6 +44,8 @@ from .common import (
     solver_count,
     solver_rank,
 )
+from .conv.engines import load_cache as load_autotune
+from .conv.engines import save_cache as save_autotune
 from .detector import Detector
 from .errors import (
     CaffeError,
@@ -56,15 +58,13 @@ from .errors import (
     WeightsError,
 )
 from .glog import init_log, log
-from .gpu.conv_engines import load_cache as load_autotune
-from .gpu.conv_engines import save_cache as save_autotune
 from .layer import layer_type_list, register_layer
 from .net import Net
 from .net_spec import NetSpec, to_proto
 from .parallel.multi_gpu import NCCL
 from .parallel.nccl import available as has_nccl
 from .python_layer import Layer
-from .sgd_solvers import (
+from .solvers.sgd_solvers import (
     AdaDeltaSolver,
     AdaGradSolver,
     AdamSolver,
@@ -73,7 +73,7 @@ from .sgd_solvers import (
     SGDSolver,
     get_solver,
 )
-from .solver import Solver
+from .solvers.solver import Solver
 from .timer import Timer
 from .version import __version__
 

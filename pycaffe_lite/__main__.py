@@ -1,7 +1,7 @@
-"""``python -m pycaffe_lite``: the command line (see :mod:`pycaffe_lite.cli`)."""
+"""``python -m pycaffe_lite``: the command line (see :mod:`pycaffe_lite.commands.cli`)."""
 
 import sys
 
-from .cli import main
+from .commands.cli import main
 
 sys.exit(main())

@@ -15,13 +15,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import common, hdf5_weights, protoio
+from . import common
 from .blob import Blob
 from .errors import CaffeError, NetError, ShapeError, WeightsError
-from .executor import Executor
 from .layer import Layer, create_layer
-from .net_filter import filter_net, insert_splits
-from .proto import caffe_pb2
+from .proto import caffe_pb2, hdf5_weights, protoio
+from .proto.net_filter import filter_net, insert_splits
+from .runtime.executor import Executor
 
 
 def load_net_param(source: str | os.PathLike | caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
@@ -31,7 +31,7 @@ def load_net_param(source: str | os.PathLike | caffe_pb2.NetParameter) -> caffe_
         param.CopyFrom(source)
     else:
         param = protoio.read_text(source, caffe_pb2.NetParameter())
-    from . import upgrade
+    from .proto import upgrade
 
     upgrade.upgrade_net(param, source=str(source) if not isinstance(source, caffe_pb2.NetParameter) else "<NetParameter>")
     return param
@@ -627,11 +627,11 @@ class Net:
         layer.reset(data, labels, data.shape[0])
 
     def save_hdf5(self, filename: str | os.PathLike, write_diff: bool = False) -> None:
-        """Write the params in Caffe's HDF5 layout (see :mod:`pycaffe_lite.hdf5_weights`)."""
+        """Write the params in Caffe's HDF5 layout (see :mod:`pycaffe_lite.proto.hdf5_weights`)."""
         hdf5_weights.save(self, filename, write_diff)
 
     def load_hdf5(self, filename: str | os.PathLike) -> None:
-        """Copy params from a Caffe HDF5 weights file (see :mod:`pycaffe_lite.hdf5_weights`)."""
+        """Copy params from a Caffe HDF5 weights file (see :mod:`pycaffe_lite.proto.hdf5_weights`)."""
         hdf5_weights.load(self, filename)
 
     # ------------------------------------------------------------------------------------------
@@ -657,7 +657,7 @@ class Net:
     def copy_trained_layers_from(self, param: caffe_pb2.NetParameter, source: str = "<weights>") -> list[str]:
         """Copy blobs layer by layer (matched by name); layers absent from ``param`` keep theirs.
         Returns the names of the net's layers with parameters that got none (logged as a warning)."""
-        from . import upgrade
+        from .proto import upgrade
 
         upgrade.upgrade_net(param, source=source)
         filled: set[str] = set()

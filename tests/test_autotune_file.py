@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.cli import build_parser
 from pycaffe_lite.commands import use_device
-from pycaffe_lite.gpu import autotune_file, conv_engines
-from pycaffe_lite.gpu.conv_engines import Choice
-from pycaffe_lite.gpu.conv_problem import ConvProblem
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.commands.cli import build_parser
+from pycaffe_lite.conv import autotune_file
+from pycaffe_lite.conv import engines as conv_engines
+from pycaffe_lite.conv.engines import Choice
+from pycaffe_lite.conv.problem import ConvProblem
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
 A100 = ("NVIDIA A100-SXM4-80GB", (8, 0))

@@ -23,7 +23,7 @@ def test_named_shapes_are_the_layers_the_docs_quote(bench):
     assert (prob.num, prob.channels, prob.height, prob.out_hw, prob.num_output, bias) == (32, 64, 224, (224, 224), 64, True)
     prob, bias = bench.problem("1x1_7")
     assert prob.kernel == (1, 1) and prob.out_hw == (7, 7) and not bias
-    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
 
     assert set(bench.ENGINES.split(",")) <= set(conv_engines.ENGINES)
 

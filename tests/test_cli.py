@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pycaffe_lite import cli, commands
+from pycaffe_lite import commands
+from pycaffe_lite.commands import cli
 from pycaffe_lite.proto import caffe_pb2
 
 REPO = Path(__file__).resolve().parents[1]

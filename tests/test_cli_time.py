@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pycaffe_lite import cli, common
+from pycaffe_lite import common
+from pycaffe_lite.commands import cli
 from pycaffe_lite.commands.time import (
     BACKWARD_READS,
     ConvCost,
@@ -20,8 +21,8 @@ from pycaffe_lite.commands.time import (
     layer_bytes,
     rate_suffix,
 )
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
 from pycaffe_lite.net import Net
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 RNG = np.random.default_rng(7)
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycaffe_lite import cpu_conv
-from pycaffe_lite.gpu import backend, conv_depthwise, conv_direct
-from pycaffe_lite.gpu.conv_problem import ConvProblem
+from pycaffe_lite.conv import cpu as cpu_conv
+from pycaffe_lite.conv import depthwise as conv_depthwise
+from pycaffe_lite.conv import direct as conv_direct
+from pycaffe_lite.conv.problem import ConvProblem
+from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu.signatures import check_args, parse_signatures
 
 SIGNATURES = {**parse_signatures(conv_depthwise.KERNELS.read_text()),

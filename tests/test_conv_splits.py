@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from pycaffe_lite.gpu import backend, conv_engines
-from pycaffe_lite.gpu import conv_implicit as ig
-from pycaffe_lite.gpu import conv_tensorcore as tc
-from pycaffe_lite.gpu.conv_problem import ConvProblem
+from pycaffe_lite.conv import engines as conv_engines
+from pycaffe_lite.conv import implicit as ig
+from pycaffe_lite.conv import tensorcore as tc
+from pycaffe_lite.conv.problem import ConvProblem
+from pycaffe_lite.gpu import backend
 
 SMS = 132
 

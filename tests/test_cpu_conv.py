@@ -1,4 +1,4 @@
-"""CPU convolution kernels (pycaffe_lite.cpu_conv): both layouts against naive loops over the
+"""CPU convolution kernels (pycaffe_lite.conv.cpu): both layouts against naive loops over the
 convolution's definition, for forward, weight/bias accumulation and the bottom gradient."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycaffe_lite import cpu_conv
-from pycaffe_lite.conv_shape import out_shape
+from pycaffe_lite.conv import cpu as cpu_conv
+from pycaffe_lite.conv.geometry import out_shape
 
 # (x shape, num_output, kernel, pad, stride, dilation, group)
 GEOMETRIES = [

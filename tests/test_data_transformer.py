@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from pycaffe_lite import TEST, TRAIN
-from pycaffe_lite.data_transformer import DataTransformer, decode_datum
+from pycaffe_lite.data.transformer import DataTransformer, decode_datum
 from pycaffe_lite.errors import DataError, ShapeError
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.protoio import parse_text
+from pycaffe_lite.proto.protoio import parse_text
 
 
 def tparam(text: str) -> caffe_pb2.TransformationParameter:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pycaffe_lite import db
+from pycaffe_lite.data import db
 from pycaffe_lite.errors import DataError
 
 pytest.importorskip("lmdb")

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_batches_wrap_in_order_and_seek(gpu_mode):
-    from pycaffe_lite.device_cache import DeviceBatches
+    from pycaffe_lite.data.device_cache import DeviceBatches
 
     rng = np.random.default_rng(0)
     data = rng.standard_normal((7, 2, 3)).astype(np.float32)

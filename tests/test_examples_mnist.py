@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import mnist, protoio
-from pycaffe_lite.apps.digits import classify_digits
+from pycaffe_lite.commands.digits import classify_digits
+from pycaffe_lite.data import mnist
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.proto import caffe_pb2, protoio
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist"
 DEPLOY = EXAMPLE / "lenet.prototxt"

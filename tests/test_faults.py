@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import db, mnist, snapshot
+from pycaffe_lite.data import db, mnist
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.lr_policy import SolverConfigError
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.sgd_solvers import get_solver
+from pycaffe_lite.solvers import snapshot
+from pycaffe_lite.solvers.lr_policy import SolverConfigError
+from pycaffe_lite.solvers.sgd_solvers import get_solver
 
 NET = """
 name: "tiny"
@@ -196,7 +197,7 @@ def test_bad_solver_values(tmp_path, lmdb_path, field, value, message):
 
 
 def test_nonfinite_loss_stops_naming_iteration_and_layer(tmp_path, lmdb_path):
-    from pycaffe_lite.solver_checks import NonFiniteLossError
+    from pycaffe_lite.solvers.checks import NonFiniteLossError
 
     s = make_solver(tmp_path, lmdb_path, 5)
     s.net.params["conv"][0].data[0, 0, 0, 0] = np.inf
@@ -237,7 +238,7 @@ def test_atomic_write_removes_temporaries_of_dead_writers(tmp_path):
     live writer's (this process, or pid 1) stays."""
     import subprocess
 
-    from pycaffe_lite import protoio
+    from pycaffe_lite.proto import protoio
 
     dead = subprocess.Popen(["true"])  # its pid names no live process once it has been waited for
     dead.wait()

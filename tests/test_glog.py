@@ -10,11 +10,11 @@ import threading
 
 import pytest
 
-from pycaffe_lite import cli
+from pycaffe_lite.commands import cli
 from pycaffe_lite.glog import LOG, init_log, log
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.protoio import parse_text
-from pycaffe_lite.sgd_solvers import get_solver
+from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.solvers.sgd_solvers import get_solver
 
 # glog: severity, mmdd, hh:mm:ss.uuuuuu, thread id (right-aligned in 5), file:line] message
 GLOG_LINE = re.compile(r"^([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) +(\d+) ([\w.]+):(\d+)\] (.*)$")

@@ -50,7 +50,7 @@ def test_set_device_negative_id_rejected():
 
 
 def test_cpu_net_runs_without_pycuda(no_pycuda):
-    from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+    from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
     layer = make_layer("type: 'ReLU'")
     bottom, top = blobs([np.array([[-1.0, 2.0]])]), empty_blobs(1)

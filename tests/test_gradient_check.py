@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from pycaffe_lite.gradient_check import GradientChecker, GradientCheckError
 from pycaffe_lite.layer import Layer, register_layer
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.gradient_check import GradientChecker, GradientCheckError
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 
 @register_layer("TestOnlyScaleBias")

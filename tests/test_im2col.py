@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.conv_shape import conv_out_size, deconv_out_shape, out_shape
+from pycaffe_lite.conv.geometry import conv_out_size, deconv_out_shape, out_shape
 
 # (shape, kernel, pad, stride, dilation)
 GEOMETRIES = [
@@ -62,7 +62,7 @@ def _device_blob(array, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape,kernel,pad,stride,dilation", GEOMETRIES)
 def test_gpu_im2col_matches_naive_and_col2im_is_adjoint(gpu_mode, shape, kernel, pad, stride, dilation, dtype):
-    from pycaffe_lite.gpu import im2col as gpu
+    from pycaffe_lite.conv import im2col as gpu
 
     rng = np.random.default_rng(2)
     x = rng.standard_normal(shape).astype(dtype)
@@ -89,7 +89,7 @@ def test_gpu_im2col_matches_naive_and_col2im_is_adjoint(gpu_mode, shape, kernel,
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gpu_swap_leading_axes(gpu_mode, dtype):
-    from pycaffe_lite.gpu import im2col as gpu
+    from pycaffe_lite.conv import im2col as gpu
 
     a = np.random.default_rng(3).standard_normal((3, 5, 7)).astype(dtype)
     src, dst = _device_blob(a, dtype), Blob((5, 3, 7), dtype)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from pycaffe_lite import snapshot
 from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.solvers import snapshot
 
 # A run: build the solver (which cleans leftovers), resume from the latest .solverstate, say
 # "ready <iter>" and wait for "go", then train for ever, snapshotting every iteration (about
@@ -32,7 +32,7 @@ CHILD = textwrap.dedent("""
     from pathlib import Path
     import pycaffe_lite as caffe
     from pycaffe_lite.proto import caffe_pb2
-    from pycaffe_lite.sgd_solvers import get_solver
+    from pycaffe_lite.solvers.sgd_solvers import get_solver
 
     folder = Path(sys.argv[1])
     (folder / "net.prototxt").write_text('''
@@ -236,7 +236,7 @@ def test_kill_before_each_line_of_write_pair(tmp_path, monkeypatch):
 BUILD = textwrap.dedent("""
     import sys, time
     import numpy as np
-    from pycaffe_lite import mnist
+    from pycaffe_lite.data import mnist
 
     def progress(done, total):
         print(done, flush=True)
@@ -263,7 +263,7 @@ def test_killed_lmdb_build_leaves_no_half_database(tmp_path, older):
     pytest.importorskip("lmdb")
     import numpy as np
 
-    from pycaffe_lite import db, mnist
+    from pycaffe_lite.data import db, mnist
 
     path = tmp_path / "train_lmdb"
     if older:  # a complete database that the killed build was to replace
@@ -293,7 +293,7 @@ def test_kill_between_the_renames_of_an_overwrite(tmp_path, monkeypatch):
     pytest.importorskip("lmdb")
     import numpy as np
 
-    from pycaffe_lite import db, mnist
+    from pycaffe_lite.data import db, mnist
 
     path = tmp_path / "d"
     mnist.write_lmdb(np.ones((5, 4, 4), np.uint8), np.ones(5, np.uint8), path)

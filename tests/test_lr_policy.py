@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from pycaffe_lite.lr_policy import SolverConfigError, learning_rate
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.protoio import parse_text
+from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.solvers.lr_policy import SolverConfigError, learning_rate
 
 
 def sp(text: str) -> caffe_pb2.SolverParameter:
@@ -102,7 +102,7 @@ def test_bad_policies(text, match):
 
 def test_solver_logs_policy_rate(caplog):
     """The solver queries the policy every iteration and logs 'Iteration N, lr = X' on display."""
-    from pycaffe_lite.sgd_solvers import SGDSolver
+    from pycaffe_lite.solvers.sgd_solvers import SGDSolver
 
     net = """
       name: "lin"

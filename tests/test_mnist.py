@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from pycaffe_lite import mnist
+from pycaffe_lite.data import mnist
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.proto import caffe_pb2
 

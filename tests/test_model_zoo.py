@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import protoio
 from pycaffe_lite.net import load_net_param
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.proto import caffe_pb2, protoio
 
 ZOO_DIR = Path(__file__).resolve().parents[1] / "examples" / "model_zoo"
 sys.path.insert(0, str(ZOO_DIR))

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import protoio
 from pycaffe_lite.net import Net
 from pycaffe_lite.net_spec import NetSpec, Top, assign_proto, param_name_dict, to_proto
 from pycaffe_lite.net_spec import layers as L
 from pycaffe_lite.net_spec import params as P
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.proto import caffe_pb2, protoio
 
 
 def lenet(batch_size):

@@ -9,8 +9,8 @@ import pytest
 
 from pycaffe_lite import io as caffe_io
 from pycaffe_lite.errors import CaffeError, MissingDependencyError
-from pycaffe_lite.layer_testing import make_layer
 from pycaffe_lite.optional import require
+from pycaffe_lite.testing.layer_testing import make_layer
 
 
 def test_require_returns_the_module():

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import db, io, memcheck
+from pycaffe_lite import io, memcheck
+from pycaffe_lite.data import db
 from pycaffe_lite.errors import CaffeError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mnist"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-import pycaffe_lite.hdf5_weights
+import pycaffe_lite.proto.hdf5_weights
 from pycaffe_lite import io as cio
 from pycaffe_lite.classifier import Classifier
 from pycaffe_lite.detector import Detector
@@ -232,8 +232,8 @@ def test_save_load_hdf5(train_path, tmp_path):
         np.testing.assert_array_equal(f["data"]["ip"]["0"][()], net.params["ip"][0].data)
         assert f["data"]["ip"]["0"].dtype == np.float32
         assert len(f["data"]["loss"]) == 0
-    assert pycaffe_lite.hdf5_weights.is_hdf5_file(path)
-    assert not pycaffe_lite.hdf5_weights.is_hdf5_file(train_path)
+    assert pycaffe_lite.proto.hdf5_weights.is_hdf5_file(path)
+    assert not pycaffe_lite.proto.hdf5_weights.is_hdf5_file(train_path)
     caffe.set_random_seed(9)
     other = Net(train_path, caffe.TEST)
     other.load_hdf5(path)

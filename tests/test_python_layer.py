@@ -244,7 +244,7 @@ def test_base_layer_defaults_and_blobvec():
 
 
 def test_python_layer_in_solver(user_module, tmp_path):
-    solver_mod = pytest.importorskip("pycaffe_lite.sgd_solvers", reason="pycaffe_lite solvers not written yet")
+    solver_mod = pytest.importorskip("pycaffe_lite.solvers.sgd_solvers", reason="pycaffe_lite solvers not written yet")
     net_text = """
     name: "pysolve"
     layer { name: "data" type: "DummyData" top: "data"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.db import LMDBWriter
+from pycaffe_lite.data.db import LMDBWriter
 from pycaffe_lite.proto import caffe_pb2
 
 REPO = Path(__file__).resolve().parents[1]

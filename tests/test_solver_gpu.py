@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import sgd_solvers
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.protoio import parse_text
+from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.solvers import sgd_solvers
 
 pytestmark = pytest.mark.gpu
 
@@ -107,7 +107,7 @@ def test_gpu_snapshot_restore_identity(rule, tmp_path):
 
 
 def test_gpu_train_cli(tmp_path, monkeypatch, capsys):
-    from pycaffe_lite import cli
+    from pycaffe_lite.commands import cli
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "net.prototxt").write_text(NET)

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import protoio, upgrade
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.proto import caffe_pb2, protoio, upgrade
 
 V1_LENET = """
 name: "LeNet"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import cli
+from pycaffe_lite.commands import cli
 from pycaffe_lite.errors import WeightsError
 from pycaffe_lite.proto import caffe_pb2
 

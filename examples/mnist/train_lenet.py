@@ -29,7 +29,7 @@ def find_mnist(data_dir: str | None):
     """((train images, labels), (test images, labels), description): the full MNIST from
     ``--data``, else ``$MNIST_DIR``, else the copy shipped in examples/mnist/data (SHA-256 checked).
     A given folder without the four files is an error (DataError), never silently skipped."""
-    from pycaffe_lite import mnist
+    from pycaffe_lite.data import mnist
 
     directory, where = mnist.locate(data_dir)
     return mnist.load_split(directory, "train"), mnist.load_split(directory, "test"), f"MNIST from {where}"
@@ -39,8 +39,7 @@ def build_solver_param(out: Path, iters: int | None, test_batches: int, test_int
                        cache_on_device: bool = False):
     """Caffe's lenet_solver.prototxt with the net inlined and pointed at our LMDBs; with
     ``cache_on_device`` the Data layers keep MNIST in GPU memory (pycaffe-lite's extension)."""
-    from pycaffe_lite import protoio
-    from pycaffe_lite.proto import caffe_pb2
+    from pycaffe_lite.proto import caffe_pb2, protoio
 
     sp = protoio.read_text(HERE / "lenet_solver.prototxt", caffe_pb2.SolverParameter())
     net = protoio.read_text(HERE / "lenet_train_test.prototxt", caffe_pb2.NetParameter())
@@ -113,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import pycaffe_lite as caffe
-    from pycaffe_lite import mnist
-    from pycaffe_lite.sgd_solvers import get_solver
+    from pycaffe_lite.data import mnist
+    from pycaffe_lite.solvers.sgd_solvers import get_solver
 
     if args.verbose:
         caffe.init_log(0)

@@ -1,4 +1,4 @@
-"""Subcommands of ``pycaffe-lite`` (one module per command, discovered by :mod:`pycaffe_lite.cli`).
+"""Subcommands of ``pycaffe-lite`` (one module per command, discovered by :mod:`pycaffe_lite.commands.cli`).
 
 A command module defines ``NAME`` (the subcommand), ``HELP`` (one line), ``add_arguments(parser)``
 and ``run(args) -> int`` (the exit code). Modules whose name starts with ``_`` are skipped.
@@ -82,9 +82,9 @@ def parse_gpu(value: str | None) -> int | None:
 
 def use_device(device: int | None, autotune_cache: str | None = None) -> None:
     """GPU mode on ``device`` (raises GPUUnavailableError with the reason), or CPU mode for None;
-    ``autotune_cache``: the convolution autotune file (:func:`~pycaffe_lite.gpu.conv_engines.use_cache_file`)."""
+    ``autotune_cache``: the convolution autotune file (:func:`~pycaffe_lite.conv.engines.use_cache_file`)."""
     from .. import common
-    from ..gpu import conv_engines
+    from ..conv import engines as conv_engines
 
     if autotune_cache:
         conv_engines.use_cache_file(autotune_cache)

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..apps.digits import classify_digits
+    from .digits import classify_digits
 
     use_device(parse_gpu(args.gpu), args.autotune_cache)
     invert: bool | str = {"yes": True, "no": False}.get(args.invert, "auto")

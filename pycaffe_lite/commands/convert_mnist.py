@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import mnist
+    from ..data import mnist
 
     start = time.perf_counter()
     n = mnist.convert(args.images, args.labels, args.db_path, backend=args.backend,

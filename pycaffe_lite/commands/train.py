@@ -103,8 +103,8 @@ class _Signals:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..sgd_solvers import solver_class
-    from ..solver import load_solver_param
+    from ..solvers.sgd_solvers import solver_class
+    from ..solvers.solver import load_solver_param
 
     if not os.path.exists(args.solver):
         raise PrototxtError(f"{args.solver}: solver file not found")

@@ -11,7 +11,7 @@ bucket's gradients live in one contiguous device buffer (as BVLC's ``GPUParams``
 so a bucket is one all-reduce, not one per param: ResNet-50 has 161 params, most of them small,
 and NCCL's per-collective latency made the separate calls cost about 1 ms an iteration. All of
 it is device work queued without host synchronisation, so the whole iteration, reductions
-included, is captured into one CUDA graph by :class:`~pycaffe_lite.executor.Executor`.
+included, is captured into one CUDA graph by :class:`~pycaffe_lite.runtime.executor.Executor`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..errors import CaffeError
 from . import nccl
 
 if TYPE_CHECKING:
-    from ..solver import Solver
+    from ..solvers.solver import Solver
 
 log = logging.getLogger("pycaffe_lite")
 

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import cpu_conv
-from pycaffe_lite.gpu import conv_depthwise, conv_engines
-from pycaffe_lite.gpu.conv_problem import ConvProblem
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.conv import cpu as cpu_conv
+from pycaffe_lite.conv import depthwise as conv_depthwise
+from pycaffe_lite.conv import engines as conv_engines
+from pycaffe_lite.conv.problem import ConvProblem
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_mode")]  # conftest's: GPU mode, then CPU
 

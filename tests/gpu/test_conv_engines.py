@@ -8,8 +8,8 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 pytestmark = pytest.mark.gpu
 
@@ -78,7 +78,7 @@ def _tol(dtype):
 
 
 def _supports(name, shape, body):
-    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
 
     layer = make_layer(_text(body))
     bottom, top = blobs([np.zeros(shape)]), empty_blobs(1)
@@ -111,7 +111,7 @@ def test_winograd_supports(shape, body):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape,body,name", CASES)
 def test_engine_matches_cpu(shape, body, name, dtype):
-    from pycaffe_lite.gpu.conv_engines import Choice
+    from pycaffe_lite.conv.engines import Choice
 
     cpu_layer, x, top_diff, want = _reference(shape, body, dtype)
     layer = _gpu_layer(cpu_layer, body, dtype)
@@ -123,7 +123,7 @@ def test_engine_matches_cpu(shape, body, name, dtype):
 @pytest.mark.parametrize("mix", [("gemm", "winograd", "implicit-32x64"), ("winograd", "implicit-64x128", "gemm"),
                                  ("implicit-128x128", "gemm", "winograd")])
 def test_mixed_engines_per_pass(mix):
-    from pycaffe_lite.gpu.conv_engines import Choice
+    from pycaffe_lite.conv.engines import Choice
 
     shape, body = (2, 5, 8, 7), "num_output: 6 kernel_size: 3 pad: 1"
     cpu_layer, x, top_diff, want = _reference(shape, body, np.float64)
@@ -138,7 +138,7 @@ def test_mixed_engines_per_pass(mix):
 def test_partial_backward(name, propagate, params):
     """Only the requested gradients are written: an unpropagated bottom diff and frozen params keep
     their values."""
-    from pycaffe_lite.gpu.conv_engines import Choice
+    from pycaffe_lite.conv.engines import Choice
 
     shape, body = (2, 3, 6, 6), "num_output: 4 kernel_size: 3 pad: 1"
     cpu_layer, x, top_diff, want = _reference(shape, body, np.float64, propagate=propagate, params=params)
@@ -155,8 +155,9 @@ def test_partial_backward(name, propagate, params):
 @pytest.mark.parametrize("name", ["gemm", "winograd"])
 def test_chunked_batches(monkeypatch, name):
     """Tiny buffer budgets make the gemm and Winograd engines run one image per chunk."""
-    from pycaffe_lite.gpu import conv_engines, winograd
-    from pycaffe_lite.gpu.conv_engines import Choice
+    from pycaffe_lite.conv import engines as conv_engines
+    from pycaffe_lite.conv import winograd
+    from pycaffe_lite.conv.engines import Choice
 
     monkeypatch.setattr(conv_engines, "COL_BUFFER_BYTES", 1)
     monkeypatch.setattr(winograd, "BUFFER_BYTES", 1)
@@ -168,8 +169,8 @@ def test_chunked_batches(monkeypatch, name):
 
 
 def test_implicit_weight_gradient_is_deterministic_and_split():
-    from pycaffe_lite.gpu import conv_implicit
-    from pycaffe_lite.gpu.conv_engines import Choice
+    from pycaffe_lite.conv import implicit as conv_implicit
+    from pycaffe_lite.conv.engines import Choice
 
     shape, body = (8, 6, 20, 20), "num_output: 5 kernel_size: 3 pad: 1"
     cpu_layer, x, top_diff, want = _reference(shape, body, np.float32)
@@ -187,7 +188,7 @@ def test_implicit_weight_gradient_is_deterministic_and_split():
 
 @pytest.mark.parametrize("name", ["implicit-64x128", "winograd"])
 def test_gradient_check(name):
-    from pycaffe_lite.gpu.conv_engines import Choice
+    from pycaffe_lite.conv.engines import Choice
 
     caffe.set_mode_gpu()
     caffe.set_random_seed(4)
@@ -200,7 +201,7 @@ def test_gradient_check(name):
 
 
 def test_autotune_times_every_candidate_and_caches():
-    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
 
     conv_engines.clear_cache()
     caffe.set_mode_gpu()
@@ -250,7 +251,8 @@ def test_winograd_engine_rejects_other_geometry():
 def test_layers_share_one_workspace():
     """Scratch comes from the process-wide workspace: sized by the largest need, and a layer that
     needs less runs in the same buffer without growing it."""
-    from pycaffe_lite.gpu import backend, conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
+    from pycaffe_lite.gpu import backend
 
     caffe.set_mode_gpu()
     big = make_layer(_text("num_output: 8 kernel_size: 3 pad: 1", "engine: CAFFE"), np.float32)
@@ -277,8 +279,8 @@ RELU_GEOMETRIES = GEOMETRIES + [((2, 4, 7, 7), "num_output: 4 kernel_size: 3 pad
 def test_relu_epilogue_every_engine(shape, body, dtype):
     """Forward with the fused ReLU epilogue equals the CPU forward followed by ReLU, on every engine
     that runs the geometry (with and without a bias)."""
-    from pycaffe_lite.gpu import conv_engines
-    from pycaffe_lite.gpu.conv_engines import Choice
+    from pycaffe_lite.conv import engines as conv_engines
+    from pycaffe_lite.conv.engines import Choice
 
     cpu_layer, x, _, _ = _reference(shape, body, dtype)
     bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
@@ -305,7 +307,7 @@ def test_relu_epilogue_every_engine(shape, body, dtype):
 def test_nets_tune_for_graph_replay_and_plain_calls_by_wall_clock(tmp_path):
     """The executor's warm-up run tunes with graph timing (what its replays cost); a plain layer call
     tunes by wall clock (launch overhead included); the two are cached apart."""
-    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
 
     conv_engines.clear_cache()
     caffe.set_mode_gpu()

@@ -22,12 +22,13 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite import cpu_conv
+from pycaffe_lite.conv import cpu as cpu_conv
+from pycaffe_lite.conv import engines as conv_engines
+from pycaffe_lite.conv import tensorcore as tc
+from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.gpu import backend, conv_engines
-from pycaffe_lite.gpu import conv_tensorcore as tc
-from pycaffe_lite.gpu.conv_problem import ConvProblem
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.gpu import backend
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_mode")]  # conftest's: GPU mode, then CPU
 

@@ -7,7 +7,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.protoio import parse_text
+from pycaffe_lite.proto.protoio import parse_text
 
 pytestmark = pytest.mark.gpu
 

@@ -15,8 +15,8 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 SHAPE = (2, 3, 2, 3)
 

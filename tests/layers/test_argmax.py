@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, make_layer, run_layer
+from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, make_layer, run_layer
 
 RNG = np.random.default_rng(7)
 X = RNG.permutation(60).reshape(2, 3, 5, 2).astype(np.float64)  # distinct values

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
 
 RNG = np.random.default_rng(2)
 X = RNG.standard_normal((3, 2, 2, 3)) * 2 + 1

@@ -7,8 +7,8 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 
 def conv_text(body: str) -> str:
@@ -235,7 +235,7 @@ def _forward_backward(layer, bottom, top, top_diff):
 @pytest.mark.parametrize("chunked", [False, True])
 def test_cpu_gpu_agree(monkeypatch, shape, body, dtype, chunked):
     if chunked:  # force the im2col engine with one image per column buffer
-        monkeypatch.setattr("pycaffe_lite.gpu.conv_engines.COL_BUFFER_BYTES", 1)
+        monkeypatch.setattr("pycaffe_lite.conv.engines.COL_BUFFER_BYTES", 1)
         body += " engine: CAFFE"
     rng = np.random.default_rng(6)
     x = rng.standard_normal(shape)

@@ -9,10 +9,10 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.protoio import parse_text
+from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
 
 
 def deconv_text(body: str) -> str:
@@ -258,7 +258,7 @@ ENGINE_GRAD_CONFIGS = GRAD_CONFIGS + [((1, 3, 4, 4), "num_output: 2 kernel_size:
 
 @pytest.mark.parametrize("shape,body", ENGINE_CONFIGS)
 def test_winograd_geometry_matches_the_engine(shape, body):
-    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
 
     layer, _, _ = _run(shape, body)
     assert conv_engines.ENGINES["winograd"].supports(layer.problem) == _winograd_geometry(body)
@@ -287,7 +287,8 @@ def test_gpu_gradient_per_engine(gpu_mode, shape, body, engine):
 @pytest.mark.parametrize("engine", ["CAFFE", "WINOGRAD"])
 def test_gpu_chunked_batches_agree(monkeypatch, engine):
     """Tiny scratch budgets make the im2col and Winograd engines run one image per chunk."""
-    from pycaffe_lite.gpu import conv_engines, winograd
+    from pycaffe_lite.conv import engines as conv_engines
+    from pycaffe_lite.conv import winograd
 
     monkeypatch.setattr(conv_engines, "COL_BUFFER_BYTES", 1)
     monkeypatch.setattr(winograd, "BUFFER_BYTES", 1)
@@ -303,8 +304,8 @@ def test_gpu_passes_use_their_own_engine(monkeypatch, mix):
     """Forward is the engines' data-gradient pass, the bottom diff their forward, the weight diff
     their weight pass: each runs on the engine the choice names for that pass, and the mix agrees
     with the CPU."""
-    from pycaffe_lite.gpu import conv_engines
-    from pycaffe_lite.gpu.conv_engines import Choice
+    from pycaffe_lite.conv import engines as conv_engines
+    from pycaffe_lite.conv.engines import Choice
 
     body = _fill("num_output: 3 kernel_size: 3 pad: 1")
     x = np.random.default_rng(2).standard_normal((2, 4, 5, 4))
@@ -340,7 +341,7 @@ def test_gpu_autotune_per_pass_shared_with_convolution():
     """The autotune times every engine on each pass of the transposed convolution, keeps the
     fastest per pass, and caches the choice: the same object for the layer's later calls, for
     another layer of that shape, and for the Convolution that has the same problem."""
-    from pycaffe_lite.gpu import conv_engines
+    from pycaffe_lite.conv import engines as conv_engines
 
     conv_engines.clear_cache()
     caffe.set_mode_gpu()

@@ -12,8 +12,8 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite import common
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 DROPOUT_CU = Path(__file__).resolve().parents[2] / "layers" / "dropout.cu"
 M32 = np.uint64(0xFFFFFFFF)
@@ -249,7 +249,7 @@ def test_gpu_masks_are_the_philox_draws(gpu_mode, dtype):
 def test_gpu_graph_replays_draw_fresh_masks(gpu_mode):
     """A net's Dropout range is captured as a CUDA graph; each replay advances the device counter."""
     from pycaffe_lite.proto import caffe_pb2
-    from pycaffe_lite.protoio import parse_text
+    from pycaffe_lite.proto.protoio import parse_text
 
     text = """layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 30 dim: 40 } } }
     layer { name: "drop" type: "Dropout" bottom: "data" top: "drop" dropout_param { dropout_ratio: 0.5 } }"""
@@ -272,7 +272,7 @@ def test_gpu_graph_replays_draw_fresh_masks(gpu_mode):
 @pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
 def test_phase_comes_from_the_net(mode, phase):
     from pycaffe_lite.proto import caffe_pb2
-    from pycaffe_lite.protoio import parse_text
+    from pycaffe_lite.proto.protoio import parse_text
 
     text = """layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 40 dim: 50 } } }
     layer { name: "drop" type: "Dropout" bottom: "data" top: "data" dropout_param { dropout_ratio: 0.5 } }"""

@@ -5,7 +5,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.layer_testing import empty_blobs, make_layer
+from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
 
 
 def _setup(param, n_top):
@@ -83,7 +83,7 @@ def test_errors(param, n_top, match):
 
 
 def test_no_bottoms_allowed():
-    from pycaffe_lite.layer_testing import blobs
+    from pycaffe_lite.testing.layer_testing import blobs
 
     layer = make_layer('type: "DummyData" dummy_data_param { shape { dim: 1 } }')
     with pytest.raises(NetError, match="bottom"):

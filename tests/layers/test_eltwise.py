@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from pycaffe_lite.errors import NetError, ShapeError
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 SHAPE = (2, 3, 2, 2)
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
 
 IDX = np.array([[0, 3, 1], [3, 3, 2]], dtype=np.float64)  # repeats exercise accumulation
 TEXT = ('type: "Embed" embed_param {{ num_output: 5 input_dim: 4 bias_term: {bias} '

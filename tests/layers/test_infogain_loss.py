@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from pycaffe_lite.errors import NetError, ShapeError
-from pycaffe_lite.gradient_check import GradientChecker
 from pycaffe_lite.io import array_to_blobproto
-from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
-from pycaffe_lite.protoio import write_binary
+from pycaffe_lite.proto.protoio import write_binary
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 THRESHOLD = float(np.float32(1e-20))
 

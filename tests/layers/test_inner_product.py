@@ -5,9 +5,9 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.gradient_check import GradientChecker
 from pycaffe_lite.layer import create_layer
-from pycaffe_lite.layer_testing import blobs, empty_blobs, layer_param, make_layer
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, layer_param, make_layer
 
 FILLERS = "weight_filler { type: 'gaussian' std: 1 } bias_filler { type: 'uniform' min: -1 max: 1 }"
 

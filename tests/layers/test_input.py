@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 
 def test_one_shape_per_top(mode):

@@ -10,8 +10,8 @@ from pycaffe_lite.layers.loss_layer import LossLayer, Norm
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import NetError, ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, layer_param
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, layer_param
 
 _FWD = """const int l = static_cast<int>(label[i]);
   const bool skip = has_ignore && l == ignore_label;

@@ -6,8 +6,8 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.layer_testing import empty_blobs, make_layer
 from pycaffe_lite.net import Net
+from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
 
 PARAM = 'type: "MemoryData" memory_data_param { batch_size: 2 channels: 3 height: 2 width: 1 }'
 

@@ -23,7 +23,7 @@ from pycaffe_lite.errors import CudaError, NetError
 from pycaffe_lite.gpu import backend, cuda_graph
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.gpu.signatures import check_args, parse_signatures
-from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
+from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
 
 # (layer text, input range, has backward)
 NEURONS = [

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.layer_testing import empty_blobs, make_layer
+from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
 
 
 def test_top_shares_param(mode):

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 FLT_MAX = float(np.finfo(np.float32).max)
 

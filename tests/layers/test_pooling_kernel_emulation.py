@@ -15,7 +15,7 @@ import pytest
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu.signatures import parse_signatures
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 GRID, BLOCK = 3, 32  # a small launch, so the grid-stride loop takes several turns
 LOWEST = -np.finfo(np.float32).max

@@ -6,8 +6,8 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError, ShapeError
-from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.gradient_check import GradientChecker
+from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer
 
 
 def naive_loss(x, labels, axis=1, ignore=None, mode="VALID"):
@@ -171,7 +171,7 @@ def test_cpu_gpu_agree(dtype, text):
 
 def test_in_a_net_auto_top_and_no_label_gradient(mode):
     from pycaffe_lite.proto import caffe_pb2
-    from pycaffe_lite.protoio import parse_text
+    from pycaffe_lite.proto.protoio import parse_text
 
     text = """force_backward: true
     layer { name: "data" type: "Input" top: "data" top: "label"

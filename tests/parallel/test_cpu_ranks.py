@@ -42,7 +42,7 @@ def env() -> dict:
 
 
 def make_solver(folder: Path, name: str, batch: int, max_iter: int) -> Path:
-    from pycaffe_lite.db import LMDBWriter
+    from pycaffe_lite.data.db import LMDBWriter
 
     source = folder / "lmdb"
     if not source.exists():

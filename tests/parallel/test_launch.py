@@ -161,7 +161,7 @@ def test_supervise_success():
 
 
 def test_launch_without_nccl_fails_with_what_to_install(monkeypatch, tmp_path):
-    from pycaffe_lite import cli
+    from pycaffe_lite.commands import cli
     from pycaffe_lite.parallel import nccl
 
     def missing():

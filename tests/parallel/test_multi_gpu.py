@@ -123,7 +123,7 @@ layer_wise_reduce: %(layer_wise)s %(extra)s
 
 
 def make_source(folder: Path, records: int) -> Path:
-    from pycaffe_lite.db import LMDBWriter
+    from pycaffe_lite.data.db import LMDBWriter
 
     path = folder / f"lmdb{records}"
     if path.exists():

@@ -1,0 +1,54 @@
+"""GPU im2col / col2im for a whole minibatch of 2-D images (kernels in ``im2col.cu``).
+
+Image batch: (num, C, H, W). Column buffer: (C*kh*kw, num, Ho*Wo), batch inside the columns, so
+one GEMM ``W (M, C*kh*kw) · col`` covers the whole batch and yields ``(M, num, Ho*Wo)``;
+:func:`swap_leading_axes` turns that into ``(num, M, Ho*Wo)`` and back. Geometry arguments are
+``(h, w)`` pairs; pointers are device addresses (ints); everything runs on the backend stream.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import CudaError
+from ..gpu import backend
+from .geometry import Pair, out_shape
+
+KERNELS = Path(__file__).with_name("im2col.cu")
+
+
+def _geometry(num: int, channels: int, image_hw: Pair, kernel: Pair, pad: Pair, stride: Pair,
+              dilation: Pair) -> tuple[int, ...]:
+    """The kernels' geometry arguments: num, channels, H, W, then kernel, pad, stride, dilation
+    (each h, w), Ho, Wo."""
+    ho, wo = out_shape(image_hw[0], image_hw[1], kernel, pad, stride, dilation)
+    if ho <= 0 or wo <= 0:
+        raise CudaError(f"im2col: kernel {kernel} (dilation {dilation}) exceeds input {image_hw} padded by {pad}")
+    col_count = channels * kernel[0] * kernel[1] * num * ho * wo
+    if max(col_count, num * channels * image_hw[0] * image_hw[1]) > backend.INT32_MAX:
+        raise CudaError(f"im2col: {col_count} column elements exceed int32 indexing; use smaller batches")
+    return (num, channels, image_hw[0], image_hw[1], kernel[0], kernel[1], pad[0], pad[1],
+            stride[0], stride[1], dilation[0], dilation[1], ho, wo)
+
+
+def im2col(data_im: int, num: int, channels: int, image_hw: Pair, kernel: Pair, pad: Pair, stride: Pair,
+           dilation: Pair, data_col: int, dtype) -> None:
+    """Fill ``data_col`` (C*kh*kw, num, Ho*Wo) from the image batch ``data_im`` (num, C, H, W)."""
+    geo = _geometry(num, channels, image_hw, kernel, pad, stride, dilation)
+    n = channels * num * geo[-2] * geo[-1]
+    backend.kernel(KERNELS, "im2col_batch", dtype)(n, data_im, *geo, data_col)
+
+
+def col2im(data_col: int, num: int, channels: int, image_hw: Pair, kernel: Pair, pad: Pair, stride: Pair,
+           dilation: Pair, data_im: int, dtype) -> None:
+    """Assign to ``data_im`` (num, C, H, W) the sums of the column entries (C*kh*kw, num, Ho*Wo) that
+    read each pixel (the adjoint of :func:`im2col`)."""
+    geo = _geometry(num, channels, image_hw, kernel, pad, stride, dilation)
+    n = num * channels * image_hw[0] * image_hw[1]
+    backend.kernel(KERNELS, "col2im_batch", dtype)(n, data_col, *geo, data_im)
+
+
+def swap_leading_axes(src: int, a_dim: int, b_dim: int, inner: int, dst: int, dtype) -> None:
+    """``dst (b_dim, a_dim, inner) = src (a_dim, b_dim, inner)`` with the leading axes swapped."""
+    n = a_dim * b_dim * inner
+    backend.kernel(KERNELS, "swap_leading_axes", dtype)(n, src, a_dim, b_dim, inner, dst)

@@ -1,0 +1,1 @@
+"""Data sources: databases, MNIST, the data transformer, device caches."""

@@ -1,0 +1,1 @@
+"""Running a built net: the executor (ranges, graphs, the iteration), fusions, memory plans."""

@@ -1,0 +1,395 @@
+"""The executor: the one object that runs a net's layers.
+
+It owns forward and backward over layer ranges, reading the losses back once per pass, CUDA-graph
+capture and replay of fixed-shape GPU work, and the training iteration a solver replays (clear
+diffs, forward, backward, update) as one graph. :class:`~pycaffe_lite.net.Net` builds the graph of
+layers and blobs; :class:`~pycaffe_lite.solvers.solver.Solver` asks this object to run an iteration.
+
+Graphs. On the GPU, a range whose layers all run device code is run plainly the first time
+(allocations, compilation and cuBLAS set-up happen then), captured the second time and replayed
+afterwards while its key is unchanged: the range, the pointers (the pool's allocation generation)
+and the blob shapes. Leading host-side layers (data readers) run eagerly before the replay. Work
+that cannot be captured (a host read, an allocation) falls back to plain execution for that key,
+once, with a log line and an entry in :attr:`Executor.fallbacks`. Before a replay every host-newer
+memory the net can reach is copied to the device (values a user wrote through ``blob.data`` are
+used); after it, the memories the work writes are marked device-newest. Setting the environment
+variable ``PYCAFFE_LITE_CUDA_GRAPHS=0`` (or ``executor.use_graphs = False``) runs everything plainly.
+
+Memory plans (:mod:`~pycaffe_lite.runtime.memory_plan`): training iterations share gradient buffers
+(``_plan_diffs``); full forwards of nets that never run backward share intermediate data
+(:attr:`Executor.shared_data`, which also keeps pycaffe's semantics for the blobs users read).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from collections.abc import Callable, Hashable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, SupportsInt
+
+import numpy as np
+
+from .. import common
+from ..blob import shape_generation, weighted_sum
+from ..conv import engines as conv_engines
+from ..gpu import backend, cuda_graph
+from ..layer import Layer
+from ..synced_memory import SyncedMemory
+from .fusion import find_fusions
+from .memory_plan import SharedData, recomputable_scale_inputs, shared_diff_slots, sharing_enabled
+
+if TYPE_CHECKING:
+    from ..net import Net
+
+log = logging.getLogger("pycaffe_lite")
+
+
+HOOK_KINDS = ("before_forward", "after_forward", "before_backward", "after_backward")
+
+
+def graphs_enabled() -> bool:
+    """False when ``PYCAFFE_LITE_CUDA_GRAPHS=0`` asks for plain execution everywhere."""
+    return os.environ.get("PYCAFFE_LITE_CUDA_GRAPHS", "1") != "0"
+
+
+def runs_on_device(layer: Layer) -> bool:
+    """Declared capturable and really on the GPU (the inherited GPU path runs host code)."""
+    cls = type(layer)
+    return layer.graph_safe and cls.forward_gpu is not Layer.forward_gpu and (
+        cls.backward_gpu is not Layer.backward_gpu or cls.backward_cpu is Layer.backward_cpu)
+
+
+def _has_backward(layer: Layer) -> bool:
+    cls = type(layer)
+    return cls.backward_cpu is not Layer.backward_cpu or cls.backward_gpu is not Layer.backward_gpu
+
+
+class _Graphs:
+    """Captured graphs by key, with the warm-up and fallback bookkeeping."""
+
+    def __init__(self, memories: Callable[[], Iterator[SyncedMemory]]) -> None:
+        self._memories = memories
+        self._graphs: dict[Hashable, tuple[cuda_graph.CudaGraph, list[SyncedMemory]]] = {}
+        self._warm: set[Hashable] = set()
+        self._failed: set[Hashable] = set()
+        self.replays = 0
+        self.captures = 0
+        self.fallbacks: list[str] = []
+
+    def _upload_host_writes(self) -> None:
+        for mem in self._memories():
+            if mem.host_is_newer():
+                mem.gpu()
+
+    def run(self, key: Hashable, work: Callable[[], None]) -> None:
+        if key in self._failed:
+            work()
+            return
+        entry = self._graphs.get(key)
+        if entry is None:
+            if key not in self._warm:  # the warm-up run tunes engines for replay (device time)
+                self._warm.add(key)
+                with conv_engines.graph_timing():
+                    work()
+                return
+            with conv_engines.graph_timing():
+                entry = self._capture(key, work)
+            if entry is None:
+                work()
+                return
+        else:
+            self._upload_host_writes()
+        graph, written = entry
+        graph.launch()
+        for mem in written:
+            mem.mark_device_newest()
+        self.replays += 1
+
+    def _capture(self, key: Hashable, work: Callable[[], None]):
+        self._upload_host_writes()
+        heads = [(m, m.head) for m in self._memories()]
+        recording = cuda_graph.Recording()
+        try:
+            with cuda_graph.capture(recording):
+                work()
+        except Exception as exc:
+            # Nothing ran: put back the head states the aborted capture changed, then run plainly.
+            for mem, head in heads:
+                mem.head = head
+            self._failed.add(key)
+            self.fallbacks.append(f"{key}: {type(exc).__name__}: {exc}")
+            log.info("CUDA graph capture not possible here (%s); running without graphs", exc)
+            return None
+        assert recording.graph is not None
+        entry = (recording.graph, list(recording.written))
+        self._graphs[key] = entry
+        self.captures += 1
+        return entry
+
+
+class Executor:
+    """Runs ``net``'s layers on the current device; see the module docstring."""
+
+    def __init__(self, net: Net) -> None:
+        self.net = net
+        self.use_graphs = graphs_enabled()
+        self._graphs = _Graphs(self._memories)
+        self.fusions = {chain.first: chain for chain in find_fusions(net)}
+        self.loss_log: LossLog | None = None
+        self._diff_plan_key: tuple | None = None
+        self._diff_slots: list[SupportsInt] = []
+        self._recompute: list | None = None  # memory_plan.recomputable_scale_inputs, for train_iteration
+        self.shared_data = SharedData(self)  # intermediate data of nets that never run backward
+        # -- per-layer hooks (pycaffe's Net.before_forward & co.; multi-GPU gradient reduction) --
+        # hook(layer_index) around every layer of a pass. A hook with ``graph_safe = True`` only
+        # queues device work and may be captured in whole-iteration graphs; any other hook makes
+        # the passes run plainly.
+        self.hooks: dict[str, list[Callable[[int], None]]] = {k: [] for k in HOOK_KINDS}
+        self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
+        # A loss top that a later layer rewrites in place must be read right after its layer.
+        self._read_loss_early = {
+            i for i in self._loss_layers
+            if any(set(net.top_id_vecs[i]) & set(net.top_id_vecs[j]) for j in range(i + 1, len(net.layers)))
+        }
+
+    # -- what graphs may capture ----------------------------------------------------------------
+    @property
+    def replays(self) -> int:
+        """CUDA graph replays so far (0 when graphs are off or unused)."""
+        return self._graphs.replays
+
+    @property
+    def captures(self) -> int:
+        return self._graphs.captures
+
+    @property
+    def fallbacks(self) -> list[str]:
+        """Why a capture was abandoned, one line per key."""
+        return self._graphs.fallbacks
+
+    def _on_gpu(self) -> bool:
+        return self.use_graphs and common.mode() is common.Mode.GPU
+
+    def _capturable(self, start: int, end: int, safe_hooks: bool = False) -> bool:
+        """GPU mode, graphs on, layers ``start..end`` on the device, and no hooks (``safe_hooks``:
+        hooks marked ``graph_safe`` allowed, as inside whole training iterations)."""
+        hooks = [fn for fns in self.hooks.values() for fn in fns]
+        if hooks and not (safe_hooks and all(getattr(fn, "graph_safe", False) for fn in hooks)):
+            return False
+        layers = self.net.layers
+        return self._on_gpu() and all(runs_on_device(layers[i]) for i in range(start, end + 1))
+
+    def _call_hooks(self, kind: str, layers) -> None:
+        for fn in self.hooks[kind]:
+            for i in layers:
+                fn(i)
+
+    def _first_device_layer(self, start: int, end: int) -> int:
+        """The first layer of ``start..end`` after the leading host-side ones (end + 1 if none)."""
+        i = start
+        while i <= end and not runs_on_device(self.net.layers[i]):
+            i += 1
+        return i
+
+    def _memories(self) -> Iterator[SyncedMemory]:
+        net = self.net
+        for blob in (*net._blobs, *net.params_list):
+            yield blob.data_memory
+            yield blob.diff_memory
+        for chain in self.fusions.values():
+            for blob in chain.extra_blobs:
+                yield blob.data_memory
+
+    def _key(self, tag: tuple) -> tuple:
+        # set_random_seed re-keys device generators (Dropout), which graphs recorded: re-capture.
+        return (tag, backend.state().alloc_generation, shape_generation(), common.seed_generation(),
+                common.tf32_allowed())
+
+    # -- plain execution ------------------------------------------------------------------------
+    def _run_forward(self, start: int, end: int) -> None:
+        net = self.net
+        i = start
+        while i <= end:
+            chain = self.fusions.get(i)
+            if chain is not None and chain.last <= end:
+                self._call_hooks("before_forward", range(i, chain.last + 1))
+                chain.forward(net.bottom_vecs[i], net.top_vecs[i])
+                self._call_hooks("after_forward", range(i, chain.last + 1))
+                i = chain.last + 1
+                continue
+            self._call_hooks("before_forward", (i,))
+            net.layers[i].compute_forward(net.bottom_vecs[i], net.top_vecs[i])
+            self._call_hooks("after_forward", (i,))
+            i += 1
+
+    def _run_backward(self, start: int, end: int) -> None:
+        net = self.net
+        for i in range(start, end - 1, -1):
+            self._call_hooks("before_backward", (i,))
+            if net.layer_need_backward[i]:
+                net.layers[i].backward(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+            self._call_hooks("after_backward", (i,))
+
+    def losses(self, start: int, end: int) -> float:
+        """Σ loss_weight·top over the loss layers of ``start..end``, read from the device once."""
+        net = self.net
+        layers = [i for i in self._loss_layers if start <= i <= end]
+        tops = [blob for i in layers for t, blob in enumerate(net.top_vecs[i]) if net.layers[i].loss(t)]
+        loss = weighted_sum(tops)
+        if math.isnan(loss):  # a layer may know why (a bad label flagged on the device): let it say
+            for i in layers:
+                net.layers[i].explain_nonfinite_loss()
+        return loss
+
+    # -- ranges ---------------------------------------------------------------------------------
+    def forward(self, start: int, end: int) -> float:
+        """Run layers ``start..end`` (inclusive); the summed weighted loss of their loss tops."""
+        with self.shared_data.forward(start, end):
+            return self._forward(start, end)
+
+    def _forward(self, start: int, end: int) -> float:
+        if any(start <= i <= end for i in self._read_loss_early):
+            return self._forward_reading_early(start, end)
+        first = self._first_device_layer(start, end)
+        self._run_forward(start, first - 1)
+        if first <= end:
+            if self._capturable(first, end):
+                self._graphs.run(self._key(("forward", first, end)), lambda: self._run_forward(first, end))
+            else:
+                self._run_forward(first, end)
+        return self.losses(start, end)
+
+    def _forward_reading_early(self, start: int, end: int) -> float:
+        loss = 0.0
+        for i in range(start, end + 1):
+            self._run_forward(i, i)
+            if i in self._read_loss_early:
+                loss += self.losses(i, i)
+        later = [i for i in self._loss_layers if start <= i <= end and i not in self._read_loss_early]
+        return loss + sum(self.losses(i, i) for i in later)
+
+    def backward(self, start: int, end: int) -> None:
+        """Backward through layers ``start`` down to ``end`` (inclusive, ``start >= end``)."""
+        low = self._first_device_layer(end, start)  # data readers at the bottom run plainly, last
+        if low <= start and self._capturable(low, start):
+            self._graphs.run(self._key(("backward", start, low)), lambda: self._run_backward(start, low))
+        else:
+            self._run_backward(start, low)
+        self._run_backward(low - 1, end)
+
+    def clear_param_diffs(self) -> None:
+        """Zero the gradients of every learnable param."""
+        on_gpu = common.mode() is common.Mode.GPU
+        for blob in self.net.learnable_params:
+            if on_gpu:
+                backend.memset_zero(blob.mutable_gpu_diff(), blob.count * blob.dtype.itemsize)
+            else:
+                blob.mutable_cpu_diff()[...] = 0
+
+    # -- the training iteration -----------------------------------------------------------------
+    def can_replay_iteration(self) -> bool:
+        """True when a whole training iteration (past the data readers) can be one graph: GPU mode,
+        graphs on, and the layers that need backward all run device code."""
+        net = self.net
+        last = len(net.layers) - 1
+        first = self._first_device_layer(0, last)
+        if first > last or any(net.layer_need_backward[i] and _has_backward(net.layers[i]) for i in range(first)):
+            return False
+        return self._capturable(first, last, safe_hooks=True)
+
+    def _plan_diffs(self) -> None:
+        """Give the gradients of intermediate blobs shared buffers (see :mod:`memory_plan`), once
+        per set of shapes, before the iteration that graphs will capture first runs."""
+        key = (shape_generation(), self.net.dtype.str)
+        if not sharing_enabled() or self._diff_plan_key == key:
+            return
+        self._diff_slots = []
+        for nbytes, members in shared_diff_slots(self.net):
+            buffer = backend.alloc(nbytes)
+            self._diff_slots.append(buffer)
+            for bid in members:
+                blob = self.net._blobs[bid]
+                blob.use_diff_memory(SyncedMemory(blob.count, blob.dtype, device=buffer))
+        self._diff_plan_key = (shape_generation(), self.net.dtype.str)
+
+    def train_iteration(self, update: Callable[[], None], tag: Hashable = "") -> None:
+        """Queue one iteration on the GPU: clear param diffs, forward, backward, ``update()`` (the
+        solver's device update), and record the weighted loss in :attr:`loss_log`; everything after
+        the data layers is replayed as one CUDA graph. Needs :meth:`can_replay_iteration`. The
+        host does not wait: read the losses with ``loss_log.read()``."""
+        net = self.net
+        self._plan_diffs()
+        last = len(net.layers) - 1
+        first = self._first_device_layer(0, last)
+        self._run_forward(0, first - 1)
+        tops = [blob for i in self._loss_layers for t, blob in enumerate(net.top_vecs[i]) if net.layers[i].loss(t)]
+        if self.loss_log is None or self.loss_log.dtype != net.dtype:
+            self.loss_log = LossLog(net.dtype)
+        log_ = self.loss_log
+
+        if self._recompute is None:  # depends on the net's structure only
+            self._recompute = recomputable_scale_inputs(net) if sharing_enabled() else []
+        recompute = self._recompute
+
+        def work() -> None:
+            for scale, bn, source in recompute:  # no saved Scale inputs inside this iteration
+                scale.recompute_input = functools.partial(bn.normalize_into, source)
+            try:
+                self.clear_param_diffs()
+                self._run_forward(first, last)
+                log_.record(tops)
+                self._run_backward(last, first)
+                update()
+            finally:
+                for scale, _, _ in recompute:
+                    scale.recompute_input = None
+
+        self._graphs.run(self._key(("train", first, tag)), work)
+        log_.pending += 1
+
+
+LOSS_LOG_KERNELS = Path(__file__).with_name("loss_log.cu")
+
+
+class LossLog:
+    """Weighted losses of queued training iterations, kept on the device until :meth:`read`."""
+
+    CAPACITY = 512
+
+    def __init__(self, dtype: np.dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        self._log = backend.alloc(self.CAPACITY * self.dtype.itemsize)
+        self._counter = backend.alloc(4)
+        backend.memset_zero(int(self._counter), 4)
+        self.pending = 0  # iterations recorded and not read yet
+        self._no_tops = False
+
+    @property
+    def full(self) -> bool:
+        return self.pending >= self.CAPACITY
+
+    def record(self, tops: list) -> None:
+        """Queue: log[counter] = Σ vdot(top.data, top.diff); counter += 1 (capturable)."""
+        add = backend.kernel(LOSS_LOG_KERNELS, "loss_log_add", self.dtype)
+        for k, top in enumerate(tops):
+            add(top.count, top.gpu_data(), top.gpu_diff(), int(self._log), int(self._counter), self.CAPACITY,
+                int(k == 0), grid=1, block=256)
+        self._no_tops = not tops
+        backend.kernel(LOSS_LOG_KERNELS, "loss_log_advance", self.dtype)(int(self._counter), grid=1, block=1)
+
+    def read(self) -> list[float]:
+        """The pending losses, oldest first (one host sync)."""
+        if not self.pending or self._no_tops:
+            out, self.pending = [0.0] * self.pending, 0
+            return out
+        values = np.empty(self.CAPACITY, self.dtype)
+        counter = np.empty(1, np.int32)
+        backend.memcpy_dtoh(counter, int(self._counter))
+        backend.memcpy_dtoh(values, int(self._log))
+        end = int(counter[0])
+        out = [float(values[i % self.CAPACITY]) for i in range(end - self.pending, end)]
+        self.pending = 0
+        return out

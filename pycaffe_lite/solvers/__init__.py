@@ -1,0 +1,1 @@
+"""Caffe's solvers: the loop, update rules, learning-rate policies, checks, snapshots."""

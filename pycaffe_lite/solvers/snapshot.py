@@ -1,0 +1,313 @@
+"""Snapshots that lose nothing: the ``.caffemodel`` / ``.solverstate`` pair, leftovers of killed
+runs, and the read positions that make a resumed run equal an uninterrupted one.
+
+* ``write_pair`` writes both files to temporary files (named ``.<final name>.<pid>.<random>.tmp``,
+  fsynced), records ``<final> <temporary>`` for both in a journal file ``.<prefix>_iter_<n>.pending``,
+  renames both into place and removes the journal. A run killed at any point leaves either the
+  complete pair or leftovers that ``clean_leftovers`` (run when a solver starts) removes: temporary
+  files of dead processes, and a pair whose journal shows that one file was renamed and the other
+  not (the half of a new pair, or a new file beside the old one of the same name). So under their
+  final names the two files are complete together or absent together, and an older pair that a
+  killed run was about to replace stays as it was unless a rename had begun.
+* Disk-full and permission errors raise ``SnapshotError`` naming the file; earlier snapshots are
+  untouched, so the run can be resumed from the last complete one.
+* Files and folders follow the umask (``tempfile`` would make them 0600 / 0700).
+* ``SolverState.data_state`` (a pycaffe-lite extension field that BVLC ignores) records each data
+  layer's next record and random state, ``SolverState.rng_state`` the process-wide generator.
+  Layers that read on record their position with ``read_state() -> (position, key, rng_json)``
+  and take it back with ``restore_read_state``: Data (record index and key, transform state),
+  ImageData (line, its path, shuffle and transform state), HDF5Data (row, file, shuffle states),
+  MemoryData (the next item; give the arrays before resuming). DummyData draws from the
+  process-wide generator and Input holds what the caller puts in: nothing of theirs to record.
+  A shuffled order is recorded as the generator state it was drawn from (``Order``), a few
+  hundred bytes however long the list, and drawn again on restore.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import common
+from ..errors import WeightsError
+from ..proto import caffe_pb2
+
+if TYPE_CHECKING:
+    from ..net import Net
+    from .solver import Solver
+
+log = logging.getLogger("pycaffe_lite")
+
+_TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]+\.tmp$")
+
+
+class SnapshotError(WeightsError):
+    """A snapshot could not be written (disk full, permissions...); earlier snapshots are kept."""
+
+
+def current_umask() -> int:
+    """This process's umask (read without changing it where /proc allows)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(directory: bool = False) -> int:
+    """The mode ``open``/``mkdir`` would give a new file (0666) or folder (0777) under the umask."""
+    return (0o777 if directory else 0o666) & ~current_umask()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _writer_alive(tmp: Path) -> bool:
+    """Whether the process that named the temporary ``tmp`` (see ``temp_path``) still runs."""
+    m = _TMP_RE.match(tmp.name)
+    return m is not None and _pid_alive(int(m.group("pid")))
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _describe(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def temp_path(final: Path) -> Path:
+    """A new name ``.<final name>.<pid>.<random>.tmp`` beside ``final`` for a file or folder built
+    before it is renamed to ``final``; ``remove_stale_temps`` removes those of ended processes."""
+    return final.parent / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def remove_stale_temps(directory: Path, owns: Callable[[str], bool]) -> list[Path]:
+    """Remove the temporary files and folders (named by ``temp_path``) in ``directory`` whose
+    process has ended and whose final name ``owns`` accepts. Returns the removed paths."""
+    removed = []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        m = _TMP_RE.match(entry.name)
+        if m is None or not owns(m.group("name")) or _writer_alive(entry):
+            continue
+        try:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        except OSError:
+            continue
+        removed.append(entry)
+    return removed
+
+
+def write_temp(final: Path, data: bytes) -> Path:
+    """Write ``data`` to a fsynced temporary file beside ``final`` (mode per umask); returns it."""
+    tmp = temp_path(final)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # open() applies the umask
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _journal(model: Path) -> Path:
+    return model.parent / f".{model.stem}.pending"
+
+
+def write_pair(model: str | os.PathLike, model_bytes: bytes, state: str | os.PathLike, state_bytes: bytes) -> None:
+    """Write a ``.caffemodel`` and its ``.solverstate`` so that both appear, or neither (see the
+    module docstring). SnapshotError naming the file on disk-full or permission errors."""
+    model, state = Path(model), Path(state)
+    current = model
+    temps: list[Path] = []
+    journal = _journal(model)
+    placed: list[Path] = []
+    try:
+        current = model.parent
+        model.parent.mkdir(parents=True, exist_ok=True)
+        current = model
+        temps.append(write_temp(model, model_bytes))
+        current = state
+        temps.append(write_temp(state, state_bytes))
+        current = journal
+        journal.write_text("".join(f"{final.name} {tmp.name}\n" for final, tmp in zip((model, state), temps)))
+        for tmp, final in zip(temps, (model, state)):
+            current = final
+            os.replace(tmp, final)
+            placed.append(final)
+        _fsync_dir(model.parent)
+        journal.unlink(missing_ok=True)
+    except OSError as exc:
+        for p in (*temps, *placed):
+            p.unlink(missing_ok=True)
+        journal.unlink(missing_ok=True)
+        raise SnapshotError(
+            f"{current}: cannot write the snapshot: {_describe(exc)}; earlier snapshots are kept "
+            "(resume from the last complete .solverstate)"
+        ) from None
+
+
+def _settle(journal: Path) -> list[Path]:
+    """Finish what a killed ``write_pair`` left: remove its journal, and the pair's files if it was
+    renamed in part (a file is renamed when its temporary is gone). Returns the removed paths."""
+    try:
+        lines = [line.split() for line in journal.read_text().splitlines()]
+    except OSError:
+        return []
+    files = [(journal.parent / line[0], journal.parent / line[1]) for line in lines if len(line) == 2]
+    if any(_writer_alive(tmp) for _, tmp in files):  # still being written
+        return []
+    renamed = [not tmp.exists() for _, tmp in files]
+    removed = []
+    if any(renamed) and not all(renamed):
+        for final, _ in files:
+            if final.exists():
+                final.unlink()
+                removed.append(final)
+    journal.unlink(missing_ok=True)
+    return [*removed, journal]
+
+
+def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
+    """Remove what killed runs left beside the snapshots of ``prefix``: temporary files of dead
+    processes, and pairs a journal says were half renamed. Returns the removed paths."""
+    prefix = Path(prefix)
+    directory = prefix.parent if str(prefix.parent) else Path(".")
+    if not directory.is_dir():
+        return []
+    base = prefix.name
+    removed: list[Path] = []
+    for journal in directory.glob(f".{glob.escape(base)}_iter_*.pending"):  # first: they tell renamed
+        removed += _settle(journal)  # files by their missing temporaries
+    removed += remove_stale_temps(directory, lambda name: name.startswith(f"{base}_iter_"))
+    for p in removed:
+        log.info("Removed %s (left by an interrupted snapshot)", p)
+    return removed
+
+
+# ----------------------------------------------------------------------------------------------
+# data positions and random state
+class Order:
+    """An order of ``n`` items: ``order`` is ``arange(n)`` until ``shuffle()`` draws a permutation
+    from ``common.rng()``; ``drawn_from`` is the generator state it was drawn from (None: not
+    shuffled), which ``redraw`` turns into the same permutation again."""
+
+    def __init__(self, n: int) -> None:
+        self.order = np.arange(n)
+        self.drawn_from: Mapping[str, Any] | None = None
+
+    def shuffle(self) -> None:
+        gen = common.rng()
+        self.drawn_from = gen.bit_generator.state
+        self.order = gen.permutation(len(self.order))
+
+    def redraw(self, drawn_from: Mapping[str, Any] | None) -> None:
+        """The order ``shuffle`` drew from the generator state ``drawn_from`` (ValueError if that
+        is no state of this numpy's generator)."""
+        if drawn_from is None:
+            self.order = np.arange(len(self.order))
+        else:
+            bits = type(common.rng().bit_generator)()
+            bits.state = drawn_from
+            self.order = np.random.Generator(bits).permutation(len(self.order))
+        self.drawn_from = drawn_from
+
+
+def _data_nets(solver: Solver) -> Iterator[tuple[str, Net]]:
+    yield "train", solver.net
+    for i, net in enumerate(solver.test_nets):
+        yield f"test{i}", net
+
+
+def save_extras(solver: Solver, state: caffe_pb2.SolverState) -> None:
+    """Record the read position of every data layer and the random state in ``state``."""
+    for net_id, net in _data_nets(solver):
+        for name, layer in zip(net._layer_names, net.layers):
+            read_state = getattr(layer, "read_state", None)
+            if read_state is None:
+                continue
+            position, key, rng_json = read_state()
+            entry = state.data_state.add()
+            entry.net, entry.layer, entry.position, entry.key = net_id, name, int(position), bytes(key)
+            entry.rng_state = rng_json
+    state.rng_state = json.dumps({"generator": common.rng().bit_generator.state,
+                                  "gpu_rng_counter": common._state.gpu_rng_counter})
+
+
+def restore_extras(solver: Solver, state: caffe_pb2.SolverState, path: str) -> None:
+    """Put every data layer back at its recorded position (states written by BVLC or older
+    pycaffe-lite versions have none: the layers then restart, as in BVLC)."""
+    nets = dict(_data_nets(solver))
+    for entry in state.data_state:
+        net = nets.get(entry.net)
+        layer = None
+        if net is not None:
+            index = net._layer_names_index.get(entry.layer)
+            layer = net.layers[index] if index is not None else None
+        if layer is None or not hasattr(layer, "restore_read_state"):
+            log.warning("%s: data position of %s layer '%s' has no matching data layer: ignored",
+                        path, entry.net, entry.layer)
+            continue
+        layer.restore_read_state(entry.position, entry.key, entry.rng_state, where=f"{path}: layer '{entry.layer}'")
+    if state.HasField("rng_state"):
+        saved = json.loads(state.rng_state)
+        common.rng().bit_generator.state = saved["generator"]
+        common._state.gpu_rng_counter = int(saved.get("gpu_rng_counter", 0))
+
+
+def write_snapshot(solver: Solver) -> tuple[str, str]:
+    """The body of ``Solver.snapshot``: the pair ``<prefix>_iter_<n>.caffemodel/.solverstate``."""
+    model = solver.snapshot_filename(".caffemodel")
+    path = solver.snapshot_filename(".solverstate")
+    log.info("Snapshotting to binary proto file %s", model)
+    net_bytes = solver.net.to_proto(solver.param.snapshot_diff).SerializeToString()
+    state = caffe_pb2.SolverState()
+    state.iter = solver.iter
+    state.learned_net = model
+    state.current_step = solver.current_step
+    for h in solver.history:
+        h.to_proto(False, state.history.add())
+    save_extras(solver, state)
+    log.info("Snapshotting solver state to binary proto file %s", path)
+    write_pair(model, net_bytes, path, state.SerializeToString())
+    return model, path

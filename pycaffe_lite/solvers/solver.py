@@ -1,0 +1,741 @@
+"""Solver base: the training loop of Caffe's ``Solver`` and the shared parts of ``SGDSolver``.
+
+A solver is built from a ``SolverParameter`` (prototxt path or message). It creates the train net
+and the test nets, then ``step(n)`` runs ``n`` iterations of: clear param diffs, (test every
+``test_interval``), ``iter_size`` forward/backward passes, log every ``display``, apply the update
+(lr policy, gradient clipping, 1/iter_size normalization, L1/L2 weight decay, the update rule,
+``data -= diff``), snapshot every ``snapshot``. The update rules live in :mod:`sgd_solvers`.
+
+Net paths in a solver file (``net``, ``train_net``, ``test_net``) are resolved as Caffe does,
+relative to the current directory; when no such file exists there, the path relative to the solver
+file's folder is tried as well (a pycaffe-lite convenience).
+
+The compute mode is the process-wide one (``set_mode_cpu``/``set_mode_gpu``), as in pycaffe;
+``solver_mode``/``device_id`` are applied by the command line (``pycaffe-lite train``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar, SupportsInt, cast
+
+import numpy as np
+
+from .. import common
+from ..blob import Blob
+from ..errors import CaffeError, PrototxtError, ShapeError, WeightsError
+from ..gpu import backend
+from ..net import Net, in_file
+from ..proto import caffe_pb2, protoio
+from . import lr_policy
+from .lr_policy import SolverConfigError
+
+log = logging.getLogger("pycaffe_lite")
+
+__all__ = ["Solver", "SolverConfigError", "load_solver_param", "SNAPSHOT", "STOP", "NONE"]
+
+# Requests an action function may return (Caffe's SolverAction).
+NONE, STOP, SNAPSHOT = "none", "stop", "snapshot"
+
+_LEGACY_TYPES = {
+    caffe_pb2.SolverParameter.SGD: "SGD",
+    caffe_pb2.SolverParameter.NESTEROV: "Nesterov",
+    caffe_pb2.SolverParameter.ADAGRAD: "AdaGrad",
+    caffe_pb2.SolverParameter.RMSPROP: "RMSProp",
+    caffe_pb2.SolverParameter.ADADELTA: "AdaDelta",
+    caffe_pb2.SolverParameter.ADAM: "Adam",
+}
+
+
+def upgrade_solver_param(param: caffe_pb2.SolverParameter, source: str = "<SolverParameter>") -> None:
+    """Legacy ``solver_type`` enum -> ``type`` string (in place), as Caffe's UpgradeSolverType."""
+    if not param.HasField("solver_type"):
+        return
+    legacy = _LEGACY_TYPES[param.solver_type]
+    if param.HasField("type") and param.type != legacy:
+        raise SolverConfigError(
+            f"{source}: solver_type {caffe_pb2.SolverParameter.SolverType.Name(param.solver_type)} "
+            f"conflicts with type '{param.type}' (give only `type`)"
+        )
+    param.type = legacy
+    param.ClearField("solver_type")
+
+
+def load_solver_param(
+    source: str | os.PathLike | caffe_pb2.SolverParameter,
+) -> tuple[caffe_pb2.SolverParameter, Path | None]:
+    """(SolverParameter, folder of the solver file or None) from a path or a message (copied).
+
+    As Caffe's ReadSolverParamsFromTextFileOrDie: ``solver_type`` is upgraded; a missing
+    ``snapshot_prefix`` becomes the solver file's path without extension, and a prefix naming an
+    existing directory gets the solver file's stem appended.
+    """
+    if isinstance(source, caffe_pb2.SolverParameter):
+        param = caffe_pb2.SolverParameter()
+        param.CopyFrom(source)
+        upgrade_solver_param(param)
+        return param, None
+    path = Path(source)
+    if not path.is_file():
+        raise PrototxtError(f"{path}: solver file not found" if not path.exists() else f"{path}: not a file")
+    param = protoio.read_text(path, caffe_pb2.SolverParameter())
+    upgrade_solver_param(param, str(path))
+    if not param.HasField("snapshot_prefix"):
+        param.snapshot_prefix = str(path.with_suffix(""))
+    elif os.path.isdir(param.snapshot_prefix):
+        param.snapshot_prefix = os.path.join(param.snapshot_prefix, path.stem)
+    return param, path.parent
+
+
+def resolve_path(name: str, base_dir: Path | None) -> str:
+    """``name`` if it exists (relative to the current directory), else relative to ``base_dir``."""
+    if os.path.exists(name) or base_dir is None or os.path.isabs(name):
+        return name
+    alt = base_dir / name
+    return str(alt) if alt.exists() else name
+
+
+class Solver:
+    """Base solver. Subclasses (``sgd_solvers``) define the update rule.
+
+    ``Solver(solver_file_or_param, dtype=np.float32, progress=None, solver_dir=None)``;
+    ``progress``: True/False forces the tqdm progress bar on/off, None shows it only when stderr
+    is a terminal; ``solver_dir``: where relative net paths are also looked up (default: the
+    solver file's folder). ``weights`` in the SolverParameter are loaded into every net.
+    Attributes: ``param``, ``net``, ``test_nets``, ``iter``, ``current_step``, ``history``.
+    """
+
+    type_name: ClassVar[str] = ""
+    # Number of history blobs per learnable param (AdaDelta and Adam keep two).
+    history_factor: ClassVar[int] = 1
+
+    def __init__(
+        self,
+        solver: str | os.PathLike | caffe_pb2.SolverParameter,
+        *,
+        dtype: np.dtype | type = np.float32,
+        progress: bool | None = None,
+        solver_dir: str | os.PathLike | None = None,
+    ) -> None:
+        self.param, self._solver_dir = load_solver_param(solver)
+        if solver_dir is not None:
+            self._solver_dir = Path(solver_dir)
+        self.source = None if isinstance(solver, caffe_pb2.SolverParameter) else str(solver)
+        self.where = self.source or "solver"  # what errors name
+        self.dtype = np.dtype(dtype)
+        self.progress = progress
+        self.iter = 0
+        self.current_step = 0
+        self.smoothed_loss = 0.0
+        self._losses: list[float] = []
+        self._action_fn: Callable[[], str] | None = None
+        self._callbacks: list[tuple[Callable[[], None] | None, Callable[[], None] | None]] = []
+        self.requested_early_exit = False
+        self._last_snapshot_iter: int | None = None
+        self._rate_device: SupportsInt | None = None  # device scalar the GPU update kernels read the rate from
+        self._rate_table: tuple[int, list[tuple[float, int]]] | None = None  # (first iter, (rate, step)s)
+        self._rate_table_device: tuple[SupportsInt, SupportsInt] | None = None  # (rates, cursor) on the device
+        # Called as hook(iter, loss) for each iteration, in order, once its loss is read back: right
+        # after the iteration, or (whole-iteration GPU replays, whose losses stay on the device) at
+        # the next display, test, or end of step(). Unlike pycaffe callbacks they run outside the
+        # iteration, so whole iterations can still be replayed as CUDA graphs.
+        self.iteration_hooks: list[Callable[[int, float], None]] = []
+        self.check_param()
+        if self.param.random_seed >= 0:
+            common.set_random_seed(self.param.random_seed)
+        log.info("Initializing solver from parameters%s", f" ({self.source})" if self.source else "")
+        self.net = self._init_train_net()
+        self.test_nets = self._init_test_nets()
+        for spec in self.param.weights:
+            self.load_weights(spec)
+        self.history: list[Blob] = [
+            Blob(p.shape, self.dtype) for _ in range(self.history_factor) for p in self.net.learnable_params
+        ]
+        for h in self.history:
+            h.mutable_cpu_data()[...] = 0
+        self.check_rule_param()
+        log.info("Solver scaffolding done.")
+
+    # ------------------------------------------------------------------------------------------
+    # construction
+    def check_param(self) -> None:
+        p = self.param
+        if p.iter_size < 1:
+            raise SolverConfigError(f"{self.where}: iter_size must be >= 1, got {p.iter_size}")
+        if p.average_loss < 1:
+            raise SolverConfigError(f"{self.where}: average_loss must be >= 1, got {p.average_loss}")
+        if p.regularization_type not in ("L1", "L2"):
+            raise SolverConfigError(
+                f"{self.where}: unknown regularization_type '{p.regularization_type}' (expected L1 or L2)"
+            )
+        if p.snapshot_format == caffe_pb2.SolverParameter.HDF5:
+            raise SolverConfigError(f"{self.where}: snapshot_format HDF5 is not supported yet; use BINARYPROTO")
+        if p.snapshot and not p.snapshot_prefix:
+            raise SolverConfigError(f"{self.where}: snapshot is set but snapshot_prefix is empty")
+        if p.snapshot:
+            parent = Path(self.snapshot_filename("")).parent
+            if parent.exists() and not os.access(parent, os.W_OK):
+                raise SolverConfigError(
+                    f"cannot write to snapshot prefix '{p.snapshot_prefix}': folder {parent} is not writable"
+                )
+        from . import checks as solver_checks
+        from . import snapshot
+
+        solver_checks.check_solver_param(p, self.where)
+        self.stop_on_nonfinite_loss = getattr(self, "stop_on_nonfinite_loss", True)
+        if not any(getattr(h, "__qualname__", "").startswith("nonfinite_loss_hook") for h in self.iteration_hooks):
+            self.iteration_hooks.append(solver_checks.nonfinite_loss_hook(self))
+        if p.snapshot_prefix:
+            snapshot.clean_leftovers(p.snapshot_prefix)  # temporary files and half pairs of killed runs
+
+    def check_rule_param(self) -> None:
+        """Hook for update-rule specific checks."""
+
+    def _read_net(self, path: str) -> caffe_pb2.NetParameter:
+        resolved = resolve_path(path, self._solver_dir)
+        if not os.path.exists(resolved):
+            where = f" (solver {self.source})" if self.source else ""
+            raise PrototxtError(f"{path}: net file not found{where}")
+        param = caffe_pb2.NetParameter()
+        return protoio.read_text(resolved, param)
+
+    def _make_net(self, net_param: caffe_pb2.NetParameter, phase: int, *states: caffe_pb2.NetState,
+                  source: str) -> Net:
+        """The net of ``net_param`` in ``phase`` and ``states``; its errors name ``source`` (the net file)."""
+        state = caffe_pb2.NetState()
+        state.phase = cast("caffe_pb2.Phase", phase)
+        state.MergeFrom(net_param.state)
+        for s in states:
+            state.MergeFrom(s)
+        param = caffe_pb2.NetParameter()
+        param.CopyFrom(net_param)
+        param.state.CopyFrom(state)
+        try:
+            return Net(param, dtype=self.dtype)
+        except CaffeError as exc:
+            raise in_file(exc, source) from None
+
+    def _init_train_net(self) -> Net:
+        p = self.param
+        given = [f for f in ("train_net_param", "train_net", "net_param", "net") if p.HasField(f)]
+        if len(given) != 1:
+            what = "none" if not given else ", ".join(given)
+            raise SolverConfigError(
+                f"{self.where}: give exactly one of train_net_param, train_net, net_param, net (got {what})"
+            )
+        field = given[0]
+        if field == "train_net_param":
+            log.info("Creating training net specified in train_net_param.")
+            net_param = p.train_net_param
+        elif field == "train_net":
+            log.info("Creating training net from train_net file: %s", p.train_net)
+            net_param = self._read_net(p.train_net)
+        elif field == "net_param":
+            log.info("Creating training net specified in net_param.")
+            net_param = p.net_param
+        else:
+            log.info("Creating training net from net file: %s", p.net)
+            net_param = self._read_net(p.net)
+        source = getattr(p, field) if field in ("train_net", "net") else f"{self.where} ({field})"
+        return self._make_net(net_param, common.TRAIN, p.train_state, source=source)
+
+    def _init_test_nets(self) -> list[Net]:
+        p = self.param
+        generic = p.HasField("net_param") or p.HasField("net")
+        specific = len(p.test_net_param) + len(p.test_net)
+        if generic:
+            if len(p.test_iter) < specific:
+                raise SolverConfigError(
+                    f"{self.where}: test_iter must be given for each of the {specific} test nets, got {len(p.test_iter)}"
+                )
+        elif len(p.test_iter) != specific:
+            raise SolverConfigError(
+                f"{self.where}: {specific} test nets (test_net/test_net_param) but {len(p.test_iter)} test_iter values"
+            )
+        instances = specific + (len(p.test_iter) - specific)
+        if p.test_state and len(p.test_state) != instances:
+            raise SolverConfigError(
+                f"{self.where}: test_state must be unspecified or given once per test net ({instances}), "
+                f"got {len(p.test_state)}"
+            )
+        sources: list[tuple[str, caffe_pb2.NetParameter]] = []
+        for tp in p.test_net_param:
+            sources.append(("test_net_param", tp))
+        for path in p.test_net:
+            sources.append((f"test_net file {path}", self._read_net(path)))
+        if len(p.test_iter) > specific:
+            generic_param = p.net_param if p.HasField("net_param") else self._read_net(p.net)
+            what = "net_param" if p.HasField("net_param") else f"net file {p.net}"
+            sources.extend((what, generic_param) for _ in range(len(p.test_iter) - specific))
+        nets = []
+        for i, (what, net_param) in enumerate(sources):
+            log.info("Creating test net (#%d) specified by %s", i, what)
+            states = (p.test_state[i],) if p.test_state else ()
+            nets.append(self._make_net(net_param, common.TEST, *states, source=f"{self.where} (test net #{i}: {what})"))
+        return nets
+
+    def load_weights(self, spec: str) -> None:
+        """Copy weights from a comma-separated list of .caffemodel files into the train and test
+        nets (layers matched by name; Caffe's CopyLayers / LoadNetWeights)."""
+        for name in (s.strip() for s in str(spec).split(",")):
+            if not name:
+                continue
+            if not os.path.isfile(name):
+                raise WeightsError(f"{name}: weights file not found")
+            log.info("Finetuning from %s", name)
+            for net in (self.net, *self.test_nets):
+                net.copy_from(name)
+
+    # ------------------------------------------------------------------------------------------
+    # pycaffe extras
+    def add_callback(self, on_start, on_gradients_ready: Callable[[], None] | None = None) -> None:
+        """Call ``on_start()`` at the start of every iteration and ``on_gradients_ready()`` before
+        each update (pycaffe's ``Solver.add_callback``); or pass one object with both methods
+        (``caffe.NCCL``). Callables marked ``graph_safe`` keep whole-iteration CUDA graphs."""
+        if on_gradients_ready is None and hasattr(on_start, "on_gradients_ready"):
+            on_start, on_gradients_ready = on_start.on_start, on_start.on_gradients_ready
+        self._callbacks.append((on_start, on_gradients_ready))
+
+    def set_action_function(self, fn: Callable[[], str] | None) -> None:
+        """``fn()`` is polled after every iteration and test batch; it returns "none", "stop" or
+        "snapshot" (Caffe's SolverAction; the CLI wires it to SIGINT/SIGHUP)."""
+        self._action_fn = fn
+
+    def _requested_action(self) -> str:
+        return self._action_fn() if self._action_fn is not None else NONE
+
+    def share_weights(self, net: Net) -> None:
+        """Make ``net`` use this solver's train-net weights."""
+        net.share_with(self.net)
+
+    @property
+    def learning_rate(self) -> float:
+        """The rate the next update would use (does not advance multistep's counter)."""
+        return self._rate()[0]
+
+    def _rate(self) -> tuple[float, int]:
+        """:func:`lr_policy.learning_rate` now; its errors name the solver file."""
+        try:
+            return lr_policy.learning_rate(self.param, self.iter, self.current_step)
+        except SolverConfigError as exc:
+            raise SolverConfigError(f"{self.where}: {exc}") from None
+
+    # ------------------------------------------------------------------------------------------
+    # the loop
+    def _use_progress(self) -> bool:
+        if self.progress is not None:
+            return bool(self.progress)
+        return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+    def _update_smoothed_loss(self, loss: float, start_iter: int, it: int | None = None) -> None:
+        average = self.param.average_loss
+        if len(self._losses) < average:
+            self._losses.append(loss)
+            n = len(self._losses)
+            self.smoothed_loss = (self.smoothed_loss * (n - 1) + loss) / n
+        else:
+            idx = ((self.iter if it is None else it) - start_iter) % average
+            self.smoothed_loss += (loss - self._losses[idx]) / average
+            self._losses[idx] = loss
+
+    def step(self, iters: int) -> None:
+        """Run ``iters`` training iterations (pycaffe's ``solver.step``)."""
+        if self._use_progress() and iters > 0:
+            from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            with logging_redirect_tqdm(loggers=[log, logging.getLogger()]):
+                bar = tqdm(total=iters, desc=f"{self.net.name or 'train'}", unit="it", dynamic_ncols=True)
+                try:
+                    self._step(iters, bar)
+                finally:
+                    bar.close()
+        else:
+            self._step(iters, None)
+
+    def _step(self, iters: int, bar) -> None:
+        p = self.param
+        start_iter = self.iter
+        stop_iter = self.iter + int(iters)
+        self._rate_table = None  # parameters may have changed since the last step()
+        self._losses = []
+        self.smoothed_loss = 0.0
+        timer = time.perf_counter()
+        iterations_last = self.iter
+        queued: list[int] = []  # iterations whose loss is still on the device (whole-iteration replays)
+
+        def settle() -> None:
+            """Read the queued losses (one sync) and account for them in order."""
+            if not queued:
+                return
+            assert self.net.executor.loss_log is not None
+            for it, loss in zip(queued, self.net.executor.loss_log.read()):
+                self._account_loss(it, loss, start_iter, bar)
+            queued.clear()
+
+        try:
+            while self.iter < stop_iter:
+                whole = self._replays_whole_iteration()
+                if not whole:  # (a whole-iteration run clears the diffs itself)
+                    settle()
+                    self.net.clear_param_diffs()
+                testing = p.test_interval and self.iter % p.test_interval == 0 and (
+                    self.iter > 0 or p.test_initialization)
+                if testing:
+                    settle()
+                    self.test_all()
+                    if self.requested_early_exit:
+                        break
+                for on_start, _ in self._callbacks:
+                    if on_start is not None:
+                        on_start()
+                display = p.display and self.iter % p.display == 0
+                if whole:
+                    self._schedule_rates()
+                    for h in self.history:  # restored or user-edited history reaches the replay
+                        h.gpu_data()
+                    self.net.executor.train_iteration(self._queue_replayed_update, type(self).__name__)
+                    queued.append(self.iter)
+                    assert self.net.executor.loss_log is not None
+                    if display or self.net.executor.loss_log.full:
+                        settle()
+                else:
+                    loss = 0.0
+                    for _ in range(p.iter_size):
+                        loss += self.net.forward_backward()
+                    self._account_loss(self.iter, loss / p.iter_size, start_iter, bar)
+                if display:
+                    lapse = time.perf_counter() - timer
+                    per_s = (self.iter - iterations_last) / (lapse or 1.0)
+                    log.info(
+                        "Iteration %d (%g iter/s, %.3gs/%d iters), loss = %g",
+                        self.iter, per_s, lapse, p.display, self.smoothed_loss,
+                    )
+                    timer = time.perf_counter()
+                    iterations_last = self.iter
+                    self._log_outputs(self.net, "Train", None)
+                for _, on_ready in ([] if whole else self._callbacks):  # (a replay calls them itself)
+                    if on_ready is not None:
+                        on_ready()
+                if not whole:
+                    self.apply_update()
+                self.iter += 1
+                request = self._requested_action()
+                if (p.snapshot and self.iter % p.snapshot == 0) or request == SNAPSHOT:
+                    self.snapshot()
+                if request == STOP:
+                    self.requested_early_exit = True
+                    break
+        finally:
+            settle()
+
+    def _account_loss(self, it: int, loss: float, start_iter: int, bar) -> None:
+        """Smoothed loss, ``last_loss``, iteration hooks and the progress bar for iteration ``it``."""
+        self._update_smoothed_loss(loss, start_iter, it)
+        self.last_loss = loss
+        for hook in self.iteration_hooks:
+            hook(it, loss)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{self.smoothed_loss:.4g}", refresh=False)
+
+    def _replays_whole_iteration(self) -> bool:
+        """Whether the executor runs the iteration (diff clearing, passes, update) as one CUDA graph:
+        GPU mode, ``iter_size`` 1, no gradient clipping (it reads a norm back to the host), no
+        callbacks (they run host code mid-way) and a net whose backward runs on the device."""
+        if self.param.iter_size != 1 or self.param.clip_gradients >= 0 or not all(
+                getattr(fn, "graph_safe", False) for pair in self._callbacks for fn in pair if fn is not None):
+            return False
+        return self.net.executor.can_replay_iteration()
+
+    def solve(self, resume_file: str | os.PathLike | None = None) -> None:
+        """Train to ``max_iter`` (optionally resuming from a .solverstate), as Caffe's Solve."""
+        p = self.param
+        log.info("Solving %s", self.net.name)
+        log.info("Learning Rate Policy: %s", p.lr_policy)
+        self.requested_early_exit = False
+        if resume_file:
+            log.info("Restoring previous solver status from %s", resume_file)
+            self.restore(resume_file)
+        start_iter = self.iter
+        self.step(p.max_iter - self.iter)
+        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+            self.snapshot()
+        if self.requested_early_exit:
+            log.info("Optimization stopped early.")
+            return
+        if p.display and self.iter % p.display == 0:
+            loss = self.net.forward_prefilled()
+            self._update_smoothed_loss(loss, start_iter)
+            log.info("Iteration %d, loss = %g", self.iter, self.smoothed_loss)
+        if p.test_interval and self.iter % p.test_interval == 0:
+            self.test_all()
+        log.info("Optimization Done.")
+
+    # ------------------------------------------------------------------------------------------
+    # testing
+    def _log_outputs(self, net: Net, kind: str, scores: list[float] | None) -> None:
+        """Log ``<kind> net output #i: name = value`` for every element of every output blob."""
+        index = 0
+        weights = net.blob_loss_weights
+        for name in net.outputs:
+            values = net.blobs[name].cpu_data().ravel()
+            weight = weights[name]
+            for v in values:
+                value = float(v) if scores is None else scores[index]
+                extra = f" (* {weight:g} = {weight * value:g} loss)" if weight else ""
+                log.info("    %s net output #%d: %s = %g%s", kind, index, name, value, extra)
+                index += 1
+
+    def test_all(self) -> list[dict[str, list[float]]]:
+        """Run every test net; returns, per net, output name -> mean values (rank 0 only, as Caffe)."""
+        if not common.root_solver():
+            return []
+        results = []
+        for i in range(len(self.test_nets)):
+            if self.requested_early_exit:
+                break
+            results.append(self.test(i))
+        return results
+
+    def test(self, test_net_id: int = 0) -> dict[str, list[float]]:
+        """Average the test net's outputs over ``test_iter`` batches and log them (Caffe's Test)."""
+        p = self.param
+        log.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
+        net = self.test_nets[test_net_id]
+        net.share_with(self.net)
+        iters = p.test_iter[test_net_id]
+        scores: list[float] = []
+        loss = 0.0
+        for i in range(iters):
+            request = self._requested_action()
+            if request == STOP:
+                self.requested_early_exit = True
+                break
+            if request == SNAPSHOT:
+                self.snapshot()
+            iter_loss = net.forward_prefilled()
+            if p.test_compute_loss:
+                loss += iter_loss
+            values = [float(v) for name in net.outputs for v in net.blobs[name].cpu_data().ravel()]
+            if i == 0:
+                scores = values
+            else:
+                scores = [a + b for a, b in zip(scores, values)]
+        if self.requested_early_exit:
+            log.info("Test interrupted.")
+            return {}
+        if p.test_compute_loss and iters:
+            log.info("Test loss: %g", loss / iters)
+        means = [s / iters for s in scores] if iters else []
+        self._log_outputs(net, "Test", means)
+        out: dict[str, list[float]] = {}
+        index = 0
+        for name in net.outputs:
+            n = net.blobs[name].count
+            out[name] = means[index:index + n]
+            index += n
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # the update
+    def apply_update(self) -> None:
+        """Lr policy, clipping, normalization, regularization, update rule and ``data -= diff``."""
+        rate = self._next_rate()
+        if common.mode() is common.Mode.GPU:
+            self.clip_gradients(True)
+            self._set_device_rate(rate)
+            self._queue_gpu_updates()
+            return
+        p = self.param
+        self.clip_gradients(False)
+        scale = 1.0 / p.iter_size
+        for i, blob in enumerate(self.net.learnable_params):
+            lr_mult, local_decay = self._mults(i)
+            diff = blob.mutable_cpu_diff()
+            if p.iter_size != 1:
+                diff *= self.dtype.type(scale)
+            if local_decay:
+                data = blob.cpu_data()
+                reg_term = data if p.regularization_type == "L2" else np.sign(data)
+                diff += self.dtype.type(local_decay) * reg_term
+            self.update_cpu(i, diff, self.dtype.type(rate * lr_mult))
+            blob.mutable_cpu_data()[...] -= blob.cpu_diff()
+
+    def _next_rate(self) -> float:
+        """This iteration's learning rate (advances multistep's counter), logged at display."""
+        rate, self.current_step = self._rate()
+        self._log_rate(rate)
+        return rate
+
+    def _log_rate(self, rate: float) -> None:
+        if self.param.display and self.iter % self.param.display == 0:
+            log.info("Iteration %d, lr = %g", self.iter, rate)
+
+    def _mults(self, i: int) -> tuple[float, float]:
+        """(lr_mult, weight_decay * decay_mult) of learnable param ``i``."""
+        lr_mult = self.net.params_lr[i]
+        decay_mult = self.net.params_weight_decay[i]
+        return (1.0 if lr_mult is None else lr_mult), self.param.weight_decay * (1.0 if decay_mult is None else decay_mult)
+
+    def device_rate(self, rate: float, it: int | None = None) -> float:
+        """The value the GPU update kernels read as the base rate at iteration ``it`` (default: the
+        current one; Adam folds its bias correction in)."""
+        return rate
+
+    def _rate_slot(self) -> int:
+        """The device scalar the GPU update kernels read the base rate from."""
+        if self._rate_device is None:
+            self._rate_device = backend.alloc(self.dtype.itemsize)
+        return int(self._rate_device)
+
+    def _set_device_rate(self, rate: float) -> None:
+        backend.memcpy_htod(self._rate_slot(), np.array([self.device_rate(rate)], self.dtype))
+
+    RATE_TABLE = 256
+
+    def _schedule_rates(self) -> None:
+        """Whole-iteration replays take their rate from a device table of the next
+        :attr:`RATE_TABLE` iterations' rates (one upload per table, not one host copy per
+        iteration); a kernel in the replay moves the table's next entry into the rate slot."""
+        table = self._rate_table
+        if table is None or not table[0] <= self.iter < table[0] + len(table[1]):
+            steps, values, cs = [], [], self.current_step
+            for j in range(self.RATE_TABLE):
+                rate, cs = lr_policy.learning_rate(self.param, self.iter + j, cs)
+                steps.append((rate, cs))
+                values.append(self.device_rate(rate, self.iter + j))
+            self._rate_slot()  # allocated before any capture
+            if self._rate_table_device is None:
+                self._rate_table_device = (backend.alloc(self.RATE_TABLE * self.dtype.itemsize), backend.alloc(4))
+            backend.memcpy_htod(int(self._rate_table_device[0]), np.array(values, self.dtype))
+            backend.memset_zero(int(self._rate_table_device[1]), 4)
+            self._rate_table = table = (self.iter, steps)
+        rate, self.current_step = table[1][self.iter - table[0]]
+        self._log_rate(rate)
+
+    def _queue_replayed_update(self) -> None:
+        """The update of a whole-iteration replay: the next table rate, then the fused updates."""
+        assert self._rate_table_device is not None
+        values, cursor = (int(a) for a in self._rate_table_device)
+        for _, on_ready in self._callbacks:  # graph-safe ones only (multi-GPU gradient reduction)
+            if on_ready is not None:
+                on_ready()
+        backend.elementwise("next_rate", "const Dtype* table, int* cursor, Dtype* rate",
+                            "rate[0] = table[cursor[0]]; cursor[0] += 1", self.dtype)(
+            1, values, cursor, self._rate_slot())
+        self._queue_gpu_updates()
+
+    def _queue_gpu_updates(self) -> None:
+        """One fused kernel per learnable param; the rate comes from device memory (graph-safe)."""
+        p = self.param
+        scale = 1.0 / p.iter_size
+        rate_ptr = self._rate_slot()
+        for i, blob in enumerate(self.net.learnable_params):
+            lr_mult, local_decay = self._mults(i)
+            reg = 0 if not local_decay else (1 if p.regularization_type == "L2" else 2)
+            self.update_gpu(i, blob, rate_ptr, lr_mult, scale, local_decay, reg)
+
+    def clip_gradients(self, on_gpu: bool = False) -> None:
+        """Scale all param diffs by ``clip / ||g||`` when the global L2 norm exceeds ``clip_gradients``."""
+        clip = self.param.clip_gradients
+        if clip < 0:
+            return
+        params = self.net.learnable_params
+        if on_gpu:
+            from ..gpu import blas
+
+            sumsq = sum(blas.dot(b.count, b.gpu_diff(), b.gpu_diff(), self.dtype) for b in params)
+        else:
+            sumsq = sum(float(np.dot(d, d)) for d in (b.cpu_diff().ravel() for b in params))
+        norm = math.sqrt(sumsq)
+        if norm > clip:
+            factor = clip / norm
+            log.info(
+                "Gradient clipping: scaling down gradients (L2 norm %g > %g) by scale factor %g", norm, clip, factor
+            )
+            for b in params:
+                if on_gpu:
+                    from ..gpu import blas
+
+                    blas.scal(b.count, factor, b.mutable_gpu_diff(), self.dtype)
+                else:
+                    b.mutable_cpu_diff()[...] *= self.dtype.type(factor)
+
+    def history_views(self, param_id: int) -> list[Blob]:
+        """The history blobs of learnable param ``param_id`` (``history_factor`` of them)."""
+        n = len(self.net.learnable_params)
+        return [self.history[param_id + k * n] for k in range(self.history_factor)]
+
+    def update_cpu(self, param_id: int, diff: np.ndarray, local_rate) -> None:
+        """Turn the regularized gradient ``diff`` into the update value, in place (numpy)."""
+        raise NotImplementedError(f"{type(self).__name__}.update_cpu")
+
+    def update_gpu(self, param_id: int, blob: Blob, rate_ptr: int, lr_mult: float, scale: float, decay: float,
+                   reg: int) -> None:
+        """Fused GPU step: ``g = g·scale + decay·{w | sign(w)}``, the rule, ``w -= update``."""
+        raise NotImplementedError(f"{type(self).__name__}.update_gpu")
+
+    # ------------------------------------------------------------------------------------------
+    # snapshots
+    def snapshot_filename(self, extension: str) -> str:
+        return f"{self.param.snapshot_prefix}_iter_{self.iter}{extension}"
+
+    def snapshot(self) -> tuple[str, str]:
+        """Write ``<prefix>_iter_<n>.caffemodel`` and ``.solverstate``; returns both paths.
+        With several ranks only rank 0 writes (the others return empty paths)."""
+        if not common.root_solver():
+            return "", ""
+        if self.param.snapshot_format != caffe_pb2.SolverParameter.BINARYPROTO:
+            raise SolverConfigError("snapshot_format HDF5 is not supported yet; use BINARYPROTO")
+        if not self.param.snapshot_prefix:
+            raise SolverConfigError(f"{self.where}: cannot snapshot without a snapshot_prefix")
+        from . import snapshot
+
+        model, path = snapshot.write_snapshot(self)  # the pair, complete or absent; data positions
+        self._last_snapshot_iter = self.iter
+        return model, path
+
+    def restore(self, path: str | os.PathLike) -> None:
+        """Load a .solverstate (iteration, step counter, history) and its learned_net weights.
+
+        ``learned_net`` is looked up as written (relative: from the current directory), then in
+        the solverstate's folder (so snapshots can be moved or resumed from another folder).
+        """
+        path = str(path)
+        if path.endswith((".h5", ".hdf5")):
+            raise SolverConfigError(f"{path}: HDF5 solver states are not supported yet (use .solverstate)")
+        if not os.path.isfile(path):
+            raise WeightsError(f"{path}: solver state file not found")
+        try:
+            state = protoio.read_binary(path, caffe_pb2.SolverState(), "solverstate")
+        except PrototxtError as exc:
+            raise WeightsError(str(exc)) from None
+        if len(state.history) != len(self.history):
+            raise WeightsError(
+                f"{path}: holds {len(state.history)} history blobs but this {self.type_name} solver "
+                f"keeps {len(self.history)} (different solver type or net?)"
+            )
+        if state.learned_net:
+            model = resolve_path(state.learned_net, Path(path).parent)
+            if not os.path.isfile(model):  # moved together with its solverstate
+                model = str(Path(path).parent / Path(state.learned_net).name)
+            if not os.path.isfile(model):
+                raise WeightsError(f"{path}: learned_net '{state.learned_net}' not found")
+            self.net.copy_from(model)
+        for i, (h, proto) in enumerate(zip(self.history, state.history)):
+            try:
+                h.from_proto(proto, reshape=False, where=f"{path}: history blob {i}")
+            except ShapeError as exc:
+                raise WeightsError(str(exc)) from None
+        self.iter = state.iter
+        self.current_step = state.current_step
+        from . import snapshot
+
+        snapshot.restore_extras(self, state, path)  # data layers' read positions, random state

@@ -1,0 +1,1 @@
+"""Test helpers for layers: the gradient checker and CPU/GPU agreement."""
