@@ -19,10 +19,10 @@ import os
 
 import numpy as np
 
+from pycaffe_lite.data.order import Order
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.optional import require
-from pycaffe_lite.solvers.snapshot import Order
 
 
 def read_file_list(source: str, where: str) -> list[str]:

@@ -23,13 +23,13 @@ import os
 import numpy as np
 
 from pycaffe_lite import common
+from pycaffe_lite.data.order import Order
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.io import resize
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.optional import require
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.solvers.snapshot import Order
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 

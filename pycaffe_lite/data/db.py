@@ -18,9 +18,9 @@ import shutil
 import threading
 from pathlib import Path
 
+from ..durable import default_mode, remove_stale_temps, temp_path
 from ..errors import DataError
 from ..optional import require
-from ..solvers.snapshot import default_mode, remove_stale_temps, temp_path
 
 log = logging.getLogger("pycaffe_lite")
 

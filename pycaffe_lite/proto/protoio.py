@@ -62,9 +62,9 @@ def read_binary(path: str | os.PathLike, message: M, what: str = "binary proto")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file beside it (``snapshot.temp_path``: named
+    """Write ``data`` to ``path`` through a temporary file beside it (``durable.temp_path``: named
     with this process id; those that ended writers of ``path`` left are removed first), then rename."""
-    from ..solvers.snapshot import remove_stale_temps, temp_path
+    from ..durable import remove_stale_temps, temp_path
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,7 @@
 """Snapshots that lose nothing: the ``.caffemodel`` / ``.solverstate`` pair, leftovers of killed
 runs, and the read positions that make a resumed run equal an uninterrupted one.
 
-* ``write_pair`` writes both files to temporary files (named ``.<final name>.<pid>.<random>.tmp``,
-  fsynced), records ``<final> <temporary>`` for both in a journal file ``.<prefix>_iter_<n>.pending``,
+* ``write_pair`` writes both files to temporary files (``durable.temp_path``, fsynced), records ``<final> <temporary>`` for both in a journal file ``.<prefix>_iter_<n>.pending``,
   renames both into place and removes the journal. A run killed at any point leaves either the
   complete pair or leftovers that ``clean_leftovers`` (run when a solver starts) removes: temporary
   files of dead processes, and a pair whose journal shows that one file was renamed and the other
@@ -19,8 +18,8 @@ runs, and the read positions that make a resumed run equal an uninterrupted one.
   ImageData (line, its path, shuffle and transform state), HDF5Data (row, file, shuffle states),
   MemoryData (the next item; give the arrays before resuming). DummyData draws from the
   process-wide generator and Input holds what the caller puts in: nothing of theirs to record.
-  A shuffled order is recorded as the generator state it was drawn from (``Order``), a few
-  hundred bytes however long the list, and drawn again on restore.
+  A shuffled order is recorded as the generator state it was drawn from (``data.order.Order``), a
+  few hundred bytes however long the list, and drawn again on restore.
 """
 
 from __future__ import annotations
@@ -29,16 +28,12 @@ import glob
 import json
 import logging
 import os
-import re
-import secrets
-import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .. import common
+from ..durable import describe, fsync_dir, remove_stale_temps, write_temp, writer_alive
 from ..errors import WeightsError
 from ..proto import caffe_pb2
 
@@ -48,106 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pycaffe_lite")
 
-_TMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]+\.tmp$")
-
-
 class SnapshotError(WeightsError):
     """A snapshot could not be written (disk full, permissions...); earlier snapshots are kept."""
 
-
-def current_umask() -> int:
-    """This process's umask (read without changing it where /proc allows)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def default_mode(directory: bool = False) -> int:
-    """The mode ``open``/``mkdir`` would give a new file (0666) or folder (0777) under the umask."""
-    return (0o777 if directory else 0o666) & ~current_umask()
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _writer_alive(tmp: Path) -> bool:
-    """Whether the process that named the temporary ``tmp`` (see ``temp_path``) still runs."""
-    m = _TMP_RE.match(tmp.name)
-    return m is not None and _pid_alive(int(m.group("pid")))
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _describe(exc: OSError) -> str:
-    return exc.strerror or str(exc)
-
-
-def temp_path(final: Path) -> Path:
-    """A new name ``.<final name>.<pid>.<random>.tmp`` beside ``final`` for a file or folder built
-    before it is renamed to ``final``; ``remove_stale_temps`` removes those of ended processes."""
-    return final.parent / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-
-
-def remove_stale_temps(directory: Path, owns: Callable[[str], bool]) -> list[Path]:
-    """Remove the temporary files and folders (named by ``temp_path``) in ``directory`` whose
-    process has ended and whose final name ``owns`` accepts. Returns the removed paths."""
-    removed = []
-    try:
-        entries = list(directory.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        m = _TMP_RE.match(entry.name)
-        if m is None or not owns(m.group("name")) or _writer_alive(entry):
-            continue
-        try:
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-        except OSError:
-            continue
-        removed.append(entry)
-    return removed
-
-
-def write_temp(final: Path, data: bytes) -> Path:
-    """Write ``data`` to a fsynced temporary file beside ``final`` (mode per umask); returns it."""
-    tmp = temp_path(final)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # open() applies the umask
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
 
 
 def _journal(model: Path) -> Path:
@@ -175,14 +73,14 @@ def write_pair(model: str | os.PathLike, model_bytes: bytes, state: str | os.Pat
             current = final
             os.replace(tmp, final)
             placed.append(final)
-        _fsync_dir(model.parent)
+        fsync_dir(model.parent)
         journal.unlink(missing_ok=True)
     except OSError as exc:
         for p in (*temps, *placed):
             p.unlink(missing_ok=True)
         journal.unlink(missing_ok=True)
         raise SnapshotError(
-            f"{current}: cannot write the snapshot: {_describe(exc)}; earlier snapshots are kept "
+            f"{current}: cannot write the snapshot: {describe(exc)}; earlier snapshots are kept "
             "(resume from the last complete .solverstate)"
         ) from None
 
@@ -195,7 +93,7 @@ def _settle(journal: Path) -> list[Path]:
     except OSError:
         return []
     files = [(journal.parent / line[0], journal.parent / line[1]) for line in lines if len(line) == 2]
-    if any(_writer_alive(tmp) for _, tmp in files):  # still being written
+    if any(writer_alive(tmp) for _, tmp in files):  # still being written
         return []
     renamed = [not tmp.exists() for _, tmp in files]
     removed = []
@@ -227,32 +125,6 @@ def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
 
 # ----------------------------------------------------------------------------------------------
 # data positions and random state
-class Order:
-    """An order of ``n`` items: ``order`` is ``arange(n)`` until ``shuffle()`` draws a permutation
-    from ``common.rng()``; ``drawn_from`` is the generator state it was drawn from (None: not
-    shuffled), which ``redraw`` turns into the same permutation again."""
-
-    def __init__(self, n: int) -> None:
-        self.order = np.arange(n)
-        self.drawn_from: Mapping[str, Any] | None = None
-
-    def shuffle(self) -> None:
-        gen = common.rng()
-        self.drawn_from = gen.bit_generator.state
-        self.order = gen.permutation(len(self.order))
-
-    def redraw(self, drawn_from: Mapping[str, Any] | None) -> None:
-        """The order ``shuffle`` drew from the generator state ``drawn_from`` (ValueError if that
-        is no state of this numpy's generator)."""
-        if drawn_from is None:
-            self.order = np.arange(len(self.order))
-        else:
-            bits = type(common.rng().bit_generator)()
-            bits.state = drawn_from
-            self.order = np.random.Generator(bits).permutation(len(self.order))
-        self.drawn_from = drawn_from
-
-
 def _data_nets(solver: Solver) -> Iterator[tuple[str, Net]]:
     yield "train", solver.net
     for i, net in enumerate(solver.test_nets):
