@@ -19,6 +19,7 @@ from . import common
 from .blob import Blob
 from .errors import CaffeError, NetError, ShapeError, WeightsError
 from .layer import Layer, create_layer
+from .net_graph import NetGraph
 from .proto import caffe_pb2, hdf5_weights, protoio
 from .proto.net_filter import filter_net, insert_splits
 from .runtime.executor import Executor
@@ -77,10 +78,48 @@ def _check_array(arr: np.ndarray, what: str, dims: tuple[int, int, int], dtype: 
         )
 
 
+def _view(name: str) -> Any:
+    """A read-only attribute of :class:`Net` that is the field ``name`` of its :class:`NetGraph`."""
+    return property(lambda self: getattr(self.graph, name), doc=f"``self.graph.{name}``")
+
+
 class Net:
     """A network. ``Net(prototxt_or_param, phase)``; also the pycaffe forms
     ``Net(file, phase, level=0, stages=None, weights=None)`` and ``Net(file, weights, phase)``.
+
+    The built graph is :attr:`graph` (:class:`~pycaffe_lite.net_graph.NetGraph`); the names pycaffe
+    scripts and Caffe's C++ use (``_blobs``, ``_layer_names``, ``bottom_vecs``...) are views of it.
     """
+
+    name = _view("name")
+    phase = _view("phase")
+    layers = _view("layers")
+    _layer_names = _view("layer_names")
+    _layer_names_index = _view("layer_names_index")
+    _blobs = _view("blobs")
+    _blob_names = _view("blob_names")
+    _blob_name_to_idx = _view("blob_name_to_idx")
+    _blob_need_backward = _view("blob_need_backward")
+    _blob_loss_weights = _view("blob_loss_weights")
+    bottom_vecs = _view("bottom_vecs")
+    bottom_id_vecs = _view("bottom_id_vecs")
+    bottom_need_backward = _view("bottom_need_backward")
+    top_vecs = _view("top_vecs")
+    top_id_vecs = _view("top_id_vecs")
+    layer_need_backward = _view("layer_need_backward")
+    params_list = _view("params_list")
+    param_owners = _view("param_owners")
+    param_display_names = _view("param_display_names")
+    param_layer_indices = _view("param_layer_indices")
+    _param_names_index = _view("param_names_index")
+    learnable_params = _view("learnable_params")
+    learnable_param_ids = _view("learnable_param_ids")
+    params_lr = _view("params_lr")
+    params_weight_decay = _view("params_weight_decay")
+    input_blob_indices = _view("input_blob_indices")
+    output_blob_indices = _view("output_blob_indices")
+    _inputs = _view("inputs")
+    _outputs = _view("outputs")
 
     def __init__(
         self,
@@ -123,45 +162,20 @@ class Net:
         filtered = filter_net(in_param)
         param = insert_splits(filtered)
         self.param = param
-        self.name = param.name
-        self.phase = param.state.phase
-        self.layers: list[Layer] = []
-        self._layer_names: list[str] = []
-        self._blobs: list[Blob] = []
-        self._blob_names: list[str] = []
-        self._blob_name_to_idx: dict[str, int] = {}
-        self._blob_need_backward: list[bool] = []
-        self.bottom_vecs: list[list[Blob]] = []
-        self.bottom_id_vecs: list[list[int]] = []
-        self.bottom_need_backward: list[list[bool]] = []
-        self.top_vecs: list[list[Blob]] = []
-        self.top_id_vecs: list[list[int]] = []
-        self.layer_need_backward: list[bool] = []
-        self._blob_loss_weights: list[float] = []
-        # parameters
-        self.params_list: list[Blob] = []  # every layer param blob, in order (Caffe's params_)
-        self.param_owners: list[int] = []  # -1: owner, else index of the owning param
-        self.param_display_names: list[str] = []
-        self.param_layer_indices: list[tuple[int, int]] = []
-        self.learnable_params: list[Blob] = []
-        self.learnable_param_ids: list[int] = []  # per entry of params_list
-        self.params_lr: list[float | None] = []
-        self.params_weight_decay: list[float | None] = []
-        self._param_names_index: dict[str, int] = {}
-        self._layer_names_index: dict[str, int] = {}
+        self.graph = NetGraph(param.name, param.state.phase, self.dtype)
         self._lr_explicit: dict[int, tuple[bool, bool]] = {}  # owner param -> lr/decay given?
 
         available: dict[str, int] = {}  # blobs produced and not yet consumed (net outputs at the end)
         input_names = []
         for layer_id, lp in enumerate(param.layer):
-            if lp.name in self._layer_names_index:
+            if lp.name in self.graph.layer_names_index:
                 raise NetError(f"net '{self.name}': two layers are named '{lp.name}'")
             if not lp.HasField("phase"):
                 lp.phase = self.phase
             layer = create_layer(lp, self.dtype)
-            self.layers.append(layer)
-            self._layer_names.append(lp.name)
-            self._layer_names_index[lp.name] = layer_id
+            self.graph.layers.append(layer)
+            self.graph.layer_names.append(lp.name)
+            self.graph.layer_names_index[lp.name] = layer_id
             if lp.propagate_down and len(lp.propagate_down) != len(lp.bottom):
                 raise NetError(
                     f"layer '{lp.name}': propagate_down has {len(lp.propagate_down)} entries, "
@@ -170,20 +184,20 @@ class Net:
             bvec, bids, bneed = [], [], []
             need_backward = False
             for bi, bname in enumerate(lp.bottom):
-                if bname not in self._blob_name_to_idx:
+                if bname not in self.graph.blob_name_to_idx:
                     raise NetError(f"layer '{lp.name}' ({lp.type}): unknown bottom blob '{bname}'")
                 if bname not in available:
                     raise NetError(
                         f"layer '{lp.name}' ({lp.type}): bottom blob '{bname}' was already consumed "
                         "(insert_splits should have split it)"
                     )
-                bid = self._blob_name_to_idx[bname]
+                bid = self.graph.blob_name_to_idx[bname]
                 del available[bname]
                 prop = lp.propagate_down[bi] if lp.propagate_down else True
-                bvec.append(self._blobs[bid])
+                bvec.append(self.graph.blobs[bid])
                 bids.append(bid)
-                bneed.append(self._blob_need_backward[bid] and prop)
-                need_backward |= self._blob_need_backward[bid]
+                bneed.append(self.graph.blob_need_backward[bid] and prop)
+                need_backward |= self.graph.blob_need_backward[bid]
             tvec: list[Blob] = []
             tids: list[int] = []
             for ti, tname in enumerate(lp.top):
@@ -194,20 +208,20 @@ class Net:
                     self._append_top(lp, ti, tname, tvec, tids, available)
             if lp.type == "Input":
                 input_names.extend(lp.top)
-            self.bottom_vecs.append(bvec)
-            self.bottom_id_vecs.append(bids)
-            self.bottom_need_backward.append(bneed)
-            self.top_vecs.append(tvec)
-            self.top_id_vecs.append(tids)
+            self.graph.bottom_vecs.append(bvec)
+            self.graph.bottom_id_vecs.append(bids)
+            self.graph.bottom_need_backward.append(bneed)
+            self.graph.top_vecs.append(tvec)
+            self.graph.top_id_vecs.append(tids)
             layer.setup(bvec, tvec)  # its errors name the layer
             self._check_tops_hold_values(layer_id)
             # Param specs a layer adds for itself in setup (BatchNorm's lr_mult 0) count too.
             if len(layer.layer_param.param) > len(lp.param):
                 lp.param.extend(layer.layer_param.param[len(lp.param):])
             for ti, tid in enumerate(tids):
-                while len(self._blob_loss_weights) <= tid:
-                    self._blob_loss_weights.append(0.0)
-                self._blob_loss_weights[tid] = layer.loss(ti)
+                while len(self.graph.blob_loss_weights) <= tid:
+                    self.graph.blob_loss_weights.append(0.0)
+                self.graph.blob_loss_weights[tid] = layer.loss(ti)
             if len(lp.param) > len(layer.blobs):
                 raise NetError(
                     f"layer '{lp.name}' ({lp.type}): {len(lp.param)} param specs but the layer has "
@@ -219,92 +233,92 @@ class Net:
                 need_backward |= need
                 layer.param_propagate_down[pi] = need
                 self._append_param(layer_id, pi)
-            self.layer_need_backward.append(need_backward)
+            self.graph.layer_need_backward.append(need_backward)
             if need_backward:
                 for tid in tids:
-                    self._blob_need_backward[tid] = True
+                    self.graph.blob_need_backward[tid] = True
 
         self._compute_backward_needs(param)
-        self.input_blob_indices = [self._blob_name_to_idx[n] for n in input_names]
-        self.output_blob_indices = [self._blob_name_to_idx[n] for n in available]
-        self._inputs = list(input_names)
-        self._outputs = list(available)
-        self._blob_dict = OrderedDict((n, self._blobs[i]) for i, n in enumerate(self._blob_names))
-        self.executor = Executor(self)
+        self.graph.input_blob_indices[:] = [self.graph.blob_name_to_idx[n] for n in input_names]
+        self.graph.output_blob_indices[:] = [self.graph.blob_name_to_idx[n] for n in available]
+        self.graph.inputs[:] = input_names
+        self.graph.outputs[:] = available
+        self._blob_dict = OrderedDict((n, self.graph.blobs[i]) for i, n in enumerate(self.graph.blob_names))
+        self.executor = Executor(self.graph)
 
     def _append_top(self, lp, ti, tname, tvec, tids, available) -> None:
         if ti < len(lp.bottom) and lp.bottom[ti] == tname:  # in place
-            bid = self._blob_name_to_idx[tname]
-            blob = self._blobs[bid]
+            bid = self.graph.blob_name_to_idx[tname]
+            blob = self.graph.blobs[bid]
         else:
-            if tname in self._blob_name_to_idx:
+            if tname in self.graph.blob_name_to_idx:
                 raise NetError(
                     f"layer '{lp.name}' ({lp.type}): top blob '{tname}' is already produced by "
                     "another layer (duplicate top; in-place use needs the same name at the same "
                     "bottom position)"
                 )
             blob = Blob(dtype=self.dtype)
-            bid = len(self._blobs)
-            self._blobs.append(blob)
-            self._blob_names.append(tname)
-            self._blob_need_backward.append(False)
-            self._blob_name_to_idx[tname] = bid
+            bid = len(self.graph.blobs)
+            self.graph.blobs.append(blob)
+            self.graph.blob_names.append(tname)
+            self.graph.blob_need_backward.append(False)
+            self.graph.blob_name_to_idx[tname] = bid
         available[tname] = bid
         tvec.append(blob)
         tids.append(bid)
 
     def _append_param(self, layer_id: int, param_id: int) -> None:
         lp = self.param.layer[layer_id]
-        layer = self.layers[layer_id]
+        layer = self.graph.layers[layer_id]
         spec = lp.param[param_id] if param_id < len(lp.param) else None
         name = spec.name if spec is not None and spec.name else ""
-        net_param_id = len(self.params_list)
+        net_param_id = len(self.graph.params_list)
         blob = layer.blobs[param_id]
-        self.params_list.append(blob)
-        self.param_layer_indices.append((layer_id, param_id))
-        self.param_display_names.append(name or str(param_id))
-        if not name or name not in self._param_names_index:
+        self.graph.params_list.append(blob)
+        self.graph.param_layer_indices.append((layer_id, param_id))
+        self.graph.param_display_names.append(name or str(param_id))
+        if not name or name not in self.graph.param_names_index:
             if name:
-                self._param_names_index[name] = net_param_id
-            self.param_owners.append(-1)
-            self.learnable_param_ids.append(len(self.learnable_params))
-            self.learnable_params.append(blob)
+                self.graph.param_names_index[name] = net_param_id
+            self.graph.param_owners.append(-1)
+            self.graph.learnable_param_ids.append(len(self.graph.learnable_params))
+            self.graph.learnable_params.append(blob)
             has_lr = spec is not None and spec.HasField("lr_mult")
             has_decay = spec is not None and spec.HasField("decay_mult")
-            self.params_lr.append(spec.lr_mult if spec is not None and has_lr else 1.0)
-            self.params_weight_decay.append(spec.decay_mult if spec is not None and has_decay else 1.0)
+            self.graph.params_lr.append(spec.lr_mult if spec is not None and has_lr else 1.0)
+            self.graph.params_weight_decay.append(spec.decay_mult if spec is not None and has_decay else 1.0)
             self._lr_explicit[net_param_id] = (has_lr, has_decay)
             return
         assert spec is not None  # a shared name comes from a ParamSpec
-        owner_id = self._param_names_index[name]
-        self.param_owners.append(owner_id)
-        owner = self.params_list[owner_id]
-        owner_layer, owner_pi = self.param_layer_indices[owner_id]
+        owner_id = self.graph.param_names_index[name]
+        self.graph.param_owners.append(owner_id)
+        owner = self.graph.params_list[owner_id]
+        owner_layer, owner_pi = self.graph.param_layer_indices[owner_id]
         mode = spec.share_mode
         if mode == caffe_pb2.ParamSpec.PERMISSIVE:
             if owner.count != blob.count:
                 raise ShapeError(
                     f"layer '{lp.name}': shared param '{name}' has {blob.count} elements here but "
-                    f"{owner.count} in owner layer '{self._layer_names[owner_layer]}'"
+                    f"{owner.count} in owner layer '{self.graph.layer_names[owner_layer]}'"
                 )
         elif owner.shape != blob.shape:
             raise ShapeError(
                 f"layer '{lp.name}': shared param '{name}' has shape {blob.shape} here but "
-                f"{owner.shape} in owner layer '{self._layer_names[owner_layer]}' "
+                f"{owner.shape} in owner layer '{self.graph.layer_names[owner_layer]}' "
                 "(use share_mode PERMISSIVE to require only equal counts)"
             )
-        learnable_id = self.learnable_param_ids[owner_id]
-        self.learnable_param_ids.append(learnable_id)
+        learnable_id = self.graph.learnable_param_ids[owner_id]
+        self.graph.learnable_param_ids.append(learnable_id)
         has_lr, has_decay = self._lr_explicit[owner_id]
         if spec.HasField("lr_mult"):
-            if has_lr and self.params_lr[learnable_id] != spec.lr_mult:
+            if has_lr and self.graph.params_lr[learnable_id] != spec.lr_mult:
                 raise NetError(f"layer '{lp.name}': shared param '{name}' has mismatched lr_mult")
-            self.params_lr[learnable_id] = spec.lr_mult
+            self.graph.params_lr[learnable_id] = spec.lr_mult
             self._lr_explicit[owner_id] = (True, has_decay)
         if spec.HasField("decay_mult"):
-            if has_decay and self.params_weight_decay[learnable_id] != spec.decay_mult:
+            if has_decay and self.graph.params_weight_decay[learnable_id] != spec.decay_mult:
                 raise NetError(f"layer '{lp.name}': shared param '{name}' has mismatched decay_mult")
-            self.params_weight_decay[learnable_id] = spec.decay_mult
+            self.graph.params_weight_decay[learnable_id] = spec.decay_mult
             self._lr_explicit[owner_id] = (self._lr_explicit[owner_id][0], True)
         blob.share_data(owner)
         blob.share_diff(owner)
@@ -313,38 +327,38 @@ class Net:
         """Caffe's pass from the last layer back: only layers that contribute to a loss backprop."""
         under_loss: set[str] = set()
         skip_backprop: set[str] = set()
-        for li in range(len(self.layers) - 1, -1, -1):
-            layer = self.layers[li]
+        for li in range(len(self.graph.layers) - 1, -1, -1):
+            layer = self.graph.layers[li]
             lp = self.param.layer[li]
             contributes = False
             skip_propagate = True
-            for ti, tid in enumerate(self.top_id_vecs[li]):
-                tname = self._blob_names[tid]
+            for ti, tid in enumerate(self.graph.top_id_vecs[li]):
+                tname = self.graph.blob_names[tid]
                 if layer.loss(ti) or tname in under_loss:
                     contributes = True
                 if tname not in skip_backprop:
                     skip_propagate = False
                 if contributes and not skip_propagate:
                     break
-            if self.layer_need_backward[li] and skip_propagate:
-                self.layer_need_backward[li] = False
-                self.bottom_need_backward[li] = [False] * len(self.bottom_need_backward[li])
+            if self.graph.layer_need_backward[li] and skip_propagate:
+                self.graph.layer_need_backward[li] = False
+                self.graph.bottom_need_backward[li] = [False] * len(self.graph.bottom_need_backward[li])
             if not contributes:
-                self.layer_need_backward[li] = False
+                self.graph.layer_need_backward[li] = False
             for bi, bname in enumerate(lp.bottom):
                 if contributes:
                     under_loss.add(bname)
                 else:
-                    self.bottom_need_backward[li][bi] = False
-                if not self.bottom_need_backward[li][bi]:
+                    self.graph.bottom_need_backward[li][bi] = False
+                if not self.graph.bottom_need_backward[li][bi]:
                     skip_backprop.add(bname)
         if param.force_backward:
-            for li, layer in enumerate(self.layers):
-                self.layer_need_backward[li] = True
-                for bi, bid in enumerate(self.bottom_id_vecs[li]):
-                    need = self.bottom_need_backward[li][bi] or layer.allow_force_backward(bi)
-                    self.bottom_need_backward[li][bi] = need
-                    self._blob_need_backward[bid] = self._blob_need_backward[bid] or need
+            for li, layer in enumerate(self.graph.layers):
+                self.graph.layer_need_backward[li] = True
+                for bi, bid in enumerate(self.graph.bottom_id_vecs[li]):
+                    need = self.graph.bottom_need_backward[li][bi] or layer.allow_force_backward(bi)
+                    self.graph.bottom_need_backward[li][bi] = need
+                    self.graph.blob_need_backward[bid] = self.graph.blob_need_backward[bid] or need
                 layer.param_propagate_down = [True] * len(layer.blobs)
 
     # ------------------------------------------------------------------------------------------
@@ -353,11 +367,11 @@ class Net:
         if key is None:
             return default
         if isinstance(key, str):
-            if key not in self._layer_names_index:
+            if key not in self.graph.layer_names_index:
                 raise NetError(f"net '{self.name}': no layer named '{key}'")
-            return self._layer_names_index[key]
-        if not 0 <= key < len(self.layers):
-            raise NetError(f"net '{self.name}': layer index {key} out of range (0..{len(self.layers) - 1})")
+            return self.graph.layer_names_index[key]
+        if not 0 <= key < len(self.graph.layers):
+            raise NetError(f"net '{self.name}': layer index {key} out of range (0..{len(self.graph.layers) - 1})")
         return int(key)
 
     def forward_from_to(self, start: int, end: int) -> float:
@@ -369,26 +383,26 @@ class Net:
         self.executor.backward(start, end)
 
     def forward_prefilled(self) -> float:
-        return self.forward_from_to(0, len(self.layers) - 1)
+        return self.forward_from_to(0, len(self.graph.layers) - 1)
 
     def forward_backward(self) -> float:
         loss = self.forward_prefilled()
-        self.backward_from_to(len(self.layers) - 1, 0)
+        self.backward_from_to(len(self.graph.layers) - 1, 0)
         return loss
 
     def reshape(self) -> None:
         """Propagate input shape changes through every layer."""
-        for i, layer in enumerate(self.layers):
-            layer.reshape(self.bottom_vecs[i], self.top_vecs[i])
+        for i, layer in enumerate(self.graph.layers):
+            layer.reshape(self.graph.bottom_vecs[i], self.graph.top_vecs[i])
             self._check_tops_hold_values(i)
 
     def _check_tops_hold_values(self, layer_id: int) -> None:
         """NetError naming the layer and blob when a top has a 0 dimension (BVLC's CHECK(data_)
         refuses such blobs at their first use; the layers after would divide or reshape by 0)."""
-        for blob, tid in zip(self.top_vecs[layer_id], self.top_id_vecs[layer_id]):
+        for blob, tid in zip(self.graph.top_vecs[layer_id], self.graph.top_id_vecs[layer_id]):
             if blob.count == 0:
-                layer = self.layers[layer_id]
-                raise layer.error(f"top blob '{self._blob_names[tid]}' has shape {blob.shape}: a dimension is 0, "
+                layer = self.graph.layers[layer_id]
+                raise layer.error(f"top blob '{self.graph.blob_names[tid]}' has shape {blob.shape}: a dimension is 0, "
                                   "so it holds no values")
 
     def clear_param_diffs(self) -> None:
@@ -423,44 +437,44 @@ class Net:
     def params(self) -> OrderedDict[str, list[Blob]]:
         """Ordered layer name -> its param blobs (layers with params only)."""
         return OrderedDict(
-            (name, layer.blobs) for name, layer in zip(self._layer_names, self.layers) if layer.blobs
+            (name, layer.blobs) for name, layer in zip(self.graph.layer_names, self.graph.layers) if layer.blobs
         )
 
     @property
     def layer_dict(self) -> OrderedDict[str, Layer]:
-        return OrderedDict(zip(self._layer_names, self.layers))
+        return OrderedDict(zip(self.graph.layer_names, self.graph.layers))
 
     @property
     def inputs(self) -> list[str]:
-        return list(self._inputs)
+        return list(self.graph.inputs)
 
     @property
     def outputs(self) -> list[str]:
-        return list(self._outputs)
+        return list(self.graph.outputs)
 
     @property
     def blob_loss_weights(self) -> OrderedDict[str, float]:
         """Blob name -> loss weight."""
-        return OrderedDict(zip(self._blob_names, self._blob_loss_weights))
+        return OrderedDict(zip(self.graph.blob_names, self.graph.blob_loss_weights))
 
     def top_names_of(self, layer: int) -> list[str]:
-        return [self._blob_names[i] for i in self.top_id_vecs[layer]]
+        return [self.graph.blob_names[i] for i in self.graph.top_id_vecs[layer]]
 
     def bottom_names_of(self, layer: int) -> list[str]:
-        return [self._blob_names[i] for i in self.bottom_id_vecs[layer]]
+        return [self.graph.blob_names[i] for i in self.graph.bottom_id_vecs[layer]]
 
     @property
     def top_names(self) -> OrderedDict[str, list[str]]:
-        return OrderedDict((n, self.top_names_of(i)) for i, n in enumerate(self._layer_names))
+        return OrderedDict((n, self.top_names_of(i)) for i, n in enumerate(self.graph.layer_names))
 
     @property
     def bottom_names(self) -> OrderedDict[str, list[str]]:
-        return OrderedDict((n, self.bottom_names_of(i)) for i, n in enumerate(self._layer_names))
+        return OrderedDict((n, self.bottom_names_of(i)) for i, n in enumerate(self.graph.layer_names))
 
     def _set_input_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         for name, value in arrays.items():
-            if name not in self._inputs:
-                raise NetError(f"net '{self.name}': '{name}' is not an input blob (inputs: {self._inputs})")
+            if name not in self.graph.inputs:
+                raise NetError(f"net '{self.name}': '{name}' is not an input blob (inputs: {self.graph.inputs})")
             blob = self._blob_dict[name]
             value = np.asarray(value)
             if value.shape != blob.shape:
@@ -491,16 +505,16 @@ class Net:
         """pycaffe: set inputs from ``kwargs``, run forward, return {output name: data}."""
         self._set_input_arrays(kwargs)
         start_i = self._layer_index(start, 0)
-        end_i = self._layer_index(end, len(self.layers) - 1)
+        end_i = self._layer_index(end, len(self.graph.layers) - 1)
         if end is not None:
             outputs = set(self.top_names_of(end_i))
         else:
-            outputs = set(self._outputs)
+            outputs = set(self.graph.outputs)
         wanted = set(blobs or ())
         outputs |= wanted
-        self.executor.shared_data.keep_blobs([self._blob_name_to_idx[n] for n in wanted if n in self._blob_dict])
+        self.executor.shared_data.keep_blobs([self.graph.blob_name_to_idx[n] for n in wanted if n in self._blob_dict])
         self.forward_from_to(start_i, end_i)
-        return {name: self._blob_dict[name].data for name in self._blob_names if name in outputs}
+        return {name: self._blob_dict[name].data for name in self.graph.blob_names if name in outputs}
 
     def backward(
         self,
@@ -510,13 +524,13 @@ class Net:
         **kwargs,
     ) -> dict[str, np.ndarray]:
         """pycaffe: set top diffs from ``kwargs``, run backward, return {input name: diff}."""
-        start_i = self._layer_index(start, len(self.layers) - 1)
+        start_i = self._layer_index(start, len(self.graph.layers) - 1)
         end_i = self._layer_index(end, 0)
-        outputs = set(self.bottom_names_of(end_i)) if end is not None else set(self._inputs)
+        outputs = set(self.bottom_names_of(end_i)) if end is not None else set(self.graph.inputs)
         outputs |= set(diffs or ())
         self._set_diffs(kwargs)
         self.backward_from_to(start_i, end_i)
-        return {name: self._blob_dict[name].diff for name in self._blob_names if name in outputs}
+        return {name: self._blob_dict[name].diff for name in self.graph.blob_names if name in outputs}
 
     # ------------------------------------------------------------------------------------------
     # pycaffe's batch helpers (BVLC's pycaffe.py adds these to Net)
@@ -548,7 +562,7 @@ class Net:
         forward pass (data layers feed the net) and returns copies of the outputs.
         """
         blobs = list(blobs or [])
-        names = set(self.outputs) | set(blobs)
+        names = set(self.graph.outputs) | set(blobs)
         collected: dict[str, list[np.ndarray]] = {name: [] for name in names}
         if not kwargs:
             outs = self.forward(blobs=blobs)
@@ -571,17 +585,17 @@ class Net:
         data, inputs + ``diffs`` diffs), each {name: (N, ...) array} with the padding dropped.
         """
         blobs, diffs = list(blobs or []), list(diffs or [])
-        unknown = set(kwargs) - set(self.inputs) - set(self.outputs)
+        unknown = set(kwargs) - set(self.graph.inputs) - set(self.graph.outputs)
         if unknown:
             raise NetError(
-                f"net '{self.name}': {sorted(unknown)} are neither inputs {self.inputs} nor outputs {self.outputs}"
+                f"net '{self.name}': {sorted(unknown)} are neither inputs {self.graph.inputs} nor outputs {self.graph.outputs}"
             )
-        out_names = set(self.outputs) | set(blobs)
-        diff_names = set(self.inputs) | set(diffs)
+        out_names = set(self.graph.outputs) | set(blobs)
+        diff_names = set(self.graph.inputs) | set(diffs)
         all_outs: dict[str, list[np.ndarray]] = {n: [] for n in out_names}
         all_diffs: dict[str, list[np.ndarray]] = {n: [] for n in diff_names}
-        fwd = {n: kwargs[n] for n in self.inputs if n in kwargs}
-        bwd = {n: kwargs[n] for n in self.outputs if n in kwargs}
+        fwd = {n: kwargs[n] for n in self.graph.inputs if n in kwargs}
+        bwd = {n: kwargs[n] for n in self.graph.outputs if n in kwargs}
         fwd_batches = self._batch(fwd) if fwd else iter(())
         bwd_batches = self._batch(bwd) if bwd else iter(())
         empty: dict[str, np.ndarray] = {}
@@ -603,13 +617,13 @@ class Net:
         """Feed the net's first layer, a MemoryData layer, with ``data`` (N, C, H, W) float32 C-order
         and ``labels`` (N,) or (N, 1, 1, 1); N must be a multiple of the layer's batch size. The
         arrays are used in place (not copied): keep them unchanged while the net reads them."""
-        if not self.layers or self.layers[0].type != "MemoryData":
-            first = f"'{self._layer_names[0]}' ({self.layers[0].type})" if self.layers else "none"
+        if not self.graph.layers or self.graph.layers[0].type != "MemoryData":
+            first = f"'{self.graph.layer_names[0]}' ({self.graph.layers[0].type})" if self.graph.layers else "none"
             raise NetError(
                 f"net '{self.name}': set_input_arrays may only be called if the first layer is a "
                 f"MemoryData layer (first layer: {first})"
             )
-        layer: Any = self.layers[0]  # a MemoryDataLayer (channels, height, width, batch_size, reset)
+        layer: Any = self.graph.layers[0]  # a MemoryDataLayer (channels, height, width, batch_size, reset)
         if isinstance(labels, np.ndarray) and labels.ndim == 1:
             labels = np.ascontiguousarray(labels[:, None, None, None])
         _check_array(data, "data array", (layer.channels, layer.height, layer.width), self.dtype)
@@ -628,11 +642,11 @@ class Net:
 
     def save_hdf5(self, filename: str | os.PathLike, write_diff: bool = False) -> None:
         """Write the params in Caffe's HDF5 layout (see :mod:`pycaffe_lite.proto.hdf5_weights`)."""
-        hdf5_weights.save(self, filename, write_diff)
+        hdf5_weights.save(self.graph, filename, write_diff)
 
     def load_hdf5(self, filename: str | os.PathLike) -> None:
         """Copy params from a Caffe HDF5 weights file (see :mod:`pycaffe_lite.proto.hdf5_weights`)."""
-        hdf5_weights.load(self, filename)
+        hdf5_weights.load(self.graph, filename)
 
     # ------------------------------------------------------------------------------------------
     # weights
@@ -640,7 +654,7 @@ class Net:
         """The net definition with each layer's learned blobs, as a .caffemodel holds it."""
         out = caffe_pb2.NetParameter()
         out.name = self.name
-        for lp, layer in zip(self.param.layer, self.layers):
+        for lp, layer in zip(self.param.layer, self.graph.layers):
             if lp.type == "Split":
                 continue
             entry = out.layer.add()
@@ -662,9 +676,9 @@ class Net:
         upgrade.upgrade_net(param, source=source)
         filled: set[str] = set()
         for src in param.layer:
-            if src.name not in self._layer_names_index:
+            if src.name not in self.graph.layer_names_index:
                 continue
-            layer = self.layers[self._layer_names_index[src.name]]
+            layer = self.graph.layers[self.graph.layer_names_index[src.name]]
             if len(src.blobs) != len(layer.blobs):
                 raise WeightsError(
                     f"{source}: layer '{src.name}' has {len(src.blobs)} blobs in the file but "
@@ -676,7 +690,7 @@ class Net:
                 except ShapeError as exc:
                     raise WeightsError(f"cannot copy weights: {exc}") from None
             filled.add(src.name)
-        missing = [n for n, layer in zip(self._layer_names, self.layers) if layer.blobs and n not in filled]
+        missing = [n for n, layer in zip(self.graph.layer_names, self.graph.layers) if layer.blobs and n not in filled]
         if missing:
             import logging
 
@@ -692,7 +706,7 @@ class Net:
         they are a WeightsError instead."""
         path = str(path)
         if hdf5_weights.is_hdf5_file(path):  # by signature, as Caffe does
-            hdf5_weights.load(self, path)
+            hdf5_weights.load(self.graph, path)
             return []
         try:
             param = protoio.read_binary(path, caffe_pb2.NetParameter(), "caffemodel")
@@ -714,9 +728,9 @@ class Net:
     def share_with(self, other: Net) -> None:
         """Share the weights of ``other``'s same-named layers (Caffe's ShareTrainedLayersWith)."""
         for src_name, src_layer in zip(other._layer_names, other.layers):
-            if src_name not in self._layer_names_index:
+            if src_name not in self.graph.layer_names_index:
                 continue
-            layer = self.layers[self._layer_names_index[src_name]]
+            layer = self.graph.layers[self.graph.layer_names_index[src_name]]
             if len(layer.blobs) != len(src_layer.blobs):
                 raise WeightsError(
                     f"share_with: layer '{src_name}' has {len(src_layer.blobs)} blobs in the source "

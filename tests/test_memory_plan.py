@@ -35,7 +35,7 @@ def _net_param() -> caffe_pb2.NetParameter:
 
 def test_no_two_live_diffs_share_a_slot():
     net = caffe.Net(_net_param(), caffe.TRAIN)
-    slots = shared_diff_slots(net)
+    slots = shared_diff_slots(net.graph)
     assert slots and sum(len(m) for _, m in slots) > len(slots)  # some sharing happens
     layers = len(net.layers)
     span = {}

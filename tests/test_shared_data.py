@@ -96,13 +96,14 @@ def _count_runs(net: caffe.Net, monkeypatch) -> list[int]:
         plain(start, end)
 
     monkeypatch.setattr(net.executor, "_run_forward", counting)
+    monkeypatch.setattr(net.executor.shared_data, "run_forward", counting)  # its re-runs
     return runs
 
 
 @pytest.mark.parametrize("name", sorted(NETS))
 def test_plan_shares_only_values_never_live_together(name):
     net = _net(NETS[name])
-    slots = shared_data_slots(net)
+    slots = shared_data_slots(net.graph)
     span: dict[int, tuple[int, int]] = {}
     for k in range(len(net.layers)):
         for bid in net.bottom_id_vecs[k] + net.top_id_vecs[k]:
@@ -119,7 +120,7 @@ def test_plan_shares_only_values_never_live_together(name):
         assert all(net._blobs[g[0]].data_memory.nbytes <= nbytes for g in groups)
         for (_, end), (start, _) in zip(lives, lives[1:]):  # in forward order, one after the other
             assert end < start, [net._blob_names[g[0]] for g in groups]
-    never = source_blobs(net) | set(net.output_blob_indices)
+    never = source_blobs(net.graph) | set(net.output_blob_indices)
     assert never and not never & {b for g in planned for b in g}
     if name == "inception":  # the Split of pool1 is one group; the Flatten is a view of "one"
         groups = {frozenset(net._blob_names[b] for b in g) for g in planned}
@@ -132,7 +133,7 @@ def test_memory_a_layer_holds_itself_is_never_shared():
             + 'layer { name: "spp" type: "SPP" bottom: "c2" top: "spp" spp_param { pyramid_height: 2 } }\n'
             + 'layer { name: "fc" type: "InnerProduct" bottom: "spp" top: "fc" inner_product_param { num_output: 3 } }\n')
     net = _net(text)
-    planned = {net._blob_names[b] for _, groups in shared_data_slots(net) for g in groups for b in g}
+    planned = {net._blob_names[b] for _, groups in shared_data_slots(net.graph) for g in groups for b in g}
     assert planned == {"c1", "spp"}  # c2 is also the SPP's internal splits' memory
     shared, ref = _net(text), _net(text, share=False)
     x = _input_values(ref)
@@ -144,7 +145,7 @@ def test_vgg16_deploy_plan_needs_less_memory_than_its_blobs():
     param.layer[0].input_param.shape[0].dim[0] = 2
     net = caffe.Net(param, caffe.TEST)
     blobs = sum({id(b.data_memory): b.data_memory.nbytes for b in net._blobs}.values())
-    slots = shared_data_slots(net)
+    slots = shared_data_slots(net.graph)
     planned = sum(net._blobs[g[0]].data_memory.nbytes for _, groups in slots for g in groups)
     assert blobs - planned + sum(n for n, _ in slots) < 0.5 * blobs
 
@@ -276,6 +277,7 @@ def test_a_failed_forward_leaves_shared_values_stale(monkeypatch):
         raise RuntimeError("layer failed")
 
     monkeypatch.setattr(net.executor, "_run_forward", failing)
+    monkeypatch.setattr(net.executor.shared_data, "run_forward", failing)  # its re-runs
     with pytest.raises(RuntimeError):
         net.forward(data=_input_values(net))
     sd = net.executor.shared_data

@@ -1,9 +1,9 @@
-"""Report import cycles among pycaffe-lite's modules (imports at any level, lazy ones included).
+"""Report import cycles among pycaffe-lite's modules (imports at any level: lazy ones and those
+inside ``if TYPE_CHECKING:`` blocks count too, since a type-only import is still a dependency).
 
     python tools/check_imports.py        # exit 1 and list each cycle, if any
 
 The built-in layers folder ``layers/`` is read under the package name it is installed as.
-Imports inside ``if TYPE_CHECKING:`` blocks are ignored (they never run).
 """
 
 from __future__ import annotations
@@ -38,12 +38,6 @@ def modules() -> dict[str, Path]:
     return mods
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.stem == "__init__" else name.rpartition(".")[0]
@@ -56,10 +50,6 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
             found.add(target)
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for stmt in node.orelse:
-                visit(stmt)
-            return
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)

@@ -13,15 +13,19 @@ import atexit
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, SupportsInt
+from typing import Protocol, SupportsInt
 
 import numpy as np
 
 from ..errors import CudaError, GPUUnavailableError
 from .signatures import Signature, SignatureError, check_args, parse_signatures
 
-if TYPE_CHECKING:
-    from .cuda_graph import Recording
+
+class Recording(Protocol):
+    """What the backend sees of a CUDA-graph capture in progress (a ``cuda_graph.Recording``):
+    the set of memories the captured work writes."""
+
+    written: set
 
 CUDA_NUM_THREADS = 256
 MAX_BLOCKS = 65535 * 4

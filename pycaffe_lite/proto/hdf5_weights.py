@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..errors import WeightsError
 
 if TYPE_CHECKING:
-    from ..net import Net
+    from ..net_graph import NetGraph
 
 
 def _h5py():
@@ -33,18 +33,18 @@ def is_hdf5_file(path: str | os.PathLike) -> bool:
         return False
 
 
-def _param_ids(net: Net) -> dict[tuple[int, int], int]:
+def _param_ids(net: NetGraph) -> dict[tuple[int, int], int]:
     return {pair: i for i, pair in enumerate(net.param_layer_indices)}
 
 
-def save(net: Net, filename: str | os.PathLike, write_diff: bool = False) -> None:
+def save(net: NetGraph, filename: str | os.PathLike, write_diff: bool = False) -> None:
     """Write the params in Caffe's HDF5 layout: ``/data/<layer>/<j>`` (and ``/diff``), one
     group per layer; a shared param is stored only under its owner."""
     h5py = _h5py()
     ids = _param_ids(net)
     with h5py.File(os.fspath(filename), "w") as f:
         groups = [f.create_group("data")] + ([f.create_group("diff")] if write_diff else [])
-        for li, (name, layer) in enumerate(zip(net._layer_names, net.layers)):
+        for li, (name, layer) in enumerate(zip(net.layer_names, net.layers)):
             for g in groups:
                 g.create_group(name)
             for j, blob in enumerate(layer.blobs):
@@ -55,13 +55,13 @@ def save(net: Net, filename: str | os.PathLike, write_diff: bool = False) -> Non
                     f["diff"][name].create_dataset(str(j), data=blob.cpu_diff())
 
 
-def load(net: Net, filename: str | os.PathLike) -> None:
+def load(net: NetGraph, filename: str | os.PathLike) -> None:
     """Copy params from a Caffe HDF5 weights file; layers absent from the net are ignored and
     shapes must match exactly."""
     h5py = _h5py()
     filename = os.fspath(filename)
     ids = _param_ids(net)
-    index = {name: i for i, name in enumerate(net._layer_names)}
+    index = {name: i for i, name in enumerate(net.layer_names)}
     try:
         f = h5py.File(filename, "r")
     except OSError as exc:

@@ -42,7 +42,7 @@ from .fusion import find_fusions
 from .memory_plan import SharedData, recomputable_scale_inputs, shared_diff_slots, sharing_enabled
 
 if TYPE_CHECKING:
-    from ..net import Net
+    from ..net_graph import NetGraph
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -133,8 +133,8 @@ class _Graphs:
 class Executor:
     """Runs ``net``'s layers on the current device; see the module docstring."""
 
-    def __init__(self, net: Net) -> None:
-        self.net = net
+    def __init__(self, net: NetGraph) -> None:
+        self.net = net  # the graph this executor runs
         self.use_graphs = graphs_enabled()
         self._graphs = _Graphs(self._memories)
         self.fusions = {chain.first: chain for chain in find_fusions(net)}
@@ -142,12 +142,12 @@ class Executor:
         self._diff_plan_key: tuple | None = None
         self._diff_slots: list[SupportsInt] = []
         self._recompute: list | None = None  # memory_plan.recomputable_scale_inputs, for train_iteration
-        self.shared_data = SharedData(self)  # intermediate data of nets that never run backward
         # -- per-layer hooks (pycaffe's Net.before_forward & co.; multi-GPU gradient reduction) --
         # hook(layer_index) around every layer of a pass. A hook with ``graph_safe = True`` only
         # queues device work and may be captured in whole-iteration graphs; any other hook makes
         # the passes run plainly.
         self.hooks: dict[str, list[Callable[[int], None]]] = {k: [] for k in HOOK_KINDS}
+        self.shared_data = SharedData(net, self.hooks, self._run_forward)  # nets that never run backward
         self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._read_loss_early = {
@@ -196,7 +196,7 @@ class Executor:
 
     def _memories(self) -> Iterator[SyncedMemory]:
         net = self.net
-        for blob in (*net._blobs, *net.params_list):
+        for blob in (*net.blobs, *net.params_list):
             yield blob.data_memory
             yield blob.diff_memory
         for chain in self.fusions.values():
@@ -311,7 +311,7 @@ class Executor:
             buffer = backend.alloc(nbytes)
             self._diff_slots.append(buffer)
             for bid in members:
-                blob = self.net._blobs[bid]
+                blob = self.net.blobs[bid]
                 blob.use_diff_memory(SyncedMemory(blob.count, blob.dtype, device=buffer))
         self._diff_plan_key = (shape_generation(), self.net.dtype.str)
 

@@ -33,7 +33,7 @@ from ..layer import Layer, create_layer
 from ..proto import caffe_pb2
 
 if TYPE_CHECKING:
-    from ..net import Net
+    from ..net_graph import NetGraph
 
 
 def fusion_enabled() -> bool:
@@ -128,18 +128,18 @@ class ConvBNScale:
             self.fused.compute_forward(bottom, top)
 
 
-def _in_place(net: Net, i: int) -> bool:
+def _in_place(net: NetGraph, i: int) -> bool:
     return len(net.bottom_id_vecs[i]) >= 1 and net.top_id_vecs[i] == net.bottom_id_vecs[i][:1]
 
 
-def _relu_on(net: Net, k: int, blob_id: int) -> bool:
+def _relu_on(net: NetGraph, k: int, blob_id: int) -> bool:
     """Layer ``k`` exists and is a ReLU with negative_slope 0, in place on blob ``blob_id``."""
     return (k < len(net.layers) and net.layers[k].type == "ReLU" and len(net.bottom_id_vecs[k]) == 1
             and _in_place(net, k) and net.bottom_id_vecs[k][0] == blob_id
             and net.layers[k].layer_param.relu_param.negative_slope == 0)
 
 
-def find_fusions(net: Net) -> list[ConvBNScale | ConvReLU]:
+def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU]:
     """The fusable chains of ``net`` in order (none when disabled)."""
     if not fusion_enabled():
         return []

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,8 +38,7 @@ from ..layer import Layer
 from ..synced_memory import SyncedMemory
 
 if TYPE_CHECKING:
-    from ..net import Net
-    from .executor import Executor
+    from ..net_graph import NetGraph
 
 log = logging.getLogger("pycaffe_lite")
 T = TypeVar("T")
@@ -89,7 +88,7 @@ def assign_slots(intervals: Sequence[tuple[int, int, int, T]]) -> list[tuple[int
     return slots
 
 
-def shared_diff_slots(net: Net) -> list[tuple[int, list[int]]]:
+def shared_diff_slots(net: NetGraph) -> list[tuple[int, list[int]]]:
     """``[(bytes, [blob ids])]``: each slot's size and the blobs whose diffs it holds in turn."""
     layers = len(net.layers)
     first: dict[int, int] = {}  # blob id -> highest layer index touching it (its first backward step)
@@ -101,7 +100,7 @@ def shared_diff_slots(net: Net) -> list[tuple[int, list[int]]]:
             first[bid] = max(first.get(bid, -1), k)
             last[bid] = min(last.get(bid, layers), k)
     keep = set(net.input_blob_indices)
-    keep |= {bid for bid, w in enumerate(net._blob_loss_weights) if w}
+    keep |= {bid for bid, w in enumerate(net.blob_loss_weights) if w}
     # The first backward step touching a candidate must write its diff (a consumer propagating to
     # it, not producing it): otherwise Caffe's backward would read a diff nobody wrote (zeros).
     def written_first(bid: int) -> bool:
@@ -109,14 +108,14 @@ def shared_diff_slots(net: Net) -> list[tuple[int, list[int]]]:
         return net.layer_need_backward[k] and bid not in net.top_id_vecs[k] and any(
             b == bid and need for b, need in zip(net.bottom_id_vecs[k], net.bottom_need_backward[k]))
 
-    candidates = [bid for bid in last if bid not in keep and net._blob_need_backward[bid] and written_first(bid)]
-    blobs = net._blobs
+    candidates = [bid for bid in last if bid not in keep and net.blob_need_backward[bid] and written_first(bid)]
+    blobs = net.blobs
     steps = layers - 1  # backward step of layer k
     return assign_slots([(steps - first[b], steps - last[b], blobs[b].count * blobs[b].dtype.itemsize, b)
                          for b in candidates])
 
 
-def recomputable_scale_inputs(net: Net) -> list[tuple[Any, Any, Blob]]:  # (ScaleLayer, BatchNormLayer, Blob)
+def recomputable_scale_inputs(net: NetGraph) -> list[tuple[Any, Any, Blob]]:  # (ScaleLayer, BatchNormLayer, Blob)
     """``[(scale, batch_norm, bn_bottom)]``: Scale layers in place on the top of a BatchNorm (not in
     place) at layer j < k, with one bottom, where no layer between them rewrites that top and no
     layer after j rewrites the BatchNorm's input, so ``batch_norm.normalize_into(bn_bottom, ptr)``
@@ -133,17 +132,17 @@ def recomputable_scale_inputs(net: Net) -> list[tuple[Any, Any, Blob]]:  # (Scal
         source = net.bottom_id_vecs[j][0]
         if any(source in tops[i] for i in range(j + 1, len(net.layers))):
             continue
-        out.append((scale, net.layers[j], net._blobs[source]))
+        out.append((scale, net.layers[j], net.blobs[source]))
     return out
 
 
-def source_blobs(net: Net) -> set[int]:
+def source_blobs(net: NetGraph) -> set[int]:
     """Net inputs and the tops of other layers without bottoms (data readers)."""
     return set(net.input_blob_indices) | {
         bid for k, bottoms in enumerate(net.bottom_id_vecs) if not bottoms for bid in net.top_id_vecs[k]}
 
 
-def _held_by_layers(net: Net) -> set[int]:
+def _held_by_layers(net: NetGraph) -> set[int]:
     """``id``s of the data memories of blobs that layers hold themselves (params, internal blobs)."""
     held: set[int] = set()
     seen: set[int] = set()
@@ -164,24 +163,24 @@ def _held_by_layers(net: Net) -> set[int]:
     return held
 
 
-def shared_data_slots(net: Net, keep: Collection[int] = ()) -> list[tuple[int, list[list[int]]]]:
+def shared_data_slots(net: NetGraph, keep: Collection[int] = ()) -> list[tuple[int, list[list[int]]]]:
     """``[(bytes, [groups])]`` for a net that runs no backward: each slot's size and the groups of
     blob ids whose data it holds in turn, in forward order. A group is the blobs of one data memory
     (a Split's bottom and tops, a Flatten/Reshape view and its bottom); it is live from the first
     layer touching one of them to the last. Never shared: ``keep``, sources (:func:`source_blobs`),
     outputs, loss tops, and memory a layer holds in a blob of its own (params, internal blobs)."""
     groups: dict[int, list[int]] = {}
-    for bid, blob in enumerate(net._blobs):
+    for bid, blob in enumerate(net.blobs):
         groups.setdefault(id(blob.data_memory), []).append(bid)
     span: dict[int, tuple[int, int]] = {}  # blob id -> (first, last) layer touching it
     for k in range(len(net.layers)):
         for bid in net.bottom_id_vecs[k] + net.top_id_vecs[k]:
             span[bid] = (span.get(bid, (k, k))[0], k)
     never = set(keep) | set(net.output_blob_indices) | source_blobs(net)
-    never |= {bid for bid, w in enumerate(net._blob_loss_weights) if w}
+    never |= {bid for bid, w in enumerate(net.blob_loss_weights) if w}
     held = _held_by_layers(net)
     intervals = [(min(span[b][0] for b in bids), max(span[b][1] for b in bids),
-                  net._blobs[bids[0]].data_memory.nbytes, bids)
+                  net.blobs[bids[0]].data_memory.nbytes, bids)
                  for key, bids in groups.items() if key not in held and not never.intersection(bids)]
     return assign_slots(intervals)
 
@@ -218,9 +217,10 @@ class SharedData:
     values after it stay stale (recomputed when read, if the sources are unchanged).
     """
 
-    def __init__(self, executor: Executor) -> None:
-        self.executor = executor
-        self.net = net = executor.net
+    def __init__(self, net: NetGraph, hooks: Mapping[str, list], run_forward: Callable[[int, int], None]) -> None:
+        self.net = net
+        self.hooks = hooks  # the executor's per-layer hooks: none may be set while data is shared
+        self.run_forward = run_forward  # the executor's plain forward over a layer range
         self.keep: set[int] = set()
         self.disabled = False  # un-shared for good
         self.stale: set[int] = set()
@@ -233,8 +233,8 @@ class SharedData:
         self._sources = source_blobs(net)
         # What a re-run reads besides the net's own values: sources and weights, by id(Blob)
         self._consumed: dict[int, tuple[Blob, np.ndarray]] = {}  # -> (blob, values the forward read)
-        self._names = {id(blob): f"'{name}'" for name, blob in zip(net._blob_names, net._blobs)}
-        self._names.update({id(blob): f"the weights of layer '{net._layer_names[k]}' (param {i})"
+        self._names = {id(blob): f"'{name}'" for name, blob in zip(net.blob_names, net.blobs)}
+        self._names.update({id(blob): f"the weights of layer '{net.layer_names[k]}' (param {i})"
                             for blob, (k, i) in zip(net.params_list, net.param_layer_indices)})
         # A re-run repeats every layer but the sources: none may rewrite a source in place or act
         # outside the net.
@@ -243,17 +243,17 @@ class SharedData:
             layer.type in _EFFECTS for layer in net.layers)
         self._sources_replaced = False
         self._running = False
-        self._ids = {id(blob): bid for bid, blob in enumerate(net._blobs)}
+        self._ids = {id(blob): bid for bid, blob in enumerate(net.blobs)}
 
     def planned_bytes(self) -> tuple[int, int]:
         """(bytes of the slot buffers, bytes the memories pointed into them would take alone)."""
         return sum(self._slot_bytes), sum(m.nbytes for m in self._memories)
 
     def _eligible(self) -> bool:
-        return self._can_share and data_sharing_enabled() and not self.disabled and not any(self.executor.hooks.values())
+        return self._can_share and data_sharing_enabled() and not self.disabled and not any(self.hooks.values())
 
     def _set_hooks(self, on: bool) -> None:
-        for blob in (*self.net._blobs, *self.net.params_list):
+        for blob in (*self.net.blobs, *self.net.params_list):
             blob.on_access = self._access if on else None
 
     def _forget_plan(self) -> None:
@@ -280,7 +280,7 @@ class SharedData:
             self._slot_bytes.append(nbytes)
             self._overwritten.update(b for bids in groups[:-1] for b in bids)
             for bids in groups:
-                mem = net._blobs[bids[0]].data_memory
+                mem = net.blobs[bids[0]].data_memory
                 if on_gpu:
                     mem.use_storage(device=slot)
                 else:
@@ -299,12 +299,12 @@ class SharedData:
             if self._memories:
                 self._unshare(f"a forward over layers {start}..{end}")
             if start > 0 and self.stale:
-                self._rematerialise(f"the forward from layer '{self.net._layer_names[start]}'")
+                self._rematerialise(f"the forward from layer '{self.net.layer_names[start]}'")
         elif self._eligible():
             self._plan()
         elif self._memories:
             self._drop_plan()
-        blobs = self.net._blobs
+        blobs = self.net.blobs
         self._running = ok = True
         try:
             yield
@@ -343,9 +343,9 @@ class SharedData:
                 self._consumed[id(blob)] = (blob, blob.cpu_data().copy())
             return
         if bid in self._planned:
-            self._unshare(f"blob '{self.net._blob_names[bid]}' was accessed")
+            self._unshare(f"blob '{self.net.blob_names[bid]}' was accessed")
         if bid in self.stale:
-            self._rematerialise(f"blob '{self.net._blob_names[bid]}'")
+            self._rematerialise(f"blob '{self.net.blob_names[bid]}'")
         if not self.stale and not self._memories:
             self._set_hooks(False)
 
@@ -371,7 +371,7 @@ class SharedData:
                 f"recomputing them needs that forward's inputs, but {names} changed since. Ask for the blobs "
                 f"you read with net.forward(blobs=[...]) (they are then kept), or set "
                 f"PYCAFFE_LITE_SHARE_DATA=0 to keep every blob")
-        valid = {id(blob.data_memory): (blob, blob.cpu_data().copy()) for b, blob in enumerate(net._blobs)
+        valid = {id(blob.data_memory): (blob, blob.cpu_data().copy()) for b, blob in enumerate(net.blobs)
                  if b not in self.stale and b not in self._sources}
         layers = {k for k in range(len(net.layers)) if net.bottom_id_vecs[k]}
         self._running = True
@@ -380,7 +380,7 @@ class SharedData:
                 end = k
                 while end + 1 in layers:
                     end += 1
-                self.executor._run_forward(k, end)
+                self.run_forward(k, end)
         finally:
             self._running = False
         for blob, values in valid.values():

@@ -80,7 +80,7 @@ class NonFiniteLossError(SolverConfigError):
 
 def first_nonfinite_layer(net) -> str | None:
     """The first layer (in forward order) with a non-finite value in one of its tops."""
-    for name, layer_tops in zip(net._layer_names, net.top_vecs):
+    for name, layer_tops in zip(net.graph.layer_names, net.graph.top_vecs):
         for blob in layer_tops:
             if not np.all(np.isfinite(blob.cpu_data())):
                 return name

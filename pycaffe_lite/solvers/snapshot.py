@@ -28,7 +28,7 @@ import glob
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,8 +38,7 @@ from ..errors import WeightsError
 from ..proto import caffe_pb2
 
 if TYPE_CHECKING:
-    from ..net import Net
-    from .solver import Solver
+    from ..net_graph import NetGraph
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -125,16 +124,11 @@ def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
 
 # ----------------------------------------------------------------------------------------------
 # data positions and random state
-def _data_nets(solver: Solver) -> Iterator[tuple[str, Net]]:
-    yield "train", solver.net
-    for i, net in enumerate(solver.test_nets):
-        yield f"test{i}", net
-
-
-def save_extras(solver: Solver, state: caffe_pb2.SolverState) -> None:
-    """Record the read position of every data layer and the random state in ``state``."""
-    for net_id, net in _data_nets(solver):
-        for name, layer in zip(net._layer_names, net.layers):
+def save_extras(nets: Mapping[str, NetGraph], state: caffe_pb2.SolverState) -> None:
+    """Record the read position of every data layer of ``nets`` (``{"train": g, "test0": g...}``)
+    and the random state in ``state``."""
+    for net_id, net in nets.items():
+        for name, layer in zip(net.layer_names, net.layers):
             read_state = getattr(layer, "read_state", None)
             if read_state is None:
                 continue
@@ -146,15 +140,14 @@ def save_extras(solver: Solver, state: caffe_pb2.SolverState) -> None:
                                   "gpu_rng_counter": common._state.gpu_rng_counter})
 
 
-def restore_extras(solver: Solver, state: caffe_pb2.SolverState, path: str) -> None:
-    """Put every data layer back at its recorded position (states written by BVLC or older
-    pycaffe-lite versions have none: the layers then restart, as in BVLC)."""
-    nets = dict(_data_nets(solver))
+def restore_extras(nets: Mapping[str, NetGraph], state: caffe_pb2.SolverState, path: str) -> None:
+    """Put every data layer of ``nets`` back at its recorded position (states written by BVLC or
+    older pycaffe-lite versions have none: the layers then restart, as in BVLC)."""
     for entry in state.data_state:
         net = nets.get(entry.net)
         layer = None
         if net is not None:
-            index = net._layer_names_index.get(entry.layer)
+            index = net.layer_names_index.get(entry.layer)
             layer = net.layers[index] if index is not None else None
         if layer is None or not hasattr(layer, "restore_read_state"):
             log.warning("%s: data position of %s layer '%s' has no matching data layer: ignored",
@@ -165,21 +158,3 @@ def restore_extras(solver: Solver, state: caffe_pb2.SolverState, path: str) -> N
         saved = json.loads(state.rng_state)
         common.rng().bit_generator.state = saved["generator"]
         common._state.gpu_rng_counter = int(saved.get("gpu_rng_counter", 0))
-
-
-def write_snapshot(solver: Solver) -> tuple[str, str]:
-    """The body of ``Solver.snapshot``: the pair ``<prefix>_iter_<n>.caffemodel/.solverstate``."""
-    model = solver.snapshot_filename(".caffemodel")
-    path = solver.snapshot_filename(".solverstate")
-    log.info("Snapshotting to binary proto file %s", model)
-    net_bytes = solver.net.to_proto(solver.param.snapshot_diff).SerializeToString()
-    state = caffe_pb2.SolverState()
-    state.iter = solver.iter
-    state.learned_net = model
-    state.current_step = solver.current_step
-    for h in solver.history:
-        h.to_proto(False, state.history.add())
-    save_extras(solver, state)
-    log.info("Snapshotting solver state to binary proto file %s", path)
-    write_pair(model, net_bytes, path, state.SerializeToString())
-    return model, path

@@ -32,8 +32,9 @@ from ..blob import Blob
 from ..errors import CaffeError, PrototxtError, ShapeError, WeightsError
 from ..gpu import backend
 from ..net import Net, in_file
+from ..net_graph import NetGraph
 from ..proto import caffe_pb2, protoio
-from . import lr_policy
+from . import lr_policy, snapshot
 from .lr_policy import SolverConfigError
 
 log = logging.getLogger("pycaffe_lite")
@@ -185,8 +186,6 @@ class Solver:
                     f"cannot write to snapshot prefix '{p.snapshot_prefix}': folder {parent} is not writable"
                 )
         from . import checks as solver_checks
-        from . import snapshot
-
         solver_checks.check_solver_param(p, self.where)
         self.stop_on_nonfinite_loss = getattr(self, "stop_on_nonfinite_loss", True)
         if not any(getattr(h, "__qualname__", "").startswith("nonfinite_loss_hook") for h in self.iteration_hooks):
@@ -696,11 +695,25 @@ class Solver:
             raise SolverConfigError("snapshot_format HDF5 is not supported yet; use BINARYPROTO")
         if not self.param.snapshot_prefix:
             raise SolverConfigError(f"{self.where}: cannot snapshot without a snapshot_prefix")
-        from . import snapshot
-
-        model, path = snapshot.write_snapshot(self)  # the pair, complete or absent; data positions
+        model = self.snapshot_filename(".caffemodel")
+        path = self.snapshot_filename(".solverstate")
+        log.info("Snapshotting to binary proto file %s", model)
+        net_bytes = self.net.to_proto(self.param.snapshot_diff).SerializeToString()
+        state = caffe_pb2.SolverState()
+        state.iter = self.iter
+        state.learned_net = model
+        state.current_step = self.current_step
+        for h in self.history:
+            h.to_proto(False, state.history.add())
+        snapshot.save_extras(self._data_nets(), state)  # data layers' read positions, random state
+        log.info("Snapshotting solver state to binary proto file %s", path)
+        snapshot.write_pair(model, net_bytes, path, state.SerializeToString())  # both, or neither
         self._last_snapshot_iter = self.iter
         return model, path
+
+    def _data_nets(self) -> dict[str, NetGraph]:
+        """The nets whose data layers a snapshot records, by the names a solverstate gives them."""
+        return {"train": self.net.graph, **{f"test{i}": net.graph for i, net in enumerate(self.test_nets)}}
 
     def restore(self, path: str | os.PathLike) -> None:
         """Load a .solverstate (iteration, step counter, history) and its learned_net weights.
@@ -736,6 +749,4 @@ class Solver:
                 raise WeightsError(str(exc)) from None
         self.iter = state.iter
         self.current_step = state.current_step
-        from . import snapshot
-
-        snapshot.restore_extras(self, state, path)  # data layers' read positions, random state
+        snapshot.restore_extras(self._data_nets(), state, path)  # data layers' read positions, random state
