@@ -44,6 +44,7 @@ from .common import (
     solver_count,
     solver_rank,
 )
+from .config import config, using_config
 from .conv.engines import load_cache as load_autotune
 from .conv.engines import save_cache as save_autotune
 from .detector import Detector
@@ -81,11 +82,11 @@ __all__ = [
     "TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "CaffeError", "Classifier",
     "DataError", "Detector", "GPUUnavailableError", "Layer", "Mode", "NCCL", "NesterovSolver", "Net", "NetError",
     "NetSpec", "PrototxtError", "RMSPropSolver", "SGDSolver", "ShapeError", "Solver", "Timer",
-    "UnknownLayerError", "WeightsError", "__version__", "draw", "get_solver", "has_nccl", "init_log", "io",
+    "UnknownLayerError", "WeightsError", "__version__", "config", "draw", "get_solver", "has_nccl", "init_log", "io",
     "layer_type_list", "layers", "load_autotune", "log", "params", "proto", "register_layer", "save_autotune",
     "set_allow_tf32", "set_device", "set_mode_cpu",
     "set_mode_gpu", "set_multiprocess", "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count",
-    "solver_rank", "to_proto",
+    "solver_rank", "to_proto", "using_config",
 ]
 
 from . import threads as _threads  # noqa: E402

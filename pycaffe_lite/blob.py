@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import SupportsInt
 
 import numpy as np
 
@@ -276,9 +275,6 @@ def proto_shape(proto: caffe_pb2.BlobProto) -> tuple[int, ...]:
     return (n,) if n else ()
 
 
-_staging: dict[tuple, tuple[SupportsInt, np.ndarray]] = {}
-
-
 def weighted_sum(tops: Sequence[Blob]) -> float:
     """Σ over ``tops`` of vdot(data, diff) (loss tops hold their loss weight in the diff).
 
@@ -290,10 +286,10 @@ def weighted_sum(tops: Sequence[Blob]) -> float:
     if on_device:
         dtype = on_device[0].dtype
         total = sum(b.count for b in on_device)
-        key = (backend.state().device_id, dtype.str)
-        have = _staging.get(key)
+        staging = backend.device_cache("blob.staging")  # dtype -> (device buffer, host buffer)
+        have = staging.get(dtype.str)
         if have is None or have[1].size < total:
-            have = _staging[key] = (backend.alloc(total * dtype.itemsize), np.empty(total, dtype))
+            have = staging[dtype.str] = (backend.alloc(total * dtype.itemsize), np.empty(total, dtype))
         dev, host = have
         offset = 0
         for b in on_device:

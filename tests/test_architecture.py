@@ -40,11 +40,11 @@ def test_layer_modules_import_only_family_bases_and_caffes_hierarchy():
 
 
 # -- the floor plan: which wing may import which (docs/architecture.md has the same table) ----------
-CORE = {"errors", "common", "blob", "synced_memory", "layer", "fillers", "memcheck", "optional", "durable",
+CORE = {"errors", "config", "common", "blob", "synced_memory", "layer", "fillers", "memcheck", "optional", "durable",
         "version", "glog", "net_graph"}
 MAY_IMPORT = {  # wing -> what of the package it may import besides itself
-    "gpu": {"errors"},
-    "conv": {"errors", "version", "gpu"},
+    "gpu": {"errors", "config"},
+    "conv": {"errors", "config", "version", "gpu"},
     "proto": {"errors", "durable", "net_graph"},
     "data": CORE | {"gpu", "proto"},
     "testing": CORE | {"gpu", "proto"},

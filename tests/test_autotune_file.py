@@ -12,6 +12,7 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.commands import use_device
 from pycaffe_lite.commands.cli import build_parser
+from pycaffe_lite.config import Config
 from pycaffe_lite.conv import autotune_file
 from pycaffe_lite.conv import engines as conv_engines
 from pycaffe_lite.conv.engines import Choice
@@ -45,7 +46,7 @@ def cache(monkeypatch):
     monkeypatch.setattr(conv_engines, "_unreserved", set())
     monkeypatch.setattr(conv_engines, "_cache_files", {})
     monkeypatch.setattr(conv_engines, "_cache_file", None)
-    monkeypatch.delenv(autotune_file.ENV, raising=False)
+    monkeypatch.setattr(conv_engines, "config", Config())  # no $PYCAFFE_LITE_AUTOTUNE_CACHE
     return conv_engines._choices
 
 
@@ -157,7 +158,7 @@ def test_other_files_are_never_overwritten(cache, tmp_path, caplog):
 def test_automatic_file_from_environment_and_cli(cache, tmp_path, monkeypatch):
     path = tmp_path / "tune.json"
     assert conv_engines.cache_file() is None
-    monkeypatch.setenv(autotune_file.ENV, str(path))
+    monkeypatch.setattr(conv_engines, "config", Config(autotune_cache=str(path)))  # as $PYCAFFE_LITE_AUTOTUNE_CACHE
     assert conv_engines.cache_file() == str(path)
     assert conv_engines._autoload(str(path))  # no file yet: nothing loaded, saved to later
     cache[_key(_prob())] = _choice()
@@ -202,7 +203,7 @@ def test_gpu_loaded_choice_skips_tuning(cache, gpu_mode, tmp_path, monkeypatch):
 @pytest.mark.gpu
 def test_gpu_environment_file_is_loaded_and_saved(cache, gpu_mode, tmp_path, monkeypatch):
     path = tmp_path / "tune.json"
-    monkeypatch.setenv(autotune_file.ENV, str(path))
+    monkeypatch.setattr(conv_engines, "config", Config(autotune_cache=str(path)))  # as $PYCAFFE_LITE_AUTOTUNE_CACHE
     tuned = _conv()[0].engine_choice()  # tuned, then saved
     assert len(json.loads(path.read_text())["entries"]) == 1
     conv_engines.clear_cache()

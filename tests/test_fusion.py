@@ -27,11 +27,11 @@ SCALE = """layer { name: "sc1" type: "Scale" bottom: "conv1" top: "conv1"
 
 
 def _net(tmp_path, monkeypatch, fuse: bool, phase=caffe.TEST, scale=True, bias="false", force=""):
-    monkeypatch.setenv("PYCAFFE_LITE_FUSION", "1" if fuse else "0")
     path = tmp_path / f"f{int(fuse)}.prototxt"
     path.write_text(NET.format(force=force, bias=bias, scale=SCALE if scale else ""))
     caffe.set_random_seed(11)
-    net = caffe.Net(str(path), phase, dtype=np.float64)
+    with caffe.using_config(fusion=fuse):  # fusions are found when the net is built
+        net = caffe.Net(str(path), phase, dtype=np.float64)
     rng = np.random.default_rng(4)
     bn = net.params["bn1"]
     bn[0].data[...] = rng.standard_normal(4) * 3
@@ -103,9 +103,9 @@ def test_conv_relu_fused_in_training_forward_and_backward(tmp_path, monkeypatch,
     path.write_text(CONV_RELU)
     nets = []
     for fuse in (True, False):
-        monkeypatch.setenv("PYCAFFE_LITE_FUSION", "1" if fuse else "0")
         caffe.set_random_seed(3)
-        nets.append(caffe.Net(str(path), caffe.TRAIN, dtype=np.float64))
+        with caffe.using_config(fusion=fuse):
+            nets.append(caffe.Net(str(path), caffe.TRAIN, dtype=np.float64))
     fused, plain = nets
     names = fused._layer_names
     assert [(names[c.first], names[c.last]) for c in fused.executor.fusions.values()] == [("c1", "r1"), ("c2", "r2")]

@@ -57,14 +57,14 @@ def test_no_two_live_diffs_share_a_slot():
 def test_training_with_shared_diffs_equals_without(monkeypatch, gpu_mode):
     weights = {}
     for share in ("1", "0"):
-        monkeypatch.setenv("PYCAFFE_LITE_SHARE_DIFFS", share)
-        sp = caffe_pb2.SolverParameter(base_lr=0.05, lr_policy="fixed", momentum=0.9, max_iter=100, display=0,
-                                       random_seed=5, type="SGD")
-        sp.net_param.CopyFrom(_net_param())
-        solver = caffe.get_solver(sp, progress=False)
-        solver.step(8)
-        assert solver.net.executor.replays >= 5
-        assert bool(solver.net.executor._diff_slots) == (share == "1")
+        with caffe.using_config(share_diffs=share == "1"):
+            sp = caffe_pb2.SolverParameter(base_lr=0.05, lr_policy="fixed", momentum=0.9, max_iter=100, display=0,
+                                           random_seed=5, type="SGD")
+            sp.net_param.CopyFrom(_net_param())
+            solver = caffe.get_solver(sp, progress=False)
+            solver.step(8)
+            assert solver.net.executor.replays >= 5
+            assert bool(solver.net.executor._diff_slots) == (share == "1")
         weights[share] = {n: [b.data.copy() for b in bs] for n, bs in solver.net.params.items()}
     for name, blobs in weights["1"].items():
         for a, b in zip(blobs, weights["0"][name]):

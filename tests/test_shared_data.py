@@ -360,17 +360,15 @@ def test_reshape_replans(mode):
 
 
 def test_switch_off_by_environment_and_for_nets_that_run_backward(monkeypatch):
-    monkeypatch.setenv("PYCAFFE_LITE_SHARE_DATA", "0")
-    net = _net(VGG)
-    net.forward(data=_input_values(net))
+    with caffe.using_config(share_data=False):
+        net = _net(VGG)
+        net.forward(data=_input_values(net))
     assert not net.executor.shared_data.slots and not net.executor.shared_data.stale
-    monkeypatch.setenv("PYCAFFE_LITE_SHARE_DATA", "1")
     net.forward(data=_input_values(net))
     assert net.executor.shared_data.slots
-    monkeypatch.setenv("PYCAFFE_LITE_SHARE_DATA", "0")  # turned off between forwards: own memory again
-    net.forward(data=_input_values(net))
+    with caffe.using_config(share_data=False):  # turned off between forwards: own memory again
+        net.forward(data=_input_values(net))
     assert not net.executor.shared_data.slots and not net.executor.shared_data.stale
-    monkeypatch.setenv("PYCAFFE_LITE_SHARE_DATA", "1")
     param = parse_text(VGG, caffe_pb2.NetParameter())
     param.force_backward = True
     forced = caffe.Net(param, caffe.TEST)

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ..config import config
 from ..errors import CaffeError
 from ..gpu import backend, blas, cuda_graph
 from ..gpu import math_functions as gm
@@ -358,7 +359,7 @@ def use_cache_file(path: str | os.PathLike | None) -> None:
 
 def cache_file() -> str | None:
     """The autotune file :func:`choose` loads and saves (:func:`use_cache_file`, else the environment)."""
-    return _cache_file or os.environ.get(autotune_file.ENV) or None
+    return _cache_file or config.autotune_cache
 
 
 def save_cache(path: str | os.PathLike) -> int:

@@ -17,6 +17,7 @@ from typing import Protocol, SupportsInt
 
 import numpy as np
 
+from ..config import config
 from ..errors import CudaError, GPUUnavailableError
 from .signatures import Signature, SignatureError, check_args, parse_signatures
 
@@ -57,8 +58,15 @@ class _State:
         self.alloc_generation = 0  # bumped by every allocation: graphs keyed on old pointers retire
         self.workspaces: dict[str, tuple[int, SupportsInt]] = {}  # slot -> (bytes, allocation), see workspace()
         self.sm_count: int | None = None  # cached by multiprocessor_count()
+        self.caches: dict[str, dict] = {}  # device_cache(name): what modules keep per device
 
     def close(self) -> None:
+        for cache in self.caches.values():
+            for value in cache.values():
+                if hasattr(value, "close"):  # a library handle (cuBLAS)
+                    value.close()
+        self.caches.clear()
+
         try:
             self.stream.synchronize()
             self.pool.stop_holding()
@@ -124,6 +132,13 @@ def _shutdown() -> None:
     if _state is not None:
         _state.close()
         _state = None
+
+
+def device_cache(name: str) -> dict:
+    """A dict kept with the current device's state, for what a module caches per device (buffers,
+    tables, library handles): dropped with the device's context, whose allocations it may hold.
+    Values with a ``close()`` are closed then."""
+    return state().caches.setdefault(name, {})
 
 
 def state() -> _State:
@@ -365,7 +380,7 @@ class KernelModule:
         except SignatureError as exc:
             raise CudaError(f"{where}: {exc}") from None
         options = ["-O3"]
-        extra = os.environ.get("PYCAFFE_LITE_NVCC_FLAGS")
+        extra = config.nvcc_flags
         if extra:
             options += extra.split()
         try:

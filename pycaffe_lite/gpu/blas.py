@@ -113,19 +113,16 @@ class _Cublas:
             raise CudaError(f"{what} failed: {self.status_name(status)}")
 
 
-_handles: dict[int, _Cublas] = {}
-
-
 def handle() -> _Cublas:
     """The cuBLAS handle of the current device, created on first use and bound to the stream."""
     st = backend.state()
-    h = _handles.get(st.device_id)
+    cache = backend.device_cache("cublas")
+    h = cache.get("handle")
     if h is None or h.stream_handle != st.stream.handle:
         if h is not None:
             h.close()
-        h = _Cublas()
+        h = cache["handle"] = _Cublas()
         h.stream_handle = st.stream.handle
-        _handles[st.device_id] = h
     return h
 
 

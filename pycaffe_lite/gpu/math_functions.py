@@ -16,7 +16,6 @@ workspace pointers a caller obtained earlier: ask for the workspace after callin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import SupportsInt
 
 import numpy as np
 
@@ -235,17 +234,14 @@ def sum_rows_into(rows: int, cols: int, x: int, y: int, dtype, beta: float = 1.0
     blas.gemv(True, rows, cols, 1.0, x, ones, beta, y, dtype)
 
 
-_ones: dict[tuple[int, str], tuple[int, SupportsInt]] = {}
-
-
 def ones_vector(n: int, dtype) -> int:
     """A cached device vector of at least ``n`` ones (per device and dtype)."""
     dtype = np.dtype(dtype)
-    key = (backend.state().device_id, dtype.str)
-    have = _ones.get(key)
+    ones = backend.device_cache("ones")  # dtype -> (length, allocation)
+    have = ones.get(dtype.str)
     if have is None or have[0] < n:
         size = max(n, 1024)
         alloc = backend.alloc(size * dtype.itemsize)
         set(size, 1.0, int(alloc), dtype)
-        _ones[key] = have = (size, alloc)
+        ones[dtype.str] = have = (size, alloc)
     return int(have[1])

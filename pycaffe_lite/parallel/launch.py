@@ -7,7 +7,7 @@ size above one is a single rank (a :class:`RankJob`), as started by the launcher
 launcher (Slurm's ``srun``, ``torchrun``-style ``MASTER_ADDR``/``MASTER_PORT``/``WORLD_SIZE``/
 ``RANK``/``LOCAL_RANK``). Children inherit the environment unchanged (``NCCL_*`` settings
 included) and run in their own session; the launcher forwards SIGINT/SIGHUP/SIGTERM to all of
-them. Ranks agree on signal requests every :data:`ACTION_INTERVAL` iterations, so Ctrl-C stops
+them. Ranks agree on signal requests every ``config.action_interval`` iterations, so Ctrl-C stops
 every rank at the same iteration and rank 0 writes the one snapshot. A rank that exits early
 makes the others stop (see :mod:`.rendezvous`); the launcher then reports which rank failed.
 """
@@ -27,14 +27,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import common
+from ..config import config
 from ..errors import CaffeError
 from . import nccl
 from .multi_gpu import EXIT_PEER_LOST, NCCL, stop_process
-from .rendezvous import DEFAULT_TIMEOUT, Rendezvous
+from .rendezvous import Rendezvous
 
 log = logging.getLogger("pycaffe_lite")
 
-ACTION_INTERVAL = int(os.environ.get("PYCAFFE_LITE_ACTION_INTERVAL", "10"))
 STOP_GRACE_S = 15.0  # how long the launcher lets the other ranks stop by themselves after a failure
 _OWN_FLAGS = ("gpu", "nccl_init", "world_size", "rank")
 
@@ -253,7 +253,7 @@ def run_launch(job: Launch, args: argparse.Namespace, parser: argparse.ArgumentP
 class RankSession:
     """A rank's side of a run: rendezvous, NCCL, agreed signal actions, goodbye."""
 
-    def __init__(self, job: RankJob, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, job: RankJob, timeout: float | None = None) -> None:
         self.job = job
         self.nccl: NCCL | None = None
         common.set_solver_count(job.world_size)
@@ -288,7 +288,7 @@ class RankSession:
 
     def agreed(self, local: Callable[[], str], solver) -> Callable[[], str]:
         """An action function for ``solver``: the local requests (signals) are pooled and every rank
-        acts on them at the same iteration (every ACTION_INTERVAL iterations): stop > snapshot."""
+        acts on them at the same iteration (every ``config.action_interval`` iterations): stop > snapshot."""
         self._start_iter = solver.iter
 
         def action() -> str:
@@ -296,7 +296,7 @@ class RankSession:
             if request != "none":
                 self._requests.add(request)
             it = solver.iter
-            if it == self._start_iter or it % ACTION_INTERVAL or it == getattr(action, "last", None):
+            if it == self._start_iter or it % config.action_interval or it == getattr(action, "last", None):
                 return "none"
             action.last = it  # type: ignore[attr-defined]
             pooled = set().union(*(set(r) for r in self.rendezvous.allgather(sorted(self._requests))))

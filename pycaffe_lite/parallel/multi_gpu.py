@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, SupportsInt
 
 from .. import common
+from ..config import config
 from ..errors import CaffeError
 from . import nccl
 
@@ -33,19 +34,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pycaffe_lite")
 
-BUCKET_BYTES = int(float(os.environ.get("PYCAFFE_LITE_BUCKET_MB", "32")) * (1 << 20))
 EXIT_PEER_LOST = 3
 FLAT_ALIGN = 64  # elements: each param's gradient starts 256-byte aligned in its bucket's buffer
 
 
-def plan_buckets(ready: Sequence[int], nbytes: Sequence[int], cap: int = BUCKET_BYTES) -> list[tuple[int, list[int]]]:
+def plan_buckets(ready: Sequence[int], nbytes: Sequence[int], cap: int | None = None) -> list[tuple[int, list[int]]]:
     """Group params into buckets reduced during backward.
 
     ``ready[p]``: the layer after whose backward param ``p``'s gradient is final (the lowest index
     of the layers using it; backward runs from the last layer to the first). Buckets close at
-    layer boundaries once they hold ``cap`` bytes, so a layer's params are reduced together.
+    layer boundaries once they hold ``cap`` bytes (default ``config.bucket_mb``), so a layer's params are reduced together.
     Returns ``[(layer, [param ids])]`` in the order backward completes them: bucket k is queued
     after ``layer``'s backward."""
+    cap = int(config.bucket_mb * (1 << 20)) if cap is None else cap
     order = sorted(range(len(ready)), key=lambda p: (-ready[p], p))
     buckets: list[tuple[int, list[int]]] = []
     current: list[int] = []

@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from ..config import config
 from ..errors import CudaError, GPUUnavailableError
 
 UNIQUE_ID_BYTES = 128
@@ -38,7 +39,7 @@ class _UniqueId(ctypes.Structure):
 def candidates() -> list[str]:
     """Library paths to try, in order (see the module docstring)."""
     names: list[str] = []
-    env = os.environ.get("PYCAFFE_LITE_NCCL")
+    env = config.nccl
     if env:
         names += sorted(glob.glob(os.path.join(env, "libnccl.so*")), reverse=True) if os.path.isdir(env) else [env]
     for path in sys.path:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import socket
 import threading
@@ -21,11 +20,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..config import config
 from ..errors import CaffeError
 
 log = logging.getLogger("pycaffe_lite")
 
-DEFAULT_TIMEOUT = float(os.environ.get("PYCAFFE_LITE_NCCL_TIMEOUT", "600"))
 
 
 class RendezvousError(CaffeError):
@@ -71,12 +70,13 @@ class _Peer:
 class Rendezvous:
     """This process's place (``rank`` of ``world_size``) in the run that meets at ``url``."""
 
-    def __init__(self, url: str, world_size: int, rank: int, timeout: float = DEFAULT_TIMEOUT,
+    def __init__(self, url: str, world_size: int, rank: int, timeout: float | None = None,
                  on_peer_lost: Callable[[int, str], None] | None = None) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise CaffeError(f"rank {rank} is out of range for world size {world_size}")
         self.host, self.port = parse_init(url)
-        self.world_size, self.rank, self.timeout = int(world_size), int(rank), float(timeout)
+        self.world_size, self.rank, self.timeout = (
+            int(world_size), int(rank), float(config.nccl_timeout if timeout is None else timeout))
         self.on_peer_lost = on_peer_lost
         self.lost: str | None = None
         self.closing = False

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, SupportsInt
@@ -34,6 +33,7 @@ import numpy as np
 
 from .. import common
 from ..blob import shape_generation, weighted_sum
+from ..config import config
 from ..conv import engines as conv_engines
 from ..gpu import backend, cuda_graph
 from ..layer import Layer
@@ -52,7 +52,7 @@ HOOK_KINDS = ("before_forward", "after_forward", "before_backward", "after_backw
 
 def graphs_enabled() -> bool:
     """False when ``PYCAFFE_LITE_CUDA_GRAPHS=0`` asks for plain execution everywhere."""
-    return os.environ.get("PYCAFFE_LITE_CUDA_GRAPHS", "1") != "0"
+    return bool(config.cuda_graphs)
 
 
 def runs_on_device(layer: Layer) -> bool:

@@ -20,7 +20,6 @@ holds what the layers would leave there. Set ``PYCAFFE_LITE_FUSION=0`` to run ev
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -28,6 +27,7 @@ import numpy as np
 
 from .. import common
 from ..blob import Blob
+from ..config import config
 from ..gpu import backend
 from ..layer import Layer, create_layer
 from ..proto import caffe_pb2
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 def fusion_enabled() -> bool:
     """False when ``PYCAFFE_LITE_FUSION=0`` asks for every layer as written."""
-    return os.environ.get("PYCAFFE_LITE_FUSION", "1") != "0"
+    return bool(config.fusion)
 
 
 class _ReLUEpilogue(Protocol):  # the Convolution layer's fused forward (layers/convolution.py)

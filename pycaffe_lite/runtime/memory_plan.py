@@ -23,7 +23,6 @@ layer less, for one extra elementwise pass (also under ``PYCAFFE_LITE_SHARE_DIFF
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -32,6 +31,7 @@ import numpy as np
 
 from .. import common, python_layer
 from ..blob import Blob, shape_generation
+from ..config import config
 from ..errors import NetError
 from ..gpu import backend
 from ..layer import Layer
@@ -45,11 +45,11 @@ T = TypeVar("T")
 
 
 def sharing_enabled() -> bool:
-    return os.environ.get("PYCAFFE_LITE_SHARE_DIFFS", "1") != "0"
+    return bool(config.share_diffs)
 
 
 def data_sharing_enabled() -> bool:
-    return os.environ.get("PYCAFFE_LITE_SHARE_DATA", "1") != "0"
+    return bool(config.share_data)
 
 
 def assign_slots(intervals: Sequence[tuple[int, int, int, T]]) -> list[tuple[int, list[T]]]:

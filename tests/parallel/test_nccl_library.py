@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import pycaffe_lite as caffe
+from pycaffe_lite.config import Config
 from pycaffe_lite.parallel import nccl
 
 
@@ -21,7 +22,7 @@ def fresh(monkeypatch):
 def test_missing_library_says_what_to_install(fresh, tmp_path):
     bogus = tmp_path / "libnccl.so.2"
     bogus.write_text("not a library")
-    fresh.setenv("PYCAFFE_LITE_NCCL", str(bogus))
+    fresh.setattr(nccl, "config", Config(nccl=str(bogus)))
     fresh.setattr(sys, "path", [str(tmp_path)])
     fresh.setattr(nccl.ctypes.util, "find_library", lambda name: None)
     fresh.setattr(nccl, "candidates", lambda: [str(bogus), "libnccl-missing.so.9"])
@@ -40,7 +41,7 @@ def test_candidates_order(fresh, tmp_path):
     own = tmp_path / "own"
     own.mkdir()
     (own / "libnccl.so.2").write_bytes(b"")
-    fresh.setenv("PYCAFFE_LITE_NCCL", str(own))
+    fresh.setattr(nccl, "config", Config(nccl=str(own)))
     fresh.setattr(sys, "path", [str(tmp_path / "site")])
     names = nccl.candidates()
     assert names[0] == str(own / "libnccl.so.2")
