@@ -34,9 +34,9 @@ from ..gpu import backend, blas, cuda_graph
 from ..gpu import math_functions as gm
 from . import autotune_file, registry
 from .problem import ConvProblem
-from .registry import ENGINE_CANDIDATES, ENGINES, PASSES, Engine
+from .registry import ENGINE_CANDIDATES, ENGINES, PASSES
 
-__all__ = ["ENGINES", "ENGINE_CANDIDATES", "PASSES", "Choice", "Engine", "cache_file", "cached_choices", "choose",
+__all__ = ["ENGINES", "ENGINE_CANDIDATES", "PASSES", "Choice", "cache_file", "cached_choices", "choose",
            "clear_cache", "field_candidates", "graph_timing", "load_cache", "run", "save_cache", "use_cache_file"]
 
 TUNE_REPS = 3
@@ -55,7 +55,8 @@ def field_candidates(field: str, layer: str = "") -> tuple[str, ...]:
     if field in ("CAFFE", "CUDNN") and field not in _noted_fields:
         _noted_fields.add(field)
         log.info("engine: %s (convolution layer '%s' and any others) lets the autotune pick among all of "
-                 "pycaffe-lite's convolution engines, as DEFAULT does (none is cuDNN or Caffe's own); "
+                 "pycaffe-lite's convolution engines, as DEFAULT does (files write it to avoid cuDNN, which "
+                 "pycaffe-lite does not use); "
                  "engine: GEMM forces Caffe's im2col + GEMM", field, layer)
     return registry.candidates(field)
 
@@ -253,7 +254,7 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
     return choice
 
 
-def _call(engine: Engine, prob: ConvProblem, pass_: str, args: tuple, reserved: tuple[int, ...] = (),
+def _call(engine: registry.Engine, prob: ConvProblem, pass_: str, args: tuple, reserved: tuple[int, ...] = (),
           relu: bool = False) -> None:
     """Run ``pass_`` with its scratch from one :func:`backend.workspace` call, after ``reserved``
     leading regions (the autotune's operands) that the call keeps in place."""
