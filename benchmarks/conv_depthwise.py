@@ -14,7 +14,6 @@ depthwise/cuDNN (< 1: we are faster). About a minute on an H100.
 from __future__ import annotations
 
 import argparse
-import inspect
 import time
 
 import numpy as np
@@ -56,18 +55,10 @@ def ours(engine_name: str, n: int, c: int, size: int, stride: int, dtype, budget
 
     x, dx, w, dw, b, db = dev((n, c, size, size)), dev((n, c, size, size)), dev(c * 9), dev(c * 9), dev(c), dev(c)
     y, dy = dev((n, c) + prob.out_hw), dev((n, c) + prob.out_hw)
-    buffers: dict[str, object] = {}
-
-    def buffer(name: str, count: int) -> int:  # the engines' scratch, where they still take one
-        if name not in buffers or buffers[name][0] < count:
-            buffers[name] = (count, backend.alloc(max(1, count) * prob.itemsize))
-        return int(buffers[name][1])
-
-    e = conv_engines.ENGINES[engine_name]
-    extra = (buffer,) if "buffer" in inspect.signature(e.forward).parameters else ()
-    runs = {"forward": lambda: e.forward(prob, x, w, b, y, *extra),
-            "data": lambda: e.backward(prob, x, w, dy, dx, None, None, *extra),
-            "weight": lambda: e.backward(prob, x, w, dy, None, dw, db, *extra)}
+    choice = conv_engines.Choice(engine_name, engine_name, engine_name)  # scratch from the shared workspace
+    runs = {"forward": lambda: conv_engines.run(prob, choice, "forward", x, w, b, y),
+            "data": lambda: conv_engines.run(prob, choice, "backward_data", w, dy, dx),
+            "weight": lambda: conv_engines.run(prob, choice, "backward_weight", x, dy, dw, db)}
     return {p: _ms(runs[p], backend.synchronize, budget) for p in PASSES}
 
 

@@ -6,12 +6,13 @@ weight (num_output, C/group, kh, kw); bias (num_output,); top (..., num_output, 
 may be given: each is convolved with the same weights into the top of the same index.
 
 The whole minibatch is done at once. CPU: :mod:`pycaffe_lite.conv.cpu` (im2col and one GEMM per
-group over the whole batch, or per-image GEMMs for large output planes). GPU: one of the engines
-of :mod:`pycaffe_lite.conv.engines` per pass (im2col + cuBLAS, implicit GEMM, Winograd),
-autotuned once per shape; ``engine: CAFFE`` forces im2col + cuBLAS, ``IMPLICIT_GEMM``,
-``WINOGRAD``, ``DEPTHWISE`` and ``DIRECT`` (pycaffe-lite's additions to the enum) force those, DEFAULT
-and CUDNN pick the fastest. A forced engine that cannot run the layer's geometry is an error naming
-the layer, the engine, its requirement and the geometry (checked before any GPU work).
+group over the whole batch, or per-image GEMMs for large output planes). GPU: one of the registered
+engines (:mod:`pycaffe_lite.conv.registry`) per pass, autotuned once per shape
+(:mod:`pycaffe_lite.conv.engines`). ``engine`` DEFAULT, CAFFE and CUDNN let the autotune pick among
+all engines; pycaffe-lite's additions to the enum (``GEMM`` for Caffe's im2col + cuBLAS,
+``IMPLICIT_GEMM``, ``WINOGRAD``, ...) force one. A forced engine that cannot run the layer's geometry
+is an error naming the layer, the engine, its requirement and the geometry (checked before any GPU
+work).
 :class:`ConvolutionBase` holds what Deconvolution shares (set-up, shapes, engine choice).
 """
 
@@ -43,11 +44,6 @@ class ConvGeometry:
     pad: Pair
     stride: Pair
     dilation: Pair
-
-    @property
-    def is_1x1(self) -> bool:
-        """A pointwise convolution whose columns are the input itself."""
-        return self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
 
 
 def _pair(layer: Layer, p: Any, repeated: str, hw: str | None, default: int) -> Pair:
@@ -191,8 +187,8 @@ class ConvolutionBase(Layer):
 
     def engines(self) -> tuple[ConvProblem, conv_engines.Choice]:
         """:attr:`problem` and the engine per pass for it: autotuned once per shape (cached across
-        layers), narrowed by the ``engine`` field (CAFFE: im2col + GEMM; IMPLICIT_GEMM; WINOGRAD;
-        DEFAULT/CUDNN: any). Raises an error naming the layer and its geometry when the forced
+        layers), narrowed by the ``engine`` field (DEFAULT/CAFFE/CUDNN: any engine; pycaffe-lite's
+        values force theirs). Raises an error naming the layer and its geometry when the forced
         engine cannot run it (checked before any GPU work)."""
         prob = self.problem
         assert prob is not None, "reshape() builds the problem before any engine is chosen"
@@ -201,7 +197,9 @@ class ConvolutionBase(Layer):
             g = self.geo
             p = self.layer_param.convolution_param
             engine = p.Engine.Name(p.engine)
-            candidates = conv_engines.ENGINE_CANDIDATES[engine]
+            candidates = conv_engines.field_candidates(engine, self.name)
+            if not candidates:
+                raise self.error(f"engine {engine}: no convolution engine of this build registers it")
             if not any(conv_engines.ENGINES[n].supports(prob) for n in candidates):
                 raise self.error(
                     f"engine {engine} needs {conv_engines.ENGINES[candidates[0]].requirement}; this layer has "

@@ -12,6 +12,7 @@ import pytest
 from pycaffe_lite.conv import cpu as cpu_conv
 from pycaffe_lite.conv import depthwise as conv_depthwise
 from pycaffe_lite.conv import direct as conv_direct
+from pycaffe_lite.conv import engines as conv_engines
 from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu.signatures import check_args, parse_signatures
@@ -337,6 +338,16 @@ CASES = [
 ]
 
 
+def _depthwise_passes(prob, x, w, bias, y, dy, dx, dw, db):
+    """Forward, then (when ``dx`` is given) the data gradient, then the weight gradient, through the
+    engine runner as a layer calls it (scratch from the workspace)."""
+    choice = conv_engines.Choice("depthwise", "depthwise", "depthwise")
+    conv_engines.run(prob, choice, "forward", x, w, bias, y)
+    if dx is not None:
+        conv_engines.run(prob, choice, "backward_data", w, dy, dx)
+    conv_engines.run(prob, choice, "backward_weight", x, dy, dw, db)
+
+
 @pytest.mark.parametrize("min_chunk", [1 << 20, 1])  # one chunk per channel, or several (partials + reduce)
 @pytest.mark.parametrize("shape,num_output,kernel,pad,stride,dilation", CASES)
 def test_emulated_kernels_match_cpu_conv(mem, monkeypatch, shape, num_output, kernel, pad, stride, dilation,
@@ -359,8 +370,7 @@ def test_emulated_kernels_match_cpu_conv(mem, monkeypatch, shape, num_output, ke
     px, pw_, pb, pdy = mem.put(x), mem.put(wt), mem.put(bias), mem.put(dy)
     py, pdx = mem.put(np.full(want_y.size, np.nan)), mem.put(np.full(x.size, np.nan))
     pdw, pdb = mem.put(np.full(wt.size, 0.5)), mem.put(np.full(num_output, 0.25))
-    conv_depthwise.forward(prob, px, pw_, pb, py)
-    conv_depthwise.backward(prob, px, pw_, pdy, pdx, pdw, pdb)
+    _depthwise_passes(prob, px, pw_, pb, py, pdy, pdx, pdw, pdb)
     got = mem.arrays
     np.testing.assert_allclose(got[py].reshape(want_y.shape), want_y, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got[pdx].reshape(shape), want_dx, rtol=1e-12, atol=1e-12)
@@ -369,9 +379,8 @@ def test_emulated_kernels_match_cpu_conv(mem, monkeypatch, shape, num_output, ke
     chunks = conv_depthwise.chunking(prob)[1]
     assert (chunks > 1) == (min_chunk == 1)
 
-    conv_depthwise.forward(prob, px, pw_, None, py)  # no bias; weight gradient without the bias sum
+    _depthwise_passes(prob, px, pw_, None, py, pdy, None, pdw, None)  # no bias: weight gradient without the bias sum
     np.testing.assert_allclose(got[py].reshape(want_y.shape), want_y - bias[:, None, None], rtol=1e-12, atol=1e-12)
-    conv_depthwise.backward(prob, px, pw_, pdy, None, pdw, None)
     np.testing.assert_allclose(got[pdw].reshape(wt.shape), 2 * want_dw - 0.5, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got[pdb], want_db, rtol=1e-12, atol=1e-12)
 
@@ -415,9 +424,10 @@ def test_emulated_direct_forward_matches_cpu_conv(mem, shape, num_output, k, pad
     want = np.empty((n, num_output) + prob.out_hw)
     cpu_conv.forward(x, wt, bias, prob.kernel, prob.pad, prob.stride, prob.dilation, 1, want)
     px, pw_, pb, py = mem.put(x), mem.put(wt), mem.put(bias), mem.put(np.full(want.size, np.nan))
-    conv_direct.forward(prob, px, pw_, pb, py)
+    direct = conv_direct.DirectEngine()
+    direct.forward(prob, px, pw_, pb, py, [])
     np.testing.assert_allclose(mem.arrays[py].reshape(want.shape), want, rtol=1e-12, atol=1e-12)
-    conv_direct.forward(prob, px, pw_, None, py)
+    direct.forward(prob, px, pw_, None, py, [])
     np.testing.assert_allclose(mem.arrays[py].reshape(want.shape), want - bias[:, None, None], rtol=1e-12,
                                atol=1e-12)
 

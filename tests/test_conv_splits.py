@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from pycaffe_lite.conv import engines as conv_engines
-from pycaffe_lite.conv import implicit as ig
+from pycaffe_lite.conv import gemm, tiling
 from pycaffe_lite.conv import tensorcore as tc
 from pycaffe_lite.conv.problem import ConvProblem
+from pycaffe_lite.conv.registry import PASSES
 from pycaffe_lite.gpu import backend
 
 SMS = 132
@@ -29,7 +29,7 @@ def _prob(n: int, c: int, hw: int, m: int, k: int = 3, group: int = 1) -> ConvPr
 ])
 def test_splits_fill_whole_waves_and_cover_the_contraction(monkeypatch, prob, bm, bn, bk, resident):
     monkeypatch.setattr(backend, "multiprocessor_count", lambda: SMS)
-    splits, chunk = ig.split_contraction(prob, bm, bn, bk, False, resident)
+    splits, chunk = tiling.split_contraction(prob, bm, bn, bk, False, resident)
     total = prob.num * prob.out_plane
     assert chunk % bk == 0 and splits * chunk >= total > (splits - 1) * chunk
     assert splits == 1 or chunk >= 4 * bk
@@ -42,7 +42,7 @@ def test_splits_fill_whole_waves_and_cover_the_contraction(monkeypatch, prob, bm
 def test_splits_do_not_spill_a_wave_by_a_few_blocks(monkeypatch):
     """9 tiles on 264 slots: 29 splits (261 blocks), not 30 (270: a second wave of 6 blocks)."""
     monkeypatch.setattr(backend, "multiprocessor_count", lambda: SMS)
-    splits, _ = ig.split_contraction(_prob(32, 64, 224, 64), 64, 64, 32, False, 2)
+    splits, _ = tiling.split_contraction(_prob(32, 64, 224, 64), 64, 64, 32, False, 2)
     assert splits == 29
 
 
@@ -59,12 +59,12 @@ def test_sliced_conditions():
 
 
 def test_gemm_1x1_weight_gradient_uses_columns_only_at_small_planes():
-    per_image = conv_engines.GemmEngine._per_image
+    per_image = gemm.GemmEngine._per_image
     small, large = _prob(32, 512, 7, 2048, k=1), _prob(32, 256, 14, 1024, k=1)
-    assert small.out_plane < conv_engines.COLUMNS_1X1_WEIGHT_PLANE <= large.out_plane
+    assert small.out_plane < gemm.COLUMNS_1X1_WEIGHT_PLANE <= large.out_plane
     assert per_image(small, "forward") and per_image(small, "backward_data")
     assert not per_image(small, "backward_weight") and per_image(large, "backward_weight")
-    assert not any(per_image(_prob(2, 8, 9, 8), p) for p in conv_engines.PASSES)  # 3x3: always columns
-    engine = conv_engines.GemmEngine()
+    assert not any(per_image(_prob(2, 8, 9, 8), p) for p in PASSES)  # 3x3: always columns
+    engine = gemm.GemmEngine()
     assert len(engine.scratch(small, "backward_weight", False)) == 2  # columns and the transposed dy
     assert engine.scratch(small, "forward", False) == ()

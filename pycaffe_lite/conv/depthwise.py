@@ -1,10 +1,10 @@
-"""Depthwise convolution (kernels in ``conv_depthwise.cu``): group == channels, each output channel
+"""The ``depthwise`` convolution engine (kernels in ``depthwise.cu``): group == channels, each output channel
 ``m`` filters input channel ``m // mult`` alone (``mult = num_output / channels``, MobileNet's is 1).
 
-Direct kernels, no column buffer, any kernel size, stride, pad and dilation: :func:`forward` one thread
-per output (bias fused), :func:`backward` assigns ``dx`` one thread per input element and accumulates
-``dw``/``db`` with a block per (output channel, chunk of the positions) reducing in shared memory, then a
-fixed-order sum over chunks: no atomics, so the weight gradient is bitwise reproducible. 3x3 kernels with
+Direct kernels, no column buffer, any kernel size, stride, pad and dilation: the forward runs one thread
+per output (bias fused), the data gradient assigns ``dx`` one thread per input element, the weight
+gradient accumulates ``dw``/``db`` with a block per (output channel, chunk of the positions) reducing in
+shared memory, then a fixed-order sum over chunks: no atomics, so the weight gradient is bitwise reproducible. 3x3 kernels with
 stride 1 or 2 and no dilation (MobileNet's) run row-vector variants: a thread handles :data:`V`
 neighbours along W (outputs; input pixels for the stride-1 data gradient) from one register copy of the
 input row segment they share. Scratch comes from :func:`backend.workspace`.
@@ -15,11 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..gpu import backend
-from ..gpu import math_functions as gm
 from .problem import ConvProblem, epilogue_flags
+from .registry import Engine, register_engine
 
 KERNELS = Path(__file__).with_name("depthwise.cu")
-NAME = "depthwise"
 THREADS = 256  # DW_THREADS in the .cu
 MIN_CHUNK = 4 * THREADS  # positions per weight-gradient block, at least
 BLOCKS_PER_SM = 8  # weight-gradient blocks wanted per multiprocessor
@@ -65,46 +64,47 @@ def chunking(prob: ConvProblem) -> tuple[int, int]:
     return chunk, -(-total // chunk)
 
 
-def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int, relu: bool = False) -> None:
-    """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``."""
-    count = prob.num * prob.num_output * prob.out_hw[0] * _quads(prob.out_hw[1], prob)
-    _kernel(prob, "dw_forward")(count, x, w, bias or w, epilogue_flags(bias, relu), y, *_geometry(prob))
-
-
 def weight_scratch(prob: ConvProblem) -> int:
     """Bytes of partial sums the weight pass needs (0 when one chunk covers a channel)."""
     chunk, chunks = chunking(prob)
     return prob.num_output * chunks * (prob.khkw + 1) * prob.itemsize if chunks > 1 else 0
 
 
-def backward_data(prob: ConvProblem, w: int, dy: int, dx: int) -> None:
-    """``dx = dL/dx`` (assigned)."""
-    per_row = _quads(prob.width, prob) if _variant(prob) == "k3s1" else prob.width
-    count = prob.num * prob.channels * prob.height * per_row
-    _kernel(prob, "dw_backward_data")(count, dy, w, dx, *_geometry(prob))
+@register_engine("DEPTHWISE", order=30, summary="direct kernels for group == channels (depthwise), no "
+                 "column buffer")
+class DepthwiseEngine(Engine):
+    name = "depthwise"
+    requirement = "group == channels == num_output / k (a depthwise convolution)"
 
+    def supports(self, prob):
+        return supports(prob)
 
-def backward_weight(prob: ConvProblem, x: int, dy: int, dw: int, db: int | None, part: int | None) -> None:
-    """``dw += dL/dw`` and ``db += dL/db`` (when given); ``part`` holds :func:`weight_scratch` bytes."""
-    chunk, chunks = chunking(prob)
-    has_bias, taps = int(db is not None), prob.khkw
-    if chunks > 1 and part is None:
-        raise ValueError("depthwise weight gradient: the partial-sum scratch is missing")
-    out = part if chunks > 1 else dw
-    _kernel(prob, "dw_backward_weight")(x, dy, prob.num, chunk, chunks, has_bias, out, dw, db or dw,
-                                        *_geometry(prob), grid=prob.num_output * chunks, block=THREADS)
-    if chunks > 1:
-        reduce = backend.kernel(KERNELS, "dw_reduce_weight", prob.np_dtype)
-        reduce(prob.num_output * (taps + 1), part, chunks, taps, has_bias, dw, db or dw)
+    def scratch(self, prob, pass_, has_bias):
+        size = weight_scratch(prob) if pass_ == "backward_weight" else 0
+        return (size,) if size else ()
 
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
+        """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``."""
+        count = prob.num * prob.num_output * prob.out_hw[0] * _quads(prob.out_hw[1], prob)
+        _kernel(prob, "dw_forward")(count, x, w, bias or w, epilogue_flags(bias, relu), y, *_geometry(prob))
 
-def backward(prob: ConvProblem, x: int, w: int, dy: int, dx: int | None, dw: int | None, db: int | None) -> None:
-    """``dx`` assigned, ``dw``/``db`` accumulated (None skips one); scratch from the workspace."""
-    if dx is not None:
-        backward_data(prob, w, dy, dx)
-    if dw is None:
-        if db is not None:
-            gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
-        return
-    size = weight_scratch(prob)
-    backward_weight(prob, x, dy, dw, db, backend.workspace(size)[0] if size else None)
+    def backward_data(self, prob, w, dy, dx, ws):
+        """``dx = dL/dx`` (assigned)."""
+        per_row = _quads(prob.width, prob) if _variant(prob) == "k3s1" else prob.width
+        count = prob.num * prob.channels * prob.height * per_row
+        _kernel(prob, "dw_backward_data")(count, dy, w, dx, *_geometry(prob))
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        """``dw += dL/dw`` and ``db += dL/db`` (when given); ``ws[0]`` holds :func:`weight_scratch`
+        bytes of partial sums when the positions split into several chunks."""
+        chunk, chunks = chunking(prob)
+        has_bias, taps = int(db is not None), prob.khkw
+        part = ws[0] if ws else None
+        if chunks > 1 and part is None:
+            raise ValueError("depthwise weight gradient: the partial-sum scratch is missing")
+        out = part if chunks > 1 else dw
+        _kernel(prob, "dw_backward_weight")(x, dy, prob.num, chunk, chunks, has_bias, out, dw, db or dw,
+                                            *_geometry(prob), grid=prob.num_output * chunks, block=THREADS)
+        if chunks > 1:
+            reduce = backend.kernel(KERNELS, "dw_reduce_weight", prob.np_dtype)
+            reduce(prob.num_output * (taps + 1), part, chunks, taps, has_bias, dw, db or dw)

@@ -1,28 +1,22 @@
-"""GPU convolution engines and the per-shape autotune that picks one per pass.
+"""Running the GPU convolution engines, and the per-shape autotune that picks one per pass.
 
-Engines (each does the whole minibatch; groups in the same calls):
-
-- ``gemm``: im2col into a column buffer (C*kh*kw, N, Ho*Wo), one cuBLAS strided-batched GEMM over
-  the groups, an axis swap into (N, M, Ho*Wo). 1x1/stride-1/pad-0 convolutions skip im2col: one
-  strided-batched GEMM over the images reads the input in place (not the weight gradient at output
-  planes below :data:`COLUMNS_1X1_WEIGHT_PLANE`). Batches whose columns exceed
-  :data:`COL_BUFFER_BYTES` run in chunks of images.
-- ``implicit-BMxBN``: im2col fused into a tiled GEMM (``conv_implicit``), one launch per pass.
-- ``winograd``: F(2x2, 3x3) for 3x3/stride-1 convolutions (``winograd``).
-- ``tensorcore-BMxBN``: the implicit GEMM on TF32 tensor cores (``conv_tensorcore``), offered only
-  for float32 with TF32 allowed.
-
-Each engine runs three passes (:data:`PASSES`): ``forward``, ``backward_data`` and
-``backward_weight``. Their scratch (column buffers, Winograd transforms, implicit-GEMM partial sums)
-comes from the process-wide :func:`backend.workspace`, one call per pass (:func:`run`), so all
-convolution layers share one buffer sized to the largest need.
+The engines themselves live in their own modules and register themselves (:mod:`.registry`); each
+runs the three passes (:data:`PASSES`): ``forward``, ``backward_data`` and ``backward_weight``, on the
+whole minibatch, groups in the same calls. Their scratch (column buffers, Winograd transforms,
+implicit-GEMM partial sums) comes from the process-wide :func:`backend.workspace`, one call per pass
+(:func:`run`), so all convolution layers share one buffer sized to the largest need.
 
 :func:`choose` times every engine that supports a :class:`ConvProblem` on workspace buffers, for
 each pass separately, and caches the fastest per shape (cuDNN's "find" step). The layer's
-``engine`` field narrows the candidates (:data:`ENGINE_CANDIDATES`). The choices can be kept in a
-file (:mod:`.autotune_file`): :func:`save_cache` / :func:`load_cache` (``pycaffe_lite.save_autotune``
-/ ``load_autotune``), or :func:`use_cache_file` / ``$PYCAFFE_LITE_AUTOTUNE_CACHE``, which load the
-file at the first choice and save it after each new tuning.
+``engine`` field narrows the candidates (:func:`field_candidates`, :data:`ENGINE_CANDIDATES`):
+DEFAULT, CAFFE and CUDNN allow every engine; pycaffe-lite's own values force one. The choices can be
+kept in a file (:mod:`.autotune_file`): :func:`save_cache` / :func:`load_cache`
+(``pycaffe_lite.save_autotune`` / ``load_autotune``), or :func:`use_cache_file` /
+``$PYCAFFE_LITE_AUTOTUNE_CACHE``, which load the file at the first choice and save it after each new
+tuning.
+
+Engines by ``engine`` value (from the registry):
+
 """
 
 from __future__ import annotations
@@ -39,287 +33,33 @@ from ..config import config
 from ..errors import CaffeError
 from ..gpu import backend, blas, cuda_graph
 from ..gpu import math_functions as gm
-from . import autotune_file, depthwise, direct, winograd
-from . import im2col as gpu_im2col
-from . import implicit as ig
-from . import tensorcore as tc
+from . import autotune_file, registry
 from .problem import ConvProblem
+from .registry import ENGINE_CANDIDATES, ENGINES, PASSES
 
-COL_BUFFER_BYTES = 256 << 20  # gemm engine column buffer budget; larger batches run in chunks
-COLUMNS_1X1_WEIGHT_PLANE = 100  # gemm engine: 1x1 weight gradients at smaller output planes use columns
+__all__ = ["ENGINES", "ENGINE_CANDIDATES", "PASSES", "Choice", "cache_file", "cached_choices", "choose",
+           "clear_cache", "field_candidates", "graph_timing", "load_cache", "run", "save_cache", "use_cache_file"]
+
 TUNE_REPS = 3
 TUNE_GRAPH_CALLS = 5  # graph replays per timed batch
 log = logging.getLogger("pycaffe_lite")
-PASSES = ("forward", "backward_data", "backward_weight")
+
+registry.load_engines()
+__doc__ = (__doc__ or "") + registry.describe() + "\n"
+_noted_fields: set[str] = set()
 
 
-def bias_backward(prob: ConvProblem, dy: int, db: int) -> None:
-    """``db += sum of dy over images and pixels``."""
-    gm.channel_sum(prob.num, prob.num_output, prob.out_plane, dy, db, prob.np_dtype, beta=1.0)
-
-
-class Engine:
-    """One way to run the three passes of a :class:`ConvProblem`. ``forward`` assigns ``y`` (adding
-    ``bias`` when given, then applying ReLU when ``relu``: the fused Convolution -> ReLU epilogue);
-    ``backward_data`` assigns ``dx``; ``backward_weight`` accumulates ``dw`` and, when given, ``db``.
-    ``ws`` holds device pointers to scratch regions of the byte sizes :meth:`scratch` gives for the
-    pass."""
-
-    name = ""
-    requirement = ""  # what a problem needs for :meth:`supports`, for error messages
-    passes: tuple[str, ...] = PASSES  # the passes it implements (others fall back to gemm)
-    relu_epilogue = True  # forward applies ``relu`` itself (else :func:`run` adds a ReLU pass)
-
-    def supports(self, prob: ConvProblem) -> bool:
-        return True
-
-    def scratch(self, prob: ConvProblem, pass_: str, has_bias: bool) -> tuple[int, ...]:
-        return ()
-
-    def forward(self, prob: ConvProblem, x: int, w: int, bias: int | None, y: int, ws: list[int],
-                relu: bool = False) -> None:
-        raise NotImplementedError
-
-    def backward_data(self, prob: ConvProblem, w: int, dy: int, dx: int, ws: list[int]) -> None:
-        raise NotImplementedError
-
-    def backward_weight(self, prob: ConvProblem, x: int, dy: int, dw: int, db: int | None, ws: list[int]) -> None:
-        raise NotImplementedError
-
-
-class GemmEngine(Engine):
-    name = "gemm"
-
-    @staticmethod
-    def _chunk(prob: ConvProblem) -> int:
-        per_image = prob.channels * prob.khkw * prob.out_plane * prob.itemsize
-        return max(1, min(prob.num, COL_BUFFER_BYTES // max(1, per_image)))
-
-    @staticmethod
-    def _per_image(prob: ConvProblem, pass_: str) -> bool:
-        """Whether ``pass_`` runs one GEMM per image straight on the blobs, without columns: for
-        1x1/stride-1/pad-0 convolutions, except the weight gradient at output planes below
-        :data:`COLUMNS_1X1_WEIGHT_PLANE` (its per-image partial products, N x M x C, then cost more
-        than columns and one GEMM over the batch)."""
-        return prob.is_1x1 and (pass_ != "backward_weight" or prob.out_plane >= COLUMNS_1X1_WEIGHT_PLANE)
-
-    def scratch(self, prob, pass_, has_bias):
-        isz = prob.itemsize
-        if self._per_image(prob, pass_):  # the weight pass's per-image partial products; no columns
-            return (prob.num * prob.mg * prob.cg * isz,) if pass_ == "backward_weight" else ()
-        nmax = self._chunk(prob)
-        return prob.group * prob.kg * nmax * prob.out_plane * isz, prob.num_output * nmax * prob.out_plane * isz
-
-    def forward(self, prob, x, w, bias, y, ws, relu=False):
-        dt, isz = prob.np_dtype, prob.itemsize
-        mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
-        chw = prob.channels * prob.in_plane
-        if self._per_image(prob, "forward"):  # y[n, g] (mg, P) = W[g] (mg, cg) . x[n, g] (cg, P), per image
-            for g in range(prob.group):
-                blas.gemm_strided_batched(False, False, mg, p, kg, 1.0, w + g * mg * kg * isz, 0,
-                                          x + g * kg * p * isz, chw, 0.0, y + g * mg * p * isz, m * p, prob.num, dt)
-        else:
-            col, yt = ws
-            for n0, nb in self._chunks(prob):
-                self._im2col(prob, x + n0 * chw * isz, nb, col)
-                # yt[g] (mg, nb*P) = W[g] (mg, kg) . col[g] (kg, nb*P), for every group g
-                blas.gemm_strided_batched(False, False, mg, nb * p, kg, 1.0, w, mg * kg, col, kg * nb * p,
-                                          0.0, yt, mg * nb * p, prob.group, dt)
-                gpu_im2col.swap_leading_axes(yt, m, nb, p, y + n0 * m * p * isz, dt)  # -> (nb, M, P)
-        if bias is not None:
-            gm.add_channel_bias(prob.num, m, p, bias, y, dt, relu)
-        elif relu:
-            _relu(prob.num * m * p, y, dt)
-
-    def _chunks(self, prob: ConvProblem) -> list[tuple[int, int]]:
-        """(first image, images) of each chunk whose columns fit in COL_BUFFER_BYTES."""
-        nmax = self._chunk(prob)
-        return [(n0, min(nmax, prob.num - n0)) for n0 in range(0, prob.num, nmax)]
-
-    @staticmethod
-    def _im2col(prob: ConvProblem, x: int, nb: int, col: int) -> None:
-        gpu_im2col.im2col(x, nb, prob.channels, (prob.height, prob.width), prob.kernel, prob.pad, prob.stride,
-                          prob.dilation, col, prob.np_dtype)
-
-    def backward_data(self, prob, w, dy, dx, ws):
-        dt, isz = prob.np_dtype, prob.itemsize
-        mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
-        chw = prob.channels * prob.in_plane
-        if self._per_image(prob, "backward_data"):
-            # dx[n, g] (cg, P) = W[g]^T (cg, mg) . dy[n, g] (mg, P), batched over images
-            for g in range(prob.group):
-                blas.gemm_strided_batched(True, False, kg, p, mg, 1.0, w + g * mg * kg * isz, 0,
-                                          dy + g * mg * p * isz, m * p, 0.0, dx + g * kg * p * isz, chw,
-                                          prob.num, dt)
-            return
-        col, dyt = ws
-        for n0, nb in self._chunks(prob):
-            gpu_im2col.swap_leading_axes(dy + n0 * m * p * isz, nb, m, p, dyt, dt)  # -> (M, nb, P)
-            # col[g] (kg, nb*P) = W[g]^T (kg, mg) . dyt[g] (mg, nb*P), then back to images
-            blas.gemm_strided_batched(True, False, kg, nb * p, mg, 1.0, w, mg * kg, dyt, mg * nb * p,
-                                      0.0, col, kg * nb * p, prob.group, dt)
-            gpu_im2col.col2im(col, nb, prob.channels, (prob.height, prob.width), prob.kernel, prob.pad,
-                              prob.stride, prob.dilation, dx + n0 * chw * isz, dt)
-
-    def backward_weight(self, prob, x, dy, dw, db, ws):
-        dt, isz = prob.np_dtype, prob.itemsize
-        mg, kg, p, m, n = prob.mg, prob.kg, prob.out_plane, prob.num_output, prob.num
-        chw = prob.channels * prob.in_plane
-        if self._per_image(prob, "backward_weight"):
-            part, = ws
-            for g in range(prob.group):  # part[n] = dy[n, g] . x[n, g]^T, then dW[g] += sum over n
-                blas.gemm_strided_batched(False, True, mg, kg, p, 1.0, dy + g * mg * p * isz, m * p,
-                                          x + g * kg * p * isz, chw, 0.0, part, mg * kg, n, dt)
-                blas.gemv(True, n, mg * kg, 1.0, part, gm.ones_vector(n, dt), 1.0, dw + g * mg * kg * isz, dt)
-        else:
-            col, dyt = ws
-            for n0, nb in self._chunks(prob):
-                gpu_im2col.swap_leading_axes(dy + n0 * m * p * isz, nb, m, p, dyt, dt)  # -> (M, nb, P)
-                self._im2col(prob, x + n0 * chw * isz, nb, col)
-                # dW[g] (mg, kg) += dyt[g] (mg, nb*P) . col[g]^T (nb*P, kg)
-                blas.gemm_strided_batched(False, True, mg, kg, nb * p, 1.0, dyt, mg * nb * p, col, kg * nb * p,
-                                          1.0, dw, mg * kg, prob.group, dt)
-        if db is not None:  # after the scratch is used: a helper may take the workspace itself
-            bias_backward(prob, dy, db)
-
-
-class ImplicitEngine(Engine):
-    requirement = ig.REQUIREMENT
-
-    def __init__(self, forward_tile: str = "64x128", data_tile: str = "64x128", weight_tile: str = "64x64") -> None:
-        self.tiles = (forward_tile, data_tile, weight_tile)
-        self.name = f"implicit-{forward_tile}" if len(set(self.tiles[:2])) == 1 else "implicit"
-
-    def supports(self, prob):
-        return ig.supports(prob)
-
-    def scratch(self, prob, pass_, has_bias):
-        if pass_ != "backward_weight":
-            return ()
-        return (ig.workspace_count(prob, self.tiles[2], has_bias) * prob.itemsize,)
-
-    def forward(self, prob, x, w, bias, y, ws, relu=False):
-        ig.forward(prob, self.tiles[0], x, w, bias, y, relu)
-
-    def backward_data(self, prob, w, dy, dx, ws):
-        ig.backward_data(prob, self.tiles[1], w, dy, dx)
-
-    def backward_weight(self, prob, x, dy, dw, db, ws):
-        ig.backward_weight(prob, self.tiles[2], x, dy, dw, db, ws[0])
-
-
-class WinogradEngine(Engine):
-    name = "winograd"
-    requirement = winograd.REQUIREMENT
-
-    def supports(self, prob):
-        return winograd.supports(prob)
-
-    def scratch(self, prob, pass_, has_bias):
-        return winograd.scratch(prob, pass_)
-
-    def forward(self, prob, x, w, bias, y, ws, relu=False):
-        winograd.forward(prob, x, w, bias, y, ws, relu)
-
-    def backward_data(self, prob, w, dy, dx, ws):
-        winograd.backward_data(prob, w, dy, dx, ws)
-
-    def backward_weight(self, prob, x, dy, dw, db, ws):
-        winograd.backward_weight(prob, x, dy, dw, ws)
-        if db is not None:
-            bias_backward(prob, dy, db)
-
-
-def _implicit_engines() -> dict[str, Engine]:
-    out: dict[str, Engine] = {}
-    for t in ig.TILES:  # the larger weight tile goes with the larger forward tiles
-        e = ImplicitEngine(t, t, ig.WEIGHT_TILES[0] if t in ig.TILES[:2] else ig.WEIGHT_TILES[1])
-        out[e.name] = e
-    return out
-
-
-class TensorCoreEngine(Engine):
-    """The implicit GEMM on TF32 tensor cores (``conv_tensorcore``): float32 when TF32 is allowed."""
-
-    requirement = tc.REQUIREMENT
-
-    def __init__(self, tile: str) -> None:
-        self.tile = tile
-        self.name = f"tensorcore-{tile}"
-
-    def supports(self, prob):
-        return tc.supports(prob)
-
-    def scratch(self, prob, pass_, has_bias):
-        if pass_ == "backward_weight":
-            return (tc.workspace_count(prob, self.tile, has_bias) * prob.itemsize,)
-        n = tc.weight_scratch_count(prob, self.tile, pass_)
-        return (n * prob.itemsize,) if n else ()
-
-    def forward(self, prob, x, w, bias, y, ws, relu=False):
-        tc.forward(prob, self.tile, x, w, bias, y, relu, ws[0] if ws else None)
-
-    def backward_data(self, prob, w, dy, dx, ws):
-        tc.backward_data(prob, self.tile, w, dy, dx, ws[0] if ws else None)
-
-    def backward_weight(self, prob, x, dy, dw, db, ws):
-        tc.backward_weight(prob, self.tile, x, dy, dw, db, ws[0])
-
-
-# -- engines-branch hook: an engine whose module has NAME, supports(prob), forward(prob, x, w, bias, y)
-# and, unless forward-only, backward(prob, x, w, dy, dx, dw, db); forward-only ones back-propagate with gemm.
-class DepthwiseEngine(Engine):
-    """Direct kernels for group == channels (``conv_depthwise``)."""
-
-    name = "depthwise"
-    requirement = "group == channels == num_output / k (a depthwise convolution)"
-
-    def supports(self, prob):
-        return depthwise.supports(prob)
-
-    def scratch(self, prob, pass_, has_bias):
-        size = depthwise.weight_scratch(prob) if pass_ == "backward_weight" else 0
-        return (size,) if size else ()
-
-    def forward(self, prob, x, w, bias, y, ws, relu=False):
-        depthwise.forward(prob, x, w, bias, y, relu)
-
-    def backward_data(self, prob, w, dy, dx, ws):
-        depthwise.backward_data(prob, w, dy, dx)
-
-    def backward_weight(self, prob, x, dy, dw, db, ws):
-        depthwise.backward_weight(prob, x, dy, dw, db, ws[0] if ws else None)
-
-
-class DirectEngine(Engine):
-    """Small-batch direct convolution, forward only (``conv_direct``)."""
-
-    name = "direct"
-    requirement = "batch <= 4, group 1, square 1/3/5/7 kernel, stride 1 or 2, no dilation"
-    passes = ("forward",)
-
-    def supports(self, prob):
-        return direct.supports(prob)
-
-    def forward(self, prob, x, w, bias, y, ws, relu=False):
-        direct.forward(prob, x, w, bias, y, relu)
-
-
-ENGINES: dict[str, Engine] = {"gemm": GemmEngine(), **_implicit_engines(), "winograd": WinogradEngine(),
-                              "depthwise": DepthwiseEngine(), "direct": DirectEngine(),
-                              **{e.name: e for e in map(TensorCoreEngine, tc.TILES)}}
-IMPLICIT = tuple(n for n in ENGINES if n.startswith("implicit"))
-TENSOR_CORE = tuple(n for n in ENGINES if n.startswith("tensorcore"))
-ENGINE_CANDIDATES = {  # ConvolutionParameter.Engine name -> engines the autotune may pick
-    "DEFAULT": tuple(ENGINES),
-    "CUDNN": tuple(ENGINES),
-    "CAFFE": ("gemm",),
-    "IMPLICIT_GEMM": IMPLICIT,
-    "WINOGRAD": ("winograd",),
-    "DEPTHWISE": ("depthwise",),
-    "DIRECT": ("direct",),
-    "TENSOR_CORE": TENSOR_CORE,
-}
+def field_candidates(field: str, layer: str = "") -> tuple[str, ...]:
+    """The engines a layer whose ``engine`` field is ``field`` (a ConvolutionParameter.Engine name) lets
+    the autotune pick (:func:`.registry.candidates`). ``CAFFE`` and ``CUDNN`` are said once per process
+    in the log (INFO): they pick among all engines, as DEFAULT does."""
+    if field in ("CAFFE", "CUDNN") and field not in _noted_fields:
+        _noted_fields.add(field)
+        log.info("engine: %s (convolution layer '%s' and any others) lets the autotune pick among all of "
+                 "pycaffe-lite's convolution engines, as DEFAULT does (files write it to avoid cuDNN, which "
+                 "pycaffe-lite does not use); "
+                 "engine: GEMM forces Caffe's im2col + GEMM", field, layer)
+    return registry.candidates(field)
 
 
 @dataclass(frozen=True)
@@ -515,12 +255,7 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
     return choice
 
 
-def _relu(n: int, y: int, dtype) -> None:
-    """``y = ReLU(y)`` in place (negative_slope 0, ReLULayer's formula)."""
-    backend.elementwise("conv_relu", "Dtype* y", "y[i] = y[i] > 0 ? y[i] : y[i] * Dtype(0)", dtype)(n, y)
-
-
-def _call(engine: Engine, prob: ConvProblem, pass_: str, args: tuple, reserved: tuple[int, ...] = (),
+def _call(engine: registry.Engine, prob: ConvProblem, pass_: str, args: tuple, reserved: tuple[int, ...] = (),
           relu: bool = False) -> None:
     """Run ``pass_`` with its scratch from one :func:`backend.workspace` call, after ``reserved``
     leading regions (the autotune's operands) that the call keeps in place."""
@@ -535,7 +270,7 @@ def _call(engine: Engine, prob: ConvProblem, pass_: str, args: tuple, reserved: 
     x, w, bias, y = args
     engine.forward(prob, x, w, bias, y, ws, relu=engine.relu_epilogue)
     if not engine.relu_epilogue:
-        _relu(prob.num * prob.num_output * prob.out_plane, y, prob.np_dtype)
+        registry.relu_inplace(prob.num * prob.num_output * prob.out_plane, y, prob.np_dtype)
 
 
 def run(prob: ConvProblem, choice: Choice, pass_: str, *args, relu: bool = False) -> None:

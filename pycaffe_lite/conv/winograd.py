@@ -1,12 +1,12 @@
-"""Winograd F(2x2, 3x3) convolution (transform kernels in ``winograd.cu``, the 16 products per
+"""The ``winograd`` convolution engine: F(2x2, 3x3) (transform kernels in ``winograd.cu``, the 16 products per
 tile as cuBLAS strided-batched GEMMs over channels).
 
 Applies to 3x3 kernels with stride 1, no dilation, one group and pads of at most 2 (the data
 gradient is the forward transform of the top gradient padded by ``2 - pad`` with the flipped,
 transposed filter). The multiply count is 16/36 of the direct convolution's. Batches whose
 transformed tiles exceed :data:`BUFFER_BYTES` run in chunks of images. Each pass takes its
-transform buffers as device pointers ``ws`` to regions of the sizes :func:`scratch` gives (the
-caller carves them from the shared device workspace).
+transform buffers as device pointers ``ws`` to regions of the sizes :meth:`WinogradEngine.scratch`
+gives (the caller carves them from the shared device workspace).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from ..gpu import backend, blas
 from ..gpu import math_functions as gm
 from .problem import ConvProblem, epilogue_flags
+from .registry import Engine, bias_backward, register_engine
 
 KERNELS = Path(__file__).with_name("winograd.cu")
 BUFFER_BYTES = 512 << 20  # per transformed-tile buffer; larger batches run in image chunks
@@ -76,34 +77,6 @@ def _weight_chunks(prob: ConvProblem) -> Iterator[tuple[int, int, int, int, int]
         yield (n0, nb, t, *_weight_blocks(prob, t))
 
 
-def scratch(prob: ConvProblem, pass_: str) -> tuple[int, ...]:
-    """Bytes of each scratch region ``pass_`` ("forward", "backward_data", "backward_weight") uses:
-    U, V, M for the first two; dU, V, dM, partial sums for the weight gradient."""
-    isz = prob.itemsize
-    if pass_ == "backward_weight":
-        m, c = prob.num_output, prob.channels
-        span = max(nblk * blk for *_, nblk, blk in _weight_chunks(prob))
-        nblk = max(nblk for *_, nblk, _ in _weight_chunks(prob))
-        return 16 * m * c * isz, 16 * c * span * isz, 16 * m * span * isz, 16 * nblk * m * c * isz
-    cin, cout, out_hw = _sides(prob, pass_)
-    th, tw = _tiles(*out_hw)
-    nt = _chunk(prob) * th * tw
-    return 16 * cin * cout * isz, 16 * cin * nt * isz, 16 * cout * nt * isz
-
-
-def forward(prob: ConvProblem, x: int, w: int, bias: int | None, y: int, ws: list[int], relu: bool = False) -> None:
-    """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``; ``ws``: the regions of :func:`scratch`
-    ``"forward"``."""
-    _convolve(prob, "forward", (prob.height, prob.width), prob.pad, x, w, False, bias, y, ws, relu)
-
-
-def backward_data(prob: ConvProblem, w: int, dy: int, dx: int, ws: list[int]) -> None:
-    """``dx = dL/dx`` (assigned): the forward transform of ``dy`` padded by ``2 - pad`` with the
-    flipped, transposed filter; ``ws``: the regions of :func:`scratch` ``"backward_data"``."""
-    pad = (2 - prob.pad[0], 2 - prob.pad[1])
-    _convolve(prob, "backward_data", prob.out_hw, pad, dy, w, True, None, dx, ws)
-
-
 def _convolve(prob: ConvProblem, pass_: str, in_hw, pad, x: int, w: int, flip: bool, bias: int | None, y: int,
               ws: list[int], relu: bool = False) -> None:
     """``y (num, cout, *out_hw) = conv3x3(x (num, cin, *in_hw) padded by pad)``."""
@@ -139,23 +112,57 @@ def _weight_blocks(prob: ConvProblem, tiles: int) -> tuple[int, int]:
     return -(-tiles // block), block
 
 
-def backward_weight(prob: ConvProblem, x: int, dy: int, dw: int, ws: list[int]) -> None:
-    """``dw += dL/dw`` through the transforms' adjoints; ``ws``: the regions of :func:`scratch`
-    ``"backward_weight"``."""
-    dtype, isz = prob.np_dtype, prob.itemsize
-    ho, wo = prob.out_hw
-    tiles = _tiles(ho, wo)
-    m, c = prob.num_output, prob.channels
-    du, v, dmo, part = ws
-    output_grad = backend.kernel(KERNELS, "winograd_output_grad", dtype)
-    for n0, nb, t, nblk, blk in _weight_chunks(prob):
-        output_grad(m * nblk * blk, dy + n0 * m * ho * wo * isz, m, tiles[0], tiles[1], t, blk, ho, wo, dmo)
-        _input(dtype, x + n0 * c * prob.in_plane * isz, nb, c, (prob.height, prob.width), prob.pad, tiles, v,
-               blk, nblk)
-        # part[xi, s] (m, c) = dMo[xi, s] (m, blk) . V[xi, s]^T (blk, c), one GEMM per (xi, block)
-        blas.gemm_strided_batched(False, True, m, c, blk, 1.0, dmo, m * blk, v, c * blk, 0.0, part, m * c,
-                                  16 * nblk, dtype)
-        # dU[xi] (1, m*c) (+)= ones (1, nblk) . part[xi] (nblk, m*c)
-        blas.gemm_strided_batched(False, False, 1, m * c, nblk, 1.0, gm.ones_vector(nblk, dtype), 0, part,
-                                  nblk * m * c, 1.0 if n0 else 0.0, du, m * c, 16, dtype)
-    backend.kernel(KERNELS, "winograd_filter_grad", dtype)(m * c, du, m, c, dw)
+@register_engine("WINOGRAD", order=20, summary="Winograd F(2x2, 3x3) transforms and 16 strided-batched "
+                 "GEMMs per tile (3x3 kernels, stride 1, group 1)")
+class WinogradEngine(Engine):
+    name = "winograd"
+    requirement = REQUIREMENT
+
+    def supports(self, prob):
+        return supports(prob)
+
+    def scratch(self, prob, pass_, has_bias):
+        """Bytes of each scratch region ``pass_`` uses: U, V, M for the forward and data-gradient
+        passes; dU, V, dM, partial sums for the weight gradient."""
+        isz = prob.itemsize
+        if pass_ == "backward_weight":
+            m, c = prob.num_output, prob.channels
+            span = max(nblk * blk for *_, nblk, blk in _weight_chunks(prob))
+            nblk = max(nblk for *_, nblk, _ in _weight_chunks(prob))
+            return 16 * m * c * isz, 16 * c * span * isz, 16 * m * span * isz, 16 * nblk * m * c * isz
+        cin, cout, out_hw = _sides(prob, pass_)
+        th, tw = _tiles(*out_hw)
+        nt = _chunk(prob) * th * tw
+        return 16 * cin * cout * isz, 16 * cin * nt * isz, 16 * cout * nt * isz
+
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
+        """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``."""
+        _convolve(prob, "forward", (prob.height, prob.width), prob.pad, x, w, False, bias, y, ws, relu)
+
+    def backward_data(self, prob, w, dy, dx, ws):
+        """``dx = dL/dx`` (assigned): the forward transform of ``dy`` padded by ``2 - pad`` with the
+        flipped, transposed filter."""
+        pad = (2 - prob.pad[0], 2 - prob.pad[1])
+        _convolve(prob, "backward_data", prob.out_hw, pad, dy, w, True, None, dx, ws)
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        """``dw += dL/dw`` through the transforms' adjoints, then ``db += dL/db`` when given."""
+        dtype, isz = prob.np_dtype, prob.itemsize
+        ho, wo = prob.out_hw
+        tiles = _tiles(ho, wo)
+        m, c = prob.num_output, prob.channels
+        du, v, dmo, part = ws
+        output_grad = backend.kernel(KERNELS, "winograd_output_grad", dtype)
+        for n0, nb, t, nblk, blk in _weight_chunks(prob):
+            output_grad(m * nblk * blk, dy + n0 * m * ho * wo * isz, m, tiles[0], tiles[1], t, blk, ho, wo, dmo)
+            _input(dtype, x + n0 * c * prob.in_plane * isz, nb, c, (prob.height, prob.width), prob.pad, tiles, v,
+                   blk, nblk)
+            # part[xi, s] (m, c) = dMo[xi, s] (m, blk) . V[xi, s]^T (blk, c), one GEMM per (xi, block)
+            blas.gemm_strided_batched(False, True, m, c, blk, 1.0, dmo, m * blk, v, c * blk, 0.0, part, m * c,
+                                      16 * nblk, dtype)
+            # dU[xi] (1, m*c) (+)= ones (1, nblk) . part[xi] (nblk, m*c)
+            blas.gemm_strided_batched(False, False, 1, m * c, nblk, 1.0, gm.ones_vector(nblk, dtype), 0, part,
+                                      nblk * m * c, 1.0 if n0 else 0.0, du, m * c, 16, dtype)
+        backend.kernel(KERNELS, "winograd_filter_grad", dtype)(m * c, du, m, c, dw)
+        if db is not None:
+            bias_backward(prob, dy, db)

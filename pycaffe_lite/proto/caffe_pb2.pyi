@@ -540,6 +540,7 @@ class ConvolutionParameter(_message.Message):
         DEPTHWISE: _ClassVar[ConvolutionParameter.Engine]
         DIRECT: _ClassVar[ConvolutionParameter.Engine]
         TENSOR_CORE: _ClassVar[ConvolutionParameter.Engine]
+        GEMM: _ClassVar[ConvolutionParameter.Engine]
     DEFAULT: ConvolutionParameter.Engine
     CAFFE: ConvolutionParameter.Engine
     CUDNN: ConvolutionParameter.Engine
@@ -548,6 +549,7 @@ class ConvolutionParameter(_message.Message):
     DEPTHWISE: ConvolutionParameter.Engine
     DIRECT: ConvolutionParameter.Engine
     TENSOR_CORE: ConvolutionParameter.Engine
+    GEMM: ConvolutionParameter.Engine
     NUM_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     BIAS_TERM_FIELD_NUMBER: _ClassVar[int]
     PAD_FIELD_NUMBER: _ClassVar[int]

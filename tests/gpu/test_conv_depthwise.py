@@ -15,6 +15,7 @@ from pycaffe_lite.conv import cpu as cpu_conv
 from pycaffe_lite.conv import depthwise as conv_depthwise
 from pycaffe_lite.conv import engines as conv_engines
 from pycaffe_lite.conv.problem import ConvProblem
+from pycaffe_lite.conv.registry import bias_backward
 from pycaffe_lite.testing.gradient_check import GradientChecker
 from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
@@ -66,9 +67,12 @@ def _engine_run(prob, x, w, bias, dy, dtype, with_bias=True):
     X, W, B, DY = blobs([x, w, bias, dy], dtype)
     Y, DX, DW, DB = blobs([np.full(dy.shape, np.nan), np.full(x.shape, np.nan), np.full(w.shape, 0.5),
                            np.full(bias.shape, 0.25)], dtype)
-    conv_depthwise.forward(prob, X.gpu_data(), W.gpu_data(), B.gpu_data() if with_bias else None, Y.mutable_gpu_data())
-    conv_depthwise.backward(prob, X.gpu_data(), W.gpu_data(), DY.gpu_data(), DX.mutable_gpu_data(),
-                            DW.mutable_gpu_data(), DB.mutable_gpu_data() if with_bias else None)
+    choice = conv_engines.Choice("depthwise", "depthwise", "depthwise")  # scratch from the workspace
+    conv_engines.run(prob, choice, "forward", X.gpu_data(), W.gpu_data(), B.gpu_data() if with_bias else None,
+                     Y.mutable_gpu_data())
+    conv_engines.run(prob, choice, "backward_data", W.gpu_data(), DY.gpu_data(), DX.mutable_gpu_data())
+    conv_engines.run(prob, choice, "backward_weight", X.gpu_data(), DY.gpu_data(), DW.mutable_gpu_data(),
+                     DB.mutable_gpu_data() if with_bias else None)
     return [b.cpu_data().copy() for b in (Y, DX, DW, DB)]
 
 
@@ -117,9 +121,9 @@ def test_partial_backward():
     _, want_dx, _, want_db = _reference(prob, x, w, bias, dy)
     X, W, DY = blobs([x, w, dy])
     DX, DW, DB = blobs([np.full(x.shape, np.nan), np.full(w.shape, 0.5), np.full(bias.shape, 0.25)])
-    conv_depthwise.backward(prob, X.gpu_data(), W.gpu_data(), DY.gpu_data(), DX.mutable_gpu_data(), None, None)
+    conv_depthwise.DepthwiseEngine().backward_data(prob, W.gpu_data(), DY.gpu_data(), DX.mutable_gpu_data(), [])
     np.testing.assert_allclose(DX.cpu_data(), want_dx, rtol=1e-10, atol=1e-10)
-    conv_depthwise.backward(prob, X.gpu_data(), W.gpu_data(), DY.gpu_data(), None, None, DB.mutable_gpu_data())
+    bias_backward(prob, DY.gpu_data(), DB.mutable_gpu_data())  # what a layer runs for db without dw
     np.testing.assert_allclose(DB.cpu_data(), want_db, rtol=1e-10, atol=1e-10)
     assert np.all(DW.cpu_data() == 0.5)
 

@@ -52,8 +52,8 @@ def test_forward_matches_reference(geo, dtype):
     tol = dict(rtol=1e-10, atol=1e-10) if dtype == np.float64 else dict(rtol=1e-4, atol=1e-4)
     X, W, B, Y = blobs([x, w, bias, np.full(want.shape, np.nan)], dtype)
     for with_bias in (True, False):
-        conv_direct.forward(prob, X.gpu_data(), W.gpu_data(), B.gpu_data() if with_bias else None,
-                            Y.mutable_gpu_data())
+        conv_direct.DirectEngine().forward(prob, X.gpu_data(), W.gpu_data(), B.gpu_data() if with_bias else None,
+                                           Y.mutable_gpu_data(), [])
         got = Y.cpu_data().copy()
         assert np.all(np.isfinite(got)), "unwritten outputs"
         np.testing.assert_allclose(got, want if with_bias else want - bias[:, None, None], **tol)

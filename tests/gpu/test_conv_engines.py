@@ -155,11 +155,10 @@ def test_partial_backward(name, propagate, params):
 @pytest.mark.parametrize("name", ["gemm", "winograd"])
 def test_chunked_batches(monkeypatch, name):
     """Tiny buffer budgets make the gemm and Winograd engines run one image per chunk."""
-    from pycaffe_lite.conv import engines as conv_engines
-    from pycaffe_lite.conv import winograd
+    from pycaffe_lite.conv import gemm, winograd
     from pycaffe_lite.conv.engines import Choice
 
-    monkeypatch.setattr(conv_engines, "COL_BUFFER_BYTES", 1)
+    monkeypatch.setattr(gemm, "COL_BUFFER_BYTES", 1)
     monkeypatch.setattr(winograd, "BUFFER_BYTES", 1)
     shape, body = (3, 3, 6, 5), "num_output: 4 kernel_size: 3 pad: 1"
     cpu_layer, x, top_diff, want = _reference(shape, body, np.float64)
@@ -224,7 +223,7 @@ def test_autotune_times_every_candidate_and_caches():
     assert len(conv_engines.cached_choices()) == 1
 
 
-@pytest.mark.parametrize("engine,allowed", [("CAFFE", {"gemm"}), ("WINOGRAD", {"winograd"}),
+@pytest.mark.parametrize("engine,allowed", [("GEMM", {"gemm"}), ("WINOGRAD", {"winograd"}),
                                             ("IMPLICIT_GEMM", {"implicit-128x128", "implicit-64x128",
                                                                "implicit-32x64", "implicit-16x128",
                                                                "implicit-32x32"})])
@@ -255,13 +254,13 @@ def test_layers_share_one_workspace():
     from pycaffe_lite.gpu import backend
 
     caffe.set_mode_gpu()
-    big = make_layer(_text("num_output: 8 kernel_size: 3 pad: 1", "engine: CAFFE"), np.float32)
+    big = make_layer(_text("num_output: 8 kernel_size: 3 pad: 1", "engine: GEMM"), np.float32)
     bottom, top = blobs([np.ones((4, 4, 12, 12))], np.float32), empty_blobs(1, np.float32)
     big.setup(bottom, top)
     big.forward(bottom, top)
     size = backend.workspace_bytes()
     assert size >= sum(conv_engines.ENGINES["gemm"].scratch(big.problem, "forward", True)) > 0
-    small = make_layer(_text("num_output: 2 kernel_size: 3", "engine: CAFFE"), np.float32)
+    small = make_layer(_text("num_output: 2 kernel_size: 3", "engine: GEMM"), np.float32)
     bottom, top = blobs([np.ones((1, 2, 6, 6))], np.float32), empty_blobs(1, np.float32)
     small.setup(bottom, top)
     small.forward(bottom, top)

@@ -35,6 +35,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_mode")]  # conftest'
 ZOO_DIR = Path(__file__).resolve().parents[2] / "examples" / "model_zoo"
 ZOO_NETS = ("bvlc_alexnet", "bvlc_reference_caffenet", "bvlc_googlenet", "vgg16", "resnet50", "squeezenet_v1_1",
             "mobilenet_v1", "mobilenet_v2", "fcn32s")
+TENSOR_CORE = conv_engines.ENGINE_CANDIDATES["TENSOR_CORE"]
 MAX_OUTPUTS = 320  # group-1 layers keep at most this many output channels (rows only repeat the K sums)
 
 
@@ -96,9 +97,10 @@ def _engine_run(prob: ConvProblem, tile: str, x, w, bias, dy, dw0, db0):
     wf, wd, ws = backend.workspace(*(max(1, n) * 4 for n in (
         tc.weight_scratch_count(prob, tile, "forward"), tc.weight_scratch_count(prob, tile, "backward_data"),
         tc.workspace_count(prob, tile, True))))
-    tc.forward(prob, tile, X.gpu_data(), W.gpu_data(), B.gpu_data(), Y.mutable_gpu_data(), scratch=wf)
-    tc.backward_data(prob, tile, W.gpu_data(), DY.gpu_data(), DX.mutable_gpu_data(), scratch=wd)
-    tc.backward_weight(prob, tile, X.gpu_data(), DY.gpu_data(), DW.mutable_gpu_data(), DB.mutable_gpu_data(), ws)
+    engine = tc.TensorCoreEngine(tile)
+    engine.forward(prob, X.gpu_data(), W.gpu_data(), B.gpu_data(), Y.mutable_gpu_data(), [wf])
+    engine.backward_data(prob, W.gpu_data(), DY.gpu_data(), DX.mutable_gpu_data(), [wd])
+    engine.backward_weight(prob, X.gpu_data(), DY.gpu_data(), DW.mutable_gpu_data(), DB.mutable_gpu_data(), [ws])
     return [b.cpu_data().astype(np.float64) for b in (Y, DX, DW, DB)]
 
 
@@ -184,7 +186,8 @@ def test_weight_gradient_without_bias_is_reproducible():
         for _ in range(2):
             X, DY, DW = blobs([x, dy, zw], np.float32)
             ws, = backend.workspace(tc.workspace_count(prob, tile, False) * 4)
-            tc.backward_weight(prob, tile, X.gpu_data(), DY.gpu_data(), DW.mutable_gpu_data(), None, ws)
+            tc.TensorCoreEngine(tile).backward_weight(prob, X.gpu_data(), DY.gpu_data(), DW.mutable_gpu_data(), None,
+                                                      [ws])
             runs.append(DW.cpu_data().astype(np.float64))
         assert np.array_equal(runs[0], runs[1])
         assert np.all(np.abs(runs[0] - exact) <= 2 * 2.0**-10 * bound + 1e-6), tile
@@ -229,7 +232,7 @@ def test_autotune_includes_it_only_with_tf32(allow):
         caffe.set_allow_tf32(False)
     for p in conv_engines.PASSES:
         timed = {n for q, n, _ in timings if q == p}
-        assert timed & set(conv_engines.TENSOR_CORE) == (set(conv_engines.TENSOR_CORE) if allow else set())
+        assert timed & set(TENSOR_CORE) == (set(TENSOR_CORE) if allow else set())
 
 
 def test_forced_engine_needs_tf32():
@@ -250,7 +253,7 @@ def test_forced_engine_through_the_layer():
     layer.setup(bottom, top)
     layer.forward(bottom, top)
     choice = layer.engine_choice()
-    assert {choice.forward, choice.backward_data, choice.backward_weight} <= set(conv_engines.TENSOR_CORE)
+    assert {choice.forward, choice.backward_data, choice.backward_weight} <= set(TENSOR_CORE)
     dy = rng.standard_normal(top[0].shape).astype(np.float32)
     top[0].diff[...] = dy
     for b in layer.blobs:

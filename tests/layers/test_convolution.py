@@ -235,8 +235,8 @@ def _forward_backward(layer, bottom, top, top_diff):
 @pytest.mark.parametrize("chunked", [False, True])
 def test_cpu_gpu_agree(monkeypatch, shape, body, dtype, chunked):
     if chunked:  # force the im2col engine with one image per column buffer
-        monkeypatch.setattr("pycaffe_lite.conv.engines.COL_BUFFER_BYTES", 1)
-        body += " engine: CAFFE"
+        monkeypatch.setattr("pycaffe_lite.conv.gemm.COL_BUFFER_BYTES", 1)
+        body += " engine: GEMM"
     rng = np.random.default_rng(6)
     x = rng.standard_normal(shape)
     results = []

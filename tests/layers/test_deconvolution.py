@@ -238,7 +238,7 @@ def test_problem_is_the_transposed_convolution():
 
 
 # -- GPU engines -------------------------------------------------------------------------------
-ENGINES = ["CAFFE", "IMPLICIT_GEMM", "WINOGRAD"]  # the engine field values that force each engine
+ENGINES = ["GEMM", "IMPLICIT_GEMM", "WINOGRAD"]  # the engine field values that force each engine
 
 
 def _winograd_geometry(body: str) -> bool:
@@ -284,13 +284,12 @@ def test_gpu_gradient_per_engine(gpu_mode, shape, body, engine):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("engine", ["CAFFE", "WINOGRAD"])
+@pytest.mark.parametrize("engine", ["GEMM", "WINOGRAD"])
 def test_gpu_chunked_batches_agree(monkeypatch, engine):
     """Tiny scratch budgets make the im2col and Winograd engines run one image per chunk."""
-    from pycaffe_lite.conv import engines as conv_engines
-    from pycaffe_lite.conv import winograd
+    from pycaffe_lite.conv import gemm, winograd
 
-    monkeypatch.setattr(conv_engines, "COL_BUFFER_BYTES", 1)
+    monkeypatch.setattr(gemm, "COL_BUFFER_BYTES", 1)
     monkeypatch.setattr(winograd, "BUFFER_BYTES", 1)
     x = np.random.default_rng(11).standard_normal((3, 2, 4, 3))
     assert_cpu_gpu_agree(deconv_text(_fill(f"num_output: 3 kernel_size: 3 pad: 1 engine: {engine}")), [x],
@@ -354,7 +353,7 @@ def test_gpu_autotune_per_pass_shared_with_convolution():
         assert len(conv_engines.cached_choices()) == 1
         supported = {n for n, e in conv_engines.ENGINES.items() if e.supports(layer.problem)}
         # 3x3 stride 1 pad 1, group 1; tensor cores need TF32 allowed
-        assert supported == set(conv_engines.ENGINES) - {"depthwise", *conv_engines.TENSOR_CORE}
+        assert supported == set(conv_engines.ENGINES) - {"depthwise", *conv_engines.ENGINE_CANDIDATES["TENSOR_CORE"]}
         for p in conv_engines.PASSES:
             timed = {n: ms for q, n, ms in choice.timings if q == p}
             assert set(timed) == {n for n in supported if p in conv_engines.ENGINES[n].passes}

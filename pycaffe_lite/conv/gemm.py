@@ -1,0 +1,121 @@
+"""The ``gemm`` convolution engine: im2col + cuBLAS (Caffe's own path), for every geometry.
+
+im2col (kernels in ``im2col.cu``, :mod:`.im2col`) fills a column buffer (C*kh*kw, N, Ho*Wo); one cuBLAS
+strided-batched GEMM over the groups multiplies it by the weights; an axis swap turns (M, N, Ho*Wo)
+into (N, M, Ho*Wo). 1x1/stride-1/pad-0 convolutions skip im2col: one strided-batched GEMM over the
+images reads the input in place (not the weight gradient at output planes below
+:data:`COLUMNS_1X1_WEIGHT_PLANE`). Batches whose columns exceed :data:`COL_BUFFER_BYTES` run in
+chunks of images. It runs every pass of every geometry, so it is also the fallback for passes an
+engine does not implement.
+"""
+
+from __future__ import annotations
+
+from ..gpu import blas
+from ..gpu import math_functions as gm
+from . import im2col as gpu_im2col
+from .problem import ConvProblem
+from .registry import Engine, bias_backward, register_engine, relu_inplace
+
+COL_BUFFER_BYTES = 256 << 20  # column buffer budget; larger batches run in chunks
+COLUMNS_1X1_WEIGHT_PLANE = 100  # 1x1 weight gradients at smaller output planes use columns
+
+
+@register_engine("GEMM", order=0, summary="im2col into a column buffer, one cuBLAS strided-batched GEMM over the "
+                 "groups (Caffe's path; 1x1 convolutions read the input in place)")
+class GemmEngine(Engine):
+    """im2col + cuBLAS, every geometry and pass (the fallback for passes other engines lack)."""
+
+    name = "gemm"
+
+    @staticmethod
+    def _chunk(prob: ConvProblem) -> int:
+        per_image = prob.channels * prob.khkw * prob.out_plane * prob.itemsize
+        return max(1, min(prob.num, COL_BUFFER_BYTES // max(1, per_image)))
+
+    @staticmethod
+    def _per_image(prob: ConvProblem, pass_: str) -> bool:
+        """Whether ``pass_`` runs one GEMM per image straight on the blobs, without columns: for
+        1x1/stride-1/pad-0 convolutions, except the weight gradient at output planes below
+        :data:`COLUMNS_1X1_WEIGHT_PLANE` (its per-image partial products, N x M x C, then cost more
+        than columns and one GEMM over the batch)."""
+        return prob.is_1x1 and (pass_ != "backward_weight" or prob.out_plane >= COLUMNS_1X1_WEIGHT_PLANE)
+
+    def scratch(self, prob, pass_, has_bias):
+        isz = prob.itemsize
+        if self._per_image(prob, pass_):  # the weight pass's per-image partial products; no columns
+            return (prob.num * prob.mg * prob.cg * isz,) if pass_ == "backward_weight" else ()
+        nmax = self._chunk(prob)
+        return prob.group * prob.kg * nmax * prob.out_plane * isz, prob.num_output * nmax * prob.out_plane * isz
+
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
+        dt, isz = prob.np_dtype, prob.itemsize
+        mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
+        chw = prob.channels * prob.in_plane
+        if self._per_image(prob, "forward"):  # y[n, g] (mg, P) = W[g] (mg, cg) . x[n, g] (cg, P), per image
+            for g in range(prob.group):
+                blas.gemm_strided_batched(False, False, mg, p, kg, 1.0, w + g * mg * kg * isz, 0,
+                                          x + g * kg * p * isz, chw, 0.0, y + g * mg * p * isz, m * p, prob.num, dt)
+        else:
+            col, yt = ws
+            for n0, nb in self._chunks(prob):
+                self._im2col(prob, x + n0 * chw * isz, nb, col)
+                # yt[g] (mg, nb*P) = W[g] (mg, kg) . col[g] (kg, nb*P), for every group g
+                blas.gemm_strided_batched(False, False, mg, nb * p, kg, 1.0, w, mg * kg, col, kg * nb * p,
+                                          0.0, yt, mg * nb * p, prob.group, dt)
+                gpu_im2col.swap_leading_axes(yt, m, nb, p, y + n0 * m * p * isz, dt)  # -> (nb, M, P)
+        if bias is not None:
+            gm.add_channel_bias(prob.num, m, p, bias, y, dt, relu)
+        elif relu:
+            relu_inplace(prob.num * m * p, y, dt)
+
+    def _chunks(self, prob: ConvProblem) -> list[tuple[int, int]]:
+        """(first image, images) of each chunk whose columns fit in COL_BUFFER_BYTES."""
+        nmax = self._chunk(prob)
+        return [(n0, min(nmax, prob.num - n0)) for n0 in range(0, prob.num, nmax)]
+
+    @staticmethod
+    def _im2col(prob: ConvProblem, x: int, nb: int, col: int) -> None:
+        gpu_im2col.im2col(x, nb, prob.channels, (prob.height, prob.width), prob.kernel, prob.pad, prob.stride,
+                          prob.dilation, col, prob.np_dtype)
+
+    def backward_data(self, prob, w, dy, dx, ws):
+        dt, isz = prob.np_dtype, prob.itemsize
+        mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
+        chw = prob.channels * prob.in_plane
+        if self._per_image(prob, "backward_data"):
+            # dx[n, g] (cg, P) = W[g]^T (cg, mg) . dy[n, g] (mg, P), batched over images
+            for g in range(prob.group):
+                blas.gemm_strided_batched(True, False, kg, p, mg, 1.0, w + g * mg * kg * isz, 0,
+                                          dy + g * mg * p * isz, m * p, 0.0, dx + g * kg * p * isz, chw,
+                                          prob.num, dt)
+            return
+        col, dyt = ws
+        for n0, nb in self._chunks(prob):
+            gpu_im2col.swap_leading_axes(dy + n0 * m * p * isz, nb, m, p, dyt, dt)  # -> (M, nb, P)
+            # col[g] (kg, nb*P) = W[g]^T (kg, mg) . dyt[g] (mg, nb*P), then back to images
+            blas.gemm_strided_batched(True, False, kg, nb * p, mg, 1.0, w, mg * kg, dyt, mg * nb * p,
+                                      0.0, col, kg * nb * p, prob.group, dt)
+            gpu_im2col.col2im(col, nb, prob.channels, (prob.height, prob.width), prob.kernel, prob.pad,
+                              prob.stride, prob.dilation, dx + n0 * chw * isz, dt)
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        dt, isz = prob.np_dtype, prob.itemsize
+        mg, kg, p, m, n = prob.mg, prob.kg, prob.out_plane, prob.num_output, prob.num
+        chw = prob.channels * prob.in_plane
+        if self._per_image(prob, "backward_weight"):
+            part, = ws
+            for g in range(prob.group):  # part[n] = dy[n, g] . x[n, g]^T, then dW[g] += sum over n
+                blas.gemm_strided_batched(False, True, mg, kg, p, 1.0, dy + g * mg * p * isz, m * p,
+                                          x + g * kg * p * isz, chw, 0.0, part, mg * kg, n, dt)
+                blas.gemv(True, n, mg * kg, 1.0, part, gm.ones_vector(n, dt), 1.0, dw + g * mg * kg * isz, dt)
+        else:
+            col, dyt = ws
+            for n0, nb in self._chunks(prob):
+                gpu_im2col.swap_leading_axes(dy + n0 * m * p * isz, nb, m, p, dyt, dt)  # -> (M, nb, P)
+                self._im2col(prob, x + n0 * chw * isz, nb, col)
+                # dW[g] (mg, kg) += dyt[g] (mg, nb*P) . col[g]^T (nb*P, kg)
+                blas.gemm_strided_batched(False, True, mg, kg, nb * p, 1.0, dyt, mg * nb * p, col, kg * nb * p,
+                                          1.0, dw, mg * kg, prob.group, dt)
+        if db is not None:  # after the scratch is used: a helper may take the workspace itself
+            bias_backward(prob, dy, db)

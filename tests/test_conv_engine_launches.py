@@ -1,0 +1,112 @@
+"""Every registered convolution engine's host code, run without a GPU: a fake backend checks each kernel
+launch against its ``__global__`` signature in the engine's ``.cu`` (argument count, kinds, int ranges,
+non-null pointers) and records it; a second call of a pass (from the launch plans kept in the problem's
+cache) launches exactly what the first did. The kernels' results are the GPU suite's
+(tests/gpu/test_conv_*.py); this catches host-side slips in code that only runs on a device."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from pycaffe_lite.conv import engines as conv_engines
+from pycaffe_lite.conv import registry, tiling
+from pycaffe_lite.conv.problem import ConvProblem
+from pycaffe_lite.gpu import backend, blas, signatures
+from pycaffe_lite.gpu import math_functions as gm
+
+
+@functools.cache
+def _signatures(path: str) -> dict:
+    return signatures.parse_signatures(Path(path).read_text())
+
+
+class FakeKernel:
+    def __init__(self, log: list, path, name: str) -> None:
+        self.log, self.name = log, name
+        self.sig = _signatures(str(path))[name]
+
+    def check_args(self, *args) -> None:
+        signatures.check_args(self.sig, args, self.name)
+
+    def launch(self, grid, block, *args, shared=0) -> None:
+        self.check_args(*args)
+        self.log.append((self.name, grid, block, shared, args))
+
+    def __call__(self, *args, **kw) -> None:
+        self.check_args(*args)
+        self.log.append((self.name, args, sorted(kw.items())))
+
+    def resident_blocks(self, threads, shared=0) -> int:
+        return 2
+
+    def allow_shared(self, nbytes) -> None:
+        pass
+
+
+class FakeDevice:
+    device_id = 0
+
+    class device:  # noqa: N801 (the attribute pycuda's state has)
+        @staticmethod
+        def compute_capability():
+            return (9, 0)
+
+        @staticmethod
+        def name():
+            return "fake"
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    log: list = []
+    monkeypatch.setattr(backend, "kernel", lambda path, name, dtype: FakeKernel(log, path, name))
+    monkeypatch.setattr(backend, "state", lambda: FakeDevice)
+    monkeypatch.setattr(backend, "multiprocessor_count", lambda: 132)
+    monkeypatch.setattr(tiling, "_tables", {})  # fake device tables stay out of the real cache
+    monkeypatch.setattr(backend, "alloc", lambda n: 1 << 24)
+    monkeypatch.setattr(backend, "memcpy_htod", lambda dst, src: None)
+    monkeypatch.setattr(backend, "elementwise", lambda *a: lambda *b: log.append(("elementwise", a[0], b)))
+    monkeypatch.setattr(backend, "workspace", lambda *sizes: [(i + 1) << 30 for i in range(len(sizes))])
+    monkeypatch.setattr(blas, "gemm_strided_batched", lambda *a: log.append(("gemm_strided_batched", a)))
+    monkeypatch.setattr(blas, "gemv", lambda *a: log.append(("gemv", a)))
+    monkeypatch.setattr(blas, "tf32_allowed", lambda: True)  # the tensor-core engines too
+    monkeypatch.setattr(gm, "channel_sum", lambda *a, **k: log.append(("channel_sum", a)))
+    monkeypatch.setattr(gm, "add_channel_bias", lambda *a: log.append(("add_channel_bias", a)))
+    monkeypatch.setattr(gm, "ones_vector", lambda n, dtype: 1 << 25)
+    return log
+
+
+PROBLEMS = [  # channel-sliced and gathering tensor-core paths, dilation, depthwise, 1x1, small batch, float64
+    ConvProblem(4, 64, 14, 14, 64, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f4"),
+    ConvProblem(2, 24, 9, 9, 40, 1, (3, 3), (1, 1), (1, 1), (2, 2), "<f4"),
+    ConvProblem(2, 8, 8, 8, 8, 8, (3, 3), (1, 1), (2, 2), (1, 1), "<f4"),
+    ConvProblem(3, 16, 12, 12, 32, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f8"),
+]
+
+
+@pytest.mark.parametrize("prob", PROBLEMS, ids=lambda p: f"k{p.kernel[0]}g{p.group}d{p.dilation[0]}{p.dtype}")
+def test_every_engine_launches_what_its_kernels_declare(launches, prob):
+    ran = set()
+    for name, engine in registry.ENGINES.items():
+        if not engine.supports(prob):
+            continue
+        choice = conv_engines.Choice(*(name if p in engine.passes else "gemm" for p in registry.PASSES))
+        for bias in (None, 7 << 12):
+            calls = {"forward": (1 << 12, 2 << 12, bias, 3 << 12), "backward_data": (2 << 12, 4 << 12, 5 << 12),
+                     "backward_weight": (1 << 12, 4 << 12, 6 << 12, bias and 8 << 12)}
+            for pass_, args in calls.items():
+                for relu in ((False, True) if pass_ == "forward" else (False,)):
+                    kw = {"relu": relu} if relu else {}
+                    first = len(launches)
+                    conv_engines.run(prob, choice, pass_, *args, **kw)
+                    middle = len(launches)
+                    conv_engines.run(prob, choice, pass_, *args, **kw)
+                    assert middle > first, (name, pass_)
+                    once, again = launches[first:middle], launches[middle:]
+                    assert once == again, (name, pass_)
+        ran.add(name)
+    assert "gemm" in ran and any(n.startswith("implicit") for n in ran)
+    assert any(n.startswith("tensorcore") for n in ran) == (prob.dtype == "<f4")
