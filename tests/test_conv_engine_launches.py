@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pycaffe_lite.conv import engines as conv_engines
-from pycaffe_lite.conv import registry, tiling
+from pycaffe_lite.conv import registry
 from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import backend, blas, signatures
 from pycaffe_lite.gpu import math_functions as gm
@@ -65,7 +65,8 @@ def launches(monkeypatch):
     monkeypatch.setattr(backend, "kernel", lambda path, name, dtype: FakeKernel(log, path, name))
     monkeypatch.setattr(backend, "state", lambda: FakeDevice)
     monkeypatch.setattr(backend, "multiprocessor_count", lambda: 132)
-    monkeypatch.setattr(tiling, "_tables", {})  # fake device tables stay out of the real cache
+    tables: dict = {}  # fake device tables stay out of the real cache
+    monkeypatch.setattr(backend, "device_cache", lambda name: tables)
     monkeypatch.setattr(backend, "alloc", lambda n: 1 << 24)
     monkeypatch.setattr(backend, "memcpy_htod", lambda dst, src: None)
     monkeypatch.setattr(backend, "elementwise", lambda *a: lambda *b: log.append(("elementwise", a[0], b)))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, SupportsInt
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +30,6 @@ THREADS = 256
 BLOCK = (THREADS, 1, 1)
 BLOCK_OVERHEAD = 8  # a weight-gradient block's fixed cost (fill, epilogue, partial sums), in slices
 REQUIREMENT = "input and output of at most 2**31-1 elements each (int32 indexing)"
-_tables: dict[tuple, SupportsInt] = {}
 
 
 def tile_shape(name: str) -> tuple[int, int]:
@@ -54,20 +53,21 @@ def nonnull(*ptrs: int) -> None:
 def _upload_table(key: tuple, rows: np.ndarray) -> int:
     """The device copy of the int32 table ``rows``, uploaded once per key and kept (the one place
     the implicit-GEMM engines allocate device memory)."""
-    have = _tables.get(key)
+    tables = backend.device_cache("conv.offset_tables")
+    have = tables.get(key)
     if have is None:
         table = np.ascontiguousarray(rows, dtype=np.int32)
         alloc = backend.alloc(max(table.nbytes, 16))
         backend.memcpy_htod(int(alloc), table)
-        _tables[key] = have = alloc
+        tables[key] = have = alloc
     return int(have)
 
 
 def forward_table(prob: ConvProblem) -> int:
     """Device int4 per k = (c, i, j) of a group: (c*H*W + i*dh*W + j*dw, i*dh, j*dw, 0)."""
-    key = ("fwd", backend.state().device_id, prob.cg, prob.height, prob.width, prob.kernel, prob.dilation)
-    if key in _tables:
-        return int(_tables[key])
+    key = ("fwd", prob.cg, prob.height, prob.width, prob.kernel, prob.dilation)
+    if key in (tables := backend.device_cache("conv.offset_tables")):
+        return int(tables[key])
     c, i, j = np.meshgrid(np.arange(prob.cg), np.arange(prob.kernel[0]), np.arange(prob.kernel[1]), indexing="ij")
     di, dj = i.ravel() * prob.dilation[0], j.ravel() * prob.dilation[1]
     rows = np.stack([c.ravel() * prob.in_plane + di * prob.width + dj, di, dj, np.zeros_like(di)], axis=1)
@@ -76,9 +76,9 @@ def forward_table(prob: ConvProblem) -> int:
 
 def backward_data_table(prob: ConvProblem) -> int:
     """Device int4 per kk = (m, i, j) of a group: (m*Kg + i*kw + j, m*Ho*Wo, i*dh, j*dw)."""
-    key = ("bwd", backend.state().device_id, prob.mg, prob.kg, prob.out_plane, prob.kernel, prob.dilation)
-    if key in _tables:
-        return int(_tables[key])
+    key = ("bwd", prob.mg, prob.kg, prob.out_plane, prob.kernel, prob.dilation)
+    if key in (tables := backend.device_cache("conv.offset_tables")):
+        return int(tables[key])
     mg, ig, jg = np.meshgrid(np.arange(prob.mg), np.arange(prob.kernel[0]), np.arange(prob.kernel[1]), indexing="ij")
     m, i, j = mg.ravel(), ig.ravel(), jg.ravel()
     rows = np.stack([m * prob.kg + i * prob.kernel[1] + j, m * prob.out_plane,
