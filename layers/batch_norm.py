@@ -29,6 +29,7 @@ KERNELS = Path(__file__).with_suffix(".cu")
 class BatchNormLayer(Layer):
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
+    regenerates_top = True  # regenerate_top_into: the executor's recomputed Scale inputs
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.batch_norm_param
@@ -141,7 +142,57 @@ class BatchNormLayer(Layer):
         w = gm.vec_width(S, dt, x, y)
         self._k(f"bn_normalize_v{w}")(bottom[0].count // w, C, S, x, mean, inv_std, y)
 
-    def normalize_into(self, bottom: Blob, out: int) -> None:
+    def folds_into_convolution(self) -> bool:
+        return bool(self.use_global_stats)
+
+    def fold_convolution(self, conv: Layer, scale: Layer | None, fused: Layer) -> None:
+        """Write into ``fused`` (a convolution like ``conv`` with a bias term) the weight and bias of
+        ``conv`` followed by this layer (global statistics) and ``scale`` (Caffe's Scale: gamma, and
+        beta when it has a bias), from the current blobs::
+
+            f = 1 / s (0 when s == 0), g_c = gamma_c / sqrt(var_c·f + eps)
+            W'[c] = W[c]·g_c,   b'_c = (b_c − mean_c·f)·g_c + beta_c
+        """
+        w, b = fused.blobs
+        channels = w.shape[0]
+        per_channel = w.count // channels
+        has_bias = len(conv.blobs) > 1
+        has_beta = scale is not None and len(scale.blobs) > 1
+        eps = float(self.eps)
+        if common.mode() is common.Mode.GPU:
+            dt = w.dtype
+            gamma = scale.blobs[0].gpu_data() if scale is not None else self.blobs[0].gpu_data()
+            beta = scale.blobs[1].gpu_data() if scale is not None and has_beta else gamma
+            cbias = conv.blobs[1].gpu_data() if has_bias else gamma
+            mean, var, s = (blob.gpu_data() for blob in self.blobs[:3])
+            factor = "(s[0] == 0 ? Dtype(0) : Dtype(1) / s[0])"
+            g = f"{'gamma[c]' if scale is not None else 'Dtype(1)'} / sqrt(var[c] * {factor} + eps)"
+            backend.elementwise(
+                "fold_conv_weight", "const int per, const Dtype* w, const Dtype* gamma, const Dtype* var, "
+                "const Dtype* s, const Dtype eps, Dtype* out", f"const int c = i / per; out[i] = w[i] * {g}",
+                dt)(w.count, per_channel, conv.blobs[0].gpu_data(), gamma, var, s, eps, w.mutable_gpu_data())
+            backend.elementwise(
+                "fold_conv_bias", "const Dtype* cbias, const int has_bias, const Dtype* mean, const Dtype* gamma, "
+                "const Dtype* var, const Dtype* s, const Dtype eps, const Dtype* beta, const int has_beta, "
+                "Dtype* out",
+                f"const int c = i; out[i] = ((has_bias ? cbias[c] : Dtype(0)) - mean[c] * {factor}) * {g}"
+                " + (has_beta ? beta[c] : Dtype(0))",
+                dt)(channels, cbias, int(has_bias), mean, gamma, var, s, eps, beta, int(has_beta),
+                    b.mutable_gpu_data())
+            return
+        inv_s = float(self.blobs[2].cpu_data().ravel()[0])
+        inv_s = 0.0 if inv_s == 0 else 1.0 / inv_s
+        cpu_mean = self.blobs[0].cpu_data().ravel() * inv_s
+        cpu_gain = 1.0 / np.sqrt(self.blobs[1].cpu_data().ravel() * inv_s + eps)
+        if scale is not None:
+            cpu_gain = cpu_gain * scale.blobs[0].cpu_data().ravel()
+        wdata = conv.blobs[0].cpu_data()
+        w.mutable_cpu_data()[...] = wdata * cpu_gain.reshape((channels,) + (1,) * (wdata.ndim - 1)).astype(w.dtype)
+        cpu_bias = conv.blobs[1].cpu_data().ravel() if has_bias else np.zeros(channels)
+        cpu_beta = scale.blobs[1].cpu_data().ravel() if scale is not None and has_beta else np.zeros(channels)
+        b.mutable_cpu_data()[...] = ((cpu_bias - cpu_mean) * cpu_gain + cpu_beta).astype(b.dtype)
+
+    def regenerate_top_into(self, bottom: Blob, out: int) -> None:
         """Write this layer's last forward output into device pointer ``out`` again, bit for bit,
         from ``bottom`` (its input, which must be unchanged) and the statistics that forward used."""
         x = bottom.gpu_data()

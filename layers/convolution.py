@@ -30,8 +30,9 @@ from pycaffe_lite.conv import engines as conv_engines
 from pycaffe_lite.conv.geometry import Pair, out_shape
 from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, create_layer, register_layer
 from pycaffe_lite.memcheck import check_fits
+from pycaffe_lite.proto import caffe_pb2
 
 __all__ = ["ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "conv_geometry"]
 
@@ -247,6 +248,26 @@ class ConvolutionLayer(ConvolutionBase):
 
     def engine_problem_dims(self) -> tuple[int, Pair, int]:
         return self.channels, self.in_hw, self.num_output
+
+    def fusable_convolution(self) -> bool:
+        return self.layer_param.convolution_param.axis == 1
+
+    def folded_copy(self, bottom, top) -> Layer:
+        """This convolution with a bias term and constant fillers, set up on ``bottom``/``top``: the
+        executor's fused Convolution -> BatchNorm -> Scale writes the folded weights into its blobs."""
+        lp = caffe_pb2.LayerParameter()
+        lp.CopyFrom(self.layer_param)
+        lp.name = f"{self.name} (folded BatchNorm)"
+        del lp.blobs[:]
+        cp = lp.convolution_param
+        cp.bias_term = True
+        cp.weight_filler.Clear()
+        cp.weight_filler.type = "constant"
+        cp.bias_filler.Clear()
+        cp.bias_filler.type = "constant"
+        fused = create_layer(lp, self.dtype)
+        fused.setup(bottom, top)
+        return fused
 
     def compute_forward_relu(self, bottom, top) -> None:
         """Forward followed by ReLU (negative_slope 0) on the tops, fused into the engines' epilogue on

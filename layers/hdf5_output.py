@@ -33,6 +33,7 @@ def legacy_shape(shape: tuple[int, ...]) -> tuple[int, ...] | None:
 @register_layer("HDF5Output")
 class HDF5OutputLayer(Layer):
     graph_safe = False  # writes a host file every forward
+    outside_effects = True
     exact_num_bottom_blobs = 2
     exact_num_top_blobs = 0
 

@@ -25,6 +25,7 @@ _HOOKS = ("setup", "reshape", "forward", "backward")
 @register_layer("Python")
 class PythonLayer(Layer):
     graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
+    outside_effects = True  # user code
     def __init__(self, param, dtype=np.float32) -> None:
         super().__init__(param, dtype=dtype)
         pp = self.layer_param.python_param

@@ -21,6 +21,9 @@ class ReLULayer(NeuronLayer):
     def layer_setup(self, bottom, top):
         self.negative_slope = self.layer_param.relu_param.negative_slope
 
+    def relu_epilogue(self) -> bool:
+        return self.negative_slope == 0
+
     def gpu_scalars(self):
         return {"negative_slope": self.negative_slope}
 

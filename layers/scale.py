@@ -9,8 +9,6 @@ Params: ``[s, b]``, ``[s]``, ``[b]`` (scale from bottom 1) or none.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from pycaffe_lite import fillers
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
@@ -23,6 +21,10 @@ from .bias import BiasLayer
 
 @register_layer("Scale")
 class ScaleLayer(BiasLayer):
+
+    def per_channel_affine(self, bottom: Blob) -> bool:
+        p = self.layer_param.scale_param
+        return len(self.blobs) >= 1 and p.axis in (1, 1 - bottom.num_axes) and p.num_axes == 1
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.scale_param
@@ -68,10 +70,10 @@ class ScaleLayer(BiasLayer):
     def _input(self, bottom) -> Blob:
         return self._saved if self.in_place else bottom[0]
 
-    # Set by the executor inside whole training iterations (memory_plan.recomputable_scale_inputs):
-    # writes this in-place layer's input into a device pointer on demand (a BatchNorm re-normalizing
-    # its own intact input), so the GPU path keeps no saved copy of it.
-    recompute_input: Callable[[int], None] | None = None
+    # The executor may set ``recompute_input`` inside whole training iterations
+    # (memory_plan.recomputable_inputs): it writes this in-place layer's input into a device pointer on
+    # demand (a BatchNorm re-normalizing its own intact input), so the GPU path keeps no saved copy.
+    saves_input_in_place = True  # _saved; the executor may set recompute_input instead
 
     # -- CPU --------------------------------------------------------------------------------
     def forward_cpu(self, bottom, top):

@@ -12,12 +12,12 @@ from __future__ import annotations
 import builtins
 import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
 
-from . import common
+from . import common, python_layer
 from .blob import Blob, weighted_sum
 from .errors import CaffeError, NetError, ShapeError, UnknownLayerError
 from .memcheck import OutOfMemoryError
@@ -84,6 +84,15 @@ class Layer:
     # Its GPU work may be captured into a CUDA graph and replayed: False for layers whose work
     # depends on host-side state that changes between calls (data readers, random seeds).
     graph_safe: bool = True  # a class default; an instance may change it (a Data layer caching on the GPU)
+    # It acts outside the net (calls user code, writes files): the runtime never repeats its forward
+    # behind the user's back (memory plans that re-run a forward stay off).
+    outside_effects: ClassVar[bool] = False
+    # It can write its last forward's top again from its unchanged bottom (``regenerate_top_into``),
+    # and ``saves_input_in_place``: in place, it keeps a copy of its input for backward that such a
+    # producer's regeneration can replace (``recompute_input``). Memory plans pair the two.
+    regenerates_top: ClassVar[bool] = False
+    saves_input_in_place: ClassVar[bool] = False
+    recompute_input: Callable[[int], None] | None = None  # set by the executor on such a layer
 
     def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32) -> None:
         self.layer_param = caffe_pb2.LayerParameter()
@@ -227,6 +236,59 @@ class Layer:
 
     def backward_gpu(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         self.backward_cpu(top, propagate_down, bottom)
+
+    # -- what the runtime asks of a layer (fusions, memory plans); the defaults take no part ----
+    def held_blobs(self) -> list[Blob]:
+        """Blobs whose memory this layer holds itself (params, internal state): never shared with
+        other blobs by a memory plan. The default finds every Blob reachable from its attributes."""
+        held: list[Blob] = []
+        seen: set[int] = set()
+        todo: list[object] = [self]
+        while todo:
+            obj = todo.pop()
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, Blob):
+                held.append(obj)
+            elif isinstance(obj, list | tuple):
+                todo.extend(obj)
+            elif isinstance(obj, dict):
+                todo.extend(obj.values())
+            elif isinstance(obj, Layer | python_layer.Layer):  # a Python layer's user object too
+                todo.extend(vars(obj).values())
+        return held
+
+    def regenerate_top_into(self, bottom: Blob, out: int) -> None:
+        """Write the last forward's top into device pointer ``out`` again (``regenerates_top``)."""
+        raise NotImplementedError(f"{self.type} cannot regenerate its top")
+
+    def relu_epilogue(self) -> bool:
+        """A ReLU (negative_slope 0) that the convolution before it may apply in its epilogue."""
+        return False
+
+    def fusable_convolution(self) -> bool:
+        """A convolution that can apply an in-place ReLU in its forward (``compute_forward_relu``)
+        and take folded per-channel affines (``folded_copy``)."""
+        return False
+
+    def folds_into_convolution(self) -> bool:
+        """A fixed per-channel affine (BatchNorm on global statistics) a convolution before it may
+        absorb (``fold_convolution``)."""
+        return False
+
+    def per_channel_affine(self, bottom: Blob) -> bool:
+        """A per-channel scale (and shift) of ``bottom`` that may join a BatchNorm's fold."""
+        return False
+
+    def folded_copy(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> Layer:
+        """A copy of this convolution with a bias term, set up on ``bottom``/``top``, whose blobs
+        ``fold_convolution`` fills (``fusable_convolution`` layers)."""
+        raise NotImplementedError(f"{self.type} cannot be folded")
+
+    def fold_convolution(self, conv: Layer, scale: Layer | None, fused: Layer) -> None:
+        """Write ``conv`` followed by this layer (and ``scale``) into ``fused`` (``folds_into_convolution``)."""
+        raise NotImplementedError(f"{self.type} does not fold into a convolution")
 
     # -- helpers for subclasses -------------------------------------------------------------
     def make_param_blob(self, shape: Sequence[int]) -> Blob:

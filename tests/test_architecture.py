@@ -119,3 +119,18 @@ def test_a_plain_clone_imports_from_source(tmp_path):
     assert out.returncode == 0, out.stderr
     package_home, layers_home, types = out.stdout.split()
     assert Path(package_home) == Path(layers_home) == tmp_path and int(types) > 50
+
+
+def test_the_runtime_matches_no_layer_by_its_type_string():
+    """Fusions and memory plans ask layers what they are (Layer's declarations), so a renamed
+    attribute or a fork's subclass cannot silently disable one."""
+    found = []
+    for path in (ROOT / "pycaffe_lite" / "runtime").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(side, ast.Attribute) and side.attr == "type" for side in (node.left, *node.comparators)):
+                found.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("vars", "getattr") \
+                    and "layer" in ast.unparse(node.args[0]):  # reflection over a layer's attributes
+                found.append(f"{path.name}:{node.lineno} {node.func.id}()")
+    assert not found, found

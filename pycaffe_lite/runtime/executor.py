@@ -39,7 +39,7 @@ from ..gpu import backend, cuda_graph
 from ..layer import Layer
 from ..synced_memory import SyncedMemory
 from .fusion import find_fusions
-from .memory_plan import SharedData, recomputable_scale_inputs, shared_diff_slots, sharing_enabled
+from .memory_plan import SharedData, recomputable_inputs, shared_diff_slots, sharing_enabled
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -141,7 +141,7 @@ class Executor:
         self.loss_log: LossLog | None = None
         self._diff_plan_key: tuple | None = None
         self._diff_slots: list[SupportsInt] = []
-        self._recompute: list | None = None  # memory_plan.recomputable_scale_inputs, for train_iteration
+        self._recompute: list | None = None  # memory_plan.recomputable_inputs, for train_iteration
         # -- per-layer hooks (pycaffe's Net.before_forward & co.; multi-GPU gradient reduction) --
         # hook(layer_index) around every layer of a pass. A hook with ``graph_safe = True`` only
         # queues device work and may be captured in whole-iteration graphs; any other hook makes
@@ -331,12 +331,12 @@ class Executor:
         log_ = self.loss_log
 
         if self._recompute is None:  # depends on the net's structure only
-            self._recompute = recomputable_scale_inputs(net) if sharing_enabled() else []
+            self._recompute = recomputable_inputs(net) if sharing_enabled() else []
         recompute = self._recompute
 
         def work() -> None:
             for scale, bn, source in recompute:  # no saved Scale inputs inside this iteration
-                scale.recompute_input = functools.partial(bn.normalize_into, source)
+                scale.recompute_input = functools.partial(bn.regenerate_top_into, source)
             try:
                 self.clear_param_diffs()
                 self._run_forward(first, last)

@@ -14,7 +14,7 @@ blob's data is live from its producer to its last consumer. :class:`SharedData` 
 on the host or the device and keeps pycaffe's semantics: see its docstring
 (``PYCAFFE_LITE_SHARE_DATA=0`` turns it off). Both plans share one allocator, :func:`assign_slots`.
 
-:func:`recomputable_scale_inputs` finds the in-place Scale layers (after a BatchNorm that is not in
+:func:`recomputable_inputs` finds the in-place Scale layers (after a BatchNorm that is not in
 place, as MobileNet writes them) whose saved input copy whole training iterations replace by
 re-normalizing the BatchNorm's intact input in the Scale's backward: one full-size buffer per such
 layer less, for one extra elementwise pass (also under ``PYCAFFE_LITE_SHARE_DIFFS``).
@@ -25,11 +25,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from .. import common, python_layer
+from .. import common
 from ..blob import Blob, shape_generation
 from ..config import config
 from ..errors import NetError
@@ -115,19 +115,21 @@ def shared_diff_slots(net: NetGraph) -> list[tuple[int, list[int]]]:
                          for b in candidates])
 
 
-def recomputable_scale_inputs(net: NetGraph) -> list[tuple[Any, Any, Blob]]:  # (ScaleLayer, BatchNormLayer, Blob)
-    """``[(scale, batch_norm, bn_bottom)]``: Scale layers in place on the top of a BatchNorm (not in
-    place) at layer j < k, with one bottom, where no layer between them rewrites that top and no
-    layer after j rewrites the BatchNorm's input, so ``batch_norm.normalize_into(bn_bottom, ptr)``
-    gives the Scale's input again during its backward."""
+def recomputable_inputs(net: NetGraph) -> list[tuple[Layer, Layer, Blob]]:
+    """``[(layer, producer, producer_bottom)]``: layers that save their input in place
+    (``saves_input_in_place``: Scale) on the top of a producer that can regenerate it
+    (``regenerates_top``: BatchNorm, not in place) at layer j < k, with one bottom, where no layer
+    between them rewrites that top and no layer after j rewrites the producer's input, so
+    ``producer.regenerate_top_into(producer_bottom, ptr)`` gives the layer's input again during its
+    backward."""
     out = []
     tops = net.top_id_vecs
     for k, scale in enumerate(net.layers):
-        if scale.type != "Scale" or len(net.bottom_id_vecs[k]) != 1 or tops[k] != net.bottom_id_vecs[k]:
+        if not scale.saves_input_in_place or len(net.bottom_id_vecs[k]) != 1 or tops[k] != net.bottom_id_vecs[k]:
             continue
         bid = tops[k][0]
         j = max((i for i in range(k) if bid in tops[i]), default=-1)
-        if j < 0 or net.layers[j].type != "BatchNorm" or net.bottom_id_vecs[j][0] == bid:
+        if j < 0 or not net.layers[j].regenerates_top or net.bottom_id_vecs[j][0] == bid:
             continue
         source = net.bottom_id_vecs[j][0]
         if any(source in tops[i] for i in range(j + 1, len(net.layers))):
@@ -144,23 +146,7 @@ def source_blobs(net: NetGraph) -> set[int]:
 
 def _held_by_layers(net: NetGraph) -> set[int]:
     """``id``s of the data memories of blobs that layers hold themselves (params, internal blobs)."""
-    held: set[int] = set()
-    seen: set[int] = set()
-    todo: list[object] = list(net.layers)
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, Blob):
-            held.add(id(obj.data_memory))
-        elif isinstance(obj, (list, tuple)):
-            todo.extend(obj)
-        elif isinstance(obj, dict):
-            todo.extend(obj.values())
-        elif isinstance(obj, (Layer, python_layer.Layer)):
-            todo.extend(vars(obj).values())
-    return held
+    return {id(blob.data_memory) for layer in net.layers for blob in layer.held_blobs()}
 
 
 def shared_data_slots(net: NetGraph, keep: Collection[int] = ()) -> list[tuple[int, list[list[int]]]]:
@@ -186,9 +172,6 @@ def shared_data_slots(net: NetGraph, keep: Collection[int] = ()) -> list[tuple[i
 
 
 # Layers whose forward has effects outside the net: a re-run (see SharedData) would repeat them.
-_EFFECTS = ("Python", "HDF5Output")
-
-
 class SharedData:
     """Applies :func:`shared_data_slots` to a net's forwards, keeping pycaffe's semantics.
 
@@ -240,7 +223,7 @@ class SharedData:
         # outside the net.
         rewritten = {b for k, bottoms in enumerate(net.bottom_id_vecs) if bottoms for b in net.top_id_vecs[k]}
         self._can_share = not any(net.layer_need_backward) and not rewritten & self._sources and not any(
-            layer.type in _EFFECTS for layer in net.layers)
+            layer.outside_effects for layer in net.layers)
         self._sources_replaced = False
         self._running = False
         self._ids = {id(blob): bid for bid, blob in enumerate(net.blobs)}
