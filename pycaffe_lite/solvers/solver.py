@@ -35,6 +35,7 @@ from ..net import Net, in_file
 from ..net_graph import NetGraph
 from ..proto import caffe_pb2, protoio
 from . import lr_policy, snapshot
+from .iteration import PlainIteration, ReplayedIteration
 from .lr_policy import SolverConfigError
 
 log = logging.getLogger("pycaffe_lite")
@@ -136,12 +137,13 @@ class Solver:
         self.smoothed_loss = 0.0
         self._losses: list[float] = []
         self._action_fn: Callable[[], str] | None = None
-        self._callbacks: list[tuple[Callable[[], None] | None, Callable[[], None] | None]] = []
+        self.callbacks: list[tuple[Callable[[], None] | None, Callable[[], None] | None]] = []
         self.requested_early_exit = False
         self._last_snapshot_iter: int | None = None
         self._rate_device: SupportsInt | None = None  # device scalar the GPU update kernels read the rate from
-        self._rate_table: tuple[int, list[tuple[float, int]]] | None = None  # (first iter, (rate, step)s)
-        self._rate_table_device: tuple[SupportsInt, SupportsInt] | None = None  # (rates, cursor) on the device
+        self._plain, self._replayed = PlainIteration(self), ReplayedIteration(self)  # how an iteration runs
+        self._bar = None  # step()'s progress bar
+        self._start_iter = 0  # the iteration step() started at (the smoothed loss's window)
         # Called as hook(iter, loss) for each iteration, in order, once its loss is read back: right
         # after the iteration, or (whole-iteration GPU replays, whose losses stay on the device) at
         # the next display, test, or end of step(). Unlike pycaffe callbacks they run outside the
@@ -151,7 +153,7 @@ class Solver:
         if self.param.random_seed >= 0:
             common.set_random_seed(self.param.random_seed)
         log.info("Initializing solver from parameters%s", f" ({self.source})" if self.source else "")
-        self.net = self._init_train_net()
+        self.net: Net = self._init_train_net()
         self.test_nets = self._init_test_nets()
         for spec in self.param.weights:
             self.load_weights(spec)
@@ -299,7 +301,7 @@ class Solver:
         (``caffe.NCCL``). Callables marked ``graph_safe`` keep whole-iteration CUDA graphs."""
         if on_gradients_ready is None and hasattr(on_start, "on_gradients_ready"):
             on_start, on_gradients_ready = on_start.on_start, on_start.on_gradients_ready
-        self._callbacks.append((on_start, on_gradients_ready))
+        self.callbacks.append((on_start, on_gradients_ready))
 
     def set_action_function(self, fn: Callable[[], str] | None) -> None:
         """``fn()`` is polled after every iteration and test batch; it returns "none", "stop" or
@@ -359,71 +361,39 @@ class Solver:
             self._step(iters, None)
 
     def _step(self, iters: int, bar) -> None:
+        """Caffe's ``Solver::Step``: each iteration runs plainly or as one replayed CUDA graph
+        (:mod:`.iteration`), in Caffe's order: clear diffs, test, start callbacks, passes, display,
+        gradients-ready callbacks and update, snapshot."""
         p = self.param
-        start_iter = self.iter
+        self._bar, self._start_iter = bar, self.iter
         stop_iter = self.iter + int(iters)
-        self._rate_table = None  # parameters may have changed since the last step()
+        self._replayed.reset()  # parameters may have changed since the last step()
         self._losses = []
         self.smoothed_loss = 0.0
-        timer = time.perf_counter()
-        iterations_last = self.iter
-        queued: list[int] = []  # iterations whose loss is still on the device (whole-iteration replays)
-
-        def settle() -> None:
-            """Read the queued losses (one sync) and account for them in order."""
-            if not queued:
-                return
-            assert self.net.executor.loss_log is not None
-            for it, loss in zip(queued, self.net.executor.loss_log.read()):
-                self._account_loss(it, loss, start_iter, bar)
-            queued.clear()
-
+        timer, iterations_last = time.perf_counter(), self.iter
         try:
             while self.iter < stop_iter:
-                whole = self._replays_whole_iteration()
-                if not whole:  # (a whole-iteration run clears the diffs itself)
-                    settle()
-                    self.net.clear_param_diffs()
-                testing = p.test_interval and self.iter % p.test_interval == 0 and (
-                    self.iter > 0 or p.test_initialization)
-                if testing:
-                    settle()
+                iteration = self._replayed if self._replayed.possible() else self._plain
+                if iteration is self._plain:
+                    self._replayed.settle()
+                iteration.prepare()
+                if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
+                    self._replayed.settle()
                     self.test_all()
                     if self.requested_early_exit:
                         break
-                for on_start, _ in self._callbacks:
+                for on_start, _ in self.callbacks:
                     if on_start is not None:
                         on_start()
-                display = p.display and self.iter % p.display == 0
-                if whole:
-                    self._schedule_rates()
-                    for h in self.history:  # restored or user-edited history reaches the replay
-                        h.gpu_data()
-                    self.net.executor.train_iteration(self._queue_replayed_update, type(self).__name__)
-                    queued.append(self.iter)
-                    assert self.net.executor.loss_log is not None
-                    if display or self.net.executor.loss_log.full:
-                        settle()
-                else:
-                    loss = 0.0
-                    for _ in range(p.iter_size):
-                        loss += self.net.forward_backward()
-                    self._account_loss(self.iter, loss / p.iter_size, start_iter, bar)
+                display = bool(p.display and self.iter % p.display == 0)
+                iteration.run(display)
                 if display:
                     lapse = time.perf_counter() - timer
-                    per_s = (self.iter - iterations_last) / (lapse or 1.0)
-                    log.info(
-                        "Iteration %d (%g iter/s, %.3gs/%d iters), loss = %g",
-                        self.iter, per_s, lapse, p.display, self.smoothed_loss,
-                    )
-                    timer = time.perf_counter()
-                    iterations_last = self.iter
+                    log.info("Iteration %d (%g iter/s, %.3gs/%d iters), loss = %g", self.iter,
+                             (self.iter - iterations_last) / (lapse or 1.0), lapse, p.display, self.smoothed_loss)
+                    timer, iterations_last = time.perf_counter(), self.iter
                     self._log_outputs(self.net, "Train", None)
-                for _, on_ready in ([] if whole else self._callbacks):  # (a replay calls them itself)
-                    if on_ready is not None:
-                        on_ready()
-                if not whole:
-                    self.apply_update()
+                iteration.finish()
                 self.iter += 1
                 request = self._requested_action()
                 if (p.snapshot and self.iter % p.snapshot == 0) or request == SNAPSHOT:
@@ -432,26 +402,21 @@ class Solver:
                     self.requested_early_exit = True
                     break
         finally:
-            settle()
+            self._replayed.settle()
 
-    def _account_loss(self, it: int, loss: float, start_iter: int, bar) -> None:
+    def account_loss(self, it: int, loss: float) -> None:
         """Smoothed loss, ``last_loss``, iteration hooks and the progress bar for iteration ``it``."""
-        self._update_smoothed_loss(loss, start_iter, it)
+        self._update_smoothed_loss(loss, self._start_iter, it)
         self.last_loss = loss
         for hook in self.iteration_hooks:
             hook(it, loss)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{self.smoothed_loss:.4g}", refresh=False)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(loss=f"{self.smoothed_loss:.4g}", refresh=False)
 
     def _replays_whole_iteration(self) -> bool:
-        """Whether the executor runs the iteration (diff clearing, passes, update) as one CUDA graph:
-        GPU mode, ``iter_size`` 1, no gradient clipping (it reads a norm back to the host), no
-        callbacks (they run host code mid-way) and a net whose backward runs on the device."""
-        if self.param.iter_size != 1 or self.param.clip_gradients >= 0 or not all(
-                getattr(fn, "graph_safe", False) for pair in self._callbacks for fn in pair if fn is not None):
-            return False
-        return self.net.executor.can_replay_iteration()
+        """Whether the next iteration runs as one CUDA-graph replay (:class:`.iteration.ReplayedIteration`)."""
+        return self._replayed.possible()
 
     def solve(self, resume_file: str | os.PathLike | None = None) -> None:
         """Train to ``max_iter`` (optionally resuming from a .solverstate), as Caffe's Solve."""
@@ -550,7 +515,7 @@ class Solver:
         if common.mode() is common.Mode.GPU:
             self.clip_gradients(True)
             self._set_device_rate(rate)
-            self._queue_gpu_updates()
+            self.queue_gpu_updates()
             return
         p = self.param
         self.clip_gradients(False)
@@ -570,10 +535,10 @@ class Solver:
     def _next_rate(self) -> float:
         """This iteration's learning rate (advances multistep's counter), logged at display."""
         rate, self.current_step = self._rate()
-        self._log_rate(rate)
+        self.log_rate(rate)
         return rate
 
-    def _log_rate(self, rate: float) -> None:
+    def log_rate(self, rate: float) -> None:
         if self.param.display and self.iter % self.param.display == 0:
             log.info("Iteration %d, lr = %g", self.iter, rate)
 
@@ -588,54 +553,20 @@ class Solver:
         current one; Adam folds its bias correction in)."""
         return rate
 
-    def _rate_slot(self) -> int:
+    def rate_slot(self) -> int:
         """The device scalar the GPU update kernels read the base rate from."""
         if self._rate_device is None:
             self._rate_device = backend.alloc(self.dtype.itemsize)
         return int(self._rate_device)
 
     def _set_device_rate(self, rate: float) -> None:
-        backend.memcpy_htod(self._rate_slot(), np.array([self.device_rate(rate)], self.dtype))
+        backend.memcpy_htod(self.rate_slot(), np.array([self.device_rate(rate)], self.dtype))
 
-    RATE_TABLE = 256
-
-    def _schedule_rates(self) -> None:
-        """Whole-iteration replays take their rate from a device table of the next
-        :attr:`RATE_TABLE` iterations' rates (one upload per table, not one host copy per
-        iteration); a kernel in the replay moves the table's next entry into the rate slot."""
-        table = self._rate_table
-        if table is None or not table[0] <= self.iter < table[0] + len(table[1]):
-            steps, values, cs = [], [], self.current_step
-            for j in range(self.RATE_TABLE):
-                rate, cs = lr_policy.learning_rate(self.param, self.iter + j, cs)
-                steps.append((rate, cs))
-                values.append(self.device_rate(rate, self.iter + j))
-            self._rate_slot()  # allocated before any capture
-            if self._rate_table_device is None:
-                self._rate_table_device = (backend.alloc(self.RATE_TABLE * self.dtype.itemsize), backend.alloc(4))
-            backend.memcpy_htod(int(self._rate_table_device[0]), np.array(values, self.dtype))
-            backend.memset_zero(int(self._rate_table_device[1]), 4)
-            self._rate_table = table = (self.iter, steps)
-        rate, self.current_step = table[1][self.iter - table[0]]
-        self._log_rate(rate)
-
-    def _queue_replayed_update(self) -> None:
-        """The update of a whole-iteration replay: the next table rate, then the fused updates."""
-        assert self._rate_table_device is not None
-        values, cursor = (int(a) for a in self._rate_table_device)
-        for _, on_ready in self._callbacks:  # graph-safe ones only (multi-GPU gradient reduction)
-            if on_ready is not None:
-                on_ready()
-        backend.elementwise("next_rate", "const Dtype* table, int* cursor, Dtype* rate",
-                            "rate[0] = table[cursor[0]]; cursor[0] += 1", self.dtype)(
-            1, values, cursor, self._rate_slot())
-        self._queue_gpu_updates()
-
-    def _queue_gpu_updates(self) -> None:
+    def queue_gpu_updates(self) -> None:
         """One fused kernel per learnable param; the rate comes from device memory (graph-safe)."""
         p = self.param
         scale = 1.0 / p.iter_size
-        rate_ptr = self._rate_slot()
+        rate_ptr = self.rate_slot()
         for i, blob in enumerate(self.net.learnable_params):
             lr_mult, local_decay = self._mults(i)
             reg = 0 if not local_decay else (1 if p.regularization_type == "L2" else 2)
