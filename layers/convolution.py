@@ -22,16 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from pycaffe_lite import common, cpu_conv, fillers
+from pycaffe_lite import common, cpu_conv, cpu_conv_nd, fillers
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.conv_shape import Pair, out_shape
-from pycaffe_lite.gpu import conv_engines
+from pycaffe_lite.conv_shape import Pair, out_shape, out_shape_nd
+from pycaffe_lite.gpu import conv_engines, conv_nd, im2col_nd
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.memcheck import check_fits
 
-__all__ = ["ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "conv_geometry"]
+__all__ = ["ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "NDGeometry", "conv_geometry",
+           "conv_geometry_nd"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,50 @@ def conv_geometry(layer: Layer, p: Any) -> ConvGeometry:
     return geo
 
 
+@dataclass(frozen=True)
+class NDGeometry:
+    """Kernel, pad, stride and dilation of an N-D convolution, one entry per spatial axis."""
+
+    kernel: tuple[int, ...]
+    pad: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+
+def _per_axis(layer: Layer, p: Any, repeated: str, hw: str | None, default: int, axes: int) -> tuple[int, ...]:
+    """BVLC's N-D reading of a repeated field: none (the default), one value for every axis, or one per
+    axis; the ``<hw>_h``/``<hw>_w`` pair only for 2-D."""
+    values = list(getattr(p, repeated))
+    if hw and (p.HasField(f"{hw}_h") or p.HasField(f"{hw}_w")):
+        if axes != 2:
+            raise layer.error(f"{hw}_h and {hw}_w can only be used for 2-D convolution; this one has {axes} "
+                              f"spatial axes (give {repeated} once or once per axis)")
+        return _pair(layer, p, repeated, hw, default)
+    if not values:
+        return (default,) * axes
+    if len(values) == 1:
+        return (values[0],) * axes
+    if len(values) == axes:
+        return tuple(values)
+    raise layer.error(f"{repeated} has {len(values)} values; give 1 or one per spatial axis ({axes})")
+
+
+def conv_geometry_nd(layer: Layer, p: Any, axes: int) -> NDGeometry:
+    """Parse and check the geometry of a ConvolutionParameter for ``axes`` spatial axes (BVLC's rules)."""
+    if not p.kernel_size and not (p.HasField("kernel_h") or p.HasField("kernel_w")):
+        raise layer.error("convolution_param needs kernel_size (or kernel_h and kernel_w for 2-D)")
+    geo = NDGeometry(
+        kernel=_per_axis(layer, p, "kernel_size", "kernel", 0, axes),
+        pad=_per_axis(layer, p, "pad", "pad", 0, axes),
+        stride=_per_axis(layer, p, "stride", "stride", 1, axes),
+        dilation=_per_axis(layer, p, "dilation", None, 1, axes),
+    )
+    for what, values in (("kernel size", geo.kernel), ("stride", geo.stride), ("dilation", geo.dilation)):
+        if min(values) <= 0:
+            raise layer.error(f"{what} must be positive, got {'x'.join(map(str, values))}")
+    return geo
+
+
 class ConvolutionBase(Layer):
     """Shared by Convolution and Deconvolution (Caffe's BaseConvolutionLayer): parameters, group
     checks, the weight/bias blobs, top shapes, and the GPU engine choice for the convolution the
@@ -106,20 +151,25 @@ class ConvolutionBase(Layer):
         """(input channels, input (H, W), output channels) of the convolution the engines run."""
         raise NotImplementedError
 
+    nd = False  # True: the N-D path (not 2 spatial axes, or force_nd_im2col), set in layer_setup
+
     def layer_setup(self, bottom, top):
         p = self.layer_param.convolution_param
-        self.geo = conv_geometry(self, p)
-        if not p.HasField("num_output") or p.num_output == 0:
-            raise self.error("convolution_param.num_output is required and must be positive")
+        self.axis = bottom[0].canonical_axis(p.axis)
+        axes = bottom[0].num_axes - self.axis - 1
+        if axes < 1:
+            raise self.error(f"bottom shape {bottom[0].shape} has no spatial axis after channel axis {self.axis}")
+        self.nd = axes != 2 or p.force_nd_im2col
+        if self.nd:
+            self.geo_nd = conv_geometry_nd(self, p, axes)
+        else:
+            g = self.geo = conv_geometry(self, p)
+            self.geo_nd = NDGeometry(g.kernel, g.pad, g.stride, g.dilation)
+        self.num_spatial_axes = axes
+        self.check_num_output(p)
         self.num_output = p.num_output
         self.group = p.group
         self.bias_term = p.bias_term
-        self.axis = bottom[0].canonical_axis(p.axis)
-        if bottom[0].num_axes - self.axis - 1 != 2:
-            raise self.error(
-                f"only 2-D {self.type.lower()} is supported: bottom shape {bottom[0].shape} has "
-                f"{bottom[0].num_axes - self.axis - 1} spatial axes after channel axis {self.axis}"
-            )
         self.channels = bottom[0].shape[self.axis]
         if self.group <= 0:
             raise self.error(f"group must be positive, got {self.group}")
@@ -144,6 +194,10 @@ class ConvolutionBase(Layer):
         self._choice: conv_engines.Choice | None = None
         self._choice_tf32 = False
 
+    def check_num_output(self, p: Any) -> None:
+        if not p.HasField("num_output") or p.num_output == 0:
+            raise self.error("convolution_param.num_output is required and must be positive")
+
     def reshape(self, bottom, top):
         shape = bottom[0].shape
         for i, b in enumerate(bottom[1:], 1):
@@ -152,6 +206,8 @@ class ConvolutionBase(Layer):
         if shape[self.axis] != self.channels:
             raise self.error(f"bottom has {shape[self.axis]} channels (shape {shape}), weights expect {self.channels}")
         self.num = bottom[0].count_range(0, self.axis)
+        if self.nd:
+            return self._reshape_nd(bottom, top)
         self.in_hw = shape[self.axis + 1:]
         if len(self.in_hw) != 2:
             raise self.error(f"bottom shape {shape} must have 2 spatial axes after channel axis {self.axis}")
@@ -161,6 +217,37 @@ class ConvolutionBase(Layer):
         for t in top:
             t.reshape(shape[:self.axis] + (self.num_output,) + self.out_hw)
         self._reshape_problem()
+
+    # -- N-D path (pycaffe_lite.cpu_conv_nd, pycaffe_lite.gpu.conv_nd) ----------------------------
+    def output_nd(self) -> tuple[int, ...]:
+        """Top spatial sizes for the bottom's ``in_nd`` (N-D path); an error naming the layer when empty."""
+        raise NotImplementedError
+
+    def engine_problem_nd(self) -> conv_nd.NDProblem:
+        """The convolution the N-D GPU code runs (Deconvolution's maps its top to its bottom)."""
+        raise NotImplementedError
+
+    def _reshape_nd(self, bottom, top) -> None:
+        shape = bottom[0].shape
+        if len(shape) - self.axis - 1 != self.num_spatial_axes:
+            raise self.error(f"bottom shape {shape} must keep {self.num_spatial_axes} spatial axes after "
+                             f"channel axis {self.axis} (as at set-up)")
+        self.in_nd = tuple(shape[self.axis + 1:])
+        self.out_nd = self.output_nd()
+        self.bottom_shape = (self.num, self.channels) + self.in_nd
+        self.top_shape = (self.num, self.num_output) + self.out_nd
+        for t in top:
+            t.reshape(shape[:self.axis] + (self.num_output,) + self.out_nd)
+        g = self.geo_nd
+        if common.mode() is common.Mode.CPU:  # cpu_conv_nd's columns of the whole batch
+            check_fits("", f"the columns of kernel {'x'.join(map(str, g.kernel))} over "
+                       f"{'x'.join(map(str, self.out_nd))} outputs", self.num * self.channels * int(np.prod(g.kernel))
+                       * int(np.prod(self.out_nd)) * 2, self.dtype.itemsize)
+        self.problem_nd = self.engine_problem_nd()
+
+    def gpu_nd(self) -> bool:
+        """The N-D GPU kernels take this layer's axes (else its GPU passes run the CPU code on host copies)."""
+        return self.num_spatial_axes <= im2col_nd.MAX_AXES
 
     def _param_diffs(self, gpu: bool) -> tuple:
         """(weight diff, bias diff) to accumulate into, each None when not propagated: device
@@ -218,6 +305,14 @@ class ConvolutionBase(Layer):
         gm.channel_sum(self.num, self.num_output, self.out_hw[0] * self.out_hw[1], dy, db, self.dtype, beta=1.0)
 
     def backward_gpu(self, top, propagate_down, bottom):
+        if self.nd:
+            if not self.gpu_nd():
+                return super().backward_gpu(top, propagate_down, bottom)
+            w = self.blobs[0].gpu_data()
+            dw, db = self._param_diffs(gpu=True)
+            for i, (b, t) in enumerate(zip(bottom, top)):
+                self.backward_gpu_nd(w, dw, db, t.gpu_diff(), b, propagate_down[i])
+            return
         prob, choice = self.engines()
         w = self.blobs[0].gpu_data()
         dw, db = self._param_diffs(gpu=True)
@@ -230,11 +325,15 @@ class ConvolutionBase(Layer):
         propagated) from the top diff ``dy``; write ``b``'s diff when ``down``."""
         raise NotImplementedError
 
+    def backward_gpu_nd(self, w: int, dw: int | None, db: int | None, dy: int, b: Blob, down: bool) -> None:
+        """:meth:`backward_gpu_pair` of the N-D path."""
+        raise NotImplementedError
+
 
 @register_layer("Convolution")
 class ConvolutionLayer(ConvolutionBase):
     def weight_shape(self) -> tuple[int, ...]:
-        return (self.num_output, self.channels // self.group) + self.geo.kernel
+        return (self.num_output, self.channels // self.group) + self.geo_nd.kernel
 
     def output_hw(self) -> Pair:
         g = self.geo
@@ -249,6 +348,19 @@ class ConvolutionLayer(ConvolutionBase):
     def engine_problem_dims(self) -> tuple[int, Pair, int]:
         return self.channels, self.in_hw, self.num_output
 
+    def output_nd(self) -> tuple[int, ...]:
+        g = self.geo_nd
+        out = out_shape_nd(self.in_nd, g.kernel, g.pad, g.stride, g.dilation)
+        if min(out) <= 0:
+            raise self.error(f"kernel {g.kernel} (dilation {g.dilation}) is larger than the input {self.in_nd} "
+                             f"padded by {g.pad}")
+        return out
+
+    def engine_problem_nd(self) -> conv_nd.NDProblem:
+        g = self.geo_nd
+        return conv_nd.NDProblem(self.num, self.channels, self.in_nd, self.num_output, self.group, g.kernel, g.pad,
+                                 g.stride, g.dilation, self.dtype.str)
+
     def compute_forward_relu(self, bottom, top) -> None:
         """Forward followed by ReLU (negative_slope 0) on the tops, fused into the engines' epilogue on
         the GPU: what this layer and an in-place ReLU on its top leave (the executor's fusion)."""
@@ -260,6 +372,8 @@ class ConvolutionLayer(ConvolutionBase):
 
     # -- CPU (pycaffe_lite.cpu_conv) -------------------------------------------------------
     def forward_cpu(self, bottom, top, relu: bool = False):
+        if self.nd:
+            return self._forward_cpu_nd(bottom, top, relu)
         g = self.geo
         w = self.blobs[0].cpu_data()
         bias = self.blobs[1].cpu_data() if self.bias_term else None
@@ -270,24 +384,55 @@ class ConvolutionLayer(ConvolutionBase):
             if relu:
                 np.maximum(y, 0, out=y)  # ReLULayer's CPU formula at negative_slope 0
 
+    def _forward_cpu_nd(self, bottom, top, relu: bool) -> None:
+        g = self.geo_nd
+        w = self.blobs[0].cpu_data()
+        bias = self.blobs[1].cpu_data() if self.bias_term else None
+        for b, t in zip(bottom, top):
+            y = t.mutable_cpu_data().reshape(self.top_shape)
+            cpu_conv_nd.forward(b.cpu_data().reshape(self.bottom_shape), w, bias, g.kernel, g.pad, g.stride,
+                                g.dilation, self.group, y)
+            if relu:
+                np.maximum(y, 0, out=y)
+
     def backward_cpu(self, top, propagate_down, bottom):
-        g = self.geo
+        g = self.geo_nd if self.nd else self.geo
+        conv = cpu_conv_nd if self.nd else cpu_conv
         w = self.blobs[0].cpu_data()
         for i, (b, t) in enumerate(zip(bottom, top)):
             dw, db = self._param_diffs(gpu=False)
             dx = b.mutable_cpu_diff().reshape(self.bottom_shape) if propagate_down[i] else None
             if dw is None and db is None and dx is None:
                 continue
-            cpu_conv.backward(b.cpu_data().reshape(self.bottom_shape), w, t.cpu_diff().reshape(self.top_shape),
+            conv.backward(b.cpu_data().reshape(self.bottom_shape), w, t.cpu_diff().reshape(self.top_shape),
                               g.kernel, g.pad, g.stride, g.dilation, self.group, dweight=dw, dbias=db, dx=dx)
 
     # -- GPU (pycaffe_lite.gpu.conv_engines) ------------------------------------------------
     def forward_gpu(self, bottom, top, relu: bool = False):
+        if self.nd:
+            return self._forward_gpu_nd(bottom, top, relu)
         prob, choice = self.engines()
         w = self.blobs[0].gpu_data()
         bias = self.blobs[1].gpu_data() if self.bias_term else None
         for b, t in zip(bottom, top):
             conv_engines.run(prob, choice, "forward", b.gpu_data(), w, bias, t.mutable_gpu_data(), relu=relu)
+
+    def _forward_gpu_nd(self, bottom, top, relu: bool) -> None:
+        if not self.gpu_nd():  # more spatial axes than the kernels take: the CPU code on host copies
+            super().forward_gpu(bottom, top)
+            if relu:
+                for t in top:
+                    np.maximum(t.cpu_data(), 0, out=t.mutable_cpu_data())
+            return
+        w = self.blobs[0].gpu_data()
+        bias = self.blobs[1].gpu_data() if self.bias_term else None
+        for b, t in zip(bottom, top):
+            conv_nd.forward(self.problem_nd, b.gpu_data(), w, bias, t.mutable_gpu_data(), relu=relu)
+
+    def backward_gpu_nd(self, w, dw, db, dy, b, down):
+        conv_nd.backward_weight(self.problem_nd, b.gpu_data(), dy, dw, db)
+        if down:
+            conv_nd.backward_data(self.problem_nd, w, dy, b.mutable_gpu_diff())
 
     def backward_gpu_pair(self, prob, choice, w, dw, db, dy, b, down):
         if dw is not None:  # the bias gradient rides along (implicit GEMM folds it into its GEMM)

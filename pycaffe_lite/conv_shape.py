@@ -35,3 +35,15 @@ def deconv_out_shape(height: int, width: int, kernel: Pair, pad: Pair, stride: P
     ho, wo = (s * (n - 1) + d * (k - 1) + 1 - 2 * p
               for n, k, p, s, d in zip((height, width), kernel, pad, stride, dilation))
     return ho, wo
+
+
+def out_shape_nd(shape: tuple[int, ...], kernel: tuple[int, ...], pad: tuple[int, ...], stride: tuple[int, ...],
+                 dilation: tuple[int, ...]) -> tuple[int, ...]:
+    """Output sizes of an N-D convolution: :func:`conv_out_size` per spatial axis."""
+    return tuple(conv_out_size(*a) for a in zip(shape, kernel, pad, stride, dilation))
+
+
+def deconv_out_shape_nd(shape: tuple[int, ...], kernel: tuple[int, ...], pad: tuple[int, ...],
+                        stride: tuple[int, ...], dilation: tuple[int, ...]) -> tuple[int, ...]:
+    """Output sizes of an N-D deconvolution, the input sizes of the convolution that maps them back."""
+    return tuple(s * (n - 1) + d * (k - 1) + 1 - 2 * p for n, k, p, s, d in zip(shape, kernel, pad, stride, dilation))
