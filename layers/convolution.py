@@ -166,11 +166,9 @@ class ConvolutionBase(Layer):
             g = self.geo = conv_geometry(self, p)
             self.geo_nd = NDGeometry(g.kernel, g.pad, g.stride, g.dilation)
         self.num_spatial_axes = axes
-        self.check_num_output(p)
-        self.num_output = p.num_output
-        self.group = p.group
         self.bias_term = p.bias_term
         self.channels = bottom[0].shape[self.axis]
+        self.num_output, self.group = self.output_and_group(p)
         if self.group <= 0:
             raise self.error(f"group must be positive, got {self.group}")
         if self.channels % self.group:
@@ -194,9 +192,12 @@ class ConvolutionBase(Layer):
         self._choice: conv_engines.Choice | None = None
         self._choice_tf32 = False
 
-    def check_num_output(self, p: Any) -> None:
+    def output_and_group(self, p: Any) -> tuple[int, int]:
+        """(num_output, group) from the parameters; :attr:`channels` is known (the forks' depthwise
+        types derive them from it)."""
         if not p.HasField("num_output") or p.num_output == 0:
             raise self.error("convolution_param.num_output is required and must be positive")
+        return p.num_output, p.group
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
@@ -287,7 +288,7 @@ class ConvolutionBase(Layer):
             g = self.geo
             p = self.layer_param.convolution_param
             engine = p.Engine.Name(p.engine)
-            candidates = conv_engines.ENGINE_CANDIDATES[engine]
+            candidates = self.engine_candidates(engine, prob)
             if not any(conv_engines.ENGINES[n].supports(prob) for n in candidates):
                 raise self.error(
                     f"engine {engine} needs {conv_engines.ENGINES[candidates[0]].requirement}; this layer has "
@@ -295,6 +296,10 @@ class ConvolutionBase(Layer):
                     f"batch {prob.num} (bottom {self.bottom_shape}, top {self.top_shape})")
             self._choice = conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates)
         return prob, self._choice
+
+    def engine_candidates(self, engine: str, prob: ConvProblem) -> tuple[str, ...]:
+        """The engines the autotune may pick for the ``engine`` field's value."""
+        return conv_engines.ENGINE_CANDIDATES[engine]
 
     def engine_choice(self) -> conv_engines.Choice:
         """The engine per pass for the current shape (see :meth:`engines`)."""
