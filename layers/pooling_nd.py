@@ -81,6 +81,10 @@ def _per_axis(layer: Layer, p: Any, field: str, nd_field: str, hw: str, default:
     return None
 
 
+def _k(name: str, dtype) -> backend.Kernel:
+    return backend.kernel(KERNELS, name, dtype)
+
+
 class PoolingND:
     """Pooling over ``axes`` spatial axes of a ``(N, C, *S)`` bottom for ``layer`` (a PoolingLayer)."""
 
@@ -254,9 +258,6 @@ class PoolingND:
     def gpu(self) -> bool:
         return self.axes <= GPU_AXES
 
-    def _k(self, name: str) -> backend.Kernel:
-        return backend.kernel(KERNELS, name, self.layer.dtype)
-
     def _geometry(self) -> tuple[int, ...]:
         lead = GPU_AXES - self.axes
 
@@ -279,23 +280,23 @@ class PoolingND:
         count = top[0].count
         x, y, geo = bottom[0].gpu_data(), top[0].mutable_gpu_data(), self._geometry()
         if self.method == PP.AVE:
-            self._k("nd_ave_pool_forward")(count, x, *geo, y)
+            _k("nd_ave_pool_forward", self.layer.dtype)(count, x, *geo, y)
             return
         if self.method == PP.STOCHASTIC and self.layer.phase != common.TRAIN:
-            self._k("nd_sto_pool_forward_test")(count, x, *geo, y)
+            _k("nd_sto_pool_forward_test", self.layer.dtype)(count, x, *geo, y)
             self.index_shape = None
             return
         self.index.reshape(top[0].shape)
         index = self.index.mutable_gpu_data()
         if self.method == PP.MAX:
-            self._k("nd_max_pool_forward")(count, x, *geo, y, index)
+            _k("nd_max_pool_forward", self.layer.dtype)(count, x, *geo, y, index)
             if len(top) > 1:
-                self._k("nd_pool_index_to_dtype")(count, index, top[1].mutable_gpu_data())
+                _k("nd_pool_index_to_dtype", self.layer.dtype)(count, index, top[1].mutable_gpu_data())
         else:
             seed, stream = self._seed_and_stream()
             counter = self.draw_counter.mutable_gpu_data()
-            self._k("nd_sto_pool_forward_train")(count, x, *geo, counter, seed, stream, y, index)
-            self._k("nd_sto_pool_advance")(counter, grid=1, block=1)
+            _k("nd_sto_pool_forward_train", self.layer.dtype)(count, x, *geo, counter, seed, stream, y, index)
+            _k("nd_sto_pool_advance", self.layer.dtype)(counter, grid=1, block=1)
         self.index_shape = tuple(top[0].shape)
 
     def backward_gpu(self, top: list[Blob], propagate_down: list[bool], bottom: list[Blob]) -> None:
@@ -304,9 +305,9 @@ class PoolingND:
         count, geo = bottom[0].count, self._geometry()
         dy, dx = top[0].gpu_diff(), bottom[0].mutable_gpu_diff()
         if self.method == PP.AVE:
-            self._k("nd_ave_pool_backward")(count, dy, *geo, dx)
+            _k("nd_ave_pool_backward", self.layer.dtype)(count, dy, *geo, dx)
             return
         self._routed_needs_forward()
         if self.index_shape != tuple(top[0].shape):
             raise self.layer.error("pooling backward_gpu needs a forward_gpu on the same shapes first")
-        self._k("nd_routed_pool_backward")(count, dy, self.index.gpu_data(), *geo, dx)
+        _k("nd_routed_pool_backward", self.layer.dtype)(count, dy, self.index.gpu_data(), *geo, dx)
