@@ -24,7 +24,7 @@ import numpy as np
 
 from pycaffe_lite import common, cpu_conv, cpu_conv_nd, fillers
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.conv_shape import Pair, out_shape, out_shape_nd
+from pycaffe_lite.conv_shape import Pair, geometry_nd, out_shape, out_shape_nd
 from pycaffe_lite.gpu import conv_engines, conv_nd, im2col_nd
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.gpu.conv_problem import ConvProblem
@@ -95,38 +95,10 @@ class NDGeometry:
     dilation: tuple[int, ...]
 
 
-def _per_axis(layer: Layer, p: Any, repeated: str, hw: str | None, default: int, axes: int) -> tuple[int, ...]:
-    """BVLC's N-D reading of a repeated field: none (the default), one value for every axis, or one per
-    axis; the ``<hw>_h``/``<hw>_w`` pair only for 2-D."""
-    values = list(getattr(p, repeated))
-    if hw and (p.HasField(f"{hw}_h") or p.HasField(f"{hw}_w")):
-        if axes != 2:
-            raise layer.error(f"{hw}_h and {hw}_w can only be used for 2-D convolution; this one has {axes} "
-                              f"spatial axes (give {repeated} once or once per axis)")
-        return _pair(layer, p, repeated, hw, default)
-    if not values:
-        return (default,) * axes
-    if len(values) == 1:
-        return (values[0],) * axes
-    if len(values) == axes:
-        return tuple(values)
-    raise layer.error(f"{repeated} has {len(values)} values; give 1 or one per spatial axis ({axes})")
-
-
 def conv_geometry_nd(layer: Layer, p: Any, axes: int) -> NDGeometry:
-    """Parse and check the geometry of a ConvolutionParameter for ``axes`` spatial axes (BVLC's rules)."""
-    if not p.kernel_size and not (p.HasField("kernel_h") or p.HasField("kernel_w")):
-        raise layer.error("convolution_param needs kernel_size (or kernel_h and kernel_w for 2-D)")
-    geo = NDGeometry(
-        kernel=_per_axis(layer, p, "kernel_size", "kernel", 0, axes),
-        pad=_per_axis(layer, p, "pad", "pad", 0, axes),
-        stride=_per_axis(layer, p, "stride", "stride", 1, axes),
-        dilation=_per_axis(layer, p, "dilation", None, 1, axes),
-    )
-    for what, values in (("kernel size", geo.kernel), ("stride", geo.stride), ("dilation", geo.dilation)):
-        if min(values) <= 0:
-            raise layer.error(f"{what} must be positive, got {'x'.join(map(str, values))}")
-    return geo
+    """Parse and check the geometry of a ConvolutionParameter for ``axes`` spatial axes (BVLC's rules,
+    :func:`pycaffe_lite.conv_shape.geometry_nd`)."""
+    return NDGeometry(*geometry_nd(p, axes, layer.error))
 
 
 class ConvolutionBase(Layer):

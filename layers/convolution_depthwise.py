@@ -13,17 +13,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pycaffe_lite.gpu.conv_problem import ConvProblem
 from pycaffe_lite.layer import register_layer
 
-from .convolution import ConvolutionLayer
-from .depthwise_convolution import depthwise_candidates
+from .depthwise_convolution import DepthwiseConvolutionLayer
 
 log = logging.getLogger("pycaffe_lite")
 
 
 @register_layer("ConvolutionDepthwise")
-class ConvolutionDepthwiseLayer(ConvolutionLayer):
+class ConvolutionDepthwiseLayer(DepthwiseConvolutionLayer):  # its engine choice too
     def output_and_group(self, p: Any) -> tuple[int, int]:
         c = self.channels
         for name in ("num_output", "group"):
@@ -31,6 +29,3 @@ class ConvolutionDepthwiseLayer(ConvolutionLayer):
                 log.warning("layer '%s' (ConvolutionDepthwise): %s %d ignored; the layer has the bottom's %d "
                             "channels, as in its fork", self.name, name, getattr(p, name), c)
         return c, c
-
-    def engine_candidates(self, engine: str, prob: ConvProblem) -> tuple[str, ...]:
-        return depthwise_candidates(engine, prob)

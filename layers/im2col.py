@@ -17,12 +17,10 @@ from __future__ import annotations
 import math
 
 from pycaffe_lite import cpu_conv_nd
-from pycaffe_lite.conv_shape import out_shape_nd
+from pycaffe_lite.conv_shape import geometry_nd, out_shape_nd
 from pycaffe_lite.gpu import im2col_nd
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.memcheck import check_fits
-
-from .convolution import conv_geometry_nd
 
 
 @register_layer("Im2col")
@@ -36,22 +34,21 @@ class Im2colLayer(Layer):
         self.axes = bottom[0].num_axes - self.axis - 1
         if self.axes < 1:
             raise self.error(f"bottom shape {bottom[0].shape} has no spatial axis after channel axis {self.axis}")
-        self.geo = conv_geometry_nd(self, p, self.axes)
+        self.kernel, self.pad, self.stride, self.dilation = geometry_nd(p, self.axes, self.error)
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape
         if len(shape) - self.axis - 1 != self.axes:
             raise self.error(f"bottom shape {shape} must keep {self.axes} spatial axes after channel axis {self.axis}")
-        g = self.geo
         self.num = bottom[0].count_range(0, self.axis)
         self.channels = shape[self.axis]
         self.in_shape = tuple(shape[self.axis + 1:])
-        self.out_shape = out_shape_nd(self.in_shape, g.kernel, g.pad, g.stride, g.dilation)
+        self.out_shape = out_shape_nd(self.in_shape, self.kernel, self.pad, self.stride, self.dilation)
         if min(self.out_shape) <= 0:
-            raise self.error(f"kernel {g.kernel} (dilation {g.dilation}) is larger than the input {self.in_shape} "
-                             f"padded by {g.pad}")
-        rows = self.channels * math.prod(g.kernel)
-        check_fits("", f"the columns of kernel {g.kernel} over {self.out_shape} outputs",
+            raise self.error(f"kernel {self.kernel} (dilation {self.dilation}) is larger than the input {self.in_shape} "
+                             f"padded by {self.pad}")
+        rows = self.channels * math.prod(self.kernel)
+        check_fits("", f"the columns of kernel {self.kernel} over {self.out_shape} outputs",
                    self.num * rows * math.prod(self.out_shape), self.dtype.itemsize)
         top[0].reshape(shape[:self.axis] + (rows,) + self.out_shape)
 
@@ -59,31 +56,27 @@ class Im2colLayer(Layer):
         return (self.num, self.channels) + self.in_shape
 
     def forward_cpu(self, bottom, top):
-        g = self.geo
-        cols = cpu_conv_nd.columns(bottom[0].cpu_data().reshape(self._image_shape()), g.kernel, g.pad, g.stride,
-                                   g.dilation)
+        cols = cpu_conv_nd.columns(bottom[0].cpu_data().reshape(self._image_shape()), self.kernel, self.pad,
+                                   self.stride, self.dilation)
         top[0].mutable_cpu_data()[...] = cols.reshape(top[0].shape)
 
     def backward_cpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        g = self.geo
         dcol = top[0].cpu_diff().reshape(self.num, -1, math.prod(self.out_shape))
-        dx = cpu_conv_nd.col2im(dcol, self._image_shape(), g.kernel, g.pad, g.stride, g.dilation)
+        dx = cpu_conv_nd.col2im(dcol, self._image_shape(), self.kernel, self.pad, self.stride, self.dilation)
         bottom[0].mutable_cpu_diff()[...] = dx.reshape(bottom[0].shape)
 
     def forward_gpu(self, bottom, top):
         if self.axes > im2col_nd.MAX_AXES:
             return super().forward_gpu(bottom, top)
-        g = self.geo
-        im2col_nd.im2col(bottom[0].gpu_data(), self.num, self.channels, self.in_shape, g.kernel, g.pad, g.stride,
-                         g.dilation, top[0].mutable_gpu_data(), self.dtype)
+        im2col_nd.im2col(bottom[0].gpu_data(), self.num, self.channels, self.in_shape, self.kernel, self.pad, self.stride,
+                         self.dilation, top[0].mutable_gpu_data(), self.dtype)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if self.axes > im2col_nd.MAX_AXES:
             return super().backward_gpu(top, propagate_down, bottom)
         if not propagate_down[0]:
             return
-        g = self.geo
-        im2col_nd.col2im(top[0].gpu_diff(), self.num, self.channels, self.in_shape, g.kernel, g.pad, g.stride,
-                         g.dilation, bottom[0].mutable_gpu_diff(), self.dtype)
+        im2col_nd.col2im(top[0].gpu_diff(), self.num, self.channels, self.in_shape, self.kernel, self.pad, self.stride,
+                         self.dilation, bottom[0].mutable_gpu_diff(), self.dtype)
