@@ -213,3 +213,31 @@ def test_cpu_gpu_agree(shape, body, dtype, kind):
     rng = np.random.default_rng(3)
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else {}
     assert_cpu_gpu_agree(layer_text(kind, body), [rng.standard_normal(shape)], dtype=dtype, **tol)
+
+
+NET_3D = """
+name: "v" input: "data" input_shape { dim: 1 dim: 2 dim: 4 dim: 5 dim: 4 }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 3 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" batch_norm_param { use_global_stats: true } }
+layer { name: "sc" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+"""
+
+
+def test_3d_test_net_folds_batchnorm_like_unfused(tmp_path, monkeypatch):
+    (tmp_path / "n.prototxt").write_text(NET_3D)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 2, 4, 5, 4))
+    outs = []
+    for fusion in ("1", "0"):
+        monkeypatch.setenv("PYCAFFE_LITE_FUSION", fusion)
+        caffe_net = __import__("pycaffe_lite").Net(str(tmp_path / "n.prototxt"), 1)  # TEST
+        r = np.random.default_rng(9)
+        for name in ("conv", "bn", "sc"):
+            for blob in caffe_net.params[name]:
+                blob.data[...] = r.uniform(0.5, 1.5, blob.data.shape)
+        outs.append(caffe_net.forward(data=x)["pool"].copy())
+    assert outs[0].shape == (1, 3, 2, 3, 2)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
