@@ -134,10 +134,17 @@ class ConvolutionBase(Layer):
         self.nd = axes != 2 or p.force_nd_im2col
         if self.nd:
             self.geo_nd = conv_geometry_nd(self, p, axes)
+            engine = p.Engine.Name(p.engine)
+            if engine not in ("DEFAULT", "CAFFE", "CUDNN"):
+                why = "force_nd_im2col" if axes == 2 else f"{axes} spatial axes"
+                raise self.error(f"engine {engine} runs 2-D convolutions only; this layer takes the N-D "
+                                 f"im2col path ({why}): use DEFAULT, CAFFE or CUDNN")
         else:
             g = self.geo = conv_geometry(self, p)
             self.geo_nd = NDGeometry(g.kernel, g.pad, g.stride, g.dilation)
         self.num_spatial_axes = axes
+        if axes > im2col_nd.MAX_AXES:
+            self.graph_safe = False  # its GPU passes run the CPU code on host copies
         self.bias_term = p.bias_term
         self.channels = bottom[0].shape[self.axis]
         self.num_output, self.group = self.output_and_group(p)

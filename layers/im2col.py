@@ -35,6 +35,8 @@ class Im2colLayer(Layer):
         if self.axes < 1:
             raise self.error(f"bottom shape {bottom[0].shape} has no spatial axis after channel axis {self.axis}")
         self.kernel, self.pad, self.stride, self.dilation = geometry_nd(p, self.axes, self.error)
+        if self.axes > im2col_nd.MAX_AXES:
+            self.graph_safe = False  # its GPU passes run the CPU code on host copies
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape

@@ -162,6 +162,10 @@ def test_channel_axis_two_3d(mode):
     ("Convolution", (1, 2, 4, 4, 4), "num_output: 2 kernel_size: 2 dilation: 0", "dilation must be positive"),
     ("Convolution", (1, 2, 4), "num_output: 2 kernel_size: 2 pad_h: 1 pad_w: 1", "pad_h and pad_w can only"),
     ("Deconvolution", (1, 2, 2, 2, 2), "num_output: 2 kernel_size: 1 pad: 1", "smaller than twice the pad"),
+    ("Convolution", (1, 2, 4, 4, 4), "num_output: 2 kernel_size: 3 engine: WINOGRAD",
+     "engine WINOGRAD runs 2-D convolutions only.*3 spatial axes"),
+    ("Convolution", (1, 2, 4, 4), "num_output: 2 kernel_size: 3 engine: DEPTHWISE force_nd_im2col: true",
+     "engine DEPTHWISE runs 2-D convolutions only.*force_nd_im2col"),
 ])
 def test_errors(kind, shape, body, match):
     layer = make_layer(layer_text(kind, body))
