@@ -245,3 +245,48 @@ def test_3d_test_net_folds_batchnorm_like_unfused(tmp_path, monkeypatch):
         outs.append(caffe_net.forward(data=x)["pool"].copy())
     assert outs[0].shape == (1, 3, 2, 3, 2)
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
+NET_3D_TRAIN = """
+name: "vol"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 1 dim: 6 dim: 6 dim: 6 } } }
+layer { name: "target" type: "DummyData" top: "target"
+        dummy_data_param { shape { dim: 2 dim: 1 dim: 6 dim: 6 dim: 6 } data_filler { type: "constant" value: 0.5 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.4 }
+                            bias_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "dw" type: "DepthwiseConvolution" bottom: "conv" top: "dw"
+        convolution_param { kernel_size: 3 kernel_size: 1 kernel_size: 3 pad: 1 pad: 0 pad: 1
+                            weight_filler { type: "gaussian" std: 0.4 } } }
+layer { name: "pool" type: "Pooling" bottom: "dw" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "avg" type: "Pooling" bottom: "pool" top: "avg" pooling_param { pool: AVE kernel_size: 3 stride: 1 pad: 1 } }
+layer { name: "up" type: "Deconvolution" bottom: "avg" top: "up"
+        convolution_param { num_output: 1 kernel_size: 2 stride: 2 weight_filler { type: "gaussian" std: 0.4 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "up" bottom: "target" top: "loss" }
+"""
+
+
+@pytest.mark.gpu
+def test_3d_net_trains_alike_on_cpu_and_gpu():
+    """SGD steps of a 3-D net (N-D Convolution, DepthwiseConvolution, MAX/AVE pooling, Deconvolution) on both
+    devices, the GPU ones through the executor's captured training iterations: same weights after."""
+    import pycaffe_lite as caffe
+    from pycaffe_lite import sgd_solvers
+    from pycaffe_lite.proto import caffe_pb2
+    from pycaffe_lite.protoio import parse_text
+
+    results = []
+    for gpu in (False, True):
+        caffe.set_mode_gpu() if gpu else caffe.set_mode_cpu()
+        try:
+            text = f'net_param {{ {NET_3D_TRAIN} }} base_lr: 0.002 lr_policy: "fixed" momentum: 0.9 random_seed: 4'
+            s = sgd_solvers.SOLVERS["SGD"](parse_text(text, caffe_pb2.SolverParameter()), dtype=np.float64,
+                                           progress=False)
+            s.net.blobs["data"].data[...] = np.random.default_rng(1).normal(size=(2, 1, 6, 6, 6))
+            s.step(4)
+            results.append([b.data.copy() for b in s.net.learnable_params])
+        finally:
+            caffe.set_mode_cpu()
+    for a, b in zip(*results):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-10)
