@@ -13,6 +13,11 @@ autotuned once per shape; ``engine: CAFFE`` forces im2col + cuBLAS, ``IMPLICIT_G
 and CUDNN pick the fastest. A forced engine that cannot run the layer's geometry is an error naming
 the layer, the engine, its requirement and the geometry (checked before any GPU work).
 :class:`ConvolutionBase` holds what Deconvolution shares (set-up, shapes, engine choice).
+
+Other numbers of spatial axes (1-D, 3-D, ...), and 2-D with ``force_nd_im2col: true``, take the N-D
+path: BVLC's per-axis ``kernel_size``/``pad``/``stride``/``dilation`` (one value broadcast), weight
+``(num_output, C/group, *K)``, CPU :mod:`pycaffe_lite.cpu_conv_nd`, GPU :mod:`pycaffe_lite.gpu.conv_nd`
+(im2col_nd + cuBLAS, 1 to 3 axes; more run on host copies). See ``docs/convolution_pooling.md``.
 """
 
 from __future__ import annotations

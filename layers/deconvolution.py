@@ -12,7 +12,8 @@ its own (C, num_output/group, kh, kw) weights: forward is that convolution's dat
 the bias, added per output channel), the bottom diff its forward pass, the weight diff its weight
 pass with the roles of input and top gradient taken by this layer's top diff and bottom. CPU:
 :mod:`pycaffe_lite.cpu_conv`; GPU: the engines of :mod:`pycaffe_lite.gpu.conv_engines`, picked
-per pass by the same autotune and ``engine`` field as Convolution.
+per pass by the same autotune and ``engine`` field as Convolution. Other numbers of spatial axes (and
+``force_nd_im2col``) run the same roles on Convolution's N-D path (weight ``(C, num_output/group, *K)``).
 """
 
 from __future__ import annotations
