@@ -93,11 +93,18 @@ def fake_device(host, monkeypatch):
         keep.extend(bufs)
         return [b.ctypes.data for b in bufs]
 
-    def gemm_strided_batched(ta, tb, m, n, k, alpha, a, sa, b, sb, beta, c, sc, batch, dtype, **_):
+    def matrix(address, rows, cols, ld):
+        flat = view(address, (rows - 1) * ld + cols)
+        return np.lib.stride_tricks.as_strided(flat, (rows, cols), (8 * ld, 8))
+
+    def gemm_strided_batched(ta, tb, m, n, k, alpha, a, sa, b, sb, beta, c, sc, batch, dtype, lda=None, ldb=None,
+                             ldc=None):
         for i in range(batch):
-            am = view(a + 8 * i * sa, m * k).reshape((k, m) if ta else (m, k))
-            bm = view(b + 8 * i * sb, k * n).reshape((n, k) if tb else (k, n))
-            cm = view(c + 8 * i * sc, m * n).reshape(m, n)
+            ar, ac = (k, m) if ta else (m, k)
+            br, bc = (n, k) if tb else (k, n)
+            am = matrix(a + 8 * i * sa, ar, ac, lda or ac)
+            bm = matrix(b + 8 * i * sb, br, bc, ldb or bc)
+            cm = matrix(c + 8 * i * sc, m, n, ldc or n)
             cm[...] = alpha * (am.T if ta else am) @ (bm.T if tb else bm) + (beta * cm if beta else 0)
 
     def add_channel_bias(num, c, spatial, bias, y, dt):
@@ -140,6 +147,13 @@ def test_im2col_col2im_kernels(fake_device, shape, kernel, pad, stride, dilation
     cols = np.full(want.shape, np.nan)
     gpu_cols.im2col(ptr(x), shape[0], shape[1], shape[2:], kernel, pad, stride, dilation, ptr(cols), np.float64)
     np.testing.assert_array_equal(cols, want)
+    # a slab of the outermost output axis (after padding to 3 axes) holds those output positions' columns
+    out = gpu_cols.padded_out(shape[2:], kernel, pad, stride, dilation)
+    if out[0] > 1:
+        slab = np.full((shape[0], want.shape[1], 1 * out[1] * out[2]), np.nan)
+        gpu_cols.im2col(ptr(x), shape[0], shape[1], shape[2:], kernel, pad, stride, dilation, ptr(slab), np.float64,
+                        rows=(1, 1))
+        np.testing.assert_array_equal(slab, want[:, :, out[1] * out[2]:2 * out[1] * out[2]])
     dcol = rng.standard_normal(want.shape)
     dx = np.full(shape, np.nan)
     gpu_cols.col2im(ptr(dcol), shape[0], shape[1], shape[2:], kernel, pad, stride, dilation, ptr(dx), np.float64)
@@ -147,15 +161,20 @@ def test_im2col_col2im_kernels(fake_device, shape, kernel, pad, stride, dilation
                                atol=1e-12)
 
 
+@pytest.mark.parametrize("slab_bytes", [None, 1])
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("shape,kernel,pad,stride,dilation", GEOMETRIES)
-def test_conv_nd_passes(fake_device, shape, kernel, pad, stride, dilation, group):
+def test_conv_nd_passes(fake_device, monkeypatch, shape, kernel, pad, stride, dilation, group, slab_bytes):
+    """Whole-image columns, and (slab_bytes 1) one output row of the outermost axis per slab."""
+    if slab_bytes is not None:
+        monkeypatch.setattr(conv_nd, "COL_BUFFER_BYTES", slab_bytes)
     rng = np.random.default_rng(1)
     n, c, *size = shape
     if c % group:
         pytest.skip("channels not divisible by the group")
     m = 2 * group
     prob = conv_nd.NDProblem(n, c, tuple(size), m, group, kernel, pad, stride, dilation, "<f8")
+    assert len(prob.slabs()) == (1 if slab_bytes is None else prob.slab_total())
     x = rng.standard_normal(shape)
     w = rng.standard_normal((m, c // group) + kernel)
     bias = rng.standard_normal(m)

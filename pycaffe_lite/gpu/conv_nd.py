@@ -21,6 +21,7 @@ from . import im2col_nd as nd_cols
 from . import math_functions as gm
 
 Dims = tuple[int, ...]
+COL_BUFFER_BYTES = 256 << 20  # column scratch budget of one pass; larger images run in slabs of output rows
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,26 @@ class NDProblem:
         return (self.num_output // self.group, kg, p, self.channels * math.prod(self.in_shape),
                 self.num_output * p, self.np_dtype.itemsize)
 
+    def slabs(self) -> list[tuple[int, int]]:
+        """The (first row, rows) slabs of the outermost output axis whose columns fit
+        :data:`COL_BUFFER_BYTES` (at least one row each)."""
+        mg, kg, p, _, _, isz = self.sizes
+        o = nd_cols.padded_out(self.in_shape, self.kernel, self.pad, self.stride, self.dilation)
+        row_bytes = self.group * kg * o[1] * o[2] * isz
+        per = max(1, min(o[0], COL_BUFFER_BYTES // max(row_bytes, 1)))
+        return [(b, min(per, o[0] - b)) for b in range(0, o[0], per)]
+
     def _cols(self) -> int:
         mg, kg, p, _, _, isz = self.sizes
-        return backend.workspace(self.group * kg * p * isz)[0]
+        rows = self.slabs()[0][1]
+        return backend.workspace(self.group * kg * p // self.slab_total() * rows * isz)[0]
 
-    def _im2col(self, x: int, col: int) -> None:
+    def slab_total(self) -> int:
+        return nd_cols.padded_out(self.in_shape, self.kernel, self.pad, self.stride, self.dilation)[0]
+
+    def _im2col(self, x: int, col: int, rows: tuple[int, int]) -> None:
         nd_cols.im2col(x, 1, self.channels, self.in_shape, self.kernel, self.pad, self.stride, self.dilation,
-                       col, self.np_dtype)
+                       col, self.np_dtype, rows)
 
 
 def forward(prob: NDProblem, x: int, w: int, bias: int | None, y: int, relu: bool = False) -> None:
@@ -66,10 +80,13 @@ def forward(prob: NDProblem, x: int, w: int, bias: int | None, y: int, relu: boo
     mg, kg, p, xs, ys, isz = prob.sizes
     dt = prob.np_dtype
     col = prob._cols()
+    plane = p // prob.slab_total()  # output elements per row of the outermost axis
     for n in range(prob.num):
-        prob._im2col(x + n * xs * isz, col)
-        blas.gemm_strided_batched(False, False, mg, p, kg, 1.0, w, mg * kg, col, kg * p, 0.0,
-                                  y + n * ys * isz, mg * p, prob.group, dt)
+        for begin, rows in prob.slabs():
+            width = rows * plane
+            prob._im2col(x + n * xs * isz, col, (begin, rows))
+            blas.gemm_strided_batched(False, False, mg, width, kg, 1.0, w, mg * kg, col, kg * width, 0.0,
+                                      y + (n * ys + begin * plane) * isz, mg * p, prob.group, dt, ldc=p)
     if bias is not None:
         gm.add_channel_bias(prob.num, prob.num_output, p, bias, y, dt)
     if relu:
@@ -82,11 +99,14 @@ def backward_data(prob: NDProblem, w: int, dy: int, dx: int) -> None:
     mg, kg, p, xs, ys, isz = prob.sizes
     dt = prob.np_dtype
     col = prob._cols()
+    plane = p // prob.slab_total()
     for n in range(prob.num):
-        blas.gemm_strided_batched(True, False, kg, p, mg, 1.0, w, mg * kg, dy + n * ys * isz, mg * p, 0.0,
-                                  col, kg * p, prob.group, dt)
-        nd_cols.col2im(col, 1, prob.channels, prob.in_shape, prob.kernel, prob.pad, prob.stride, prob.dilation,
-                       dx + n * xs * isz, dt)
+        for i, (begin, rows) in enumerate(prob.slabs()):
+            width = rows * plane
+            blas.gemm_strided_batched(True, False, kg, width, mg, 1.0, w, mg * kg, dy + (n * ys + begin * plane) * isz,
+                                      mg * p, 0.0, col, kg * width, prob.group, dt, ldb=p)
+            nd_cols.col2im(col, 1, prob.channels, prob.in_shape, prob.kernel, prob.pad, prob.stride, prob.dilation,
+                           dx + n * xs * isz, dt, (begin, rows), accumulate=i > 0)
 
 
 def backward_weight(prob: NDProblem, x: int, dy: int, dw: int | None, db: int | None) -> None:
@@ -98,7 +118,10 @@ def backward_weight(prob: NDProblem, x: int, dy: int, dw: int | None, db: int | 
     if dw is None:
         return
     col = prob._cols()
+    plane = p // prob.slab_total()
     for n in range(prob.num):
-        prob._im2col(x + n * xs * isz, col)
-        blas.gemm_strided_batched(False, True, mg, kg, p, 1.0, dy + n * ys * isz, mg * p, col, kg * p, 1.0,
-                                  dw, mg * kg, prob.group, dt)
+        for begin, rows in prob.slabs():
+            width = rows * plane
+            prob._im2col(x + n * xs * isz, col, (begin, rows))
+            blas.gemm_strided_batched(False, True, mg, kg, width, 1.0, dy + (n * ys + begin * plane) * isz, mg * p,
+                                      col, kg * width, 1.0, dw, mg * kg, prob.group, dt, lda=p)

@@ -1,7 +1,8 @@
 """GPU im2col / col2im for N-D convolutions of 1 to :data:`MAX_AXES` spatial axes (``im2col_nd.cu``).
 
 Image batch ``(num, C, *S)``; columns ``(num, C*prod(K), prod(O))`` (BVLC's im2col_nd order per
-image, see :mod:`pycaffe_lite.cpu_conv_nd`). Geometry arguments are tuples with one entry per
+image, see :mod:`pycaffe_lite.cpu_conv_nd`), or of a slab ``rows = (begin, count)`` of the first
+(outermost, after padding the geometry to 3 axes) output axis: ``(num, C*prod(K), count*O_1*O_2)``. Geometry arguments are tuples with one entry per
 spatial axis; pointers are device addresses (ints); everything runs on the backend stream.
 """
 
@@ -37,24 +38,44 @@ def _geometry(shape: Dims, kernel: Dims, pad: Dims, stride: Dims, dilation: Dims
 
 
 def _check(num: int, channels: int, shape: Dims, kernel: Dims, out: Dims) -> None:
+    """Index ranges of the image batch and of the columns of the output (slab) ``out``."""
     cols = num * channels * math.prod(kernel) * math.prod(out)
     if max(cols, num * channels * math.prod(shape)) > backend.INT32_MAX:
         raise CudaError(f"im2col_nd: {cols} column elements exceed int32 indexing; use smaller batches")
 
 
+def padded_out(shape: Dims, kernel: Dims, pad: Dims, stride: Dims, dilation: Dims) -> Dims:
+    """The output sizes as the kernels see them: three axes, leading unit axes first."""
+    return _geometry(shape, kernel, pad, stride, dilation)[3:6]
+
+
+def _slab(geo: tuple[int, ...], rows: tuple[int, int] | None) -> tuple[int, int]:
+    begin, count = rows if rows is not None else (0, geo[3])
+    if not (0 <= begin and 0 < count and begin + count <= geo[3]):
+        raise CudaError(f"im2col_nd: output rows {begin}..{begin + count} outside 0..{geo[3]}")
+    return begin, count
+
+
 def im2col(data_im: int, num: int, channels: int, shape: Dims, kernel: Dims, pad: Dims, stride: Dims,
-           dilation: Dims, data_col: int, dtype) -> None:
-    """Fill ``data_col`` (num, C*prod(K), prod(O)) from the image batch ``data_im`` (num, C, *S)."""
+           dilation: Dims, data_col: int, dtype, rows: tuple[int, int] | None = None) -> None:
+    """Fill ``data_col`` (num, C*prod(K), prod(O)), or the slab ``rows`` of it, from the image batch
+    ``data_im`` (num, C, *S)."""
     geo = _geometry(shape, kernel, pad, stride, dilation)
     out = geo[3:6]
-    _check(num, channels, shape, kernel, out)
-    backend.kernel(KERNELS, "im2col_nd3", dtype)(num * channels * math.prod(out), data_im, *geo, data_col)
+    begin, count = _slab(geo, rows)
+    _check(num, channels, shape, kernel, (count, out[1], out[2]))
+    backend.kernel(KERNELS, "im2col_nd3", dtype)(num * channels * count * out[1] * out[2], data_im, *geo, begin,
+                                                 count, data_col)
 
 
 def col2im(data_col: int, num: int, channels: int, shape: Dims, kernel: Dims, pad: Dims, stride: Dims,
-           dilation: Dims, data_im: int, dtype) -> None:
+           dilation: Dims, data_im: int, dtype, rows: tuple[int, int] | None = None,
+           accumulate: bool = False) -> None:
     """Assign to ``data_im`` (num, C, *S) the sums of the column entries that read each element (the
-    adjoint of :func:`im2col`)."""
+    adjoint of :func:`im2col`); with ``rows``, the columns of that slab only, added to ``data_im`` when
+    ``accumulate``."""
     geo = _geometry(shape, kernel, pad, stride, dilation)
-    _check(num, channels, shape, kernel, geo[3:6])
-    backend.kernel(KERNELS, "col2im_nd3", dtype)(num * channels * math.prod(shape), data_col, *geo, data_im)
+    begin, count = _slab(geo, rows)
+    _check(num, channels, shape, kernel, (count, geo[4], geo[5]))
+    backend.kernel(KERNELS, "col2im_nd3", dtype)(num * channels * math.prod(shape), data_col, *geo, begin, count,
+                                                 int(accumulate), data_im)
