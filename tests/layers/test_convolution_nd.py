@@ -290,3 +290,58 @@ def test_3d_net_trains_alike_on_cpu_and_gpu():
             caffe.set_mode_cpu()
     for a, b in zip(*results):
         np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-10)
+
+
+VNET_STYLE = """name: "vnet_tiny"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 1 dim: 8 dim: 8 dim: 8 } } }
+layer { name: "label" type: "Input" top: "label" input_param { shape { dim: 1 dim: 1 dim: 8 dim: 8 dim: 8 } } }
+layer { name: "conv_in" type: "Convolution" bottom: "data" top: "conv_in"
+  convolution_param { num_output: 4 kernel_size: 5 pad: 2 stride: 1 weight_filler { type: "xavier" } engine: CAFFE } }
+layer { name: "bn_in" type: "BatchNorm" bottom: "conv_in" top: "conv_in" }
+layer { name: "prelu_in" type: "PReLU" bottom: "conv_in" top: "conv_in" }
+layer { name: "down" type: "Convolution" bottom: "conv_in" top: "down"
+  convolution_param { num_output: 8 kernel_size: 2 stride: 2 weight_filler { type: "xavier" } } }
+layer { name: "prelu_d" type: "PReLU" bottom: "down" top: "down" }
+layer { name: "up" type: "Deconvolution" bottom: "down" top: "up"
+  convolution_param { num_output: 4 kernel_size: 2 stride: 2 weight_filler { type: "xavier" } } }
+layer { name: "sum" type: "Eltwise" bottom: "up" bottom: "conv_in" top: "sum" }
+layer { name: "cat" type: "Concat" bottom: "sum" bottom: "conv_in" top: "cat" }
+layer { name: "score" type: "Convolution" bottom: "cat" top: "score"
+  convolution_param { num_output: 2 kernel_size: 1 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "score" bottom: "label" top: "loss" }
+"""
+
+
+def _vnet_pass(tmp_path, gpu: bool):
+    import pycaffe_lite as caffe
+
+    (tmp_path / "vnet.prototxt").write_text(VNET_STYLE)
+    caffe.set_mode_gpu() if gpu else caffe.set_mode_cpu()
+    try:
+        caffe.set_random_seed(3)
+        net = caffe.Net(str(tmp_path / "vnet.prototxt"), caffe.TRAIN)
+        rng = np.random.default_rng(6)
+        net.blobs["data"].data[...] = rng.random((1, 1, 8, 8, 8))
+        net.blobs["label"].data[...] = rng.random((1, 1, 8, 8, 8)) > 0.5
+        loss = float(net.forward()["loss"])
+        net.backward()
+        return loss, [p.diff.copy() for name in ("conv_in", "down", "up", "score") for p in net.params[name]]
+    finally:
+        caffe.set_mode_cpu()
+
+
+def test_vnet_style_net_runs_forward_and_backward(tmp_path):
+    """A V-Net-shaped 3-D net (5x5x5 conv, BatchNorm, PReLU, strided down-conv, Deconvolution up, Eltwise,
+    Concat, 1x1x1 scores, SoftmaxWithLoss over voxels) builds, and its gradients reach every layer."""
+    loss, diffs = _vnet_pass(tmp_path, gpu=False)
+    assert 0 < loss < 5
+    assert all(np.abs(d).sum() > 0 for d in diffs)
+
+
+@pytest.mark.gpu
+def test_vnet_style_net_cpu_gpu_agree(tmp_path):
+    cpu_loss, cpu_diffs = _vnet_pass(tmp_path, gpu=False)
+    gpu_loss, gpu_diffs = _vnet_pass(tmp_path, gpu=True)
+    assert gpu_loss == pytest.approx(cpu_loss, rel=1e-4)
+    for a, b in zip(cpu_diffs, gpu_diffs):
+        np.testing.assert_allclose(b, a, rtol=2e-3, atol=1e-4)
