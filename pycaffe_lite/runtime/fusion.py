@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from ..net import Net
 
 
+CONV_TYPES = ("Convolution", "DepthwiseConvolution", "ConvolutionDepthwise")  # the forks' depthwise types too
+
+
 def fusion_enabled() -> bool:
     """False when ``PYCAFFE_LITE_FUSION=0`` asks for every layer as written."""
     return os.environ.get("PYCAFFE_LITE_FUSION", "1") != "0"
@@ -149,12 +152,12 @@ def find_fusions(net: Net) -> list[ConvBNScale | ConvReLU]:
     while i < len(layers) - 1:
         conv = layers[i]
         bn_i = i + 1
-        if (conv.type == "Convolution" and len(net.bottom_vecs[i]) == 1 and len(net.top_vecs[i]) == 1
+        if (conv.type in CONV_TYPES and len(net.bottom_vecs[i]) == 1 and len(net.top_vecs[i]) == 1
                 and _relu_on(net, i + 1, net.top_id_vecs[i][0])):
             chains.append(ConvReLU(i, i + 1, conv))
             i += 2
             continue
-        if not (conv.type == "Convolution" and layers[bn_i].type == "BatchNorm"
+        if not (conv.type in CONV_TYPES and layers[bn_i].type == "BatchNorm"
                 and len(net.bottom_vecs[i]) == 1 and len(net.top_vecs[i]) == 1
                 and _in_place(net, bn_i) and net.bottom_id_vecs[bn_i][0] == net.top_id_vecs[i][0]
                 and getattr(layers[bn_i], "use_global_stats", False)):
