@@ -14,6 +14,11 @@ all engines; pycaffe-lite's additions to the enum (``GEMM`` for Caffe's im2col +
 is an error naming the layer, the engine, its requirement and the geometry (checked before any GPU
 work).
 :class:`ConvolutionBase` holds what Deconvolution shares (set-up, shapes, engine choice).
+
+Other numbers of spatial axes (1-D, 3-D, ...), and 2-D with ``force_nd_im2col: true``, take the N-D
+path: BVLC's per-axis ``kernel_size``/``pad``/``stride``/``dilation`` (one value broadcast), weight
+``(num_output, C/group, *K)``, CPU :mod:`pycaffe_lite.conv.cpu_nd`, GPU :mod:`pycaffe_lite.conv.nd`
+(im2col_nd + cuBLAS, 1 to 3 axes; more run on host copies). See ``docs/convolution_pooling.md``.
 """
 
 from __future__ import annotations
@@ -26,15 +31,19 @@ import numpy as np
 from pycaffe_lite import common, fillers
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.conv import cpu as cpu_conv
+from pycaffe_lite.conv import cpu_nd as cpu_conv_nd
 from pycaffe_lite.conv import engines as conv_engines
-from pycaffe_lite.conv.geometry import Pair, out_shape
+from pycaffe_lite.conv import im2col_nd
+from pycaffe_lite.conv import nd as conv_nd
+from pycaffe_lite.conv.geometry import Pair, geometry_nd, out_shape, out_shape_nd
 from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, create_layer, register_layer
 from pycaffe_lite.memcheck import check_fits
 from pycaffe_lite.proto import caffe_pb2
 
-__all__ = ["ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "conv_geometry"]
+__all__ = ["ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "NDGeometry", "conv_geometry",
+           "conv_geometry_nd"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,22 @@ def conv_geometry(layer: Layer, p: Any) -> ConvGeometry:
     return geo
 
 
+@dataclass(frozen=True)
+class NDGeometry:
+    """Kernel, pad, stride and dilation of an N-D convolution, one entry per spatial axis."""
+
+    kernel: tuple[int, ...]
+    pad: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+
+def conv_geometry_nd(layer: Layer, p: Any, axes: int) -> NDGeometry:
+    """Parse and check the geometry of a ConvolutionParameter for ``axes`` spatial axes (BVLC's rules,
+    :func:`pycaffe_lite.conv.geometry.geometry_nd`)."""
+    return NDGeometry(*geometry_nd(p, axes, layer.error))
+
+
 class ConvolutionBase(Layer):
     """Shared by Convolution and Deconvolution (Caffe's BaseConvolutionLayer): parameters, group
     checks, the weight/bias blobs, top shapes, and the GPU engine choice for the convolution the
@@ -104,21 +129,31 @@ class ConvolutionBase(Layer):
         """(input channels, input (H, W), output channels) of the convolution the engines run."""
         raise NotImplementedError
 
+    nd = False  # True: the N-D path (not 2 spatial axes, or force_nd_im2col), set in layer_setup
+
     def layer_setup(self, bottom, top):
         p = self.layer_param.convolution_param
-        self.geo = conv_geometry(self, p)
-        if not p.HasField("num_output") or p.num_output == 0:
-            raise self.error("convolution_param.num_output is required and must be positive")
-        self.num_output = p.num_output
-        self.group = p.group
-        self.bias_term = p.bias_term
         self.axis = bottom[0].canonical_axis(p.axis)
-        if bottom[0].num_axes - self.axis - 1 != 2:
-            raise self.error(
-                f"only 2-D {self.type.lower()} is supported: bottom shape {bottom[0].shape} has "
-                f"{bottom[0].num_axes - self.axis - 1} spatial axes after channel axis {self.axis}"
-            )
+        axes = bottom[0].num_axes - self.axis - 1
+        if axes < 1:
+            raise self.error(f"bottom shape {bottom[0].shape} has no spatial axis after channel axis {self.axis}")
+        self.nd = axes != 2 or p.force_nd_im2col
+        if self.nd:
+            self.geo_nd = conv_geometry_nd(self, p, axes)
+            engine = p.Engine.Name(p.engine)
+            if engine not in ("DEFAULT", "CAFFE", "CUDNN"):
+                why = "force_nd_im2col" if axes == 2 else f"{axes} spatial axes"
+                raise self.error(f"engine {engine} runs 2-D convolutions only; this layer takes the N-D "
+                                 f"im2col path ({why}): use DEFAULT, CAFFE or CUDNN")
+        else:
+            g = self.geo = conv_geometry(self, p)
+            self.geo_nd = NDGeometry(g.kernel, g.pad, g.stride, g.dilation)
+        self.num_spatial_axes = axes
+        if axes > im2col_nd.MAX_AXES:
+            self.graph_safe = False  # its GPU passes run the CPU code on host copies
+        self.bias_term = p.bias_term
         self.channels = bottom[0].shape[self.axis]
+        self.num_output, self.group = self.output_and_group(p)
         if self.group <= 0:
             raise self.error(f"group must be positive, got {self.group}")
         if self.channels % self.group:
@@ -142,6 +177,13 @@ class ConvolutionBase(Layer):
         self._choice: conv_engines.Choice | None = None
         self._choice_tf32 = False
 
+    def output_and_group(self, p: Any) -> tuple[int, int]:
+        """(num_output, group) from the parameters; :attr:`channels` is known (the forks' depthwise
+        types derive them from it)."""
+        if not p.HasField("num_output") or p.num_output == 0:
+            raise self.error("convolution_param.num_output is required and must be positive")
+        return p.num_output, p.group
+
     def reshape(self, bottom, top):
         shape = bottom[0].shape
         for i, b in enumerate(bottom[1:], 1):
@@ -150,6 +192,8 @@ class ConvolutionBase(Layer):
         if shape[self.axis] != self.channels:
             raise self.error(f"bottom has {shape[self.axis]} channels (shape {shape}), weights expect {self.channels}")
         self.num = bottom[0].count_range(0, self.axis)
+        if self.nd:
+            return self._reshape_nd(bottom, top)
         self.in_hw = shape[self.axis + 1:]
         if len(self.in_hw) != 2:
             raise self.error(f"bottom shape {shape} must have 2 spatial axes after channel axis {self.axis}")
@@ -159,6 +203,37 @@ class ConvolutionBase(Layer):
         for t in top:
             t.reshape(shape[:self.axis] + (self.num_output,) + self.out_hw)
         self._reshape_problem()
+
+    # -- N-D path (pycaffe_lite.conv.cpu_nd, pycaffe_lite.conv.nd) ----------------------------
+    def output_nd(self) -> tuple[int, ...]:
+        """Top spatial sizes for the bottom's ``in_nd`` (N-D path); an error naming the layer when empty."""
+        raise NotImplementedError
+
+    def engine_problem_nd(self) -> conv_nd.NDProblem:
+        """The convolution the N-D GPU code runs (Deconvolution's maps its top to its bottom)."""
+        raise NotImplementedError
+
+    def _reshape_nd(self, bottom, top) -> None:
+        shape = bottom[0].shape
+        if len(shape) - self.axis - 1 != self.num_spatial_axes:
+            raise self.error(f"bottom shape {shape} must keep {self.num_spatial_axes} spatial axes after "
+                             f"channel axis {self.axis} (as at set-up)")
+        self.in_nd = tuple(shape[self.axis + 1:])
+        self.out_nd = self.output_nd()
+        self.bottom_shape = (self.num, self.channels) + self.in_nd
+        self.top_shape = (self.num, self.num_output) + self.out_nd
+        for t in top:
+            t.reshape(shape[:self.axis] + (self.num_output,) + self.out_nd)
+        g = self.geo_nd
+        if common.mode() is common.Mode.CPU:  # cpu_conv_nd's columns of the whole batch
+            check_fits("", f"the columns of kernel {'x'.join(map(str, g.kernel))} over "
+                       f"{'x'.join(map(str, self.out_nd))} outputs", self.num * self.channels * int(np.prod(g.kernel))
+                       * int(np.prod(self.out_nd)) * 2, self.dtype.itemsize)
+        self.problem_nd = self.engine_problem_nd()
+
+    def gpu_nd(self) -> bool:
+        """The N-D GPU kernels take this layer's axes (else its GPU passes run the CPU code on host copies)."""
+        return self.num_spatial_axes <= im2col_nd.MAX_AXES
 
     def _param_diffs(self, gpu: bool) -> tuple:
         """(weight diff, bias diff) to accumulate into, each None when not propagated: device
@@ -198,9 +273,7 @@ class ConvolutionBase(Layer):
             g = self.geo
             p = self.layer_param.convolution_param
             engine = p.Engine.Name(p.engine)
-            candidates = conv_engines.field_candidates(engine, self.name)
-            if not candidates:
-                raise self.error(f"engine {engine}: no convolution engine of this build registers it")
+            candidates = self.engine_candidates(engine, prob)
             if not any(conv_engines.ENGINES[n].supports(prob) for n in candidates):
                 raise self.error(
                     f"engine {engine} needs {conv_engines.ENGINES[candidates[0]].requirement}; this layer has "
@@ -208,6 +281,13 @@ class ConvolutionBase(Layer):
                     f"batch {prob.num} (bottom {self.bottom_shape}, top {self.top_shape})")
             self._choice = conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates)
         return prob, self._choice
+
+    def engine_candidates(self, engine: str, prob: ConvProblem) -> tuple[str, ...]:
+        """The engines the autotune may pick for the ``engine`` field's value."""
+        candidates = conv_engines.field_candidates(engine, self.name)
+        if not candidates:
+            raise self.error(f"engine {engine}: no convolution engine of this build registers it")
+        return candidates
 
     def engine_choice(self) -> conv_engines.Choice:
         """The engine per pass for the current shape (see :meth:`engines`)."""
@@ -218,6 +298,14 @@ class ConvolutionBase(Layer):
         gm.channel_sum(self.num, self.num_output, self.out_hw[0] * self.out_hw[1], dy, db, self.dtype, beta=1.0)
 
     def backward_gpu(self, top, propagate_down, bottom):
+        if self.nd:
+            if not self.gpu_nd():
+                return super().backward_gpu(top, propagate_down, bottom)
+            w = self.blobs[0].gpu_data()
+            dw, db = self._param_diffs(gpu=True)
+            for i, (b, t) in enumerate(zip(bottom, top)):
+                self.backward_gpu_nd(w, dw, db, t.gpu_diff(), b, propagate_down[i])
+            return
         prob, choice = self.engines()
         w = self.blobs[0].gpu_data()
         dw, db = self._param_diffs(gpu=True)
@@ -230,11 +318,15 @@ class ConvolutionBase(Layer):
         propagated) from the top diff ``dy``; write ``b``'s diff when ``down``."""
         raise NotImplementedError
 
+    def backward_gpu_nd(self, w: int, dw: int | None, db: int | None, dy: int, b: Blob, down: bool) -> None:
+        """:meth:`backward_gpu_pair` of the N-D path."""
+        raise NotImplementedError
+
 
 @register_layer("Convolution")
 class ConvolutionLayer(ConvolutionBase):
     def weight_shape(self) -> tuple[int, ...]:
-        return (self.num_output, self.channels // self.group) + self.geo.kernel
+        return (self.num_output, self.channels // self.group) + self.geo_nd.kernel
 
     def output_hw(self) -> Pair:
         g = self.geo
@@ -269,6 +361,19 @@ class ConvolutionLayer(ConvolutionBase):
         fused.setup(bottom, top)
         return fused
 
+    def output_nd(self) -> tuple[int, ...]:
+        g = self.geo_nd
+        out = out_shape_nd(self.in_nd, g.kernel, g.pad, g.stride, g.dilation)
+        if min(out) <= 0:
+            raise self.error(f"kernel {g.kernel} (dilation {g.dilation}) is larger than the input {self.in_nd} "
+                             f"padded by {g.pad}")
+        return out
+
+    def engine_problem_nd(self) -> conv_nd.NDProblem:
+        g = self.geo_nd
+        return conv_nd.NDProblem(self.num, self.channels, self.in_nd, self.num_output, self.group, g.kernel, g.pad,
+                                 g.stride, g.dilation, self.dtype.str)
+
     def compute_forward_relu(self, bottom, top) -> None:
         """Forward followed by ReLU (negative_slope 0) on the tops, fused into the engines' epilogue on
         the GPU: what this layer and an in-place ReLU on its top leave (the executor's fusion)."""
@@ -280,6 +385,8 @@ class ConvolutionLayer(ConvolutionBase):
 
     # -- CPU (pycaffe_lite.conv.cpu) -------------------------------------------------------
     def forward_cpu(self, bottom, top, relu: bool = False):
+        if self.nd:
+            return self._forward_cpu_nd(bottom, top, relu)
         g = self.geo
         w = self.blobs[0].cpu_data()
         bias = self.blobs[1].cpu_data() if self.bias_term else None
@@ -290,24 +397,55 @@ class ConvolutionLayer(ConvolutionBase):
             if relu:
                 np.maximum(y, 0, out=y)  # ReLULayer's CPU formula at negative_slope 0
 
+    def _forward_cpu_nd(self, bottom, top, relu: bool) -> None:
+        g = self.geo_nd
+        w = self.blobs[0].cpu_data()
+        bias = self.blobs[1].cpu_data() if self.bias_term else None
+        for b, t in zip(bottom, top):
+            y = t.mutable_cpu_data().reshape(self.top_shape)
+            cpu_conv_nd.forward(b.cpu_data().reshape(self.bottom_shape), w, bias, g.kernel, g.pad, g.stride,
+                                g.dilation, self.group, y)
+            if relu:
+                np.maximum(y, 0, out=y)
+
     def backward_cpu(self, top, propagate_down, bottom):
-        g = self.geo
+        g = self.geo_nd if self.nd else self.geo
+        conv = cpu_conv_nd if self.nd else cpu_conv
         w = self.blobs[0].cpu_data()
         for i, (b, t) in enumerate(zip(bottom, top)):
             dw, db = self._param_diffs(gpu=False)
             dx = b.mutable_cpu_diff().reshape(self.bottom_shape) if propagate_down[i] else None
             if dw is None and db is None and dx is None:
                 continue
-            cpu_conv.backward(b.cpu_data().reshape(self.bottom_shape), w, t.cpu_diff().reshape(self.top_shape),
+            conv.backward(b.cpu_data().reshape(self.bottom_shape), w, t.cpu_diff().reshape(self.top_shape),
                               g.kernel, g.pad, g.stride, g.dilation, self.group, dweight=dw, dbias=db, dx=dx)
 
     # -- GPU (pycaffe_lite.conv.engines) ------------------------------------------------
     def forward_gpu(self, bottom, top, relu: bool = False):
+        if self.nd:
+            return self._forward_gpu_nd(bottom, top, relu)
         prob, choice = self.engines()
         w = self.blobs[0].gpu_data()
         bias = self.blobs[1].gpu_data() if self.bias_term else None
         for b, t in zip(bottom, top):
             conv_engines.run(prob, choice, "forward", b.gpu_data(), w, bias, t.mutable_gpu_data(), relu=relu)
+
+    def _forward_gpu_nd(self, bottom, top, relu: bool) -> None:
+        if not self.gpu_nd():  # more spatial axes than the kernels take: the CPU code on host copies
+            super().forward_gpu(bottom, top)
+            if relu:
+                for t in top:
+                    np.maximum(t.cpu_data(), 0, out=t.mutable_cpu_data())
+            return
+        w = self.blobs[0].gpu_data()
+        bias = self.blobs[1].gpu_data() if self.bias_term else None
+        for b, t in zip(bottom, top):
+            conv_nd.forward(self.problem_nd, b.gpu_data(), w, bias, t.mutable_gpu_data(), relu=relu)
+
+    def backward_gpu_nd(self, w, dw, db, dy, b, down):
+        conv_nd.backward_weight(self.problem_nd, b.gpu_data(), dy, dw, db)
+        if down:
+            conv_nd.backward_data(self.problem_nd, w, dy, b.mutable_gpu_diff())
 
     def backward_gpu_pair(self, prob, choice, w, dw, db, dy, b, down):
         if dw is not None:  # the bias gradient rides along (implicit GEMM folds it into its GEMM)

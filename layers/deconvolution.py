@@ -12,14 +12,19 @@ its own (C, num_output/group, kh, kw) weights: forward is that convolution's dat
 the bias, added per output channel), the bottom diff its forward pass, the weight diff its weight
 pass with the roles of input and top gradient taken by this layer's top diff and bottom. CPU:
 :mod:`pycaffe_lite.conv.cpu`; GPU: the engines of :mod:`pycaffe_lite.conv.engines`, picked
-per pass by the same autotune and ``engine`` field as Convolution.
+per pass by the same autotune and ``engine`` field as Convolution. Other numbers of spatial axes (and
+``force_nd_im2col``) run the same roles on Convolution's N-D path (weight ``(C, num_output/group, *K)``).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from pycaffe_lite.conv import cpu as cpu_conv
+from pycaffe_lite.conv import cpu_nd as cpu_conv_nd
 from pycaffe_lite.conv import engines as conv_engines
-from pycaffe_lite.conv.geometry import Pair, deconv_out_shape
+from pycaffe_lite.conv import nd as conv_nd
+from pycaffe_lite.conv.geometry import Pair, deconv_out_shape, deconv_out_shape_nd
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import register_layer
 
@@ -31,7 +36,7 @@ class DeconvolutionLayer(ConvolutionBase):
     engines_add_bias = False  # the bias is on this layer's top: the engines' input channels
 
     def weight_shape(self) -> tuple[int, ...]:
-        return (self.channels, self.num_output // self.group) + self.geo.kernel  # as Caffe stores it
+        return (self.channels, self.num_output // self.group) + self.geo_nd.kernel  # as Caffe stores it
 
     def output_hw(self) -> Pair:
         g = self.geo
@@ -48,8 +53,23 @@ class DeconvolutionLayer(ConvolutionBase):
     def engine_problem_dims(self) -> tuple[int, Pair, int]:
         return self.num_output, self.out_hw, self.channels  # top -> bottom
 
+    def output_nd(self) -> tuple[int, ...]:
+        g = self.geo_nd
+        out = deconv_out_shape_nd(self.in_nd, g.kernel, g.pad, g.stride, g.dilation)
+        if min(out) <= 0:
+            raise self.error(f"output would be {out}: input {self.in_nd} with stride {g.stride}, kernel {g.kernel} "
+                             f"and dilation {g.dilation} is smaller than twice the pad {g.pad}")
+        return out
+
+    def engine_problem_nd(self) -> conv_nd.NDProblem:
+        g = self.geo_nd  # the convolution from this layer's top to its bottom
+        return conv_nd.NDProblem(self.num, self.num_output, self.out_nd, self.channels, self.group, g.kernel, g.pad,
+                                 g.stride, g.dilation, self.dtype.str)
+
     # -- CPU (pycaffe_lite.conv.cpu on the transposed convolution) --------------------------
     def forward_cpu(self, bottom, top):
+        if self.nd:
+            return self._forward_cpu_nd(bottom, top)
         g = self.geo
         w = self.blobs[0].cpu_data()
         for b, t in zip(bottom, top):
@@ -59,7 +79,19 @@ class DeconvolutionLayer(ConvolutionBase):
             if self.bias_term:
                 y += self.blobs[1].cpu_data()[:, None, None]
 
+    def _forward_cpu_nd(self, bottom, top) -> None:
+        g = self.geo_nd
+        w = self.blobs[0].cpu_data()
+        for b, t in zip(bottom, top):
+            y = t.mutable_cpu_data().reshape(self.top_shape)
+            cpu_conv_nd.backward(None, w, b.cpu_data().reshape(self.bottom_shape), g.kernel, g.pad, g.stride,
+                                 g.dilation, self.group, dx=y)
+            if self.bias_term:
+                y += self.blobs[1].cpu_data().reshape((-1,) + (1,) * len(self.out_nd))
+
     def backward_cpu(self, top, propagate_down, bottom):
+        if self.nd:
+            return self._backward_cpu_nd(top, propagate_down, bottom)
         g = self.geo
         w = self.blobs[0].cpu_data()
         for i, (b, t) in enumerate(zip(bottom, top)):
@@ -74,8 +106,25 @@ class DeconvolutionLayer(ConvolutionBase):
                 cpu_conv.forward(dy, w, None, g.kernel, g.pad, g.stride, g.dilation, self.group,
                                  b.mutable_cpu_diff().reshape(self.bottom_shape))
 
+    def _backward_cpu_nd(self, top, propagate_down, bottom) -> None:
+        g = self.geo_nd
+        w = self.blobs[0].cpu_data()
+        for i, (b, t) in enumerate(zip(bottom, top)):
+            dw, db = self._param_diffs(gpu=False)
+            dy = t.cpu_diff().reshape(self.top_shape)
+            if db is not None:
+                db += dy.sum(axis=(0,) + tuple(range(2, dy.ndim)))
+            if dw is not None:
+                cpu_conv_nd.backward(dy, w, b.cpu_data().reshape(self.bottom_shape), g.kernel, g.pad, g.stride,
+                                     g.dilation, self.group, dweight=dw)
+            if propagate_down[i]:
+                cpu_conv_nd.forward(dy, w, None, g.kernel, g.pad, g.stride, g.dilation, self.group,
+                                    b.mutable_cpu_diff().reshape(self.bottom_shape))
+
     # -- GPU (pycaffe_lite.conv.engines on the transposed convolution) ------------------
     def forward_gpu(self, bottom, top):
+        if self.nd:
+            return self._forward_gpu_nd(bottom, top)
         prob, choice = self.engines()
         w = self.blobs[0].gpu_data()
         for b, t in zip(bottom, top):
@@ -92,3 +141,24 @@ class DeconvolutionLayer(ConvolutionBase):
             conv_engines.run(prob, choice, "backward_weight", dy, b.gpu_data(), dw, None)
         if down:
             conv_engines.run(prob, choice, "forward", dy, w, None, b.mutable_gpu_diff())
+
+    def _forward_gpu_nd(self, bottom, top) -> None:
+        if not self.gpu_nd():  # more spatial axes than the kernels take: the CPU code on host copies
+            return super().forward_gpu(bottom, top)
+        prob = self.problem_nd
+        w = self.blobs[0].gpu_data()
+        for b, t in zip(bottom, top):
+            y = t.mutable_gpu_data()
+            conv_nd.backward_data(prob, w, b.gpu_data(), y)
+            if self.bias_term:
+                gm.add_channel_bias(self.num, self.num_output, int(np.prod(self.out_nd)), self.blobs[1].gpu_data(),
+                                    y, self.dtype)
+
+    def backward_gpu_nd(self, w, dw, db, dy, b, down):
+        prob = self.problem_nd
+        if db is not None:
+            gm.channel_sum(self.num, self.num_output, int(np.prod(self.out_nd)), dy, db, self.dtype, beta=1.0)
+        if dw is not None:
+            conv_nd.backward_weight(prob, dy, b.gpu_data(), dw, None)
+        if down:
+            conv_nd.forward(prob, dy, w, None, b.mutable_gpu_diff())

@@ -1,12 +1,13 @@
 """Pooling (MAX, AVE) over 2-D windows with Caffe's output size and window clipping.
 
 bottom (N, C, H, W); top (N, C, PH, PW) with ``PH = ceil((H + 2*pad_h - kernel_h) / stride_h) + 1``
-(``floor`` with ``round_mode: FLOOR``), minus one when padding would make the last window start
-at or beyond ``H + pad_h`` (likewise PW). MAX reads the window part inside the image and may
+(``floor`` with ``round_mode: FLOOR`` or the PyTorch-to-Caffe forks' ``ceil_mode: false``), minus one
+when padding would make the last window start at or beyond ``H + pad_h`` (likewise PW). MAX reads the window part inside the image and may
 write a second top: the argmax index ``h*W + w`` within the plane (-1 for a window with no
 input, whose value is -FLT_MAX); backward routes each top diff to its argmax. AVE divides the
 sum inside the image by the window area clipped to the padded image (Caffe's divisor).
-``global_pooling`` pools each whole plane. STOCHASTIC pooling is not supported.
+``global_pooling`` pools each whole plane. Bottoms with other than two spatial axes, the per-axis
+``*_nd`` fields and STOCHASTIC pooling take the general path of ``layers/pooling_nd.py``.
 
 CPU: loops over the ``kh*kw`` kernel offsets, each a strided slice of the padded batch. MAX copies
 the slices into one contiguous (kh*kw, N, C, PH, PW) stack and finds each window's first maximum
@@ -30,21 +31,14 @@ from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.memcheck import check_fits
 from pycaffe_lite.proto import caffe_pb2
 
+from .pooling_nd import PoolingND, pooled_size
+
 KERNELS = Path(__file__).with_suffix(".cu")
 PP = caffe_pb2.PoolingParameter
 LOWEST = -np.finfo(np.float32).max  # Caffe's -FLT_MAX, for float and double alike
 _BACKWARD_PLANES = 4  # planes per backward thread: POOL_BACKWARD_PLANES of pooling.cu
 # (stride S, windows per axis WD) of the blocked backward kernels in pooling.cu, smallest WD first
 BLOCKED_BACKWARD = ((2, 1), (2, 2), (1, 3))
-
-
-def pooled_size(size: int, kernel: int, pad: int, stride: int, ceil_mode: bool, any_pad: bool) -> int:
-    """Caffe's pooled length of one axis (``any_pad``: some axis is padded, enabling the clip)."""
-    span = size + 2 * pad - kernel
-    out = (-(-span // stride) if ceil_mode else span // stride) + 1
-    if any_pad and (out - 1) * stride >= size + pad:
-        out -= 1  # the last window would start in the padding
-    return out
 
 
 def _window_slices(i: int, j: int, pooled: tuple[int, int], stride: tuple[int, int]) -> tuple[slice, slice]:
@@ -60,12 +54,28 @@ class PoolingLayer(Layer):
     min_top_blobs = 1
     max_top_blobs = 2  # the second (mask) top only for MAX: checked in layer_setup
 
+    nd: PoolingND | None = None  # the general path (not 2-D, *_nd fields, STOCHASTIC), set in layer_setup
+
+    def _ceil_mode(self, p) -> bool:
+        """Round the pooled size up: BVLC's round_mode, or the forks' ceil_mode (which must agree)."""
+        if p.HasField("ceil_mode"):
+            if p.HasField("round_mode") and p.ceil_mode != (p.round_mode == PP.CEIL):
+                raise self.error(f"ceil_mode: {str(p.ceil_mode).lower()} contradicts round_mode: "
+                                 f"{PP.RoundMode.Name(p.round_mode)}")
+            return bool(p.ceil_mode)
+        return p.round_mode == PP.CEIL
+
     def layer_setup(self, bottom, top):
         p = self.layer_param.pooling_param
         self.method = p.pool
         self._argmax = Blob(dtype=np.float32)  # GPU MAX: int32 plane index per top element (raw bits)
-        if self.method == PP.STOCHASTIC:
-            raise self.error("STOCHASTIC pooling is not supported (use MAX or AVE)")
+        self.ceil_mode = self._ceil_mode(p)
+        axes = bottom[0].num_axes - 2
+        if axes < 1:
+            raise self.error(f"bottom must have (num, channels) and at least one spatial axis, got {bottom[0].shape}")
+        if axes != 2 or self.method == PP.STOCHASTIC or p.kernel_size_nd or p.pad_nd or p.stride_nd:
+            self.nd = PoolingND(self, p, axes, self.ceil_mode, len(top))
+            return
         if len(top) > 1 and self.method != PP.MAX:
             raise self.error("only MAX pooling has a second (mask) top")
         has_size, has_h, has_w = p.HasField("kernel_size"), p.HasField("kernel_h"), p.HasField("kernel_w")
@@ -98,13 +108,15 @@ class PoolingLayer(Layer):
                              f"{self.kernel[0]}x{self.kernel[1]}")
 
     def reshape(self, bottom, top):
+        if self.nd is not None:
+            return self.nd.reshape(bottom, top)
         if bottom[0].num_axes != 4:
             raise self.error(f"bottom must have 4 axes (num, channels, height, width), got {bottom[0].shape}")
         n, c, h, w = bottom[0].shape
         self.in_hw = (h, w)
         if self.global_pooling:
             self.kernel = (h, w)
-        ceil_mode = self.layer_param.pooling_param.round_mode == PP.CEIL
+        ceil_mode = self.ceil_mode
         any_pad = self.pad != (0, 0)
         self.pooled = tuple(pooled_size(s, k, p, st, ceil_mode, any_pad)
                             for s, k, p, st in zip(self.in_hw, self.kernel, self.pad, self.stride))
@@ -180,6 +192,8 @@ class PoolingLayer(Layer):
     def forward_cpu(self, bottom, top):
         """MAX keeps per top element a winner code ``kh*kw - k`` (0: none) for the window offset
         k = i*kw + j of its first maximum; AVE sums the offsets' strided slices."""
+        if self.nd is not None:
+            return self.nd.forward_cpu(bottom, top)
         x = bottom[0].cpu_data()
         if self.method == PP.MAX:
             self._codes = self._max_codes(x, top[0].mutable_cpu_data())
@@ -210,6 +224,8 @@ class PoolingLayer(Layer):
         return routed.view(self.dtype)
 
     def backward_cpu(self, top, propagate_down, bottom):
+        if self.nd is not None:
+            return self.nd.backward_cpu(top, propagate_down, bottom)
         if not propagate_down[0]:
             return
         n, c, h, w = bottom[0].shape
@@ -248,6 +264,8 @@ class PoolingLayer(Layer):
         return (*self.in_hw, *self.pooled, *self.kernel, *self.stride, *self.pad)
 
     def forward_gpu(self, bottom, top):
+        if self.nd is not None:
+            return self.nd.forward_gpu(bottom, top) if self.nd.gpu() else super().forward_gpu(bottom, top)
         count = top[0].count
         if self.method == PP.MAX:
             self._argmax.reshape(top[0].shape)
@@ -268,6 +286,10 @@ class PoolingLayer(Layer):
         return None
 
     def backward_gpu(self, top, propagate_down, bottom):
+        if self.nd is not None:
+            if self.nd.gpu():
+                return self.nd.backward_gpu(top, propagate_down, bottom)
+            return super().backward_gpu(top, propagate_down, bottom)
         if not propagate_down[0] or bottom[0].count == 0:
             return
         n, c, h, w = bottom[0].shape

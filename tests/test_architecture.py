@@ -29,7 +29,10 @@ def test_no_import_cycles():
 def test_layer_modules_import_only_family_bases_and_caffes_hierarchy():
     bases = {"neuron_layer", "loss_layer", "view_layer"}
     allowed = {("deconvolution", "convolution"), ("scale", "bias"), ("softmax_loss", "softmax"),
-               ("infogain_loss", "softmax_loss")}
+               ("infogain_loss", "softmax_loss"),
+               # the forks' depthwise types are Convolutions; Pooling's general (N-D, STOCHASTIC) path beside it
+               ("depthwise_convolution", "convolution"), ("convolution_depthwise", "depthwise_convolution"),
+               ("pooling", "pooling_nd")}
     modules = {p.stem for p in (ROOT / "layers").glob("*.py")}
     found = set()
     for path in (ROOT / "layers").glob("*.py"):

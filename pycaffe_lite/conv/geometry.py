@@ -8,7 +8,11 @@ image are zero.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 Pair = tuple[int, int]
+Dims = tuple[int, ...]
 
 
 def conv_out_size(size: int, kernel: int, pad: int, stride: int, dilation: int = 1) -> int:
@@ -35,3 +39,50 @@ def deconv_out_shape(height: int, width: int, kernel: Pair, pad: Pair, stride: P
     ho, wo = (s * (n - 1) + d * (k - 1) + 1 - 2 * p
               for n, k, p, s, d in zip((height, width), kernel, pad, stride, dilation))
     return ho, wo
+
+
+def out_shape_nd(shape: Dims, kernel: Dims, pad: Dims, stride: Dims, dilation: Dims) -> Dims:
+    """Output sizes of an N-D convolution: :func:`conv_out_size` per spatial axis."""
+    return tuple(conv_out_size(*a) for a in zip(shape, kernel, pad, stride, dilation))
+
+
+def deconv_out_shape_nd(shape: Dims, kernel: Dims, pad: Dims, stride: Dims, dilation: Dims) -> Dims:
+    """Output sizes of an N-D deconvolution, the input sizes of the convolution that maps them back."""
+    return tuple(s * (n - 1) + d * (k - 1) + 1 - 2 * p for n, k, p, s, d in zip(shape, kernel, pad, stride, dilation))
+
+
+def _per_axis(p: Any, repeated: str, hw: str | None, default: int, axes: int, error: Callable[[str], Exception]) -> Dims:
+    """BVLC's N-D reading of a repeated ConvolutionParameter field: none (the default), one value for
+    every axis, or one per axis; the ``<hw>_h``/``<hw>_w`` pair only for 2-D, and not with the field."""
+    values = list(getattr(p, repeated))
+    if hw and (p.HasField(f"{hw}_h") or p.HasField(f"{hw}_w")):
+        if axes != 2:
+            raise error(f"{hw}_h and {hw}_w can only be used for 2-D convolution; this one has {axes} spatial "
+                        f"axes (give {repeated} once or once per axis)")
+        if not (p.HasField(f"{hw}_h") and p.HasField(f"{hw}_w")):
+            raise error(f"{hw}_h and {hw}_w must be given together")
+        if values:
+            raise error(f"give either {repeated} or {hw}_h/{hw}_w, not both")
+        return getattr(p, f"{hw}_h"), getattr(p, f"{hw}_w")
+    if not values:
+        return (default,) * axes
+    if len(values) == 1:
+        return (values[0],) * axes
+    if len(values) == axes:
+        return tuple(values)
+    raise error(f"{repeated} has {len(values)} values; give 1 or one per spatial axis ({axes})")
+
+
+def geometry_nd(p: Any, axes: int, error: Callable[[str], Exception]) -> tuple[Dims, Dims, Dims, Dims]:
+    """(kernel, pad, stride, dilation) of a ConvolutionParameter ``p`` for ``axes`` spatial axes, checked
+    as BVLC checks them; ``error(message)`` makes the exception to raise."""
+    if not p.kernel_size and not (p.HasField("kernel_h") or p.HasField("kernel_w")):
+        raise error("convolution_param needs kernel_size (or kernel_h and kernel_w for 2-D)")
+    kernel = _per_axis(p, "kernel_size", "kernel", 0, axes, error)
+    pad = _per_axis(p, "pad", "pad", 0, axes, error)
+    stride = _per_axis(p, "stride", "stride", 1, axes, error)
+    dilation = _per_axis(p, "dilation", None, 1, axes, error)
+    for what, values in (("kernel size", kernel), ("stride", stride), ("dilation", dilation)):
+        if min(values) <= 0:
+            raise error(f"{what} must be positive, got {'x'.join(map(str, values))}")
+    return kernel, pad, stride, dilation

@@ -861,7 +861,7 @@ class ParameterParameter(_message.Message):
     def __init__(self, shape: _Optional[_Union[BlobShape, _Mapping]] = ...) -> None: ...
 
 class PoolingParameter(_message.Message):
-    __slots__ = ("pool", "pad", "pad_h", "pad_w", "kernel_size", "kernel_h", "kernel_w", "stride", "stride_h", "stride_w", "engine", "global_pooling", "round_mode")
+    __slots__ = ("pool", "pad", "pad_h", "pad_w", "kernel_size", "kernel_h", "kernel_w", "stride", "stride_h", "stride_w", "engine", "global_pooling", "round_mode", "ceil_mode", "kernel_size_nd", "pad_nd", "stride_nd")
     class PoolMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         MAX: _ClassVar[PoolingParameter.PoolMethod]
@@ -897,6 +897,10 @@ class PoolingParameter(_message.Message):
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_POOLING_FIELD_NUMBER: _ClassVar[int]
     ROUND_MODE_FIELD_NUMBER: _ClassVar[int]
+    CEIL_MODE_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_SIZE_ND_FIELD_NUMBER: _ClassVar[int]
+    PAD_ND_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_ND_FIELD_NUMBER: _ClassVar[int]
     pool: PoolingParameter.PoolMethod
     pad: int
     pad_h: int
@@ -910,7 +914,11 @@ class PoolingParameter(_message.Message):
     engine: PoolingParameter.Engine
     global_pooling: bool
     round_mode: PoolingParameter.RoundMode
-    def __init__(self, pool: _Optional[_Union[PoolingParameter.PoolMethod, str]] = ..., pad: _Optional[int] = ..., pad_h: _Optional[int] = ..., pad_w: _Optional[int] = ..., kernel_size: _Optional[int] = ..., kernel_h: _Optional[int] = ..., kernel_w: _Optional[int] = ..., stride: _Optional[int] = ..., stride_h: _Optional[int] = ..., stride_w: _Optional[int] = ..., engine: _Optional[_Union[PoolingParameter.Engine, str]] = ..., global_pooling: bool = ..., round_mode: _Optional[_Union[PoolingParameter.RoundMode, str]] = ...) -> None: ...
+    ceil_mode: bool
+    kernel_size_nd: _containers.RepeatedScalarFieldContainer[int]
+    pad_nd: _containers.RepeatedScalarFieldContainer[int]
+    stride_nd: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pool: _Optional[_Union[PoolingParameter.PoolMethod, str]] = ..., pad: _Optional[int] = ..., pad_h: _Optional[int] = ..., pad_w: _Optional[int] = ..., kernel_size: _Optional[int] = ..., kernel_h: _Optional[int] = ..., kernel_w: _Optional[int] = ..., stride: _Optional[int] = ..., stride_h: _Optional[int] = ..., stride_w: _Optional[int] = ..., engine: _Optional[_Union[PoolingParameter.Engine, str]] = ..., global_pooling: bool = ..., round_mode: _Optional[_Union[PoolingParameter.RoundMode, str]] = ..., ceil_mode: bool = ..., kernel_size_nd: _Optional[_Iterable[int]] = ..., pad_nd: _Optional[_Iterable[int]] = ..., stride_nd: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PowerParameter(_message.Message):
     __slots__ = ("power", "scale", "shift")

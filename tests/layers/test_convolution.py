@@ -176,7 +176,9 @@ def test_backward_respects_propagate_flags():
         ((1, 3, 4, 4), "num_output: 2 kernel_size: 3 kernel_h: 3 kernel_w: 3", "either kernel_size or kernel_h"),
         ((1, 3, 4, 4), "num_output: 2 kernel_h: 3", "kernel_h and kernel_w must be given together"),
         ((1, 3, 4, 4), "num_output: 2 kernel_size: 3 stride: 0", "stride must be positive"),
-        ((1, 3, 4), "num_output: 2 kernel_size: 3", "only 2-D convolution"),
+        ((1, 3), "num_output: 2 kernel_size: 3", "no spatial axis"),
+        ((1, 3, 4, 4, 4), "num_output: 2 kernel_size: 3 kernel_size: 3", "kernel_size has 2 values; give 1 or one per spatial axis"),
+        ((1, 3, 4, 4, 4), "num_output: 2 kernel_h: 3 kernel_w: 3", "kernel_h and kernel_w can only be used for 2-D"),
     ],
 )
 def test_errors(shape, body, match):

@@ -209,7 +209,7 @@ def test_backward_respects_propagate_flags(mode):
         ((1, 3, 4, 4), "kernel_size: 3", "num_output is required"),
         ((1, 3, 4, 4), "num_output: 2", "needs kernel_size"),
         ((1, 3, 1, 1), "num_output: 2 kernel_size: 1 pad: 1", "output would be -1x-1"),
-        ((1, 3, 4), "num_output: 2 kernel_size: 3", "only 2-D deconvolution"),
+        ((1, 3), "num_output: 2 kernel_size: 3", "no spatial axis"),
     ],
 )
 def test_errors(shape, body, match):
