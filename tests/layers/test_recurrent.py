@@ -246,3 +246,30 @@ def test_cpu_gpu_agree(kind):
                          [X, np.ones((T, N)), H0] + ([C0] if kind == "LSTM" else []),
                          ntop=2 if kind == "RNN" else 3, propagate=[True, False, False] + [False] * (kind == "LSTM"),
                          dtype=np.float32, rtol=1e-4, atol=1e-5)
+
+
+CHAIN = """
+layer { name: "in" type: "Input" top: "x" top: "cont"
+        input_param { shape { dim: 3 dim: 2 dim: 4 } shape { dim: 3 dim: 2 } } }
+layer { name: "lstm1" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
+        recurrent_param { num_output: 5 weight_filler { type: "uniform" min: -0.5 max: 0.5 } } }
+layer { name: "a" type: "TanH" bottom: "h" top: "a" }
+layer { name: "b" type: "TanH" bottom: "a" top: "b" }
+layer { name: "c" type: "TanH" bottom: "b" top: "c" }
+layer { name: "out" type: "TanH" bottom: "c" top: "out" }
+"""
+
+
+def test_reading_blobs_of_a_test_net_does_not_advance_the_state(tmp_path):
+    """A TEST net's memory sharing may re-run a forward when a user reads an overwritten blob; with
+    a recurrent layer that would advance its carried state, so such nets keep their blobs apart."""
+    (tmp_path / "chain.prototxt").write_text(CHAIN)
+    outs = []
+    for read_between in (False, True):
+        caffe.set_random_seed(8)
+        net = caffe.Net(str(tmp_path / "chain.prototxt"), caffe.TEST)
+        net.forward(x=X.astype(np.float32), cont=np.ones((T, N), np.float32))  # continues the zero state
+        if read_between:
+            assert np.isfinite(net.blobs["a"].data).all()
+        outs.append(net.forward(x=X.astype(np.float32), cont=np.ones((T, N), np.float32))["out"].copy())
+    np.testing.assert_array_equal(outs[0], outs[1])
