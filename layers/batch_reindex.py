@@ -35,11 +35,10 @@ class BatchReindexLayer(Layer):
 
     def _indices(self, bottom) -> np.ndarray:
         v = bottom[1].cpu_data()
-        idx = v.astype(np.int64)
-        bad = (idx < 0) | (idx >= bottom[0].shape[0])
+        bad = ~((v >= 0) & (v < bottom[0].shape[0]))  # NaN included
         if bad.any():
-            raise self.error(f"index {v[bad][0]!r} is outside the batch of {bottom[0].shape[0]} items")
-        return idx
+            raise self.error(f"index {float(v[bad][0])} is outside the batch of {bottom[0].shape[0]} items")
+        return v.astype(np.int64)
 
     def forward_cpu(self, bottom, top):
         top[0].mutable_cpu_data()[...] = bottom[0].cpu_data()[self._indices(bottom)]

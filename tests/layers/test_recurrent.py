@@ -273,3 +273,20 @@ def test_reading_blobs_of_a_test_net_does_not_advance_the_state(tmp_path):
             assert np.isfinite(net.blobs["a"].data).all()
         outs.append(net.forward(x=X.astype(np.float32), cont=np.ones((T, N), np.float32))["out"].copy())
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("kind", ["RNN", "LSTM"])
+def test_one_forward_of_T_steps_equals_T_forwards_of_one_step(mode, kind):
+    """As BVLC's test: the state carried between forwards continues a sequence exactly."""
+    cont = np.array([[0.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    whole, bottom, top = setup(kind, [X, cont])
+    whole.forward(bottom, top)
+    want = top[0].cpu_data().copy()
+    step, sb, st = setup(kind, [X[:1], cont[:1]])
+    for mine, theirs in zip(step.blobs, whole.blobs):
+        mine.mutable_cpu_data()[...] = theirs.cpu_data()
+    for t in range(T):
+        sb[0].mutable_cpu_data()[...] = X[t:t + 1]
+        sb[1].mutable_cpu_data()[...] = cont[t:t + 1]
+        step.forward(sb, st)
+        np.testing.assert_allclose(st[0].cpu_data()[0], want[t], rtol=1e-10, atol=1e-12)
