@@ -134,3 +134,17 @@ def test_cpu_gpu_agree():
     assert_cpu_gpu_agree(text(), [X])
     assert_cpu_gpu_agree(text(), [X, CLIP], propagate=[True, False])
     assert_cpu_gpu_agree(text(0.05), [X * 3], dtype=np.float32, rtol=1e-4, atol=1e-5)
+
+
+def test_net_spec_shorthand():
+    """net_spec's shorthand fills lstm_param for CTPN's Lstm; BVLC's LSTM takes recurrent_param."""
+    from pycaffe_lite.net_spec import NetSpec
+    from pycaffe_lite.net_spec import layers as L
+
+    n = NetSpec()
+    n.x, n.cont = L.Input(shape=[dict(dim=[T, N, I]), dict(dim=[T, N])], ntop=2)
+    n.ctpn = L.Lstm(n.x, num_output=H, clipping_threshold=1)
+    n.bvlc = L.LSTM(n.x, n.cont, recurrent_param=dict(num_output=H))
+    layers = {lp.name: lp for lp in n.to_proto().layer}
+    assert layers["ctpn"].lstm_param.num_output == H and layers["ctpn"].lstm_param.clipping_threshold == 1
+    assert layers["bvlc"].recurrent_param.num_output == H
