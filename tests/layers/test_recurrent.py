@@ -290,3 +290,33 @@ def test_one_forward_of_T_steps_equals_T_forwards_of_one_step(mode, kind):
         sb[1].mutable_cpu_data()[...] = cont[t:t + 1]
         step.forward(sb, st)
         np.testing.assert_allclose(st[0].cpu_data()[0], want[t], rtol=1e-10, atol=1e-12)
+
+
+def test_debug_info_logs_the_unrolled_layers(caplog):
+    import logging
+
+    layer = make_layer(text("RNN").replace("expose_hidden: false", "debug_info: true"))
+    bottom, top = blobs([X, CONT]), empty_blobs(1)
+    layer.setup(bottom, top)
+    assert layer.graph_safe is False  # its logging reads values on the host
+    with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
+        layer.forward(bottom, top)
+        top[0].mutable_cpu_diff()[...] = 1
+        layer.backward(top, [True, False], bottom)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("[Forward] Layer rec_o_concat, top blob o data:" in m for m in msgs)
+    assert any("[Backward] Layer rec_x_transform, bottom blob x diff:" in m for m in msgs)
+
+
+def test_share_with_reaches_every_time_step(tmp_path):
+    """Net.share_with (how a solver's test net gets the trained weights) swaps the owners' memory;
+    the copies used by later time steps follow (BVLC re-shares them in forward)."""
+    (tmp_path / "chain.prototxt").write_text(CHAIN)
+    caffe.set_random_seed(1)
+    train = caffe.Net(str(tmp_path / "chain.prototxt"), caffe.TRAIN)
+    caffe.set_random_seed(2)
+    test = caffe.Net(str(tmp_path / "chain.prototxt"), caffe.TEST)
+    test.share_with(train)
+    train.params["lstm1"][2].data[...] = RNG.uniform(-0.5, 0.5, train.params["lstm1"][2].data.shape)
+    inputs = dict(x=X.astype(np.float32), cont=np.ones((T, N), np.float32))
+    np.testing.assert_array_equal(test.forward(**inputs)["out"], train.forward(**inputs)["out"])
