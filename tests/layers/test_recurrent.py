@@ -320,3 +320,22 @@ def test_share_with_reaches_every_time_step(tmp_path):
     train.params["lstm1"][2].data[...] = RNG.uniform(-0.5, 0.5, train.params["lstm1"][2].data.shape)
     inputs = dict(x=X.astype(np.float32), cont=np.ones((T, N), np.float32))
     np.testing.assert_array_equal(test.forward(**inputs)["out"], train.forward(**inputs)["out"])
+
+
+def test_weights_embedded_in_the_layer_definition():
+    from pycaffe_lite.layer import create_layer
+    from pycaffe_lite.layer_testing import layer_param
+
+    param = layer_param(text("RNN"))
+    values = [RNG.standard_normal(s) for s in [(D, K), (D,), (D, D), (D, D), (D,)]]
+    for v in values:
+        proto = param.blobs.add()
+        proto.shape.dim.extend(v.shape)
+        proto.double_data.extend(v.ravel().tolist())
+    layer = create_layer(param, np.float64)
+    layer.setup(blobs([X, CONT]), empty_blobs(1))
+    for blob, v in zip(layer.blobs, values):
+        np.testing.assert_array_equal(blob.cpu_data(), v)
+    del param.blobs[-1]
+    with pytest.raises(NetError, match="has 4 param blobs, expected 5"):
+        create_layer(param, np.float64).setup(blobs([X, CONT]), empty_blobs(1))
