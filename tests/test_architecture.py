@@ -25,7 +25,7 @@ def test_no_import_cycles():
 def test_layer_modules_import_only_family_bases_and_caffes_hierarchy():
     bases = {"neuron_layer", "loss_layer", "view_layer"}
     allowed = {("deconvolution", "convolution"), ("scale", "bias"), ("softmax_loss", "softmax"),
-               ("infogain_loss", "softmax_loss")}
+               ("infogain_loss", "softmax_loss"), ("rnn", "recurrent"), ("lstm", "recurrent")}
     modules = {p.stem for p in (ROOT / "layers").glob("*.py")}
     found = set()
     for path in (ROOT / "layers").glob("*.py"):

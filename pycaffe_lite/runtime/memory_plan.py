@@ -187,7 +187,8 @@ def shared_data_slots(net: Net, keep: Collection[int] = ()) -> list[tuple[int, l
 
 
 # Layers whose forward has effects outside the net: a re-run (see SharedData) would repeat them.
-_EFFECTS = ("Python", "HDF5Output")
+# The recurrent layers carry their final state into the next forward, so a re-run would advance it.
+_EFFECTS = ("Python", "HDF5Output", "RNN", "LSTM", "Lstm")
 
 
 class SharedData:
