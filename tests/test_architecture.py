@@ -32,7 +32,8 @@ def test_layer_modules_import_only_family_bases_and_caffes_hierarchy():
                ("infogain_loss", "softmax_loss"),
                # the forks' depthwise types are Convolutions; Pooling's general (N-D, STOCHASTIC) path beside it
                ("depthwise_convolution", "convolution"), ("convolution_depthwise", "depthwise_convolution"),
-               ("pooling", "pooling_nd")}
+               ("pooling", "pooling_nd"),
+               ("rnn", "recurrent"), ("lstm", "recurrent")}  # BVLC's RecurrentLayer family
     modules = {p.stem for p in (ROOT / "layers").glob("*.py")}
     found = set()
     for path in (ROOT / "layers").glob("*.py"):
@@ -56,6 +57,11 @@ MAY_IMPORT = {  # wing -> what of the package it may import besides itself
     "solvers": CORE | {"net", "gpu", "proto", "data"},
     "parallel": CORE | {"net", "gpu", "proto", "solvers"},
 }
+EXCEPTIONS = {  # (module, import) the table does not allow, each with its reason
+    # BVLC's RecurrentLayer builds and runs an unrolled Net of its own (lazily imported)
+    ("pycaffe_lite.layers.recurrent", "pycaffe_lite.net"),
+    ("pycaffe_lite.layers.recurrent", "pycaffe_lite.runtime.executor"),
+}
 WINGS = {"gpu", "conv", "proto", "data", "testing", "runtime", "layers", "solvers", "parallel", "commands"}
 
 
@@ -78,7 +84,7 @@ def test_each_wing_imports_only_what_the_floor_plan_allows():
         if wing not in MAY_IMPORT or (len(name.split(".")) == 2 and wing in WINGS and wing != "layers"):
             continue  # the root's modules and a wing's __init__ are not wings' members
         for target in targets:
-            if _place(target) not in MAY_IMPORT[wing] | {wing, ""}:
+            if _place(target) not in MAY_IMPORT[wing] | {wing, ""} and (name, target) not in EXCEPTIONS:
                 wrong.add(f"{name} -> {target}")
     assert not wrong, sorted(wrong)
 

@@ -171,7 +171,6 @@ def shared_data_slots(net: NetGraph, keep: Collection[int] = ()) -> list[tuple[i
     return assign_slots(intervals)
 
 
-# Layers whose forward has effects outside the net: a re-run (see SharedData) would repeat them.
 class SharedData:
     """Applies :func:`shared_data_slots` to a net's forwards, keeping pycaffe's semantics.
 
