@@ -196,10 +196,7 @@ def test_detect_selective_search_uses_the_module(monkeypatch, tmp_path):
     assert out[0][0] == calls["files"][0] and (out[0][1] == [0, 0, 2, 2]).all()
 
 
-def test_python_layer_importing_caffe_trains(tmp_path):
-    """A user's Python layer module starts with ``import caffe`` (BVLC's examples do) and runs under
-    ``pycaffe-lite train`` and ``caffe train``."""
-    (tmp_path / "twice_layer.py").write_text(textwrap.dedent("""
+TWICE = textwrap.dedent("""
         import caffe
 
         class Twice(caffe.Layer):
@@ -211,8 +208,8 @@ def test_python_layer_importing_caffe_trains(tmp_path):
                 top[0].data[...] = 2 * bottom[0].data
             def backward(self, top, propagate_down, bottom):
                 bottom[0].diff[...] = 2 * top[0].diff
-    """))
-    (tmp_path / "net.prototxt").write_text("""
+    """)
+TWICE_NET = """
 layer { name: "data" type: "DummyData" top: "data" top: "label"
         dummy_data_param { shape { dim: 4 dim: 3 } shape { dim: 4 }
                            data_filler { type: "gaussian" } data_filler { type: "constant" } } }
@@ -221,7 +218,31 @@ layer { name: "twice" type: "Python" bottom: "data" top: "twice"
 layer { name: "ip" type: "InnerProduct" bottom: "twice" top: "ip"
         inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
-""")
+"""
+
+
+def test_python_layer_importing_caffe(tmp_path, monkeypatch):
+    """A user's Python layer module starts with ``import caffe`` (BVLC's examples do)."""
+    (tmp_path / "twice_layer.py").write_text(TWICE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    net = caffe.Net(_write(tmp_path / "net.prototxt", "force_backward: true\n" + TWICE_NET), caffe.TRAIN)
+    net.forward()
+    np.testing.assert_allclose(net.blobs["twice"].data, 2 * net.blobs["data"].data)
+    net.blobs["twice"].diff[...] = 1
+    net.backward(start="twice", end="twice")
+    np.testing.assert_allclose(net.blobs["data"].diff, 2)
+
+
+def _write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_python_layer_importing_caffe_trains(tmp_path):
+    """... and runs under ``pycaffe-lite train`` and ``caffe train``."""
+    (tmp_path / "twice_layer.py").write_text(TWICE)
+    (tmp_path / "net.prototxt").write_text(TWICE_NET)
     (tmp_path / "solver.prototxt").write_text('net: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\n'
                                               'max_iter: 2\ndisplay: 1\nsnapshot_after_train: false\n')
     env = {"PYTHONPATH": f"{REPO}:{tmp_path}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
