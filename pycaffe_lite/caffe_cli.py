@@ -157,7 +157,7 @@ _ACTIONS: dict[str, Callable[[Parsed], int]] = {
 def _command(name: str) -> Command | None:
     if name in _ACTIONS:
         flags = tuple(CAFFE_FLAGS[f] for f in ACTION_FLAGS[name])
-        return Command(name, flags, _ACTIONS[name], f"caffe {name} " + " ".join(f"-{f} ..." for f in flags[:1]))
+        return Command(name, flags, _ACTIONS[name], f"caffe {name} [FLAGS]: {ACTION_HELP[name]}")
     if name in TOOLS:
         module = _tool_module(name)
 

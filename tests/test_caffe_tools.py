@@ -348,3 +348,16 @@ def test_upgrade_tools(tmp_path, capsys):
         == 0
     solver = text_format.Parse((tmp_path / "s2.prototxt").read_text(), caffe_pb2.SolverParameter())
     assert solver.type == "Adam" and not solver.HasField("solver_type")
+
+
+def test_tools_are_pycaffe_lite_subcommands_too(images, tmp_path):
+    from pycaffe_lite import cli
+
+    root, listfile, arrays = images
+    db = tmp_path / "via_cli"
+    assert cli.main(["convert_imageset", "--gray", "-resize_height", "3", "--resize_width=4", f"{root}/",
+                     str(listfile), str(db)]) == 0
+    recs = datums(lmdb_records(db))
+    assert len(recs) == 5 and (recs[0][1].channels, recs[0][1].height, recs[0][1].width) == (1, 3, 4)
+    out = tmp_path / "m.binaryproto"
+    assert cli.main(["compute_image_mean", str(db), str(out)]) == 0 and out.is_file()
