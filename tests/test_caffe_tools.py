@@ -361,3 +361,26 @@ def test_tools_are_pycaffe_lite_subcommands_too(images, tmp_path):
     assert len(recs) == 5 and (recs[0][1].channels, recs[0][1].height, recs[0][1].width) == (1, 3, 4)
     out = tmp_path / "m.binaryproto"
     assert cli.main(["compute_image_mean", str(db), str(out)]) == 0 and out.is_file()
+
+
+V0_NET = """
+name: "v0"
+layers { layer { name: "data" type: "data" source: "some_db" batchsize: 2 } top: "data" top: "label" }
+layers { layer { name: "ip" type: "innerproduct" num_output: 3 } bottom: "data" top: "ip" }
+layers { layer { name: "out" type: "hdf5_output" hdf5_output_param { file_name: "out.h5" } }
+         bottom: "ip" bottom: "label" }
+"""
+
+
+def test_upgrade_v0_net_with_hdf5_output(tmp_path):
+    # was a raw KeyError: the V0 hdf5_output_param message is carried over whole
+    src, dst = tmp_path / "v0.prototxt", tmp_path / "v2.prototxt"
+    src.write_text(V0_NET)
+    assert caffe_cli.run(["upgrade_net_proto_text", str(src), str(dst)]) == 0
+    from google.protobuf import text_format
+
+    new = text_format.Parse(dst.read_text(), caffe_pb2.NetParameter())
+    assert [lay.type for lay in new.layer] == ["Data", "InnerProduct", "HDF5Output"]
+    assert new.layer[2].hdf5_output_param.file_name == "out.h5"
+    assert new.layer[0].data_param.source == "some_db" and new.layer[0].data_param.batch_size == 2
+    assert new.layer[1].inner_product_param.num_output == 3
