@@ -139,9 +139,11 @@ def test_train_resume_test_and_time(job, capsys):
     assert (job / "snap_iter_6.caffemodel").is_file()
     capsys.readouterr()
     assert caffe_cli.run(["test", "-model", "net.prototxt", "-weights", "snap_iter_6.caffemodel",
-                          "-iterations", "2", "-minloglevel=1"]) == 0
+                          "-iterations", "2", "-log_dir", "tlogs"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^acc = [\d.]+$", out, re.M) and re.search(r"^loss = [\d.]+ \(\* 1 = [\d.]+ loss\)$", out, re.M)
+    logged = (job / "tlogs" / "caffe.INFO").read_text()  # and in the log, as BVLC's caffe test
+    assert re.search(r"\] acc = [\d.]+$", logged, re.M) and re.search(r"\] Batch 1, loss = ", logged)
     # BVLC's docs time a model with -weights: accepted with a warning
     assert caffe_cli.run(["time", "-model", "net.prototxt", "-weights", "snap_iter_6.caffemodel",
                           "-iterations", "2", "-phase", "TEST"]) == 0
