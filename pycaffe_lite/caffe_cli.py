@@ -194,16 +194,22 @@ def setup_logging(p: Parsed, program: str) -> None:
 def run(argv: Sequence[str], program: str = "caffe") -> int:
     """Run ``program`` (``caffe`` or a tool's name) with ``argv`` (without the program name)."""
     argv = list(argv)
+    name = program
     if program == "caffe":
-        if not argv or argv[0].startswith("-"):
+        # gflags takes the flags out first: the action is the first positional argument, so flags may
+        # also come before it (caffe -gpu 0 train -solver s.prototxt)
+        try:
+            first = parse(argv, _all_flags(), command="caffe").positional
+        except FlagError as exc:
+            print(f"ERROR: {exc}", file=sys.stderr)
+            return 1
+        if not first:
             if any(a.lstrip("-") == "version" for a in argv):
                 print(f"caffe version {__version__} (pycaffe-lite)")
                 return 0
             print(_caffe_usage(), file=sys.stderr)
             return 1
-        name, argv = argv[0], argv[1:]
-    else:
-        name = program
+        name = first[0]
     command = _command(name)
     if command is None:
         print(f"caffe: unknown action: {name}\nAvailable caffe actions: {', '.join(_ACTIONS)}, {', '.join(TOOLS)}",
@@ -216,6 +222,8 @@ def run(argv: Sequence[str], program: str = "caffe") -> int:
     except FlagError as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 1
+    if program == "caffe":
+        p.positional.pop(0)  # the action
     if p.help or p.helpshort:
         print(f"{command.usage}\n\n  Flags:\n{usage(command.flags)}\n\n  glog flags:\n{usage(GLOG_FLAGS)}")
         return 0

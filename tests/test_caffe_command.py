@@ -132,7 +132,8 @@ def test_train_with_log_dir_writes_glog_files(job, capsys):
 
 
 def test_train_resume_test_and_time(job, capsys):
-    assert caffe_cli.run(["train", "-solver=solver.prototxt", "-minloglevel=1"]) == 0
+    # flags may come before the action too (gflags takes them out first)
+    assert caffe_cli.run(["-minloglevel=1", "train", "-solver=solver.prototxt"]) == 0
     (job / "solver.prototxt").write_text(SOLVER.replace("max_iter: 4", "max_iter: 6"))
     assert caffe_cli.run(["train", "--solver", "solver.prototxt", "--snapshot", "snap_iter_4.solverstate",
                           "-minloglevel", "1"]) == 0
