@@ -247,8 +247,7 @@ def run(argv: Sequence[str], program: str = "caffe") -> int:
         print(f"{where}: interrupted", file=sys.stderr)
         return 130
     finally:
-        for h in logging.getLogger("pycaffe_lite").handlers:
-            h.flush()
+        glog.close_log_files()  # (flushed at every line; closed so that a caller's later logging stays out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,8 +4,8 @@
 ``-noname``, ``-name=true|false|1|0|yes|no|t|f|y|n``; ``-flagfile=FILE`` (or ``-flagfile FILE``)
 reads more arguments from FILE, one per line (``#`` comments and lines not starting with ``-`` are
 skipped, as gflags does); ``--`` ends the flags. Positional arguments may stand anywhere (gflags
-moves them after the flags). Every flag's default may come from the environment as
-``FLAGS_<name>``, and glog's also as ``GLOG_<name>`` (as glog reads them).
+moves them after the flags). glog's flags take their defaults from ``GLOG_<name>`` in the
+environment, as glog does (``GLOG_logtostderr=1 convert_imageset ...`` in BVLC's scripts).
 
 A flag the command does not use but another command or tool of this front end defines (BVLC's
 flags are global to a binary, so ``caffe time -weights W`` is legal) is accepted with a warning; an
@@ -92,10 +92,13 @@ class Parsed:
             raise AttributeError(name) from None
 
 
+_GLOG_NAMES = {f.name for f in GLOG_FLAGS}
+
+
 def _env_default(flag: Flag, env: Mapping[str, str]) -> Any:
-    for key in (f"FLAGS_{flag.name}", f"GLOG_{flag.name}"):
-        if key in env:
-            return flag.convert(env[key], where=f"${key}: ")
+    key = f"GLOG_{flag.name}"
+    if flag.name in _GLOG_NAMES and key in env:  # glog's flags only, as glog reads them
+        return flag.convert(env[key], where=f"${key}: ")
     return flag.default
 
 

@@ -34,8 +34,11 @@ def test_gflags_spellings():
     assert p.positional == ["a", "b", "-gray"] and p.gray is False and p.given == {"iterations"}
     # defaults, and defaults from the environment
     assert parse([], FLAGS, env={}).iterations == 50
-    assert parse([], FLAGS, env={"FLAGS_iterations": "9"}).iterations == 9
+    assert parse([], FLAGS, env={"GLOG_iterations": "9"}).iterations == 50  # not a glog flag
     assert parse([], FLAGS, env={"GLOG_minloglevel": "2"}).minloglevel == 2
+    assert parse([], FLAGS, env={"GLOG_logtostderr": "1"}).logtostderr is True
+    with pytest.raises(FlagError, match=r"\$GLOG_minloglevel: illegal value 'x'"):
+        parse([], FLAGS, env={"GLOG_minloglevel": "x"})
 
 
 def test_gflags_errors_and_foreign_flags():
