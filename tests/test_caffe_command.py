@@ -171,6 +171,10 @@ def test_command_line_errors(job, capsys):
     assert caffe_cli.run(["train", "-solver", "missing.prototxt"]) == 1
     assert "missing.prototxt" in capsys.readouterr().err
     assert caffe_cli.run(["train", "-help"]) == 0 and "-solver" in capsys.readouterr().out
+    assert caffe_cli.run(["device_query"]) == 1 and "Need a device ID" in capsys.readouterr().err
+    assert caffe_cli.run(["-version"]) == 0 and "caffe version" in capsys.readouterr().out
+    assert caffe_cli.run(["train", "-solver", "solver.prototxt", "-sigint_effect", "explode"]) == 1
+    assert 'Invalid signal effect "explode"' in capsys.readouterr().err
 
 
 def test_minloglevel_and_logtostderr(job, capsys):
