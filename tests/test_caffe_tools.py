@@ -384,3 +384,14 @@ def test_upgrade_v0_net_with_hdf5_output(tmp_path):
     assert new.layer[2].hdf5_output_param.file_name == "out.h5"
     assert new.layer[0].data_param.source == "some_db" and new.layer[0].data_param.batch_size == 2
     assert new.layer[1].inner_product_param.num_output == 3
+
+
+def test_tool_log_files_are_named_after_the_tool(images, tmp_path, monkeypatch):
+    root, listfile, _ = images
+    monkeypatch.setattr(sys, "argv", ["compute_image_mean"])
+    db = tmp_path / "db"
+    assert caffe_cli.run(["-log_dir", str(tmp_path / "logs"), f"{root}/", str(listfile), str(db)],
+                         program="convert_imageset") == 0
+    info = (tmp_path / "logs" / "convert_imageset.INFO").read_text()
+    assert "] A total of 5 images." in info and "] Processed 5 files." in info
+    assert (tmp_path / "logs" / "convert_imageset.INFO").resolve().name.startswith("convert_imageset.")
