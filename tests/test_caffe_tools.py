@@ -386,9 +386,8 @@ def test_upgrade_v0_net_with_hdf5_output(tmp_path):
     assert new.layer[1].inner_product_param.num_output == 3
 
 
-def test_tool_log_files_are_named_after_the_tool(images, tmp_path, monkeypatch):
+def test_tool_log_files_are_named_after_the_tool(images, tmp_path):
     root, listfile, _ = images
-    monkeypatch.setattr(sys, "argv", ["compute_image_mean"])
     db = tmp_path / "db"
     assert caffe_cli.run(["-log_dir", str(tmp_path / "logs"), f"{root}/", str(listfile), str(db)],
                          program="convert_imageset") == 0
