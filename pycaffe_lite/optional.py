@@ -16,6 +16,7 @@ PACKAGES: dict[str, tuple[str, str | None]] = {
     "h5py": ("h5py", "data"),
     "lmdb": ("lmdb", "data"),
     "PIL": ("Pillow", "data"),
+    "cv2": ("opencv-python-headless", "data"),
     "pydot": ("pydot", "draw"),
     "tqdm": ("tqdm", None),
 }
