@@ -177,6 +177,16 @@ class Blob:
     def mutable_gpu_diff(self) -> int:
         return self._diff.mutable_gpu()
 
+    # pycaffe's names (BVLC's _caffe.cpp): the device address as an int, for handing a blob to other
+    # CUDA code. As in BVLC they take the mutable pointer: the device copy becomes the newest.
+    @property
+    def _gpu_data_ptr(self) -> int:
+        return int(self.mutable_gpu_data())
+
+    @property
+    def _gpu_diff_ptr(self) -> int:
+        return int(self.mutable_gpu_diff())
+
     @property
     def data_memory(self) -> SyncedMemory:
         return self._data

@@ -1,5 +1,6 @@
 """Detector: classify windows of images, optionally with context padding (BVLC's
-``caffe.Detector``; selective-search proposals are not included)."""
+``caffe.Detector``). Selective-search proposals (``detect_selective_search``) come, as in BVLC, from
+the external ``selective_search_ijcv_with_python`` module, which runs MATLAB."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from . import io as caffe_io
 from .classifier import input_transformer
 from .common import TEST
+from .errors import MissingDependencyError
 from .net import Net
 
 
@@ -58,6 +60,25 @@ class Detector(Net):
                 detections.append({"window": window, "prediction": predictions[ix], "filename": fname})
                 ix += 1
         return detections
+
+    def detect_selective_search(self, image_fnames: Iterable[str | os.PathLike]) -> list[dict]:
+        """Propose windows with selective search, then :meth:`detect_windows` on them (BVLC's R-CNN path).
+
+        The proposals come from the external Python module ``selective_search_ijcv_with_python``
+        (its ``get_windows(files, cmd='selective_search_rcnn')`` runs MATLAB); without it a
+        MissingDependencyError says what to install. Paths are made absolute for MATLAB.
+        """
+        try:
+            import selective_search_ijcv_with_python as selective_search  # type: ignore[import-not-found]
+        except ImportError:
+            raise MissingDependencyError(
+                "Detector.detect_selective_search needs the external 'selective_search_ijcv_with_python' module "
+                "(https://github.com/sergeyk/selective_search_ijcv_with_python, on PYTHONPATH) and MATLAB "
+                "to run it; or compute windows yourself and call detect_windows([(filename, windows), ...])"
+            ) from None
+        files = [os.path.abspath(f) for f in image_fnames]
+        windows = selective_search.get_windows(files, cmd="selective_search_rcnn")
+        return self.detect_windows(zip(files, windows))
 
     def crop(self, im: np.ndarray, window: Sequence[int] | np.ndarray) -> np.ndarray:
         """The window of ``im``; with ``context_pad`` the window grows so that, once warped to the

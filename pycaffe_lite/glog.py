@@ -79,3 +79,97 @@ def init_log(level: int | None = None, std_out: bool = False) -> None:
 def log(message: str) -> None:
     """Log ``message`` at INFO level (pycaffe's ``caffe.log``, glog's LOG(INFO))."""
     LOG.info(message, stacklevel=2)
+
+
+# -- glog's log files (``-log_dir``) -----------------------------------------------------------
+SEVERITIES = (("INFO", logging.INFO), ("WARNING", logging.WARNING), ("ERROR", logging.ERROR),
+              ("FATAL", logging.CRITICAL))
+
+
+def log_file_name(program: str, severity: str, when: float | None = None, pid: int | None = None) -> str:
+    """glog's file name: ``<program>.<host>.<user>.log.<SEVERITY>.<yyyymmdd-hhmmss>.<pid>``."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name from the environment or the password database
+        user = "invalid-user"
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if when is None else when))
+    return f"{program}.{socket.gethostname()}.{user}.log.{severity}.{stamp}.{os.getpid() if pid is None else pid}"
+
+
+class GlogFileHandler(logging.Handler):
+    """One of glog's per-severity files: messages of ``severity`` and above, in glog's line format,
+    after glog's three header lines. The file is created at its first message (as glog does), with
+    the ``<program>.<SEVERITY>`` symlink beside it pointing at the newest file; flushed every line."""
+
+    def __init__(self, log_dir: str | os.PathLike, program: str, severity: str, levelno: int) -> None:
+        super().__init__(levelno)
+        self.log_dir = os.fspath(log_dir)
+        self.program = program
+        self.severity = severity
+        self.path: str | None = None
+        self._file: TextIO | None = None
+        self.setFormatter(GlogFormatter())
+
+    def _open(self) -> TextIO:
+        import socket
+
+        now = time.time()
+        name = log_file_name(self.program, self.severity, now)
+        self.path = os.path.join(self.log_dir, name)
+        f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the process's life)
+        f.write(time.strftime("Log file created at: %Y/%m/%d %H:%M:%S\n", time.localtime(now)))
+        f.write(f"Running on machine: {socket.gethostname()}\n")
+        f.write("Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid file:line] msg\n")
+        link = os.path.join(self.log_dir, f"{self.program}.{self.severity}")
+        try:
+            if os.path.islink(link) or os.path.exists(link):
+                os.remove(link)
+            os.symlink(name, link)
+        except OSError:  # glog ignores a symlink it cannot make
+            pass
+        return f
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self._file is None:
+                self._file = self._open()
+            self._file.write(self.format(record) + "\n")
+            self._file.flush()
+        except Exception:
+            self.handleError(record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        super().close()
+
+
+def log_to_files(log_dir: str | os.PathLike, program: str) -> list[GlogFileHandler]:
+    """Add glog's INFO/WARNING/ERROR/FATAL files in ``log_dir`` (created if missing) to the logger,
+    replacing files added before; returns the handlers. The logger's own level still decides
+    what is logged at all (``init_log``/``-minloglevel``)."""
+    os.makedirs(log_dir, exist_ok=True)
+    close_log_files()
+    handlers = [GlogFileHandler(log_dir, program, sev, levelno) for sev, levelno in SEVERITIES]
+    for h in handlers:
+        LOG.addHandler(h)
+    return handlers
+
+
+def close_log_files() -> None:
+    """Remove and close the file handlers :func:`log_to_files` added."""
+    for old in [h for h in LOG.handlers if isinstance(h, GlogFileHandler)]:
+        LOG.removeHandler(old)
+        old.close()
+
+
+def set_stderr_level(level: int) -> None:
+    """Show only messages of glog ``level`` (0 INFO .. 3 FATAL; 4 = none) and above on the console
+    handler of :func:`init_log` (the files keep every message the logger passes)."""
+    for h in LOG.handlers:
+        if isinstance(h, _ConsoleHandler):
+            h.setLevel(GLOG_LEVELS.get(level, logging.CRITICAL + 1))

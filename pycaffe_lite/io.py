@@ -301,13 +301,63 @@ def resize(im: np.ndarray, height: int, width: int, interp_order: int = 1,
     return _interp_axis(out, axes[1], width, interp_order)
 
 
+def _interp_axis_zero_beyond(im: np.ndarray, axis: int, new: int) -> np.ndarray:
+    """Linear interpolation along ``axis`` with half-pixel centres, reading 0 beyond the edges
+    (skimage's ``resize(order=1, mode='constant', cval=0)``; only upscaling reaches past them)."""
+    old = im.shape[axis]
+    if old == new:
+        return im
+    pos = (np.arange(new, dtype=np.float64) + 0.5) * (old / new) - 0.5
+    pad = [(0, 0)] * im.ndim
+    pad[axis] = (1, 1)
+    padded = np.pad(im, pad)  # zeros at index 0 and old + 1
+    lo = np.floor(pos).astype(np.intp)
+    frac = (pos - lo).reshape([new if a == axis else 1 for a in range(im.ndim)])
+    return np.take(padded, lo + 1, axis=axis) * (1 - frac) + np.take(padded, lo + 2, axis=axis) * frac
+
+
+def _interp_axis_corners(im: np.ndarray, axis: int, new: int) -> np.ndarray:
+    """Linear interpolation along ``axis`` with the first and last samples on the corners
+    (``scipy.ndimage.zoom(order=1)``): output i reads input ``i * (old - 1) / (new - 1)``."""
+    old = im.shape[axis]
+    if old == new:
+        return im
+    step = (old - 1) / (new - 1) if new > 1 else 1.0
+    pos = np.arange(new, dtype=np.float64) * step
+    lo = np.minimum(np.floor(pos).astype(np.intp), old - 1)
+    hi = np.minimum(lo + 1, old - 1)
+    frac = (pos - lo).reshape([new if a == axis else 1 for a in range(im.ndim)])
+    return np.take(im, lo, axis=axis) * (1 - frac) + np.take(im, hi, axis=axis) * frac
+
+
 def resize_image(im: np.ndarray, new_dims: Sequence[int] | np.ndarray, interp_order: int = 1) -> np.ndarray:
-    """pycaffe's resize: an (H, W, K) image to (new_dims[0], new_dims[1], K) float32 (see :func:`resize`)."""
+    """pycaffe's resize: an (H, W, K) image to (new_dims[0], new_dims[1], K) float32, value for
+    value as BVLC's ``caffe.io.resize_image``.
+
+    K of 1 or 3 (BVLC: skimage): the image is scaled to [0, 1] by its min and max, resized with
+    half-pixel centres and zeros beyond the edges (so upscaled borders lean towards the image's
+    minimum), and scaled back; a constant image stays constant. Other K (BVLC: scipy's zoom):
+    corner-aligned linear interpolation. ``interp_order`` 0 is nearest neighbour (:func:`resize`).
+    """
     im = np.asarray(im)
     if im.ndim != 3:
         raise ValueError(f"resize_image needs an (H, W, K) array, got shape {im.shape}")
     h, w = (int(d) for d in new_dims[:2])
-    return resize(im, h, w, interp_order).astype(np.float32)
+    if h <= 0 or w <= 0:
+        raise ValueError(f"resize_image: sizes must be positive, got {h}x{w}")
+    if interp_order == 0:
+        return resize(im, h, w, 0).astype(np.float32)
+    if interp_order != 1:
+        raise ValueError(f"resize_image supports interp_order 0 (nearest) or 1 (bilinear), got {interp_order}")
+    x = im.astype(np.float64)
+    if im.shape[-1] in (1, 3):
+        lo, hi = float(x.min()), float(x.max())
+        if hi <= lo:
+            return np.full((h, w, im.shape[-1]), lo, dtype=np.float32)
+        unit = (x - lo) / (hi - lo)
+        unit = _interp_axis_zero_beyond(_interp_axis_zero_beyond(unit, 0, h), 1, w)
+        return (unit * (hi - lo) + lo).astype(np.float32)
+    return _interp_axis_corners(_interp_axis_corners(x, 0, h), 1, w).astype(np.float32)
 
 
 def oversample(images: Sequence[np.ndarray] | np.ndarray, crop_dims: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from .net_graph import NetGraph
 from .proto import caffe_pb2, hdf5_weights, protoio
 from .proto.net_filter import filter_net, insert_splits
 from .runtime.executor import Executor
+from .vectors import BlobVec, IntVec
 
 
 def load_net_param(source: str | os.PathLike | caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
@@ -123,14 +124,22 @@ class Net:
 
     def __init__(
         self,
-        network: str | os.PathLike | caffe_pb2.NetParameter,
+        network: str | os.PathLike | caffe_pb2.NetParameter | None = None,
         *args,
         phase: int | None = None,
         level: int = 0,
         stages: Sequence[str] | None = None,
         weights: str | os.PathLike | None = None,
         dtype: np.dtype | type = np.float32,
+        network_file: str | os.PathLike | None = None,
     ) -> None:
+        # BVLC's keyword form: Net(network_file=..., phase=..., weights=...)
+        if network_file is not None:
+            if network is not None:
+                raise TypeError("Net(): give the net as the first argument or as network_file=, not both")
+            network = network_file
+        if network is None:
+            raise TypeError("Net(): missing the net definition (a prototxt path, network_file=, or a NetParameter)")
         # Accept the positional pycaffe forms: (file, phase) and legacy (file, weights, phase).
         if len(args) == 1:
             phase = args[0] if phase is None else phase
@@ -382,6 +391,24 @@ class Net:
         """Backward through layers ``start`` down to ``end`` (inclusive, start >= end)."""
         self.executor.backward(start, end)
 
+    # pycaffe's low-level names (BVLC's _caffe.cpp): ForwardFromTo / BackwardFromTo and the blob
+    # indices of a layer's tops and bottoms.
+    def _forward(self, start: int, end: int) -> float:
+        """Forward through layers ``start``..``end`` (inclusive); the summed weighted loss."""
+        return self.forward_from_to(self._layer_index(start, 0), self._layer_index(end, 0))
+
+    def _backward(self, start: int, end: int) -> None:
+        """Backward from layer ``start`` down to layer ``end`` (inclusive)."""
+        self.backward_from_to(self._layer_index(start, 0), self._layer_index(end, 0))
+
+    def _top_ids(self, layer: int) -> IntVec:
+        """Indices (into ``_blobs``/``_blob_names``) of layer ``layer``'s tops."""
+        return IntVec(self.top_id_vecs[self._layer_index(layer, 0)])
+
+    def _bottom_ids(self, layer: int) -> IntVec:
+        """Indices (into ``_blobs``/``_blob_names``) of layer ``layer``'s bottoms."""
+        return IntVec(self.bottom_id_vecs[self._layer_index(layer, 0)])
+
     def forward_prefilled(self) -> float:
         return self.forward_from_to(0, len(self.graph.layers) - 1)
 
@@ -434,10 +461,12 @@ class Net:
         return self._blob_dict
 
     @property
-    def params(self) -> OrderedDict[str, list[Blob]]:
-        """Ordered layer name -> its param blobs (layers with params only)."""
+    def params(self) -> OrderedDict[str, BlobVec]:
+        """Ordered layer name -> its param blobs (layers with params only), each a ``BlobVec``
+        (``caffe._caffe.BlobVec``, as scripts test with ``type(v) is caffe._caffe.BlobVec``)."""
         return OrderedDict(
-            (name, layer.blobs) for name, layer in zip(self.graph.layer_names, self.graph.layers) if layer.blobs
+            (name, BlobVec(layer.blobs, self.dtype))
+            for name, layer in zip(self.graph.layer_names, self.graph.layers) if layer.blobs
         )
 
     @property

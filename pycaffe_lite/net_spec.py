@@ -93,10 +93,8 @@ class Function:
         self.type_name = type_name
         for i, inp in enumerate(inputs):
             if not isinstance(inp, Top):
-                raise TypeError(
-                    f"L.{type_name}: bottom {i} must be a Top (an output of another layer), "
-                    f"got {type(inp).__name__}"
-                )
+                # BVLC's wording, word for word (scripts and BVLC's tests match it)
+                raise TypeError(f"{type_name} input {i} is not a Top (type is {type(inp)})")
         self.inputs = inputs
         self.params = dict(params)
         self.ntop = self.params.pop("ntop", 1)

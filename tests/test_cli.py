@@ -235,3 +235,13 @@ def test_solver_mode_gpu_in_file_without_gpu(workdir, capsys):
     assert cli.main(["train", "--solver", gpu_solver, "--cpu", "--no-progress"]) == 0
     # CPU in the file, or no solver_mode at all, trains on the CPU
     assert cli.main(["train", "--solver", write_solver(solver_mode="CPU", max_iter=1), "--no-progress"]) == 0
+
+
+def test_discovery_finds_commands_without_warnings(caplog):
+    """The front ends and helpers that live beside the commands (cli, caffe_cli, gflags, digits) are no
+    command modules and are not reported as broken ones."""
+    from pycaffe_lite import commands
+
+    with caplog.at_level("WARNING", logger="pycaffe_lite"):
+        names = [m.NAME for m in commands.discover()]
+    assert not caplog.records and {"train", "test", "time", "export_onnx"} & set(names) >= {"train", "test", "time"}

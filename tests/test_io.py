@@ -164,34 +164,51 @@ def test_load_image_missing_file(tmp_path):
         cio.load_image(str(tmp_path / "nope.png"))
 
 
-def _bilinear_reference(im, h, w):
-    """Naive per-pixel bilinear resize with half-pixel centers and clamped edges."""
+def _bvlc_reference(im, h, w):
+    """BVLC's resize_image written out per pixel: K in (1, 3) -> min/max to [0, 1], bilinear with
+    half-pixel centres and 0 outside the image (skimage, mode='constant'), back to the range;
+    other K -> corner-aligned bilinear (scipy.ndimage.zoom, order=1)."""
     H, W, K = im.shape
     out = np.zeros((h, w, K))
+    if K in (1, 3):
+        lo, hi = im.min(), im.max()
+        u = (im - lo) / (hi - lo)
+
+        def px(y, x):
+            return u[y, x] if 0 <= y < H and 0 <= x < W else np.zeros(K)
+
+        for i in range(h):
+            y = (i + 0.5) * H / h - 0.5
+            y0 = int(np.floor(y))
+            for j in range(w):
+                x = (j + 0.5) * W / w - 0.5
+                x0 = int(np.floor(x))
+                fy, fx = y - y0, x - x0
+                v = (px(y0, x0) * (1 - fy) * (1 - fx) + px(y0, x0 + 1) * (1 - fy) * fx
+                     + px(y0 + 1, x0) * fy * (1 - fx) + px(y0 + 1, x0 + 1) * fy * fx)
+                out[i, j] = v * (hi - lo) + lo
+        return out
     for i in range(h):
-        y = min(max((i + 0.5) * H / h - 0.5, 0), H - 1)
-        y0 = int(np.floor(y))
+        y = i * (H - 1) / (h - 1) if h > 1 else 0.0
+        y0 = min(int(np.floor(y)), H - 1)
         y1 = min(y0 + 1, H - 1)
         for j in range(w):
-            x = min(max((j + 0.5) * W / w - 0.5, 0), W - 1)
-            x0 = int(np.floor(x))
+            x = j * (W - 1) / (w - 1) if w > 1 else 0.0
+            x0 = min(int(np.floor(x)), W - 1)
             x1 = min(x0 + 1, W - 1)
             fy, fx = y - y0, x - x0
-            out[i, j] = (
-                im[y0, x0] * (1 - fy) * (1 - fx)
-                + im[y0, x1] * (1 - fy) * fx
-                + im[y1, x0] * fy * (1 - fx)
-                + im[y1, x1] * fy * fx
-            )
+            out[i, j] = (im[y0, x0] * (1 - fy) * (1 - fx) + im[y0, x1] * (1 - fy) * fx
+                         + im[y1, x0] * fy * (1 - fx) + im[y1, x1] * fy * fx)
     return out
 
 
-@pytest.mark.parametrize("shape,new", [((4, 6, 3), (8, 3)), ((5, 5, 1), (5, 7)), ((3, 4, 2), (2, 9))])
-def test_resize_bilinear_matches_reference(shape, new):
-    im = np.random.default_rng(6).random(shape)
+@pytest.mark.parametrize("shape,new", [((4, 6, 3), (8, 3)), ((5, 5, 1), (5, 7)), ((3, 4, 2), (2, 9)),
+                                       ((2, 3, 3), (5, 7)), ((6, 4, 5), (3, 8))])
+def test_resize_matches_bvlc_reference(shape, new):
+    im = np.random.default_rng(6).random(shape) * 200 - 50
     out = cio.resize_image(im, new)
     assert out.shape == new + (shape[2],) and out.dtype == np.float32
-    np.testing.assert_allclose(out, _bilinear_reference(im, *new), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, _bvlc_reference(im, *new), rtol=1e-5, atol=1e-4)
 
 
 def test_resize_properties():
@@ -199,10 +216,16 @@ def test_resize_properties():
     np.testing.assert_allclose(cio.resize_image(im, (4, 4)), im, rtol=1e-6)
     const = np.full((3, 5, 3), 0.25)
     np.testing.assert_allclose(cio.resize_image(const, (7, 2)), 0.25)
-    # 2x upsampling: interior samples are 3/4-1/4 mixes
+    # 2x upsampling: interior samples are 3/4-1/4 mixes; at the borders BVLC's skimage path mixes in
+    # the image's minimum (here 0) for the quarter pixel that falls outside the image
     ramp = np.arange(4, dtype=float).reshape(1, 4, 1)
     up = cio.resize_image(ramp, (1, 8))[0, :, 0]
-    np.testing.assert_allclose(up, [0, 0.25, 0.75, 1.25, 1.75, 2.25, 2.75, 3], rtol=1e-6)
+    np.testing.assert_allclose(up, [0, 0.25, 0.75, 1.25, 1.75, 2.25, 2.75, 2.25], rtol=1e-6)
+    shifted = cio.resize_image(ramp + 10, (1, 8))[0, :, 0]  # the minimum is 10 now, not 0
+    np.testing.assert_allclose(shifted, [10, 10.25, 10.75, 11.25, 11.75, 12.25, 12.75, 12.25], rtol=1e-6)
+    # four channels: scipy's zoom, corners kept: 0..3 over 7 samples in steps of 0.5
+    four = np.repeat(ramp, 4, axis=2)
+    np.testing.assert_allclose(cio.resize_image(four, (1, 7))[0, :, 2], [0, 0.5, 1, 1.5, 2, 2.5, 3])
     near = cio.resize_image(ramp, (1, 8), interp_order=0)[0, :, 0]
     np.testing.assert_array_equal(near, [0, 0, 1, 1, 2, 2, 3, 3])
     with pytest.raises(ValueError, match="interp_order"):

@@ -189,7 +189,7 @@ def test_params_enum_access_and_errors():
         getattr(P, "NoSuchLayer")  # noqa: B009
     with pytest.raises(AttributeError, match="no_such_field"):
         L.InnerProduct(L.Input(shape=dict(dim=[1])), no_such_field=3).to_proto()
-    with pytest.raises(TypeError, match="bottom 0"):
+    with pytest.raises(TypeError, match=r"^ReLU input 0 is not a Top \(type is <class 'str'>\)$"):
         L.ReLU("data")
 
 

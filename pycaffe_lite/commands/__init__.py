@@ -21,6 +21,9 @@ log = logging.getLogger("pycaffe_lite")
 REQUIRED = ("NAME", "HELP", "add_arguments", "run")
 
 
+SUPPORT = {"cli", "caffe_cli", "gflags", "digits"}  # the front ends and their helpers, not commands
+
+
 def discover() -> list[ModuleType]:
     """Every command module of this package, sorted by command name.
 
@@ -29,7 +32,7 @@ def discover() -> list[ModuleType]:
     """
     found = []
     for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
+        if info.name.startswith("_") or info.name in SUPPORT:
             continue
         try:
             module = importlib.import_module(f"{__name__}.{info.name}")

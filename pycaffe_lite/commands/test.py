@@ -69,5 +69,6 @@ def run(args: argparse.Namespace) -> int:
     log.info("Loss: %g", loss)
     for name, mean, weight in results:
         extra = f" (* {weight:g} = {weight * mean:g} loss)" if weight else ""
+        log.info("%s = %g%s", name, mean, extra)  # in the log too, as caffe test (log files, parsers)
         print(f"{name} = {mean:g}{extra}")
     return 0

@@ -198,7 +198,10 @@ def upgrade_v0_layer(conn: caffe_pb2.V1LayerParameter, source: str = "") -> tupl
                       source, v0.name, v0_field, v0.type)
             ok = False
             continue
-        _set_field(getattr(out, sub), field, getattr(v0, v0_field))
+        if field == sub:  # a whole V0 sub-message carried over as is (hdf5_output_param)
+            getattr(out, sub).CopyFrom(getattr(v0, v0_field))
+        else:
+            _set_field(getattr(out, sub), field, getattr(v0, v0_field))
     return out, ok
 
 

@@ -46,6 +46,11 @@ class SGDSolver(Solver):
 
     type_name = "SGD"
 
+    @property
+    def lr(self) -> float:
+        """pycaffe's ``SGDSolver.lr`` (BVLC's GetLearningRate): the policy's rate at the current iteration."""
+        return self.learning_rate
+
     def update_cpu(self, param_id: int, diff: np.ndarray, local_rate) -> None:
         (h,) = (b.mutable_cpu_data() for b in self.history_views(param_id))
         h *= self.dtype.type(self.param.momentum)

@@ -1,0 +1,46 @@
+"""``convert_mnist_data [FLAGS] input_image_file input_label_file output_db_file``: BVLC's MNIST
+converter (IDX files, gzipped or not) -> Datums (1, rows, cols) with keys ``%08d``; ``-backend
+lmdb|leveldb`` (default lmdb). ``pycaffe-lite convert_mnist`` is the same conversion with more options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from ..data import mnist
+from ..errors import DataError
+from . import _tools
+from .gflags import Flag, Parsed
+
+NAME = "convert_mnist_data"
+HELP = "convert MNIST IDX image/label files to an LMDB/LevelDB of Datums (BVLC's tool)"
+USAGE = "convert_mnist_data [FLAGS] input_image_file input_label_file output_db_file"
+GFLAGS = (Flag("backend", str, "lmdb", "The backend {lmdb, leveldb} for storing the result"),)
+POSITIONAL = ("input_image_file", "input_label_file", "output_db_file")
+
+log = logging.getLogger("pycaffe_lite")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _tools.add_gflags(parser, GFLAGS, POSITIONAL)
+
+
+def namespace(parsed: Parsed) -> argparse.Namespace:
+    return _tools.namespace(parsed, POSITIONAL, (), USAGE)
+
+
+def run(args: argparse.Namespace) -> int:
+    backend = _tools.check_backend(args.backend)
+    images, labels = mnist.load(args.input_image_file, args.input_label_file)
+    if len(images) != len(labels):
+        raise DataError(f"{args.input_image_file}: {len(images)} images but {len(labels)} labels")
+    log.info("A total of %d items.", len(images))
+    log.info("Rows: %d Cols: %d", images.shape[1], images.shape[2])
+    with _tools.open_writer(args.output_db_file, backend) as writer:
+        for i in range(len(images)):
+            writer.put(b"%08d" % i, mnist.datum_bytes(images[i], int(labels[i])))
+            if (i + 1) % 1000 == 0:
+                writer.commit()
+    log.info("Processed %d files.", len(images))
+    return 0
