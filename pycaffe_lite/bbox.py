@@ -1,0 +1,245 @@
+"""Box maths shared by the SSD layers (PriorBox, DetectionOutput, MultiBoxLoss, DetectionEvaluate,
+AnnotatedData), with the semantics of the SSD fork (weiliu89/caffe, ``bbox_util``).
+
+Boxes are arrays ``[..., 4]`` of ``(xmin, ymin, xmax, ymax)`` in image-relative coordinates.
+Code types (``PriorBoxParameter.CodeType``): CORNER = 1 (offsets of the corners), CENTER_SIZE = 2
+(centre offsets relative to the prior's size, log size ratios), CORNER_SIZE = 3 (corner offsets
+relative to the prior's size). Variances scale the code unless ``variance_encoded_in_target``.
+
+The CPU functions compute in the dtype of their inputs (float32 for float32 nets, as the fork's
+float arithmetic). ``gpu_*`` launch the kernels of ``bbox.cu`` on device pointers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+CORNER, CENTER_SIZE, CORNER_SIZE = 1, 2, 3
+KERNELS = Path(__file__).with_suffix(".cu")
+
+
+def size(boxes: np.ndarray, normalized: bool = True) -> np.ndarray:
+    """Area of each box; 0 for an invalid box (xmax < xmin or ymax < ymin). Unnormalized boxes
+    (pixel coordinates) count both end pixels: ``(w + 1)(h + 1)``."""
+    w = boxes[..., 2] - boxes[..., 0]
+    h = boxes[..., 3] - boxes[..., 1]
+    area = w * h if normalized else (w + 1) * (h + 1)
+    return np.where((w < 0) | (h < 0), np.zeros((), boxes.dtype), area).astype(boxes.dtype)
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Jaccard overlap matrix ``[len(a), len(b)]`` of two box lists (the fork's JaccardOverlap:
+    boxes that only touch have overlap 0)."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    dt = np.result_type(a, b)
+    a = a.reshape(-1, 4).astype(dt, copy=False)[:, None, :]
+    b = b.reshape(-1, 4).astype(dt, copy=False)[None, :, :]
+    iw = np.minimum(a[..., 2], b[..., 2]) - np.maximum(a[..., 0], b[..., 0])
+    ih = np.minimum(a[..., 3], b[..., 3]) - np.maximum(a[..., 1], b[..., 1])
+    inter = iw * ih
+    union = size(a) + size(b) - inter
+    ok = (iw > 0) & (ih > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(ok, inter / np.where(ok, union, 1), 0)
+    return out.astype(dt, copy=False)
+
+
+def coverage(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Fraction of each box of ``a`` covered by box ``b`` (``[len(a)]``; the fork's BBoxCoverage)."""
+    a = np.asarray(a, np.float32).reshape(-1, 4)
+    b = np.asarray(b, np.float32).reshape(4)
+    ix0, iy0 = np.maximum(a[:, 0], b[0]), np.maximum(a[:, 1], b[1])
+    ix1, iy1 = np.minimum(a[:, 2], b[2]), np.minimum(a[:, 3], b[3])
+    disjoint = (b[0] > a[:, 2]) | (b[2] < a[:, 0]) | (b[1] > a[:, 3]) | (b[3] < a[:, 1])
+    inter = np.where(disjoint, 0, size(np.stack([ix0, iy0, ix1, iy1], axis=1)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(inter > 0, inter / size(a), 0).astype(np.float32)
+
+
+def clip(boxes: np.ndarray) -> np.ndarray:
+    return np.clip(boxes, 0, 1)
+
+
+def _prior_geometry(priors):
+    pw = priors[..., 2] - priors[..., 0]
+    ph = priors[..., 3] - priors[..., 1]
+    return pw, ph, (priors[..., 0] + priors[..., 2]) / 2, (priors[..., 1] + priors[..., 3]) / 2
+
+
+def decode(priors: np.ndarray, variances: np.ndarray, loc: np.ndarray, code_type: int,
+           variance_encoded_in_target: bool, clip_boxes: bool = False) -> np.ndarray:
+    """Boxes from location predictions ``loc [..., P, 4]`` against priors ``[P, 4]`` and their
+    variances ``[P, 4]`` (the fork's DecodeBBox)."""
+    dt = loc.dtype
+    priors = priors.astype(dt, copy=False)
+    var = np.ones_like(priors) if variance_encoded_in_target else variances.astype(dt, copy=False)
+    t = loc * var
+    if code_type == CORNER:
+        out = priors + t
+    elif code_type == CENTER_SIZE:
+        pw, ph, pcx, pcy = _prior_geometry(priors)
+        cx = t[..., 0] * pw + pcx
+        cy = t[..., 1] * ph + pcy
+        w = np.exp(t[..., 2]) * pw
+        h = np.exp(t[..., 3]) * ph
+        out = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)
+    elif code_type == CORNER_SIZE:
+        pw, ph, _, _ = _prior_geometry(priors)
+        scale = np.stack([pw, ph, pw, ph], axis=-1)
+        out = priors + t * scale
+    else:
+        raise ValueError(f"unknown code_type {code_type} (1 CORNER, 2 CENTER_SIZE, 3 CORNER_SIZE)")
+    out = out.astype(dt, copy=False)
+    return clip(out) if clip_boxes else out
+
+
+def encode(priors: np.ndarray, variances: np.ndarray, boxes: np.ndarray, code_type: int,
+           encode_variance_in_target: bool) -> np.ndarray:
+    """Regression targets of ``boxes [M, 4]`` against their priors ``[M, 4]`` (the fork's EncodeBBox);
+    the inverse of :func:`decode`."""
+    dt = boxes.dtype
+    priors = priors.astype(dt, copy=False)
+    var = np.ones_like(priors) if encode_variance_in_target else variances.astype(dt, copy=False)
+    if code_type == CORNER:
+        t = boxes - priors
+    elif code_type == CENTER_SIZE:
+        pw, ph, pcx, pcy = _prior_geometry(priors)
+        bw, bh, bcx, bcy = _prior_geometry(boxes)
+        t = np.stack([(bcx - pcx) / pw, (bcy - pcy) / ph, np.log(bw / pw), np.log(bh / ph)], axis=-1)
+    elif code_type == CORNER_SIZE:
+        pw, ph, _, _ = _prior_geometry(priors)
+        t = (boxes - priors) / np.stack([pw, ph, pw, ph], axis=-1)
+    else:
+        raise ValueError(f"unknown code_type {code_type} (1 CORNER, 2 CENTER_SIZE, 3 CORNER_SIZE)")
+    return (t / var).astype(dt, copy=False)
+
+
+def max_score_index(scores: np.ndarray, threshold: float, top_k: int) -> np.ndarray:
+    """Indices of the scores above ``threshold``, highest first (ties: lower index first), at most
+    ``top_k`` of them (``top_k < 0``: all)."""
+    idx = np.flatnonzero(scores > np.float32(threshold) if scores.dtype == np.float32 else scores > threshold)
+    order = idx[np.argsort(-scores[idx], kind="stable")]
+    return order[:top_k] if top_k > -1 else order
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, score_threshold: float, nms_threshold: float,
+        eta: float = 1.0, top_k: int = -1) -> list[int]:
+    """The fork's ApplyNMSFast: greedy suppression over the candidates of :func:`max_score_index`;
+    a candidate is kept when its overlap with every kept box is at most the (adaptive) threshold,
+    which is multiplied by ``eta`` after each kept box while above 0.5."""
+    cand = max_score_index(scores, score_threshold, top_k)
+    if len(cand) == 0:
+        return []
+    ov = iou(boxes[cand], boxes[cand])
+    thr = np.float32(nms_threshold)
+    kept: list[int] = []
+    for k in range(len(cand)):
+        if all(ov[k, j] <= thr for j in kept):
+            kept.append(k)
+            if eta < 1 and thr > 0.5:
+                thr = np.float32(thr * np.float32(eta))
+    return [int(cand[k]) for k in kept]
+
+
+def nms_by_loss(boxes: np.ndarray, scores: np.ndarray, nms_threshold: float, top_k: int) -> list[int]:
+    """The fork's ApplyNMS (used by hard-example mining): like :func:`nms` without a score threshold
+    or eta, the candidates ordered by ``scores`` (all of them with ``top_k < 0``)."""
+    order = np.argsort(-scores, kind="stable")
+    if top_k > -1:
+        order = order[:top_k]
+    ov = iou(boxes[order], boxes[order])
+    kept: list[int] = []
+    for k in range(len(order)):
+        if all(ov[k, j] <= nms_threshold for j in kept):
+            kept.append(k)
+    return [int(order[k]) for k in kept]
+
+
+def match(gt: np.ndarray, preds: np.ndarray, bipartite_only: bool, overlap_threshold: float,
+          ignore_cross_boundary: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The fork's MatchBBox against all ground truths: ``(indices, overlaps)`` per prediction.
+    First bipartite: repeatedly the highest overlap between an unmatched prediction and an unused
+    ground truth (ties: lowest prediction, then lowest gt) pairs them. Then (PER_PREDICTION) every
+    other prediction takes its best gt with overlap >= ``overlap_threshold``. Index -1: none,
+    -2: ignored because the prediction crosses the image border. Overlaps: each prediction's best."""
+    num = len(preds)
+    indices = np.full(num, -1, np.int64)
+    overlaps = np.zeros(num, np.float32)
+    if len(gt) == 0:
+        return indices, overlaps
+    ov = iou(preds.astype(np.float32), gt.astype(np.float32))
+    if ignore_cross_boundary:
+        cross = ((preds < 0) | (preds > 1)).any(axis=1)
+        indices[cross] = -2
+        ov[cross] = 0
+    ov = np.where(ov > 1e-6, ov, 0).astype(np.float32)
+    overlaps[:] = ov.max(axis=1)
+    work = ov.copy()
+    work[indices == -2] = 0
+    for _ in range(len(gt)):
+        flat = int(np.argmax(work))
+        i, j = divmod(flat, work.shape[1])
+        if work[i, j] <= 0:
+            break
+        indices[i] = j
+        overlaps[i] = work[i, j]
+        work[i, :] = 0
+        work[:, j] = 0
+    if not bipartite_only:
+        rest = np.flatnonzero(indices == -1)
+        if len(rest):
+            cand = np.where(ov[rest] >= np.float32(overlap_threshold), ov[rest], -1)
+            best = np.argmax(cand, axis=1)
+            ok = cand[np.arange(len(rest)), best] > 0
+            indices[rest[ok]] = best[ok]
+            overlaps[rest[ok]] = ov[rest[ok], best[ok]]
+    return indices, overlaps
+
+
+def average_precision(tp: list[tuple[float, int]], fp: list[tuple[float, int]], num_pos: int,
+                      version: str) -> float:
+    """The fork's ComputeAP: ``tp``/``fp`` are (score, 0/1) per detection; versions "11point"
+    (VOC2007), "MaxIntegral" (VOC2012 / ILSVRC) and "Integral" (the plain area under the curve)."""
+    if not tp or num_pos == 0:
+        return 0.0
+    order = np.argsort(-np.array([s for s, _ in tp], np.float32), kind="stable")
+    tp_cum = np.cumsum(np.array([tp[i][1] for i in order]))
+    order_f = np.argsort(-np.array([s for s, _ in fp], np.float32), kind="stable")
+    fp_cum = np.cumsum(np.array([fp[i][1] for i in order_f]))
+    prec = (tp_cum / (tp_cum + fp_cum)).astype(np.float32)
+    rec = (tp_cum / num_pos).astype(np.float32)
+    eps = 1e-6
+    num = len(prec)
+    ap = 0.0
+    if version == "11point":
+        max_precs = [0.0] * 11
+        start = num - 1
+        for j in range(10, -1, -1):
+            for i in range(start, -1, -1):
+                if rec[i] < j / 10.0:
+                    start = i
+                    if j > 0:
+                        max_precs[j - 1] = max_precs[j]
+                    break
+                max_precs[j] = max(max_precs[j], float(prec[i]))
+        ap = sum(m / 11 for m in reversed(max_precs))
+    elif version == "MaxIntegral":
+        cur_rec, cur_prec = float(rec[-1]), float(prec[-1])
+        for i in range(num - 2, -1, -1):
+            cur_prec = max(float(prec[i]), cur_prec)
+            if abs(cur_rec - rec[i]) > eps:
+                ap += cur_prec * abs(cur_rec - float(rec[i]))
+            cur_rec = float(rec[i])
+        ap += cur_rec * cur_prec
+    elif version == "Integral":
+        prev = 0.0
+        for i in range(num):
+            if abs(rec[i] - prev) > eps:
+                ap += float(prec[i]) * abs(float(rec[i]) - prev)
+            prev = float(rec[i])
+    else:
+        raise ValueError(f"unknown ap_version {version!r} (11point, MaxIntegral, Integral)")
+    return float(ap)
