@@ -243,3 +243,82 @@ def average_precision(tp: list[tuple[float, int]], fp: list[tuple[float, int]], 
     else:
         raise ValueError(f"unknown ap_version {version!r} (11point, MaxIntegral, Integral)")
     return float(ap)
+
+
+# -- data augmentation (the fork's sampler.cpp and DataTransformer's annotation handling) ----------
+def project(src: np.ndarray, box: np.ndarray) -> np.ndarray | None:
+    """``box`` in the coordinates of the window ``src`` (clipped to [0, 1]), or None when it lies
+    outside the window or nothing of it is left (the fork's ProjectBBox)."""
+    if box[0] >= src[2] or box[2] <= src[0] or box[1] >= src[3] or box[3] <= src[1]:
+        return None
+    sw, sh = src[2] - src[0], src[3] - src[1]
+    out = np.array([(box[0] - src[0]) / sw, (box[1] - src[1]) / sh,
+                    (box[2] - src[0]) / sw, (box[3] - src[1]) / sh], np.float32)
+    out = clip(out)
+    return out if size(out) > 0 else None
+
+
+def meets_emit_constraint(window: np.ndarray, box: np.ndarray, emit_type: int, emit_overlap: float) -> bool:
+    """EmitConstraint: CENTER (0) keeps a box whose centre lies in the window; MIN_OVERLAP (1) one
+    covered by the window by more than ``emit_overlap`` of its area."""
+    if emit_type == 0:
+        cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+        return bool(window[0] <= cx <= window[2] and window[1] <= cy <= window[3])
+    return bool(coverage(box[None], window)[0] > emit_overlap)
+
+
+def sample_box(rng: np.random.Generator, sampler) -> np.ndarray:
+    """A random window (the fork's SampleBBox): scale and aspect ratio uniform in the sampler's
+    ranges, the ratio clamped to [scale², 1/scale²], the offset uniform inside the image."""
+    scale = rng.uniform(sampler.min_scale, sampler.max_scale)
+    ar = rng.uniform(sampler.min_aspect_ratio, sampler.max_aspect_ratio)
+    ar = min(max(ar, scale ** 2), 1 / scale ** 2)
+    w, h = scale * np.sqrt(ar), scale / np.sqrt(ar)
+    x0 = rng.uniform(0, 1 - w) if w < 1 else 0.0
+    y0 = rng.uniform(0, 1 - h) if h < 1 else 0.0
+    return np.array([x0, y0, x0 + w, y0 + h], np.float32)
+
+
+def satisfies(window: np.ndarray, objects: np.ndarray, constraint) -> bool:
+    """The fork's SatisfySampleConstraint (including its way of carrying ``found`` from one object
+    to the next): no bound set -> True; else some object meeting the bounds."""
+    kinds = [("min_jaccard_overlap", "max_jaccard_overlap"), ("min_sample_coverage", "max_sample_coverage"),
+             ("min_object_coverage", "max_object_coverage")]
+    has = [constraint.HasField(lo) or constraint.HasField(hi) for lo, hi in kinds]
+    if not any(has):
+        return True
+    found = False
+    for obj in objects:
+        values = [iou(window[None], obj[None])[0, 0], coverage(window[None], obj)[0], coverage(obj[None], window)[0]]
+        skip = False
+        for (lo, hi), on, v in zip(kinds, has, values):
+            if not on:
+                continue
+            if (constraint.HasField(lo) and v < getattr(constraint, lo)) or \
+                    (constraint.HasField(hi) and v > getattr(constraint, hi)):
+                skip = True
+                break
+            found = True
+        if skip:
+            continue
+        if found:
+            return True
+    return found
+
+
+def generate_samples(rng: np.random.Generator, objects: np.ndarray, batch_samplers) -> list[np.ndarray]:
+    """Windows from every ``BatchSampler`` (the fork's GenerateBatchSamples): up to ``max_sample``
+    satisfying windows out of ``max_trials`` tries each (only samplers using the original image)."""
+    out: list[np.ndarray] = []
+    for bs in batch_samplers:
+        if not bs.use_original_image:
+            continue
+        found = 0
+        for _ in range(bs.max_trials):
+            if bs.HasField("max_sample") and found >= bs.max_sample:
+                break
+            window = sample_box(rng, bs.sampler)
+            if satisfies(window, objects, bs.sample_constraint):
+                found += 1
+                out.append(window)
+    return out

@@ -76,8 +76,9 @@ def _heads(n: NetSpec, sources, num_classes, image, mins, maxs, ratios, steps, w
             flat = L.Flatten(perm, axis=1)
             setattr(n, f"{name}_mbox_{kind}_flat", flat)
             (locs if kind == "loc" else confs).append(flat)
+        step = dict(step=steps[k]) if steps else {}  # else: image size / feature map size
         prior = L.PriorBox(blob, n.data, min_size=mins[k], max_size=maxs[k], aspect_ratio=ratios[k], flip=True,
-                           clip=False, variance=[0.1, 0.1, 0.2, 0.2], step=steps[k], offset=0.5)
+                           clip=False, variance=[0.1, 0.1, 0.2, 0.2], offset=0.5, **step)
         setattr(n, f"{name}_mbox_priorbox", prior)
         priors.append(prior)
     n.mbox_loc = L.Concat(*locs, axis=1)
@@ -107,14 +108,15 @@ def _tail(n: NetSpec, num_classes: int, train: bool) -> None:
                                     keep_top_k=200, confidence_threshold=0.01))
 
 
-def _input(n: NetSpec, size: int, train: bool, batch: int, source: str | None) -> None:
+def _input(n: NetSpec, size: int, train: bool, batch: int, source: str | None,
+           mean=(104, 117, 123), scale: float = 1.0) -> None:
     if train:
         n.data, n.label = L.AnnotatedData(
             ntop=2, data_param=dict(source=source or "train_lmdb", batch_size=batch, backend=P.Data.LMDB),
-            transform_param=dict(mean_value=[104, 117, 123],
-                                 resize_param=dict(prob=1, resize_mode=P.Resize.WARP, height=size, width=size,
-                                                   interp_mode=[P.Resize.LINEAR]),
-                                 emit_constraint=dict(emit_type=P.EmitConstraint.CENTER)),
+            transform_param=dict(mean_value=list(mean), scale=scale,
+                                 resize_param=dict(prob=1, resize_mode=caffe_pb2.ResizeParameter.WARP, height=size,
+                                                   width=size, interp_mode=[caffe_pb2.ResizeParameter.LINEAR]),
+                                 emit_constraint=dict(emit_type=caffe_pb2.EmitConstraint.CENTER)),
             annotated_data_param=dict(batch_sampler=[dict(max_sample=1, max_trials=1)]))
     else:
         n.data = L.Input(shape=dict(dim=[batch, 3, size, size]))
@@ -156,7 +158,7 @@ def ssd300_vgg16(num_classes: int = 21, size: int = 300, width: float = 1.0, tra
         x = r2
     mins, maxs = scales(6, 20, 90, size, 0.10)
     ratios = [[2], [2, 3], [2, 3], [2, 3], [2], [2]]
-    steps = [8, 16, 32, 64, 100, 300] if size == 300 else [size / s for s in (38, 19, 10, 5, 3, 1)]
+    steps = [8, 16, 32, 64, 100, 300] if size == 300 else None
     _heads(n, sources, num_classes, size, mins, maxs, ratios, steps, width, lite=False)
     _tail(n, num_classes, train)
     net = n.to_proto()
@@ -167,7 +169,7 @@ def ssd300_vgg16(num_classes: int = 21, size: int = 300, width: float = 1.0, tra
 def ssdlite_mobilenet(num_classes: int = 21, size: int = 300, width: float = 1.0, train: bool = False,
                       batch: int = 1, source: str | None = None) -> caffe_pb2.NetParameter:
     n = NetSpec()
-    _input(n, size, train, batch, source)
+    _input(n, size, train, batch, source, mean=(127.5, 127.5, 127.5), scale=0.007843)  # MobileNet's input range
     n.conv0, n.conv0_relu = _conv(n.data, _ch(32, width), 3, stride=2)
     x, ch = n.conv0_relu, _ch(32, width)
     plan = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1), (512, 1), (512, 1), (512, 1),
@@ -197,7 +199,7 @@ def ssdlite_mobilenet(num_classes: int = 21, size: int = 300, width: float = 1.0
         sources.append((f"conv{k}_2", x, ch))
     mins, maxs = scales(6, 20, 95, size, 0.10)
     ratios = [[2], [2, 3], [2, 3], [2, 3], [2, 3], [2, 3]]
-    steps = [16, 32, 64, 100, 150, 300] if size == 300 else [size / s for s in (19, 10, 5, 3, 2, 1)]
+    steps = [16, 32, 64, 100, 150, 300] if size == 300 else None
     _heads(n, sources, num_classes, size, mins, maxs, ratios, steps, width, lite=True)
     _tail(n, num_classes, train)
     net = n.to_proto()
