@@ -27,6 +27,7 @@ import numpy as np
 
 from pycaffe_lite import bbox
 from pycaffe_lite.blob import Blob
+from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Layer, register_layer
 
 log = logging.getLogger("pycaffe_lite")
@@ -135,3 +136,43 @@ class DetectionOutputLayer(Layer):
         boxes = self._decoded(bottom)
         conf = bottom[1].cpu_data().reshape(num, self.num_priors, self.num_classes)
         self.write_top(top, boxes, conf, self.select(boxes, conf))
+
+    # -- the same selection on the device (kernels in pycaffe_lite/bbox.cu) ------------------
+    def forward_gpu(self, bottom, top):
+        num, npri, ncls, nloc = bottom[0].shape[0], self.num_priors, self.num_classes, self.num_loc_classes
+        if num == 0 or npri == 0:
+            self.forward_cpu(bottom, top)
+            return
+        dt, it = self.dtype, np.dtype(np.int32).itemsize
+        slots = num * ncls * npri
+        (decoded, cand, kept, kept_count, offsets, ent_score, ent_key, mask, sel_count,
+         row_offset) = backend.workspace(num * nloc * npri * 4 * dt.itemsize, slots * it, slots * it,
+                                         num * ncls * it, num * (ncls + 1) * it, slots * dt.itemsize, slots * it,
+                                         slots * it, num * ncls * it, num * ncls * it)
+        backend.kernel(bbox.KERNELS, "bbox_decode", dt)(num * npri * nloc, npri, nloc, int(self.code_type),
+                                             int(self.variance_in_target), bottom[0].gpu_data(),
+                                             bottom[2].gpu_data(), decoded)
+        conf = bottom[1].gpu_data()
+        backend.kernel(bbox.KERNELS, "bbox_nms", dt)(
+            npri, ncls, nloc, self.background, self.confidence_threshold, self.nms_threshold, self.eta,
+            self.top_k, decoded, conf, cand, kept, kept_count, grid=num * ncls, block=256)
+        backend.kernel(bbox.KERNELS, "bbox_keep_top_k", dt)(
+            npri, ncls, self.keep_top_k, conf, kept, kept_count, offsets, ent_score, ent_key, mask, sel_count,
+            grid=num, block=256)
+        counts = np.empty(num * ncls, np.int32)
+        backend.memcpy_dtoh(counts, sel_count)  # the one read-back per batch: how many rows
+        total = int(counts.sum())
+        if total == 0:
+            log.info("layer '%s': no detections", self.name)
+            out = np.full((num, 7), -1.0)
+            out[:, 0] = np.arange(num)
+            top[0].reshape((1, 1, num, 7))
+            top[0].mutable_cpu_data()[...] = out.reshape(top[0].shape)
+            return
+        starts = np.zeros(num * ncls, np.int32)
+        starts[1:] = np.cumsum(counts)[:-1]
+        backend.memcpy_htod(row_offset, starts)
+        top[0].reshape((1, 1, total, 7))
+        backend.kernel(bbox.KERNELS, "bbox_write_rows", dt)(
+            npri, ncls, nloc, decoded, conf, kept, kept_count, mask, row_offset, top[0].mutable_gpu_data(),
+            grid=num * ncls, block=32)
