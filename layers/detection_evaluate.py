@@ -11,7 +11,7 @@ match (without ``evaluate_difficult_gt``) gives ``tp = fp = 0``. With ``name_siz
 ``name height width``, one per test image in order) boxes are compared in pixels of each
 original image (overlaps count the end pixels, as the fork's), mapped back through
 ``resize_param`` when given. The solver's ``eval_type: "detection"`` summarises these rows into mAP
-(:func:`mean_average_precision`).
+(:func:`pycaffe_lite.bbox.mean_average_precision`).
 """
 
 from __future__ import annotations
@@ -38,27 +38,6 @@ def _pixel_iou(a, b):
     sa = bbox.size(np.asarray(a, np.float32), normalized=False)
     sb = bbox.size(np.asarray(b, np.float32), normalized=False)
     return float(inter / (sa + sb - inter))
-
-
-def mean_average_precision(rows_list, num_classes: int, background: int, ap_version: str = "Integral"):
-    """mAP over DetectionEvaluate tops gathered from several forwards: ``(mAP, {class: AP})``."""
-    num_pos: dict[int, int] = {}
-    tps: dict[int, list] = {}
-    fps: dict[int, list] = {}
-    for rows in rows_list:
-        for r in np.asarray(rows).reshape(-1, 5):
-            label = int(r[1])
-            if int(r[0]) == -1:
-                num_pos[label] = num_pos.get(label, 0) + int(r[2])
-            else:
-                tps.setdefault(label, []).append((float(r[2]), int(r[3])))
-                fps.setdefault(label, []).append((float(r[2]), int(r[4])))
-    aps = {}
-    for c in range(num_classes):
-        if c == background or c not in num_pos:
-            continue
-        aps[c] = bbox.average_precision(tps.get(c, []), fps.get(c, []), num_pos[c], ap_version)
-    return (float(np.mean(list(aps.values()))) if aps else 0.0), aps
 
 
 @register_layer("DetectionEvaluate")

@@ -245,6 +245,26 @@ def average_precision(tp: list[tuple[float, int]], fp: list[tuple[float, int]], 
     return float(ap)
 
 
+def mean_average_precision(rows_list, background: int = 0, ap_version: str = "Integral"):
+    """mAP over DetectionEvaluate tops gathered from several forwards (the fork's TestDetection):
+    ``(mAP, {class: AP})``. Every class with a ground-truth count row counts in the mean; a class
+    without any detection has AP 0."""
+    num_pos: dict[int, int] = {}
+    tps: dict[int, list] = {}
+    fps: dict[int, list] = {}
+    for rows in rows_list:
+        for r in np.asarray(rows).reshape(-1, 5):
+            label = int(r[1])
+            if int(r[0]) == -1:
+                num_pos[label] = num_pos.get(label, 0) + int(r[2])
+            else:
+                tps.setdefault(label, []).append((float(r[2]), int(r[3])))
+                fps.setdefault(label, []).append((float(r[2]), int(r[4])))
+    aps = {c: average_precision(tps.get(c, []), fps.get(c, []), num_pos[c], ap_version)
+           for c in sorted(num_pos) if c != background}
+    return (float(np.mean(list(aps.values()))) if aps else 0.0), aps
+
+
 # -- data augmentation (the fork's sampler.cpp and DataTransformer's annotation handling) ----------
 def project(src: np.ndarray, box: np.ndarray) -> np.ndarray | None:
     """``box`` in the coordinates of the window ``src`` (clipped to [0, 1]), or None when it lies

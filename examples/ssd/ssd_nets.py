@@ -11,7 +11,9 @@ convolutions as deploy nets ship them) with sources at the stride-16 and stride-
 extra blocks, SSDLite heads (a 3x3 depthwise convolution, then a 1x1 one).
 
 ``width`` scales every channel count (tests use small widths so a forward takes milliseconds);
-``train=True`` replaces the deploy tail with MultiBoxLoss over ``label`` (an AnnotatedData top).
+``train=True`` reads an AnnotatedData LMDB (``source``) and replaces the deploy tail with MultiBoxLoss
+over its ``label`` top; ``evaluate=True`` (with ``train=True``) keeps the detection tail and adds
+DetectionEvaluate, the fork's test net for ``eval_type: "detection"``.
 
     python examples/ssd/ssd_nets.py --out examples/ssd   # writes both deploy prototxts
 """
@@ -86,8 +88,8 @@ def _heads(n: NetSpec, sources, num_classes, image, mins, maxs, ratios, steps, w
     n.mbox_priorbox = L.Concat(*priors, axis=2)
 
 
-def _tail(n: NetSpec, num_classes: int, train: bool) -> None:
-    if train:
+def _tail(n: NetSpec, num_classes: int, train: bool, evaluate: bool = False) -> None:
+    if train and not evaluate:
         n.mbox_loss = L.MultiBoxLoss(
             n.mbox_loc, n.mbox_conf, n.mbox_priorbox, n.label,
             multibox_loss_param=dict(loc_loss_type=P.MultiBoxLoss.SMOOTH_L1, conf_loss_type=P.MultiBoxLoss.SOFTMAX,
@@ -106,6 +108,9 @@ def _tail(n: NetSpec, num_classes: int, train: bool) -> None:
         detection_output_param=dict(num_classes=num_classes, share_location=True, background_label_id=0,
                                     nms_param=dict(nms_threshold=0.45, top_k=400), code_type=P.PriorBox.CENTER_SIZE,
                                     keep_top_k=200, confidence_threshold=0.01))
+    if evaluate:
+        n.detection_eval = L.DetectionEvaluate(n.detection_out, n.label, detection_evaluate_param=dict(
+            num_classes=num_classes, background_label_id=0, overlap_threshold=0.5, evaluate_difficult_gt=False))
 
 
 def _input(n: NetSpec, size: int, train: bool, batch: int, source: str | None,
@@ -123,7 +128,7 @@ def _input(n: NetSpec, size: int, train: bool, batch: int, source: str | None,
 
 
 def ssd300_vgg16(num_classes: int = 21, size: int = 300, width: float = 1.0, train: bool = False,
-                 batch: int = 1, source: str | None = None) -> caffe_pb2.NetParameter:
+                 batch: int = 1, source: str | None = None, evaluate: bool = False) -> caffe_pb2.NetParameter:
     n = NetSpec()
     _input(n, size, train, batch, source)
     x = n.data
@@ -160,14 +165,14 @@ def ssd300_vgg16(num_classes: int = 21, size: int = 300, width: float = 1.0, tra
     ratios = [[2], [2, 3], [2, 3], [2, 3], [2], [2]]
     steps = [8, 16, 32, 64, 100, 300] if size == 300 else None
     _heads(n, sources, num_classes, size, mins, maxs, ratios, steps, width, lite=False)
-    _tail(n, num_classes, train)
+    _tail(n, num_classes, train, evaluate)
     net = n.to_proto()
-    net.name = "SSD_300x300_VGG16" + ("_train" if train else "_deploy")
+    net.name = "SSD_300x300_VGG16" + ("_test" if evaluate else "_train" if train else "_deploy")
     return net
 
 
 def ssdlite_mobilenet(num_classes: int = 21, size: int = 300, width: float = 1.0, train: bool = False,
-                      batch: int = 1, source: str | None = None) -> caffe_pb2.NetParameter:
+                      batch: int = 1, source: str | None = None, evaluate: bool = False) -> caffe_pb2.NetParameter:
     n = NetSpec()
     _input(n, size, train, batch, source, mean=(127.5, 127.5, 127.5), scale=0.007843)  # MobileNet's input range
     n.conv0, n.conv0_relu = _conv(n.data, _ch(32, width), 3, stride=2)
@@ -201,9 +206,9 @@ def ssdlite_mobilenet(num_classes: int = 21, size: int = 300, width: float = 1.0
     ratios = [[2], [2, 3], [2, 3], [2, 3], [2, 3], [2, 3]]
     steps = [16, 32, 64, 100, 150, 300] if size == 300 else None
     _heads(n, sources, num_classes, size, mins, maxs, ratios, steps, width, lite=True)
-    _tail(n, num_classes, train)
+    _tail(n, num_classes, train, evaluate)
     net = n.to_proto()
-    net.name = "SSDLite_MobileNet" + ("_train" if train else "_deploy")
+    net.name = "SSDLite_MobileNet" + ("_test" if evaluate else "_train" if train else "_deploy")
     return net
 
 

@@ -166,7 +166,10 @@ def test_ssd_trains_a_few_iterations(tmp_path):
     path = tmp_path / "train_lmdb"
     convert_annoset.write_annoset(path, _items(6, seed=3))
     net = ssd_nets.ssdlite_mobilenet(num_classes=4, size=96, width=1 / 16, train=True, batch=2, source=str(path))
-    text = (f"net_param {{ {net} }} base_lr: 0.002 "
+    test = ssd_nets.ssdlite_mobilenet(num_classes=4, size=96, width=1 / 16, train=True, evaluate=True, batch=3,
+                                      source=str(path))
+    text = (f"train_net_param {{ {net} }} test_net_param {{ {test} }} test_iter: 2 test_interval: 1000 "
+            "eval_type: 'detection' ap_version: '11point' show_per_class_result: true base_lr: 0.002 "
             "lr_policy: 'fixed' momentum: 0.9 max_iter: 6 display: 0 snapshot_after_train: false random_seed: 3")
     param = protoio.parse_text(text, caffe_pb2.SolverParameter())
     solver = sgd_solvers.SGDSolver(param, progress=False)
@@ -176,3 +179,5 @@ def test_ssd_trains_a_few_iterations(tmp_path):
         losses.append(float(solver.net.blobs["mbox_loss"].data))
     assert all(np.isfinite(losses)) and losses[0] > 0
     assert min(losses[3:]) < losses[0]
+    result = solver.test(0)  # eval_type detection: the DetectionEvaluate rows become one mAP
+    assert list(result) == ["detection_eval"] and 0 <= result["detection_eval"][0] <= 1

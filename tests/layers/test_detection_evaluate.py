@@ -52,11 +52,9 @@ def test_average_precision(version, expect):
 
 
 def test_mean_average_precision_from_rows():
-    from pycaffe_lite.layers.detection_evaluate import mean_average_precision
-
     _, _, top = run_layer("type: 'DetectionEvaluate' detection_evaluate_param { num_classes: 3 }", [DET, GT],
                           propagate=[False, False])
-    m, aps = mean_average_precision([top[0].cpu_data()], 3, 0)
+    m, aps = bbox.mean_average_precision([top[0].cpu_data()], 0)
     assert aps[1] == pytest.approx(0.5 + 0.5 * 2 / 3, rel=1e-6) and aps[2] == 0
     assert m == pytest.approx(aps[1] / 2, rel=1e-6)
 
