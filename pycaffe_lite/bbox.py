@@ -136,10 +136,17 @@ def nms(boxes: np.ndarray, scores: np.ndarray, score_threshold: float, nms_thres
     ov = iou(boxes[cand], boxes[cand])
     thr = np.float32(nms_threshold)
     kept: list[int] = []
+    if eta >= 1:  # a fixed threshold: suppressing forward is the same test (overlaps are symmetric)
+        suppressed = np.zeros(len(cand), bool)
+        for k in range(len(cand)):
+            if not suppressed[k]:
+                kept.append(k)
+                suppressed[k + 1:] |= ov[k, k + 1:] > thr
+        return [int(cand[k]) for k in kept]
     for k in range(len(cand)):
-        if all(ov[k, j] <= thr for j in kept):
+        if not kept or bool((ov[k, kept] <= thr).all()):
             kept.append(k)
-            if eta < 1 and thr > 0.5:
+            if thr > 0.5:
                 thr = np.float32(thr * np.float32(eta))
     return [int(cand[k]) for k in kept]
 
