@@ -15,8 +15,9 @@ among those the batch samplers generate (none: the whole image), then resize (WA
 geometric step; a box survives a crop when it meets ``emit_constraint`` (if given) and keeps a
 non-empty part. Records are read in key order, wrapping around; random choices come from a
 generator seeded from ``caffe.set_random_seed``, so a run repeats exactly. Reads happen on the
-calling thread (no prefetch). Supported resize mode: WARP (others raise an error); ``noise_param``
-is not applied.
+calling thread (no prefetch). Supported resize mode: WARP (others raise an error); of the
+interpolation modes NEAREST is nearest-neighbour and the others bilinear; ``noise_param`` is not
+applied.
 """
 
 from __future__ import annotations
@@ -218,7 +219,9 @@ class AnnotatedDataLayer(Layer):
         """Resize, crop, mirror, mean and scale: (C, H, W) float values and the boxes."""
         if self.tp.HasField("resize_param"):
             rp = self.tp.resize_param
-            order = 0 if list(rp.interp_mode)[:1] == [RP.NEAREST] else 1
+            modes = list(rp.interp_mode) or [RP.LINEAR]  # the fork picks one of the listed modes at random
+            mode = modes[int(self.rng.integers(len(modes)))] if len(modes) > 1 else modes[0]
+            order = 0 if mode == RP.NEAREST else 1  # nearest, else bilinear (AREA/CUBIC/LANCZOS4 too)
             img = io.resize(img, rp.height, rp.width, order).astype(np.float32)
         h, w = img.shape[:2]
         oh, ow = self.out_hw
