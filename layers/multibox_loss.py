@@ -209,13 +209,13 @@ class MultiBoxLossLayer(Layer):
                 else:
                     order = np.argsort(-loss[eligible], kind="stable")[:num_sel]
                     sel.update(int(eligible[k]) for k in order)
-                for m in range(len(mi)):
-                    if mi[m] > -1:
-                        if self.mining == MB.HARD_EXAMPLE and m not in sel:
-                            mi[m] = -1
-                            num_matches -= 1
-                    elif mi[m] == -1 and m in sel:
-                        negs[i].append(m)
+                chosen = np.zeros(len(mi), bool)
+                chosen[sorted(sel)] = True
+                negs[i].extend(int(m) for m in np.flatnonzero((mi == -1) & chosen))  # before unmatching
+                if self.mining == MB.HARD_EXAMPLE:
+                    drop = (mi > -1) & ~chosen
+                    num_matches -= int(drop.sum())
+                    mi[drop] = -1
         return num_matches, negs
 
     def _loc_loss_per_prior(self, loc, priors, variances, gts, i, idx_map):
@@ -305,12 +305,15 @@ class MultiBoxLossLayer(Layer):
                 for label in sorted(idx_map):
                     for j in np.flatnonzero(idx_map[label] > -1):
                         labels[i, j] = self._gt_label(gts, i, idx_map[label][j])
-            conf_rows = [(i, j, int(labels[i, j])) for i in range(num) for j in range(self.num_priors)]
+        if self.do_mining:
+            ii = np.array([r[0] for r in conf_rows], np.int64)
+            jj = np.array([r[1] for r in conf_rows], np.int64)
+            ll = np.array([r[2] for r in conf_rows], np.int64)
+        else:
+            ii, jj = (a.ravel() for a in np.indices((num, self.num_priors)))
+            ll = labels.ravel()
         conf_loss = 0.0
-        if conf_rows:
-            ii = np.array([r[0] for r in conf_rows])
-            jj = np.array([r[1] for r in conf_rows])
-            ll = np.array([r[2] for r in conf_rows])
+        if len(ii):
             x = conf[ii, jj].astype(np.float64)
             if self.p.conf_loss_type == MB.SOFTMAX:
                 z = x - x.max(axis=1, keepdims=True)
@@ -325,7 +328,7 @@ class MultiBoxLossLayer(Layer):
                 target[np.flatnonzero(ok), ll[ok]] = 1
                 conf_loss = float(self._logistic(x, target).sum())
                 self._conf_grad = 1 / (1 + np.exp(-x)) - target
-        self._loc_rows, self._conf_rows, self._num_matches = loc_rows, conf_rows, num_matches
+        self._loc_rows, self._conf_rows, self._num_matches = loc_rows, (ii, jj), num_matches
         norm = self._normalizer(num, num_matches)
         loss = 0.0
         if self.use_terms[0]:
@@ -345,5 +348,6 @@ class MultiBoxLossLayer(Layer):
         if propagate_down[1]:
             dconf = bottom[1].mutable_cpu_diff().reshape(num, self.num_priors, self.num_classes)
             dconf[...] = 0
-            for k, (i, j, _) in enumerate(self._conf_rows):
-                dconf[i, j] = self._conf_grad[k] * scale
+            ii, jj = self._conf_rows
+            if len(ii):
+                dconf[ii, jj] = self._conf_grad * scale
