@@ -38,6 +38,8 @@ class PermuteLayer(Layer):
             orders.append(o)
         self.order = orders + [i for i in range(naxes) if i not in orders]
         self.need_permute = self.order != list(range(naxes))
+        if top[0] is bottom[0] and self.need_permute:
+            raise self.error("cannot run in place with a non-identity order")
         self._table_blob = Blob(dtype=np.float32)
         self._table_key: tuple | None = None
 

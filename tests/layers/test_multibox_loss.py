@@ -8,7 +8,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.gradient_check import GradientChecker
-from pycaffe_lite.layer_testing import blobs, empty_blobs, make_layer, run_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
 
 C = 3
 # priors (xmin, ymin, xmax, ymax): 0 and 3 equal the two ground truths, 1 overlaps gt 0 with IoU 0.6,
@@ -135,3 +135,9 @@ def test_errors():
         run_layer(TEXT.format(ratio=1, extra="", loss=""), bad)
     with pytest.raises(caffe.NetError, match="share_location"):
         run_layer("type: 'MultiBoxLoss' multibox_loss_param { num_classes: 3 share_location: false }", _inputs())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("extra", ["", "conf_loss_type: LOGISTIC loc_loss_type: L2"])
+def test_cpu_gpu_agree(extra):
+    assert_cpu_gpu_agree(TEXT.format(ratio=2, extra=extra, loss=""), _inputs(3), propagate=[True, True, False, False])

@@ -51,6 +51,9 @@ def test_errors():
         run_layer('type: "Permute" permute_param { order: 4 }', [X])
     with pytest.raises(caffe.NetError, match="appears twice"):
         run_layer('type: "Permute" permute_param { order: 1 order: 1 }', [X])
+    b = blobs([X])
+    with pytest.raises(caffe.NetError, match="in place"):
+        make_layer('type: "Permute" permute_param { order: 1 order: 0 }').setup(b, b)
 
 
 @pytest.mark.gpu

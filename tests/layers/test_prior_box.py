@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.layer_testing import run_layer
+from pycaffe_lite.layer_testing import assert_cpu_gpu_agree, run_layer
 
 FEAT = np.zeros((1, 2, 2, 3))
 IMG = np.zeros((1, 3, 8, 12))
@@ -78,3 +78,9 @@ def test_clip_img_size_offset_and_truncated_sizes():
 def test_errors(params, match):
     with pytest.raises(caffe.NetError, match=match):
         run_layer(f"type: 'PriorBox' prior_box_param {{ {params} }}", [FEAT, IMG])
+
+
+@pytest.mark.gpu
+def test_cpu_gpu_agree():
+    assert_cpu_gpu_agree("type: 'PriorBox' prior_box_param { min_size: 2 max_size: 5 aspect_ratio: 2 clip: true }",
+                         [FEAT, IMG], propagate=[False, False])
