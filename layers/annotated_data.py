@@ -83,6 +83,7 @@ class AnnotatedDataLayer(Layer):
                              "(WARP is)")
         if self.tp.HasField("resize_param") and (rp.height <= 0 or rp.width <= 0):
             raise self.error("resize_param needs positive height and width")
+        self._check_augmentation()
         self.mean = load_mean_file(self.tp.mean_file) if self.tp.mean_file else None
         self.mean_values = list(self.tp.mean_value)
         first = self._read()
@@ -99,6 +100,26 @@ class AnnotatedDataLayer(Layer):
             h, w = self.tp.crop_h or h, self.tp.crop_w or w
         self.out_hw = (h, w)
         self.cursor.seek_to_first()
+
+    def _check_augmentation(self) -> None:
+        """The fork's CHECKs on sampler, distortion and expansion values, as project errors."""
+        for k, bs in enumerate(self.ap.batch_sampler):
+            s = bs.sampler
+            if not (0 < s.min_scale <= s.max_scale <= 1):
+                raise self.error(f"batch_sampler {k}: need 0 < min_scale <= max_scale <= 1, got "
+                                 f"{s.min_scale}, {s.max_scale}")
+            if not (0 < s.min_aspect_ratio <= s.max_aspect_ratio < np.finfo(np.float32).max):
+                raise self.error(f"batch_sampler {k}: need 0 < min_aspect_ratio <= max_aspect_ratio, got "
+                                 f"{s.min_aspect_ratio}, {s.max_aspect_ratio}")
+        d = self.tp.distort_param
+        for lo, hi in (("contrast_lower", "contrast_upper"), ("saturation_lower", "saturation_upper")):
+            if getattr(d, lo) < 0 or getattr(d, hi) < getattr(d, lo):
+                raise self.error(f"distort_param: need 0 <= {lo} <= {hi}, got {getattr(d, lo)}, {getattr(d, hi)}")
+        if d.brightness_delta < 0 or d.hue_delta < 0:
+            raise self.error("distort_param: brightness_delta and hue_delta must be non-negative")
+        if self.tp.HasField("expand_param") and self.tp.expand_param.max_expand_ratio < 1:
+            raise self.error(f"expand_param.max_expand_ratio must be at least 1, got "
+                             f"{self.tp.expand_param.max_expand_ratio}")
 
     def reshape(self, bottom, top):
         top[0].reshape((self.batch_size, self.channels, *self.out_hw))

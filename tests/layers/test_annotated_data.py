@@ -126,6 +126,10 @@ def test_bad_record_and_resize_mode(tmp_path, lmdb):
         w.put(b"0", b"\xff\xff\xff")
     with pytest.raises(caffe.CaffeError, match="not an AnnotatedDatum"):
         _layer(tmp_path / "bad")
+    with pytest.raises(caffe.NetError, match="min_scale"):
+        _layer(lmdb, "", "batch_sampler { sampler { min_scale: 0.8 max_scale: 0.5 } }")
+    with pytest.raises(caffe.NetError, match="contrast_lower"):
+        _layer(lmdb, "distort_param { contrast_lower: 1.5 contrast_upper: 0.5 }")
     with pytest.raises(caffe.NetError, match="FIT_SMALL_SIZE"):
         _layer(lmdb, "resize_param { resize_mode: FIT_SMALL_SIZE height: 8 width: 8 }")
 
