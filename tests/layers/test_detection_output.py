@@ -154,3 +154,21 @@ def test_cpu_gpu_agree(params, kw, dtype):
     assert_cpu_gpu_agree(f"type: 'DetectionOutput' detection_output_param {{ num_classes: {C} {params} }}",
                          arrays, propagate=[False] * 3, rtol=1e-6 if dtype == np.float32 else 1e-12,
                          atol=1e-7 if dtype == np.float32 else 1e-14, dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("keep", [-1, 50])
+def test_cpu_gpu_agree_many_priors(keep):
+    # more priors and candidates than a block has threads: the kernels' strided loops and ranks
+    rng = np.random.default_rng(21)
+    p, c, n = 700, 5, 2
+    centers = rng.uniform(0.1, 0.9, (p, 2))
+    sizes = rng.uniform(0.05, 0.3, (p, 2))
+    prior = np.stack([np.concatenate([centers - sizes / 2, centers + sizes / 2], 1).ravel(),
+                      np.tile([0.1, 0.1, 0.2, 0.2], p)])[None]
+    logits = rng.normal(0, 1.5, (n, p, c))
+    conf = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    arrays = [rng.normal(0, 0.5, (n, p * 4)), conf.reshape(n, -1), prior]
+    assert_cpu_gpu_agree("type: 'DetectionOutput' detection_output_param { num_classes: 5 code_type: CENTER_SIZE "
+                         f"confidence_threshold: 0.01 keep_top_k: {keep} nms_param {{ nms_threshold: 0.45 top_k: 300 }} }}",
+                         arrays, propagate=[False] * 3, rtol=1e-6, atol=1e-7, dtype=np.float32)
