@@ -17,9 +17,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..data import db
+from ..durable import temp_path
 from ..errors import DataError
 from ..optional import require
-from ..durable import temp_path
 from .gflags import Flag, FlagError, Parsed
 
 log = logging.getLogger("pycaffe_lite")

@@ -117,7 +117,7 @@ class NetParameter(_message.Message):
     def __init__(self, name: _Optional[str] = ..., input: _Optional[_Iterable[str]] = ..., input_shape: _Optional[_Iterable[_Union[BlobShape, _Mapping]]] = ..., input_dim: _Optional[_Iterable[int]] = ..., force_backward: bool = ..., state: _Optional[_Union[NetState, _Mapping]] = ..., debug_info: bool = ..., layer: _Optional[_Iterable[_Union[LayerParameter, _Mapping]]] = ..., layers: _Optional[_Iterable[_Union[V1LayerParameter, _Mapping]]] = ...) -> None: ...
 
 class SolverParameter(_message.Message):
-    __slots__ = ("net", "net_param", "train_net", "test_net", "train_net_param", "test_net_param", "train_state", "test_state", "test_iter", "test_interval", "test_compute_loss", "test_initialization", "base_lr", "display", "average_loss", "max_iter", "iter_size", "lr_policy", "gamma", "power", "momentum", "weight_decay", "regularization_type", "stepsize", "stepvalue", "clip_gradients", "snapshot", "snapshot_prefix", "snapshot_diff", "snapshot_format", "solver_mode", "device_id", "random_seed", "type", "delta", "momentum2", "rms_decay", "debug_info", "snapshot_after_train", "solver_type", "layer_wise_reduce", "weights")
+    __slots__ = ("net", "net_param", "train_net", "test_net", "train_net_param", "test_net_param", "train_state", "test_state", "test_iter", "test_interval", "test_compute_loss", "test_initialization", "base_lr", "display", "average_loss", "max_iter", "iter_size", "lr_policy", "gamma", "power", "momentum", "weight_decay", "regularization_type", "stepsize", "stepvalue", "clip_gradients", "snapshot", "snapshot_prefix", "snapshot_diff", "snapshot_format", "solver_mode", "device_id", "random_seed", "type", "delta", "momentum2", "rms_decay", "debug_info", "snapshot_after_train", "solver_type", "layer_wise_reduce", "weights", "eval_type", "ap_version", "show_per_class_result", "plateau_winsize")
     class SnapshotFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         HDF5: _ClassVar[SolverParameter.SnapshotFormat]
@@ -186,6 +186,10 @@ class SolverParameter(_message.Message):
     SOLVER_TYPE_FIELD_NUMBER: _ClassVar[int]
     LAYER_WISE_REDUCE_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    AP_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SHOW_PER_CLASS_RESULT_FIELD_NUMBER: _ClassVar[int]
+    PLATEAU_WINSIZE_FIELD_NUMBER: _ClassVar[int]
     net: str
     net_param: NetParameter
     train_net: str
@@ -228,23 +232,31 @@ class SolverParameter(_message.Message):
     solver_type: SolverParameter.SolverType
     layer_wise_reduce: bool
     weights: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, net: _Optional[str] = ..., net_param: _Optional[_Union[NetParameter, _Mapping]] = ..., train_net: _Optional[str] = ..., test_net: _Optional[_Iterable[str]] = ..., train_net_param: _Optional[_Union[NetParameter, _Mapping]] = ..., test_net_param: _Optional[_Iterable[_Union[NetParameter, _Mapping]]] = ..., train_state: _Optional[_Union[NetState, _Mapping]] = ..., test_state: _Optional[_Iterable[_Union[NetState, _Mapping]]] = ..., test_iter: _Optional[_Iterable[int]] = ..., test_interval: _Optional[int] = ..., test_compute_loss: bool = ..., test_initialization: bool = ..., base_lr: _Optional[float] = ..., display: _Optional[int] = ..., average_loss: _Optional[int] = ..., max_iter: _Optional[int] = ..., iter_size: _Optional[int] = ..., lr_policy: _Optional[str] = ..., gamma: _Optional[float] = ..., power: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., regularization_type: _Optional[str] = ..., stepsize: _Optional[int] = ..., stepvalue: _Optional[_Iterable[int]] = ..., clip_gradients: _Optional[float] = ..., snapshot: _Optional[int] = ..., snapshot_prefix: _Optional[str] = ..., snapshot_diff: bool = ..., snapshot_format: _Optional[_Union[SolverParameter.SnapshotFormat, str]] = ..., solver_mode: _Optional[_Union[SolverParameter.SolverMode, str]] = ..., device_id: _Optional[int] = ..., random_seed: _Optional[int] = ..., type: _Optional[str] = ..., delta: _Optional[float] = ..., momentum2: _Optional[float] = ..., rms_decay: _Optional[float] = ..., debug_info: bool = ..., snapshot_after_train: bool = ..., solver_type: _Optional[_Union[SolverParameter.SolverType, str]] = ..., layer_wise_reduce: bool = ..., weights: _Optional[_Iterable[str]] = ...) -> None: ...
+    eval_type: str
+    ap_version: str
+    show_per_class_result: bool
+    plateau_winsize: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, net: _Optional[str] = ..., net_param: _Optional[_Union[NetParameter, _Mapping]] = ..., train_net: _Optional[str] = ..., test_net: _Optional[_Iterable[str]] = ..., train_net_param: _Optional[_Union[NetParameter, _Mapping]] = ..., test_net_param: _Optional[_Iterable[_Union[NetParameter, _Mapping]]] = ..., train_state: _Optional[_Union[NetState, _Mapping]] = ..., test_state: _Optional[_Iterable[_Union[NetState, _Mapping]]] = ..., test_iter: _Optional[_Iterable[int]] = ..., test_interval: _Optional[int] = ..., test_compute_loss: bool = ..., test_initialization: bool = ..., base_lr: _Optional[float] = ..., display: _Optional[int] = ..., average_loss: _Optional[int] = ..., max_iter: _Optional[int] = ..., iter_size: _Optional[int] = ..., lr_policy: _Optional[str] = ..., gamma: _Optional[float] = ..., power: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., regularization_type: _Optional[str] = ..., stepsize: _Optional[int] = ..., stepvalue: _Optional[_Iterable[int]] = ..., clip_gradients: _Optional[float] = ..., snapshot: _Optional[int] = ..., snapshot_prefix: _Optional[str] = ..., snapshot_diff: bool = ..., snapshot_format: _Optional[_Union[SolverParameter.SnapshotFormat, str]] = ..., solver_mode: _Optional[_Union[SolverParameter.SolverMode, str]] = ..., device_id: _Optional[int] = ..., random_seed: _Optional[int] = ..., type: _Optional[str] = ..., delta: _Optional[float] = ..., momentum2: _Optional[float] = ..., rms_decay: _Optional[float] = ..., debug_info: bool = ..., snapshot_after_train: bool = ..., solver_type: _Optional[_Union[SolverParameter.SolverType, str]] = ..., layer_wise_reduce: bool = ..., weights: _Optional[_Iterable[str]] = ..., eval_type: _Optional[str] = ..., ap_version: _Optional[str] = ..., show_per_class_result: bool = ..., plateau_winsize: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SolverState(_message.Message):
-    __slots__ = ("iter", "learned_net", "history", "current_step", "data_state", "rng_state")
+    __slots__ = ("iter", "learned_net", "history", "current_step", "minimum_loss", "iter_last_event", "data_state", "rng_state")
     ITER_FIELD_NUMBER: _ClassVar[int]
     LEARNED_NET_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     CURRENT_STEP_FIELD_NUMBER: _ClassVar[int]
+    MINIMUM_LOSS_FIELD_NUMBER: _ClassVar[int]
+    ITER_LAST_EVENT_FIELD_NUMBER: _ClassVar[int]
     DATA_STATE_FIELD_NUMBER: _ClassVar[int]
     RNG_STATE_FIELD_NUMBER: _ClassVar[int]
     iter: int
     learned_net: str
     history: _containers.RepeatedCompositeFieldContainer[BlobProto]
     current_step: int
+    minimum_loss: float
+    iter_last_event: int
     data_state: _containers.RepeatedCompositeFieldContainer[DataReaderState]
     rng_state: str
-    def __init__(self, iter: _Optional[int] = ..., learned_net: _Optional[str] = ..., history: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., current_step: _Optional[int] = ..., data_state: _Optional[_Iterable[_Union[DataReaderState, _Mapping]]] = ..., rng_state: _Optional[str] = ...) -> None: ...
+    def __init__(self, iter: _Optional[int] = ..., learned_net: _Optional[str] = ..., history: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., current_step: _Optional[int] = ..., minimum_loss: _Optional[float] = ..., iter_last_event: _Optional[int] = ..., data_state: _Optional[_Iterable[_Union[DataReaderState, _Mapping]]] = ..., rng_state: _Optional[str] = ...) -> None: ...
 
 class DataReaderState(_message.Message):
     __slots__ = ("net", "layer", "position", "key", "rng_state")
@@ -303,7 +315,7 @@ class ParamSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., share_mode: _Optional[_Union[ParamSpec.DimCheckMode, str]] = ..., lr_mult: _Optional[float] = ..., decay_mult: _Optional[float] = ...) -> None: ...
 
 class LayerParameter(_message.Message):
-    __slots__ = ("name", "type", "bottom", "top", "phase", "loss_weight", "param", "blobs", "propagate_down", "include", "exclude", "transform_param", "loss_param", "accuracy_param", "argmax_param", "batch_norm_param", "bias_param", "clip_param", "concat_param", "contrastive_loss_param", "convolution_param", "crop_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param", "elu_param", "embed_param", "exp_param", "flatten_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param", "image_data_param", "infogain_loss_param", "inner_product_param", "input_param", "log_param", "lrn_param", "memory_data_param", "mvn_param", "parameter_param", "pooling_param", "power_param", "prelu_param", "python_param", "recurrent_param", "reduction_param", "relu_param", "reshape_param", "scale_param", "sigmoid_param", "softmax_param", "spp_param", "slice_param", "swish_param", "tanh_param", "threshold_param", "tile_param", "window_data_param", "lstm_param", "transpose_param", "reverse_param")
+    __slots__ = ("name", "type", "bottom", "top", "phase", "loss_weight", "param", "blobs", "propagate_down", "include", "exclude", "transform_param", "loss_param", "accuracy_param", "argmax_param", "batch_norm_param", "bias_param", "clip_param", "concat_param", "contrastive_loss_param", "convolution_param", "crop_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param", "elu_param", "embed_param", "exp_param", "flatten_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param", "image_data_param", "infogain_loss_param", "inner_product_param", "input_param", "log_param", "lrn_param", "memory_data_param", "mvn_param", "parameter_param", "pooling_param", "power_param", "prelu_param", "python_param", "recurrent_param", "reduction_param", "relu_param", "reshape_param", "scale_param", "sigmoid_param", "softmax_param", "spp_param", "slice_param", "swish_param", "tanh_param", "threshold_param", "tile_param", "window_data_param", "lstm_param", "transpose_param", "reverse_param", "annotated_data_param", "multibox_loss_param", "permute_param", "prior_box_param", "detection_output_param", "detection_evaluate_param", "norm_param", "video_data_param")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     BOTTOM_FIELD_NUMBER: _ClassVar[int]
@@ -367,6 +379,14 @@ class LayerParameter(_message.Message):
     LSTM_PARAM_FIELD_NUMBER: _ClassVar[int]
     TRANSPOSE_PARAM_FIELD_NUMBER: _ClassVar[int]
     REVERSE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATED_DATA_PARAM_FIELD_NUMBER: _ClassVar[int]
+    MULTIBOX_LOSS_PARAM_FIELD_NUMBER: _ClassVar[int]
+    PERMUTE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    PRIOR_BOX_PARAM_FIELD_NUMBER: _ClassVar[int]
+    DETECTION_OUTPUT_PARAM_FIELD_NUMBER: _ClassVar[int]
+    DETECTION_EVALUATE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    NORM_PARAM_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_DATA_PARAM_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: str
     bottom: _containers.RepeatedScalarFieldContainer[str]
@@ -430,10 +450,18 @@ class LayerParameter(_message.Message):
     lstm_param: LstmParameter
     transpose_param: TransposeParameter
     reverse_param: ReverseParameter
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., bottom: _Optional[_Iterable[str]] = ..., top: _Optional[_Iterable[str]] = ..., phase: _Optional[_Union[Phase, str]] = ..., loss_weight: _Optional[_Iterable[float]] = ..., param: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., blobs: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., propagate_down: _Optional[_Iterable[bool]] = ..., include: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., exclude: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., transform_param: _Optional[_Union[TransformationParameter, _Mapping]] = ..., loss_param: _Optional[_Union[LossParameter, _Mapping]] = ..., accuracy_param: _Optional[_Union[AccuracyParameter, _Mapping]] = ..., argmax_param: _Optional[_Union[ArgMaxParameter, _Mapping]] = ..., batch_norm_param: _Optional[_Union[BatchNormParameter, _Mapping]] = ..., bias_param: _Optional[_Union[BiasParameter, _Mapping]] = ..., clip_param: _Optional[_Union[ClipParameter, _Mapping]] = ..., concat_param: _Optional[_Union[ConcatParameter, _Mapping]] = ..., contrastive_loss_param: _Optional[_Union[ContrastiveLossParameter, _Mapping]] = ..., convolution_param: _Optional[_Union[ConvolutionParameter, _Mapping]] = ..., crop_param: _Optional[_Union[CropParameter, _Mapping]] = ..., data_param: _Optional[_Union[DataParameter, _Mapping]] = ..., dropout_param: _Optional[_Union[DropoutParameter, _Mapping]] = ..., dummy_data_param: _Optional[_Union[DummyDataParameter, _Mapping]] = ..., eltwise_param: _Optional[_Union[EltwiseParameter, _Mapping]] = ..., elu_param: _Optional[_Union[ELUParameter, _Mapping]] = ..., embed_param: _Optional[_Union[EmbedParameter, _Mapping]] = ..., exp_param: _Optional[_Union[ExpParameter, _Mapping]] = ..., flatten_param: _Optional[_Union[FlattenParameter, _Mapping]] = ..., hdf5_data_param: _Optional[_Union[HDF5DataParameter, _Mapping]] = ..., hdf5_output_param: _Optional[_Union[HDF5OutputParameter, _Mapping]] = ..., hinge_loss_param: _Optional[_Union[HingeLossParameter, _Mapping]] = ..., image_data_param: _Optional[_Union[ImageDataParameter, _Mapping]] = ..., infogain_loss_param: _Optional[_Union[InfogainLossParameter, _Mapping]] = ..., inner_product_param: _Optional[_Union[InnerProductParameter, _Mapping]] = ..., input_param: _Optional[_Union[InputParameter, _Mapping]] = ..., log_param: _Optional[_Union[LogParameter, _Mapping]] = ..., lrn_param: _Optional[_Union[LRNParameter, _Mapping]] = ..., memory_data_param: _Optional[_Union[MemoryDataParameter, _Mapping]] = ..., mvn_param: _Optional[_Union[MVNParameter, _Mapping]] = ..., parameter_param: _Optional[_Union[ParameterParameter, _Mapping]] = ..., pooling_param: _Optional[_Union[PoolingParameter, _Mapping]] = ..., power_param: _Optional[_Union[PowerParameter, _Mapping]] = ..., prelu_param: _Optional[_Union[PReLUParameter, _Mapping]] = ..., python_param: _Optional[_Union[PythonParameter, _Mapping]] = ..., recurrent_param: _Optional[_Union[RecurrentParameter, _Mapping]] = ..., reduction_param: _Optional[_Union[ReductionParameter, _Mapping]] = ..., relu_param: _Optional[_Union[ReLUParameter, _Mapping]] = ..., reshape_param: _Optional[_Union[ReshapeParameter, _Mapping]] = ..., scale_param: _Optional[_Union[ScaleParameter, _Mapping]] = ..., sigmoid_param: _Optional[_Union[SigmoidParameter, _Mapping]] = ..., softmax_param: _Optional[_Union[SoftmaxParameter, _Mapping]] = ..., spp_param: _Optional[_Union[SPPParameter, _Mapping]] = ..., slice_param: _Optional[_Union[SliceParameter, _Mapping]] = ..., swish_param: _Optional[_Union[SwishParameter, _Mapping]] = ..., tanh_param: _Optional[_Union[TanHParameter, _Mapping]] = ..., threshold_param: _Optional[_Union[ThresholdParameter, _Mapping]] = ..., tile_param: _Optional[_Union[TileParameter, _Mapping]] = ..., window_data_param: _Optional[_Union[WindowDataParameter, _Mapping]] = ..., lstm_param: _Optional[_Union[LstmParameter, _Mapping]] = ..., transpose_param: _Optional[_Union[TransposeParameter, _Mapping]] = ..., reverse_param: _Optional[_Union[ReverseParameter, _Mapping]] = ...) -> None: ...
+    annotated_data_param: AnnotatedDataParameter
+    multibox_loss_param: MultiBoxLossParameter
+    permute_param: PermuteParameter
+    prior_box_param: PriorBoxParameter
+    detection_output_param: DetectionOutputParameter
+    detection_evaluate_param: DetectionEvaluateParameter
+    norm_param: NormalizeParameter
+    video_data_param: VideoDataParameter
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., bottom: _Optional[_Iterable[str]] = ..., top: _Optional[_Iterable[str]] = ..., phase: _Optional[_Union[Phase, str]] = ..., loss_weight: _Optional[_Iterable[float]] = ..., param: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., blobs: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., propagate_down: _Optional[_Iterable[bool]] = ..., include: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., exclude: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., transform_param: _Optional[_Union[TransformationParameter, _Mapping]] = ..., loss_param: _Optional[_Union[LossParameter, _Mapping]] = ..., accuracy_param: _Optional[_Union[AccuracyParameter, _Mapping]] = ..., argmax_param: _Optional[_Union[ArgMaxParameter, _Mapping]] = ..., batch_norm_param: _Optional[_Union[BatchNormParameter, _Mapping]] = ..., bias_param: _Optional[_Union[BiasParameter, _Mapping]] = ..., clip_param: _Optional[_Union[ClipParameter, _Mapping]] = ..., concat_param: _Optional[_Union[ConcatParameter, _Mapping]] = ..., contrastive_loss_param: _Optional[_Union[ContrastiveLossParameter, _Mapping]] = ..., convolution_param: _Optional[_Union[ConvolutionParameter, _Mapping]] = ..., crop_param: _Optional[_Union[CropParameter, _Mapping]] = ..., data_param: _Optional[_Union[DataParameter, _Mapping]] = ..., dropout_param: _Optional[_Union[DropoutParameter, _Mapping]] = ..., dummy_data_param: _Optional[_Union[DummyDataParameter, _Mapping]] = ..., eltwise_param: _Optional[_Union[EltwiseParameter, _Mapping]] = ..., elu_param: _Optional[_Union[ELUParameter, _Mapping]] = ..., embed_param: _Optional[_Union[EmbedParameter, _Mapping]] = ..., exp_param: _Optional[_Union[ExpParameter, _Mapping]] = ..., flatten_param: _Optional[_Union[FlattenParameter, _Mapping]] = ..., hdf5_data_param: _Optional[_Union[HDF5DataParameter, _Mapping]] = ..., hdf5_output_param: _Optional[_Union[HDF5OutputParameter, _Mapping]] = ..., hinge_loss_param: _Optional[_Union[HingeLossParameter, _Mapping]] = ..., image_data_param: _Optional[_Union[ImageDataParameter, _Mapping]] = ..., infogain_loss_param: _Optional[_Union[InfogainLossParameter, _Mapping]] = ..., inner_product_param: _Optional[_Union[InnerProductParameter, _Mapping]] = ..., input_param: _Optional[_Union[InputParameter, _Mapping]] = ..., log_param: _Optional[_Union[LogParameter, _Mapping]] = ..., lrn_param: _Optional[_Union[LRNParameter, _Mapping]] = ..., memory_data_param: _Optional[_Union[MemoryDataParameter, _Mapping]] = ..., mvn_param: _Optional[_Union[MVNParameter, _Mapping]] = ..., parameter_param: _Optional[_Union[ParameterParameter, _Mapping]] = ..., pooling_param: _Optional[_Union[PoolingParameter, _Mapping]] = ..., power_param: _Optional[_Union[PowerParameter, _Mapping]] = ..., prelu_param: _Optional[_Union[PReLUParameter, _Mapping]] = ..., python_param: _Optional[_Union[PythonParameter, _Mapping]] = ..., recurrent_param: _Optional[_Union[RecurrentParameter, _Mapping]] = ..., reduction_param: _Optional[_Union[ReductionParameter, _Mapping]] = ..., relu_param: _Optional[_Union[ReLUParameter, _Mapping]] = ..., reshape_param: _Optional[_Union[ReshapeParameter, _Mapping]] = ..., scale_param: _Optional[_Union[ScaleParameter, _Mapping]] = ..., sigmoid_param: _Optional[_Union[SigmoidParameter, _Mapping]] = ..., softmax_param: _Optional[_Union[SoftmaxParameter, _Mapping]] = ..., spp_param: _Optional[_Union[SPPParameter, _Mapping]] = ..., slice_param: _Optional[_Union[SliceParameter, _Mapping]] = ..., swish_param: _Optional[_Union[SwishParameter, _Mapping]] = ..., tanh_param: _Optional[_Union[TanHParameter, _Mapping]] = ..., threshold_param: _Optional[_Union[ThresholdParameter, _Mapping]] = ..., tile_param: _Optional[_Union[TileParameter, _Mapping]] = ..., window_data_param: _Optional[_Union[WindowDataParameter, _Mapping]] = ..., lstm_param: _Optional[_Union[LstmParameter, _Mapping]] = ..., transpose_param: _Optional[_Union[TransposeParameter, _Mapping]] = ..., reverse_param: _Optional[_Union[ReverseParameter, _Mapping]] = ..., annotated_data_param: _Optional[_Union[AnnotatedDataParameter, _Mapping]] = ..., multibox_loss_param: _Optional[_Union[MultiBoxLossParameter, _Mapping]] = ..., permute_param: _Optional[_Union[PermuteParameter, _Mapping]] = ..., prior_box_param: _Optional[_Union[PriorBoxParameter, _Mapping]] = ..., detection_output_param: _Optional[_Union[DetectionOutputParameter, _Mapping]] = ..., detection_evaluate_param: _Optional[_Union[DetectionEvaluateParameter, _Mapping]] = ..., norm_param: _Optional[_Union[NormalizeParameter, _Mapping]] = ..., video_data_param: _Optional[_Union[VideoDataParameter, _Mapping]] = ...) -> None: ...
 
 class TransformationParameter(_message.Message):
-    __slots__ = ("scale", "mirror", "crop_size", "mean_file", "mean_value", "force_color", "force_gray")
+    __slots__ = ("scale", "mirror", "crop_size", "mean_file", "mean_value", "force_color", "force_gray", "resize_param", "noise_param", "emit_constraint", "crop_h", "crop_w", "distort_param", "expand_param")
     SCALE_FIELD_NUMBER: _ClassVar[int]
     MIRROR_FIELD_NUMBER: _ClassVar[int]
     CROP_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -441,6 +469,13 @@ class TransformationParameter(_message.Message):
     MEAN_VALUE_FIELD_NUMBER: _ClassVar[int]
     FORCE_COLOR_FIELD_NUMBER: _ClassVar[int]
     FORCE_GRAY_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    NOISE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    EMIT_CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    CROP_H_FIELD_NUMBER: _ClassVar[int]
+    CROP_W_FIELD_NUMBER: _ClassVar[int]
+    DISTORT_PARAM_FIELD_NUMBER: _ClassVar[int]
+    EXPAND_PARAM_FIELD_NUMBER: _ClassVar[int]
     scale: float
     mirror: bool
     crop_size: int
@@ -448,7 +483,14 @@ class TransformationParameter(_message.Message):
     mean_value: _containers.RepeatedScalarFieldContainer[float]
     force_color: bool
     force_gray: bool
-    def __init__(self, scale: _Optional[float] = ..., mirror: bool = ..., crop_size: _Optional[int] = ..., mean_file: _Optional[str] = ..., mean_value: _Optional[_Iterable[float]] = ..., force_color: bool = ..., force_gray: bool = ...) -> None: ...
+    resize_param: ResizeParameter
+    noise_param: NoiseParameter
+    emit_constraint: EmitConstraint
+    crop_h: int
+    crop_w: int
+    distort_param: DistortionParameter
+    expand_param: ExpansionParameter
+    def __init__(self, scale: _Optional[float] = ..., mirror: bool = ..., crop_size: _Optional[int] = ..., mean_file: _Optional[str] = ..., mean_value: _Optional[_Iterable[float]] = ..., force_color: bool = ..., force_gray: bool = ..., resize_param: _Optional[_Union[ResizeParameter, _Mapping]] = ..., noise_param: _Optional[_Union[NoiseParameter, _Mapping]] = ..., emit_constraint: _Optional[_Union[EmitConstraint, _Mapping]] = ..., crop_h: _Optional[int] = ..., crop_w: _Optional[int] = ..., distort_param: _Optional[_Union[DistortionParameter, _Mapping]] = ..., expand_param: _Optional[_Union[ExpansionParameter, _Mapping]] = ...) -> None: ...
 
 class LossParameter(_message.Message):
     __slots__ = ("ignore_label", "normalization", "normalize")
@@ -1451,3 +1493,477 @@ class ReverseParameter(_message.Message):
     AXIS_FIELD_NUMBER: _ClassVar[int]
     axis: int
     def __init__(self, axis: _Optional[int] = ...) -> None: ...
+
+class LabelMapItem(_message.Message):
+    __slots__ = ("name", "label", "display_name")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    DISPLAY_NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    label: int
+    display_name: str
+    def __init__(self, name: _Optional[str] = ..., label: _Optional[int] = ..., display_name: _Optional[str] = ...) -> None: ...
+
+class LabelMap(_message.Message):
+    __slots__ = ("item",)
+    ITEM_FIELD_NUMBER: _ClassVar[int]
+    item: _containers.RepeatedCompositeFieldContainer[LabelMapItem]
+    def __init__(self, item: _Optional[_Iterable[_Union[LabelMapItem, _Mapping]]] = ...) -> None: ...
+
+class Sampler(_message.Message):
+    __slots__ = ("min_scale", "max_scale", "min_aspect_ratio", "max_aspect_ratio")
+    MIN_SCALE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SCALE_FIELD_NUMBER: _ClassVar[int]
+    MIN_ASPECT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    MAX_ASPECT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    min_scale: float
+    max_scale: float
+    min_aspect_ratio: float
+    max_aspect_ratio: float
+    def __init__(self, min_scale: _Optional[float] = ..., max_scale: _Optional[float] = ..., min_aspect_ratio: _Optional[float] = ..., max_aspect_ratio: _Optional[float] = ...) -> None: ...
+
+class SampleConstraint(_message.Message):
+    __slots__ = ("min_jaccard_overlap", "max_jaccard_overlap", "min_sample_coverage", "max_sample_coverage", "min_object_coverage", "max_object_coverage")
+    MIN_JACCARD_OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    MAX_JACCARD_OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    MIN_SAMPLE_COVERAGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLE_COVERAGE_FIELD_NUMBER: _ClassVar[int]
+    MIN_OBJECT_COVERAGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_OBJECT_COVERAGE_FIELD_NUMBER: _ClassVar[int]
+    min_jaccard_overlap: float
+    max_jaccard_overlap: float
+    min_sample_coverage: float
+    max_sample_coverage: float
+    min_object_coverage: float
+    max_object_coverage: float
+    def __init__(self, min_jaccard_overlap: _Optional[float] = ..., max_jaccard_overlap: _Optional[float] = ..., min_sample_coverage: _Optional[float] = ..., max_sample_coverage: _Optional[float] = ..., min_object_coverage: _Optional[float] = ..., max_object_coverage: _Optional[float] = ...) -> None: ...
+
+class BatchSampler(_message.Message):
+    __slots__ = ("use_original_image", "sampler", "sample_constraint", "max_sample", "max_trials")
+    USE_ORIGINAL_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TRIALS_FIELD_NUMBER: _ClassVar[int]
+    use_original_image: bool
+    sampler: Sampler
+    sample_constraint: SampleConstraint
+    max_sample: int
+    max_trials: int
+    def __init__(self, use_original_image: bool = ..., sampler: _Optional[_Union[Sampler, _Mapping]] = ..., sample_constraint: _Optional[_Union[SampleConstraint, _Mapping]] = ..., max_sample: _Optional[int] = ..., max_trials: _Optional[int] = ...) -> None: ...
+
+class EmitConstraint(_message.Message):
+    __slots__ = ("emit_type", "emit_overlap")
+    class EmitType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CENTER: _ClassVar[EmitConstraint.EmitType]
+        MIN_OVERLAP: _ClassVar[EmitConstraint.EmitType]
+    CENTER: EmitConstraint.EmitType
+    MIN_OVERLAP: EmitConstraint.EmitType
+    EMIT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EMIT_OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    emit_type: EmitConstraint.EmitType
+    emit_overlap: float
+    def __init__(self, emit_type: _Optional[_Union[EmitConstraint.EmitType, str]] = ..., emit_overlap: _Optional[float] = ...) -> None: ...
+
+class NormalizedBBox(_message.Message):
+    __slots__ = ("xmin", "ymin", "xmax", "ymax", "label", "difficult", "score", "size")
+    XMIN_FIELD_NUMBER: _ClassVar[int]
+    YMIN_FIELD_NUMBER: _ClassVar[int]
+    XMAX_FIELD_NUMBER: _ClassVar[int]
+    YMAX_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    DIFFICULT_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    xmin: float
+    ymin: float
+    xmax: float
+    ymax: float
+    label: int
+    difficult: bool
+    score: float
+    size: float
+    def __init__(self, xmin: _Optional[float] = ..., ymin: _Optional[float] = ..., xmax: _Optional[float] = ..., ymax: _Optional[float] = ..., label: _Optional[int] = ..., difficult: bool = ..., score: _Optional[float] = ..., size: _Optional[float] = ...) -> None: ...
+
+class Annotation(_message.Message):
+    __slots__ = ("instance_id", "bbox")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    BBOX_FIELD_NUMBER: _ClassVar[int]
+    instance_id: int
+    bbox: NormalizedBBox
+    def __init__(self, instance_id: _Optional[int] = ..., bbox: _Optional[_Union[NormalizedBBox, _Mapping]] = ...) -> None: ...
+
+class AnnotationGroup(_message.Message):
+    __slots__ = ("group_label", "annotation")
+    GROUP_LABEL_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATION_FIELD_NUMBER: _ClassVar[int]
+    group_label: int
+    annotation: _containers.RepeatedCompositeFieldContainer[Annotation]
+    def __init__(self, group_label: _Optional[int] = ..., annotation: _Optional[_Iterable[_Union[Annotation, _Mapping]]] = ...) -> None: ...
+
+class AnnotatedDatum(_message.Message):
+    __slots__ = ("datum", "type", "annotation_group")
+    class AnnotationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        BBOX: _ClassVar[AnnotatedDatum.AnnotationType]
+    BBOX: AnnotatedDatum.AnnotationType
+    DATUM_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATION_GROUP_FIELD_NUMBER: _ClassVar[int]
+    datum: Datum
+    type: AnnotatedDatum.AnnotationType
+    annotation_group: _containers.RepeatedCompositeFieldContainer[AnnotationGroup]
+    def __init__(self, datum: _Optional[_Union[Datum, _Mapping]] = ..., type: _Optional[_Union[AnnotatedDatum.AnnotationType, str]] = ..., annotation_group: _Optional[_Iterable[_Union[AnnotationGroup, _Mapping]]] = ...) -> None: ...
+
+class ResizeParameter(_message.Message):
+    __slots__ = ("prob", "resize_mode", "height", "width", "height_scale", "width_scale", "pad_mode", "pad_value", "interp_mode")
+    class Resize_mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        WARP: _ClassVar[ResizeParameter.Resize_mode]
+        FIT_SMALL_SIZE: _ClassVar[ResizeParameter.Resize_mode]
+        FIT_LARGE_SIZE_AND_PAD: _ClassVar[ResizeParameter.Resize_mode]
+    WARP: ResizeParameter.Resize_mode
+    FIT_SMALL_SIZE: ResizeParameter.Resize_mode
+    FIT_LARGE_SIZE_AND_PAD: ResizeParameter.Resize_mode
+    class Pad_mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CONSTANT: _ClassVar[ResizeParameter.Pad_mode]
+        MIRRORED: _ClassVar[ResizeParameter.Pad_mode]
+        REPEAT_NEAREST: _ClassVar[ResizeParameter.Pad_mode]
+    CONSTANT: ResizeParameter.Pad_mode
+    MIRRORED: ResizeParameter.Pad_mode
+    REPEAT_NEAREST: ResizeParameter.Pad_mode
+    class Interp_mode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        LINEAR: _ClassVar[ResizeParameter.Interp_mode]
+        AREA: _ClassVar[ResizeParameter.Interp_mode]
+        NEAREST: _ClassVar[ResizeParameter.Interp_mode]
+        CUBIC: _ClassVar[ResizeParameter.Interp_mode]
+        LANCZOS4: _ClassVar[ResizeParameter.Interp_mode]
+    LINEAR: ResizeParameter.Interp_mode
+    AREA: ResizeParameter.Interp_mode
+    NEAREST: ResizeParameter.Interp_mode
+    CUBIC: ResizeParameter.Interp_mode
+    LANCZOS4: ResizeParameter.Interp_mode
+    PROB_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_MODE_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_SCALE_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_SCALE_FIELD_NUMBER: _ClassVar[int]
+    PAD_MODE_FIELD_NUMBER: _ClassVar[int]
+    PAD_VALUE_FIELD_NUMBER: _ClassVar[int]
+    INTERP_MODE_FIELD_NUMBER: _ClassVar[int]
+    prob: float
+    resize_mode: ResizeParameter.Resize_mode
+    height: int
+    width: int
+    height_scale: int
+    width_scale: int
+    pad_mode: ResizeParameter.Pad_mode
+    pad_value: _containers.RepeatedScalarFieldContainer[float]
+    interp_mode: _containers.RepeatedScalarFieldContainer[ResizeParameter.Interp_mode]
+    def __init__(self, prob: _Optional[float] = ..., resize_mode: _Optional[_Union[ResizeParameter.Resize_mode, str]] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., height_scale: _Optional[int] = ..., width_scale: _Optional[int] = ..., pad_mode: _Optional[_Union[ResizeParameter.Pad_mode, str]] = ..., pad_value: _Optional[_Iterable[float]] = ..., interp_mode: _Optional[_Iterable[_Union[ResizeParameter.Interp_mode, str]]] = ...) -> None: ...
+
+class SaltPepperParameter(_message.Message):
+    __slots__ = ("fraction", "value")
+    FRACTION_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    fraction: float
+    value: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, fraction: _Optional[float] = ..., value: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class NoiseParameter(_message.Message):
+    __slots__ = ("prob", "hist_eq", "inverse", "decolorize", "gauss_blur", "jpeg", "posterize", "erode", "saltpepper", "saltpepper_param", "clahe", "convert_to_hsv", "convert_to_lab")
+    PROB_FIELD_NUMBER: _ClassVar[int]
+    HIST_EQ_FIELD_NUMBER: _ClassVar[int]
+    INVERSE_FIELD_NUMBER: _ClassVar[int]
+    DECOLORIZE_FIELD_NUMBER: _ClassVar[int]
+    GAUSS_BLUR_FIELD_NUMBER: _ClassVar[int]
+    JPEG_FIELD_NUMBER: _ClassVar[int]
+    POSTERIZE_FIELD_NUMBER: _ClassVar[int]
+    ERODE_FIELD_NUMBER: _ClassVar[int]
+    SALTPEPPER_FIELD_NUMBER: _ClassVar[int]
+    SALTPEPPER_PARAM_FIELD_NUMBER: _ClassVar[int]
+    CLAHE_FIELD_NUMBER: _ClassVar[int]
+    CONVERT_TO_HSV_FIELD_NUMBER: _ClassVar[int]
+    CONVERT_TO_LAB_FIELD_NUMBER: _ClassVar[int]
+    prob: float
+    hist_eq: bool
+    inverse: bool
+    decolorize: bool
+    gauss_blur: bool
+    jpeg: float
+    posterize: bool
+    erode: bool
+    saltpepper: bool
+    saltpepper_param: SaltPepperParameter
+    clahe: bool
+    convert_to_hsv: bool
+    convert_to_lab: bool
+    def __init__(self, prob: _Optional[float] = ..., hist_eq: bool = ..., inverse: bool = ..., decolorize: bool = ..., gauss_blur: bool = ..., jpeg: _Optional[float] = ..., posterize: bool = ..., erode: bool = ..., saltpepper: bool = ..., saltpepper_param: _Optional[_Union[SaltPepperParameter, _Mapping]] = ..., clahe: bool = ..., convert_to_hsv: bool = ..., convert_to_lab: bool = ...) -> None: ...
+
+class DistortionParameter(_message.Message):
+    __slots__ = ("brightness_prob", "brightness_delta", "contrast_prob", "contrast_lower", "contrast_upper", "hue_prob", "hue_delta", "saturation_prob", "saturation_lower", "saturation_upper", "random_order_prob")
+    BRIGHTNESS_PROB_FIELD_NUMBER: _ClassVar[int]
+    BRIGHTNESS_DELTA_FIELD_NUMBER: _ClassVar[int]
+    CONTRAST_PROB_FIELD_NUMBER: _ClassVar[int]
+    CONTRAST_LOWER_FIELD_NUMBER: _ClassVar[int]
+    CONTRAST_UPPER_FIELD_NUMBER: _ClassVar[int]
+    HUE_PROB_FIELD_NUMBER: _ClassVar[int]
+    HUE_DELTA_FIELD_NUMBER: _ClassVar[int]
+    SATURATION_PROB_FIELD_NUMBER: _ClassVar[int]
+    SATURATION_LOWER_FIELD_NUMBER: _ClassVar[int]
+    SATURATION_UPPER_FIELD_NUMBER: _ClassVar[int]
+    RANDOM_ORDER_PROB_FIELD_NUMBER: _ClassVar[int]
+    brightness_prob: float
+    brightness_delta: float
+    contrast_prob: float
+    contrast_lower: float
+    contrast_upper: float
+    hue_prob: float
+    hue_delta: float
+    saturation_prob: float
+    saturation_lower: float
+    saturation_upper: float
+    random_order_prob: float
+    def __init__(self, brightness_prob: _Optional[float] = ..., brightness_delta: _Optional[float] = ..., contrast_prob: _Optional[float] = ..., contrast_lower: _Optional[float] = ..., contrast_upper: _Optional[float] = ..., hue_prob: _Optional[float] = ..., hue_delta: _Optional[float] = ..., saturation_prob: _Optional[float] = ..., saturation_lower: _Optional[float] = ..., saturation_upper: _Optional[float] = ..., random_order_prob: _Optional[float] = ...) -> None: ...
+
+class ExpansionParameter(_message.Message):
+    __slots__ = ("prob", "max_expand_ratio")
+    PROB_FIELD_NUMBER: _ClassVar[int]
+    MAX_EXPAND_RATIO_FIELD_NUMBER: _ClassVar[int]
+    prob: float
+    max_expand_ratio: float
+    def __init__(self, prob: _Optional[float] = ..., max_expand_ratio: _Optional[float] = ...) -> None: ...
+
+class AnnotatedDataParameter(_message.Message):
+    __slots__ = ("batch_sampler", "label_map_file", "anno_type")
+    BATCH_SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    LABEL_MAP_FILE_FIELD_NUMBER: _ClassVar[int]
+    ANNO_TYPE_FIELD_NUMBER: _ClassVar[int]
+    batch_sampler: _containers.RepeatedCompositeFieldContainer[BatchSampler]
+    label_map_file: str
+    anno_type: AnnotatedDatum.AnnotationType
+    def __init__(self, batch_sampler: _Optional[_Iterable[_Union[BatchSampler, _Mapping]]] = ..., label_map_file: _Optional[str] = ..., anno_type: _Optional[_Union[AnnotatedDatum.AnnotationType, str]] = ...) -> None: ...
+
+class DetectionEvaluateParameter(_message.Message):
+    __slots__ = ("num_classes", "background_label_id", "overlap_threshold", "evaluate_difficult_gt", "name_size_file", "resize_param")
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    BACKGROUND_LABEL_ID_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    EVALUATE_DIFFICULT_GT_FIELD_NUMBER: _ClassVar[int]
+    NAME_SIZE_FILE_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    num_classes: int
+    background_label_id: int
+    overlap_threshold: float
+    evaluate_difficult_gt: bool
+    name_size_file: str
+    resize_param: ResizeParameter
+    def __init__(self, num_classes: _Optional[int] = ..., background_label_id: _Optional[int] = ..., overlap_threshold: _Optional[float] = ..., evaluate_difficult_gt: bool = ..., name_size_file: _Optional[str] = ..., resize_param: _Optional[_Union[ResizeParameter, _Mapping]] = ...) -> None: ...
+
+class NonMaximumSuppressionParameter(_message.Message):
+    __slots__ = ("nms_threshold", "top_k", "eta")
+    NMS_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    ETA_FIELD_NUMBER: _ClassVar[int]
+    nms_threshold: float
+    top_k: int
+    eta: float
+    def __init__(self, nms_threshold: _Optional[float] = ..., top_k: _Optional[int] = ..., eta: _Optional[float] = ...) -> None: ...
+
+class SaveOutputParameter(_message.Message):
+    __slots__ = ("output_directory", "output_name_prefix", "output_format", "label_map_file", "name_size_file", "num_test_image", "resize_param")
+    OUTPUT_DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    LABEL_MAP_FILE_FIELD_NUMBER: _ClassVar[int]
+    NAME_SIZE_FILE_FIELD_NUMBER: _ClassVar[int]
+    NUM_TEST_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    output_directory: str
+    output_name_prefix: str
+    output_format: str
+    label_map_file: str
+    name_size_file: str
+    num_test_image: int
+    resize_param: ResizeParameter
+    def __init__(self, output_directory: _Optional[str] = ..., output_name_prefix: _Optional[str] = ..., output_format: _Optional[str] = ..., label_map_file: _Optional[str] = ..., name_size_file: _Optional[str] = ..., num_test_image: _Optional[int] = ..., resize_param: _Optional[_Union[ResizeParameter, _Mapping]] = ...) -> None: ...
+
+class DetectionOutputParameter(_message.Message):
+    __slots__ = ("num_classes", "share_location", "background_label_id", "nms_param", "save_output_param", "code_type", "keep_top_k", "variance_encoded_in_target", "confidence_threshold", "visualize", "visualize_threshold", "save_file")
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    SHARE_LOCATION_FIELD_NUMBER: _ClassVar[int]
+    BACKGROUND_LABEL_ID_FIELD_NUMBER: _ClassVar[int]
+    NMS_PARAM_FIELD_NUMBER: _ClassVar[int]
+    SAVE_OUTPUT_PARAM_FIELD_NUMBER: _ClassVar[int]
+    CODE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    KEEP_TOP_K_FIELD_NUMBER: _ClassVar[int]
+    VARIANCE_ENCODED_IN_TARGET_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    VISUALIZE_FIELD_NUMBER: _ClassVar[int]
+    VISUALIZE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    SAVE_FILE_FIELD_NUMBER: _ClassVar[int]
+    num_classes: int
+    share_location: bool
+    background_label_id: int
+    nms_param: NonMaximumSuppressionParameter
+    save_output_param: SaveOutputParameter
+    code_type: PriorBoxParameter.CodeType
+    keep_top_k: int
+    variance_encoded_in_target: bool
+    confidence_threshold: float
+    visualize: bool
+    visualize_threshold: float
+    save_file: str
+    def __init__(self, num_classes: _Optional[int] = ..., share_location: bool = ..., background_label_id: _Optional[int] = ..., nms_param: _Optional[_Union[NonMaximumSuppressionParameter, _Mapping]] = ..., save_output_param: _Optional[_Union[SaveOutputParameter, _Mapping]] = ..., code_type: _Optional[_Union[PriorBoxParameter.CodeType, str]] = ..., keep_top_k: _Optional[int] = ..., variance_encoded_in_target: bool = ..., confidence_threshold: _Optional[float] = ..., visualize: bool = ..., visualize_threshold: _Optional[float] = ..., save_file: _Optional[str] = ...) -> None: ...
+
+class MultiBoxLossParameter(_message.Message):
+    __slots__ = ("loc_loss_type", "conf_loss_type", "loc_weight", "num_classes", "share_location", "match_type", "overlap_threshold", "use_prior_for_matching", "background_label_id", "use_difficult_gt", "do_neg_mining", "neg_pos_ratio", "neg_overlap", "code_type", "encode_variance_in_target", "map_object_to_agnostic", "ignore_cross_boundary_bbox", "bp_inside", "mining_type", "nms_param", "sample_size", "use_prior_for_nms")
+    class LocLossType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        L2: _ClassVar[MultiBoxLossParameter.LocLossType]
+        SMOOTH_L1: _ClassVar[MultiBoxLossParameter.LocLossType]
+    L2: MultiBoxLossParameter.LocLossType
+    SMOOTH_L1: MultiBoxLossParameter.LocLossType
+    class ConfLossType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        SOFTMAX: _ClassVar[MultiBoxLossParameter.ConfLossType]
+        LOGISTIC: _ClassVar[MultiBoxLossParameter.ConfLossType]
+    SOFTMAX: MultiBoxLossParameter.ConfLossType
+    LOGISTIC: MultiBoxLossParameter.ConfLossType
+    class MatchType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        BIPARTITE: _ClassVar[MultiBoxLossParameter.MatchType]
+        PER_PREDICTION: _ClassVar[MultiBoxLossParameter.MatchType]
+    BIPARTITE: MultiBoxLossParameter.MatchType
+    PER_PREDICTION: MultiBoxLossParameter.MatchType
+    class MiningType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        NONE: _ClassVar[MultiBoxLossParameter.MiningType]
+        MAX_NEGATIVE: _ClassVar[MultiBoxLossParameter.MiningType]
+        HARD_EXAMPLE: _ClassVar[MultiBoxLossParameter.MiningType]
+    NONE: MultiBoxLossParameter.MiningType
+    MAX_NEGATIVE: MultiBoxLossParameter.MiningType
+    HARD_EXAMPLE: MultiBoxLossParameter.MiningType
+    LOC_LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONF_LOSS_TYPE_FIELD_NUMBER: _ClassVar[int]
+    LOC_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    SHARE_LOCATION_FIELD_NUMBER: _ClassVar[int]
+    MATCH_TYPE_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    USE_PRIOR_FOR_MATCHING_FIELD_NUMBER: _ClassVar[int]
+    BACKGROUND_LABEL_ID_FIELD_NUMBER: _ClassVar[int]
+    USE_DIFFICULT_GT_FIELD_NUMBER: _ClassVar[int]
+    DO_NEG_MINING_FIELD_NUMBER: _ClassVar[int]
+    NEG_POS_RATIO_FIELD_NUMBER: _ClassVar[int]
+    NEG_OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    CODE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ENCODE_VARIANCE_IN_TARGET_FIELD_NUMBER: _ClassVar[int]
+    MAP_OBJECT_TO_AGNOSTIC_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_CROSS_BOUNDARY_BBOX_FIELD_NUMBER: _ClassVar[int]
+    BP_INSIDE_FIELD_NUMBER: _ClassVar[int]
+    MINING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    NMS_PARAM_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    USE_PRIOR_FOR_NMS_FIELD_NUMBER: _ClassVar[int]
+    loc_loss_type: MultiBoxLossParameter.LocLossType
+    conf_loss_type: MultiBoxLossParameter.ConfLossType
+    loc_weight: float
+    num_classes: int
+    share_location: bool
+    match_type: MultiBoxLossParameter.MatchType
+    overlap_threshold: float
+    use_prior_for_matching: bool
+    background_label_id: int
+    use_difficult_gt: bool
+    do_neg_mining: bool
+    neg_pos_ratio: float
+    neg_overlap: float
+    code_type: PriorBoxParameter.CodeType
+    encode_variance_in_target: bool
+    map_object_to_agnostic: bool
+    ignore_cross_boundary_bbox: bool
+    bp_inside: bool
+    mining_type: MultiBoxLossParameter.MiningType
+    nms_param: NonMaximumSuppressionParameter
+    sample_size: int
+    use_prior_for_nms: bool
+    def __init__(self, loc_loss_type: _Optional[_Union[MultiBoxLossParameter.LocLossType, str]] = ..., conf_loss_type: _Optional[_Union[MultiBoxLossParameter.ConfLossType, str]] = ..., loc_weight: _Optional[float] = ..., num_classes: _Optional[int] = ..., share_location: bool = ..., match_type: _Optional[_Union[MultiBoxLossParameter.MatchType, str]] = ..., overlap_threshold: _Optional[float] = ..., use_prior_for_matching: bool = ..., background_label_id: _Optional[int] = ..., use_difficult_gt: bool = ..., do_neg_mining: bool = ..., neg_pos_ratio: _Optional[float] = ..., neg_overlap: _Optional[float] = ..., code_type: _Optional[_Union[PriorBoxParameter.CodeType, str]] = ..., encode_variance_in_target: bool = ..., map_object_to_agnostic: bool = ..., ignore_cross_boundary_bbox: bool = ..., bp_inside: bool = ..., mining_type: _Optional[_Union[MultiBoxLossParameter.MiningType, str]] = ..., nms_param: _Optional[_Union[NonMaximumSuppressionParameter, _Mapping]] = ..., sample_size: _Optional[int] = ..., use_prior_for_nms: bool = ...) -> None: ...
+
+class NormalizeParameter(_message.Message):
+    __slots__ = ("across_spatial", "scale_filler", "channel_shared", "eps")
+    ACROSS_SPATIAL_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FILLER_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_SHARED_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    across_spatial: bool
+    scale_filler: FillerParameter
+    channel_shared: bool
+    eps: float
+    def __init__(self, across_spatial: bool = ..., scale_filler: _Optional[_Union[FillerParameter, _Mapping]] = ..., channel_shared: bool = ..., eps: _Optional[float] = ...) -> None: ...
+
+class PermuteParameter(_message.Message):
+    __slots__ = ("order",)
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    order: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, order: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PriorBoxParameter(_message.Message):
+    __slots__ = ("min_size", "max_size", "aspect_ratio", "flip", "clip", "variance", "img_size", "img_h", "img_w", "step", "step_h", "step_w", "offset")
+    class CodeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CORNER: _ClassVar[PriorBoxParameter.CodeType]
+        CENTER_SIZE: _ClassVar[PriorBoxParameter.CodeType]
+        CORNER_SIZE: _ClassVar[PriorBoxParameter.CodeType]
+    CORNER: PriorBoxParameter.CodeType
+    CENTER_SIZE: PriorBoxParameter.CodeType
+    CORNER_SIZE: PriorBoxParameter.CodeType
+    MIN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ASPECT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    FLIP_FIELD_NUMBER: _ClassVar[int]
+    CLIP_FIELD_NUMBER: _ClassVar[int]
+    VARIANCE_FIELD_NUMBER: _ClassVar[int]
+    IMG_SIZE_FIELD_NUMBER: _ClassVar[int]
+    IMG_H_FIELD_NUMBER: _ClassVar[int]
+    IMG_W_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_H_FIELD_NUMBER: _ClassVar[int]
+    STEP_W_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    min_size: _containers.RepeatedScalarFieldContainer[float]
+    max_size: _containers.RepeatedScalarFieldContainer[float]
+    aspect_ratio: _containers.RepeatedScalarFieldContainer[float]
+    flip: bool
+    clip: bool
+    variance: _containers.RepeatedScalarFieldContainer[float]
+    img_size: int
+    img_h: int
+    img_w: int
+    step: float
+    step_h: float
+    step_w: float
+    offset: float
+    def __init__(self, min_size: _Optional[_Iterable[float]] = ..., max_size: _Optional[_Iterable[float]] = ..., aspect_ratio: _Optional[_Iterable[float]] = ..., flip: bool = ..., clip: bool = ..., variance: _Optional[_Iterable[float]] = ..., img_size: _Optional[int] = ..., img_h: _Optional[int] = ..., img_w: _Optional[int] = ..., step: _Optional[float] = ..., step_h: _Optional[float] = ..., step_w: _Optional[float] = ..., offset: _Optional[float] = ...) -> None: ...
+
+class VideoDataParameter(_message.Message):
+    __slots__ = ("video_type", "device_id", "video_file", "skip_frames")
+    class VideoType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        WEBCAM: _ClassVar[VideoDataParameter.VideoType]
+        VIDEO: _ClassVar[VideoDataParameter.VideoType]
+    WEBCAM: VideoDataParameter.VideoType
+    VIDEO: VideoDataParameter.VideoType
+    VIDEO_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_FILE_FIELD_NUMBER: _ClassVar[int]
+    SKIP_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    video_type: VideoDataParameter.VideoType
+    device_id: int
+    video_file: str
+    skip_frames: int
+    def __init__(self, video_type: _Optional[_Union[VideoDataParameter.VideoType, str]] = ..., device_id: _Optional[int] = ..., video_file: _Optional[str] = ..., skip_frames: _Optional[int] = ...) -> None: ...

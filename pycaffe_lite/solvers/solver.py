@@ -477,6 +477,11 @@ class Solver:
         iters = p.test_iter[test_net_id]
         scores: list[float] = []
         loss = 0.0
+        if p.eval_type not in ("classification", "detection"):
+            raise SolverConfigError(f"{self.where}: eval_type must be 'classification' or 'detection', "
+                                    f"got '{p.eval_type}'")
+        detection = p.eval_type == "detection"  # the SSD fork: outputs are DetectionEvaluate rows -> mAP
+        rows: dict[str, list] = {name: [] for name in net.outputs}
         for i in range(iters):
             request = self._requested_action()
             if request == STOP:
@@ -487,6 +492,10 @@ class Solver:
             iter_loss = net.forward_prefilled()
             if p.test_compute_loss:
                 loss += iter_loss
+            if detection:
+                for name in net.outputs:
+                    rows[name].append(net.blobs[name].cpu_data().copy())
+                continue
             values = [float(v) for name in net.outputs for v in net.blobs[name].cpu_data().ravel()]
             if i == 0:
                 scores = values
@@ -497,6 +506,8 @@ class Solver:
             return {}
         if p.test_compute_loss and iters:
             log.info("Test loss: %g", loss / iters)
+        if detection:
+            return self._test_detection(rows)
         means = [s / iters for s in scores] if iters else []
         self._log_outputs(net, "Test", means)
         out: dict[str, list[float]] = {}
@@ -505,6 +516,26 @@ class Solver:
             n = net.blobs[name].count
             out[name] = means[index:index + n]
             index += n
+        return out
+
+    def _test_detection(self, rows: dict[str, list]) -> dict[str, list[float]]:
+        """The SSD fork's detection evaluation: mAP (``ap_version``) of each output's rows."""
+        from ..bbox import mean_average_precision
+
+        out: dict[str, list[float]] = {}
+        for j, (name, batches) in enumerate(rows.items()):
+            if batches and np.asarray(batches[0]).shape[-1] != 5:
+                raise SolverConfigError(f"{self.where}: eval_type 'detection' needs DetectionEvaluate outputs "
+                                  f"(rows of 5), output '{name}' has shape {np.asarray(batches[0]).shape}")
+            try:
+                m, aps = mean_average_precision(batches, ap_version=self.param.ap_version)
+            except ValueError as exc:
+                raise SolverConfigError(f"{self.where}: {exc}") from None
+            if self.param.show_per_class_result:
+                for label, ap in aps.items():
+                    log.info("class%d: %g", label, ap)
+            log.info("    Test net output #%d: %s = %g", j, name, m)
+            out[name] = [m]
         return out
 
     # ------------------------------------------------------------------------------------------

@@ -1,0 +1,132 @@
+"""PriorBox (SSD fork, weiliu89/caffe): the default boxes of one feature map.
+
+Bottoms: the feature map ``(N, C, H, W)`` and the image ``(N, C', H_img, W_img)`` (its size is used
+unless ``img_size`` / ``img_h``+``img_w`` are given). Top ``(1, 2, H·W·P·4)``: channel 0 the boxes
+``(xmin, ymin, xmax, ymax)`` relative to the image, channel 1 their variances. P priors per cell,
+in the fork's order for each min_size: the square of side ``min_size``, then (with max_size) the
+square of side ``sqrt(min_size·max_size)``, then one box per other aspect ratio r (width
+``min_size·sqrt(r)``, height ``min_size/sqrt(r)``); aspect ratios are 1, then each given one not
+seen yet followed by its inverse when ``flip``. As in the fork, min and max sizes are truncated
+to integers before use. Cell centres ``((w + offset)·step_w, (h + offset)·step_h)`` with the step
+from ``step`` / ``step_h``+``step_w`` or image size / feature size. ``clip`` clamps to [0, 1].
+Variance: one value for all four coordinates, four values, or the default 0.1.
+The top depends only on shapes; GPU mode computes it on the host.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pycaffe_lite.layer import Layer, register_layer
+
+
+@register_layer("PriorBox")
+class PriorBoxLayer(Layer):
+    exact_num_bottom_blobs = 2
+    exact_num_top_blobs = 1
+    graph_safe = False
+
+    def layer_setup(self, bottom, top):
+        p = self.layer_param.prior_box_param
+        if not p.min_size:
+            raise self.error("prior_box_param needs at least one min_size")
+        self.min_sizes = list(p.min_size)
+        if any(s <= 0 for s in self.min_sizes):
+            raise self.error(f"min_size must be positive, got {self.min_sizes}")
+        self.aspect_ratios = [1.0]
+        for ar in p.aspect_ratio:
+            if ar <= 0:
+                raise self.error(f"aspect_ratio must be positive, got {ar}")
+            if any(abs(ar - a) < 1e-6 for a in self.aspect_ratios):
+                continue
+            self.aspect_ratios.append(ar)
+            if p.flip:
+                self.aspect_ratios.append(1.0 / ar)
+        self.max_sizes = list(p.max_size)
+        if self.max_sizes:
+            if len(self.max_sizes) != len(self.min_sizes):
+                raise self.error(f"{len(self.max_sizes)} max_size values for {len(self.min_sizes)} min_size "
+                                 "values: give one per min_size or none")
+            for lo, hi in zip(self.min_sizes, self.max_sizes):
+                if hi <= lo:
+                    raise self.error(f"max_size {hi} must be greater than min_size {lo}")
+        self.num_priors = len(self.aspect_ratios) * len(self.min_sizes) + len(self.max_sizes)
+        var = list(p.variance)
+        if len(var) > 1 and len(var) != 4:
+            raise self.error(f"give one variance or four, got {len(var)}")
+        if any(v <= 0 for v in var):
+            raise self.error(f"variances must be positive, got {var}")
+        self.variance = var or [0.1]
+        if p.HasField("img_h") or p.HasField("img_w"):
+            if p.HasField("img_size"):
+                raise self.error("give img_size or img_h/img_w, not both")
+            self.img_h, self.img_w = p.img_h, p.img_w
+            if self.img_h <= 0 or self.img_w <= 0:
+                raise self.error(f"img_h and img_w must be positive, got {self.img_h} x {self.img_w}")
+        elif p.HasField("img_size"):
+            if p.img_size <= 0:
+                raise self.error("img_size must be positive")
+            self.img_h = self.img_w = p.img_size
+        else:
+            self.img_h = self.img_w = 0
+        if p.HasField("step_h") or p.HasField("step_w"):
+            if p.HasField("step"):
+                raise self.error("give step or step_h/step_w, not both")
+            self.step_h, self.step_w = p.step_h, p.step_w
+            if self.step_h <= 0 or self.step_w <= 0:
+                raise self.error(f"step_h and step_w must be positive, got {self.step_h}, {self.step_w}")
+        elif p.HasField("step"):
+            if p.step <= 0:
+                raise self.error("step must be positive")
+            self.step_h = self.step_w = p.step
+        else:
+            self.step_h = self.step_w = 0.0
+        self.offset = p.offset
+        self.clip = p.clip
+
+    def reshape(self, bottom, top):
+        for i, b in enumerate(bottom):
+            if b.num_axes != 4:
+                raise self.error(f"bottom {i} must be 4-D (N, C, H, W), got shape {b.shape}")
+        h, w = bottom[0].shape[2:]
+        top[0].reshape((1, 2, h * w * self.num_priors * 4))
+
+    def priors(self, layer_h: int, layer_w: int, img_h: int, img_w: int) -> np.ndarray:
+        """Boxes ``[layer_h, layer_w, P, 4]`` (before clipping), in float64."""
+        if self.img_h and self.img_w:
+            img_h, img_w = self.img_h, self.img_w
+        if self.step_h and self.step_w:
+            step_h, step_w = float(np.float32(self.step_h)), float(np.float32(self.step_w))
+        else:
+            step_h, step_w = float(np.float32(img_h / layer_h)), float(np.float32(img_w / layer_w))
+        sizes: list[tuple[float, float]] = []  # (width, height) of each prior in a cell
+        for s, min_size in enumerate(self.min_sizes):
+            lo = int(min_size)
+            sizes.append((lo, lo))
+            if self.max_sizes:
+                side = math.sqrt(lo * int(self.max_sizes[s]))
+                sizes.append((side, side))
+            for ar in self.aspect_ratios:
+                if abs(ar - 1.0) < 1e-6:
+                    continue
+                sizes.append((lo * math.sqrt(ar), lo / math.sqrt(ar)))
+        wh = np.array(sizes, np.float64).astype(np.float32).astype(np.float64)
+        cx = ((np.arange(layer_w) + self.offset) * step_w).astype(np.float32).astype(np.float64)
+        cy = ((np.arange(layer_h) + self.offset) * step_h).astype(np.float32).astype(np.float64)
+        out = np.empty((layer_h, layer_w, len(sizes), 4))
+        out[..., 0] = (cx[None, :, None] - wh[None, None, :, 0] / 2) / img_w
+        out[..., 1] = (cy[:, None, None] - wh[None, None, :, 1] / 2) / img_h
+        out[..., 2] = (cx[None, :, None] + wh[None, None, :, 0] / 2) / img_w
+        out[..., 3] = (cy[:, None, None] + wh[None, None, :, 1] / 2) / img_h
+        return out
+
+    def forward_cpu(self, bottom, top):
+        h, w = bottom[0].shape[2:]
+        boxes = self.priors(h, w, bottom[1].shape[2], bottom[1].shape[3]).reshape(-1)
+        if self.clip:
+            boxes = np.clip(boxes, 0, 1)
+        out = top[0].mutable_cpu_data()
+        out[0, 0] = boxes
+        out[0, 1] = np.tile(np.asarray(self.variance, np.float64), len(boxes) // len(self.variance))
