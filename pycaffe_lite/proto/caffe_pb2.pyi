@@ -303,7 +303,7 @@ class ParamSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., share_mode: _Optional[_Union[ParamSpec.DimCheckMode, str]] = ..., lr_mult: _Optional[float] = ..., decay_mult: _Optional[float] = ...) -> None: ...
 
 class LayerParameter(_message.Message):
-    __slots__ = ("name", "type", "bottom", "top", "phase", "loss_weight", "param", "blobs", "propagate_down", "include", "exclude", "transform_param", "loss_param", "accuracy_param", "argmax_param", "batch_norm_param", "bias_param", "clip_param", "concat_param", "contrastive_loss_param", "convolution_param", "crop_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param", "elu_param", "embed_param", "exp_param", "flatten_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param", "image_data_param", "infogain_loss_param", "inner_product_param", "input_param", "log_param", "lrn_param", "memory_data_param", "mvn_param", "parameter_param", "pooling_param", "power_param", "prelu_param", "python_param", "recurrent_param", "reduction_param", "relu_param", "reshape_param", "scale_param", "sigmoid_param", "softmax_param", "spp_param", "slice_param", "swish_param", "tanh_param", "threshold_param", "tile_param", "window_data_param")
+    __slots__ = ("name", "type", "bottom", "top", "phase", "loss_weight", "param", "blobs", "propagate_down", "include", "exclude", "transform_param", "loss_param", "accuracy_param", "argmax_param", "batch_norm_param", "bias_param", "clip_param", "concat_param", "contrastive_loss_param", "convolution_param", "crop_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param", "elu_param", "embed_param", "exp_param", "flatten_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param", "image_data_param", "infogain_loss_param", "inner_product_param", "input_param", "log_param", "lrn_param", "memory_data_param", "mvn_param", "parameter_param", "pooling_param", "power_param", "prelu_param", "python_param", "recurrent_param", "reduction_param", "relu_param", "reshape_param", "scale_param", "sigmoid_param", "softmax_param", "spp_param", "slice_param", "swish_param", "tanh_param", "threshold_param", "tile_param", "window_data_param", "upsample_param", "bn_param", "shuffle_channel_param", "interp_param", "roi_pooling_param", "smooth_l1_loss_param")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     BOTTOM_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +364,12 @@ class LayerParameter(_message.Message):
     THRESHOLD_PARAM_FIELD_NUMBER: _ClassVar[int]
     TILE_PARAM_FIELD_NUMBER: _ClassVar[int]
     WINDOW_DATA_PARAM_FIELD_NUMBER: _ClassVar[int]
+    UPSAMPLE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    BN_PARAM_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_CHANNEL_PARAM_FIELD_NUMBER: _ClassVar[int]
+    INTERP_PARAM_FIELD_NUMBER: _ClassVar[int]
+    ROI_POOLING_PARAM_FIELD_NUMBER: _ClassVar[int]
+    SMOOTH_L1_LOSS_PARAM_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: str
     bottom: _containers.RepeatedScalarFieldContainer[str]
@@ -424,7 +430,13 @@ class LayerParameter(_message.Message):
     threshold_param: ThresholdParameter
     tile_param: TileParameter
     window_data_param: WindowDataParameter
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., bottom: _Optional[_Iterable[str]] = ..., top: _Optional[_Iterable[str]] = ..., phase: _Optional[_Union[Phase, str]] = ..., loss_weight: _Optional[_Iterable[float]] = ..., param: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., blobs: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., propagate_down: _Optional[_Iterable[bool]] = ..., include: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., exclude: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., transform_param: _Optional[_Union[TransformationParameter, _Mapping]] = ..., loss_param: _Optional[_Union[LossParameter, _Mapping]] = ..., accuracy_param: _Optional[_Union[AccuracyParameter, _Mapping]] = ..., argmax_param: _Optional[_Union[ArgMaxParameter, _Mapping]] = ..., batch_norm_param: _Optional[_Union[BatchNormParameter, _Mapping]] = ..., bias_param: _Optional[_Union[BiasParameter, _Mapping]] = ..., clip_param: _Optional[_Union[ClipParameter, _Mapping]] = ..., concat_param: _Optional[_Union[ConcatParameter, _Mapping]] = ..., contrastive_loss_param: _Optional[_Union[ContrastiveLossParameter, _Mapping]] = ..., convolution_param: _Optional[_Union[ConvolutionParameter, _Mapping]] = ..., crop_param: _Optional[_Union[CropParameter, _Mapping]] = ..., data_param: _Optional[_Union[DataParameter, _Mapping]] = ..., dropout_param: _Optional[_Union[DropoutParameter, _Mapping]] = ..., dummy_data_param: _Optional[_Union[DummyDataParameter, _Mapping]] = ..., eltwise_param: _Optional[_Union[EltwiseParameter, _Mapping]] = ..., elu_param: _Optional[_Union[ELUParameter, _Mapping]] = ..., embed_param: _Optional[_Union[EmbedParameter, _Mapping]] = ..., exp_param: _Optional[_Union[ExpParameter, _Mapping]] = ..., flatten_param: _Optional[_Union[FlattenParameter, _Mapping]] = ..., hdf5_data_param: _Optional[_Union[HDF5DataParameter, _Mapping]] = ..., hdf5_output_param: _Optional[_Union[HDF5OutputParameter, _Mapping]] = ..., hinge_loss_param: _Optional[_Union[HingeLossParameter, _Mapping]] = ..., image_data_param: _Optional[_Union[ImageDataParameter, _Mapping]] = ..., infogain_loss_param: _Optional[_Union[InfogainLossParameter, _Mapping]] = ..., inner_product_param: _Optional[_Union[InnerProductParameter, _Mapping]] = ..., input_param: _Optional[_Union[InputParameter, _Mapping]] = ..., log_param: _Optional[_Union[LogParameter, _Mapping]] = ..., lrn_param: _Optional[_Union[LRNParameter, _Mapping]] = ..., memory_data_param: _Optional[_Union[MemoryDataParameter, _Mapping]] = ..., mvn_param: _Optional[_Union[MVNParameter, _Mapping]] = ..., parameter_param: _Optional[_Union[ParameterParameter, _Mapping]] = ..., pooling_param: _Optional[_Union[PoolingParameter, _Mapping]] = ..., power_param: _Optional[_Union[PowerParameter, _Mapping]] = ..., prelu_param: _Optional[_Union[PReLUParameter, _Mapping]] = ..., python_param: _Optional[_Union[PythonParameter, _Mapping]] = ..., recurrent_param: _Optional[_Union[RecurrentParameter, _Mapping]] = ..., reduction_param: _Optional[_Union[ReductionParameter, _Mapping]] = ..., relu_param: _Optional[_Union[ReLUParameter, _Mapping]] = ..., reshape_param: _Optional[_Union[ReshapeParameter, _Mapping]] = ..., scale_param: _Optional[_Union[ScaleParameter, _Mapping]] = ..., sigmoid_param: _Optional[_Union[SigmoidParameter, _Mapping]] = ..., softmax_param: _Optional[_Union[SoftmaxParameter, _Mapping]] = ..., spp_param: _Optional[_Union[SPPParameter, _Mapping]] = ..., slice_param: _Optional[_Union[SliceParameter, _Mapping]] = ..., swish_param: _Optional[_Union[SwishParameter, _Mapping]] = ..., tanh_param: _Optional[_Union[TanHParameter, _Mapping]] = ..., threshold_param: _Optional[_Union[ThresholdParameter, _Mapping]] = ..., tile_param: _Optional[_Union[TileParameter, _Mapping]] = ..., window_data_param: _Optional[_Union[WindowDataParameter, _Mapping]] = ...) -> None: ...
+    upsample_param: UpsampleParameter
+    bn_param: BNParameter
+    shuffle_channel_param: ShuffleChannelParameter
+    interp_param: InterpParameter
+    roi_pooling_param: ROIPoolingParameter
+    smooth_l1_loss_param: SmoothL1LossParameter
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., bottom: _Optional[_Iterable[str]] = ..., top: _Optional[_Iterable[str]] = ..., phase: _Optional[_Union[Phase, str]] = ..., loss_weight: _Optional[_Iterable[float]] = ..., param: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., blobs: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., propagate_down: _Optional[_Iterable[bool]] = ..., include: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., exclude: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., transform_param: _Optional[_Union[TransformationParameter, _Mapping]] = ..., loss_param: _Optional[_Union[LossParameter, _Mapping]] = ..., accuracy_param: _Optional[_Union[AccuracyParameter, _Mapping]] = ..., argmax_param: _Optional[_Union[ArgMaxParameter, _Mapping]] = ..., batch_norm_param: _Optional[_Union[BatchNormParameter, _Mapping]] = ..., bias_param: _Optional[_Union[BiasParameter, _Mapping]] = ..., clip_param: _Optional[_Union[ClipParameter, _Mapping]] = ..., concat_param: _Optional[_Union[ConcatParameter, _Mapping]] = ..., contrastive_loss_param: _Optional[_Union[ContrastiveLossParameter, _Mapping]] = ..., convolution_param: _Optional[_Union[ConvolutionParameter, _Mapping]] = ..., crop_param: _Optional[_Union[CropParameter, _Mapping]] = ..., data_param: _Optional[_Union[DataParameter, _Mapping]] = ..., dropout_param: _Optional[_Union[DropoutParameter, _Mapping]] = ..., dummy_data_param: _Optional[_Union[DummyDataParameter, _Mapping]] = ..., eltwise_param: _Optional[_Union[EltwiseParameter, _Mapping]] = ..., elu_param: _Optional[_Union[ELUParameter, _Mapping]] = ..., embed_param: _Optional[_Union[EmbedParameter, _Mapping]] = ..., exp_param: _Optional[_Union[ExpParameter, _Mapping]] = ..., flatten_param: _Optional[_Union[FlattenParameter, _Mapping]] = ..., hdf5_data_param: _Optional[_Union[HDF5DataParameter, _Mapping]] = ..., hdf5_output_param: _Optional[_Union[HDF5OutputParameter, _Mapping]] = ..., hinge_loss_param: _Optional[_Union[HingeLossParameter, _Mapping]] = ..., image_data_param: _Optional[_Union[ImageDataParameter, _Mapping]] = ..., infogain_loss_param: _Optional[_Union[InfogainLossParameter, _Mapping]] = ..., inner_product_param: _Optional[_Union[InnerProductParameter, _Mapping]] = ..., input_param: _Optional[_Union[InputParameter, _Mapping]] = ..., log_param: _Optional[_Union[LogParameter, _Mapping]] = ..., lrn_param: _Optional[_Union[LRNParameter, _Mapping]] = ..., memory_data_param: _Optional[_Union[MemoryDataParameter, _Mapping]] = ..., mvn_param: _Optional[_Union[MVNParameter, _Mapping]] = ..., parameter_param: _Optional[_Union[ParameterParameter, _Mapping]] = ..., pooling_param: _Optional[_Union[PoolingParameter, _Mapping]] = ..., power_param: _Optional[_Union[PowerParameter, _Mapping]] = ..., prelu_param: _Optional[_Union[PReLUParameter, _Mapping]] = ..., python_param: _Optional[_Union[PythonParameter, _Mapping]] = ..., recurrent_param: _Optional[_Union[RecurrentParameter, _Mapping]] = ..., reduction_param: _Optional[_Union[ReductionParameter, _Mapping]] = ..., relu_param: _Optional[_Union[ReLUParameter, _Mapping]] = ..., reshape_param: _Optional[_Union[ReshapeParameter, _Mapping]] = ..., scale_param: _Optional[_Union[ScaleParameter, _Mapping]] = ..., sigmoid_param: _Optional[_Union[SigmoidParameter, _Mapping]] = ..., softmax_param: _Optional[_Union[SoftmaxParameter, _Mapping]] = ..., spp_param: _Optional[_Union[SPPParameter, _Mapping]] = ..., slice_param: _Optional[_Union[SliceParameter, _Mapping]] = ..., swish_param: _Optional[_Union[SwishParameter, _Mapping]] = ..., tanh_param: _Optional[_Union[TanHParameter, _Mapping]] = ..., threshold_param: _Optional[_Union[ThresholdParameter, _Mapping]] = ..., tile_param: _Optional[_Union[TileParameter, _Mapping]] = ..., window_data_param: _Optional[_Union[WindowDataParameter, _Mapping]] = ..., upsample_param: _Optional[_Union[UpsampleParameter, _Mapping]] = ..., bn_param: _Optional[_Union[BNParameter, _Mapping]] = ..., shuffle_channel_param: _Optional[_Union[ShuffleChannelParameter, _Mapping]] = ..., interp_param: _Optional[_Union[InterpParameter, _Mapping]] = ..., roi_pooling_param: _Optional[_Union[ROIPoolingParameter, _Mapping]] = ..., smooth_l1_loss_param: _Optional[_Union[SmoothL1LossParameter, _Mapping]] = ...) -> None: ...
 
 class TransformationParameter(_message.Message):
     __slots__ = ("scale", "mirror", "crop_size", "mean_file", "mean_value", "force_color", "force_gray")
@@ -1409,3 +1421,95 @@ class PReLUParameter(_message.Message):
     filler: FillerParameter
     channel_shared: bool
     def __init__(self, filler: _Optional[_Union[FillerParameter, _Mapping]] = ..., channel_shared: bool = ...) -> None: ...
+
+class InterpParameter(_message.Message):
+    __slots__ = ("height", "width", "zoom_factor", "shrink_factor", "pad_beg", "pad_end")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    ZOOM_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    SHRINK_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    PAD_BEG_FIELD_NUMBER: _ClassVar[int]
+    PAD_END_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    width: int
+    zoom_factor: int
+    shrink_factor: int
+    pad_beg: int
+    pad_end: int
+    def __init__(self, height: _Optional[int] = ..., width: _Optional[int] = ..., zoom_factor: _Optional[int] = ..., shrink_factor: _Optional[int] = ..., pad_beg: _Optional[int] = ..., pad_end: _Optional[int] = ...) -> None: ...
+
+class UpsampleParameter(_message.Message):
+    __slots__ = ("scale", "scale_h", "scale_w", "pad_out_h", "pad_out_w", "upsample_h", "upsample_w")
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    SCALE_H_FIELD_NUMBER: _ClassVar[int]
+    SCALE_W_FIELD_NUMBER: _ClassVar[int]
+    PAD_OUT_H_FIELD_NUMBER: _ClassVar[int]
+    PAD_OUT_W_FIELD_NUMBER: _ClassVar[int]
+    UPSAMPLE_H_FIELD_NUMBER: _ClassVar[int]
+    UPSAMPLE_W_FIELD_NUMBER: _ClassVar[int]
+    scale: int
+    scale_h: int
+    scale_w: int
+    pad_out_h: bool
+    pad_out_w: bool
+    upsample_h: int
+    upsample_w: int
+    def __init__(self, scale: _Optional[int] = ..., scale_h: _Optional[int] = ..., scale_w: _Optional[int] = ..., pad_out_h: bool = ..., pad_out_w: bool = ..., upsample_h: _Optional[int] = ..., upsample_w: _Optional[int] = ...) -> None: ...
+
+class BNParameter(_message.Message):
+    __slots__ = ("slope_filler", "bias_filler", "momentum", "eps", "frozen", "engine", "scale_filler", "shift_filler", "bn_mode")
+    class Engine(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        DEFAULT: _ClassVar[BNParameter.Engine]
+        CAFFE: _ClassVar[BNParameter.Engine]
+        CUDNN: _ClassVar[BNParameter.Engine]
+    DEFAULT: BNParameter.Engine
+    CAFFE: BNParameter.Engine
+    CUDNN: BNParameter.Engine
+    class BNMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        LEARN: _ClassVar[BNParameter.BNMode]
+        INFERENCE: _ClassVar[BNParameter.BNMode]
+    LEARN: BNParameter.BNMode
+    INFERENCE: BNParameter.BNMode
+    SLOPE_FILLER_FIELD_NUMBER: _ClassVar[int]
+    BIAS_FILLER_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    FROZEN_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FILLER_FIELD_NUMBER: _ClassVar[int]
+    SHIFT_FILLER_FIELD_NUMBER: _ClassVar[int]
+    BN_MODE_FIELD_NUMBER: _ClassVar[int]
+    slope_filler: FillerParameter
+    bias_filler: FillerParameter
+    momentum: float
+    eps: float
+    frozen: bool
+    engine: BNParameter.Engine
+    scale_filler: FillerParameter
+    shift_filler: FillerParameter
+    bn_mode: BNParameter.BNMode
+    def __init__(self, slope_filler: _Optional[_Union[FillerParameter, _Mapping]] = ..., bias_filler: _Optional[_Union[FillerParameter, _Mapping]] = ..., momentum: _Optional[float] = ..., eps: _Optional[float] = ..., frozen: bool = ..., engine: _Optional[_Union[BNParameter.Engine, str]] = ..., scale_filler: _Optional[_Union[FillerParameter, _Mapping]] = ..., shift_filler: _Optional[_Union[FillerParameter, _Mapping]] = ..., bn_mode: _Optional[_Union[BNParameter.BNMode, str]] = ...) -> None: ...
+
+class ROIPoolingParameter(_message.Message):
+    __slots__ = ("pooled_h", "pooled_w", "spatial_scale")
+    POOLED_H_FIELD_NUMBER: _ClassVar[int]
+    POOLED_W_FIELD_NUMBER: _ClassVar[int]
+    SPATIAL_SCALE_FIELD_NUMBER: _ClassVar[int]
+    pooled_h: int
+    pooled_w: int
+    spatial_scale: float
+    def __init__(self, pooled_h: _Optional[int] = ..., pooled_w: _Optional[int] = ..., spatial_scale: _Optional[float] = ...) -> None: ...
+
+class SmoothL1LossParameter(_message.Message):
+    __slots__ = ("sigma",)
+    SIGMA_FIELD_NUMBER: _ClassVar[int]
+    sigma: float
+    def __init__(self, sigma: _Optional[float] = ...) -> None: ...
+
+class ShuffleChannelParameter(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    def __init__(self, group: _Optional[int] = ...) -> None: ...
