@@ -8,7 +8,8 @@ Bottoms: prediction ``p``, target ``t`` (same shape), and optionally both ``w_in
            |d| - 0.5 / s²         otherwise
     loss = Σ w_out · f(d) / num       (num = p.shape[0]; loss_param's normalization is ignored)
 
-Backward (to ``p`` with +, to ``t`` with -; never to the weights):
+Backward (to ``p`` with +, to ``t`` with -; never to the weights: as in the fork, a request for
+their gradient is ignored, since py-faster-rcnn's nets compute them from layers that need one):
 ``dp = ± loss_weight / num · f'(d) · w_in · w_out`` with ``f'(d) = s²·d`` inside, ``sign(d)`` outside.
 """
 
@@ -33,7 +34,10 @@ class SmoothL1LossLayer(LossLayer):
     exact_num_bottom_blobs = None
     min_bottom_blobs = 2
     max_bottom_blobs = 4
-    label_bottoms = (2, 3)  # the weights; prediction and target both may take a gradient
+    label_bottoms = ()  # prediction and target both may take a gradient; the weights never do
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        return bottom_index < 2
 
     def layer_setup(self, bottom, top):
         super().layer_setup(bottom, top)

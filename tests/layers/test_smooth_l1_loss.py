@@ -48,8 +48,13 @@ def test_errors():
         run_layer('type: "SmoothL1Loss"', [P, T, WI])
     with pytest.raises(caffe.CaffeError, match="shape of bottom 0"):
         run_layer('type: "SmoothL1Loss"', [P, T[:, :4]])
-    with pytest.raises(caffe.NetError, match="label inputs"):
-        run_layer('type: "SmoothL1Loss"', [P, T, WI, WO], propagate=[True, False, True, False])
+
+
+def test_weights_take_no_gradient():
+    layer, bottom, top = run_layer('type: "SmoothL1Loss"', [P, T, WI, WO], propagate=[True, False, True, True])
+    np.testing.assert_array_equal(bottom[2].cpu_diff(), 0)
+    np.testing.assert_array_equal(bottom[3].cpu_diff(), 0)
+    assert [layer.allow_force_backward(i) for i in range(4)] == [True, True, False, False]
 
 
 @pytest.mark.parametrize("weighted", [False, True])
