@@ -1,0 +1,46 @@
+"""examples/segmentation: the net_spec DeepLab-style net (BN, dilated convolutions, Interp) builds,
+its label map is the argmax of the upsampled scores at the input size, and the script writes a
+palette PNG of the picture's size."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import pycaffe_lite as caffe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "segmentation"))
+segment = importlib.import_module("segment")
+
+
+def test_net_shapes_and_labels(tmp_path):
+    path = tmp_path / "deploy.prototxt"
+    assert segment.main(["--prototxt", str(path), "--classes", "5", "--size", "64"]) == 0
+    text = path.read_text()
+    assert 'type: "Interp"' in text and 'type: "BN"' in text and "frozen: true" in text
+    caffe.set_random_seed(2)
+    net = caffe.Net(str(path), caffe.TEST)
+    assert net.blobs["score"].shape == (1, 5, 9, 9)  # 64 -> 32 (conv) -> 17 (pool, rounded up) -> 9
+    rng = np.random.default_rng(0)
+    out = net.forward(data=rng.standard_normal((1, 3, 64, 64)).astype(np.float32))
+    assert net.blobs["score_interp"].shape == (1, 5, 64, 64)
+    # Aligned corners: the four corners of the upsampled scores are the corners of the scores.
+    s, u = net.blobs["score"].data[0], net.blobs["score_interp"].data[0]
+    for a, b in ((0, 0), (0, -1), (-1, 0), (-1, -1)):
+        np.testing.assert_allclose(u[:, a, b], s[:, a, b], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out["label"][0, 0], net.blobs["prob"].data[0].argmax(axis=0))
+
+
+def test_script_writes_label_png(tmp_path, capsys):
+    out = tmp_path / "labels.png"
+    assert segment.main(["--out", str(out), "--classes", "6", "--size", "96"]) == 0
+    from PIL import Image
+
+    img = Image.open(out)
+    assert img.mode == "P" and img.size == (240, 180)
+    labels = np.asarray(img)
+    assert labels.max() < 6
+    assert "wrote" in capsys.readouterr().out
