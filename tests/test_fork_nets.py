@@ -29,8 +29,16 @@ layer { name: "nn" type: "Upsample" bottom: "interp" top: "nn" upsample_param { 
 layer { name: "roi" type: "ROIPooling" bottom: "nn" bottom: "rois" top: "roi"
   roi_pooling_param { pooled_h: 2 pooled_w: 2 spatial_scale: 0.25 } }
 layer { name: "loss" type: "SmoothL1Loss" bottom: "roi" bottom: "t" top: "loss" }
+layer { name: "pool2" type: "Pooling" bottom: "nn" top: "pool2" pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "unpool" type: "Unpooling" bottom: "pool2" bottom: "nn" top: "unpool"
+  pooling_param { pool: MAX kernel_size: 3 stride: 2 } }
+layer { name: "unpool_ave" type: "UnPooling" bottom: "pool2" top: "unpool_ave"
+  unpooling_param { unpool: AVE kernel_size: 3 stride: 2 unpool_size: 62 } }
+layer { name: "both" type: "Eltwise" bottom: "unpool" bottom: "unpool_ave" top: "both" }
+layer { name: "loss2" type: "Reduction" bottom: "both" top: "loss2" loss_weight: 0.5
+  reduction_param { operation: SUMSQ } }
 """
-FORK_LAYERS = ("r6", "bn", "sh", "up", "axpy", "interp", "nn", "roi", "loss")
+FORK_LAYERS = ("r6", "bn", "sh", "up", "axpy", "interp", "nn", "roi", "loss", "unpool", "unpool_ave")
 
 
 def test_time_covers_the_fork_layers(tmp_path, monkeypatch, capsys):

@@ -53,7 +53,7 @@ BACKWARD_READS: dict[str, tuple[str, ...]] = {
                      "InfogainLoss", "HingeLoss", "ContrastiveLoss"), ("bottom",)),
     # The forks' layers (docs/fork_layers.md)
     **dict.fromkeys(("ReLU6", "Axpy", "BN", "SmoothL1Loss"), ("bottom",)),
-    **dict.fromkeys(("ShuffleChannel", "Interp", "Upsample"), ()),
+    **dict.fromkeys(("ShuffleChannel", "Interp", "Upsample", "Unpooling", "UnPooling"), ()),
     "ROIPooling": ("top",),  # the argmax
 }
 SHARING_FORWARD = ("Split",)  # forward shares the bottom's data with the tops: no traffic
