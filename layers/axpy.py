@@ -67,7 +67,7 @@ class AxpyLayer(Layer):
 
     def backward_gpu(self, top, propagate_down, bottom):
         dtop = top[0].gpu_diff()
-        if propagate_down[0]:
+        if propagate_down[0] and self.rows:
             k = backend.kernel(KERNELS, "axpy_scale_backward", self.dtype)
             k(self.rows, self.spatial, dtop, bottom[1].gpu_data(), bottom[0].mutable_gpu_diff(),
               grid=(min(self.rows, 65535), 1, 1), block=(256, 1, 1))

@@ -1,42 +1,5 @@
-// BN (yjxiong / PSPNet / SegNet): per-channel statistics over (N, S) with one block per channel
-// (reads coalesced along S), per-channel coefficients y = a x + b, element passes one thread each.
-
-// mean[c] and biased var[c] of x viewed as (N, C, S): two passes over the channel in one block.
-__global__ void bn_channel_moments(const int C, const int N, const int S, const Dtype* x,
-                                   Dtype* mean, Dtype* var) {
-  __shared__ Dtype part[256];
-  const int m = N * S;
-  for (int c = blockIdx.x; c < C; c += gridDim.x) {
-    Dtype acc = 0;
-    for (int j = threadIdx.x; j < m; j += blockDim.x) {
-      acc += x[((long long)(j / S) * C + c) * S + j % S];
-    }
-    part[threadIdx.x] = acc;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
-      __syncthreads();
-    }
-    const Dtype mu = part[0] / m;
-    __syncthreads();
-    acc = 0;
-    for (int j = threadIdx.x; j < m; j += blockDim.x) {
-      const Dtype d = x[((long long)(j / S) * C + c) * S + j % S] - mu;
-      acc += d * d;
-    }
-    part[threadIdx.x] = acc;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-      mean[c] = mu;
-      var[c] = part[0] / m;
-    }
-    __syncthreads();
-  }
-}
+// BN (yjxiong / PSPNet / SegNet): per-channel coefficients y = a x + b and the element passes, one
+// thread per element. The per-channel sums come from math_functions (channel_moments, channel_dot).
 
 // a = slope * inv_std, b = bias - mu * a with inv_std = 1 / sqrt(var + eps) when normalize, else
 // (SegNet INFERENCE) a = slope, b = bias, mu = 0, inv_std = 1. With update the running values
@@ -68,38 +31,6 @@ __global__ void bn_affine(const int n, const int C, const int S, const Dtype* x,
     const Dtype v = x[i];
     if (keep) x_hat[i] = (v - mean[c]) * inv_std[c];
     y[i] = a[c] * v + b[c];
-  }
-}
-
-// sum_dy[c] = sum dy, sum_dyx[c] = sum dy * x_hat (0 without x_hat), over (N, S).
-__global__ void bn_channel_dy_sums(const int C, const int N, const int S, const Dtype* dy,
-                                   const Dtype* x_hat, const int has_x_hat, Dtype* sum_dy,
-                                   Dtype* sum_dyx) {
-  __shared__ Dtype p1[256];
-  __shared__ Dtype p2[256];
-  const int m = N * S;
-  for (int c = blockIdx.x; c < C; c += gridDim.x) {
-    Dtype a1 = 0, a2 = 0;
-    for (int j = threadIdx.x; j < m; j += blockDim.x) {
-      const long long k = ((long long)(j / S) * C + c) * S + j % S;
-      a1 += dy[k];
-      if (has_x_hat) a2 += dy[k] * x_hat[k];
-    }
-    p1[threadIdx.x] = a1;
-    p2[threadIdx.x] = a2;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) {
-        p1[threadIdx.x] += p1[threadIdx.x + w];
-        p2[threadIdx.x] += p2[threadIdx.x + w];
-      }
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-      sum_dy[c] = p1[0];
-      sum_dyx[c] = p2[0];
-    }
-    __syncthreads();
   }
 }
 

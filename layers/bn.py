@@ -184,8 +184,7 @@ class BNLayer(Layer):
         bmean, bvar = stats, stats + c * it
         slope, bias = self.blobs[0].gpu_data(), self.blobs[1].gpu_data()
         if self.batch_stats:
-            self._k("bn_channel_moments")(c, n, s, bottom[0].gpu_data(), bmean, bvar,
-                                          grid=(min(c, 65535), 1, 1), block=(256, 1, 1))
+            gm.channel_moments(n, c, s, bottom[0].gpu_data(), bmean, bvar, self.dtype)
             for t, src in zip(top[1:], (bmean, bvar)):
                 gm.copy(c, src, t.mutable_gpu_data(), self.dtype)
             upd = not self.segnet
@@ -210,10 +209,9 @@ class BNLayer(Layer):
         sum_dy, sum_dyx = stats + 2 * c * it, stats + 3 * c * it
         dy = top[0].gpu_diff()
         need_sums = self.batch_stats or any(self.param_propagate_down[:2])
-        if need_sums:
-            self._k("bn_channel_dy_sums")(c, n, s, dy, self._x_hat.gpu_data(), int(self.keep_x_hat), sum_dy, sum_dyx,
-                                          grid=(min(c, 65535), 1, 1), block=(256, 1, 1))
-            if self.param_propagate_down[0] and self.keep_x_hat:
+        if need_sums:  # x_hat is kept whenever sums are needed (batch statistics or learning)
+            gm.channel_dot(n, c, s, dy, self._x_hat.gpu_data(), self.dtype, sum_a=sum_dy, dot=sum_dyx)
+            if self.param_propagate_down[0]:
                 gm.add(c, self.blobs[0].gpu_diff(), sum_dyx, self.blobs[0].mutable_gpu_diff(), self.dtype)
             if self.param_propagate_down[1]:
                 gm.add(c, self.blobs[1].gpu_diff(), sum_dy, self.blobs[1].mutable_gpu_diff(), self.dtype)

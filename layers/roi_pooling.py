@@ -110,6 +110,8 @@ class ROIPoolingLayer(Layer):
         bottom[0].mutable_cpu_diff()[...] = dx.reshape(n, c, h, w)
 
     def forward_gpu(self, bottom, top):
+        if top[0].count == 0:  # no rois
+            return
         n, c, h, w = bottom[0].shape
         k = backend.kernel(KERNELS, "roi_pool_forward", self.dtype)
         k(top[0].count, bottom[0].gpu_data(), self.scale, n, c, h, w, self.ph, self.pw, bottom[1].gpu_data(),
@@ -119,6 +121,9 @@ class ROIPoolingLayer(Layer):
         if not propagate_down[0]:
             return
         n, c, h, w = bottom[0].shape
+        if top[0].count == 0:
+            backend.memset_zero(bottom[0].mutable_gpu_diff(), bottom[0].count * self.dtype.itemsize)
+            return
         k = backend.kernel(KERNELS, "roi_pool_backward", self.dtype)
         k(bottom[0].count, top[0].gpu_diff(), self.argmax.gpu_data(), bottom[1].shape[0], self.scale, c, h, w,
           self.ph, self.pw, bottom[1].gpu_data(), bottom[0].mutable_gpu_diff())

@@ -87,6 +87,8 @@ class UnpoolingLayer(Layer):
             self.size = ((int(p.unpool_size),) * 2 if p.HasField("unpool_size")
                          else (int(p.unpool_h), int(p.unpool_w)) if p.HasField("unpool_h") else None)
         else:
+            if p.global_pooling:
+                raise self.error("pooling_param.global_pooling cannot be unpooled (give kernel_size and stride)")
             if p.pool not in (PP.MAX, PP.AVE):
                 raise self.error("pooling_param.pool must be MAX or AVE for unpooling")
             self.method = MAX if p.pool == PP.MAX else AVE

@@ -78,6 +78,13 @@ def test_errors():
                   propagate=[True, False])
 
 
+def test_no_rois(mode):
+    layer, bottom, top = run_layer('type: "ROIPooling" roi_pooling_param { pooled_h: 2 pooled_w: 2 }',
+                                   [X, np.zeros((0, 5))], propagate=[True, False])
+    assert top[0].shape == (0, 3, 2, 2)
+    np.testing.assert_array_equal(bottom[0].cpu_diff(), 0)
+
+
 def test_gradient(mode):
     layer = make_layer('type: "ROIPooling" roi_pooling_param { pooled_h: 2 pooled_w: 2 spatial_scale: 0.5 }')
     x = X[:, :2, :6, :6] / 10.0  # distinct values, well separated relative to the step

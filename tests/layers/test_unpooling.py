@@ -115,6 +115,8 @@ def test_errors():
                   [x, np.full(x.shape, 16.0)], propagate=[True, False])
     with pytest.raises(caffe.NetError, match="pre-pooling input"):
         run_layer('type: "Unpooling" unpooling_param { kernel_size: 2 stride: 2 }', [x, np.zeros((1, 2, 4, 4))])
+    with pytest.raises(caffe.NetError, match="global_pooling"):
+        run_layer('type: "Unpooling" pooling_param { global_pooling: true }', [x])
     with pytest.raises(caffe.NetError, match="MAX or AVE"):
         run_layer('type: "Unpooling" pooling_param { pool: STOCHASTIC kernel_size: 2 }', [x])
 
