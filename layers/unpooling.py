@@ -68,6 +68,8 @@ class UnpoolingLayer(Layer):
         lp = self.layer_param
         self.deconvnet = lp.HasField("unpooling_param") or not lp.HasField("pooling_param")
         p = lp.unpooling_param if self.deconvnet else lp.pooling_param
+        if not self.deconvnet and p.global_pooling:
+            raise self.error("pooling_param.global_pooling cannot be unpooled (give kernel_size and stride)")
         try:
             self.kernel = _hw(p, "kernel")
             self.stride = _hw(p, "stride", default=1)
@@ -87,8 +89,6 @@ class UnpoolingLayer(Layer):
             self.size = ((int(p.unpool_size),) * 2 if p.HasField("unpool_size")
                          else (int(p.unpool_h), int(p.unpool_w)) if p.HasField("unpool_h") else None)
         else:
-            if p.global_pooling:
-                raise self.error("pooling_param.global_pooling cannot be unpooled (give kernel_size and stride)")
             if p.pool not in (PP.MAX, PP.AVE):
                 raise self.error("pooling_param.pool must be MAX or AVE for unpooling")
             self.method = MAX if p.pool == PP.MAX else AVE
