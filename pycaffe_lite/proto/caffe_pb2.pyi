@@ -641,10 +641,12 @@ class DataParameter(_message.Message):
     def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., backend: _Optional[_Union[DataParameter.DB, str]] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., force_encoded_color: bool = ..., prefetch: _Optional[int] = ..., cache_on_device: bool = ...) -> None: ...
 
 class DropoutParameter(_message.Message):
-    __slots__ = ("dropout_ratio",)
+    __slots__ = ("dropout_ratio", "scale_train")
     DROPOUT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    SCALE_TRAIN_FIELD_NUMBER: _ClassVar[int]
     dropout_ratio: float
-    def __init__(self, dropout_ratio: _Optional[float] = ...) -> None: ...
+    scale_train: bool
+    def __init__(self, dropout_ratio: _Optional[float] = ..., scale_train: bool = ...) -> None: ...
 
 class DummyDataParameter(_message.Message):
     __slots__ = ("data_filler", "shape", "num", "channels", "height", "width")
