@@ -44,3 +44,33 @@ def test_script_writes_label_png(tmp_path, capsys):
     labels = np.asarray(img)
     assert labels.max() < 6
     assert "wrote" in capsys.readouterr().out
+
+
+def test_segnet_style_net(tmp_path):
+    path = tmp_path / "segnet.prototxt"
+    assert segment.main(["--prototxt", str(path), "--arch", "segnet", "--classes", "4", "--size", "36"]) == 0
+    text = path.read_text()
+    assert 'type: "Upsample"' in text and "bn_mode: INFERENCE" in text and "upsample_h: 9" in text
+    caffe.set_random_seed(3)
+    net = caffe.Net(str(path), caffe.TEST)
+    x = np.random.default_rng(1).standard_normal((1, 3, 36, 36)).astype(np.float32)
+    out = net.forward(data=x)
+    assert out["label"].shape == (1, 1, 36, 36)
+    # The deepest unpooling puts every pooled value back where the pooling found it (9 x 9 -> 5 x 5).
+    pooled, mask = net.blobs["pool3"].data, net.blobs["pool3_mask"].data
+    up = net.blobs["upsample3"].data
+    assert up.shape[2:] == (9, 9)
+    expected = np.zeros_like(up)
+    for c, i, j in np.ndindex(pooled.shape[1:]):
+        k = int(mask[0, c, i, j])
+        expected[0, c, k // 9, k % 9] = pooled[0, c, i, j]
+    np.testing.assert_array_equal(up, expected)
+    bn = net.layers[list(net.layer_dict).index("conv1_bn")]
+    assert bn.segnet and [b.shape for b in bn.blobs] == [(1, 16, 1, 1)] * 2
+    np.testing.assert_allclose(bn.blobs[1].data, 0.001)
+
+
+def test_segnet_script_runs(tmp_path):
+    out = tmp_path / "s.png"
+    assert segment.main(["--arch", "segnet", "--out", str(out), "--size", "64"]) == 0
+    assert out.stat().st_size > 100

@@ -9,6 +9,8 @@ palette PNG (one colour per class) of the input picture's size.
 
 Without ``--weights`` the weights are random (seeded), so the map shows that the net runs, not
 what is in the picture. ``--prototxt FILE`` writes the deploy net instead of running it.
+``--arch segnet`` builds a SegNet-style encoder-decoder instead (pooling masks, SegNet's ``BN`` in
+INFERENCE mode, ``Upsample`` with the mask as second bottom).
 """
 
 from __future__ import annotations
@@ -51,6 +53,40 @@ def deploy_net(num_classes: int = 21, size: tuple[int, int] = (224, 224), width:
     n.label = L.ArgMax(n.prob, axis=1)
     proto = n.to_proto()
     proto.name = "segmentation_small_deploy"
+    return proto
+
+
+def segnet_net(num_classes: int = 12, size: tuple[int, int] = (96, 128), width: int = 16):
+    """A SegNet-style encoder-decoder: MAX pooling with its mask top, SegNet's ``BN``
+    (``bn_mode: INFERENCE``: scale and shift) and ``Upsample`` with the mask as second bottom
+    (``scale: 2``, or ``upsample_h``/``upsample_w`` where the pooled size was odd)."""
+    n = caffe.NetSpec()
+    n.data = L.Input(shape=dict(dim=[1, 3, *size]))
+    x, hw, skips = n.data, list(size), []
+    for i, ch in enumerate((width, 2 * width, 4 * width), 1):
+        n[f"conv{i}"] = L.Convolution(x, num_output=ch, kernel_size=3, pad=1, weight_filler=dict(type="msra"))
+        n[f"conv{i}_bn"] = L.BN(n[f"conv{i}"], in_place=True, bn_mode=P.BN.INFERENCE,
+                                scale_filler=dict(type="constant", value=1.0),
+                                shift_filler=dict(type="constant", value=0.001))
+        n[f"relu{i}"] = L.ReLU(n[f"conv{i}"], in_place=True)
+        n[f"pool{i}"], n[f"pool{i}_mask"] = L.Pooling(n[f"conv{i}"], pool=P.Pooling.MAX, kernel_size=2, stride=2,
+                                                      ntop=2)
+        skips.append((f"pool{i}_mask", tuple(hw)))
+        hw = [-(-d // 2) for d in hw]
+        x = n[f"pool{i}"]
+    for i, ch in zip((3, 2, 1), (2 * width, width, width)):
+        mask, (h, w) = skips[i - 1]
+        up = dict(scale=2) if h % 2 == 0 and w % 2 == 0 else dict(upsample_h=h, upsample_w=w)
+        n[f"upsample{i}"] = L.Upsample(x, n[mask], **up)
+        n[f"conv{i}_D"] = L.Convolution(n[f"upsample{i}"], num_output=ch, kernel_size=3, pad=1,
+                                        weight_filler=dict(type="msra"))
+        n[f"relu{i}_D"] = L.ReLU(n[f"conv{i}_D"], in_place=True)
+        x = n[f"conv{i}_D"]
+    n.score = L.Convolution(x, num_output=num_classes, kernel_size=1, weight_filler=dict(type="msra"))
+    n.prob = L.Softmax(n.score)
+    n.label = L.ArgMax(n.prob, axis=1)
+    proto = n.to_proto()
+    proto.name = "segnet_small_deploy"
     return proto
 
 
@@ -97,8 +133,11 @@ def main(argv=None) -> int:
     parser.add_argument("--gpu", type=int, default=-1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--prototxt", help="write the deploy net here and exit")
+    parser.add_argument("--arch", choices=("deeplab", "segnet"), default="deeplab",
+                        help="deeplab: BN + dilated convolutions + Interp; segnet: pooling masks + Upsample")
     args = parser.parse_args(argv)
-    proto = deploy_net(args.classes, (args.size, args.size))
+    build = deploy_net if args.arch == "deeplab" else segnet_net
+    proto = build(args.classes, (args.size, args.size))
     if args.prototxt:
         Path(args.prototxt).write_text(str(proto))
         print(f"wrote {args.prototxt}")
