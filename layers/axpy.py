@@ -2,8 +2,9 @@
 
 Bottoms: ``a`` of shape (N, C) or (N, C, 1, 1); ``x`` and ``y`` of one shape (N, C, ...); top has
 that shape. Backward: ``da[n, c] = Σ_s dtop[n, c, s] · x[n, c, s]``, ``dx = a · dtop``,
-``dy = dtop``. The top may be ``y`` in place (SENet files write it so); ``dy`` then is the top diff
-itself.
+``dy = dtop``. The layer itself computes in place on ``y`` (then ``dy`` is the top diff itself);
+a Net, as Caffe's, allows in place only between a top and the bottom at the same position, so in
+prototxts the top is a new blob.
 """
 
 from __future__ import annotations
