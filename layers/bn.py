@@ -150,16 +150,21 @@ class BNLayer(Layer):
         y = coef[0][None, :, None] * x + coef[1][None, :, None]
         top[0].mutable_cpu_data()[...] = y.reshape(top[0].shape)
 
+    def _learn(self) -> tuple[bool, bool]:
+        """Whether slope and bias take gradients: never when frozen (x_hat is kept otherwise)."""
+        return (not self.frozen and self.param_propagate_down[0], not self.frozen and self.param_propagate_down[1])
+
     def backward_cpu(self, top, propagate_down, bottom):
         dy = self._cview(top[0].cpu_diff())
         coef = self._coef.cpu_data()
         x_hat = self._cview(self._x_hat.cpu_data()) if self.keep_x_hat else None
         sum_dy = dy.sum(axis=(0, 2))
         sum_dyx = (dy * x_hat).sum(axis=(0, 2)) if x_hat is not None else None
-        if self.param_propagate_down[0] and sum_dyx is not None:
+        learn = self._learn()
+        if learn[0] and sum_dyx is not None:
             d = self.blobs[0].mutable_cpu_diff()
             d[...] += sum_dyx.reshape(d.shape)
-        if self.param_propagate_down[1]:
+        if learn[1]:
             d = self.blobs[1].mutable_cpu_diff()
             d[...] += sum_dy.reshape(d.shape)
         if not propagate_down[0]:
@@ -208,12 +213,12 @@ class BNLayer(Layer):
         a = coef
         sum_dy, sum_dyx = stats + 2 * c * it, stats + 3 * c * it
         dy = top[0].gpu_diff()
-        need_sums = self.batch_stats or any(self.param_propagate_down[:2])
-        if need_sums:  # x_hat is kept whenever sums are needed (batch statistics or learning)
+        learn = self._learn()
+        if self.batch_stats or any(learn):  # then x_hat is kept (batch statistics, or not frozen)
             gm.channel_dot(n, c, s, dy, self._x_hat.gpu_data(), self.dtype, sum_a=sum_dy, dot=sum_dyx)
-            if self.param_propagate_down[0]:
+            if learn[0]:
                 gm.add(c, self.blobs[0].gpu_diff(), sum_dyx, self.blobs[0].mutable_gpu_diff(), self.dtype)
-            if self.param_propagate_down[1]:
+            if learn[1]:
                 gm.add(c, self.blobs[1].gpu_diff(), sum_dy, self.blobs[1].mutable_gpu_diff(), self.dtype)
         if not propagate_down[0]:
             return

@@ -197,3 +197,24 @@ def test_cpu_gpu_agree(text, ntop):
     big = RNG.standard_normal((4, 5, 13, 11))
     assert_cpu_gpu_agree(text, [big], ntop=ntop, rtol=1e-10, atol=1e-12)
     assert_cpu_gpu_agree(text, [big], ntop=ntop, dtype=np.float32, rtol=2e-4, atol=2e-5)
+
+
+def test_frozen_overrides_the_prototxt_lr_mult(tmp_path):
+    """PSPNet files write lr_mult 1 on slope and bias with frozen: true; the fork forces 0, so the
+    net learns nothing there (and a frozen layer computes no parameter gradient)."""
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(NET.format(bn="slope_filler { value: 1 } frozen: true").replace(
+        'type: "BN"', 'type: "BN" param { lr_mult: 1 decay_mult: 1 } param { lr_mult: 1 decay_mult: 1 } '
+        'param { lr_mult: 1 } param { lr_mult: 1 }') + '\nforce_backward: true\n')
+    net = caffe.Net(str(proto), caffe.TRAIN)
+    bn = net.layers[1]
+    assert [p.lr_mult for p in net.param.layer[1].param] == [0, 0, 0, 0]
+    assert all(lr == 0 for lr in net.params_lr)
+    net.forward(data=X.astype(np.float32))
+    net.blobs["data"].diff[...] = 1
+    net.backward()
+    assert all(not p.diff.any() for p in bn.blobs)
+    proto.write_text(NET.format(bn="slope_filler { value: 1 }").replace(
+        'type: "BN"', 'type: "BN" param { lr_mult: 1 } param { lr_mult: 2 } param { lr_mult: 1 } param { lr_mult: 1 }'))
+    net = caffe.Net(str(proto), caffe.TRAIN)
+    assert [p.lr_mult for p in net.param.layer[1].param] == [1, 2, 0, 0]  # statistics never learn
