@@ -113,19 +113,18 @@ class InterpLayer(Layer):
         if (self.hi, self.wi) == (self.ho, self.wo):
             dx[...] = dy
             return
-        h0, hs, hl = interp_weights(self.hi, self.ho, self.dtype)
-        w0, ws, wl = interp_weights(self.wi, self.wo, self.dtype)
-        one = self.dtype.type(1)
-        # Separable adjoint: spread along W into (N, C, Ho, Wi), then along H into (N, C, Hi, Wi).
-        n, c = dy.shape[:2]
-        along_w = np.zeros((n, c, self.ho, self.wi), self.dtype)
-        np.add.at(along_w, (slice(None), slice(None), slice(None), w0), dy * (one - wl))
-        np.add.at(along_w, (slice(None), slice(None), slice(None), w0 + ws), dy * wl)
-        hl4 = hl[:, None]
-        acc = np.zeros((n, c, self.hi, self.wi), self.dtype)
-        np.add.at(acc, (slice(None), slice(None), h0), along_w * (one - hl4))
-        np.add.at(acc, (slice(None), slice(None), h0 + hs), along_w * hl4)
-        dx[...] = acc
+        # The adjoint of the separable map y = A_h x A_w^T: dx = A_h^T dy A_w (two matrix products).
+        ah, aw = self._matrix(self.hi, self.ho), self._matrix(self.wi, self.wo)
+        dx[...] = np.matmul(np.matmul(ah.T, dy), aw)
+
+    def _matrix(self, n_in: int, n_out: int) -> np.ndarray:
+        """(n_out, n_in) interpolation weights along one axis."""
+        lo, step, lam = interp_weights(n_in, n_out, self.dtype)
+        m = np.zeros((n_out, n_in), self.dtype)
+        rows = np.arange(n_out)
+        np.add.at(m, (rows, lo), self.dtype.type(1) - lam)
+        np.add.at(m, (rows, lo + step), lam)
+        return m
 
     def forward_gpu(self, bottom, top):
         h, w = bottom[0].shape[2:]
