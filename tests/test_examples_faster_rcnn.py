@@ -195,3 +195,24 @@ def test_train_script_runs_and_weights_load(tmp_path):
     detect = importlib.import_module("detect")
     assert detect.main(["--weights", str(tmp_path / "faster_rcnn_small.caffemodel"), "--classes", "4",
                         "--out", str(tmp_path / "d.png"), "--scale", "128"]) == 0
+
+
+@pytest.mark.gpu
+def test_detect_script_on_gpu(tmp_path, capsys):
+    """The whole pipeline in GPU mode: the layers' kernels, the Python layers on host copies and the
+    GPU NMS inside ProposalLayer."""
+    detect = importlib.import_module("detect")
+    try:
+        assert detect.main(["--out", str(tmp_path / "g.png"), "--scale", "128", "--gpu", "0"]) == 0
+    finally:
+        caffe.set_mode_cpu()
+    assert "detections after per-class NMS" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_train_script_on_gpu(tmp_path):
+    train = importlib.import_module("train")
+    try:
+        assert train.main(["--iters", "3", "--out", str(tmp_path), "--scale", "128", "--gpu", "0"]) == 0
+    finally:
+        caffe.set_mode_cpu()

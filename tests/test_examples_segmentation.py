@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import pycaffe_lite as caffe
 
@@ -74,3 +75,12 @@ def test_segnet_script_runs(tmp_path):
     out = tmp_path / "s.png"
     assert segment.main(["--arch", "segnet", "--out", str(out), "--size", "64"]) == 0
     assert out.stat().st_size > 100
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["deeplab", "segnet"])
+def test_script_on_gpu(tmp_path, arch):
+    try:
+        assert segment.main(["--arch", arch, "--out", str(tmp_path / "g.png"), "--size", "64", "--gpu", "0"]) == 0
+    finally:
+        caffe.set_mode_cpu()
