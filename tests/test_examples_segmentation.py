@@ -4,8 +4,7 @@ palette PNG of the picture's size."""
 
 from __future__ import annotations
 
-import importlib
-import sys
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +12,10 @@ import pytest
 
 import pycaffe_lite as caffe
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "segmentation"))
-segment = importlib.import_module("segment")
+_spec = importlib.util.spec_from_file_location(
+    "segmentation_segment", Path(__file__).resolve().parents[1] / "examples" / "segmentation" / "segment.py")
+segment = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(segment)
 
 
 def test_net_shapes_and_labels(tmp_path):
