@@ -98,4 +98,4 @@ def test_cpu_gpu_agree(ph, pw, scale):
     text = f'type: "ROIPooling" roi_pooling_param {{ pooled_h: {ph} pooled_w: {pw} spatial_scale: {scale} }}'
     rois = np.concatenate([ROIS, [[1, 0, 0, 150, 170], [0, 16, 32, 100, 60]]])
     assert_cpu_gpu_agree(text, [X, rois], propagate=[True, False])
-    assert_cpu_gpu_agree(text, [X, rois], propagate=[True, False], dtype=np.float32, rtol=1e-6)
+    assert_cpu_gpu_agree(text, [X, rois], propagate=[True, False], dtype=np.float32, rtol=1e-6, atol=1e-6)

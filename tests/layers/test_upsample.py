@@ -93,4 +93,4 @@ def test_cpu_gpu_agree():
                          propagate=[True, False])
     assert_cpu_gpu_agree('type: "Upsample" upsample_param { scale: 2 }', [x])
     assert_cpu_gpu_agree('type: "Upsample" upsample_param { scale_h: 3 scale_w: 2 }', [x], dtype=np.float32,
-                         rtol=1e-6)
+                         rtol=1e-6, atol=1e-6)
