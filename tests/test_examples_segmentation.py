@@ -34,6 +34,14 @@ def test_net_shapes_and_labels(tmp_path):
     for a, b in ((0, 0), (0, -1), (-1, 0), (-1, -1)):
         np.testing.assert_allclose(u[:, a, b], s[:, a, b], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(out["label"][0, 0], net.blobs["prob"].data[0].argmax(axis=0))
+    # Every upsampled score is the aligned-corner bilinear blend of the four scores around it.
+    n_in, n_out = s.shape[1], u.shape[1]
+    pos = np.arange(n_out) * (n_in - 1) / (n_out - 1)
+    lo = np.minimum(pos.astype(int), n_in - 2)
+    f = pos - lo
+    rows = s[:, lo] * (1 - f)[None, :, None] + s[:, lo + 1] * f[None, :, None]
+    ref = rows[:, :, lo] * (1 - f)[None, None, :] + rows[:, :, lo + 1] * f[None, None, :]
+    np.testing.assert_allclose(u, ref, rtol=1e-4, atol=1e-5)
 
 
 def test_script_writes_label_png(tmp_path, capsys):
