@@ -224,7 +224,12 @@ class Net:
             self.graph.top_id_vecs.append(tids)
             layer.setup(bvec, tvec)  # its errors name the layer
             self._check_tops_hold_values(layer_id)
-            # Param specs a layer adds for itself in setup (BatchNorm's lr_mult 0) count too.
+            # Param specs a layer adds for itself in setup (BatchNorm's lr_mult 0) count too, and so
+            # do the ones it overrides (the forks' BN forces lr_mult 0 on its statistics, or on all
+            # four blobs when frozen, whatever the prototxt says).
+            for i in range(min(len(lp.param), len(layer.layer_param.param))):
+                if lp.param[i] != layer.layer_param.param[i]:
+                    lp.param[i].CopyFrom(layer.layer_param.param[i])
             if len(layer.layer_param.param) > len(lp.param):
                 lp.param.extend(layer.layer_param.param[len(lp.param):])
             for ti, tid in enumerate(tids):

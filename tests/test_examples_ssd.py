@@ -1,6 +1,7 @@
 """examples/ssd: the generated SSD300-VGG16 and SSDLite-MobileNet deploy nets build and run, and the
 detection script draws a PNG."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -40,7 +41,11 @@ def test_prior_sizes_follow_the_ssd300_schedule():
 
 
 def test_detect_script_draws_png(tmp_path):
-    import detect
+    # by path: other examples have a detect.py of their own
+    spec = importlib.util.spec_from_file_location("ssd_detect", ROOT / "examples" / "ssd" / "detect.py")
+    assert spec is not None and spec.loader is not None
+    detect = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(detect)
 
     out = tmp_path / "det.png"
     assert detect.main(["--net", "ssdlite", "--width", "0.0625", "--num-classes", "4", "--threshold", "0",

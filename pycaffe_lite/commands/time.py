@@ -51,6 +51,10 @@ BACKWARD_READS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("Threshold", "Bias", "Eltwise", "Concat", "Split", "Slice", "Crop", "Tile"), ()),
     **dict.fromkeys(("SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "MultinomialLogisticLoss",
                      "InfogainLoss", "HingeLoss", "ContrastiveLoss"), ("bottom",)),
+    # The forks' layers (docs/fork_layers.md)
+    **dict.fromkeys(("ReLU6", "Axpy", "BN", "SmoothL1Loss"), ("bottom",)),
+    **dict.fromkeys(("ShuffleChannel", "Interp", "Upsample", "Unpooling", "UnPooling"), ()),
+    "ROIPooling": ("top",),  # the argmax
 }
 SHARING_FORWARD = ("Split",)  # forward shares the bottom's data with the tops: no traffic
 _ELT = caffe_pb2.EltwiseParameter

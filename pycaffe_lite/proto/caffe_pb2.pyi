@@ -315,7 +315,7 @@ class ParamSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., share_mode: _Optional[_Union[ParamSpec.DimCheckMode, str]] = ..., lr_mult: _Optional[float] = ..., decay_mult: _Optional[float] = ...) -> None: ...
 
 class LayerParameter(_message.Message):
-    __slots__ = ("name", "type", "bottom", "top", "phase", "loss_weight", "param", "blobs", "propagate_down", "include", "exclude", "transform_param", "loss_param", "accuracy_param", "argmax_param", "batch_norm_param", "bias_param", "clip_param", "concat_param", "contrastive_loss_param", "convolution_param", "crop_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param", "elu_param", "embed_param", "exp_param", "flatten_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param", "image_data_param", "infogain_loss_param", "inner_product_param", "input_param", "log_param", "lrn_param", "memory_data_param", "mvn_param", "parameter_param", "pooling_param", "power_param", "prelu_param", "python_param", "recurrent_param", "reduction_param", "relu_param", "reshape_param", "scale_param", "sigmoid_param", "softmax_param", "spp_param", "slice_param", "swish_param", "tanh_param", "threshold_param", "tile_param", "window_data_param", "lstm_param", "transpose_param", "reverse_param", "annotated_data_param", "multibox_loss_param", "permute_param", "prior_box_param", "detection_output_param", "detection_evaluate_param", "norm_param", "video_data_param")
+    __slots__ = ("name", "type", "bottom", "top", "phase", "loss_weight", "param", "blobs", "propagate_down", "include", "exclude", "transform_param", "loss_param", "accuracy_param", "argmax_param", "batch_norm_param", "bias_param", "clip_param", "concat_param", "contrastive_loss_param", "convolution_param", "crop_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param", "elu_param", "embed_param", "exp_param", "flatten_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param", "image_data_param", "infogain_loss_param", "inner_product_param", "input_param", "log_param", "lrn_param", "memory_data_param", "mvn_param", "parameter_param", "pooling_param", "power_param", "prelu_param", "python_param", "recurrent_param", "reduction_param", "relu_param", "reshape_param", "scale_param", "sigmoid_param", "softmax_param", "spp_param", "slice_param", "swish_param", "tanh_param", "threshold_param", "tile_param", "window_data_param", "lstm_param", "transpose_param", "reverse_param", "annotated_data_param", "multibox_loss_param", "permute_param", "prior_box_param", "detection_output_param", "detection_evaluate_param", "norm_param", "video_data_param", "upsample_param", "bn_param", "shuffle_channel_param", "interp_param", "roi_pooling_param", "smooth_l1_loss_param", "unpooling_param")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     BOTTOM_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +387,13 @@ class LayerParameter(_message.Message):
     DETECTION_EVALUATE_PARAM_FIELD_NUMBER: _ClassVar[int]
     NORM_PARAM_FIELD_NUMBER: _ClassVar[int]
     VIDEO_DATA_PARAM_FIELD_NUMBER: _ClassVar[int]
+    UPSAMPLE_PARAM_FIELD_NUMBER: _ClassVar[int]
+    BN_PARAM_FIELD_NUMBER: _ClassVar[int]
+    SHUFFLE_CHANNEL_PARAM_FIELD_NUMBER: _ClassVar[int]
+    INTERP_PARAM_FIELD_NUMBER: _ClassVar[int]
+    ROI_POOLING_PARAM_FIELD_NUMBER: _ClassVar[int]
+    SMOOTH_L1_LOSS_PARAM_FIELD_NUMBER: _ClassVar[int]
+    UNPOOLING_PARAM_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: str
     bottom: _containers.RepeatedScalarFieldContainer[str]
@@ -458,7 +465,14 @@ class LayerParameter(_message.Message):
     detection_evaluate_param: DetectionEvaluateParameter
     norm_param: NormalizeParameter
     video_data_param: VideoDataParameter
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., bottom: _Optional[_Iterable[str]] = ..., top: _Optional[_Iterable[str]] = ..., phase: _Optional[_Union[Phase, str]] = ..., loss_weight: _Optional[_Iterable[float]] = ..., param: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., blobs: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., propagate_down: _Optional[_Iterable[bool]] = ..., include: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., exclude: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., transform_param: _Optional[_Union[TransformationParameter, _Mapping]] = ..., loss_param: _Optional[_Union[LossParameter, _Mapping]] = ..., accuracy_param: _Optional[_Union[AccuracyParameter, _Mapping]] = ..., argmax_param: _Optional[_Union[ArgMaxParameter, _Mapping]] = ..., batch_norm_param: _Optional[_Union[BatchNormParameter, _Mapping]] = ..., bias_param: _Optional[_Union[BiasParameter, _Mapping]] = ..., clip_param: _Optional[_Union[ClipParameter, _Mapping]] = ..., concat_param: _Optional[_Union[ConcatParameter, _Mapping]] = ..., contrastive_loss_param: _Optional[_Union[ContrastiveLossParameter, _Mapping]] = ..., convolution_param: _Optional[_Union[ConvolutionParameter, _Mapping]] = ..., crop_param: _Optional[_Union[CropParameter, _Mapping]] = ..., data_param: _Optional[_Union[DataParameter, _Mapping]] = ..., dropout_param: _Optional[_Union[DropoutParameter, _Mapping]] = ..., dummy_data_param: _Optional[_Union[DummyDataParameter, _Mapping]] = ..., eltwise_param: _Optional[_Union[EltwiseParameter, _Mapping]] = ..., elu_param: _Optional[_Union[ELUParameter, _Mapping]] = ..., embed_param: _Optional[_Union[EmbedParameter, _Mapping]] = ..., exp_param: _Optional[_Union[ExpParameter, _Mapping]] = ..., flatten_param: _Optional[_Union[FlattenParameter, _Mapping]] = ..., hdf5_data_param: _Optional[_Union[HDF5DataParameter, _Mapping]] = ..., hdf5_output_param: _Optional[_Union[HDF5OutputParameter, _Mapping]] = ..., hinge_loss_param: _Optional[_Union[HingeLossParameter, _Mapping]] = ..., image_data_param: _Optional[_Union[ImageDataParameter, _Mapping]] = ..., infogain_loss_param: _Optional[_Union[InfogainLossParameter, _Mapping]] = ..., inner_product_param: _Optional[_Union[InnerProductParameter, _Mapping]] = ..., input_param: _Optional[_Union[InputParameter, _Mapping]] = ..., log_param: _Optional[_Union[LogParameter, _Mapping]] = ..., lrn_param: _Optional[_Union[LRNParameter, _Mapping]] = ..., memory_data_param: _Optional[_Union[MemoryDataParameter, _Mapping]] = ..., mvn_param: _Optional[_Union[MVNParameter, _Mapping]] = ..., parameter_param: _Optional[_Union[ParameterParameter, _Mapping]] = ..., pooling_param: _Optional[_Union[PoolingParameter, _Mapping]] = ..., power_param: _Optional[_Union[PowerParameter, _Mapping]] = ..., prelu_param: _Optional[_Union[PReLUParameter, _Mapping]] = ..., python_param: _Optional[_Union[PythonParameter, _Mapping]] = ..., recurrent_param: _Optional[_Union[RecurrentParameter, _Mapping]] = ..., reduction_param: _Optional[_Union[ReductionParameter, _Mapping]] = ..., relu_param: _Optional[_Union[ReLUParameter, _Mapping]] = ..., reshape_param: _Optional[_Union[ReshapeParameter, _Mapping]] = ..., scale_param: _Optional[_Union[ScaleParameter, _Mapping]] = ..., sigmoid_param: _Optional[_Union[SigmoidParameter, _Mapping]] = ..., softmax_param: _Optional[_Union[SoftmaxParameter, _Mapping]] = ..., spp_param: _Optional[_Union[SPPParameter, _Mapping]] = ..., slice_param: _Optional[_Union[SliceParameter, _Mapping]] = ..., swish_param: _Optional[_Union[SwishParameter, _Mapping]] = ..., tanh_param: _Optional[_Union[TanHParameter, _Mapping]] = ..., threshold_param: _Optional[_Union[ThresholdParameter, _Mapping]] = ..., tile_param: _Optional[_Union[TileParameter, _Mapping]] = ..., window_data_param: _Optional[_Union[WindowDataParameter, _Mapping]] = ..., lstm_param: _Optional[_Union[LstmParameter, _Mapping]] = ..., transpose_param: _Optional[_Union[TransposeParameter, _Mapping]] = ..., reverse_param: _Optional[_Union[ReverseParameter, _Mapping]] = ..., annotated_data_param: _Optional[_Union[AnnotatedDataParameter, _Mapping]] = ..., multibox_loss_param: _Optional[_Union[MultiBoxLossParameter, _Mapping]] = ..., permute_param: _Optional[_Union[PermuteParameter, _Mapping]] = ..., prior_box_param: _Optional[_Union[PriorBoxParameter, _Mapping]] = ..., detection_output_param: _Optional[_Union[DetectionOutputParameter, _Mapping]] = ..., detection_evaluate_param: _Optional[_Union[DetectionEvaluateParameter, _Mapping]] = ..., norm_param: _Optional[_Union[NormalizeParameter, _Mapping]] = ..., video_data_param: _Optional[_Union[VideoDataParameter, _Mapping]] = ...) -> None: ...
+    upsample_param: UpsampleParameter
+    bn_param: BNParameter
+    shuffle_channel_param: ShuffleChannelParameter
+    interp_param: InterpParameter
+    roi_pooling_param: ROIPoolingParameter
+    smooth_l1_loss_param: SmoothL1LossParameter
+    unpooling_param: UnpoolingParameter
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., bottom: _Optional[_Iterable[str]] = ..., top: _Optional[_Iterable[str]] = ..., phase: _Optional[_Union[Phase, str]] = ..., loss_weight: _Optional[_Iterable[float]] = ..., param: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., blobs: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., propagate_down: _Optional[_Iterable[bool]] = ..., include: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., exclude: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., transform_param: _Optional[_Union[TransformationParameter, _Mapping]] = ..., loss_param: _Optional[_Union[LossParameter, _Mapping]] = ..., accuracy_param: _Optional[_Union[AccuracyParameter, _Mapping]] = ..., argmax_param: _Optional[_Union[ArgMaxParameter, _Mapping]] = ..., batch_norm_param: _Optional[_Union[BatchNormParameter, _Mapping]] = ..., bias_param: _Optional[_Union[BiasParameter, _Mapping]] = ..., clip_param: _Optional[_Union[ClipParameter, _Mapping]] = ..., concat_param: _Optional[_Union[ConcatParameter, _Mapping]] = ..., contrastive_loss_param: _Optional[_Union[ContrastiveLossParameter, _Mapping]] = ..., convolution_param: _Optional[_Union[ConvolutionParameter, _Mapping]] = ..., crop_param: _Optional[_Union[CropParameter, _Mapping]] = ..., data_param: _Optional[_Union[DataParameter, _Mapping]] = ..., dropout_param: _Optional[_Union[DropoutParameter, _Mapping]] = ..., dummy_data_param: _Optional[_Union[DummyDataParameter, _Mapping]] = ..., eltwise_param: _Optional[_Union[EltwiseParameter, _Mapping]] = ..., elu_param: _Optional[_Union[ELUParameter, _Mapping]] = ..., embed_param: _Optional[_Union[EmbedParameter, _Mapping]] = ..., exp_param: _Optional[_Union[ExpParameter, _Mapping]] = ..., flatten_param: _Optional[_Union[FlattenParameter, _Mapping]] = ..., hdf5_data_param: _Optional[_Union[HDF5DataParameter, _Mapping]] = ..., hdf5_output_param: _Optional[_Union[HDF5OutputParameter, _Mapping]] = ..., hinge_loss_param: _Optional[_Union[HingeLossParameter, _Mapping]] = ..., image_data_param: _Optional[_Union[ImageDataParameter, _Mapping]] = ..., infogain_loss_param: _Optional[_Union[InfogainLossParameter, _Mapping]] = ..., inner_product_param: _Optional[_Union[InnerProductParameter, _Mapping]] = ..., input_param: _Optional[_Union[InputParameter, _Mapping]] = ..., log_param: _Optional[_Union[LogParameter, _Mapping]] = ..., lrn_param: _Optional[_Union[LRNParameter, _Mapping]] = ..., memory_data_param: _Optional[_Union[MemoryDataParameter, _Mapping]] = ..., mvn_param: _Optional[_Union[MVNParameter, _Mapping]] = ..., parameter_param: _Optional[_Union[ParameterParameter, _Mapping]] = ..., pooling_param: _Optional[_Union[PoolingParameter, _Mapping]] = ..., power_param: _Optional[_Union[PowerParameter, _Mapping]] = ..., prelu_param: _Optional[_Union[PReLUParameter, _Mapping]] = ..., python_param: _Optional[_Union[PythonParameter, _Mapping]] = ..., recurrent_param: _Optional[_Union[RecurrentParameter, _Mapping]] = ..., reduction_param: _Optional[_Union[ReductionParameter, _Mapping]] = ..., relu_param: _Optional[_Union[ReLUParameter, _Mapping]] = ..., reshape_param: _Optional[_Union[ReshapeParameter, _Mapping]] = ..., scale_param: _Optional[_Union[ScaleParameter, _Mapping]] = ..., sigmoid_param: _Optional[_Union[SigmoidParameter, _Mapping]] = ..., softmax_param: _Optional[_Union[SoftmaxParameter, _Mapping]] = ..., spp_param: _Optional[_Union[SPPParameter, _Mapping]] = ..., slice_param: _Optional[_Union[SliceParameter, _Mapping]] = ..., swish_param: _Optional[_Union[SwishParameter, _Mapping]] = ..., tanh_param: _Optional[_Union[TanHParameter, _Mapping]] = ..., threshold_param: _Optional[_Union[ThresholdParameter, _Mapping]] = ..., tile_param: _Optional[_Union[TileParameter, _Mapping]] = ..., window_data_param: _Optional[_Union[WindowDataParameter, _Mapping]] = ..., lstm_param: _Optional[_Union[LstmParameter, _Mapping]] = ..., transpose_param: _Optional[_Union[TransposeParameter, _Mapping]] = ..., reverse_param: _Optional[_Union[ReverseParameter, _Mapping]] = ..., annotated_data_param: _Optional[_Union[AnnotatedDataParameter, _Mapping]] = ..., multibox_loss_param: _Optional[_Union[MultiBoxLossParameter, _Mapping]] = ..., permute_param: _Optional[_Union[PermuteParameter, _Mapping]] = ..., prior_box_param: _Optional[_Union[PriorBoxParameter, _Mapping]] = ..., detection_output_param: _Optional[_Union[DetectionOutputParameter, _Mapping]] = ..., detection_evaluate_param: _Optional[_Union[DetectionEvaluateParameter, _Mapping]] = ..., norm_param: _Optional[_Union[NormalizeParameter, _Mapping]] = ..., video_data_param: _Optional[_Union[VideoDataParameter, _Mapping]] = ..., upsample_param: _Optional[_Union[UpsampleParameter, _Mapping]] = ..., bn_param: _Optional[_Union[BNParameter, _Mapping]] = ..., shuffle_channel_param: _Optional[_Union[ShuffleChannelParameter, _Mapping]] = ..., interp_param: _Optional[_Union[InterpParameter, _Mapping]] = ..., roi_pooling_param: _Optional[_Union[ROIPoolingParameter, _Mapping]] = ..., smooth_l1_loss_param: _Optional[_Union[SmoothL1LossParameter, _Mapping]] = ..., unpooling_param: _Optional[_Union[UnpoolingParameter, _Mapping]] = ...) -> None: ...
 
 class TransformationParameter(_message.Message):
     __slots__ = ("scale", "mirror", "crop_size", "mean_file", "mean_value", "force_color", "force_gray", "resize_param", "noise_param", "emit_constraint", "crop_h", "crop_w", "distort_param", "expand_param")
@@ -677,10 +691,12 @@ class DataParameter(_message.Message):
     def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., backend: _Optional[_Union[DataParameter.DB, str]] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., force_encoded_color: bool = ..., prefetch: _Optional[int] = ..., cache_on_device: bool = ...) -> None: ...
 
 class DropoutParameter(_message.Message):
-    __slots__ = ("dropout_ratio",)
+    __slots__ = ("dropout_ratio", "scale_train")
     DROPOUT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    SCALE_TRAIN_FIELD_NUMBER: _ClassVar[int]
     dropout_ratio: float
-    def __init__(self, dropout_ratio: _Optional[float] = ...) -> None: ...
+    scale_train: bool
+    def __init__(self, dropout_ratio: _Optional[float] = ..., scale_train: bool = ...) -> None: ...
 
 class DummyDataParameter(_message.Message):
     __slots__ = ("data_filler", "shape", "num", "channels", "height", "width")
@@ -1195,7 +1211,7 @@ class SPPParameter(_message.Message):
     def __init__(self, pyramid_height: _Optional[int] = ..., pool: _Optional[_Union[SPPParameter.PoolMethod, str]] = ..., engine: _Optional[_Union[SPPParameter.Engine, str]] = ...) -> None: ...
 
 class V1LayerParameter(_message.Message):
-    __slots__ = ("bottom", "top", "name", "include", "exclude", "type", "blobs", "param", "blob_share_mode", "blobs_lr", "weight_decay", "loss_weight", "accuracy_param", "argmax_param", "concat_param", "contrastive_loss_param", "convolution_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param", "exp_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param", "image_data_param", "infogain_loss_param", "inner_product_param", "lrn_param", "memory_data_param", "mvn_param", "pooling_param", "power_param", "relu_param", "sigmoid_param", "softmax_param", "slice_param", "tanh_param", "threshold_param", "window_data_param", "transform_param", "loss_param", "layer")
+    __slots__ = ("bottom", "top", "name", "include", "exclude", "type", "blobs", "param", "blob_share_mode", "blobs_lr", "weight_decay", "loss_weight", "accuracy_param", "argmax_param", "concat_param", "contrastive_loss_param", "convolution_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param", "exp_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param", "image_data_param", "infogain_loss_param", "inner_product_param", "lrn_param", "memory_data_param", "mvn_param", "pooling_param", "power_param", "relu_param", "sigmoid_param", "softmax_param", "slice_param", "tanh_param", "threshold_param", "window_data_param", "transform_param", "loss_param", "unpooling_param", "layer")
     class LayerType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NONE: _ClassVar[V1LayerParameter.LayerType]
@@ -1238,6 +1254,7 @@ class V1LayerParameter(_message.Message):
         TANH: _ClassVar[V1LayerParameter.LayerType]
         WINDOW_DATA: _ClassVar[V1LayerParameter.LayerType]
         THRESHOLD: _ClassVar[V1LayerParameter.LayerType]
+        UNPOOLING: _ClassVar[V1LayerParameter.LayerType]
     NONE: V1LayerParameter.LayerType
     ABSVAL: V1LayerParameter.LayerType
     ACCURACY: V1LayerParameter.LayerType
@@ -1278,6 +1295,7 @@ class V1LayerParameter(_message.Message):
     TANH: V1LayerParameter.LayerType
     WINDOW_DATA: V1LayerParameter.LayerType
     THRESHOLD: V1LayerParameter.LayerType
+    UNPOOLING: V1LayerParameter.LayerType
     class DimCheckMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STRICT: _ClassVar[V1LayerParameter.DimCheckMode]
@@ -1326,6 +1344,7 @@ class V1LayerParameter(_message.Message):
     WINDOW_DATA_PARAM_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_PARAM_FIELD_NUMBER: _ClassVar[int]
     LOSS_PARAM_FIELD_NUMBER: _ClassVar[int]
+    UNPOOLING_PARAM_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     bottom: _containers.RepeatedScalarFieldContainer[str]
     top: _containers.RepeatedScalarFieldContainer[str]
@@ -1369,8 +1388,9 @@ class V1LayerParameter(_message.Message):
     window_data_param: WindowDataParameter
     transform_param: TransformationParameter
     loss_param: LossParameter
+    unpooling_param: UnpoolingParameter
     layer: V0LayerParameter
-    def __init__(self, bottom: _Optional[_Iterable[str]] = ..., top: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., include: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., exclude: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., type: _Optional[_Union[V1LayerParameter.LayerType, str]] = ..., blobs: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., param: _Optional[_Iterable[str]] = ..., blob_share_mode: _Optional[_Iterable[_Union[V1LayerParameter.DimCheckMode, str]]] = ..., blobs_lr: _Optional[_Iterable[float]] = ..., weight_decay: _Optional[_Iterable[float]] = ..., loss_weight: _Optional[_Iterable[float]] = ..., accuracy_param: _Optional[_Union[AccuracyParameter, _Mapping]] = ..., argmax_param: _Optional[_Union[ArgMaxParameter, _Mapping]] = ..., concat_param: _Optional[_Union[ConcatParameter, _Mapping]] = ..., contrastive_loss_param: _Optional[_Union[ContrastiveLossParameter, _Mapping]] = ..., convolution_param: _Optional[_Union[ConvolutionParameter, _Mapping]] = ..., data_param: _Optional[_Union[DataParameter, _Mapping]] = ..., dropout_param: _Optional[_Union[DropoutParameter, _Mapping]] = ..., dummy_data_param: _Optional[_Union[DummyDataParameter, _Mapping]] = ..., eltwise_param: _Optional[_Union[EltwiseParameter, _Mapping]] = ..., exp_param: _Optional[_Union[ExpParameter, _Mapping]] = ..., hdf5_data_param: _Optional[_Union[HDF5DataParameter, _Mapping]] = ..., hdf5_output_param: _Optional[_Union[HDF5OutputParameter, _Mapping]] = ..., hinge_loss_param: _Optional[_Union[HingeLossParameter, _Mapping]] = ..., image_data_param: _Optional[_Union[ImageDataParameter, _Mapping]] = ..., infogain_loss_param: _Optional[_Union[InfogainLossParameter, _Mapping]] = ..., inner_product_param: _Optional[_Union[InnerProductParameter, _Mapping]] = ..., lrn_param: _Optional[_Union[LRNParameter, _Mapping]] = ..., memory_data_param: _Optional[_Union[MemoryDataParameter, _Mapping]] = ..., mvn_param: _Optional[_Union[MVNParameter, _Mapping]] = ..., pooling_param: _Optional[_Union[PoolingParameter, _Mapping]] = ..., power_param: _Optional[_Union[PowerParameter, _Mapping]] = ..., relu_param: _Optional[_Union[ReLUParameter, _Mapping]] = ..., sigmoid_param: _Optional[_Union[SigmoidParameter, _Mapping]] = ..., softmax_param: _Optional[_Union[SoftmaxParameter, _Mapping]] = ..., slice_param: _Optional[_Union[SliceParameter, _Mapping]] = ..., tanh_param: _Optional[_Union[TanHParameter, _Mapping]] = ..., threshold_param: _Optional[_Union[ThresholdParameter, _Mapping]] = ..., window_data_param: _Optional[_Union[WindowDataParameter, _Mapping]] = ..., transform_param: _Optional[_Union[TransformationParameter, _Mapping]] = ..., loss_param: _Optional[_Union[LossParameter, _Mapping]] = ..., layer: _Optional[_Union[V0LayerParameter, _Mapping]] = ...) -> None: ...
+    def __init__(self, bottom: _Optional[_Iterable[str]] = ..., top: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., include: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., exclude: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., type: _Optional[_Union[V1LayerParameter.LayerType, str]] = ..., blobs: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., param: _Optional[_Iterable[str]] = ..., blob_share_mode: _Optional[_Iterable[_Union[V1LayerParameter.DimCheckMode, str]]] = ..., blobs_lr: _Optional[_Iterable[float]] = ..., weight_decay: _Optional[_Iterable[float]] = ..., loss_weight: _Optional[_Iterable[float]] = ..., accuracy_param: _Optional[_Union[AccuracyParameter, _Mapping]] = ..., argmax_param: _Optional[_Union[ArgMaxParameter, _Mapping]] = ..., concat_param: _Optional[_Union[ConcatParameter, _Mapping]] = ..., contrastive_loss_param: _Optional[_Union[ContrastiveLossParameter, _Mapping]] = ..., convolution_param: _Optional[_Union[ConvolutionParameter, _Mapping]] = ..., data_param: _Optional[_Union[DataParameter, _Mapping]] = ..., dropout_param: _Optional[_Union[DropoutParameter, _Mapping]] = ..., dummy_data_param: _Optional[_Union[DummyDataParameter, _Mapping]] = ..., eltwise_param: _Optional[_Union[EltwiseParameter, _Mapping]] = ..., exp_param: _Optional[_Union[ExpParameter, _Mapping]] = ..., hdf5_data_param: _Optional[_Union[HDF5DataParameter, _Mapping]] = ..., hdf5_output_param: _Optional[_Union[HDF5OutputParameter, _Mapping]] = ..., hinge_loss_param: _Optional[_Union[HingeLossParameter, _Mapping]] = ..., image_data_param: _Optional[_Union[ImageDataParameter, _Mapping]] = ..., infogain_loss_param: _Optional[_Union[InfogainLossParameter, _Mapping]] = ..., inner_product_param: _Optional[_Union[InnerProductParameter, _Mapping]] = ..., lrn_param: _Optional[_Union[LRNParameter, _Mapping]] = ..., memory_data_param: _Optional[_Union[MemoryDataParameter, _Mapping]] = ..., mvn_param: _Optional[_Union[MVNParameter, _Mapping]] = ..., pooling_param: _Optional[_Union[PoolingParameter, _Mapping]] = ..., power_param: _Optional[_Union[PowerParameter, _Mapping]] = ..., relu_param: _Optional[_Union[ReLUParameter, _Mapping]] = ..., sigmoid_param: _Optional[_Union[SigmoidParameter, _Mapping]] = ..., softmax_param: _Optional[_Union[SoftmaxParameter, _Mapping]] = ..., slice_param: _Optional[_Union[SliceParameter, _Mapping]] = ..., tanh_param: _Optional[_Union[TanHParameter, _Mapping]] = ..., threshold_param: _Optional[_Union[ThresholdParameter, _Mapping]] = ..., window_data_param: _Optional[_Union[WindowDataParameter, _Mapping]] = ..., transform_param: _Optional[_Union[TransformationParameter, _Mapping]] = ..., loss_param: _Optional[_Union[LossParameter, _Mapping]] = ..., unpooling_param: _Optional[_Union[UnpoolingParameter, _Mapping]] = ..., layer: _Optional[_Union[V0LayerParameter, _Mapping]] = ...) -> None: ...
 
 class V0LayerParameter(_message.Message):
     __slots__ = ("name", "type", "num_output", "biasterm", "weight_filler", "bias_filler", "pad", "kernelsize", "group", "stride", "pool", "dropout_ratio", "local_size", "alpha", "beta", "k", "source", "scale", "meanfile", "batchsize", "cropsize", "mirror", "blobs", "blobs_lr", "weight_decay", "rand_skip", "det_fg_threshold", "det_bg_threshold", "det_fg_fraction", "det_context_pad", "det_crop_mode", "new_num", "new_channels", "new_height", "new_width", "shuffle_images", "concat_dim", "hdf5_output_param")
@@ -1967,3 +1987,141 @@ class VideoDataParameter(_message.Message):
     video_file: str
     skip_frames: int
     def __init__(self, video_type: _Optional[_Union[VideoDataParameter.VideoType, str]] = ..., device_id: _Optional[int] = ..., video_file: _Optional[str] = ..., skip_frames: _Optional[int] = ...) -> None: ...
+
+class InterpParameter(_message.Message):
+    __slots__ = ("height", "width", "zoom_factor", "shrink_factor", "pad_beg", "pad_end")
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    ZOOM_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    SHRINK_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    PAD_BEG_FIELD_NUMBER: _ClassVar[int]
+    PAD_END_FIELD_NUMBER: _ClassVar[int]
+    height: int
+    width: int
+    zoom_factor: int
+    shrink_factor: int
+    pad_beg: int
+    pad_end: int
+    def __init__(self, height: _Optional[int] = ..., width: _Optional[int] = ..., zoom_factor: _Optional[int] = ..., shrink_factor: _Optional[int] = ..., pad_beg: _Optional[int] = ..., pad_end: _Optional[int] = ...) -> None: ...
+
+class UpsampleParameter(_message.Message):
+    __slots__ = ("scale", "scale_h", "scale_w", "pad_out_h", "pad_out_w", "upsample_h", "upsample_w")
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    SCALE_H_FIELD_NUMBER: _ClassVar[int]
+    SCALE_W_FIELD_NUMBER: _ClassVar[int]
+    PAD_OUT_H_FIELD_NUMBER: _ClassVar[int]
+    PAD_OUT_W_FIELD_NUMBER: _ClassVar[int]
+    UPSAMPLE_H_FIELD_NUMBER: _ClassVar[int]
+    UPSAMPLE_W_FIELD_NUMBER: _ClassVar[int]
+    scale: int
+    scale_h: int
+    scale_w: int
+    pad_out_h: bool
+    pad_out_w: bool
+    upsample_h: int
+    upsample_w: int
+    def __init__(self, scale: _Optional[int] = ..., scale_h: _Optional[int] = ..., scale_w: _Optional[int] = ..., pad_out_h: bool = ..., pad_out_w: bool = ..., upsample_h: _Optional[int] = ..., upsample_w: _Optional[int] = ...) -> None: ...
+
+class BNParameter(_message.Message):
+    __slots__ = ("slope_filler", "bias_filler", "momentum", "eps", "frozen", "engine", "scale_filler", "shift_filler", "bn_mode")
+    class Engine(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        DEFAULT: _ClassVar[BNParameter.Engine]
+        CAFFE: _ClassVar[BNParameter.Engine]
+        CUDNN: _ClassVar[BNParameter.Engine]
+    DEFAULT: BNParameter.Engine
+    CAFFE: BNParameter.Engine
+    CUDNN: BNParameter.Engine
+    class BNMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        LEARN: _ClassVar[BNParameter.BNMode]
+        INFERENCE: _ClassVar[BNParameter.BNMode]
+    LEARN: BNParameter.BNMode
+    INFERENCE: BNParameter.BNMode
+    SLOPE_FILLER_FIELD_NUMBER: _ClassVar[int]
+    BIAS_FILLER_FIELD_NUMBER: _ClassVar[int]
+    MOMENTUM_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    FROZEN_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FILLER_FIELD_NUMBER: _ClassVar[int]
+    SHIFT_FILLER_FIELD_NUMBER: _ClassVar[int]
+    BN_MODE_FIELD_NUMBER: _ClassVar[int]
+    slope_filler: FillerParameter
+    bias_filler: FillerParameter
+    momentum: float
+    eps: float
+    frozen: bool
+    engine: BNParameter.Engine
+    scale_filler: FillerParameter
+    shift_filler: FillerParameter
+    bn_mode: BNParameter.BNMode
+    def __init__(self, slope_filler: _Optional[_Union[FillerParameter, _Mapping]] = ..., bias_filler: _Optional[_Union[FillerParameter, _Mapping]] = ..., momentum: _Optional[float] = ..., eps: _Optional[float] = ..., frozen: bool = ..., engine: _Optional[_Union[BNParameter.Engine, str]] = ..., scale_filler: _Optional[_Union[FillerParameter, _Mapping]] = ..., shift_filler: _Optional[_Union[FillerParameter, _Mapping]] = ..., bn_mode: _Optional[_Union[BNParameter.BNMode, str]] = ...) -> None: ...
+
+class ROIPoolingParameter(_message.Message):
+    __slots__ = ("pooled_h", "pooled_w", "spatial_scale")
+    POOLED_H_FIELD_NUMBER: _ClassVar[int]
+    POOLED_W_FIELD_NUMBER: _ClassVar[int]
+    SPATIAL_SCALE_FIELD_NUMBER: _ClassVar[int]
+    pooled_h: int
+    pooled_w: int
+    spatial_scale: float
+    def __init__(self, pooled_h: _Optional[int] = ..., pooled_w: _Optional[int] = ..., spatial_scale: _Optional[float] = ...) -> None: ...
+
+class SmoothL1LossParameter(_message.Message):
+    __slots__ = ("sigma",)
+    SIGMA_FIELD_NUMBER: _ClassVar[int]
+    sigma: float
+    def __init__(self, sigma: _Optional[float] = ...) -> None: ...
+
+class ShuffleChannelParameter(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    def __init__(self, group: _Optional[int] = ...) -> None: ...
+
+class UnpoolingParameter(_message.Message):
+    __slots__ = ("unpool", "pad", "pad_h", "pad_w", "kernel_size", "kernel_h", "kernel_w", "stride", "stride_h", "stride_w", "unpool_size", "unpool_h", "unpool_w", "engine")
+    class UnpoolMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        MAX: _ClassVar[UnpoolingParameter.UnpoolMethod]
+        AVE: _ClassVar[UnpoolingParameter.UnpoolMethod]
+        TILE: _ClassVar[UnpoolingParameter.UnpoolMethod]
+    MAX: UnpoolingParameter.UnpoolMethod
+    AVE: UnpoolingParameter.UnpoolMethod
+    TILE: UnpoolingParameter.UnpoolMethod
+    class Engine(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        DEFAULT: _ClassVar[UnpoolingParameter.Engine]
+        CAFFE: _ClassVar[UnpoolingParameter.Engine]
+    DEFAULT: UnpoolingParameter.Engine
+    CAFFE: UnpoolingParameter.Engine
+    UNPOOL_FIELD_NUMBER: _ClassVar[int]
+    PAD_FIELD_NUMBER: _ClassVar[int]
+    PAD_H_FIELD_NUMBER: _ClassVar[int]
+    PAD_W_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_H_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_W_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_H_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_W_FIELD_NUMBER: _ClassVar[int]
+    UNPOOL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    UNPOOL_H_FIELD_NUMBER: _ClassVar[int]
+    UNPOOL_W_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    unpool: UnpoolingParameter.UnpoolMethod
+    pad: int
+    pad_h: int
+    pad_w: int
+    kernel_size: int
+    kernel_h: int
+    kernel_w: int
+    stride: int
+    stride_h: int
+    stride_w: int
+    unpool_size: int
+    unpool_h: int
+    unpool_w: int
+    engine: UnpoolingParameter.Engine
+    def __init__(self, unpool: _Optional[_Union[UnpoolingParameter.UnpoolMethod, str]] = ..., pad: _Optional[int] = ..., pad_h: _Optional[int] = ..., pad_w: _Optional[int] = ..., kernel_size: _Optional[int] = ..., kernel_h: _Optional[int] = ..., kernel_w: _Optional[int] = ..., stride: _Optional[int] = ..., stride_h: _Optional[int] = ..., stride_w: _Optional[int] = ..., unpool_size: _Optional[int] = ..., unpool_h: _Optional[int] = ..., unpool_w: _Optional[int] = ..., engine: _Optional[_Union[UnpoolingParameter.Engine, str]] = ...) -> None: ...

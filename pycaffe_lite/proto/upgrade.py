@@ -38,6 +38,7 @@ V1_TYPE_NAMES = {
     "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss", "SILENCE": "Silence", "SOFTMAX": "Softmax",
     "SOFTMAX_LOSS": "SoftmaxWithLoss", "SPLIT": "Split", "SLICE": "Slice", "TANH": "TanH",
     "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold",
+    "UNPOOLING": "Unpooling",  # DeconvNet's fork (docs/fork_layers.md)
 }
 
 # V0 type string -> V1 enum name.

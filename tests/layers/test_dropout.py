@@ -286,3 +286,19 @@ def test_phase_comes_from_the_net(mode, phase):
     else:
         assert set(np.unique(y)) == {0.0, 2.0}
         assert 0.4 < (y == 0).mean() < 0.6
+
+
+@pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
+def test_scale_train_false_from_the_prototxt(mode, phase):
+    """caffe-fast-rcnn's DropoutParameter.scale_train (field 2), as py-faster-rcnn's ZF nets write it."""
+    x = np.random.default_rng(5).uniform(1, 2, (20, 30))
+    layer = make_layer(f"type: 'Dropout' phase: {phase} dropout_param {{ dropout_ratio: 0.25 scale_train: false }}")
+    bottom, top = blobs([x]), empty_blobs(1)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    y = top[0].cpu_data()
+    if phase == "TRAIN":
+        assert 0 < (y == 0).sum() < y.size
+        np.testing.assert_array_equal(y[y != 0], x[y != 0])
+    else:
+        np.testing.assert_allclose(y, x * 0.75, rtol=1e-15)

@@ -1,0 +1,1 @@
+"""Fast R-CNN helpers of the example: configuration, box transforms, NMS dispatch."""
