@@ -192,7 +192,7 @@ def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = Non
     for r in exported.rows:
         cr = CheckRow(r)
         if r.value is None:
-            cr.verdict = "left out"
+            cr.verdict = r.note or "left out"
             rows.append(cr)
             continue
         a = ref[(r.index, r.top_index)]

@@ -147,7 +147,10 @@ def build(net, opset: int = 17, dynamic_batch: bool = False, fp16: bool = False)
         if vi.name not in used_inputs:
             g.inputs.remove(vi)
             del inputs[vi.name]
-            notes.append(f"graph input '{vi.name}' dropped: no exported layer reads it")
+            notes.append(f"graph input '{vi.name}' dropped: no exported layer reads its values")
+            for r in rows:
+                if r.value == vi.name:
+                    r.value, r.note = None, "input not read (shape only)"
     model = g.model(net.name, doc=f"exported by pycaffe-lite from Caffe net '{net.name}'")
     return Exported(model, inputs, outputs, rows, notes, fp16, dynamic_batch)
 
