@@ -62,10 +62,10 @@ class GraphBuilder:
 
     def const(self, base: str, array: Any, dtype: Any = np.float32) -> str:
         """An initializer holding ``array`` (float32 unless ``dtype``; int64 for shapes and axes).
-        With ``fp16``, float tensors of more than a few values are stored as float16 and cast back
+        With ``fp16``, float tensors (not scalars) are stored as float16 and cast back
         to float32 by a Cast node (half the file, the same graph)."""
         arr = np.asarray(array, dtype=dtype)
-        if self.fp16 and arr.dtype == np.float32 and arr.size > 16:
+        if self.fp16 and arr.dtype == np.float32 and arr.size > 1:
             stored = self.unique(base + "/fp16")
             self.initializers.append(numpy_helper.from_array(arr.astype(np.float16), stored))
             name = self.unique(base)
