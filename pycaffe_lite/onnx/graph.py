@@ -147,7 +147,7 @@ class LayerContext:
         """Param blob ``i`` of the layer as float64 (a copy)."""
         if i >= len(self.layer.blobs):
             raise self.error(f"has {len(self.layer.blobs)} param blobs, expected at least {i + 1}")
-        return np.array(self.layer.blobs[i].data, dtype=np.float64)
+        return np.array(self.layer.blobs[i].cpu_data(), dtype=np.float64)
 
     def tmp(self, what: str) -> str:
         return self.g.unique(f"{self.name}/{what}")

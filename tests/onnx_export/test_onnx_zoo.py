@@ -28,9 +28,11 @@ LENET = REPO / "examples" / "mnist" / "lenet.prototxt"
 
 
 def zoo_net(name: str, size: int, narrow_fc: int | None = None, global_last_pool: str | None = None,
-            batch: int = 1) -> Net:
+            batch: int = 1, width_div: int = 1) -> Net:
     """A model-zoo net at input size x size (random weights); ``narrow_fc``: fc6/fc7 outputs;
-    ``global_last_pool``: that fixed-size pooling made global, for inputs smaller than 224."""
+    ``global_last_pool``: that fixed-size pooling made global, for inputs smaller than 224;
+    ``width_div``: every ungrouped convolution's outputs divided by it (the weights' size dominates
+    the export's time)."""
     param = getattr(model_zoo, name)()
     shape = (batch, 3, size, size)
     if param.input_dim:
@@ -44,6 +46,8 @@ def zoo_net(name: str, size: int, narrow_fc: int | None = None, global_last_pool
         if narrow_fc and lp.name in ("fc6", "fc7"):
             p = lp.inner_product_param if lp.type == "InnerProduct" else lp.convolution_param
             p.num_output = narrow_fc
+        if lp.type == "Convolution" and width_div > 1 and lp.convolution_param.group <= 1:
+            lp.convolution_param.num_output = max(1, lp.convolution_param.num_output // width_div)
         if lp.name == global_last_pool:
             pp = lp.pooling_param
             pp.ClearField("kernel_size")
@@ -60,7 +64,7 @@ FAST = {
     "caffenet": dict(size=67, narrow_fc=64),
     "vgg16": dict(size=32, narrow_fc=64),
     "googlenet": dict(size=32, global_last_pool="pool5/7x7_s1"),
-    "resnet50": dict(size=32, global_last_pool="pool5"),
+    "resnet50": dict(size=32, global_last_pool="pool5", width_div=8),
     "squeezenet_v1_1": dict(size=64),
     "mobilenet_v1": dict(size=64),
     "mobilenet_v2": dict(size=64),
