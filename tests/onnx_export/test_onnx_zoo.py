@@ -276,3 +276,42 @@ def test_command_errors(tmp_path, capsys):
     assert "layer 'py' (Python)" in err or "py" in err
     code = main(["export_onnx", "--model", str(LENET), "--output", str(tmp_path / "x.onnx"), "--input-shape", "nope=1,2"])
     assert code == 1 and "'nope' is not an input" in capsys.readouterr().err
+
+
+def test_net_in_either_mode(mode):
+    """A net built and run in GPU mode exports too (weights read back from the device); the check's
+    reference runs on the CPU and the mode is restored."""
+    from google.protobuf import text_format
+
+    text = '''name: "m"
+    layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
+    layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 } }
+    layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" }
+    layer { name: "sc" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
+    layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+    layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 } }
+    '''
+    net = Net(text_format.Parse(text, caffe_pb2.NetParameter()), phase=common.TEST)
+    randomize(net)
+    net.forward(data=np.ones((2, 3, 8, 8), np.float32))
+    export_and_check(net)
+    assert common.mode() is (common.Mode.GPU if mode == "gpu" else common.Mode.CPU)
+
+
+def test_missing_onnx_names_the_extra(monkeypatch):
+    from pycaffe_lite.errors import MissingDependencyError
+
+    net = make_net('name: "x" layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 } } }')
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(MissingDependencyError, match=r"pycaffe-lite\[onnx\]"):
+        net.to_onnx(None)
+
+
+def test_cli_does_not_import_onnx():
+    import subprocess
+
+    code = ("import sys; from pycaffe_lite import cli; p = cli.build_parser(); "
+            "assert 'export_onnx' in p._subparsers._group_actions[0].choices; "
+            "assert 'onnx' not in sys.modules and 'onnxruntime' not in sys.modules, 'imported'")
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)
