@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="make the first axis of every input symbolic ('N') instead of the prototxt's batch")
     flag(parser, "input-shape", action="append", default=[], metavar="[NAME=]D0,D1,...",
          help="export at this input shape (repeat per input; NAME defaults to the first input)")
+    flag(parser, "fold-bn", action="store_true",
+         help="fold BatchNorm (+ Scale) into the convolution before it, or into one BatchNormalization")
     flag(parser, "fp16", action="store_true", help="store the weights as float16 (cast to float32 in the graph)")
     flag(parser, "no-check", action="store_true", help="skip the ONNX Runtime check")
     flag(parser, "check-input", action="append", default=[], metavar="FILE",
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         net, args.output, opset=args.opset or DEFAULT_OPSET, dynamic_batch=args.dynamic_batch,
         input_shapes=_shapes(args.input_shape, net), fp16=args.fp16, random_check=not args.no_check,
         check_inputs=[] if args.no_check else args.check_input, seed=args.seed, tol=args.tolerance,
-        raise_on_mismatch=False,
+        raise_on_mismatch=False, fold_bn=args.fold_bn,
     )
     ex = report.exported
     print(f"wrote {args.output}: {len(ex.model.graph.node)} nodes, opset {args.opset or DEFAULT_OPSET}, "

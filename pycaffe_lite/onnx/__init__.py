@@ -44,11 +44,12 @@ def export_net(net, path: str | os.PathLike | None, opset: int = DEFAULT_OPSET, 
                input_shapes: Mapping[str, Sequence[int]] | None = None, fp16: bool = False,
                check_model: bool = True, check_inputs: Sequence[Mapping[str, np.ndarray] | str] = (),
                random_check: bool = True, seed: int = 0, tol: float | None = None,
-               raise_on_mismatch: bool = True) -> ExportReport:
+               raise_on_mismatch: bool = True, fold_bn: bool = False) -> ExportReport:
     """Write ``net`` as ONNX to ``path`` (None: build only) and prove it.
 
     ``input_shapes``: {input: shape} to export at another shape (the net is reshaped for the export
     and the check, then restored). ``dynamic_batch``: the first input axis is symbolic ("N").
+    ``fold_bn``: BatchNorm (+ Scale) folded into the preceding convolution (or one BatchNormalization).
     ``check_model``: ``onnx.checker`` on the model. The check (``random_check`` and each of
     ``check_inputs``: {input: array} or a path for the first input, .npy or an image) runs ONNX
     Runtime against the net's forward and raises :class:`CheckError` naming the first diverging
@@ -56,7 +57,7 @@ def export_net(net, path: str | os.PathLike | None, opset: int = DEFAULT_OPSET, 
     """
     old = reshape_inputs(net, input_shapes or {})
     try:
-        exported = build(net, opset=opset, dynamic_batch=dynamic_batch, fp16=fp16)
+        exported = build(net, opset=opset, dynamic_batch=dynamic_batch, fp16=fp16, fold_bn=fold_bn)
         if check_model:
             try:
                 onnx.checker.check_model(exported.model, full_check=True)

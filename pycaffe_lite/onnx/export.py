@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from . import fold
 from .graph import MIN_OPSET, ExportError, GraphBuilder, LayerContext
 from .registry import DATA_LAYERS, DROPPED, load_converters
 
@@ -51,10 +52,17 @@ def _check_opset(opset: int) -> None:
                           f"(the installed onnx's newest)")
 
 
-def build(net, opset: int = 17, dynamic_batch: bool = False, fp16: bool = False) -> Exported:
+def build(net, opset: int = 17, dynamic_batch: bool = False, fp16: bool = False,
+          fold_bn: bool = False) -> Exported:
     """The ONNX model of ``net`` at its current blob shapes (reshape the net first to export another
-    input shape). Raises :class:`ExportError` naming the first layer that cannot be written."""
+    input shape). ``fold_bn``: BatchNorm (+ Scale) folded into the convolution before it, or into
+    one BatchNormalization (:mod:`.fold`). Raises :class:`ExportError` naming the first layer that
+    cannot be written."""
     _check_opset(opset)
+    groups = fold.plan(net) if fold_bn else {}
+    folded_into = {m: members[-1] for members in groups.values() for m in [*members[:-1]]}
+    folded_into.update({head: members[-1] for head, members in groups.items()})
+    last_members = {members[-1] for members in groups.values()}
     converters = load_converters()
     g = GraphBuilder(opset, fp16)
     n = len(net.layers)
@@ -104,6 +112,14 @@ def build(net, opset: int = 17, dynamic_batch: bool = False, fp16: bool = False)
             for j, t in enumerate(tops):
                 rows.append(BlobRow(i, j, name, lt, t, None, "left out"))
             continue
+        if i in folded_into:  # the head or a middle member of a folded group: no value of its own
+            last = net.layers[folded_into[i]].name
+            for j, t in enumerate(tops):
+                rows.append(BlobRow(i, j, name, lt, t, None, f"folded into '{last}'"))
+            if i not in groups:
+                continue
+        if i in last_members:
+            continue  # the last member of a folded group: written with its head
         for b in bottoms:
             if b not in values:
                 raise ExportError(f"layer '{name}' ({lt}): its bottom '{b}' comes from a layer that is not "
@@ -117,6 +133,14 @@ def build(net, opset: int = 17, dynamic_batch: bool = False, fp16: bool = False)
             top_shapes=[tuple(blob.shape) for blob in net.top_vecs[i]],
             out_names=out_names[i], dynamic_batch=dynamic_batch, notes=notes,
         )
+        if i in groups:
+            last = groups[i][-1]
+            ctx.out_names = out_names[last]
+            v = fold.convert(ctx, [net.layers[m] for m in groups[i]])[0]
+            t = tops_of[last][0]
+            values[t] = v
+            rows.append(BlobRow(last, 0, net.layers[last].name, net.layers[last].type, t, v, f"folded from '{name}'"))
+            continue
         outs = conv(ctx)
         if len(outs) != len(tops):
             raise ExportError(f"layer '{name}' ({lt}): the converter gave {len(outs)} values for {len(tops)} tops")
@@ -151,6 +175,7 @@ def build(net, opset: int = 17, dynamic_batch: bool = False, fp16: bool = False)
             for r in rows:
                 if r.value == vi.name:
                     r.value, r.note = None, "input not read (shape only)"
+    rows.sort(key=lambda r: (r.index, r.top_index))
     model = g.model(net.name, doc=f"exported by pycaffe-lite from Caffe net '{net.name}'")
     return Exported(model, inputs, outputs, rows, notes, fp16, dynamic_batch)
 

@@ -336,3 +336,31 @@ def test_mismatch_names_first_diverging_layer(monkeypatch):
     report = net.to_onnx(None, raise_on_mismatch=False)
     table = report.checks[0].table()
     assert "MISMATCH" in table and "FAIL" in table and "first diverging layer 'sig'" in table
+
+
+def test_fold_batchnorm_and_scale():
+    body = '''
+    layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 } }
+    layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "conv" batch_norm_param { eps: 0.01 } }
+    layer { name: "sc" type: "Scale" bottom: "conv" top: "conv" scale_param { bias_term: true } }
+    layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+    layer { name: "conv2" type: "Convolution" bottom: "conv" top: "conv2" convolution_param { num_output: 3 kernel_size: 1 bias_term: false } }
+    layer { name: "bn2" type: "BatchNorm" bottom: "conv2" top: "bn2" }
+    layer { name: "bn3" type: "BatchNorm" bottom: "bn2" top: "bn3" }
+    layer { name: "sc3" type: "Scale" bottom: "bn3" top: "sc3" }
+    layer { name: "bn4" type: "BatchNorm" bottom: "sc3" top: "bn4" }
+    '''
+    net = make_net(net_text((2, 2, 6, 6), body))
+    plain = export_and_check(net)
+    report = export_and_check(net, fold_bn=True)
+    ops = [n.op_type for n in report.exported.model.graph.node]
+    assert ops == ["Conv", "Relu", "Conv", "BatchNormalization", "BatchNormalization"]
+    verdicts = {r.row.layer: r.verdict for r in report.checks[0].rows}
+    assert verdicts["conv"] == verdicts["bn"] == "folded into 'sc'" and verdicts["sc"] == "ok"
+    assert verdicts["conv2"] == "folded into 'bn2'" and verdicts["bn2"] == "ok"
+    assert verdicts["bn3"] == "folded into 'sc3'" and verdicts["sc3"] == verdicts["bn4"] == "ok"
+    # the same outputs either way
+    x = report.checks[0].inputs["data"]
+    a = run_ort(plain.exported.model, {"data": x})
+    b = run_ort(report.exported.model, {"data": x})
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-5, atol=1e-5 * np.abs(a[0]).max())
