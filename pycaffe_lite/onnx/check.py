@@ -11,8 +11,9 @@ BatchNorm's mean / s, are rounded after the division).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,23 +127,18 @@ def caffe_values(net, feeds: Mapping[str, np.ndarray]) -> dict[tuple[int, int], 
     return captured
 
 
-def _fp16_weights(net):
-    """Context: the net's param blobs rounded to float16 (restored after)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def rounded():
-        saved = [np.array(b.cpu_data(), copy=True) for layer in net.layers for b in layer.blobs]
-        blobs = [b for layer in net.layers for b in layer.blobs]
-        try:
-            for b in blobs:
-                b.mutable_cpu_data()[...] = b.cpu_data().astype(np.float16).astype(b.cpu_data().dtype)
-            yield
-        finally:
-            for b, s in zip(blobs, saved):
-                b.mutable_cpu_data()[...] = s
-
-    return rounded()
+@contextlib.contextmanager
+def _fp16_weights(net) -> Iterator[None]:
+    """The net's param blobs rounded to float16 (as the export stores them) while inside."""
+    blobs = [b for layer in net.layers for b in layer.blobs]
+    saved = [np.array(b.cpu_data(), copy=True) for b in blobs]
+    try:
+        for b in blobs:
+            b.mutable_cpu_data()[...] = b.cpu_data().astype(np.float16).astype(b.cpu_data().dtype)
+        yield
+    finally:
+        for b, s in zip(blobs, saved):
+            b.mutable_cpu_data()[...] = s
 
 
 def onnx_values(exported: Exported, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

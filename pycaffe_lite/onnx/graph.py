@@ -37,6 +37,7 @@ class GraphBuilder:
         self.outputs: list[onnx.ValueInfoProto] = []
         self.used: set[str] = set()
         self._counts: dict[str, int] = {}
+        self._node_names: set[str] = set()
 
     def unique(self, base: str) -> str:
         """``base`` if no value, initializer or node output has it yet, else ``base_2``, ``base_3``..."""
@@ -80,11 +81,7 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, list(inputs), list(outputs), name=self.unique_node(name),
                                            **attrs))
 
-    _node_names: set[str]
-
     def unique_node(self, name: str) -> str:
-        if not hasattr(self, "_node_names"):
-            self._node_names = set()
         base, i = name, 1
         while name in self._node_names:
             i += 1

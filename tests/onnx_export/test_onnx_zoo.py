@@ -315,3 +315,44 @@ def test_cli_does_not_import_onnx():
             "assert 'onnx' not in sys.modules and 'onnxruntime' not in sys.modules, 'imported'")
     env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=REPO)
+
+
+def test_v0_file_with_padding_layer(tmp_path):
+    v0 = tmp_path / "v0.prototxt"
+    v0.write_text('''name: "v0"
+input: "img"
+input_dim: 2 input_dim: 3 input_dim: 7 input_dim: 7
+layers { layer { name: "padder" type: "padding" pad: 1 } bottom: "img" top: "padded" }
+layers { layer { name: "c" type: "conv" num_output: 5 kernelsize: 3 stride: 2 } bottom: "padded" top: "c" }
+layers { layer { name: "p" type: "pool" pool: MAX kernelsize: 3 stride: 2 } bottom: "c" top: "p" }
+layers { layer { name: "s" type: "softmax" } bottom: "p" top: "s" }
+''')
+    common.set_mode_cpu()
+    net = Net(str(v0), phase=common.TEST)
+    randomize(net)
+    report = export_and_check(net)
+    assert report.exported.outputs == ["s"] and list(report.exported.inputs) == ["img"]
+
+
+def test_every_layer_type_is_accounted_for():
+    """Each registered layer type has a converter, is a data layer (its tops become inputs) or is
+    left out of deploy graphs (losses, Accuracy, Silence, HDF5Output): a new layer type without a
+    converter shows up here."""
+    from pycaffe_lite.layer import create_layer, layer_type_list
+    from pycaffe_lite.onnx.registry import DATA_LAYERS, DROPPED, load_converters
+
+    converters = load_converters()
+    missing = []
+    for t in layer_type_list():
+        if t in converters or t in DROPPED or t in DATA_LAYERS or t == "Input":
+            continue
+        layer = create_layer(caffe_pb2.LayerParameter(name="x", type=t), np.float32)
+        if not getattr(layer, "is_loss", False):
+            missing.append(t)
+    assert not missing, f"layer types without an ONNX converter: {missing}"
+
+
+@pytest.mark.parametrize("opset", [13, 21])
+def test_zoo_opsets(opset):
+    report = export_and_check(zoo_net("mobilenet_v2", 32), opset=opset)
+    assert report.exported.model.opset_import[0].version == opset
