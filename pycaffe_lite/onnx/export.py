@@ -132,6 +132,7 @@ def build(net, opset: int = 17, dynamic_batch: bool = False, fp16: bool = False,
             bottom_shapes=[tuple(blob.shape) for blob in net.bottom_vecs[i]],
             top_shapes=[tuple(blob.shape) for blob in net.top_vecs[i]],
             out_names=out_names[i], dynamic_batch=dynamic_batch, notes=notes,
+            bottom_blobs=list(net.bottom_vecs[i]), top_blobs=list(net.top_vecs[i]),
         )
         if i in groups:
             last = groups[i][-1]

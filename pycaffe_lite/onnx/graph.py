@@ -116,6 +116,8 @@ class LayerContext:
     out_names: list[str]  # the names the tops' values should get
     dynamic_batch: bool = False
     notes: list[str] = field(default_factory=list)
+    bottom_blobs: list[Any] | None = None  # the net's Blobs (for layers whose output is a constant)
+    top_blobs: list[Any] | None = None
 
     @property
     def name(self) -> str:

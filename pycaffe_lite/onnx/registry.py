@@ -25,7 +25,7 @@ Converter = Callable[["LayerContext"], list[str]]
 CONVERTERS: dict[str, Converter] = {}
 
 # Modules of this package whose converters register themselves on import.
-CONVERTER_MODULES = ("ops_vision", "ops_neuron", "ops_norm", "ops_shape")
+CONVERTER_MODULES = ("ops_vision", "ops_neuron", "ops_norm", "ops_shape", "ops_fork")
 
 # Layer types left out of a deploy graph, with the reason shown in the export notes.
 DROPPED: dict[str, str] = {
