@@ -101,7 +101,8 @@ def _embed_input_dim(net, name: str) -> int:
 def caffe_values(net, feeds: Mapping[str, np.ndarray]) -> dict[tuple[int, int], np.ndarray]:
     """Every top of every layer right after that layer's CPU forward, fusions off."""
     captured: dict[tuple[int, int], np.ndarray] = {}
-    feeding = {i for i, layer in enumerate(net.layers) if set(net.top_names_of(i)) & set(feeds)}
+    feeding = {i for i in range(len(net.layers))  # the input and data layers (no bottoms)
+               if not net.bottom_names_of(i) and set(net.top_names_of(i)) & set(feeds)}
 
     def after(i: int) -> None:
         for j, (name, blob) in enumerate(zip(net.top_names_of(i), net.top_vecs[i])):

@@ -364,3 +364,17 @@ def test_fold_batchnorm_and_scale():
     a = run_ort(plain.exported.model, {"data": x})
     b = run_ort(report.exported.model, {"data": x})
     np.testing.assert_allclose(a[0], b[0], rtol=1e-5, atol=1e-5 * np.abs(a[0]).max())
+
+
+def test_two_inputs_in_place_on_an_input_and_shared_weights():
+    """An in-place layer on a graph input gets its own value (the input keeps its name); a
+    Convolution/Deconvolution with two bottoms applies the same weights to each."""
+    text = '''name: "t"
+    layer { name: "data" type: "Input" top: "data" top: "aux" input_param { shape { dim: 2 dim: 3 dim: 5 dim: 5 } } }
+    layer { name: "pw" type: "Power" bottom: "data" top: "data" power_param { scale: 2 } }
+    layer { name: "conv" type: "Convolution" bottom: "data" bottom: "aux" top: "c1" top: "c2" convolution_param { num_output: 2 kernel_size: 3 } }
+    layer { name: "dc" type: "Deconvolution" bottom: "c1" bottom: "c2" top: "d1" top: "d2" convolution_param { num_output: 2 kernel_size: 3 } }
+    '''
+    report = export_and_check(make_net(text))
+    assert [r.row.value for r in report.checks[0].rows][:3] == ["data", "aux", "data/pw"]
+    assert report.exported.outputs == ["d1", "d2"] and list(report.exported.inputs) == ["data", "aux"]
