@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="also check on this input (.npy array, or an image: resized, BGR 0..255); repeatable")
     flag(parser, "seed", type=int, default=0, help="seed of the random check input (default 0)")
     flag(parser, "tolerance", type=float, default=None,
-         help="allowed max abs difference relative to each blob's range (default 1e-5; 1e-4 with --fp16)")
+         help="allowed max abs difference relative to each blob's range (default 1e-5; 2e-3 with --fp16 --fold-bn)")
     flag(parser, "phase", choices=("TEST", "TRAIN"), default="TEST", help="net phase (default TEST)")
     add_net_state_arguments(parser)
 

@@ -43,6 +43,7 @@ class Exported:
     notes: list[str] = field(default_factory=list)
     fp16: bool = False
     dynamic_batch: bool = False
+    folded: bool = False  # some BatchNorm was folded (fold_bn)
 
 
 def _check_opset(opset: int) -> None:
@@ -178,7 +179,7 @@ def build(net, opset: int = 17, dynamic_batch: bool = False, fp16: bool = False,
                     r.value, r.note = None, "input not read (shape only)"
     rows.sort(key=lambda r: (r.index, r.top_index))
     model = g.model(net.name, doc=f"exported by pycaffe-lite from Caffe net '{net.name}'")
-    return Exported(model, inputs, outputs, rows, notes, fp16, dynamic_batch)
+    return Exported(model, inputs, outputs, rows, notes, fp16, dynamic_batch, bool(groups))
 
 
 def _produced(g: GraphBuilder, name: str) -> bool:

@@ -17,6 +17,13 @@ MIN_OPSET = 13
 DEFAULT_OPSET = 17
 
 
+def fp16_stored(shape: Sequence[int]) -> bool:
+    """Whether ``fp16`` stores a float tensor of this shape as float16: weights (two or more axes
+    longer than 1: kernels, matrices, tables); vectors and scalars (biases, statistics, scales,
+    slopes) stay float32, so that every stored value is a param blob's value rounded once."""
+    return sum(1 for d in shape if d > 1) >= 2
+
+
 class ExportError(CaffeError):
     """A net (or one of its layers) that cannot be written as ONNX."""
 
@@ -63,10 +70,10 @@ class GraphBuilder:
 
     def const(self, base: str, array: Any, dtype: Any = np.float32) -> str:
         """An initializer holding ``array`` (float32 unless ``dtype``; int64 for shapes and axes).
-        With ``fp16``, float tensors (not scalars) are stored as float16 and cast back
-        to float32 by a Cast node (half the file, the same graph)."""
+        With ``fp16``, weights (:func:`fp16_stored`) are stored as float16 and cast back to
+        float32 by a Cast node (about half the file, the same graph)."""
         arr = np.asarray(array, dtype=dtype)
-        if self.fp16 and arr.dtype == np.float32 and arr.size > 1:
+        if self.fp16 and arr.dtype == np.float32 and fp16_stored(arr.shape):
             stored = self.unique(base + "/fp16")
             self.initializers.append(numpy_helper.from_array(arr.astype(np.float16), stored))
             name = self.unique(base)
