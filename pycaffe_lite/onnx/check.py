@@ -56,19 +56,23 @@ class CheckResult:
         lines = [head]
         for r in self.rows:
             shape = "x".join(map(str, r.shape)) if r.shape is not None else "-"
-            if r.verdict in ("ok", "MISMATCH"):
+            if r.verdict in ("ok", "MISMATCH", "ok (all 0)"):
                 nums = (f"{r.scale:.4g}", f"{r.max_abs:.3g}", f"{r.rel:.3g}")
             else:
                 nums = ("-", "-", "-")
             lines.append((r.row.layer, r.row.type, r.row.top, r.row.value or "-", shape, *nums, r.verdict))
         widths = [max(len(str(line[k])) for line in lines) for k in range(len(head))]
         out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
-        compared = [r for r in self.rows if r.verdict in ("ok", "MISMATCH")]
+        zeros = [r for r in self.rows if r.verdict == "ok (all 0)"]
+        compared = [r for r in self.rows if r.verdict in ("ok", "MISMATCH")] + zeros
         worst = max((r.rel for r in compared), default=0.0)
         verdict = (f"PASS: {len(compared)} blobs agree within {self.tol:g} of their range (worst {worst:.3g})"
                    if self.ok else
                    f"FAIL: {len(self.failures)} of {len(compared)} blobs differ by more than {self.tol:g} of "
                    f"their range; first diverging layer '{self.failures[0].row.layer}' ({self.failures[0].row.type})")
+        if zeros:
+            verdict += (f"\nWARNING: {len(zeros)} blobs are all 0 in both (no weights loaded?): "
+                        "the check proves little for them")
         return "\n".join(out + [verdict])
 
 
@@ -222,7 +226,10 @@ def _compare(cr: CheckRow, a: np.ndarray, b: np.ndarray, tol: float) -> None:
     cr.scale = float(np.abs(fa).max()) if fa.size else 0.0
     cr.max_abs = float(np.abs(fa - fb).max()) if fa.size else 0.0
     cr.rel = cr.max_abs / cr.scale if cr.scale > 0 else cr.max_abs
-    cr.verdict = "ok" if cr.max_abs <= tol * cr.scale or cr.max_abs == 0 else "MISMATCH"
+    if cr.scale == 0 and cr.max_abs == 0:
+        cr.verdict = "ok (all 0)"  # agrees, but proves little (no weights loaded?)
+        return
+    cr.verdict = "ok" if cr.max_abs <= tol * cr.scale else "MISMATCH"
 
 
 def verify(result: CheckResult) -> None:

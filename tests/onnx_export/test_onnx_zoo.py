@@ -363,3 +363,15 @@ def test_every_layer_type_is_accounted_for():
 def test_zoo_opsets(opset):
     report = export_and_check(zoo_net("mobilenet_v2", 32), opset=opset)
     assert report.exported.model.opset_import[0].version == opset
+
+
+def test_cifar10_quick_and_the_all_zero_warning():
+    path = str(REPO / "examples" / "cifar10" / "cifar10_quick.prototxt")
+    common.set_mode_cpu()
+    net = Net(path, phase=common.TEST)  # the deploy file has no fillers: every weight 0
+    report = export_and_check(net)
+    table = report.checks[0].table()
+    assert "ok (all 0)" in table and "WARNING: 11 blobs are all 0" in table
+    randomize(net)
+    table = export_and_check(net).checks[0].table()
+    assert "WARNING" not in table and "PASS: 13 blobs agree" in table
