@@ -16,7 +16,7 @@ import onnx
 
 from . import fold
 from .graph import MIN_OPSET, ExportError, GraphBuilder, LayerContext
-from .registry import DATA_LAYERS, DROPPED, load_converters
+from .registry import DATA_LAYERS, DROPPED, SYMBOLIC_DIMS, load_converters
 
 BATCH = "N"
 
@@ -166,6 +166,8 @@ def build(net, opset: int = 17, dynamic_batch: bool = False, fp16: bool = False,
         out_shape: list[int | str] = list(net.blobs[t].shape)
         if dynamic_batch and out_shape and inputs and out_shape[0] == next(iter(inputs.values()))[0]:
             out_shape[0] = BATCH
+        for axis, sym in SYMBOLIC_DIMS.get(net.layers[last_writer[t]].type, {}).items():
+            out_shape[axis] = sym
         g.add_output(v, out_shape)
         outputs.append(v)
     used_inputs = {x for node in g.nodes for x in node.input} | set(outputs)

@@ -4,8 +4,8 @@ ports, MobileNet ports). They read the forks' own parameter fields (``permute_pa
 when the layer type is registered in the framework; every export still passes through the
 ONNX Runtime check, so a converter that disagrees with the layer is caught at its layer.
 
-Types ONNX cannot express exactly (DetectionOutput's variable-length, per-class NMS output; the
-recurrent layers' per-step ``cont`` resets) are registered to raise an error that says why.
+Types ONNX cannot express (the recurrent layers' per-step ``cont`` resets) are registered to raise
+an error that says why.
 """
 
 from __future__ import annotations
@@ -127,11 +127,99 @@ def prior_box(ctx: LayerContext) -> list[str]:
     return [ctx.op("Identity", [ctx.const("priors", value)], ctx.out(0))]
 
 
+CORNER, CENTER_SIZE = 1, 2  # SSD's PriorBoxParameter.CodeType
+
+
 @exports("DetectionOutput")
 def detection_output(ctx: LayerContext) -> list[str]:
-    raise ctx.error("not exportable exactly: SSD's per-class NMS with keep_top_k writes a variable number of "
-                    "[image, label, score, box] rows; export the net up to its mbox_loc / mbox_conf_flatten / "
-                    "mbox_priorbox tops and decode outside the graph")
+    """SSD's DetectionOutput (one image): decode the boxes, per class keep the ``top_k`` best scores
+    above ``confidence_threshold``, greedy NMS (``NonMaxSuppression`` with each class as its own
+    batch entry), then the ``keep_top_k`` best over all classes, ordered by label and then score,
+    as rows ``[image, label, score, xmin, ymin, xmax, ymax]`` in a (1, 1, rows, 7) top; no
+    detection gives one row ``[0, -1, ..., -1]``. The number of rows is data-dependent."""
+    p = ctx.lp.detection_output_param
+    nms = p.nms_param
+    loc_shape, conf_shape, prior_shape = ctx.bottom_shapes[:3]
+    if loc_shape[0] != 1 or ctx.dynamic_batch:
+        raise ctx.error("only batch 1 is exported (keep_top_k applies per image; export at batch 1)")
+    if not p.share_location:
+        raise ctx.error("share_location: false is not exported")
+    if float(getattr(nms, "eta", 1.0)) != 1.0:
+        raise ctx.error("adaptive NMS (eta < 1) has no ONNX equivalent")
+    code = int(p.code_type)
+    if code not in (CORNER, CENTER_SIZE):
+        raise ctx.error(f"code_type {code}: only CORNER and CENTER_SIZE are exported")
+    num_classes = int(p.num_classes)
+    priors = int(np.prod(prior_shape[2:])) // 4
+    classes = [c for c in range(num_classes) if c != int(p.background_label_id)]
+    top_k = int(nms.top_k) if nms.HasField("top_k") and int(nms.top_k) > -1 else priors
+    top_k = min(top_k, priors)
+
+    def cols(x: str) -> list[str]:  # the 4 columns of a (P, 4) value, each (P, 1)
+        return [ctx.op("Slice", [x, ctx.ints("s", [k]), ctx.ints("e", [k + 1]), ctx.ints("a", [1])]) for k in range(4)]
+
+    loc = ctx.op("Reshape", [ctx.bottoms[0], ctx.ints("loc_shape", [priors, 4])])
+    prior = ctx.op("Reshape", [ctx.bottoms[2], ctx.ints("prior_shape", [2, priors, 4])])
+    pbox = ctx.op("Squeeze", [ctx.op("Slice", [prior, ctx.ints("s", [0]), ctx.ints("e", [1]), ctx.ints("a", [0])]),
+                              ctx.ints("axes0", [0])])
+    pvar = ctx.op("Squeeze", [ctx.op("Slice", [prior, ctx.ints("s", [1]), ctx.ints("e", [2]), ctx.ints("a", [0])]),
+                              ctx.ints("axes0", [0])])
+    lx = ctx.op("Mul", [loc, pvar]) if not p.variance_encoded_in_target else loc
+    l0, l1, l2, l3 = cols(lx)
+    x0, y0, x1, y1 = cols(pbox)
+    if code == CORNER:
+        box = ctx.op("Concat", [ctx.op("Add", [a, b]) for a, b in ((x0, l0), (y0, l1), (x1, l2), (y1, l3))], axis=1)
+    else:
+        half = ctx.const("half", 0.5)
+        pw, ph = ctx.op("Sub", [x1, x0]), ctx.op("Sub", [y1, y0])
+        pcx = ctx.op("Mul", [ctx.op("Add", [x0, x1]), half])
+        pcy = ctx.op("Mul", [ctx.op("Add", [y0, y1]), half])
+        cx = ctx.op("Add", [ctx.op("Mul", [l0, pw]), pcx])
+        cy = ctx.op("Add", [ctx.op("Mul", [l1, ph]), pcy])
+        hw = ctx.op("Mul", [ctx.op("Mul", [ctx.op("Exp", [l2]), pw]), half])
+        hh = ctx.op("Mul", [ctx.op("Mul", [ctx.op("Exp", [l3]), ph]), half])
+        box = ctx.op("Concat", [ctx.op("Sub", [cx, hw]), ctx.op("Sub", [cy, hh]),
+                                ctx.op("Add", [cx, hw]), ctx.op("Add", [cy, hh])], axis=1)
+    conf = ctx.op("Transpose", [ctx.op("Reshape", [ctx.bottoms[1], ctx.ints("conf_shape", [priors, num_classes])])],
+                  perm=[1, 0])
+    conf = ctx.op("Gather", [conf, ctx.ints("classes", classes)], axis=0)  # (C', P)
+    vals, idx = ctx.tmp("cand_scores"), ctx.tmp("cand_index")
+    ctx.ops("TopK", [conf, ctx.ints("top_k", [top_k])], [vals, idx], axis=1, largest=1, sorted=1)
+    cand = ctx.op("Gather", [box, idx], axis=0)  # (C', k, 4): (ymin/xmin order is irrelevant to IoU)
+    sel = ctx.op("NonMaxSuppression", [cand, ctx.op("Unsqueeze", [vals, ctx.ints("axes1", [1])]),
+                                       ctx.ints("max_out", [top_k]), ctx.const("iou", float(nms.nms_threshold)),
+                                       ctx.const("score_thr", float(p.confidence_threshold))])
+    bj = ctx.op("Gather", [sel, ctx.ints("bj", [0, 2])], axis=1)  # (S, 2): class entry, candidate
+    prior_idx = ctx.op("GatherND", [idx, bj])
+    b = ctx.op("Squeeze", [ctx.op("Slice", [bj, ctx.ints("s", [0]), ctx.ints("e", [1]), ctx.ints("a", [1])]),
+                           ctx.ints("axes1", [1])])
+    label = ctx.op("Gather", [ctx.ints("labels", classes), b], axis=0)  # int64
+    # by score (descending), at most keep_top_k; then by label, stably: key = label * n + rank
+    sel_scores = ctx.op("GatherND", [vals, bj])
+    n = ctx.op("Shape", [sel_scores])
+    if int(p.keep_top_k) > -1:
+        n = ctx.op("Min", [n, ctx.ints("keep_top_k", [int(p.keep_top_k)])])
+    ranked = ctx.tmp("ranked")
+    score = ctx.tmp("sorted_scores")
+    ctx.ops("TopK", [sel_scores, n], [score, ranked], axis=0, largest=1, sorted=1)
+    prior_idx = ctx.op("Gather", [prior_idx, ranked], axis=0)
+    label = ctx.op("Gather", [label, ranked], axis=0)
+    n0 = ctx.op("Squeeze", [n, ctx.ints("axes0", [0])])
+    rank = ctx.op("Range", [ctx.const("r0", 0, np.int64), n0, ctx.const("r1", 1, np.int64)])
+    key = ctx.op("Add", [ctx.op("Mul", [label, n]), rank])
+    order = ctx.tmp("order")
+    ctx.ops("TopK", [key, n], [ctx.tmp("keys"), order], axis=0, largest=0, sorted=1)
+    label = ctx.op("Cast", [label], to=1)
+    rows = [ctx.op("Mul", [ctx.op("Gather", [label, order], axis=0), ctx.const("zero", 0.0)]),
+            ctx.op("Gather", [label, order], axis=0), ctx.op("Gather", [score, order], axis=0)]
+    rows = [ctx.op("Unsqueeze", [r, ctx.ints("axes1", [1])]) for r in rows]
+    rows.append(ctx.op("Gather", [box, ctx.op("Gather", [prior_idx, order], axis=0)], axis=0))
+    table = ctx.op("Concat", rows, axis=1)  # (S, 7)
+    empty = ctx.const("no_detection", np.array([[0, -1, -1, -1, -1, -1, -1]], np.float32))
+    n_rows = ctx.op("Max", [ctx.op("Shape", [score]), ctx.ints("one_row", [1])])
+    table = ctx.op("Slice", [ctx.op("Concat", [table, empty], axis=0), ctx.ints("zero0", [0]), n_rows,
+                             ctx.ints("axis0", [0])])
+    return [ctx.op("Reshape", [table, ctx.ints("out_shape", [1, 1, -1, 7])], ctx.out(0))]
 
 
 @exports("RNN", "LSTM")

@@ -33,6 +33,8 @@ DROPPED: dict[str, str] = {
     "Silence": "consumes blobs without output",
     "HDF5Output": "writes files, not part of inference",
 }
+# Layer types whose top has a data-dependent size: {type: {axis: symbolic name}} for the output's shape.
+SYMBOLIC_DIMS: dict[str, dict[int, str]] = {"DetectionOutput": {2: "detections"}}
 # Data layers: their tops become graph inputs (shapes from the net as built).
 DATA_LAYERS = frozenset({"Data", "ImageData", "HDF5Data", "MemoryData", "DummyData", "WindowData",
                          "AnnotatedData", "VideoData", "Python"})

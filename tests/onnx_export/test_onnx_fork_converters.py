@@ -169,7 +169,7 @@ def test_prior_box_is_a_constant():
     np.testing.assert_array_equal(sess.run(None, {"feat": np.zeros((1, 4, 2, 2), np.float32)})[0], priors)
 
 
-@pytest.mark.parametrize("type_name,words", [("DetectionOutput", "NMS"), ("LSTM", "cont"), ("RNN", "cont")])
+@pytest.mark.parametrize("type_name,words", [("LSTM", "cont"), ("RNN", "cont")])
 def test_not_exportable_types_say_why(type_name, words):
     with pytest.raises(ExportError, match=rf"layer 'L' \({type_name}\): not exportable.*{words}"):
         run(type_name, {}, [np.zeros((2, 3))], (2, 3))
@@ -178,3 +178,77 @@ def test_not_exportable_types_say_why(type_name, words):
 def test_two_bottom_upsample_is_refused():
     with pytest.raises(ExportError, match="max-unpooling"):
         run("Upsample", {}, [np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2))], (1, 1, 4, 4))
+
+
+class Msg(SimpleNamespace):
+    """A stand-in protobuf message: HasField is true for the fields given."""
+
+    def HasField(self, name):  # noqa: N802  (protobuf's name)
+        return name in vars(self)
+
+
+def _detections_ref(loc, conf, prior, num_classes, bg, conf_thr, nms_thr, top_k, keep_top_k, code):
+    """SSD's DetectionOutput for one image, written out (share_location, eta 1)."""
+    P = prior.shape[-1] // 4
+    pb, pv = prior.reshape(2, P, 4)
+    lo = loc.reshape(P, 4)
+    if code == 1:  # CORNER
+        boxes = pb + pv * lo
+    else:  # CENTER_SIZE
+        pw, ph = pb[:, 2] - pb[:, 0], pb[:, 3] - pb[:, 1]
+        cx = pv[:, 0] * lo[:, 0] * pw + (pb[:, 0] + pb[:, 2]) / 2
+        cy = pv[:, 1] * lo[:, 1] * ph + (pb[:, 1] + pb[:, 3]) / 2
+        w, h = np.exp(pv[:, 2] * lo[:, 2]) * pw, np.exp(pv[:, 3] * lo[:, 3]) * ph
+        boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+    scores = conf.reshape(P, num_classes)
+
+    def iou(a, b):
+        iw, ih = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+        if iw <= 0 or ih <= 0:
+            return 0.0
+        inter = iw * ih
+        return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+    kept = {}
+    for c in range(num_classes):
+        if c == bg:
+            continue
+        cand = [i for i in np.argsort(-scores[:, c], kind="stable") if scores[i, c] > conf_thr][:top_k]
+        keep = []
+        for i in cand:
+            if all(iou(boxes[i], boxes[j]) <= nms_thr for j in keep):
+                keep.append(i)
+        kept[c] = keep
+    pairs = sorted(((scores[i, c], c, i) for c, ks in kept.items() for i in ks), key=lambda t: -t[0])
+    if keep_top_k > -1:
+        pairs = pairs[:keep_top_k]
+    rows = [[0, c, s, *boxes[i]] for s, c, i in sorted(pairs, key=lambda t: (t[1], -t[0]))]
+    return np.array(rows or [[0, -1, -1, -1, -1, -1, -1]], np.float64).reshape(1, 1, -1, 7)
+
+
+@pytest.mark.parametrize("code,conf_thr,keep_top_k,seed", [
+    (2, 0.2, 7, 0),    # keep_top_k cuts
+    (2, 0.05, -1, 1),  # no keep_top_k: every NMS survivor
+    (1, 0.3, 4, 2),    # CORNER code
+    (2, 1.0, 5, 3),    # nothing above the threshold: the [0, -1, ...] row
+])
+def test_detection_output(code, conf_thr, keep_top_k, seed):
+    """SSD's decode, per-class top_k + NMS, keep_top_k and row order (label, then score)."""
+    P, C = 40, 4
+    RNG = np.random.default_rng(seed)
+    centers = RNG.uniform(0.1, 0.9, (P, 2))
+    sizes = RNG.uniform(0.05, 0.4, (P, 2))
+    pb = np.concatenate([centers - sizes / 2, centers + sizes / 2], axis=1)
+    pv = np.tile([0.1, 0.1, 0.2, 0.2], (P, 1))
+    prior = np.stack([pb, pv]).reshape(1, 2, P * 4)
+    loc = RNG.normal(0, 1, (1, P * 4))
+    logits = RNG.normal(0, 2, (P, C))
+    conf = (np.exp(logits) / np.exp(logits).sum(1, keepdims=True)).reshape(1, P * C)
+    p = Msg(num_classes=C, share_location=True, background_label_id=0, code_type=code,
+            variance_encoded_in_target=False, keep_top_k=keep_top_k, confidence_threshold=conf_thr,
+            nms_param=Msg(nms_threshold=0.45, top_k=12, eta=1.0))
+    ref = _detections_ref(loc.astype(np.float32).astype(np.float64), conf.astype(np.float32).astype(np.float64),
+                          prior.astype(np.float32).astype(np.float64), C, 0, conf_thr, 0.45, 12, keep_top_k, code)
+    y = run("DetectionOutput", {"detection_output_param": p}, [loc, conf, prior], (1, 1, 1, 7))
+    assert y.shape == ref.shape and (y.shape[2] > 1 if conf_thr < 1 else y.shape[2] == 1)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
