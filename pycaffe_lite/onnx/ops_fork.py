@@ -225,4 +225,4 @@ def detection_output(ctx: LayerContext) -> list[str]:
 @exports("RNN", "LSTM")
 def recurrent(ctx: LayerContext) -> list[str]:
     raise ctx.error("not exportable: Caffe's recurrent layers reset their state wherever the 'cont' input is 0, "
-                    "which ONNX's RNN/LSTM operators cannot express")
+                    "which ONNX's RNN/LSTM operators cannot express (a Loop-based export is not written)")
