@@ -18,6 +18,8 @@ PACKAGES: dict[str, tuple[str, str | None]] = {
     "PIL": ("Pillow", "data"),
     "pydot": ("pydot", "draw"),
     "tqdm": ("tqdm", None),
+    "onnx": ("onnx", "onnx"),
+    "onnxruntime": ("onnxruntime", "onnx"),
 }
 
 
