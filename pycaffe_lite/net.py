@@ -759,6 +759,22 @@ class Net:
             )
         return missing
 
+    def to_onnx(self, path: str | os.PathLike | None, opset: int | None = None, dynamic_batch: bool = False,
+                input_shapes: dict[str, Sequence[int]] | None = None, fp16: bool = False, check: bool = True,
+                check_inputs: Sequence = (), **kwargs):
+        """Write this net as ONNX and prove it in ONNX Runtime, blob by blob (the ``onnx`` extra;
+        :func:`pycaffe_lite.onnx.export_net` has the options). Returns its ExportReport; raises
+        ``CheckError`` naming the first diverging layer on a mismatch."""
+        from .optional import require
+
+        require("onnx", feature="Net.to_onnx", extra="onnx")
+        require("onnxruntime", feature="Net.to_onnx", extra="onnx")
+        from .onnx import DEFAULT_OPSET, export_net
+
+        return export_net(self, path, opset=opset or DEFAULT_OPSET, dynamic_batch=dynamic_batch,
+                          input_shapes=input_shapes, fp16=fp16, random_check=check,
+                          check_inputs=check_inputs if check else (), **kwargs)
+
     def share_with(self, other: Net) -> None:
         """Share the weights of ``other``'s same-named layers (Caffe's ShareTrainedLayersWith)."""
         for src_name, src_layer in zip(other._layer_names, other.layers):

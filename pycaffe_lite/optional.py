@@ -19,6 +19,8 @@ PACKAGES: dict[str, tuple[str, str | None]] = {
     "cv2": ("opencv-python-headless", "data"),
     "pydot": ("pydot", "draw"),
     "tqdm": ("tqdm", None),
+    "onnx": ("onnx", "onnx"),
+    "onnxruntime": ("onnxruntime", "onnx"),
 }
 
 

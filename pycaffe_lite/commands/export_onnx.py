@@ -1,0 +1,84 @@
+"""``pycaffe-lite export_onnx --model deploy.prototxt --weights w.caffemodel --output net.onnx``:
+write the net as ONNX, then run it in ONNX Runtime and compare every blob with pycaffe-lite's own
+forward (per-blob table on stdout; a mismatch exits with status 1 naming the first diverging
+layer). Needs the ``onnx`` extra."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import CaffeError
+from . import add_net_state_arguments, flag, stages
+
+NAME = "export_onnx"
+HELP = "export a net to ONNX and check it blob by blob in ONNX Runtime"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    flag(parser, "model", required=True, metavar="NET.prototxt", help="the net (a deploy prototxt)")
+    flag(parser, "weights", metavar="W.caffemodel",
+         help="trained weights (.caffemodel or .h5); without, the net's fillers give the values")
+    flag(parser, "output", required=True, metavar="NET.onnx", help="the ONNX file to write")
+    flag(parser, "opset", type=int, default=None, help="ONNX opset (default 17; 13 and newer)")
+    flag(parser, "dynamic-batch", action="store_true",
+         help="make the first axis of every input symbolic ('N') instead of the prototxt's batch")
+    flag(parser, "input-shape", action="append", default=[], metavar="[NAME=]D0,D1,...",
+         help="export at this input shape (repeat per input; NAME defaults to the first input)")
+    flag(parser, "fold-bn", action="store_true",
+         help="fold BatchNorm (+ Scale) into the convolution before it, or into one BatchNormalization")
+    flag(parser, "fp16", action="store_true", help="store the weights as float16 (cast to float32 in the graph)")
+    flag(parser, "no-check", action="store_true", help="skip the ONNX Runtime check")
+    flag(parser, "check-input", action="append", default=[], metavar="FILE",
+         help="also check on this input (.npy array, or an image: resized, BGR 0..255); repeatable")
+    flag(parser, "seed", type=int, default=0, help="seed of the random check input (default 0)")
+    flag(parser, "tolerance", type=float, default=None,
+         help="allowed max abs difference relative to each blob's range (default 1e-5; 2e-3 with --fp16 --fold-bn)")
+    flag(parser, "phase", choices=("TEST", "TRAIN"), default="TEST", help="net phase (default TEST)")
+    add_net_state_arguments(parser)
+
+
+def _shapes(values: list[str], net) -> dict[str, list[int]]:
+    shapes: dict[str, list[int]] = {}
+    for v in values:
+        name, _, dims = v.rpartition("=")
+        name = name or (net.inputs[0] if net.inputs else "")
+        try:
+            shapes[name] = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
+        except ValueError:
+            raise CaffeError(f"--input-shape {v}: expected [NAME=]D0,D1,... (integers)") from None
+    return shapes
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import common
+    from ..net import Net
+    from ..optional import require
+
+    require("onnx", feature="export_onnx", extra="onnx")
+    from ..onnx import DEFAULT_OPSET, export_net
+
+    common.set_mode_cpu()
+    phase = common.TEST if args.phase == "TEST" else common.TRAIN
+    net = Net(args.model, phase=phase, level=args.level, stages=stages(args) or None)
+    if args.weights:
+        net.copy_from(args.weights)
+    report = export_net(
+        net, args.output, opset=args.opset or DEFAULT_OPSET, dynamic_batch=args.dynamic_batch,
+        input_shapes=_shapes(args.input_shape, net), fp16=args.fp16, random_check=not args.no_check,
+        check_inputs=[] if args.no_check else args.check_input, seed=args.seed, tol=args.tolerance,
+        raise_on_mismatch=False, fold_bn=args.fold_bn,
+    )
+    ex = report.exported
+    print(f"wrote {args.output}: {len(ex.model.graph.node)} nodes, opset {args.opset or DEFAULT_OPSET}, "
+          f"inputs {', '.join(f'{k} {list(v)}' for k, v in ex.inputs.items())}, outputs {', '.join(ex.outputs)}")
+    for note in ex.notes:
+        print(f"note: {note}")
+    labels = ["random input"] + list(args.check_input)
+    for label, result in zip(labels, report.checks):
+        print(f"\ncheck on {label}:")
+        print(result.table())
+    from ..onnx import verify
+
+    for result in report.checks:
+        verify(result)  # a CaffeError: the CLI prints it and exits 1
+    return 0

@@ -1,0 +1,228 @@
+"""Converters of the popular forks' layers (SSD, PSPNet/DeepLab, Faster R-CNN, ShuffleNet, YOLO
+ports, MobileNet ports). They read the forks' own parameter fields (``permute_param``,
+``norm_param``, ``interp_param``, ...) and the shapes the built layer computed, and take effect
+when the layer type is registered in the framework; every export still passes through the
+ONNX Runtime check, so a converter that disagrees with the layer is caught at its layer.
+
+Types ONNX cannot express (the recurrent layers' per-step ``cont`` resets) are registered to raise
+an error that says why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .graph import LayerContext
+from .registry import exports
+
+
+@exports("ReLU6")
+def relu6(ctx: LayerContext) -> list[str]:
+    return [ctx.op("Clip", [ctx.bottoms[0], ctx.const("min", 0.0), ctx.const("max", 6.0)], ctx.out(0))]
+
+
+@exports("Permute")
+def permute(ctx: LayerContext) -> list[str]:
+    """SSD's Permute: ``order`` lists the new axis order; axes it omits follow in their order."""
+    ndim = len(ctx.bottom_shapes[0])
+    order = [int(o) for o in ctx.lp.permute_param.order]
+    order += [a for a in range(ndim) if a not in order]
+    if order == list(range(ndim)):
+        return [ctx.op("Identity", ctx.bottoms, ctx.out(0))]
+    return [ctx.op("Transpose", ctx.bottoms, ctx.out(0), perm=order)]
+
+
+@exports("Normalize")
+def normalize(ctx: LayerContext) -> list[str]:
+    """SSD's Normalize: x / sqrt(Σx² + eps), the sum over each item (across_spatial) or over the
+    channels at each position, times the learned scale (one shared value or one per channel)."""
+    p = ctx.lp.norm_param
+    x = ctx.bottoms[0]
+    ndim = len(ctx.bottom_shapes[0])
+    axes = list(range(1, ndim)) if p.across_spatial else [1]
+    sq = ctx.reduce("ReduceSumSquare", x, axes, True)
+    norm = ctx.op("Sqrt", [ctx.op("Add", [sq, ctx.const("eps", float(p.eps))])])
+    y = ctx.op("Div", [x, norm])
+    scale = ctx.param(0).reshape(-1)
+    if scale.size == 1:
+        s = ctx.const("scale", float(scale[0]))
+    else:
+        s = ctx.const("scale", scale.reshape([-1] + [1] * (ndim - 2)))
+    return [ctx.op("Mul", [y, s], ctx.out(0))]
+
+
+@exports("ShuffleChannel")
+def shuffle_channel(ctx: LayerContext) -> list[str]:
+    """(N, g·k, H, W) viewed as (N, g, k, H, W), the two group axes swapped, viewed back."""
+    shape = ctx.bottom_shapes[0]
+    g = int(ctx.lp.shuffle_channel_param.group)
+    n, c = shape[0], shape[1]
+    if g <= 1:
+        return [ctx.op("Identity", ctx.bottoms, ctx.out(0))]
+    x = ctx.reshape(ctx.bottoms[0], [n, g, c // g, *shape[2:]], shape)
+    t = ctx.op("Transpose", [x], perm=[0, 2, 1, *range(3, len(shape) + 1)])
+    return [ctx.reshape(t, shape, shape, ctx.out(0))]
+
+
+@exports("ROIPooling")
+def roi_pooling(ctx: LayerContext) -> list[str]:
+    """Fast R-CNN's ROIPooling is ONNX's MaxRoiPool (rois (R, 5): batch index, x1, y1, x2, y2;
+    rounded scaled corners, floor/ceil bins, empty bins 0)."""
+    p = ctx.lp.roi_pooling_param
+    rois = ctx.bottoms[1]
+    rshape = ctx.bottom_shapes[1]
+    if len(rshape) != 2:
+        rois = ctx.op("Reshape", [rois, ctx.ints("shape", [-1, 5])])
+    return [ctx.op("MaxRoiPool", [ctx.bottoms[0], rois], ctx.out(0), pooled_shape=[int(p.pooled_h), int(p.pooled_w)],
+                   spatial_scale=float(p.spatial_scale))]
+
+
+@exports("Interp")
+def interp(ctx: LayerContext) -> list[str]:
+    """PSPNet/DeepLab's Interp: bilinear with corners aligned (input corner pixels map to output
+    corners) to the top's size, after cropping ``-pad_beg`` / ``-pad_end`` pixels (pads <= 0)."""
+    p = ctx.lp.interp_param
+    x = ctx.bottoms[0]
+    shape = ctx.bottom_shapes[0]
+    beg, end = int(p.pad_beg), int(p.pad_end)
+    if beg > 0 or end > 0:
+        raise ctx.error("positive pad_beg/pad_end are not supported (nor are they by the layer)")
+    if beg or end:
+        x = ctx.op("Slice", [x, ctx.ints("starts", [-beg, -beg]), ctx.ints("ends", [shape[2] + end, shape[3] + end]),
+                             ctx.ints("axes", [2, 3])])
+    return [_resize(ctx, x, "linear", "align_corners")]
+
+
+@exports("Upsample")
+def upsample(ctx: LayerContext) -> list[str]:
+    """YOLO ports' Upsample (one bottom): nearest neighbour, ``top[h, w] = bottom[h // s, w // s]``.
+    SegNet's two-bottom Upsample (max-unpooling with a mask) is not exported."""
+    if len(ctx.bottoms) != 1:
+        raise ctx.error("the two-bottom (max-unpooling, SegNet) Upsample is not exported")
+    return [_resize(ctx, ctx.bottoms[0], "nearest", "asymmetric")]
+
+
+def _resize(ctx: LayerContext, x: str, mode: str, coords: str) -> str:
+    top = ctx.top_shapes[0]
+    sizes = ctx.ints("sizes", [0 if ctx.dynamic_batch else top[0], *top[1:]])
+    if ctx.dynamic_batch:  # the batch from the input, the rest fixed
+        shape = ctx.op("Shape", [x])
+        batch = ctx.op("Slice", [shape, ctx.ints("b0", [0]), ctx.ints("b1", [1])])
+        sizes = ctx.op("Concat", [batch, ctx.ints("chw", list(top[1:]))], axis=0)
+    attrs: dict[str, Any] = dict(mode=mode, coordinate_transformation_mode=coords)
+    if mode == "nearest":
+        attrs["nearest_mode"] = "floor"
+    return ctx.op("Resize", [x, "", "", sizes], ctx.out(0), **attrs)
+
+
+@exports("PriorBox")
+def prior_box(ctx: LayerContext) -> list[str]:
+    """SSD's PriorBox depends only on shapes: its top, computed by the layer, is a constant."""
+    if ctx.top_blobs is None or ctx.bottom_blobs is None:
+        raise ctx.error("needs the net's blobs to compute its constant priors")
+    ctx.layer.forward_cpu(ctx.bottom_blobs, ctx.top_blobs)
+    value = np.array(ctx.top_blobs[0].cpu_data(), dtype=np.float32)
+    return [ctx.op("Identity", [ctx.const("priors", value)], ctx.out(0))]
+
+
+CORNER, CENTER_SIZE = 1, 2  # SSD's PriorBoxParameter.CodeType
+
+
+@exports("DetectionOutput")
+def detection_output(ctx: LayerContext) -> list[str]:
+    """SSD's DetectionOutput (one image): decode the boxes, per class keep the ``top_k`` best scores
+    above ``confidence_threshold``, greedy NMS (``NonMaxSuppression`` with each class as its own
+    batch entry), then the ``keep_top_k`` best over all classes, ordered by label and then score,
+    as rows ``[image, label, score, xmin, ymin, xmax, ymax]`` in a (1, 1, rows, 7) top; no
+    detection gives one row ``[0, -1, ..., -1]``. The number of rows is data-dependent."""
+    p = ctx.lp.detection_output_param
+    nms = p.nms_param
+    loc_shape, conf_shape, prior_shape = ctx.bottom_shapes[:3]
+    if loc_shape[0] != 1 or ctx.dynamic_batch:
+        raise ctx.error("only batch 1 is exported (keep_top_k applies per image; export at batch 1)")
+    if not p.share_location:
+        raise ctx.error("share_location: false is not exported")
+    if float(getattr(nms, "eta", 1.0)) != 1.0:
+        raise ctx.error("adaptive NMS (eta < 1) has no ONNX equivalent")
+    code = int(p.code_type)
+    if code not in (CORNER, CENTER_SIZE):
+        raise ctx.error(f"code_type {code}: only CORNER and CENTER_SIZE are exported")
+    num_classes = int(p.num_classes)
+    priors = int(np.prod(prior_shape[2:])) // 4
+    classes = [c for c in range(num_classes) if c != int(p.background_label_id)]
+    top_k = int(nms.top_k) if nms.HasField("top_k") and int(nms.top_k) > -1 else priors
+    top_k = min(top_k, priors)
+
+    def cols(x: str) -> list[str]:  # the 4 columns of a (P, 4) value, each (P, 1)
+        return [ctx.op("Slice", [x, ctx.ints("s", [k]), ctx.ints("e", [k + 1]), ctx.ints("a", [1])]) for k in range(4)]
+
+    loc = ctx.op("Reshape", [ctx.bottoms[0], ctx.ints("loc_shape", [priors, 4])])
+    prior = ctx.op("Reshape", [ctx.bottoms[2], ctx.ints("prior_shape", [2, priors, 4])])
+    pbox = ctx.op("Squeeze", [ctx.op("Slice", [prior, ctx.ints("s", [0]), ctx.ints("e", [1]), ctx.ints("a", [0])]),
+                              ctx.ints("axes0", [0])])
+    pvar = ctx.op("Squeeze", [ctx.op("Slice", [prior, ctx.ints("s", [1]), ctx.ints("e", [2]), ctx.ints("a", [0])]),
+                              ctx.ints("axes0", [0])])
+    lx = ctx.op("Mul", [loc, pvar]) if not p.variance_encoded_in_target else loc
+    l0, l1, l2, l3 = cols(lx)
+    x0, y0, x1, y1 = cols(pbox)
+    if code == CORNER:
+        box = ctx.op("Concat", [ctx.op("Add", [a, b]) for a, b in ((x0, l0), (y0, l1), (x1, l2), (y1, l3))], axis=1)
+    else:
+        half = ctx.const("half", 0.5)
+        pw, ph = ctx.op("Sub", [x1, x0]), ctx.op("Sub", [y1, y0])
+        pcx = ctx.op("Mul", [ctx.op("Add", [x0, x1]), half])
+        pcy = ctx.op("Mul", [ctx.op("Add", [y0, y1]), half])
+        cx = ctx.op("Add", [ctx.op("Mul", [l0, pw]), pcx])
+        cy = ctx.op("Add", [ctx.op("Mul", [l1, ph]), pcy])
+        hw = ctx.op("Mul", [ctx.op("Mul", [ctx.op("Exp", [l2]), pw]), half])
+        hh = ctx.op("Mul", [ctx.op("Mul", [ctx.op("Exp", [l3]), ph]), half])
+        box = ctx.op("Concat", [ctx.op("Sub", [cx, hw]), ctx.op("Sub", [cy, hh]),
+                                ctx.op("Add", [cx, hw]), ctx.op("Add", [cy, hh])], axis=1)
+    conf = ctx.op("Transpose", [ctx.op("Reshape", [ctx.bottoms[1], ctx.ints("conf_shape", [priors, num_classes])])],
+                  perm=[1, 0])
+    conf = ctx.op("Gather", [conf, ctx.ints("classes", classes)], axis=0)  # (C', P)
+    vals, idx = ctx.tmp("cand_scores"), ctx.tmp("cand_index")
+    ctx.ops("TopK", [conf, ctx.ints("top_k", [top_k])], [vals, idx], axis=1, largest=1, sorted=1)
+    cand = ctx.op("Gather", [box, idx], axis=0)  # (C', k, 4): (ymin/xmin order is irrelevant to IoU)
+    sel = ctx.op("NonMaxSuppression", [cand, ctx.op("Unsqueeze", [vals, ctx.ints("axes1", [1])]),
+                                       ctx.ints("max_out", [top_k]), ctx.const("iou", float(nms.nms_threshold)),
+                                       ctx.const("score_thr", float(p.confidence_threshold))])
+    bj = ctx.op("Gather", [sel, ctx.ints("bj", [0, 2])], axis=1)  # (S, 2): class entry, candidate
+    prior_idx = ctx.op("GatherND", [idx, bj])
+    b = ctx.op("Squeeze", [ctx.op("Slice", [bj, ctx.ints("s", [0]), ctx.ints("e", [1]), ctx.ints("a", [1])]),
+                           ctx.ints("axes1", [1])])
+    label = ctx.op("Gather", [ctx.ints("labels", classes), b], axis=0)  # int64
+    # by score (descending), at most keep_top_k; then by label, stably: key = label * n + rank
+    sel_scores = ctx.op("GatherND", [vals, bj])
+    n = ctx.op("Shape", [sel_scores])
+    if int(p.keep_top_k) > -1:
+        n = ctx.op("Min", [n, ctx.ints("keep_top_k", [int(p.keep_top_k)])])
+    ranked = ctx.tmp("ranked")
+    score = ctx.tmp("sorted_scores")
+    ctx.ops("TopK", [sel_scores, n], [score, ranked], axis=0, largest=1, sorted=1)
+    prior_idx = ctx.op("Gather", [prior_idx, ranked], axis=0)
+    label = ctx.op("Gather", [label, ranked], axis=0)
+    n0 = ctx.op("Squeeze", [n, ctx.ints("axes0", [0])])
+    rank = ctx.op("Range", [ctx.const("r0", 0, np.int64), n0, ctx.const("r1", 1, np.int64)])
+    key = ctx.op("Add", [ctx.op("Mul", [label, n]), rank])
+    order = ctx.tmp("order")
+    ctx.ops("TopK", [key, n], [ctx.tmp("keys"), order], axis=0, largest=0, sorted=1)
+    label = ctx.op("Cast", [label], to=1)
+    rows = [ctx.op("Mul", [ctx.op("Gather", [label, order], axis=0), ctx.const("zero", 0.0)]),
+            ctx.op("Gather", [label, order], axis=0), ctx.op("Gather", [score, order], axis=0)]
+    rows = [ctx.op("Unsqueeze", [r, ctx.ints("axes1", [1])]) for r in rows]
+    rows.append(ctx.op("Gather", [box, ctx.op("Gather", [prior_idx, order], axis=0)], axis=0))
+    table = ctx.op("Concat", rows, axis=1)  # (S, 7)
+    empty = ctx.const("no_detection", np.array([[0, -1, -1, -1, -1, -1, -1]], np.float32))
+    n_rows = ctx.op("Max", [ctx.op("Shape", [score]), ctx.ints("one_row", [1])])
+    table = ctx.op("Slice", [ctx.op("Concat", [table, empty], axis=0), ctx.ints("zero0", [0]), n_rows,
+                             ctx.ints("axis0", [0])])
+    return [ctx.op("Reshape", [table, ctx.ints("out_shape", [1, 1, -1, 7])], ctx.out(0))]
+
+
+@exports("RNN", "LSTM")
+def recurrent(ctx: LayerContext) -> list[str]:
+    raise ctx.error("not exportable: Caffe's recurrent layers reset their state wherever the 'cont' input is 0, "
+                    "which ONNX's RNN/LSTM operators cannot express (a Loop-based export is not written)")
