@@ -113,11 +113,38 @@ def test_convert_round_trip(small, tmp_path):
     env.close()
 
 
-def test_convert_rejects_leveldb(small, tmp_path):
+def test_convert_to_leveldb(small, tmp_path):
+    plyvel = pytest.importorskip("plyvel")
+    images, labels, ip, lp = small
+    db = tmp_path / "db"
+    assert mnist.convert(ip, lp, db, backend="leveldb") == len(labels)
+    handle = plyvel.DB(str(db))
+    got = list(handle)
+    handle.close()
+    assert [k for k, _ in got] == [b"%08d" % i for i in range(len(labels))]
+    for i, (_, value) in enumerate(got):
+        d = caffe_pb2.Datum.FromString(value)
+        assert d.label == labels[i]
+        np.testing.assert_array_equal(np.frombuffer(d.data, np.uint8).reshape(images[i].shape), images[i])
+    with pytest.raises(DataError, match="unknown database backend 'rocksdb'"):
+        mnist.convert(ip, lp, tmp_path / "db2", backend="rocksdb")
+    assert not (tmp_path / "db2").exists()
+
+
+def test_convert_onto_read_only_folder_is_a_data_error(small, tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
     _, _, ip, lp = small
-    with pytest.raises(DataError, match="LevelDB backend is not supported.*convert the data to LMDB"):
-        mnist.convert(ip, lp, tmp_path / "db", backend="leveldb")
-    assert not (tmp_path / "db").exists()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with pytest.raises(DataError, match=r"ro/db: cannot create the database"):
+            mnist.convert(ip, lp, ro / "db")
+    finally:
+        ro.chmod(0o755)
 
 
 def test_convert_mnist_command(small, tmp_path, capsys):
