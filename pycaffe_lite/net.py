@@ -630,9 +630,10 @@ class Net:
         """Write the params in Caffe's HDF5 layout (see :mod:`pycaffe_lite.hdf5_weights`)."""
         hdf5_weights.save(self, filename, write_diff)
 
-    def load_hdf5(self, filename: str | os.PathLike) -> None:
-        """Copy params from a Caffe HDF5 weights file (see :mod:`pycaffe_lite.hdf5_weights`)."""
-        hdf5_weights.load(self, filename)
+    def load_hdf5(self, filename: str | os.PathLike, allow_missing: bool = True) -> list[str]:
+        """Copy params from a Caffe HDF5 weights file (see :mod:`pycaffe_lite.hdf5_weights`);
+        returns the layers with params that got none, as ``copy_from``."""
+        return hdf5_weights.load(self, filename, allow_missing)
 
     # ------------------------------------------------------------------------------------------
     # weights
@@ -691,9 +692,9 @@ class Net:
         with parameters that got no weights (a warning lists them); with ``allow_missing=False``
         they are a WeightsError instead."""
         path = str(path)
+        protoio.check_regular_file(path, "weights file", WeightsError)
         if hdf5_weights.is_hdf5_file(path):  # by signature, as Caffe does
-            hdf5_weights.load(self, path)
-            return []
+            return hdf5_weights.load(self, path, allow_missing)
         try:
             param = protoio.read_binary(path, caffe_pb2.NetParameter(), "caffemodel")
         except Exception as exc:  # unreadable or corrupt file

@@ -178,9 +178,11 @@ def write_pair(model: str | os.PathLike, model_bytes: bytes, state: str | os.Pat
         _fsync_dir(model.parent)
         journal.unlink(missing_ok=True)
     except OSError as exc:
-        for p in (*temps, *placed):
-            p.unlink(missing_ok=True)
-        journal.unlink(missing_ok=True)
+        for p in (*temps, *placed, journal):
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:  # (e.g. the folder is a file: nothing was written)
+                pass
         raise SnapshotError(
             f"{current}: cannot write the snapshot: {_describe(exc)}; earlier snapshots are kept "
             "(resume from the last complete .solverstate)"
@@ -223,6 +225,87 @@ def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
     for p in removed:
         log.info("Removed %s (left by an interrupted snapshot)", p)
     return removed
+
+
+# ----------------------------------------------------------------------------------------------
+# one run per snapshot_prefix
+class SnapshotLockError(SnapshotError):
+    """Another live process trains with the same ``snapshot_prefix``."""
+
+
+def _start_time(pid: int) -> str:
+    """The start time of process ``pid`` (clock ticks since boot, from /proc), or "" if unknown:
+    with the pid it tells a live owner from an unrelated process that reused the pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+class PrefixLock:
+    """``<prefix>.lock``: held while a solver trains (``Solver.step``), so two runs cannot write
+    the same snapshots. It holds the owner's pid and start time; a lock whose owner has ended (a
+    killed run) is stale and taken over, as temporary files of ended writers are removed. Solvers
+    of one process share it (only the first one to take it removes it)."""
+
+    def __init__(self, prefix: str | os.PathLike) -> None:
+        self.path = Path(f"{prefix}.lock")
+        self.held = False
+
+    def _owner(self) -> tuple[int, str] | None:
+        try:
+            parts = self.path.read_text().split()
+            return int(parts[0]), parts[1] if len(parts) > 1 else ""
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def acquire(self) -> PrefixLock:
+        me = f"{os.getpid()} {_start_time(os.getpid())}\n"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SnapshotError(f"{self.path.parent}: cannot create the snapshot folder: {_describe(exc)}") from None
+        for _ in range(5):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                owner = self._owner()
+                if owner is None:  # being written, or garbage: look again, then take it over
+                    import time
+
+                    time.sleep(0.05)
+                    if self._owner() is None:
+                        self.path.unlink(missing_ok=True)
+                    continue
+                pid, started = owner
+                if pid == os.getpid():
+                    return self  # another solver of this process holds it
+                if _pid_alive(pid) and (not started or not _start_time(pid) or _start_time(pid) == started):
+                    raise SnapshotLockError(
+                        f"{self.path}: snapshot_prefix '{self.path.name[:-5]}' is in use by another training run "
+                        f"(process {pid}); two runs would overwrite each other's snapshots. Give this run "
+                        "another snapshot_prefix, or stop the other run (if no such run exists, remove the lock "
+                        "file)"
+                    ) from None
+                log.info("Removed %s (stale lock of ended process %d)", self.path, pid)
+                self.path.unlink(missing_ok=True)
+                continue
+            except OSError as exc:
+                raise SnapshotError(f"{self.path}: cannot create the snapshot lock file: {_describe(exc)}") from None
+            with os.fdopen(fd, "w") as fh:
+                fh.write(me)
+            self.held = True
+            return self
+        raise SnapshotLockError(f"{self.path}: could not take the snapshot lock (other runs keep taking it)")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        owner = self._owner()
+        if owner is not None and owner[0] == os.getpid():
+            self.path.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,18 +379,30 @@ def restore_extras(solver: Solver, state: caffe_pb2.SolverState, path: str) -> N
 
 
 def write_snapshot(solver: Solver) -> tuple[str, str]:
-    """The body of ``Solver.snapshot``: the pair ``<prefix>_iter_<n>.caffemodel/.solverstate``."""
-    model = solver.snapshot_filename(".caffemodel")
-    path = solver.snapshot_filename(".solverstate")
-    log.info("Snapshotting to binary proto file %s", model)
-    net_bytes = solver.net.to_proto(solver.param.snapshot_diff).SerializeToString()
+    """The body of ``Solver.snapshot``: the pair ``<prefix>_iter_<n>.caffemodel/.solverstate``, or
+    ``.caffemodel.h5/.solverstate.h5`` with ``snapshot_format: HDF5`` (BVLC's layout, see
+    :mod:`pycaffe_lite.hdf5_weights`); either pair is written by ``write_pair``."""
+    hdf5 = solver.param.snapshot_format == caffe_pb2.SolverParameter.HDF5
+    model = solver.snapshot_filename(".caffemodel.h5" if hdf5 else ".caffemodel")
+    path = solver.snapshot_filename(".solverstate.h5" if hdf5 else ".solverstate")
     state = caffe_pb2.SolverState()
     state.iter = solver.iter
     state.learned_net = model
     state.current_step = solver.current_step
-    for h in solver.history:
-        h.to_proto(False, state.history.add())
     save_extras(solver, state)
-    log.info("Snapshotting solver state to binary proto file %s", path)
-    write_pair(model, net_bytes, path, state.SerializeToString())
+    if hdf5:
+        from . import hdf5_weights
+
+        log.info("Snapshotting to HDF5 file %s", model)
+        net_bytes = hdf5_weights.to_bytes(solver.net, solver.param.snapshot_diff, model)
+        log.info("Snapshotting solver state to HDF5 file %s", path)
+        state_bytes = hdf5_weights.state_to_bytes(state, [h.cpu_data() for h in solver.history])
+    else:
+        log.info("Snapshotting to binary proto file %s", model)
+        net_bytes = solver.net.to_proto(solver.param.snapshot_diff).SerializeToString()
+        for h in solver.history:
+            h.to_proto(False, state.history.add())
+        log.info("Snapshotting solver state to binary proto file %s", path)
+        state_bytes = state.SerializeToString()
+    write_pair(model, net_bytes, path, state_bytes)
     return model, path

@@ -59,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
         raise PrototxtError(f"--iterations must be >= 1, got {args.iterations}")
     if not os.path.isfile(args.model):
         raise PrototxtError(f"{args.model}: model file not found")
-    if not os.path.isfile(args.weights):
-        raise WeightsError(f"{args.weights}: weights file not found")
+    from ..protoio import check_regular_file
+
+    check_regular_file(args.weights, "weights file", WeightsError)
     use_device(parse_gpu(args.gpu), args.autotune_cache)
     net = Net(args.model, common.TEST, level=args.level, stages=stages(args) or None)
     net.copy_from(args.weights, allow_missing=args.allow_missing)
