@@ -137,7 +137,7 @@ def load(net: Net, filename: str | os.PathLike, allow_missing: bool = True) -> l
         data = f.get("data")
         if not isinstance(data, h5py.Group):
             raise WeightsError(f"{filename}: no 'data' group (not a Caffe HDF5 weights file)")
-        filled: set[str] = set()
+        filled: set[int] = set()
         for lname, li in targets.items():
             try:
                 group = data.get(lname) if lname and not lname.startswith("/") else None
@@ -170,13 +170,13 @@ def load(net: Net, filename: str | os.PathLike, allow_missing: bool = True) -> l
                         f"{blob.shape}, file has {tuple(values.shape)}"
                     )
                 blob.mutable_cpu_data()[...] = values
-            filled.add(lname)
+            filled.add(li)
         known = {n.split("/")[0] for n in targets}
         ignored = [k for k in data if k not in known]
         if ignored:
             log.info("%s: ignoring source layer%s %s (not in net '%s')", filename, "s" if len(ignored) > 1 else "",
                      ", ".join(ignored), net.name)
-    missing = [n for n, layer in zip(net._layer_names, net.layers) if layer.blobs and n not in filled]
+    missing = [n for i, (n, layer) in enumerate(zip(net._layer_names, net.layers)) if layer.blobs and i not in filled]
     if missing and not allow_missing:
         raise WeightsError(
             f"{filename}: holds no weights for layer{'s' if len(missing) > 1 else ''} {', '.join(missing)} "

@@ -7,6 +7,7 @@ pycaffe-style surface (``blobs``, ``params``, ``forward(**inputs)``...) is defin
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -23,6 +24,7 @@ from .layer import Layer, create_layer
 from .net_filter import filter_net, insert_splits
 from .proto import caffe_pb2
 
+log = logging.getLogger("pycaffe_lite")
 
 def load_net_param(source: str | os.PathLike | caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
     """A NetParameter from a prototxt path or a message (copied), with legacy forms upgraded."""
@@ -154,14 +156,16 @@ class Net:
         available: dict[str, int] = {}  # blobs produced and not yet consumed (net outputs at the end)
         input_names = []
         for layer_id, lp in enumerate(param.layer):
-            if lp.name in self._layer_names_index:
-                raise NetError(f"net '{self.name}': two layers are named '{lp.name}'")
+            if lp.name in self._layer_names_index:  # accepted, as BVLC's Net::Init does
+                log.info("net '%s': layers %d and %d are both named '%s' (weights from a .caffemodel go to "
+                         "the first, from an HDF5 file to the last, as in BVLC)",
+                         self.name, self._first_layer_index(lp.name), layer_id, lp.name)
             if not lp.HasField("phase"):
                 lp.phase = self.phase
             layer = create_layer(lp, self.dtype)
             self.layers.append(layer)
             self._layer_names.append(lp.name)
-            self._layer_names_index[lp.name] = layer_id
+            self._layer_names_index[lp.name] = layer_id  # the last layer of a name (BVLC's layer_names_index_)
             if lp.propagate_down and len(lp.propagate_down) != len(lp.bottom):
                 raise NetError(
                     f"layer '{lp.name}': propagate_down has {len(lp.propagate_down)} entries, "
@@ -349,13 +353,21 @@ class Net:
 
     # ------------------------------------------------------------------------------------------
     # running
+    def _first_layer_index(self, name: str) -> int | None:
+        """The first layer named ``name`` (BVLC's linear search in CopyTrainedLayersFrom and
+        pycaffe's ``list(net._layer_names).index(name)``), or None."""
+        if name not in self._layer_names_index:
+            return None
+        return self._layer_names.index(name)
+
     def _layer_index(self, key: int | str | None, default: int) -> int:
         if key is None:
             return default
         if isinstance(key, str):
-            if key not in self._layer_names_index:
+            index = self._first_layer_index(key)
+            if index is None:
                 raise NetError(f"net '{self.name}': no layer named '{key}'")
-            return self._layer_names_index[key]
+            return index
         if not 0 <= key < len(self.layers):
             raise NetError(f"net '{self.name}': layer index {key} out of range (0..{len(self.layers) - 1})")
         return int(key)
@@ -661,11 +673,12 @@ class Net:
         from . import upgrade
 
         upgrade.upgrade_net(param, source=source)
-        filled: set[str] = set()
+        filled: set[int] = set()
         for src in param.layer:
-            if src.name not in self._layer_names_index:
+            target = self._first_layer_index(src.name)  # with duplicate names: the first (BVLC)
+            if target is None:
                 continue
-            layer = self.layers[self._layer_names_index[src.name]]
+            layer = self.layers[target]
             if len(src.blobs) != len(layer.blobs):
                 raise WeightsError(
                     f"{source}: layer '{src.name}' has {len(src.blobs)} blobs in the file but "
@@ -676,8 +689,8 @@ class Net:
                     blob.from_proto(proto, reshape=False, where=f"{source}: layer '{src.name}' param {i}")
                 except ShapeError as exc:
                     raise WeightsError(f"cannot copy weights: {exc}") from None
-            filled.add(src.name)
-        missing = [n for n, layer in zip(self._layer_names, self.layers) if layer.blobs and n not in filled]
+            filled.add(target)
+        missing = [n for i, (n, layer) in enumerate(zip(self._layer_names, self.layers)) if layer.blobs and i not in filled]
         if missing:
             import logging
 
@@ -715,9 +728,10 @@ class Net:
     def share_with(self, other: Net) -> None:
         """Share the weights of ``other``'s same-named layers (Caffe's ShareTrainedLayersWith)."""
         for src_name, src_layer in zip(other._layer_names, other.layers):
-            if src_name not in self._layer_names_index:
+            target = self._first_layer_index(src_name)  # with duplicate names: the first (BVLC)
+            if target is None:
                 continue
-            layer = self.layers[self._layer_names_index[src_name]]
+            layer = self.layers[target]
             if len(layer.blobs) != len(src_layer.blobs):
                 raise WeightsError(
                     f"share_with: layer '{src_name}' has {len(src_layer.blobs)} blobs in the source "

@@ -361,12 +361,14 @@ def restore_extras(solver: Solver, state: caffe_pb2.SolverState, path: str) -> N
     """Put every data layer back at its recorded position (states written by BVLC or older
     pycaffe-lite versions have none: the layers then restart, as in BVLC)."""
     nets = dict(_data_nets(solver))
+    seen: dict[tuple[str, str], int] = {}  # duplicate layer names: the k-th entry of a name -> k-th layer
     for entry in state.data_state:
         net = nets.get(entry.net)
         layer = None
         if net is not None:
-            index = net._layer_names_index.get(entry.layer)
-            layer = net.layers[index] if index is not None else None
+            k = seen[(entry.net, entry.layer)] = seen.get((entry.net, entry.layer), -1) + 1
+            same = [i for i, n in enumerate(net._layer_names) if n == entry.layer and hasattr(net.layers[i], "read_state")]
+            layer = net.layers[same[k]] if k < len(same) else None
         if layer is None or not hasattr(layer, "restore_read_state"):
             log.warning("%s: data position of %s layer '%s' has no matching data layer: ignored",
                         path, entry.net, entry.layer)
