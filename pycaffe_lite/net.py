@@ -234,7 +234,43 @@ class Net:
         self._inputs = list(input_names)
         self._outputs = list(available)
         self._blob_dict = OrderedDict((n, self._blobs[i]) for i, n in enumerate(self._blob_names))
+        self._check_memory()
         self.executor = Executor(self)
+
+    def _check_memory(self) -> None:
+        """OutOfMemoryError (naming the net, the total and the largest blobs) when what the net will
+        surely hold exceeds the memory still free under the host's limits (cgroup, RLIMIT_AS) or
+        on the GPU: its params, and in a net that trains every blob's data and the params' diffs;
+        a net that only runs forward may share blob memory (memory_plan), so there only its
+        largest layer's bottoms and tops together count."""
+        from . import memcheck
+
+        seen: set[int] = set()
+        params: list[tuple[str, int]] = []
+        for (li, j), blob in zip(self.param_layer_indices, self.params_list):
+            if id(blob._data) not in seen:
+                seen.add(id(blob._data))
+                params.append((f"{self._layer_names[li]} param {j}", blob.count * blob.dtype.itemsize))
+        if any(self.layer_need_backward):
+            items = list(params) + [(f"{name} diff", n) for name, n in params]
+            for name, blob in zip(self._blob_names, self._blobs):
+                if id(blob._data) not in seen:
+                    seen.add(id(blob._data))
+                    items.append((name, blob.count * blob.dtype.itemsize))
+        else:
+            best: list[tuple[str, int]] = []
+            for i in range(len(self.layers)):
+                these, ids = [], set()
+                for bid in (*self.bottom_id_vecs[i], *self.top_id_vecs[i]):
+                    blob = self._blobs[bid]
+                    if id(blob._data) not in ids and id(blob._data) not in seen:
+                        ids.add(id(blob._data))
+                        these.append((self._blob_names[bid], blob.count * blob.dtype.itemsize))
+                if sum(n for _, n in these) > sum(n for _, n in best):
+                    best = these
+            items = params + best
+        memcheck.check_total(f"net '{self.name}'", items, "its blobs and params",
+                             device=common.mode() is common.Mode.GPU)
 
     def _append_top(self, lp, ti, tname, tvec, tids, available) -> None:
         if ti < len(lp.bottom) and lp.bottom[ti] == tname:  # in place
