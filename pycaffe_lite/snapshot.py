@@ -375,9 +375,17 @@ def restore_extras(solver: Solver, state: caffe_pb2.SolverState, path: str) -> N
             continue
         layer.restore_read_state(entry.position, entry.key, entry.rng_state, where=f"{path}: layer '{entry.layer}'")
     if state.HasField("rng_state"):
-        saved = json.loads(state.rng_state)
-        common.rng().bit_generator.state = saved["generator"]
-        common._state.gpu_rng_counter = int(saved.get("gpu_rng_counter", 0))
+        gen = common.rng().bit_generator
+        before = gen.state
+        try:
+            saved = json.loads(state.rng_state)
+            gen.state = saved["generator"]
+            counter = int(saved.get("gpu_rng_counter", 0))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            gen.state = before
+            raise WeightsError(f"{path}: corrupt random-state field (rng_state): {type(exc).__name__}: {exc}; the "
+                               "file is damaged (resume from an earlier snapshot)") from None
+        common._state.gpu_rng_counter = counter
 
 
 def write_snapshot(solver: Solver) -> tuple[str, str]:

@@ -604,3 +604,17 @@ def test_progress_bar_forced_on(capsys, caplog):
     assert s.iter == 3
     assert "3/3" in capsys.readouterr().err  # tqdm's bar on stderr
     assert any("Iteration 2 (" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("junk", ["{not json", '{"generator": 5}', '{"generator": {"bit_generator": "PCG64"}}', "[]"])
+def test_corrupt_random_state_field_is_a_weights_error(tmp_path, junk):
+    s = _mlp_solver("SGD", tmp_path / "x", np.float64)
+    s.step(1)
+    _, state = s.snapshot()
+    st = caffe_pb2.SolverState.FromString(Path(state).read_bytes())
+    st.rng_state = junk
+    bad = tmp_path / "bad.solverstate"
+    bad.write_bytes(st.SerializeToString())
+    r = _mlp_solver("SGD", tmp_path / "y", np.float64)
+    with pytest.raises(WeightsError, match=r"bad.solverstate: corrupt random-state field \(rng_state\)"):
+        r.restore(bad)
