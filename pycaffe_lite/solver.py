@@ -105,7 +105,8 @@ class Solver:
 
     ``Solver(solver_file_or_param, dtype=np.float32, progress=None, solver_dir=None)``;
     ``progress``: True/False forces the tqdm progress bar on/off, None shows it only when stderr
-    is a terminal; ``solver_dir``: where relative net paths are also looked up (default: the
+    is a terminal; without the bar the solver logs Caffe's glog lines to stderr (installing
+    :func:`~pycaffe_lite.glog.init_log`'s handler unless logging is already configured); ``solver_dir``: where relative net paths are also looked up (default: the
     solver file's folder). ``weights`` in the SolverParameter are loaded into every net.
     Attributes: ``param``, ``net``, ``test_nets``, ``iter``, ``current_step``, ``history``.
     """
@@ -145,6 +146,10 @@ class Solver:
         # the next display, test, or end of step(). Unlike pycaffe callbacks they run outside the
         # iteration, so whole iterations can still be replayed as CUDA graphs.
         self.iteration_hooks: list[Callable[[int, float], None]] = []
+        if not self._use_progress():  # no progress bar: Caffe's log on stderr, unless logging is set up
+            from .glog import ensure_console_log
+
+            ensure_console_log()
         self.check_param()
         if self.param.random_seed >= 0:
             common.set_random_seed(self.param.random_seed)
