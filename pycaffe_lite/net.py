@@ -236,6 +236,49 @@ class Net:
         self._blob_dict = OrderedDict((n, self._blobs[i]) for i, n in enumerate(self._blob_names))
         self._check_memory()
         self.executor = Executor(self)
+        self._debug_info = False
+        self._debug_hooked = False
+        self.debug_info = bool(param.debug_info)
+
+    @property
+    def debug_info(self) -> bool:
+        """Caffe's ``debug_info`` (NetParameter field, or set here): after each layer's forward, log
+        the mean absolute value of its tops (BVLC's "[Forward] Layer ..." lines) and raise a
+        NetError at the first layer whose tops hold NaN or infinite values, naming the layer, the
+        blob and whether its bottoms or params were already non-finite. Slow: reads every top."""
+        return self._debug_info
+
+    @debug_info.setter
+    def debug_info(self, on: bool) -> None:
+        self._debug_info = bool(on)
+        if self._debug_info and not self._debug_hooked:
+            self.executor.hooks["after_forward"].append(self._debug_forward)
+            self._debug_hooked = True
+
+    def _debug_forward(self, i: int) -> None:
+        if not self._debug_info:
+            return
+        layer, lname = self.layers[i], self._layer_names[i]
+        for bid, blob in zip(self.top_id_vecs[i], self.top_vecs[i]):
+            values = blob.cpu_data()
+            bname = self._blob_names[bid]
+            log.info("    [Forward] Layer %s, top blob %s data: %g", lname, bname,
+                     float(np.abs(values).mean()) if values.size else 0.0)
+            bad = ~np.isfinite(values)
+            if not bad.any():
+                continue
+            why = []
+            for b_id, bottom in zip(self.bottom_id_vecs[i], self.bottom_vecs[i]):
+                if bottom is not blob and not np.isfinite(bottom.cpu_data()).all():
+                    why.append(f"its bottom '{self._blob_names[b_id]}' was already non-finite")
+            for j, param in enumerate(layer.blobs):
+                if not np.isfinite(param.cpu_data()).all():
+                    why.append(f"its param {j} holds NaN/Inf (the weights)")
+            raise NetError(
+                f"net '{self.name}': layer '{lname}' ({layer.type}) gave {int(bad.sum())} non-finite value(s) "
+                f"(NaN or infinite) of {values.size} in top '{bname}'"
+                + (f": {'; '.join(why)}" if why else " from finite inputs and params (overflow?)")
+            )
 
     def _check_memory(self) -> None:
         """OutOfMemoryError (naming the net, the total and the largest blobs) when what the net will

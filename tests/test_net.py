@@ -587,3 +587,32 @@ def test_duplicate_names_hdf5_fill_the_last(tmp_path):
     assert net.copy_from(path) == ["ip"]
     np.testing.assert_array_equal(net.layers[2].blobs[0].data, np.full((3, 3), 5.0))
     np.testing.assert_array_equal(net.layers[1].blobs[0].data, first)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_debug_info_names_the_first_layer_with_nonfinite_values(tmp_path, caplog):
+    import logging
+
+    text = _input(dims=(2, 3)) + _ip("ip1", "x", "h", 3) + _ip("ip2", "h", "y", 2)
+    net = make_net(tmp_path, text, phase=caffe.TEST)
+    net.blobs["x"].data[...] = 1.0
+    net.forward()  # off: nothing checked
+    net.params["ip2"][0].data[1, 2] = np.nan
+    net.forward()
+    net.debug_info = True
+    with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
+        with pytest.raises(NetError, match=r"layer 'ip2' \(InnerProduct\) gave 2 non-finite value\(s\) .* of 4 in top "
+                                           r"'y': its param 0 holds NaN/Inf"):
+            net.forward()
+    assert "[Forward] Layer ip1, top blob h data: " in caplog.text
+    net.params["ip2"][0].data[1, 2] = 0
+    net.blobs["x"].data[0, 0] = np.inf
+    with pytest.raises(NetError, match=r"layer 'ip1' \(InnerProduct\) gave .* in top 'h': its bottom 'x' was "
+                                       r"already non-finite"):
+        net.forward(start="ip1")
+    net.debug_info = False
+    net.forward(start="ip1")
+    # from the prototxt field
+    text2 = "debug_info: true\n" + text
+    net2 = make_net(tmp_path, text2, phase=caffe.TEST, name="n2.prototxt")
+    assert net2.debug_info
