@@ -172,3 +172,37 @@ def test_real_mnist(mnist_dir):
     np.testing.assert_array_equal(vl[:10], [7, 2, 1, 0, 4, 1, 4, 9, 5, 9])
     np.testing.assert_array_equal(np.bincount(vl), [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009])
     assert vi.max() == 255 and vi.min() == 0 and (vi[:, 0, :] == 0).all()  # top rows are background
+
+
+def test_convert_onto_a_file_or_a_failing_disk_is_a_data_error(small, tmp_path, monkeypatch):
+    """(root ignores read-only folders: a path under a file, and a disk error raised by LMDB.)"""
+    _, _, ip, lp = small
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DataError, match=r"file/db: cannot create the database"):
+        mnist.convert(ip, lp, tmp_path / "file" / "db")
+
+    class FailingTxn:
+        def put(self, key, value):
+            raise lmdb.DiskError("mdb_put: No space left on device")
+
+        def abort(self):
+            pass
+
+    real_open = lmdb.open
+
+    def open_failing(*args, **kwargs):
+        env = real_open(*args, **kwargs)
+
+        class Env:
+            def begin(self, write=False):
+                return FailingTxn()
+
+            def __getattr__(self, name):
+                return getattr(env, name)
+
+        return Env()
+
+    monkeypatch.setattr(lmdb, "open", open_failing)
+    with pytest.raises(DataError, match=r"full/db: cannot write the LMDB database: .*No space left.*disk full"):
+        mnist.convert(ip, lp, tmp_path / "full" / "db")
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == []  # the partial build is gone
