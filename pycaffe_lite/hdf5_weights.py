@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,6 +34,7 @@ from .errors import WeightsError
 if TYPE_CHECKING:
     from .net import Net
     from .proto import caffe_pb2
+    from .solver import Solver
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -99,13 +101,37 @@ def to_bytes(net: Net, write_diff: bool = False, filename: str = "<hdf5>") -> by
 
 def save(net: Net, filename: str | os.PathLike, write_diff: bool = False) -> None:
     """Write the params in Caffe's HDF5 layout, atomically (temporary file, then rename)."""
-    from .protoio import atomic_write_bytes
+    from .snapshot import remove_stale_temps, write_temp
 
+    final = Path(filename)
     data = to_bytes(net, write_diff, os.fspath(filename))
     try:
-        atomic_write_bytes(filename, data)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(final.parent, lambda name: name == final.name)
+        tmp = write_temp(final, data)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     except OSError as exc:
         raise WeightsError(f"{filename}: cannot write the HDF5 weights: {exc.strerror or exc}") from None
+
+
+def write_snapshot(solver: Solver) -> tuple[str, str]:
+    """``Solver.snapshot`` for ``snapshot_format: HDF5``: ``<prefix>_iter_<n>.caffemodel.h5`` and
+    ``.solverstate.h5``, written together by ``snapshot.write_pair``."""
+    from .snapshot import snapshot_state, write_pair
+
+    model = solver.snapshot_filename(".caffemodel.h5")
+    path = solver.snapshot_filename(".solverstate.h5")
+    state = snapshot_state(solver, model)
+    log.info("Snapshotting to HDF5 file %s", model)
+    net_bytes = to_bytes(solver.net, solver.param.snapshot_diff, model)
+    log.info("Snapshotting solver state to HDF5 file %s", path)
+    state_bytes = state_to_bytes(state, [h.cpu_data() for h in solver.history])
+    write_pair(model, net_bytes, path, state_bytes)
+    return model, path
 
 
 def _open(filename: str, what: str):

@@ -388,31 +388,27 @@ def restore_extras(solver: Solver, state: caffe_pb2.SolverState, path: str) -> N
         common._state.gpu_rng_counter = counter
 
 
-def write_snapshot(solver: Solver) -> tuple[str, str]:
-    """The body of ``Solver.snapshot``: the pair ``<prefix>_iter_<n>.caffemodel/.solverstate``, or
-    ``.caffemodel.h5/.solverstate.h5`` with ``snapshot_format: HDF5`` (BVLC's layout, see
-    :mod:`pycaffe_lite.hdf5_weights`); either pair is written by ``write_pair``."""
-    hdf5 = solver.param.snapshot_format == caffe_pb2.SolverParameter.HDF5
-    model = solver.snapshot_filename(".caffemodel.h5" if hdf5 else ".caffemodel")
-    path = solver.snapshot_filename(".solverstate.h5" if hdf5 else ".solverstate")
+def snapshot_state(solver: Solver, model: str) -> caffe_pb2.SolverState:
+    """The SolverState of ``solver`` now (without history): counters, ``learned_net``, data
+    positions and random state."""
     state = caffe_pb2.SolverState()
     state.iter = solver.iter
     state.learned_net = model
     state.current_step = solver.current_step
     save_extras(solver, state)
-    if hdf5:
-        from . import hdf5_weights
+    return state
 
-        log.info("Snapshotting to HDF5 file %s", model)
-        net_bytes = hdf5_weights.to_bytes(solver.net, solver.param.snapshot_diff, model)
-        log.info("Snapshotting solver state to HDF5 file %s", path)
-        state_bytes = hdf5_weights.state_to_bytes(state, [h.cpu_data() for h in solver.history])
-    else:
-        log.info("Snapshotting to binary proto file %s", model)
-        net_bytes = solver.net.to_proto(solver.param.snapshot_diff).SerializeToString()
-        for h in solver.history:
-            h.to_proto(False, state.history.add())
-        log.info("Snapshotting solver state to binary proto file %s", path)
-        state_bytes = state.SerializeToString()
-    write_pair(model, net_bytes, path, state_bytes)
+
+def write_snapshot(solver: Solver) -> tuple[str, str]:
+    """The body of ``Solver.snapshot`` for ``snapshot_format: BINARYPROTO``: the pair
+    ``<prefix>_iter_<n>.caffemodel/.solverstate`` (HDF5: ``hdf5_weights.write_snapshot``)."""
+    model = solver.snapshot_filename(".caffemodel")
+    path = solver.snapshot_filename(".solverstate")
+    state = snapshot_state(solver, model)
+    log.info("Snapshotting to binary proto file %s", model)
+    net_bytes = solver.net.to_proto(solver.param.snapshot_diff).SerializeToString()
+    for h in solver.history:
+        h.to_proto(False, state.history.add())
+    log.info("Snapshotting solver state to binary proto file %s", path)
+    write_pair(model, net_bytes, path, state.SerializeToString())
     return model, path

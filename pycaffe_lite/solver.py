@@ -721,7 +721,12 @@ class Solver:
             raise SolverConfigError(f"{self.where}: cannot snapshot without a snapshot_prefix")
         from . import snapshot
 
-        model, path = snapshot.write_snapshot(self)  # the pair, complete or absent; data positions
+        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
+            from . import hdf5_weights
+
+            model, path = hdf5_weights.write_snapshot(self)  # the pair, complete or absent
+        else:
+            model, path = snapshot.write_snapshot(self)  # the pair, complete or absent; data positions
         self._last_snapshot_iter = self.iter
         return model, path
 
