@@ -169,18 +169,20 @@ def out_of_memory(what: str, nbytes: int | None = None) -> OutOfMemoryError:
                             "(a smaller batch_size, or more memory, is needed)")
 
 
-def check_total(where: str, items: list[tuple[str, int]], what: str = "its blobs", device: bool = False) -> None:
+def check_total(where: str, items: list[tuple[str, int]], what: str = "its blobs", device: bool = False,
+                host_items: list[tuple[str, int]] | None = None) -> None:
     """OutOfMemoryError naming ``where`` and the largest ``items`` (name, bytes) when together
     they exceed what is still free on the host (see :func:`host_available`) or, with ``device``,
-    on the GPU (:func:`device_available`)."""
-    need = sum(n for _, n in items)
-    checks = [host_available()]
+    on the GPU (:func:`device_available`). With ``device``, ``host_items`` (default: ``items``) are
+    what the host holds (in GPU mode blobs live on the device; the host holds copies of some)."""
+    checks = [(host_available(), items if host_items is None or not device else host_items)]
     if device:
-        checks.append((device_available(), "of GPU memory still free"))
-    for have, words in checks:
+        checks.append(((device_available(), "of GPU memory still free"), items))
+    for (have, words), these in checks:
+        need = sum(n for _, n in these)
         if need <= have:
             continue
-        top = sorted(items, key=lambda item: -item[1])[:3]
+        top = sorted(these, key=lambda item: -item[1])[:3]
         largest = ", ".join(f"'{name}' {human(n)}" for name, n in top)
         prefix = f"{where}: " if where else ""
         raise OutOfMemoryError(f"{prefix}{what} would need {human(need)}, more than the {human(have)} {words} "

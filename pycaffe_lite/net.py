@@ -312,8 +312,9 @@ class Net:
                 if sum(n for _, n in these) > sum(n for _, n in best):
                     best = these
             items = params + best
+        # in GPU mode the blobs live on the device; the host surely holds only the params' values
         memcheck.check_total(f"net '{self.name}'", items, "its blobs and params",
-                             device=common.mode() is common.Mode.GPU)
+                             device=common.mode() is common.Mode.GPU, host_items=params)
 
     def _append_top(self, lp, ti, tname, tvec, tids, available) -> None:
         if ti < len(lp.bottom) and lp.bottom[ti] == tname:  # in place

@@ -188,3 +188,21 @@ def test_child_in_a_memory_cgroup_refuses_a_too_large_batch():
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("OutOfMemoryError") and "memory cgroup allows" in out.stdout, out.stdout
     assert cg.name in out.stdout and "3.7 GiB" in out.stdout
+
+
+def test_gpu_mode_nets_are_checked_on_the_device_not_against_a_small_host_limit(monkeypatch, tmp_path):
+    """In GPU mode the blobs live on the device: a host limit smaller than the activations does not
+    refuse the net (only its params must fit on the host); the device's free memory does."""
+    from pycaffe_lite import common
+
+    path = tmp_path / "net.prototxt"
+    path.write_text(TRAIN_NET)
+    monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
+    monkeypatch.setattr(memcheck, "device_limit", lambda: 64 * GiB)
+    monkeypatch.setattr(memcheck, "host_available", lambda: (10 * MiB, "still free under the memory cgroup limit"))
+    monkeypatch.setattr(memcheck, "device_available", lambda: 64 * GiB)
+    caffe.Net(str(path), caffe.TRAIN)  # 24 MiB of blobs on the device, 1.1 MiB of params on the host
+    monkeypatch.setattr(memcheck, "device_available", lambda: 20 * MiB)
+    with pytest.raises(OutOfMemoryError, match=r"its blobs and params would need 24.3 MiB, more than the 20.0 MiB "
+                                               r"of GPU memory still free"):
+        caffe.Net(str(path), caffe.TRAIN)
