@@ -151,3 +151,12 @@ def test_train_weights_that_are_not_files(workdir, capsys):
         assert cli.main(["train", "--solver", solver, "--weights", path, "--no-progress"]) == 1
         err = capsys.readouterr().err
         assert f"is {words}" in err and "not found" not in err and "Traceback" not in err
+
+
+def test_write_pair_into_a_folder_that_is_a_file_is_a_snapshot_error(tmp_path):
+    """(Its error handler used to raise NotADirectoryError itself while cleaning up.)"""
+    from pycaffe_lite.snapshot import SnapshotError, write_pair
+
+    (tmp_path / "snaps").write_text("a file where the folder should be")
+    with pytest.raises(SnapshotError, match=r"snaps: cannot write the snapshot: .*earlier snapshots are kept"):
+        write_pair(tmp_path / "snaps" / "m.caffemodel", b"m", tmp_path / "snaps" / "m.solverstate", b"s")
