@@ -174,4 +174,7 @@ class LossLayer(Layer):
         if common.mode() is common.Mode.GPU and self.classes:
             status = self._status.cpu_data()
             if status[1]:
+                if not np.isfinite(status[2]):
+                    raise self.error(f"label {status[2]} is not a number: labels must be class indices "
+                                     f"in [0, {self.classes})")
                 raise self._bad_label(int(status[2]))

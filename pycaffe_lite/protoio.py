@@ -76,7 +76,7 @@ def read_text(path: str | os.PathLike, message: M) -> M:
 def read_binary(path: str | os.PathLike, message: M, what: str = "binary proto") -> M:
     """Read a binary protobuf file (``.caffemodel``, ``.solverstate``, ``.binaryproto``)."""
     path = Path(path)
-    check_regular_file(path, f"{what} file")
+    check_regular_file(path, what if "file" in what else f"{what} file")
     try:
         data = path.read_bytes()
     except OSError as exc:
