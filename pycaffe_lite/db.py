@@ -158,8 +158,8 @@ def _release(key: tuple[str, str]) -> None:
             entry[0].close()
 
 
-def _identity(path: Path) -> tuple[int, int, int, int, int]:
-    st = path.stat()
+def _identity(path: str) -> tuple[int, int, int, int, int]:
+    st = os.stat(path)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
@@ -223,8 +223,9 @@ class Cursor(_CursorBase):
         self._key, self._env = _acquire(self.path, "lmdb")
         self._closed = False
         self._data_file = self.path / "data.mdb" if self.path.is_dir() else self.path
+        self._data_file_str = str(self._data_file)  # (checked before every access: os.stat of a str is cheapest)
         try:
-            self._identity = _identity(self._data_file)
+            self._identity = _identity(self._data_file_str)
         except OSError as exc:
             self.close()
             raise DataError(f"{self.path}: cannot read the LMDB database: {exc.strerror}") from None
@@ -244,7 +245,7 @@ class Cursor(_CursorBase):
         """DataError when the data file was replaced, truncated or rewritten since it was opened
         (reading it on would read a different database, or crash the process with SIGBUS)."""
         try:
-            now = _identity(self._data_file)
+            now = _identity(self._data_file_str)
         except OSError as exc:
             raise DataError(f"{self._data_file}: the LMDB data file disappeared while being read "
                             f"({exc.strerror}); restart from the last snapshot once it is back") from None
@@ -271,8 +272,7 @@ class Cursor(_CursorBase):
         self.check_unchanged()
         return bool(self._cursor.set_key(key))
 
-    def key(self) -> bytes:
-        self.check_unchanged()
+    def key(self) -> bytes:  # (the record's page was checked by next/seek)
         return self._cursor.key()
 
     def value(self) -> bytes:
