@@ -136,3 +136,33 @@ layer { name: "ip" type: "InnerProduct" bottom: "data" top: "y"
         with h5py.File(target, "r") as f:  # always a complete file: the old one or a new one
             got = f["data/ip/0"][()]
         assert np.array_equal(got, want) or np.all(got == 7)
+
+
+def test_cli_train_and_resume_with_hdf5_snapshots(tmp_path, monkeypatch):
+    """``pycaffe-lite train`` with snapshot_format: HDF5, then --snapshot X.solverstate.h5: the
+    resumed weights equal a straight run's."""
+    from pycaffe_lite import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.prototxt").write_text(
+        'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }\n'
+        'layer { name: "a/ip" type: "InnerProduct" bottom: "data" top: "h" inner_product_param { num_output: 4 '
+        'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } } }\n'
+        'layer { name: "b/ip" type: "InnerProduct" bottom: "h" top: "y" loss_weight: 1 '
+        'inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 } } }\n')
+
+    def solver(name, prefix, max_iter):
+        (tmp_path / name).write_text(f'net: "net.prototxt" base_lr: 0.01 lr_policy: "fixed" momentum: 0.9 '
+                                     f'max_iter: {max_iter} random_seed: 3 snapshot_format: HDF5 '
+                                     f'snapshot_prefix: "{prefix}"\n')
+        return name
+
+    assert cli.main(["train", "--solver", solver("s.prototxt", "full/t", 4), "--no-progress"]) == 0
+    assert cli.main(["train", "--solver", solver("h.prototxt", "half/t", 2), "--no-progress"]) == 0
+    assert (tmp_path / "half/t_iter_2.solverstate.h5").exists()
+    assert cli.main(["train", "--solver", solver("r.prototxt", "half/t", 4), "--snapshot",
+                     "half/t_iter_2.solverstate.h5", "--no-progress"]) == 0
+    with h5py.File(tmp_path / "full/t_iter_4.caffemodel.h5", "r") as a, \
+            h5py.File(tmp_path / "half/t_iter_4.caffemodel.h5", "r") as b:
+        for key in ("data/a/ip/0", "data/a/ip/1", "data/b/ip/0", "data/b/ip/1"):
+            np.testing.assert_array_equal(a[key][()], b[key][()])
