@@ -264,8 +264,10 @@ class PrefixLock:
         me = f"{os.getpid()} {_start_time(os.getpid())}\n"
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SnapshotError(f"{self.path.parent}: cannot create the snapshot folder: {_describe(exc)}") from None
+        except OSError as exc:  # no lock possible: a snapshot, if one is written, reports the problem
+            log.warning("%s: cannot create the snapshot folder (%s): training without a snapshot lock",
+                        self.path.parent, _describe(exc))
+            return self
         for _ in range(5):
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -291,8 +293,10 @@ class PrefixLock:
                 log.info("Removed %s (stale lock of ended process %d)", self.path, pid)
                 self.path.unlink(missing_ok=True)
                 continue
-            except OSError as exc:
-                raise SnapshotError(f"{self.path}: cannot create the snapshot lock file: {_describe(exc)}") from None
+            except OSError as exc:  # a read-only folder: training without snapshots still works
+                log.warning("%s: cannot create the snapshot lock file (%s): training without a snapshot lock",
+                            self.path, _describe(exc))
+                return self
             with os.fdopen(fd, "w") as fh:
                 fh.write(me)
             self.held = True

@@ -160,3 +160,21 @@ def test_write_pair_into_a_folder_that_is_a_file_is_a_snapshot_error(tmp_path):
     (tmp_path / "snaps").write_text("a file where the folder should be")
     with pytest.raises(SnapshotError, match=r"snaps: cannot write the snapshot: .*earlier snapshots are kept"):
         write_pair(tmp_path / "snaps" / "m.caffemodel", b"m", tmp_path / "snaps" / "m.solverstate", b"s")
+
+
+def test_lock_that_cannot_be_created_only_warns(workdir, caplog, monkeypatch):
+    """A prefix in a folder that cannot be written: training that never snapshots still runs."""
+    import logging
+
+    real_open = os.open
+
+    def refuse(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse)
+    with caplog.at_level(logging.WARNING, logger="pycaffe_lite"):
+        lock = PrefixLock("run/t").acquire()
+    assert not lock.held and "training without a snapshot lock" in caplog.text
+    lock.release()
