@@ -47,7 +47,9 @@ __global__ void accuracy_reduce(const int n, const Dtype* correct, const Dtype* 
   const int cls = blockIdx.x;
   Dtype a = 0, m = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    if (per_class < 0 || static_cast<int>(label[i]) == cls) {
+    const Dtype lf = label[i];  // (a NaN or huge label belongs to no class; its position counts in the total)
+    const bool in_range = isfinite(lf) && lf > Dtype(-2147483648.0) && lf < Dtype(2147483647.0);
+    if (per_class < 0 || (in_range && static_cast<int>(lf) == cls)) {
       a += correct[i];
       m += valid[i];
     }
