@@ -21,7 +21,10 @@ py-lmdb refuses to open one environment twice in a process, and LevelDB locks it
 handles are shared between cursors (a train and a test net reading the same database) and closed
 with the last one. LMDB files are memory-mapped: a data file replaced or rewritten while a run reads
 it would kill the process with SIGBUS, so an LMDB cursor checks the file's identity (device, inode,
-size, modification time) before each access and raises a DataError when it changed.
+size, modification time) before each access and raises a DataError when it changed. LevelDB
+memory-maps its table files too: a LevelDB cursor checks every 64 records and at each wrap that no
+table file it opened was rewritten in place (a check per record would cost a stat per table file;
+a rewrite read within those 64 records can still crash the reader).
 """
 
 from __future__ import annotations
@@ -320,6 +323,38 @@ class LevelDBCursor(_CursorBase):
             self.close()
             raise DataError(f"{self.path}: the LevelDB database is empty")
         self.index = 0
+        self._tables = self._table_identities()
+        self._since_check = 0
+
+    CHECK_EVERY = 64  # records between checks of the table files (and at every wrap)
+
+    def _table_identities(self) -> dict[str, tuple[int, int, int]]:
+        out = {}
+        try:
+            with os.scandir(self.path) as entries:
+                for e in entries:
+                    if e.name.endswith((".ldb", ".sst")):
+                        st = e.stat()
+                        out[e.name] = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            pass
+        return out
+
+    def check_unchanged(self) -> None:
+        """DataError when a table file that this reader may have memory-mapped was rewritten in place
+        (same file, new size or time: ``cp -r new/* old/``), which could crash it with SIGBUS.
+        Table files LevelDB itself adds or removes (compaction) are fine: tables never change."""
+        for name, (ino, size, mtime) in self._tables.items():
+            try:
+                st = os.stat(self.path / name)
+            except OSError:
+                continue  # compacted away, or the folder replaced: the open files stay readable
+            if st.st_ino == ino and (st.st_size != size or st.st_mtime_ns != mtime):
+                raise DataError(
+                    f"{self.path / name}: a table file of the LevelDB database was rewritten while this run was "
+                    "reading it; stopped before reading it on (a memory-mapped file changed under a reader crashes "
+                    "the process with SIGBUS). Write new data under a new name, then resume from the last snapshot"
+                )
 
     def __len__(self) -> int:
         if self._length is None:
@@ -346,10 +381,16 @@ class LevelDBCursor(_CursorBase):
         return self._it.value()
 
     def next(self) -> bool:
+        self._since_check += 1
+        if self._since_check >= self.CHECK_EVERY:
+            self._since_check = 0
+            self.check_unchanged()
         self._it.next()
         if self._it.valid():
             self.index += 1
             return False
+        self.check_unchanged()
+        self._tables.update({k: v for k, v in self._table_identities().items() if k not in self._tables})
         self.seek_to_first()
         return True
 
@@ -468,6 +509,10 @@ class LevelDBWriter(_AtomicBuild):
         if self._db is None:
             return
         self.commit()
+        try:
+            self._db.compact_range()  # tables now: readers need not convert a log at every open
+        except _plyvel().Error as exc:
+            raise DataError(f"{self.path}: cannot write the LevelDB database: {exc}") from None
         self._db.close()
         self._db = None
         try:
