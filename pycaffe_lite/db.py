@@ -509,10 +509,6 @@ class LevelDBWriter(_AtomicBuild):
         if self._db is None:
             return
         self.commit()
-        try:
-            self._db.compact_range()  # tables now: readers need not convert a log at every open
-        except _plyvel().Error as exc:
-            raise DataError(f"{self.path}: cannot write the LevelDB database: {exc}") from None
         self._db.close()
         self._db = None
         try:
