@@ -2,16 +2,19 @@
 // CUDA_KERNEL_LOOP come from the backend prelude.
 
 // Per position p = (o, s): valid[p] = 0 for ignored labels, else 1; correct[p] = 1 when fewer than
-// top_k other classes score >= the true class, NaN for a label outside [0, channels) (so the
-// accuracy is NaN: no host read during forward).
+// top_k other classes score >= the true class, NaN for a label outside [0, channels) or not a
+// number, and for a position with a NaN or infinite score (so the accuracy is NaN: no host read
+// during forward).
 __global__ void accuracy_forward(const int n, const Dtype* scores, const Dtype* label,
                                  const int channels, const int inner, const int has_ignore,
                                  const int ignore_label, const int top_k, Dtype* correct,
                                  Dtype* valid) {
   CUDA_KERNEL_LOOP(p, n) {
     const int o = p / inner, s = p - o * inner;
-    const int l = static_cast<int>(label[p]);
-    if (has_ignore && l == ignore_label) {
+    const Dtype lf = label[p];
+    const bool label_ok = isfinite(lf) && lf > Dtype(-2147483648.0) && lf < Dtype(2147483647.0);
+    const int l = label_ok ? static_cast<int>(lf) : -1;
+    if (label_ok && has_ignore && l == ignore_label) {
       correct[p] = 0;
       valid[p] = 0;
     } else if (l < 0 || l >= channels) {
@@ -21,8 +24,13 @@ __global__ void accuracy_forward(const int n, const Dtype* scores, const Dtype* 
       const Dtype* row = scores + o * channels * inner + s;
       const Dtype t = row[l * inner];
       int better = -1;  // the true class counts itself
-      for (int c = 0; c < channels && better < top_k; ++c) better += (row[c * inner] >= t);
-      correct[p] = better < top_k ? Dtype(1) : Dtype(0);
+      bool finite = true;
+      for (int c = 0; c < channels; ++c) {
+        const Dtype v = row[c * inner];
+        better += (v >= t);
+        finite = finite && isfinite(v);
+      }
+      correct[p] = !finite ? Dtype(__int_as_float(0x7fffffff)) : better < top_k ? Dtype(1) : Dtype(0);
       valid[p] = 1;
     }
   }
@@ -39,7 +47,9 @@ __global__ void accuracy_reduce(const int n, const Dtype* correct, const Dtype* 
   const int cls = blockIdx.x;
   Dtype a = 0, m = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    if (per_class < 0 || static_cast<int>(label[i]) == cls) {
+    const Dtype lf = label[i];  // (a NaN or huge label belongs to no class; its position counts in the total)
+    const bool in_range = isfinite(lf) && lf > Dtype(-2147483648.0) && lf < Dtype(2147483647.0);
+    if (per_class < 0 || (in_range && static_cast<int>(lf) == cls)) {
       a += correct[i];
       m += valid[i];
     }

@@ -64,7 +64,11 @@ class AccuracyLayer(Layer):
 
     def forward_cpu(self, bottom, top):
         scores = bottom[0].cpu_data().reshape(self.outer, self.channels, self.inner)
-        labels = bottom[1].cpu_data().reshape(self.outer, self.inner).astype(np.int64)
+        raw = bottom[1].cpu_data().reshape(self.outer, self.inner)
+        if not np.isfinite(raw).all():
+            raise self.error(f"label {raw[~np.isfinite(raw)][0]} is not a number: labels must be class indices "
+                             f"in [0, {self.channels})")
+        labels = raw.astype(np.int64)
         valid = labels != self.ignore_label if self.has_ignore_label else np.ones(labels.shape, bool)
         bad = valid & ((labels < 0) | (labels >= self.channels))
         if bad.any():
@@ -76,11 +80,14 @@ class AccuracyLayer(Layer):
         true_score = np.take_along_axis(scores, lab[:, None, :], axis=1)
         better = (scores >= true_score).sum(axis=1) - 1  # the true class itself is not "better"
         correct = valid & (better < self.top_k)
+        undefined = valid & ~np.isfinite(scores).all(axis=1)  # NaN/Inf scores predict nothing: NaN accuracy
         count = int(valid.sum())
-        top[0].mutable_cpu_data()[...] = correct.sum() / count if count else 0.0
+        total = np.nan if undefined.any() else correct.sum()
+        top[0].mutable_cpu_data()[...] = total / count if count else 0.0
         if len(top) > 1:
             nums = np.bincount(lab[valid], minlength=self.channels)
-            hits = np.bincount(lab[correct], minlength=self.channels)
+            hits = np.bincount(lab[correct], minlength=self.channels).astype(np.float64)
+            hits[np.unique(lab[undefined])] = np.nan
             per_class = np.divide(hits, nums, out=np.zeros(self.channels), where=nums > 0)
             top[1].mutable_cpu_data()[...] = per_class
 

@@ -1,6 +1,7 @@
-"""Data: batches of Datums read from an LMDB (Caffe's DataLayer with its prefetch thread).
+"""Data: batches of Datums read from an LMDB or a LevelDB (Caffe's DataLayer with its prefetch thread).
 
-``data_param { source batch_size backend: LMDB rand_skip prefetch }`` and ``transform_param``.
+``data_param { source batch_size backend rand_skip prefetch }`` (``backend``: LEVELDB, BVLC's
+default, or LMDB) and ``transform_param``.
 Tops: ``data`` ``(batch_size, C, h, w)`` and optionally ``label`` ``(batch_size,)``. Records are
 read in key order and the read wraps to the first record after the last. A daemon thread decodes
 and transforms the next ``prefetch`` batches (default 4) into a queue while the net computes;
@@ -155,7 +156,7 @@ class DataLayer(Layer):
         dp = self.layer_param.data_param
         where = f"layer '{self.name}' (Data)"
         if not dp.source:
-            raise DataError(f"{where}: data_param.source is empty (expected the path of an LMDB)")
+            raise DataError(f"{where}: data_param.source is empty (expected the path of an LMDB or a LevelDB)")
         if dp.batch_size <= 0:
             raise self.error("data_param.batch_size must be positive")
         self.batch_size = int(dp.batch_size)

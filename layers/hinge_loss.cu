@@ -3,7 +3,7 @@
 
 // d[n, j] = max(0, 1 + s*x[n, j]) with s = -1 at j == label_n, +1 elsewhere, fused with the block
 // sums of d (or d^2 when squared) into partials[blockIdx.x] (LossLayer's first reduction stage;
-// launch with LOSS_REDUCE_THREADS threads). A label outside [0, dim) gives NaN margins and sets the
+// launch with LOSS_REDUCE_THREADS threads). A label outside [0, dim) or not a number gives NaN margins and sets the
 // bad-label flag status[1] = 1, status[2] = label (LossLayer.gpu_status).
 __global__ void hinge_forward(const int count, const Dtype* x, const Dtype* label, const int dim,
                               const int squared, Dtype* d, Dtype* partials, Dtype* status) {
@@ -12,9 +12,10 @@ __global__ void hinge_forward(const int count, const Dtype* x, const Dtype* labe
   CUDA_KERNEL_LOOP(i, count) {
     const int n = i / dim;
     const int j = i - n * dim;
-    const int l = static_cast<int>(label[n]);
+    int l;
+    const bool ok = loss_label_int(label[n], &l);
     Dtype m;
-    if (l < 0 || l >= dim) {
+    if (!ok || l < 0 || l >= dim) {
       m = Dtype(__int_as_float(0x7fffffff));
       status[1] = 1;
       status[2] = label[n];
@@ -35,7 +36,9 @@ __global__ void hinge_backward(const int count, const Dtype* d, const Dtype* lab
   CUDA_KERNEL_LOOP(i, count) {
     const int n = i / dim;
     const int j = i - n * dim;
-    const Dtype v = (j == static_cast<int>(label[n])) ? -d[i] : d[i];
+    int l;
+    loss_label_int(label[n], &l);
+    const Dtype v = (j == l) ? -d[i] : d[i];
     if (squared) {
       dx[i] = Dtype(2) * v * scale;
     } else {

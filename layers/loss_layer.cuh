@@ -20,20 +20,30 @@ __device__ Dtype loss_block_sum(Dtype v, Dtype* smem) {
   return sum;
 }
 
+// A label value as an int in *l when it is a finite number within int range (returns true); else
+// *l = -1 and false (a NaN or infinite label: never a class, never the ignore label).
+__device__ bool loss_label_int(const Dtype v, int* l) {
+  const bool ok = isfinite(v) && v > Dtype(-2147483648.0) && v < Dtype(2147483647.0);
+  *l = ok ? static_cast<int>(v) : -1;
+  return ok;
+}
+
 // Caffe's label check at position p of a class-label loss: the label truncated to int when it
 // counts and lies in [0, channels), with valid[p] = 1 (the caller writes loss[p]); otherwise -1,
 // with loss[p] = valid[p] = 0 for an ignored label, or a NaN loss[p], valid[p] = 1 and the bad-label
-// flag status[1] = 1, status[2] = label (LossLayer.gpu_status) for one outside [0, channels).
+// flag status[1] = 1, status[2] = label (LossLayer.gpu_status) for one outside [0, channels) or not
+// a number.
 __device__ int loss_class_label(const int p, const Dtype* label, const int channels, const int has_ignore,
                                 const int ignore_label, Dtype* loss, Dtype* valid, Dtype* status) {
-  const int l = static_cast<int>(label[p]);
-  if (has_ignore && l == ignore_label) {
+  int l;
+  const bool ok = loss_label_int(label[p], &l);
+  if (ok && has_ignore && l == ignore_label) {
     loss[p] = 0;
     valid[p] = 0;
     return -1;
   }
   valid[p] = 1;
-  if (l < 0 || l >= channels) {
+  if (!ok || l < 0 || l >= channels) {
     loss[p] = Dtype(__int_as_float(0x7fffffff));
     status[1] = 1;
     status[2] = label[p];
@@ -55,8 +65,8 @@ __device__ LossGradItem loss_grad_item(const int i, const Dtype* label, const in
   const int o = i / (inner * channels);
   LossGradItem item;
   item.c = (i / inner) % channels;
-  item.l = static_cast<int>(label[o * inner + s]);
-  item.ignored = has_ignore && item.l == ignore_label;
+  const bool ok = loss_label_int(label[o * inner + s], &item.l);
+  item.ignored = ok && has_ignore && item.l == ignore_label;
   return item;
 }
 

@@ -119,7 +119,11 @@ class LossLayer(Layer):
     # -- labels (CPU) -----------------------------------------------------------------------
     def class_labels(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Labels truncated to int (0 where ignored) and the mask of items that count; raises on a
-        counted label outside ``[0, self.classes)``."""
+        counted label outside ``[0, self.classes)`` or one that is not a number (NaN, infinite)."""
+        finite = np.isfinite(labels)
+        if not finite.all():
+            raise self.error(f"label {labels[~finite].ravel()[0]} is not a number: labels must be class indices "
+                             f"in [0, {self.classes})")
         ints = labels.astype(np.int64)
         valid = ints != self.ignore_label if self.has_ignore_label else np.ones(ints.shape, bool)
         bad = valid & ((ints < 0) | (ints >= self.classes))
@@ -170,4 +174,7 @@ class LossLayer(Layer):
         if common.mode() is common.Mode.GPU and self.classes:
             status = self._status.cpu_data()
             if status[1]:
+                if not np.isfinite(status[2]):
+                    raise self.error(f"label {status[2]} is not a number: labels must be class indices "
+                                     f"in [0, {self.classes})")
                 raise self._bad_label(int(status[2]))

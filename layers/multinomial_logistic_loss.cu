@@ -1,15 +1,17 @@
 // MultinomialLogisticLoss on (num, dim) probabilities and num labels.
 // Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+#include "loss_layer.cuh"
 
 #define MLL_LOG_THRESHOLD 1e-20f
 
-// loss[n] = -log(max(prob[n, label_n], 1e-20)). A label outside [0, dim) gives a NaN loss and sets
+// loss[n] = -log(max(prob[n, label_n], 1e-20)). A label outside [0, dim) or not a number gives a NaN loss and sets
 // the bad-label flag status[1] = 1, status[2] = label (LossLayer.gpu_status).
 __global__ void mll_forward(const int num, const Dtype* prob, const Dtype* label, const int dim,
                             Dtype* loss, Dtype* status) {
   CUDA_KERNEL_LOOP(n, num) {
-    const int l = static_cast<int>(label[n]);
-    if (l < 0 || l >= dim) {
+    int l;
+    const bool ok = loss_label_int(label[n], &l);
+    if (!ok || l < 0 || l >= dim) {
       loss[n] = Dtype(__int_as_float(0x7fffffff));
       status[1] = 1;
       status[2] = label[n];
@@ -25,7 +27,9 @@ __global__ void mll_backward(const int count, const Dtype* prob, const Dtype* la
   CUDA_KERNEL_LOOP(i, count) {
     const int n = i / dim;
     const int j = i - n * dim;
-    if (j == static_cast<int>(label[n])) {
+    int l;
+    loss_label_int(label[n], &l);
+    if (j == l) {
       dx[i] = -top_diff[0] / norm[0] / max(prob[i], Dtype(MLL_LOG_THRESHOLD));
     } else {
       dx[i] = 0;

@@ -38,6 +38,16 @@ class PythonLayer(Layer):
                 f"cannot import module '{pp.module}' named in python_param (is it on sys.path / "
                 f"PYTHONPATH?): {exc}"
             ) from exc
+        except Exception as exc:  # the module itself fails: a syntax error, an exception at import
+            if isinstance(exc, SyntaxError):
+                where = f"{exc.filename}:{exc.lineno}"
+            else:
+                import traceback
+
+                frame = traceback.extract_tb(exc.__traceback__)[-1]
+                where = f"{frame.filename}:{frame.lineno}"
+            raise self.error(f"module '{pp.module}' named in python_param failed while being imported "
+                             f"({where}): {type(exc).__name__}: {exc}") from exc
         cls = getattr(module, pp.layer, None)
         if cls is None:
             raise self.error(f"module '{pp.module}' has no class '{pp.layer}' (python_param.layer)")

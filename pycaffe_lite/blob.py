@@ -63,8 +63,10 @@ class Blob:
             raise ShapeError(f"blob shape {shape} has a negative dimension")
         count = math.prod(shape)  # a 0-axis (scalar) blob holds one value, as in Caffe
         if count > self._capacity:  # refused before anything changes (memory is taken lazily)
+            # in GPU mode the blob lives on the device: the host check is against the machine's memory only
+            gpu = common.mode() is common.Mode.GPU
             memcheck.check_fits("", f"a blob of shape {shape} ({self.dtype.name})", count, self.dtype.itemsize,
-                                device=common.mode() is common.Mode.GPU)
+                                limit=memcheck.host_memory_bytes() if gpu else None, device=gpu)
         if shape != self._shape:
             _shapes_changed[0] += 1
         self._shape = shape

@@ -37,7 +37,7 @@ def default_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~current_umask()
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
     try:
@@ -52,7 +52,7 @@ def _pid_alive(pid: int) -> bool:
 def writer_alive(tmp: Path) -> bool:
     """Whether the process that named the temporary ``tmp`` (see ``temp_path``) still runs."""
     m = _TMP_RE.match(tmp.name)
-    return m is not None and _pid_alive(int(m.group("pid")))
+    return m is not None and pid_alive(int(m.group("pid")))
 
 
 def fsync_dir(directory: Path) -> None:

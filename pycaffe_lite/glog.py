@@ -76,6 +76,17 @@ def init_log(level: int | None = None, std_out: bool = False) -> None:
     LOG.setLevel(GLOG_LEVELS[level])
 
 
+def ensure_console_log() -> bool:
+    """Install :func:`init_log`'s handler (level from ``$GLOG_minloglevel``) unless logging is
+    configured already (a handler on this logger or on the root logger): what a Python script
+    driving a solver needs to see Caffe's log when no progress bar is shown, as Caffe logs to
+    stderr by default. Returns whether it installed the handler."""
+    if LOG.handlers or logging.getLogger().handlers:
+        return False
+    init_log()
+    return True
+
+
 def log(message: str) -> None:
     """Log ``message`` at INFO level (pycaffe's ``caffe.log``, glog's LOG(INFO))."""
     LOG.info(message, stacklevel=2)

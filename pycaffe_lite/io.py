@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .errors import DataError
 from .optional import require
 from .proto import caffe_pb2
 
@@ -229,6 +230,11 @@ def _pil():
     return require("PIL.Image", feature="image loading")
 
 
+def oversized_image(filename, exc: Exception) -> DataError:
+    """The project error for an image larger than PIL's decompression-bomb limit."""
+    return DataError(f"{filename}: image too large to load ({exc}); shrink it first")
+
+
 def load_image(filename: str | os.PathLike, color: bool = True) -> np.ndarray:
     """An image as float32 in [0, 1]: (H, W, 3) RGB when ``color``, else (H, W, 1) for grayscale
     files (color files stay (H, W, 3)). Alpha is dropped."""
@@ -238,6 +244,12 @@ def load_image(filename: str | os.PathLike, color: bool = True) -> np.ndarray:
         img.load()
     except (OSError, ValueError) as exc:
         raise OSError(f"{filename}: cannot read image: {exc}") from None
+    except Image.DecompressionBombError as exc:
+        raise oversized_image(filename, exc) from None
+    except MemoryError:
+        from .memcheck import out_of_memory
+
+        raise out_of_memory(f"the pixels of image {filename}") from None
     mode = img.mode
     if mode == "1":
         arr = np.asarray(img.convert("L"), dtype=np.float64) / 255.0

@@ -131,6 +131,8 @@ class Layer:
             self.reshape(bottom, top)
         except CaffeError as exc:  # from Blob methods, fillers... which do not know the layer
             raise self.error(str(exc), type(exc)).with_traceback(exc.__traceback__) from None
+        except MemoryError as exc:  # (fillers, tables a layer builds in numpy)
+            raise self._out_of_memory(exc, "set-up", bottom) from None
         self.set_loss_weights(top)
 
     def layer_setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
@@ -200,10 +202,21 @@ class Layer:
             self.reshape(bottom, top)
         except (ShapeError, OutOfMemoryError) as exc:  # a new input shape too large, say
             raise self.error(str(exc), type(exc)) from None
-        if common.mode() is common.Mode.GPU:
-            self.forward_gpu(bottom, top)
-        else:
-            self.forward_cpu(bottom, top)
+        try:
+            if common.mode() is common.Mode.GPU:
+                self.forward_gpu(bottom, top)
+            else:
+                self.forward_cpu(bottom, top)
+        except MemoryError as exc:  # numpy temporaries, or a blob's first host allocation
+            raise self._out_of_memory(exc, "forward", bottom) from None
+
+    def _out_of_memory(self, exc: MemoryError, where: str, bottom: Sequence[Blob]) -> CaffeError:
+        """The project error naming this layer for a MemoryError in its ``where`` pass."""
+        from .memcheck import out_of_memory
+
+        msg = str(exc) if isinstance(exc, OutOfMemoryError) else str(
+            out_of_memory(f"temporaries of its {where} (bottom shapes {[tuple(b.shape) for b in bottom]})"))
+        return self.error(f"{where}: {msg}", OutOfMemoryError)
 
     def weighted_loss(self, top: Sequence[Blob]) -> float:
         """Σ loss_weight·top over the tops with a loss weight (the weight lives in the top's diff),
@@ -219,10 +232,13 @@ class Layer:
 
     def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         """Gradients for the bottoms flagged in ``propagate_down`` and for the params."""
-        if common.mode() is common.Mode.GPU:
-            self.backward_gpu(top, propagate_down, bottom)
-        else:
-            self.backward_cpu(top, propagate_down, bottom)
+        try:
+            if common.mode() is common.Mode.GPU:
+                self.backward_gpu(top, propagate_down, bottom)
+            else:
+                self.backward_cpu(top, propagate_down, bottom)
+        except MemoryError as exc:
+            raise self._out_of_memory(exc, "backward", bottom) from None
 
     def forward_cpu(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         raise NotImplementedError(f"{type(self).__name__}.forward_cpu")

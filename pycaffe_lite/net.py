@@ -7,6 +7,7 @@ pycaffe-style surface (``blobs``, ``params``, ``forward(**inputs)``...) is defin
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,6 +26,7 @@ from .proto.net_filter import filter_net, insert_splits
 from .runtime.executor import Executor
 from .vectors import BlobVec, IntVec
 
+log = logging.getLogger("pycaffe_lite")
 
 def load_net_param(source: str | os.PathLike | caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
     """A NetParameter from a prototxt path or a message (copied), with legacy forms upgraded."""
@@ -177,14 +179,16 @@ class Net:
         available: dict[str, int] = {}  # blobs produced and not yet consumed (net outputs at the end)
         input_names = []
         for layer_id, lp in enumerate(param.layer):
-            if lp.name in self.graph.layer_names_index:
-                raise NetError(f"net '{self.name}': two layers are named '{lp.name}'")
+            if lp.name in self._layer_names_index:  # accepted, as BVLC's Net::Init does
+                log.info("net '%s': layers %d and %d are both named '%s' (weights from a .caffemodel go to "
+                         "the first, from an HDF5 file to the last, as in BVLC)",
+                         self.name, self._first_layer_index(lp.name), layer_id, lp.name)
             if not lp.HasField("phase"):
                 lp.phase = self.phase
             layer = create_layer(lp, self.dtype)
-            self.graph.layers.append(layer)
-            self.graph.layer_names.append(lp.name)
-            self.graph.layer_names_index[lp.name] = layer_id
+            self.layers.append(layer)
+            self._layer_names.append(lp.name)
+            self._layer_names_index[lp.name] = layer_id  # the last layer of a name (BVLC's layer_names_index_)
             if lp.propagate_down and len(lp.propagate_down) != len(lp.bottom):
                 raise NetError(
                     f"layer '{lp.name}': propagate_down has {len(lp.propagate_down)} entries, "
@@ -258,7 +262,87 @@ class Net:
         self.graph.inputs[:] = input_names
         self.graph.outputs[:] = available
         self._blob_dict = OrderedDict((n, self.graph.blobs[i]) for i, n in enumerate(self.graph.blob_names))
+        self._check_memory()
         self.executor = Executor(self.graph)
+        self._debug_info = False
+        self._debug_hooked = False
+        self.debug_info = bool(param.debug_info)
+
+    @property
+    def debug_info(self) -> bool:
+        """Caffe's ``debug_info`` (NetParameter field, or set here): after each layer's forward, log
+        the mean absolute value of its tops (BVLC's "[Forward] Layer ..." lines) and raise a
+        NetError at the first layer whose tops hold NaN or infinite values, naming the layer, the
+        blob and whether its bottoms or params were already non-finite. Slow: reads every top."""
+        return self._debug_info
+
+    @debug_info.setter
+    def debug_info(self, on: bool) -> None:
+        self._debug_info = bool(on)
+        if self._debug_info and not self._debug_hooked:
+            self.executor.hooks["after_forward"].append(self._debug_forward)
+            self._debug_hooked = True
+
+    def _debug_forward(self, i: int) -> None:
+        if not self._debug_info:
+            return
+        layer, lname = self.layers[i], self._layer_names[i]
+        for bid, blob in zip(self.top_id_vecs[i], self.top_vecs[i]):
+            values = blob.cpu_data()
+            bname = self._blob_names[bid]
+            log.info("    [Forward] Layer %s, top blob %s data: %g", lname, bname,
+                     float(np.abs(values).mean()) if values.size else 0.0)
+            bad = ~np.isfinite(values)
+            if not bad.any():
+                continue
+            why = []
+            for b_id, bottom in zip(self.bottom_id_vecs[i], self.bottom_vecs[i]):
+                if bottom is not blob and not np.isfinite(bottom.cpu_data()).all():
+                    why.append(f"its bottom '{self._blob_names[b_id]}' was already non-finite")
+            for j, param in enumerate(layer.blobs):
+                if not np.isfinite(param.cpu_data()).all():
+                    why.append(f"its param {j} holds NaN/Inf (the weights)")
+            raise NetError(
+                f"net '{self.name}': layer '{lname}' ({layer.type}) gave {int(bad.sum())} non-finite value(s) "
+                f"(NaN or infinite) of {values.size} in top '{bname}'"
+                + (f": {'; '.join(why)}" if why else " from finite inputs and params (overflow?)")
+            )
+
+    def _check_memory(self) -> None:
+        """OutOfMemoryError (naming the net, the total and the largest blobs) when what the net will
+        surely hold exceeds the memory still free under the host's limits (cgroup, RLIMIT_AS) or
+        on the GPU: its params, and in a net that trains every blob's data and the params' diffs;
+        a net that only runs forward may share blob memory (memory_plan), so there only its
+        largest layer's bottoms and tops together count."""
+        from . import memcheck
+
+        seen: set[int] = set()
+        params: list[tuple[str, int]] = []
+        for (li, j), blob in zip(self.param_layer_indices, self.params_list):
+            if id(blob._data) not in seen:
+                seen.add(id(blob._data))
+                params.append((f"{self._layer_names[li]} param {j}", blob.count * blob.dtype.itemsize))
+        if any(self.layer_need_backward):
+            items = list(params) + [(f"{name} diff", n) for name, n in params]
+            for name, blob in zip(self._blob_names, self._blobs):
+                if id(blob._data) not in seen:
+                    seen.add(id(blob._data))
+                    items.append((name, blob.count * blob.dtype.itemsize))
+        else:
+            best: list[tuple[str, int]] = []
+            for i in range(len(self.layers)):
+                these, ids = [], set()
+                for bid in (*self.bottom_id_vecs[i], *self.top_id_vecs[i]):
+                    blob = self._blobs[bid]
+                    if id(blob._data) not in ids and id(blob._data) not in seen:
+                        ids.add(id(blob._data))
+                        these.append((self._blob_names[bid], blob.count * blob.dtype.itemsize))
+                if sum(n for _, n in these) > sum(n for _, n in best):
+                    best = these
+            items = params + best
+        # in GPU mode the blobs live on the device; the host surely holds only the params' values
+        memcheck.check_total(f"net '{self.name}'", items, "its blobs and params",
+                             device=common.mode() is common.Mode.GPU, host_items=params)
 
     def _append_top(self, lp, ti, tname, tvec, tids, available) -> None:
         if ti < len(lp.bottom) and lp.bottom[ti] == tname:  # in place
@@ -377,15 +461,23 @@ class Net:
 
     # ------------------------------------------------------------------------------------------
     # running
+    def _first_layer_index(self, name: str) -> int | None:
+        """The first layer named ``name`` (BVLC's linear search in CopyTrainedLayersFrom and
+        pycaffe's ``list(net._layer_names).index(name)``), or None."""
+        if name not in self._layer_names_index:
+            return None
+        return self._layer_names.index(name)
+
     def _layer_index(self, key: int | str | None, default: int) -> int:
         if key is None:
             return default
         if isinstance(key, str):
-            if key not in self.graph.layer_names_index:
+            index = self._first_layer_index(key)
+            if index is None:
                 raise NetError(f"net '{self.name}': no layer named '{key}'")
-            return self.graph.layer_names_index[key]
-        if not 0 <= key < len(self.graph.layers):
-            raise NetError(f"net '{self.name}': layer index {key} out of range (0..{len(self.graph.layers) - 1})")
+            return index
+        if not 0 <= key < len(self.layers):
+            raise NetError(f"net '{self.name}': layer index {key} out of range (0..{len(self.layers) - 1})")
         return int(key)
 
     def forward_from_to(self, start: int, end: int) -> float:
@@ -678,9 +770,10 @@ class Net:
         """Write the params in Caffe's HDF5 layout (see :mod:`pycaffe_lite.proto.hdf5_weights`)."""
         hdf5_weights.save(self.graph, filename, write_diff)
 
-    def load_hdf5(self, filename: str | os.PathLike) -> None:
-        """Copy params from a Caffe HDF5 weights file (see :mod:`pycaffe_lite.proto.hdf5_weights`)."""
-        hdf5_weights.load(self.graph, filename)
+    def load_hdf5(self, filename: str | os.PathLike, allow_missing: bool = True) -> list[str]:
+        """Copy params from a Caffe HDF5 weights file (see :mod:`pycaffe_lite.proto.hdf5_weights`);
+        returns the layers with params that got none, as ``copy_from``."""
+        return hdf5_weights.load(self.graph, filename, allow_missing)
 
     # ------------------------------------------------------------------------------------------
     # weights
@@ -708,11 +801,12 @@ class Net:
         from .proto import upgrade
 
         upgrade.upgrade_net(param, source=source)
-        filled: set[str] = set()
+        filled: set[int] = set()
         for src in param.layer:
-            if src.name not in self.graph.layer_names_index:
+            target = self._first_layer_index(src.name)  # with duplicate names: the first (BVLC)
+            if target is None:
                 continue
-            layer = self.graph.layers[self.graph.layer_names_index[src.name]]
+            layer = self.layers[target]
             if len(src.blobs) != len(layer.blobs):
                 raise WeightsError(
                     f"{source}: layer '{src.name}' has {len(src.blobs)} blobs in the file but "
@@ -723,8 +817,8 @@ class Net:
                     blob.from_proto(proto, reshape=False, where=f"{source}: layer '{src.name}' param {i}")
                 except ShapeError as exc:
                     raise WeightsError(f"cannot copy weights: {exc}") from None
-            filled.add(src.name)
-        missing = [n for n, layer in zip(self.graph.layer_names, self.graph.layers) if layer.blobs and n not in filled]
+            filled.add(target)
+        missing = [n for i, (n, layer) in enumerate(zip(self._layer_names, self.layers)) if layer.blobs and i not in filled]
         if missing:
             import logging
 
@@ -739,9 +833,9 @@ class Net:
         with parameters that got no weights (a warning lists them); with ``allow_missing=False``
         they are a WeightsError instead."""
         path = str(path)
+        protoio.check_regular_file(path, "weights file", WeightsError)
         if hdf5_weights.is_hdf5_file(path):  # by signature, as Caffe does
-            hdf5_weights.load(self.graph, path)
-            return []
+            return hdf5_weights.load(self.graph, path, allow_missing)
         try:
             param = protoio.read_binary(path, caffe_pb2.NetParameter(), "caffemodel")
         except Exception as exc:  # unreadable or corrupt file
@@ -778,9 +872,10 @@ class Net:
     def share_with(self, other: Net) -> None:
         """Share the weights of ``other``'s same-named layers (Caffe's ShareTrainedLayersWith)."""
         for src_name, src_layer in zip(other._layer_names, other.layers):
-            if src_name not in self.graph.layer_names_index:
+            target = self._first_layer_index(src_name)  # with duplicate names: the first (BVLC)
+            if target is None:
                 continue
-            layer = self.graph.layers[self.graph.layer_names_index[src_name]]
+            layer = self.layers[target]
             if len(layer.blobs) != len(src_layer.blobs):
                 raise WeightsError(
                     f"share_with: layer '{src_name}' has {len(src_layer.blobs)} blobs in the source "

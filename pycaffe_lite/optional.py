@@ -15,6 +15,7 @@ from .errors import MissingDependencyError
 PACKAGES: dict[str, tuple[str, str | None]] = {
     "h5py": ("h5py", "data"),
     "lmdb": ("lmdb", "data"),
+    "plyvel": ("plyvel", "leveldb"),
     "PIL": ("Pillow", "data"),
     "cv2": ("opencv-python-headless", "data"),
     "pydot": ("pydot", "draw"),

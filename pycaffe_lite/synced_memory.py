@@ -50,17 +50,26 @@ class SyncedMemory:
         if _backend.recording() is not None:
             raise HostAccessDuringCapture("host access to a blob while a CUDA graph is being captured")
         if self.head is Head.UNINITIALIZED:
-            self._cpu = np.zeros(self.count, self.dtype)
+            self._cpu = self._host_alloc(np.zeros)
             self.head = Head.HEAD_AT_CPU
         elif self.head is Head.HEAD_AT_GPU:
             if self._cpu is None:
-                self._cpu = np.empty(self.count, self.dtype)
+                self._cpu = self._host_alloc(np.empty)
             if self.count:
                 assert self._gpu is not None  # the device is the head: it holds the data
                 _backend.memcpy_dtoh(self._cpu, int(self._gpu))
             self.head = Head.SYNCED
         assert self._cpu is not None
         return self._cpu
+
+    def _host_alloc(self, make) -> np.ndarray:
+        try:
+            return make(self.count, self.dtype)
+        except MemoryError:
+            from .memcheck import out_of_memory
+
+            raise out_of_memory(f"the host memory of a blob ({self.count:,} {self.dtype.name} values)",
+                                self.nbytes) from None
 
     def cpu(self) -> np.ndarray:
         """Up-to-date host array (flat); does not change the head."""

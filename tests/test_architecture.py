@@ -49,7 +49,7 @@ CORE = {"errors", "config", "common", "blob", "synced_memory", "layer", "fillers
 MAY_IMPORT = {  # wing -> what of the package it may import besides itself
     "gpu": {"errors", "config"},
     "conv": {"errors", "config", "version", "gpu"},
-    "proto": {"errors", "durable", "net_graph"},
+    "proto": {"errors", "optional", "durable", "net_graph"},
     "data": CORE | {"gpu", "proto"},
     "testing": CORE | {"gpu", "proto"},
     "runtime": CORE | {"python_layer", "gpu", "conv", "proto"},

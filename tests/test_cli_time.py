@@ -342,3 +342,15 @@ def test_cli_gpu_prints_peak_device_memory(tmp_path, monkeypatch, capsys):
     held, pool, active = (float(v) for v in mem.groups())
     assert held > 0 and 0 < pool <= held + 0.1 and active <= pool
     assert out.rstrip().endswith("*** Benchmark ends ***")
+
+
+def test_time_lists_every_layer_of_a_net_with_duplicate_names(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("dup.prototxt").write_text(
+        'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }\n'
+        'layer { name: "act" type: "ReLU" bottom: "data" top: "a" }\n'
+        'layer { name: "act" type: "TanH" bottom: "a" top: "b" }\n')
+    assert cli.main(["time", "--model", "dup.prototxt", "--iterations", "1"]) == 0
+    out = capsys.readouterr().out
+    names = [line.split("\t")[0].strip() for line in out.splitlines() if "\tforward:" in line]
+    assert names == ["data", "act", "act"]

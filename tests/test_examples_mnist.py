@@ -174,6 +174,50 @@ def test_train_lenet_wrong_mnist_dir_is_an_error(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def _train_lenet_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_lenet_under_test", EXAMPLE / "train_lenet.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_lenet_out_and_gpu_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    """--out under a file (or unwritable) and --gpu without a GPU/PyCUDA: one error line, exit 1."""
+    from pycaffe_lite import common
+    from pycaffe_lite.errors import GPUUnavailableError
+
+    tl = _train_lenet_module()
+    (tmp_path / "file").write_text("x")
+    assert tl.main(["--iters", "1", "--out", str(tmp_path / "file" / "out"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out ") and "cannot create the folder" in err and "Traceback" not in err
+
+    def no_gpu(*args):
+        raise GPUUnavailableError("GPU mode needs PyCUDA (test stand-in)")
+
+    monkeypatch.setattr(common, "set_mode_gpu", no_gpu)
+    monkeypatch.setattr(caffe, "set_mode_gpu", no_gpu)
+    monkeypatch.setattr(common, "set_device", lambda d: None)
+    monkeypatch.setattr(caffe, "set_device", lambda d: None)
+    assert tl.main(["--gpu", "0", "--iters", "1", "--out", str(tmp_path / "o"), "--no-progress"]) == 1
+    assert capsys.readouterr().err == "error: GPU mode needs PyCUDA (test stand-in)\n"
+
+
+@pytest.mark.slow
+def test_plot_title_fits_the_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    tl = _train_lenet_module()
+    title = ("LeNet, 10,000 iterations on 60,000 MNIST training images (GPU 0): accuracy 0.9913 on "
+             "10,000 test images")
+    losses = list(np.linspace(2.3, 0.01, 300))
+    left, right, width = tl.plot_curves(tmp_path / "c.png", losses, [(0, 0.1), (300, 0.99)], title)
+    assert 0 <= left < right <= width
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
 def test_train_lenet_script_reaches_95_percent(mnist_dir, tmp_path):
     """The main job, small: 400 CPU iterations on 20,000 training images through the LMDB path."""
     out = tmp_path / "run"
@@ -193,6 +237,6 @@ def test_train_lenet_script_reaches_95_percent(mnist_dir, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "mnist_train_lmdb" / "data.mdb").is_file()
     # The snapshot classifies the same 1000 test images at the accuracy the test net reported.
-    net = caffe.Net(str(DEPLOY), caffe.TEST, weights=str(out / "lenet_iter_400.caffemodel"))
+    net = caffe.Net(str(DEPLOY), caffe.TEST, weights=str(out / "lenet_main_iter_400.caffemodel"))
     images, labels = mnist.load(*mnist.find_files(mnist_dir, "test"))
     assert abs((forward_all(net, images[:1000]) == labels[:1000]).mean() - accuracy) < 1.5e-3

@@ -107,3 +107,37 @@ def test_training_log_parses_like_parse_log(stderr_log):
     assert [it for it, _, _, _ in test] == [0, 2, 4]
     assert all(value >= 0 for _, _, value, _ in train + test)
     assert train[1][3] == pytest.approx(0.01)  # 'lr = ' follows the outputs, as in Caffe's logs
+
+
+@pytest.mark.slow
+def test_solver_logs_glog_lines_when_stderr_is_not_a_terminal(tmp_path):
+    """solver.solve() from a script whose stderr is a pipe prints Caffe's log (no bar, no set-up
+    needed); a script that configured logging itself keeps its own set-up."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    (tmp_path / "net.prototxt").write_text(
+        'layer { name: "d" type: "Input" top: "d" input_param { shape { dim: 2 dim: 3 } } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "d" top: "y" loss_weight: 1 '
+        'inner_product_param { num_output: 2 } }\n')
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt" base_lr: 0.1 lr_policy: "fixed" max_iter: 2 '
+                                              'display: 1 snapshot_after_train: false\n')
+    code = textwrap.dedent("""
+        import logging, sys
+        if sys.argv[1] == "configured":
+            logging.basicConfig(level=logging.WARNING, format="CONFIGURED %(message)s")
+        import pycaffe_lite as caffe
+        caffe.get_solver("solver.prototxt").solve()
+        """)
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"}
+    plain = subprocess.run([sys.executable, "-c", code, "plain"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120, env=env)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stderr.splitlines()
+    assert any(re.match(r"I\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ solver\.py:\d+\] Iteration 1 .*loss = ", x) for x in lines)
+    assert any(x.endswith("] Optimization Done.") for x in lines)
+    configured = subprocess.run([sys.executable, "-c", code, "configured"], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=120, env=env)
+    assert configured.returncode == 0 and "Optimization Done." not in configured.stderr

@@ -113,11 +113,38 @@ def test_convert_round_trip(small, tmp_path):
     env.close()
 
 
-def test_convert_rejects_leveldb(small, tmp_path):
+def test_convert_to_leveldb(small, tmp_path):
+    plyvel = pytest.importorskip("plyvel")
+    images, labels, ip, lp = small
+    db = tmp_path / "db"
+    assert mnist.convert(ip, lp, db, backend="leveldb") == len(labels)
+    handle = plyvel.DB(str(db))
+    got = list(handle)
+    handle.close()
+    assert [k for k, _ in got] == [b"%08d" % i for i in range(len(labels))]
+    for i, (_, value) in enumerate(got):
+        d = caffe_pb2.Datum.FromString(value)
+        assert d.label == labels[i]
+        np.testing.assert_array_equal(np.frombuffer(d.data, np.uint8).reshape(images[i].shape), images[i])
+    with pytest.raises(DataError, match="unknown database backend 'rocksdb'"):
+        mnist.convert(ip, lp, tmp_path / "db2", backend="rocksdb")
+    assert not (tmp_path / "db2").exists()
+
+
+def test_convert_onto_read_only_folder_is_a_data_error(small, tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
     _, _, ip, lp = small
-    with pytest.raises(DataError, match="LevelDB backend is not supported.*convert the data to LMDB"):
-        mnist.convert(ip, lp, tmp_path / "db", backend="leveldb")
-    assert not (tmp_path / "db").exists()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with pytest.raises(DataError, match=r"ro/db: cannot create the database"):
+            mnist.convert(ip, lp, ro / "db")
+    finally:
+        ro.chmod(0o755)
 
 
 def test_convert_mnist_command(small, tmp_path, capsys):
@@ -145,3 +172,37 @@ def test_real_mnist(mnist_dir):
     np.testing.assert_array_equal(vl[:10], [7, 2, 1, 0, 4, 1, 4, 9, 5, 9])
     np.testing.assert_array_equal(np.bincount(vl), [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009])
     assert vi.max() == 255 and vi.min() == 0 and (vi[:, 0, :] == 0).all()  # top rows are background
+
+
+def test_convert_onto_a_file_or_a_failing_disk_is_a_data_error(small, tmp_path, monkeypatch):
+    """(root ignores read-only folders: a path under a file, and a disk error raised by LMDB.)"""
+    _, _, ip, lp = small
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DataError, match=r"file/db: cannot create the database"):
+        mnist.convert(ip, lp, tmp_path / "file" / "db")
+
+    class FailingTxn:
+        def put(self, key, value):
+            raise lmdb.DiskError("mdb_put: No space left on device")
+
+        def abort(self):
+            pass
+
+    real_open = lmdb.open
+
+    def open_failing(*args, **kwargs):
+        env = real_open(*args, **kwargs)
+
+        class Env:
+            def begin(self, write=False):
+                return FailingTxn()
+
+            def __getattr__(self, name):
+                return getattr(env, name)
+
+        return Env()
+
+    monkeypatch.setattr(lmdb, "open", open_failing)
+    with pytest.raises(DataError, match=r"full/db: cannot write the LMDB database: .*No space left.*disk full"):
+        mnist.convert(ip, lp, tmp_path / "full" / "db")
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == []  # the partial build is gone

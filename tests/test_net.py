@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.errors import NetError, PrototxtError, ShapeError, UnknownLayerError
+from pycaffe_lite.errors import NetError, PrototxtError, ShapeError, UnknownLayerError, WeightsError
 
 F64 = np.float64
 
@@ -455,13 +455,15 @@ def test_duplicate_top(tmp_path):
         make_net(tmp_path, text)
 
 
-def test_duplicate_layer_name(tmp_path):
+def test_duplicate_layer_name_is_accepted_as_in_bvlc(tmp_path):
     text = (
         _input() + 'layer { name: "r" type: "ReLU" bottom: "x" top: "y" }\n'
         + 'layer { name: "r" type: "ReLU" bottom: "y" top: "z" }\n'
     )
-    with pytest.raises(NetError, match="two layers are named 'r'"):
-        make_net(tmp_path, text)
+    net = make_net(tmp_path, text)
+    assert net._layer_names.count("r") == 2
+    assert list(net.layer_dict) == ["input", "r"]
+    assert net.layer_dict["r"] is net.layers[-1]  # pycaffe's dict: the last layer of a name
 
 
 @pytest.mark.parametrize(
@@ -541,3 +543,75 @@ def test_net_cpu_gpu_agree(tmp_path, dtype):
     tol = 1e-4 if dtype == np.float32 else 1e-10
     for c, g in zip(*results):
         np.testing.assert_allclose(c, g, rtol=tol, atol=tol)
+
+
+def test_duplicate_names_with_params_follow_bvlc(tmp_path):
+    """Two InnerProduct layers named "ip": a .caffemodel fills the first one of the net for every
+    source layer of that name (BVLC's CopyTrainedLayersFrom searches from the start), an HDF5 file
+    the last one (layer_names_index_); forward(start=...) starts at the first; share_with shares the
+    first."""
+    text = _input(dims=(2, 3)) + _ip("ip", "x", "h", 3) + _ip("ip", "h", "y", 3)
+    caffe.set_random_seed(1)
+    src = make_net(tmp_path, text)
+    a, b = (layer.blobs[0].data.copy() for layer in src.layers[1:])
+    path = tmp_path / "w.caffemodel"
+    src.save(path)
+    caffe.set_random_seed(2)
+    dst = make_net(tmp_path, text, name="dst.prototxt")
+    second = dst.layers[2].blobs[0].data.copy()
+    missing = dst.copy_from(path)
+    np.testing.assert_array_equal(dst.layers[1].blobs[0].data, b)  # the second source layer wrote last
+    np.testing.assert_array_equal(dst.layers[2].blobs[0].data, second)  # never a target
+    assert missing == ["ip"]
+    with pytest.raises(WeightsError, match="holds no weights for layer ip"):
+        dst.copy_from(path, allow_missing=False)
+    assert not np.array_equal(a, b)
+    assert dst._layer_index("ip", 0) == 1
+    other = make_net(tmp_path, text, name="other.prototxt")
+    other.share_with(src)
+    np.testing.assert_array_equal(other.layers[1].blobs[0].data, b)
+
+
+def test_duplicate_names_hdf5_fill_the_last(tmp_path):
+    pytest.importorskip("h5py")
+    import h5py
+
+    text = _input(dims=(2, 3)) + _ip("ip", "x", "h", 3) + _ip("ip", "h", "y", 3)
+    net = make_net(tmp_path, text)
+    path = tmp_path / "w.h5"
+    with h5py.File(path, "w") as f:
+        f["data/ip/0"] = np.full((3, 3), 5.0)
+        f["data/ip/1"] = np.full(3, 6.0)
+    first = net.layers[1].blobs[0].data.copy()
+    assert net.copy_from(path) == ["ip"]
+    np.testing.assert_array_equal(net.layers[2].blobs[0].data, np.full((3, 3), 5.0))
+    np.testing.assert_array_equal(net.layers[1].blobs[0].data, first)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_debug_info_names_the_first_layer_with_nonfinite_values(tmp_path, caplog):
+    import logging
+
+    text = _input(dims=(2, 3)) + _ip("ip1", "x", "h", 3) + _ip("ip2", "h", "y", 2)
+    net = make_net(tmp_path, text, phase=caffe.TEST)
+    net.blobs["x"].data[...] = 1.0
+    net.forward()  # off: nothing checked
+    net.params["ip2"][0].data[1, 2] = np.nan
+    net.forward()
+    net.debug_info = True
+    with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
+        with pytest.raises(NetError, match=r"layer 'ip2' \(InnerProduct\) gave 2 non-finite value\(s\) .* of 4 in top "
+                                           r"'y': its param 0 holds NaN/Inf"):
+            net.forward()
+    assert "[Forward] Layer ip1, top blob h data: " in caplog.text
+    net.params["ip2"][0].data[1, 2] = 0
+    net.blobs["x"].data[0, 0] = np.inf
+    with pytest.raises(NetError, match=r"layer 'ip1' \(InnerProduct\) gave .* in top 'h': its bottom 'x' was "
+                                       r"already non-finite"):
+        net.forward(start="ip1")
+    net.debug_info = False
+    net.forward(start="ip1")
+    # from the prototxt field
+    text2 = "debug_info: true\n" + text
+    net2 = make_net(tmp_path, text2, phase=caffe.TEST, name="n2.prototxt")
+    assert net2.debug_info

@@ -268,3 +268,17 @@ def test_python_layer_in_solver(user_module, tmp_path):
     # loss = sum((w*1 + b)^2)/2 over 12 items: dL/dw = dL/db = 12 * (w + b) = 30.
     np.testing.assert_allclose(w.data, [2.0 - 0.01 * 30], rtol=1e-5)
     np.testing.assert_allclose(b.data, [0.5 - 0.01 * 30], rtol=1e-5)
+
+
+@pytest.mark.parametrize("body,kind", [("def broken(:\n    pass\n", "SyntaxError"),
+                                       ("import math\nVALUE = 1 / 0\n", "ZeroDivisionError")])
+def test_module_failing_at_import_is_named(tmp_path, monkeypatch, body, kind):
+    d = tmp_path / "mods"
+    d.mkdir()
+    (d / "pl_broken_mod.py").write_text(body)
+    monkeypatch.syspath_prepend(str(d))
+    text = _net_text("X").replace("pl_user_layers", "pl_broken_mod")
+    with pytest.raises(NetError, match=rf"module 'pl_broken_mod' named in python_param failed while being imported "
+                                       rf"\(.*pl_broken_mod.py:[12]\): {kind}"):
+        Net(_write(tmp_path, text), caffe.TEST)
+    sys.modules.pop("pl_broken_mod", None)

@@ -402,7 +402,7 @@ def test_restore_errors(tmp_path):
     (tmp_path / "junk.solverstate").write_bytes(b"\xff\xff\xff")
     with pytest.raises(WeightsError, match="junk.solverstate"):
         sgd.restore(tmp_path / "junk.solverstate")
-    with pytest.raises(SolverConfigError, match="HDF5"):
+    with pytest.raises(WeightsError, match="state.h5: solver state file not found"):
         sgd.restore(tmp_path / "state.h5")
 
 
@@ -421,9 +421,74 @@ def test_restore_finds_learned_net_next_to_state(tmp_path, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_hdf5_snapshot_format_is_refused():
-    with pytest.raises(SolverConfigError, match="HDF5 is not supported yet"):
-        make("SGD", LINEAR_NET % "", 'base_lr: 1 snapshot_format: HDF5')
+@pytest.mark.parametrize("rule", ["SGD", "Adam"])
+def test_hdf5_snapshot_restore_is_bit_identical(rule, tmp_path):
+    """snapshot_format: HDF5 writes BVLC's .caffemodel.h5 / .solverstate.h5 pair; resuming from
+    it equals an uninterrupted run bit for bit."""
+    h5py = pytest.importorskip("h5py")
+    straight = _mlp_solver(rule, tmp_path / "a", np.float32)
+    straight.step(6)
+    first = _mlp_solver(rule, tmp_path / "b", np.float32)
+    first.param.snapshot_format = caffe_pb2.SolverParameter.HDF5
+    first.step(3)
+    model, state = first.snapshot()
+    assert (model, state) == (f"{tmp_path / 'b'}_iter_3.caffemodel.h5", f"{tmp_path / 'b'}_iter_3.solverstate.h5")
+    with h5py.File(state, "r") as f:  # BVLC's layout
+        assert f["iter"][()].tolist() == [3] and f["current_step"][()].tolist() == [1]
+        assert f["learned_net"][()].rstrip(b"\0").decode() == model
+        assert sorted(f["history"], key=int) == [str(i) for i in range(len(first.history))]
+        np.testing.assert_array_equal(f["history"]["1"][()], first.history[1].data)
+    with h5py.File(model, "r") as f:
+        np.testing.assert_array_equal(f["data"]["ip1"]["0"][()], first.net.params["ip1"][0].data)
+    assert not list(tmp_path.glob(".*"))  # no temporaries or journal left
+    caffe.set_random_seed(999)
+    resumed = _mlp_solver(rule, tmp_path / "c", np.float32)
+    resumed.restore(state)
+    assert resumed.iter == 3 and resumed.current_step == 1
+    resumed.step(3)
+    for a, b in zip(_weights(straight), _weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+    for ha, hb in zip(straight.history, resumed.history):
+        np.testing.assert_array_equal(ha.data, hb.data)
+
+
+def test_hdf5_solver_state_errors(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    s = _mlp_solver("SGD", tmp_path / "x", np.float64)
+    s.param.snapshot_format = caffe_pb2.SolverParameter.HDF5
+    s.step(1)
+    model, state = s.snapshot()
+    with h5py.File(state, "a") as f:
+        del f["iter"]
+        f["iter"] = np.array([-4], np.int32)
+    with pytest.raises(WeightsError, match="impossible counters iter=-4"):
+        _mlp_solver("SGD", tmp_path / "y", np.float64).restore(state)
+    with h5py.File(state, "a") as f:
+        del f["history"]["3"]
+    with pytest.raises(WeightsError, match="holds 3 history blobs but this SGD solver keeps 4"):
+        _mlp_solver("SGD", tmp_path / "y", np.float64).restore(state)
+    bad = tmp_path / "bad.solverstate.h5"
+    bad.write_bytes(b"not hdf5 at all")
+    with pytest.raises(WeightsError, match="bad.solverstate.h5: cannot open the HDF5 solver state"):
+        _mlp_solver("SGD", tmp_path / "y", np.float64).restore(bad)
+
+
+def test_negative_iter_and_renamed_layer_are_refused_on_resume(tmp_path):
+    s = _mlp_solver("SGD", tmp_path / "x", np.float64)
+    s.step(2)
+    model, state = s.snapshot()
+    st = caffe_pb2.SolverState.FromString(Path(state).read_bytes())
+    st.iter = -1
+    neg = tmp_path / "neg.solverstate"
+    neg.write_bytes(st.SerializeToString())
+    with pytest.raises(WeightsError, match="impossible counters iter=-1"):
+        _mlp_solver("SGD", tmp_path / "y", np.float64).restore(neg)
+    renamed = make("SGD", (MLP_NET % ("Input", 5, 1.0)).replace('name: "ip2"', 'name: "ip2_new"'),
+                   f'base_lr: 0.05 lr_policy: "fixed" snapshot_prefix: "{tmp_path / "z"}"', dtype=np.float64)
+    with pytest.raises(WeightsError, match=r"cannot resume from .*ip2_new.*was a layer renamed"):
+        renamed.restore(state)
+    renamed.restore(state, allow_missing=True)  # told to: ip2_new keeps its initial values
+    assert renamed.iter == 2
 
 
 def test_random_seed_makes_init_reproducible():
@@ -539,3 +604,17 @@ def test_progress_bar_forced_on(capsys, caplog):
     assert s.iter == 3
     assert "3/3" in capsys.readouterr().err  # tqdm's bar on stderr
     assert any("Iteration 2 (" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("junk", ["{not json", '{"generator": 5}', '{"generator": {"bit_generator": "PCG64"}}', "[]"])
+def test_corrupt_random_state_field_is_a_weights_error(tmp_path, junk):
+    s = _mlp_solver("SGD", tmp_path / "x", np.float64)
+    s.step(1)
+    _, state = s.snapshot()
+    st = caffe_pb2.SolverState.FromString(Path(state).read_bytes())
+    st.rng_state = junk
+    bad = tmp_path / "bad.solverstate"
+    bad.write_bytes(st.SerializeToString())
+    r = _mlp_solver("SGD", tmp_path / "y", np.float64)
+    with pytest.raises(WeightsError, match=r"bad.solverstate: corrupt random-state field \(rng_state\)"):
+        r.restore(bad)

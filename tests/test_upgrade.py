@@ -272,3 +272,20 @@ def test_current_net_untouched(caplog):
         assert upgrade.upgrade_net(param, "new") is True
     assert param.SerializeToString() == before
     assert not caplog.records
+
+
+def test_v0_hdf5_output_layer_upgrades(caplog):
+    """A V0 hdf5_output layer keeps its hdf5_output_param (was a raw KeyError); on another type
+    the field is reported and dropped, as BVLC does."""
+    param = parse("""input: "a" input_dim: 1 input_dim: 1 input_dim: 1 input_dim: 1
+        input: "b" input_dim: 1 input_dim: 1 input_dim: 1 input_dim: 1
+        layers { layer { name: "o" type: "hdf5_output" hdf5_output_param { file_name: "out.h5" } }
+                 bottom: "a" bottom: "b" }""")
+    assert upgrade.upgrade_net(param, "v0") is True
+    out = param.layer[-1]
+    assert (out.type, out.hdf5_output_param.file_name, list(out.bottom)) == ("HDF5Output", "out.h5", ["a", "b"])
+    wrong = parse('input: "x" input_dim: 1 input_dim: 1 input_dim: 1 input_dim: 1 layers { layer { name: "r" '
+                  'type: "relu" hdf5_output_param { file_name: "o.h5" } } bottom: "x" top: "y" }')
+    with caplog.at_level(logging.ERROR, logger="pycaffe_lite"):
+        assert upgrade.upgrade_net(wrong, "v0") is False
+    assert any("hdf5_output_param" in r.getMessage() for r in caplog.records)

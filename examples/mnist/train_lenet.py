@@ -9,13 +9,14 @@ the repository in ``examples/mnist/data`` (SHA-256 checked at load; no network n
 error). The run prints where the data came from and how many images it uses.
 
 Steps: convert to LMDB (``OUT/mnist_{train,test}_lmdb``), train with the solver (a progress bar;
-the test net runs every ``test_interval`` iterations), snapshot ``OUT/lenet_iter_K.caffemodel``,
+the test net runs every ``test_interval`` iterations), snapshot ``OUT/lenet_main_iter_K.caffemodel``,
 plot training loss and test accuracy to ``OUT/lenet_curves.png`` and print a one-line summary.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,7 +55,7 @@ def build_solver_param(out: Path, iters: int | None, test_batches: int, test_int
     if iters is not None:
         sp.max_iter = iters
     sp.snapshot = 0  # we snapshot once at the end
-    sp.snapshot_prefix = str(out / "lenet")
+    sp.snapshot_prefix = str(out / "lenet_main")  # (lenet_solver.prototxt writes lenet_iter_K: kept apart)
     del sp.test_iter[:]
     sp.test_iter.append(test_batches)
     if test_interval is not None:
@@ -62,7 +63,11 @@ def build_solver_param(out: Path, iters: int | None, test_batches: int, test_int
     return sp
 
 
-def plot_curves(path: Path, losses: list[float], tests: list[tuple[int, float]], title: str) -> None:
+def plot_curves(path: Path, losses: list[float], tests: list[tuple[int, float]], title: str) -> tuple[float, float, float]:
+    """Write the loss/accuracy plot; the title is wrapped (and its font shrunk if need be) so it fits
+    the figure. Returns the title's left and right edge and the figure's width, in pixels."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,10 +93,21 @@ def plot_curves(path: Path, losses: list[float], tests: list[tuple[int, float]],
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper center", bbox_to_anchor=(0.5, -0.14),
               ncol=3, frameon=False)
-    ax.set_title(title)
+    text = ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=11)
     fig.tight_layout()
+    fig.canvas.draw()
+    width = fig.bbox.width
+    for size in (10, 9, 8, 7):  # (a narrow figure or a long path: shrink until it fits)
+        box = text.get_window_extent()
+        if box.x0 >= 0 and box.x1 <= width:
+            break
+        text.set_fontsize(size)
+        fig.tight_layout()
+        fig.canvas.draw()
+    box = text.get_window_extent()
     fig.savefig(path)
     plt.close(fig)
+    return float(box.x0), float(box.x1), float(width)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,28 +126,44 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --gpu: read batches from the LMDB on the host instead of keeping MNIST on the GPU")
     parser.add_argument("--verbose", action="store_true", help="log the solver's messages (Caffe style)")
     args = parser.parse_args(argv)
+    from pycaffe_lite.errors import CaffeError
 
+    try:
+        return _train(args)
+    except CaffeError as exc:  # no GPU or PyCUDA, bad data, disk problems: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc} (is --out {args.out} writable and not full?)", file=sys.stderr)
+        return 1
+
+
+def _train(args: argparse.Namespace) -> int:
     import pycaffe_lite as caffe
     from pycaffe_lite.data import mnist
+    from pycaffe_lite.errors import CaffeError
     from pycaffe_lite.solvers.sgd_solvers import get_solver
 
     if args.verbose:
         caffe.init_log(0)
-    from pycaffe_lite.errors import CaffeError
-
+    if args.gpu is not None:  # before any work: no GPU or no PyCUDA is a one-line error
+        caffe.set_device(args.gpu)
+        caffe.set_mode_gpu()
+    out = Path(args.out)
     try:
-        (train_x, train_y), (test_x, test_y), description = find_mnist(args.data)
-    except CaffeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CaffeError(f"--out {out}: cannot create the folder: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK):
+        raise CaffeError(f"--out {out}: the folder is not writable (give another folder with --out)")
+    (train_x, train_y), (test_x, test_y), description = find_mnist(args.data)
     if args.train_limit:
         train_x, train_y = train_x[: args.train_limit], train_y[: args.train_limit]
     if args.test_limit:
         test_x, test_y = test_x[: args.test_limit], test_y[: args.test_limit]
     print(f"Data: {description}; using {len(train_y):,} training / {len(test_y):,} test images", flush=True)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     mnist.write_lmdb(train_x, train_y, out / "mnist_train_lmdb", overwrite=True)
     mnist.write_lmdb(test_x, test_y, out / "mnist_test_lmdb", overwrite=True)
 

@@ -21,7 +21,7 @@ log = logging.getLogger("pycaffe_lite")
 REQUIRED = ("NAME", "HELP", "add_arguments", "run")
 
 
-SUPPORT = {"cli", "caffe_cli", "gflags", "digits"}  # the front ends and their helpers, not commands
+SUPPORT = {"cli", "caffe_cli", "gflags", "digits", "imagenet"}  # the front ends and their helpers, not commands
 
 
 def discover() -> list[ModuleType]:

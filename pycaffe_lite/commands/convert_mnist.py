@@ -1,5 +1,5 @@
 """``pycaffe-lite convert_mnist IMAGES LABELS DB_PATH [--backend lmdb]``: Caffe's
-convert_mnist_data (IDX files, gzipped or not -> LMDB of Datums with keys ``%08d``)."""
+convert_mnist_data (IDX files, gzipped or not -> LMDB or LevelDB of Datums with keys ``%08d``)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import time
 from . import flag
 
 NAME = "convert_mnist"
-HELP = "convert MNIST IDX image/label files (gzipped or not) to an LMDB of Datums"
+HELP = "convert MNIST IDX image/label files (gzipped or not) to an LMDB or LevelDB of Datums"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("images", metavar="IMAGES", help="IDX image file, e.g. train-images-idx3-ubyte.gz")
     parser.add_argument("labels", metavar="LABELS", help="IDX label file, e.g. train-labels-idx1-ubyte.gz")
     parser.add_argument("db_path", metavar="DB_PATH", help="output database folder (must not exist)")
-    flag(parser, "backend", default="lmdb", help="database backend (only lmdb is supported)")
+    flag(parser, "backend", default="lmdb", help="database backend: lmdb or leveldb (leveldb needs plyvel: pip install pycaffe-lite[leveldb])")
     flag(parser, "overwrite", action="store_true", help="replace DB_PATH if it exists")
     flag(parser, "limit", type=int, default=None, help="convert only the first N records")
 

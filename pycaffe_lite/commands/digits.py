@@ -36,6 +36,10 @@ def load_image(path: str | os.PathLike, size: tuple[int, int], channels: int = 1
             arr = np.asarray(img, dtype=np.uint8)
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: cannot read image: {exc}") from None
+    except Image.DecompressionBombError as exc:
+        from ..io import oversized_image
+
+        raise oversized_image(path, exc) from None
     if channels == 1:
         return arr[None]
     return np.ascontiguousarray(arr[:, :, ::-1].transpose(2, 0, 1))

@@ -2,12 +2,15 @@
 
 As ``caffe test``: runs K forward passes of the TEST-phase net, logs every output per batch, and
 prints each output averaged over the batches (with its weighted loss contribution) to stdout.
+An output or loss that is not finite (NaN/Inf weights or inputs) is marked, logged as an error and
+makes the exit status 3.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 
 from ..errors import PrototxtError, WeightsError
@@ -17,6 +20,7 @@ NAME = "test"
 HELP = "score a model: average its outputs over --iterations batches"
 
 log = logging.getLogger("pycaffe_lite")
+EXIT_NONFINITE = 3  # the scores are NaN or infinite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,16 +63,26 @@ def run(args: argparse.Namespace) -> int:
         raise PrototxtError(f"--iterations must be >= 1, got {args.iterations}")
     if not os.path.isfile(args.model):
         raise PrototxtError(f"{args.model}: model file not found")
-    if not os.path.isfile(args.weights):
-        raise WeightsError(f"{args.weights}: weights file not found")
+    from ..proto.protoio import check_regular_file
+
+    check_regular_file(args.weights, "weights file", WeightsError)
     use_device(parse_gpu(args.gpu), args.autotune_cache)
     net = Net(args.model, common.TEST, level=args.level, stages=stages(args) or None)
     net.copy_from(args.weights, allow_missing=args.allow_missing)
     log.info("Running for %d iterations.", args.iterations)
     loss, results = score(net, args.iterations)
     log.info("Loss: %g", loss)
+    bad = []
     for name, mean, weight in results:
         extra = f" (* {weight:g} = {weight * mean:g} loss)" if weight else ""
-        log.info("%s = %g%s", name, mean, extra)  # in the log too, as caffe test (log files, parsers)
-        print(f"{name} = {mean:g}{extra}")
+        flag_ = "" if math.isfinite(mean) else "  <- not a finite number"
+        log.info("%s = %g%s%s", name, mean, extra, flag_)  # in the log too, as caffe test (log files, parsers)
+        print(f"{name} = {mean:g}{extra}{flag_}")
+        if not math.isfinite(mean) and name not in bad:
+            bad.append(name)
+    if not math.isfinite(loss) or bad:
+        what = ", ".join(bad) if bad else "the loss"
+        log.error("%s: %s %s not finite (NaN or infinite): the weights (%s) or the inputs hold NaN/Inf values, "
+                  "so these scores mean nothing", args.model, what, "is" if len(bad) <= 1 else "are", args.weights)
+        return EXIT_NONFINITE
     return 0

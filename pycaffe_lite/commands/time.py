@@ -261,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     total = time.perf_counter() - total_start
     k = args.iterations
     print("Average time per layer:")
-    names = list(net.layer_dict)
+    names = list(net._layer_names)  # (one per layer: duplicate names stay)
     width = max([10] + [len(s) for s in names])
     conv_s = 0.0
     for i, layer in enumerate(net.layers):

@@ -2,8 +2,12 @@
 
 As ``caffe train``: the solver file's ``solver_mode: GPU`` (with ``device_id``) applies when no
 ``--gpu`` is given. SIGINT (Ctrl-C) stops training after the current iteration and writes a
-snapshot first (a second Ctrl-C aborts at once); SIGHUP writes a snapshot and continues. The
-effects can be changed with ``--sigint_effect`` / ``--sighup_effect`` (stop, snapshot, none).
+snapshot first (a second Ctrl-C aborts at once); SIGHUP writes a snapshot and continues. SIGTERM
+(what Slurm, Kubernetes and spot instances send before they preempt a job) writes a snapshot after
+the current iteration and ends the run, so it can be resumed with ``--snapshot``. The effects can be
+changed with ``--sigint_effect`` / ``--sighup_effect`` (stop, snapshot, none) and ``--sigterm_effect``
+(snapshot or stop: snapshot, then end; none: ignore; exit: end at once without a snapshot). With
+several GPUs the launcher forwards the signals and the ranks agree on the iteration to act at.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
 NAME = "train"
 HELP = "train or finetune a model from a solver prototxt"
 EFFECTS = ("stop", "snapshot", "none")
+TERM_EFFECTS = ("snapshot", "stop", "none", "exit")
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -54,15 +59,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="on SIGINT: stop (after writing a snapshot; default), snapshot, or none")
     flag(parser, "sighup_effect", choices=EFFECTS, default="snapshot",
          help="on SIGHUP: snapshot (default), stop, or none")
+    flag(parser, "sigterm_effect", choices=TERM_EFFECTS, default="snapshot",
+         help="on SIGTERM (preemption): snapshot (default) or stop: write a snapshot after this iteration, "
+              "then end; none: ignore; exit: end at once without a snapshot")
+    parser.add_argument("--allow-missing", dest="allow_missing", action="store_true",
+                        help="with --snapshot: resume even when the net has layers with params that the "
+                             "snapshot's weights lack (they restart from their initial values)")
 
 
 class _Signals:
     """Turns SIGINT/SIGHUP into solver actions polled by the training loop."""
 
-    def __init__(self, sigint_effect: str, sighup_effect: str) -> None:
+    def __init__(self, sigint_effect: str, sighup_effect: str, sigterm_effect: str = "snapshot") -> None:
         self.effects: dict[int, str] = {signal.SIGINT: sigint_effect}
         if hasattr(signal, "SIGHUP"):
             self.effects[signal.SIGHUP] = sighup_effect
+        if sigterm_effect != "exit":  # exit: Python's default handler ends the process at once
+            # a preempted run must end: "snapshot" means snapshot, then stop (stop writes one too)
+            self.effects[signal.SIGTERM] = "stop" if sigterm_effect == "snapshot" else sigterm_effect
         self.pending: list[int] = []
         self.previous: dict[int, _Handler] = {}
         self.stopped_by_signal = False
@@ -93,7 +107,8 @@ class _Signals:
             effect = self.effects[sig]
             name = signal.Signals(sig).name
             if effect == "stop":
-                log.info("%s received: stopping after this iteration.", name)
+                log.info("%s received: stopping after this iteration%s.", name,
+                         " (a snapshot is written first)" if sig == signal.SIGTERM else "")
                 self.stopped_by_signal = True
                 return "stop"
             if effect == "snapshot":
@@ -133,19 +148,21 @@ def run(args: argparse.Namespace) -> int:
             f"{args.solver}: the solver says 'solver_mode: GPU' but {exc}; add --cpu to train on the CPU "
             "(or set solver_mode: CPU)"
         ) from None
-    if args.snapshot and not os.path.isfile(args.snapshot):
-        raise CaffeError(f"{args.snapshot}: solver state file not found")
+    if args.snapshot:
+        from ..proto.protoio import check_regular_file
+
+        check_regular_file(args.snapshot, "solver state file", CaffeError)
     solver = solver_class(param.type)(param, progress=args.progress, solver_dir=solver_dir)
     solver.source = args.solver
     solver.stop_on_nonfinite_loss = not getattr(args, "allow_nonfinite", False)
     if args.snapshot:
         log.info("Resuming from %s", args.snapshot)
-        solver.restore(args.snapshot)
+        solver.restore(args.snapshot, allow_missing=getattr(args, "allow_missing", False))
     elif args.weights:
         solver.load_weights(args.weights)
     if session is not None:
         session.attach(solver)
-    signals = _Signals(args.sigint_effect, args.sighup_effect)
+    signals = _Signals(args.sigint_effect, args.sighup_effect, getattr(args, "sigterm_effect", "snapshot"))
     solver.set_action_function(signals.action if session is None else session.agreed(signals.action, solver))
     log.info("Starting Optimization")
     signals.install()

@@ -139,17 +139,19 @@ def datum_bytes(image: np.ndarray, label: int) -> bytes:
 
 
 def write_lmdb(
-    images: np.ndarray, labels: np.ndarray, db_path: str | os.PathLike, overwrite: bool = False, progress=None
+    images: np.ndarray, labels: np.ndarray, db_path: str | os.PathLike, overwrite: bool = False, progress=None,
+    backend: str = "lmdb",
 ) -> int:
     """Write ``images`` ``(N, rows, cols)`` uint8 and ``labels`` ``(N,)`` as Datums with keys
-    ``%08d`` into a new LMDB at ``db_path`` (built in a temporary folder, renamed when complete).
-    ``progress(done, total)`` is called every 1000 records. Returns N."""
-    from .db import LMDBWriter
+    ``%08d`` into a new database (LMDB, or LevelDB with ``backend="leveldb"``) at ``db_path``
+    (built in a temporary folder, renamed when complete). ``progress(done, total)`` is called
+    every 1000 records. Returns N."""
+    from .db import open_writer
 
     if len(images) != len(labels):
         raise DataError(f"{db_path}: {len(images)} images but {len(labels)} labels")
     total = len(images)
-    with LMDBWriter(db_path, overwrite=overwrite) as writer:
+    with open_writer(db_path, backend, overwrite=overwrite) as writer:
         for i in range(total):
             writer.put(b"%08d" % i, datum_bytes(images[i], labels[i]))
             if (i + 1) % 1000 == 0:
@@ -170,16 +172,15 @@ def convert(
     limit: int | None = None,
     progress=None,
 ) -> int:
-    """Caffe's convert_mnist_data: IDX image and label files -> LMDB of Datums. ``limit`` keeps
-    only the first records. Returns the number written."""
-    if str(backend).lower() != "lmdb":
-        from .db import check_backend
+    """Caffe's convert_mnist_data: IDX image and label files -> LMDB (or LevelDB) of Datums.
+    ``limit`` keeps only the first records. Returns the number written."""
+    from .db import check_backend
 
-        check_backend(backend, db_path)
+    backend = check_backend(backend, db_path)
     images, labels = load(images_path, labels_path)
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
-    return write_lmdb(images, labels, db_path, overwrite=overwrite, progress=progress)
+    return write_lmdb(images, labels, db_path, overwrite=overwrite, progress=progress, backend=backend)
 
 
 def verify_sha256(directory: str | os.PathLike) -> None:

@@ -14,6 +14,34 @@ from ..errors import PrototxtError
 M = TypeVar("M", bound=pb_message.Message)
 
 
+def path_kind(path: str | os.PathLike) -> str:
+    """What ``path`` is, in words ("a folder", "a FIFO (named pipe)", "a character device"...),
+    for messages about a path that should be a regular file."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "missing"
+    for test, words in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def check_regular_file(path: str | os.PathLike, what: str, error: type[Exception] = PrototxtError) -> None:
+    """``error`` naming ``path`` unless it is a regular file: "<what> not found" when it does not
+    exist, else what it is (a folder, a FIFO, /dev/zero's character device: reading those would
+    fail or never end)."""
+    if os.path.isfile(path):
+        return
+    if not os.path.exists(path):
+        raise error(f"{path}: {what} not found")
+    raise error(f"{path}: is {path_kind(path)}, not a {what}")
+
+
 def parse_text(text: str, message: M, source: str = "<string>") -> M:
     """Parse prototxt ``text`` into ``message``; errors carry ``source:line:column``."""
     try:
@@ -48,6 +76,7 @@ def read_text(path: str | os.PathLike, message: M) -> M:
 def read_binary(path: str | os.PathLike, message: M, what: str = "binary proto") -> M:
     """Read a binary protobuf file (``.caffemodel``, ``.solverstate``, ``.binaryproto``)."""
     path = Path(path)
+    check_regular_file(path, what if "file" in what else f"{what} file")
     try:
         data = path.read_bytes()
     except OSError as exc:

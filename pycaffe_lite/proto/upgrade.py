@@ -60,7 +60,8 @@ _BATCH = {"data": "data_param", "hdf5_data": "hdf5_data_param", "images": "image
           "window_data": "window_data_param"}
 _ANY = {"*": "transform_param"}
 
-# V0 field -> (V0 types it applies to -> V1 sub-message, field name in that message).
+# V0 field -> (V0 types it applies to -> V1 sub-message, field name in that message); sub-message ""
+# is the V1 layer itself (a whole message copied, as hdf5_output_param).
 V0_FIELDS: dict[str, tuple[dict[str, str], str]] = {
     "num_output": (_CONV_IP, "num_output"),
     "biasterm": (_CONV_IP, "bias_term"),
@@ -92,7 +93,7 @@ V0_FIELDS: dict[str, tuple[dict[str, str], str]] = {
     "det_fg_fraction": ({"window_data": "window_data_param"}, "fg_fraction"),
     "det_context_pad": ({"window_data": "window_data_param"}, "context_pad"),
     "det_crop_mode": ({"window_data": "window_data_param"}, "crop_mode"),
-    "hdf5_output_param": ({"hdf5_output": "hdf5_output_param"}, "hdf5_output_param"),
+    "hdf5_output_param": ({"hdf5_output": ""}, "hdf5_output_param"),
 }
 
 _DATA_TYPES = {V1.DATA: "data_param", V1.IMAGE_DATA: "image_data_param", V1.WINDOW_DATA: "window_data_param"}
@@ -199,10 +200,7 @@ def upgrade_v0_layer(conn: caffe_pb2.V1LayerParameter, source: str = "") -> tupl
                       source, v0.name, v0_field, v0.type)
             ok = False
             continue
-        if field == sub:  # a whole V0 sub-message carried over as is (hdf5_output_param)
-            getattr(out, sub).CopyFrom(getattr(v0, v0_field))
-        else:
-            _set_field(getattr(out, sub), field, getattr(v0, v0_field))
+        _set_field(getattr(out, sub) if sub else out, field, getattr(v0, v0_field))
     return out, ok
 
 

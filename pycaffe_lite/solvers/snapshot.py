@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import common
-from ..durable import describe, fsync_dir, remove_stale_temps, write_temp, writer_alive
+from ..durable import describe, fsync_dir, pid_alive, remove_stale_temps, write_temp, writer_alive
 from ..errors import WeightsError
 from ..proto import caffe_pb2
 
@@ -75,9 +75,11 @@ def write_pair(model: str | os.PathLike, model_bytes: bytes, state: str | os.Pat
         fsync_dir(model.parent)
         journal.unlink(missing_ok=True)
     except OSError as exc:
-        for p in (*temps, *placed):
-            p.unlink(missing_ok=True)
-        journal.unlink(missing_ok=True)
+        for p in (*temps, *placed, journal):
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:  # (e.g. the folder is a file: nothing was written)
+                pass
         raise SnapshotError(
             f"{current}: cannot write the snapshot: {describe(exc)}; earlier snapshots are kept "
             "(resume from the last complete .solverstate)"
@@ -123,6 +125,91 @@ def clean_leftovers(prefix: str | os.PathLike) -> list[Path]:
 
 
 # ----------------------------------------------------------------------------------------------
+# one run per snapshot_prefix
+class SnapshotLockError(SnapshotError):
+    """Another live process trains with the same ``snapshot_prefix``."""
+
+
+def _start_time(pid: int) -> str:
+    """The start time of process ``pid`` (clock ticks since boot, from /proc), or "" if unknown:
+    with the pid it tells a live owner from an unrelated process that reused the pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+class PrefixLock:
+    """``<prefix>.lock``: held while a solver trains (``Solver.step``), so two runs cannot write
+    the same snapshots. It holds the owner's pid and start time; a lock whose owner has ended (a
+    killed run) is stale and taken over, as temporary files of ended writers are removed. Solvers
+    of one process share it (only the first one to take it removes it)."""
+
+    def __init__(self, prefix: str | os.PathLike) -> None:
+        self.path = Path(f"{prefix}.lock")
+        self.held = False
+
+    def _owner(self) -> tuple[int, str] | None:
+        try:
+            parts = self.path.read_text().split()
+            return int(parts[0]), parts[1] if len(parts) > 1 else ""
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def acquire(self) -> PrefixLock:
+        me = f"{os.getpid()} {_start_time(os.getpid())}\n"
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # no lock possible: a snapshot, if one is written, reports the problem
+            log.warning("%s: cannot create the snapshot folder (%s): training without a snapshot lock",
+                        self.path.parent, describe(exc))
+            return self
+        for _ in range(5):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                owner = self._owner()
+                if owner is None:  # being written, or garbage: look again, then take it over
+                    import time
+
+                    time.sleep(0.05)
+                    if self._owner() is None:
+                        self.path.unlink(missing_ok=True)
+                    continue
+                pid, started = owner
+                if pid == os.getpid():
+                    return self  # another solver of this process holds it
+                if pid_alive(pid) and (not started or not _start_time(pid) or _start_time(pid) == started):
+                    raise SnapshotLockError(
+                        f"{self.path}: snapshot_prefix '{self.path.name[:-5]}' is in use by another training run "
+                        f"(process {pid}); two runs would overwrite each other's snapshots. Give this run "
+                        "another snapshot_prefix, or stop the other run (if no such run exists, remove the lock "
+                        "file)"
+                    ) from None
+                log.info("Removed %s (stale lock of ended process %d)", self.path, pid)
+                self.path.unlink(missing_ok=True)
+                continue
+            except OSError as exc:  # a read-only folder: training without snapshots still works
+                log.warning("%s: cannot create the snapshot lock file (%s): training without a snapshot lock",
+                            self.path, describe(exc))
+                return self
+            with os.fdopen(fd, "w") as fh:
+                fh.write(me)
+            self.held = True
+            return self
+        raise SnapshotLockError(f"{self.path}: could not take the snapshot lock (other runs keep taking it)")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        owner = self._owner()
+        if owner is not None and owner[0] == os.getpid():
+            self.path.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------
 # data positions and random state
 def save_extras(nets: Mapping[str, NetGraph], state: caffe_pb2.SolverState) -> None:
     """Record the read position of every data layer of ``nets`` (``{"train": g, "test0": g...}``)
@@ -143,18 +230,29 @@ def save_extras(nets: Mapping[str, NetGraph], state: caffe_pb2.SolverState) -> N
 def restore_extras(nets: Mapping[str, NetGraph], state: caffe_pb2.SolverState, path: str) -> None:
     """Put every data layer of ``nets`` back at its recorded position (states written by BVLC or
     older pycaffe-lite versions have none: the layers then restart, as in BVLC)."""
+    seen: dict[tuple[str, str], int] = {}  # duplicate layer names: the k-th entry of a name -> k-th layer
     for entry in state.data_state:
         net = nets.get(entry.net)
         layer = None
         if net is not None:
-            index = net.layer_names_index.get(entry.layer)
-            layer = net.layers[index] if index is not None else None
+            k = seen[(entry.net, entry.layer)] = seen.get((entry.net, entry.layer), -1) + 1
+            same = [i for i, n in enumerate(net.layer_names) if n == entry.layer and hasattr(net.layers[i], "read_state")]
+            layer = net.layers[same[k]] if k < len(same) else None
         if layer is None or not hasattr(layer, "restore_read_state"):
             log.warning("%s: data position of %s layer '%s' has no matching data layer: ignored",
                         path, entry.net, entry.layer)
             continue
         layer.restore_read_state(entry.position, entry.key, entry.rng_state, where=f"{path}: layer '{entry.layer}'")
     if state.HasField("rng_state"):
-        saved = json.loads(state.rng_state)
-        common.rng().bit_generator.state = saved["generator"]
-        common._state.gpu_rng_counter = int(saved.get("gpu_rng_counter", 0))
+        gen = common.rng().bit_generator
+        before = gen.state
+        try:
+            saved = json.loads(state.rng_state)
+            gen.state = saved["generator"]
+            counter = int(saved.get("gpu_rng_counter", 0))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            gen.state = before
+            raise WeightsError(f"{path}: corrupt random-state field (rng_state): {type(exc).__name__}: {exc}; the "
+                               "file is damaged (resume from an earlier snapshot)") from None
+        common._state.gpu_rng_counter = counter
+

@@ -33,7 +33,7 @@ from ..errors import CaffeError, PrototxtError, ShapeError, WeightsError
 from ..gpu import backend
 from ..net import Net, in_file
 from ..net_graph import NetGraph
-from ..proto import caffe_pb2, protoio
+from ..proto import caffe_pb2, hdf5_weights, protoio
 from . import lr_policy, snapshot
 from .iteration import PlainIteration, ReplayedIteration
 from .lr_policy import SolverConfigError
@@ -108,7 +108,8 @@ class Solver:
 
     ``Solver(solver_file_or_param, dtype=np.float32, progress=None, solver_dir=None)``;
     ``progress``: True/False forces the tqdm progress bar on/off, None shows it only when stderr
-    is a terminal; ``solver_dir``: where relative net paths are also looked up (default: the
+    is a terminal; without the bar the solver logs Caffe's glog lines to stderr (installing
+    :func:`~pycaffe_lite.glog.init_log`'s handler unless logging is already configured); ``solver_dir``: where relative net paths are also looked up (default: the
     solver file's folder). ``weights`` in the SolverParameter are loaded into every net.
     Attributes: ``param``, ``net``, ``test_nets``, ``iter``, ``current_step``, ``history``.
     """
@@ -149,6 +150,10 @@ class Solver:
         # the next display, test, or end of step(). Unlike pycaffe callbacks they run outside the
         # iteration, so whole iterations can still be replayed as CUDA graphs.
         self.iteration_hooks: list[Callable[[int, float], None]] = []
+        if not self._use_progress():  # no progress bar: Caffe's log on stderr, unless logging is set up
+            from ..glog import ensure_console_log
+
+            ensure_console_log()
         self.check_param()
         if self.param.random_seed >= 0:
             common.set_random_seed(self.param.random_seed)
@@ -178,9 +183,19 @@ class Solver:
                 f"{self.where}: unknown regularization_type '{p.regularization_type}' (expected L1 or L2)"
             )
         if p.snapshot_format == caffe_pb2.SolverParameter.HDF5:
-            raise SolverConfigError(f"{self.where}: snapshot_format HDF5 is not supported yet; use BINARYPROTO")
+            from ..optional import require
+
+            require("h5py", feature="snapshot_format: HDF5")
         if p.snapshot and not p.snapshot_prefix:
             raise SolverConfigError(f"{self.where}: snapshot is set but snapshot_prefix is empty")
+        if p.snapshot_prefix:
+            parent = Path(self.snapshot_filename("")).parent
+            for up in (parent, *parent.parents):
+                if up.exists() and not up.is_dir():
+                    raise SolverConfigError(f"{self.where}: snapshot_prefix '{p.snapshot_prefix}': {up} is "
+                                            f"{protoio.path_kind(str(up))}, not a folder")
+                if up.exists():
+                    break
         if p.snapshot:
             parent = Path(self.snapshot_filename("")).parent
             if parent.exists() and not os.access(parent, os.W_OK):
@@ -287,8 +302,7 @@ class Solver:
         for name in (s.strip() for s in str(spec).split(",")):
             if not name:
                 continue
-            if not os.path.isfile(name):
-                raise WeightsError(f"{name}: weights file not found")
+            protoio.check_regular_file(name, "weights file", WeightsError)
             log.info("Finetuning from %s", name)
             for net in (self.net, *self.test_nets):
                 net.copy_from(name)
@@ -346,7 +360,18 @@ class Solver:
             self._losses[idx] = loss
 
     def step(self, iters: int) -> None:
-        """Run ``iters`` training iterations (pycaffe's ``solver.step``)."""
+        """Run ``iters`` training iterations (pycaffe's ``solver.step``). While it runs, the
+        ``<snapshot_prefix>.lock`` file keeps other processes from training with the same prefix."""
+        lock = None
+        if self.param.snapshot_prefix and common.root_solver() and iters > 0:
+            lock = snapshot.PrefixLock(self.param.snapshot_prefix).acquire()
+        try:
+            self._step_with_progress(iters)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _step_with_progress(self, iters: int) -> None:
         if self._use_progress() and iters > 0:
             from tqdm import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
@@ -653,23 +678,29 @@ class Solver:
         With several ranks only rank 0 writes (the others return empty paths)."""
         if not common.root_solver():
             return "", ""
-        if self.param.snapshot_format != caffe_pb2.SolverParameter.BINARYPROTO:
-            raise SolverConfigError("snapshot_format HDF5 is not supported yet; use BINARYPROTO")
         if not self.param.snapshot_prefix:
             raise SolverConfigError(f"{self.where}: cannot snapshot without a snapshot_prefix")
-        model = self.snapshot_filename(".caffemodel")
-        path = self.snapshot_filename(".solverstate")
-        log.info("Snapshotting to binary proto file %s", model)
-        net_bytes = self.net.to_proto(self.param.snapshot_diff).SerializeToString()
         state = caffe_pb2.SolverState()
         state.iter = self.iter
-        state.learned_net = model
         state.current_step = self.current_step
-        for h in self.history:
-            h.to_proto(False, state.history.add())
         snapshot.save_extras(self._data_nets(), state)  # data layers' read positions, random state
-        log.info("Snapshotting solver state to binary proto file %s", path)
-        snapshot.write_pair(model, net_bytes, path, state.SerializeToString())  # both, or neither
+        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
+            model, path = self.snapshot_filename(".caffemodel.h5"), self.snapshot_filename(".solverstate.h5")
+            state.learned_net = model
+            log.info("Snapshotting to HDF5 file %s", model)
+            net_bytes = hdf5_weights.to_bytes(self.net.graph, self.param.snapshot_diff, model)
+            log.info("Snapshotting solver state to HDF5 file %s", path)
+            state_bytes = hdf5_weights.state_to_bytes(state, [h.cpu_data() for h in self.history])
+        else:
+            model, path = self.snapshot_filename(".caffemodel"), self.snapshot_filename(".solverstate")
+            state.learned_net = model
+            log.info("Snapshotting to binary proto file %s", model)
+            net_bytes = self.net.to_proto(self.param.snapshot_diff).SerializeToString()
+            for h in self.history:
+                h.to_proto(False, state.history.add())
+            log.info("Snapshotting solver state to binary proto file %s", path)
+            state_bytes = state.SerializeToString()
+        snapshot.write_pair(model, net_bytes, path, state_bytes)  # both, or neither
         self._last_snapshot_iter = self.iter
         return model, path
 
@@ -677,36 +708,57 @@ class Solver:
         """The nets whose data layers a snapshot records, by the names a solverstate gives them."""
         return {"train": self.net.graph, **{f"test{i}": net.graph for i, net in enumerate(self.test_nets)}}
 
-    def restore(self, path: str | os.PathLike) -> None:
-        """Load a .solverstate (iteration, step counter, history) and its learned_net weights.
+    def restore(self, path: str | os.PathLike, allow_missing: bool = False) -> None:
+        """Load a .solverstate or .solverstate.h5 (iteration, step counter, history) and its
+        learned_net weights.
 
         ``learned_net`` is looked up as written (relative: from the current directory), then in
-        the solverstate's folder (so snapshots can be moved or resumed from another folder).
+        the solverstate's folder (so snapshots can be moved or resumed from another folder). A net
+        layer with params that the snapshot's weights lack (a renamed layer would restart from its
+        initial values while its momentum history is applied) is a WeightsError unless
+        ``allow_missing``; a negative ``iter`` or ``current_step`` is refused.
         """
         path = str(path)
-        if path.endswith((".h5", ".hdf5")):
-            raise SolverConfigError(f"{path}: HDF5 solver states are not supported yet (use .solverstate)")
-        if not os.path.isfile(path):
-            raise WeightsError(f"{path}: solver state file not found")
-        try:
-            state = protoio.read_binary(path, caffe_pb2.SolverState(), "solverstate")
-        except PrototxtError as exc:
-            raise WeightsError(str(exc)) from None
-        if len(state.history) != len(self.history):
+        history: list[np.ndarray] | None = None
+        protoio.check_regular_file(path, "solver state file", WeightsError)
+        if path.endswith(".h5"):  # BVLC's rule: the name tells the format
+            state, history = hdf5_weights.read_state(path)
+        else:
+            try:
+                state = protoio.read_binary(path, caffe_pb2.SolverState(), "solverstate")
+            except PrototxtError as exc:
+                raise WeightsError(str(exc)) from None
+        stored = len(state.history) if history is None else len(history)
+        if stored != len(self.history):
             raise WeightsError(
-                f"{path}: holds {len(state.history)} history blobs but this {self.type_name} solver "
+                f"{path}: holds {stored} history blobs but this {self.type_name} solver "
                 f"keeps {len(self.history)} (different solver type or net?)"
             )
+        if state.iter < 0 or state.current_step < 0:
+            raise WeightsError(f"{path}: impossible counters iter={state.iter}, current_step={state.current_step} "
+                               "(expected >= 0; corrupt solver state?)")
         if state.learned_net:
             model = resolve_path(state.learned_net, Path(path).parent)
             if not os.path.isfile(model):  # moved together with its solverstate
                 model = str(Path(path).parent / Path(state.learned_net).name)
             if not os.path.isfile(model):
                 raise WeightsError(f"{path}: learned_net '{state.learned_net}' not found")
-            self.net.copy_from(model)
-        for i, (h, proto) in enumerate(zip(self.history, state.history)):
             try:
-                h.from_proto(proto, reshape=False, where=f"{path}: history blob {i}")
+                self.net.copy_from(model, allow_missing=allow_missing)
+            except WeightsError as exc:
+                if "allow-missing" not in str(exc):
+                    raise
+                raise WeightsError(f"cannot resume from {path}: {exc}; the solver state's history belongs to "
+                                   "the snapshot's layers (was a layer renamed?)") from None
+        for i, h in enumerate(self.history):
+            where = f"{path}: history blob {i}"
+            try:
+                if history is None:
+                    h.from_proto(state.history[i], reshape=False, where=where)
+                elif history[i].shape != h.shape:
+                    raise ShapeError(f"{where}: shape mismatch: net has {h.shape}, file has {history[i].shape}")
+                else:
+                    h.mutable_cpu_data()[...] = history[i]
             except ShapeError as exc:
                 raise WeightsError(str(exc)) from None
         self.iter = state.iter

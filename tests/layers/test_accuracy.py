@@ -107,3 +107,36 @@ def test_cpu_gpu_agree(dtype, text):
     labels = rng.integers(0, scores.shape[axis], (6, 7) if axis == 1 else (6, 5)).astype(float)
     assert_cpu_gpu_agree(f"type: 'Accuracy' {text}", [scores, labels], ntop=2, propagate=[False, False],
                          dtype=dtype, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_scores_give_nan_not_a_confident_accuracy(mode, bad):
+    """A NaN score compares false with everything, so the true class would look unbeaten: the
+    headline must say NaN (the item predicts nothing), not 1."""
+    scores = SCORES.copy()
+    scores[0, 2] = bad  # row 0 (label 1) has an undefined score
+    _, _, top = run("accuracy_param { ignore_label: -1 }", scores, LABELS, ntop=2)
+    assert np.isnan(top[0].data)
+    per_class = top[1].data
+    assert np.isnan(per_class[1]) and per_class[0] == 0 and per_class[3] == 0
+    scores = SCORES.copy()
+    scores[5, 0] = np.nan  # only in an ignored position: no effect
+    _, _, top = run("accuracy_param { ignore_label: -1 }", scores, LABELS)
+    np.testing.assert_allclose(top[0].data, 1 / 5, rtol=1e-12)
+
+
+def test_nan_label_is_named_not_a_huge_integer():
+    labels = LABELS.copy()
+    labels[2] = np.nan
+    with pytest.raises(NetError, match=r"label nan is not a number"):
+        run("", SCORES, labels)
+
+
+@pytest.mark.gpu
+def test_nan_label_gives_nan_on_the_gpu(mode):
+    if mode != "gpu":
+        pytest.skip("GPU path: no host read during forward")
+    labels = LABELS.copy()
+    labels[2] = np.nan
+    _, _, top = run("", SCORES, labels)
+    assert np.isnan(top[0].data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -167,8 +168,9 @@ def test_missing_source_is_a_clear_error_at_net_setup(tmp_path):
     missing = tmp_path / "no_such_lmdb"
     with pytest.raises(DataError, match=rf"layer 'mnist' \(Data\): {missing}: database not found"):
         caffe.Net(net_text(str(missing)), caffe.TRAIN)
-    with pytest.raises(DataError, match=r"layer 'mnist' \(Data\): .*LevelDB backend is not supported"):
-        caffe.Net(net_text(str(missing), backend=""), caffe.TRAIN)
+    pytest.importorskip("plyvel")
+    with pytest.raises(DataError, match=r"layer 'mnist' \(Data\): .*no_such_lmdb: database not found"):
+        caffe.Net(net_text(str(missing), backend=""), caffe.TRAIN)  # BVLC's default backend: LEVELDB
     with pytest.raises(DataError, match="data_param.source is empty"):
         data_layer("", batch=2).setup([], empty_blobs(1))
 
@@ -235,3 +237,79 @@ layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: 
     solver.step(6)
     assert solver.net.executor.replays >= 4
     assert np.isfinite(solver.smoothed_loss)
+
+
+def test_leveldb_source_matches_lmdb_and_resumes(source, tmp_path):
+    """BVLC's default backend (no ``backend:``) reads a LevelDB: same batches as the LMDB, and a
+    restored read position continues exactly."""
+    pytest.importorskip("plyvel")
+    from pycaffe_lite.data import db
+
+    path, images, labels = source
+    ldb = tmp_path / "ldb"
+    with db.open(path, "lmdb") as cur, db.open(ldb, "leveldb", "new") as w:
+        for _ in range(len(cur)):
+            w.put(cur.key(), cur.value())
+            cur.next()
+    layer = make_layer(f'type: "Data" data_param {{ source: "{ldb}" batch_size: 3 }}', np.float64)
+    top = empty_blobs(2)
+    layer.setup([], top)
+    got = []
+    for _ in range(4):
+        layer.forward([], top)
+        got.append((top[0].cpu_data().copy(), top[1].cpu_data().copy()))
+    order = np.arange(12) % N
+    for b, (data, lab) in enumerate(got):
+        idx = order[3 * b: 3 * b + 3]
+        np.testing.assert_array_equal(data, images[idx].astype(np.float64))
+        np.testing.assert_array_equal(lab, labels[idx])
+    layer2 = make_layer(f'type: "Data" data_param {{ source: "{ldb}" batch_size: 3 }}', np.float64)
+    top2 = empty_blobs(2)
+    layer2.setup([], top2)
+    layer2.forward([], top2)
+    saved = layer2.read_state()
+    assert saved[0] == 3 and saved[1] == b"00000003"
+    layer2.restore_read_state(*saved)
+    layer2.forward([], top2)
+    np.testing.assert_array_equal(top2[0].cpu_data(), got[1][0])
+    layer.close()
+    layer2.close()
+
+
+def test_lmdb_replaced_under_a_training_data_layer(source, tmp_path):
+    """Copying another database over the one a Data layer reads stops the run with a DataError (in
+    a child process: a SIGBUS there would not take the test run down)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    path, _, _ = source
+    victim = tmp_path / "victim"
+    import shutil
+
+    shutil.copytree(path, victim)
+    small = tmp_path / "small"
+    with LMDBWriter(small) as w:
+        w.put(b"00000000", caffe_pb2.Datum(channels=C, height=H, width=W, data=bytes(C * H * W)).SerializeToString())
+    code = textwrap.dedent(f"""
+        import shutil, numpy as np
+        from pycaffe_lite.testing.layer_testing import make_layer, empty_blobs
+        from pycaffe_lite.errors import DataError
+        layer = make_layer('type: "Data" data_param {{ source: "{victim}" batch_size: 2 backend: LMDB prefetch: 1 }}',
+                           np.float32)
+        top = empty_blobs(2, np.float32)
+        layer.setup([], top)
+        layer.forward([], top)
+        shutil.copyfile("{small}/data.mdb", "{victim}/data.mdb")
+        try:
+            for _ in range(20):
+                layer.forward([], top)
+        except DataError as exc:
+            print("DataError:", exc)
+        """)
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "DataError:" in out.stdout and "rewritten" in out.stdout, out.stdout + out.stderr

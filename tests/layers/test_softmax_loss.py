@@ -187,3 +187,13 @@ def test_in_a_net_auto_top_and_no_label_gradient(mode):
     net.backward()
     np.testing.assert_allclose(net.blobs["data"].diff, 2 * grad, rtol=1e-11)
     assert np.all(net.blobs["label"].diff == 0)  # force_backward never reaches the labels
+
+
+@pytest.mark.parametrize("ignore", ["", "loss_param { ignore_label: -1 }"])
+def test_nan_label_is_named_not_a_huge_integer(mode, ignore):
+    """(On the GPU a NaN label used to be truncated to class 0 or the ignore label.)"""
+    layer = make_layer(f"type: 'SoftmaxWithLoss' {ignore}")
+    bottom, top = blobs([np.zeros((2, 3)), np.array([0.0, np.nan])]), empty_blobs(1)
+    layer.setup(bottom, top)
+    with pytest.raises(NetError, match=r"label nan is not a number: labels must be class indices in \[0, 3\)"):
+        layer.forward(bottom, top)

@@ -111,6 +111,24 @@ def test_ctrl_c_stops_both_ranks_with_one_snapshot(tmp_path):
     assert int(re.search(r"_iter_(\d+)", models[0].name).group(1)) % 10 == 0
 
 
+def test_sigterm_snapshots_once_and_stops_both_ranks(tmp_path):
+    """Preemption: SIGTERM to the launcher reaches every rank; they agree on one iteration, rank 0
+    writes the one snapshot, all exit 0, and the snapshot resumes."""
+    run = _Run(make_solver(tmp_path, "term", B, 10**7))
+    run.wait_for(r"Iteration 20\b")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(60) == 0, "".join(run.lines)[-3000:]
+    states = list(tmp_path.glob("term_iter_*.solverstate"))
+    assert len(states) == 1 and len(list(tmp_path.glob("term_iter_*.caffemodel"))) == 1
+    assert "SIGTERM received" in "".join(run.lines)
+    it = int(re.search(r"_iter_(\d+)", states[0].name).group(1))
+    resume = make_solver(tmp_path, "term", B, it + 2)
+    done = subprocess.run([*cmd(resume, "0,1"), "--snapshot", str(states[0])], env=env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / f"term_iter_{it + 2}.caffemodel").exists()
+
+
 def test_killed_rank_stops_the_run_naming_it(tmp_path):
     run = _Run(make_solver(tmp_path, "killed", B, 10**7))
     pid = int(run.wait_for(r"rank 1: GPU 1, pid (\d+)").group(1))
