@@ -40,22 +40,6 @@ __global__ void unpool_switches(const int n, const int H, const int W, const int
 }
 
 // y zeroed first; indices outside the plane are skipped.
-__global__ void unpool_max_forward(const int n, const int S, const int T, const Dtype* x,
-                                   const Dtype* idx, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) {
-    const int k = static_cast<int>(idx[i]);
-    if (k >= 0 && k < T) y[(long long)(i / S) * T + k] = x[i];
-  }
-}
-
-__global__ void unpool_max_backward(const int n, const int S, const int T, const Dtype* dy,
-                                    const Dtype* idx, Dtype* dx) {
-  CUDA_KERNEL_LOOP(i, n) {
-    const int k = static_cast<int>(idx[i]);
-    dx[i] = (k >= 0 && k < T) ? dy[(long long)(i / S) * T + k] : Dtype(0);
-  }
-}
-
 extern "C++" {
 // Window size counted before clipping at the start (Caffe's average pooling).
 __device__ __forceinline__ int unpool_span(const int start, const int k, const int n_out, const int pad) {

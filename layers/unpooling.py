@@ -10,7 +10,7 @@ AVE; forks whose Unpooling reuses that message). Bottom 0: values (N, C, H, W). 
   ``h · Wo + w``); bottom 1 of another shape is the pre-pooling input, from which the switches are
   recomputed (each window's first maximum, as Caffe's MAX pooling); with no bottom 1, the window's
   first cell (clipped to the output). Other outputs are 0; if two values land on one cell, the CPU
-  keeps the later in row-major order, the GPU either. Backward gathers the top diff at the switches
+  keeps the later in row-major order, on both devices. Backward gathers the top diff at the switches
   (so values sharing a switch, possible with overlapping windows, each get its gradient, as in the
   forks).
 - AVE adds ``value / window size`` over the window (the size counted before clipping at the far
@@ -31,6 +31,7 @@ import numpy as np
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
@@ -229,9 +230,8 @@ class UnpoolingLayer(Layer):
             ref = bottom[1].gpu_data() if len(bottom) > 1 else bottom[0].gpu_data()
             sw = self.switches.mutable_gpu_data()
             backend.kernel(KERNELS, "unpool_switches", self.dtype)(bottom[0].count, *geo, mode, ref, sw)
-            backend.memset_zero(y, top[0].count * self.dtype.itemsize)
-            backend.kernel(KERNELS, "unpool_max_forward", self.dtype)(
-                bottom[0].count, geo[0] * geo[1], geo[2] * geo[3], bottom[0].gpu_data(), sw, y)
+            S, T = geo[0] * geo[1], geo[2] * geo[3]
+            gm.plane_scatter(bottom[0].count // S, S, T, bottom[0].gpu_data(), sw, y, self.dtype)
             return
         backend.kernel(KERNELS, "unpool_window_forward", self.dtype)(
             top[0].count, *geo, int(self.method == AVE), bottom[0].gpu_data(), y)
@@ -242,8 +242,8 @@ class UnpoolingLayer(Layer):
         geo = self._geometry(bottom)
         dx = bottom[0].mutable_gpu_diff()
         if self.method == MAX:
-            backend.kernel(KERNELS, "unpool_max_backward", self.dtype)(
-                bottom[0].count, geo[0] * geo[1], geo[2] * geo[3], top[0].gpu_diff(), self.switches.gpu_data(), dx)
+            S, T = geo[0] * geo[1], geo[2] * geo[3]
+            gm.plane_gather(bottom[0].count // S, S, T, top[0].gpu_diff(), self.switches.gpu_data(), dx, self.dtype)
             return
         backend.kernel(KERNELS, "unpool_window_backward", self.dtype)(
             bottom[0].count, *geo, int(self.method == AVE), top[0].gpu_diff(), dx)

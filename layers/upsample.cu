@@ -1,22 +1,4 @@
-// Upsample / unpooling kernels (also used by the Unpooling layer).
-// Max-unpooling: plane p of S input elements scatters into plane p of T output elements at the
-// mask's flat indices (the output zeroed first); indices outside [0, T) are skipped.
-
-__global__ void unpool_forward(const int n, const int S, const int T, const Dtype* x,
-                               const Dtype* mask, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) {
-    const int k = static_cast<int>(mask[i]);
-    if (k >= 0 && k < T) y[(long long)(i / S) * T + k] = x[i];
-  }
-}
-
-__global__ void unpool_backward(const int n, const int S, const int T, const Dtype* dy,
-                                const Dtype* mask, Dtype* dx) {
-  CUDA_KERNEL_LOOP(i, n) {
-    const int k = static_cast<int>(mask[i]);
-    dx[i] = (k >= 0 && k < T) ? dy[(long long)(i / S) * T + k] : Dtype(0);
-  }
-}
+// Upsample kernels (max-unpooling by a mask is math_functions' plane_scatter / plane_gather).
 
 // Nearest neighbour x (planes of H x W) -> y (planes of H*sh x W*sw): one thread per output.
 __global__ void upsample_nearest_forward(const int n, const int H, const int W, const int sh,

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
@@ -120,9 +121,8 @@ class UpsampleLayer(Layer):
             k = backend.kernel(KERNELS, "upsample_nearest_forward", self.dtype)
             k(top[0].count, h, w, self.sh, self.sw, bottom[0].gpu_data(), y)
             return
-        backend.memset_zero(y, top[0].count * self.dtype.itemsize)
-        k = backend.kernel(KERNELS, "unpool_forward", self.dtype)
-        k(bottom[0].count, h * w, self.ho * self.wo, bottom[0].gpu_data(), bottom[1].gpu_data(), y)
+        planes = bottom[0].count // (h * w)
+        gm.plane_scatter(planes, h * w, self.ho * self.wo, bottom[0].gpu_data(), bottom[1].gpu_data(), y, self.dtype)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
@@ -133,5 +133,5 @@ class UpsampleLayer(Layer):
             k = backend.kernel(KERNELS, "upsample_nearest_backward", self.dtype)
             k(bottom[0].count, h, w, self.sh, self.sw, top[0].gpu_diff(), dx)
             return
-        k = backend.kernel(KERNELS, "unpool_backward", self.dtype)
-        k(bottom[0].count, h * w, self.ho * self.wo, top[0].gpu_diff(), bottom[1].gpu_data(), dx)
+        planes = bottom[0].count // (h * w)
+        gm.plane_gather(planes, h * w, self.ho * self.wo, top[0].gpu_diff(), bottom[1].gpu_data(), dx, self.dtype)

@@ -211,3 +211,30 @@ __global__ void moments_finish(const int dim, const int chunks, const int m, con
     var[c] = max(s1 / m - d * d, Dtype(0));
   }
 }
+
+// Plane scatter/gather by flat index (max-unpooling): plane p of S source elements and plane p of T
+// target elements; an index outside [0, T) takes no part. Where several sources name one target, the
+// last (highest source index) wins, as a CPU loop in order leaves it: claim, then write.
+__global__ void plane_scatter_claim(const int n, const int S, const int T, const Dtype* idx, int* winner) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int k = static_cast<int>(idx[i]);
+    if (k >= 0 && k < T) atomicMax(winner + (long long)(i / S) * T + k, i + 1);
+  }
+}
+
+__global__ void plane_scatter(const int n, const int S, const int T, const Dtype* x, const Dtype* idx,
+                              const int* winner, Dtype* y) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int k = static_cast<int>(idx[i]);
+    const long long cell = (long long)(i / S) * T + k;
+    if (k >= 0 && k < T && winner[cell] == i + 1) y[cell] = x[i];
+  }
+}
+
+__global__ void plane_gather(const int n, const int S, const int T, const Dtype* y, const Dtype* idx,
+                             Dtype* x) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int k = static_cast<int>(idx[i]);
+    x[i] = (k >= 0 && k < T) ? y[(long long)(i / S) * T + k] : Dtype(0);
+  }
+}

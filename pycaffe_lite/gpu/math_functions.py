@@ -234,6 +234,23 @@ def sum_rows_into(rows: int, cols: int, x: int, y: int, dtype, beta: float = 1.0
     blas.gemv(True, rows, cols, 1.0, x, ones, beta, y, dtype)
 
 
+def plane_scatter(planes: int, S: int, T: int, x: int, idx: int, y: int, dtype) -> None:
+    """Max-unpooling: ``y[p, idx[p, s]] = x[p, s]`` for each of ``planes`` planes (``x``, ``idx``:
+    S elements each; ``y``: T, zeroed here); indices outside [0, T) are skipped, and where several
+    name one cell the last wins (as a CPU loop leaves it)."""
+    backend.memset_zero(y, planes * T * np.dtype(dtype).itemsize)
+    (winner,) = backend.workspace(planes * T * 4, slot="reduce")
+    backend.memset_zero(winner, planes * T * 4)
+    n = planes * S
+    backend.kernel(KERNELS, "plane_scatter_claim", dtype)(n, S, T, idx, winner)
+    backend.kernel(KERNELS, "plane_scatter", dtype)(n, S, T, x, idx, winner, y)
+
+
+def plane_gather(planes: int, S: int, T: int, y: int, idx: int, x: int, dtype) -> None:
+    """The gradient of :func:`plane_scatter`'s gather: ``x[p, s] = y[p, idx[p, s]]`` (0 outside [0, T))."""
+    backend.kernel(KERNELS, "plane_gather", dtype)(planes * S, S, T, y, idx, x)
+
+
 def ones_vector(n: int, dtype) -> int:
     """A cached device vector of at least ``n`` ones (per device and dtype)."""
     dtype = np.dtype(dtype)

@@ -196,7 +196,9 @@ def test_load_segnet_caffemodel(tmp_path):
 def test_cpu_gpu_agree(text, ntop):
     big = RNG.standard_normal((4, 5, 13, 11))
     assert_cpu_gpu_agree(text, [big], ntop=ntop, rtol=1e-10, atol=1e-12)
-    assert_cpu_gpu_agree(text, [big], ntop=ntop, dtype=np.float32, rtol=2e-4, atol=2e-5)
+    # float32: the slope/bias gradients reach 1e4 and are sums of 572 terms whose order differs between
+    # the devices, so a small entry beside them agrees to ~1e-7 of that scale, not of its own
+    assert_cpu_gpu_agree(text, [big], ntop=ntop, dtype=np.float32, rtol=2e-4, atol=5e-3)
 
 
 def test_frozen_overrides_the_prototxt_lr_mult(tmp_path):

@@ -277,7 +277,8 @@ def test_stochastic_cpu_draws_repeat_with_the_seed():
 def test_nd_cpu_gpu_agree(shape, body, method, dtype):
     x = np.random.default_rng(9).permutation(np.prod(shape)).reshape(shape) / 11.0
     assert_cpu_gpu_agree(pool_text(f"pool: {method} {body}"), [x], ntop=2 if method == "MAX" else 1,
-                         propagate=[True], dtype=dtype, rtol=1e-5 if dtype == np.float32 else 1e-9)
+                         propagate=[True], dtype=dtype, rtol=1e-5 if dtype == np.float32 else 1e-9,
+                         atol=1e-8 if dtype == np.float32 else 1e-11)  # float32: window sums in another order
 
 
 @pytest.mark.gpu
