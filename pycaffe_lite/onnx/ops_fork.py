@@ -98,9 +98,16 @@ def interp(ctx: LayerContext) -> list[str]:
 @exports("Upsample")
 def upsample(ctx: LayerContext) -> list[str]:
     """YOLO ports' Upsample (one bottom): nearest neighbour, ``top[h, w] = bottom[h // s, w // s]``.
-    SegNet's two-bottom Upsample (max-unpooling with a mask) is not exported."""
-    if len(ctx.bottoms) != 1:
-        raise ctx.error("the two-bottom (max-unpooling, SegNet) Upsample is not exported")
+    SegNet's two-bottom Upsample (max-unpooling): each value scattered into a zero plane at its
+    mask position (``ScatterElements``, the later value kept where two name one position)."""
+    if len(ctx.bottoms) == 2:
+        from .ops_landed import scatter_planes
+
+        n, c, h, w = ctx.bottom_shapes[0]
+        ho, wo = ctx.top_shapes[0][2:]
+        target = ctx.shape_target([n, c, h * w], ctx.bottom_shapes[0])
+        idx = ctx.op("Reshape", [ctx.op("Cast", [ctx.bottoms[1]], to=7), target])
+        return [scatter_planes(ctx, ctx.bottoms[0], idx, (ho, wo), ctx.out(0))]
     return [_resize(ctx, ctx.bottoms[0], "nearest", "asymmetric")]
 
 
