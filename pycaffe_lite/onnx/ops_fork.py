@@ -161,6 +161,8 @@ def detection_output(ctx: LayerContext) -> list[str]:
     classes = [c for c in range(num_classes) if c != int(p.background_label_id)]
     top_k = int(nms.top_k) if nms.HasField("top_k") and int(nms.top_k) > -1 else priors
     top_k = min(top_k, priors)
+    # unset: every score passes (the layer's -FLT_MAX)
+    threshold = float(p.confidence_threshold) if p.HasField("confidence_threshold") else float(np.finfo(np.float32).min)
 
     def cols(x: str) -> list[str]:  # the 4 columns of a (P, 4) value, each (P, 1)
         return [ctx.op("Slice", [x, ctx.ints("s", [k]), ctx.ints("e", [k + 1]), ctx.ints("a", [1])]) for k in range(4)]
@@ -195,7 +197,7 @@ def detection_output(ctx: LayerContext) -> list[str]:
     cand = ctx.op("Gather", [box, idx], axis=0)  # (C', k, 4): (ymin/xmin order is irrelevant to IoU)
     sel = ctx.op("NonMaxSuppression", [cand, ctx.op("Unsqueeze", [vals, ctx.ints("axes1", [1])]),
                                        ctx.ints("max_out", [top_k]), ctx.const("iou", float(nms.nms_threshold)),
-                                       ctx.const("score_thr", float(p.confidence_threshold))])
+                                       ctx.const("score_thr", threshold)])
     bj = ctx.op("Gather", [sel, ctx.ints("bj", [0, 2])], axis=1)  # (S, 2): class entry, candidate
     prior_idx = ctx.op("GatherND", [idx, bj])
     b = ctx.op("Squeeze", [ctx.op("Slice", [bj, ctx.ints("s", [0]), ctx.ints("e", [1]), ctx.ints("a", [1])]),

@@ -75,9 +75,9 @@ def bn(ctx: LayerContext) -> list[str]:
         if L.segnet:  # INFERENCE: y = scale x + shift
             a, b = slope, shift
         else:
-            mean, var = ctx.param(2).reshape(-1), ctx.param(3).reshape(-1)
-            a = slope / np.sqrt(var + L.eps)
-            b = shift - mean * a
+            run_mean, run_var = ctx.param(2).reshape(-1), ctx.param(3).reshape(-1)
+            a = slope / np.sqrt(run_var + L.eps)
+            b = shift - run_mean * a
         y = ctx.op("Mul", [x, ctx.const("scale", a.reshape(cshape))])
         return [ctx.op("Add", [y, ctx.const("shift", b.reshape(cshape))], ctx.out(0))]
     axes = [0] + list(range(2, ndim))

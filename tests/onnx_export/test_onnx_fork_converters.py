@@ -175,9 +175,13 @@ def test_not_exportable_types_say_why(type_name, words):
         run(type_name, {}, [np.zeros((2, 3))], (2, 3))
 
 
-def test_two_bottom_upsample_is_refused():
-    with pytest.raises(ExportError, match="max-unpooling"):
-        run("Upsample", {}, [np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2))], (1, 1, 4, 4))
+def test_two_bottom_upsample_scatters_at_the_mask():
+    x = RNG.normal(size=(1, 2, 2, 2))
+    mask = np.array([[[[0, 3], [9, 14]], [[5, 2], [8, 15]]]])
+    y = run("Upsample", {}, [x, mask], (1, 2, 4, 4))
+    ref = np.zeros((2, 16))
+    ref[np.arange(2)[:, None], mask.reshape(2, 4)] = x.reshape(2, 4)
+    np.testing.assert_array_equal(y, ref.reshape(1, 2, 4, 4).astype(np.float32))
 
 
 class Msg(SimpleNamespace):
