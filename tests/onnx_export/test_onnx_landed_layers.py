@@ -230,3 +230,14 @@ def test_detection_evaluate_is_left_out():
     from pycaffe_lite.onnx.registry import DROPPED, load_converters
 
     assert "DetectionEvaluate" in DROPPED and "DetectionEvaluate" not in load_converters()
+
+
+@pytest.mark.parametrize("pool", ["kernel_size: 3 stride: 2 pad: 1", "kernel_size: 2 stride: 2", "kernel_size: 3 stride: 2"])
+def test_pooling_mask_into_unpooling(pool):
+    """MAX pooling's mask top (ceil-rounded windows, padding) feeds DeconvNet's Unpooling."""
+    net = make_net(inputs(("x", (2, 3, 7, 9))) + f'''
+    layer {{ name: "pool" type: "Pooling" bottom: "x" top: "p" top: "mask" pooling_param {{ pool: MAX {pool} }} }}
+    layer {{ name: "un" type: "Unpooling" bottom: "p" bottom: "mask" top: "y"
+            unpooling_param {{ unpool: MAX kernel_size: 2 stride: 2 unpool_h: 7 unpool_w: 9 }} }}''')
+    report = export_and_check(net)
+    assert all(r.verdict == "ok" for r in report.checks[0].rows if r.row.layer in ("pool", "un"))
