@@ -233,5 +233,87 @@ def detection_output(ctx: LayerContext) -> list[str]:
 
 @exports("RNN", "LSTM")
 def recurrent(ctx: LayerContext) -> list[str]:
-    raise ctx.error("not exportable: Caffe's recurrent layers reset their state wherever the 'cont' input is 0, "
-                    "which ONNX's RNN/LSTM operators cannot express (a Loop-based export is not written)")
+    """BVLC's RNN and LSTM as a ``Scan`` over the T steps; the body is one step of the unrolled net
+    (``h_conted = cont_t * h``, the recurrent product, the gates; LSTM's forget gate times
+    ``cont_t``); the input products ``W·x_t + b`` (and the static input's) are computed for every
+    step before the Scan, RNN's output layer after it. With ``expose_hidden`` the initial state is
+    the h0 (c0) bottoms and the final state the extra tops: exact. Without it the export starts from
+    zero state, which is the layer's own state on its first forward and makes no difference
+    whenever ``cont`` is 0 at step 1 (each forward starts its sequences, the usual deploy case); a
+    later forward that continues the previous one's sequences (cont 1 at step 1) differs."""
+    from onnx import TensorProto, helper
+
+    L = ctx.layer
+    lstm = ctx.type == "LSTM"
+    D = int(ctx.lp.recurrent_param.num_output)
+    T, N = ctx.bottom_shapes[0][:2]
+    n_state = 2 if lstm else 1
+    k = 2
+    x = ctx.op("Reshape", [ctx.bottoms[0], ctx.ints("x_shape", [T, 0 if ctx.dynamic_batch else N, -1])])
+    w_x, b_x = ctx.param(0), ctx.param(1).reshape(-1)
+    pre = ctx.op("Add", [ctx.op("MatMul", [x, ctx.const("W_x_t", w_x.T)]), ctx.const("b_x", b_x)])  # (T, N, G)
+    p = 2
+    if L.static_input:
+        xs = ctx.op("Flatten", [ctx.bottoms[k]], axis=1)
+        pre = ctx.op("Add", [pre, ctx.op("MatMul", [xs, ctx.const("W_static_t", ctx.param(p).T)])])
+        k, p = k + 1, p + 1
+    w_h = ctx.param(p)  # (G, D)
+    if L.expose_hidden:
+        states = [ctx.op("Squeeze", [b, ctx.ints("axes0", [0])]) for b in ctx.bottoms[k:k + n_state]]
+    else:
+        if ctx.dynamic_batch:
+            batch = ctx.op("Slice", [ctx.op("Shape", [ctx.bottoms[1]]), ctx.ints("s1", [1]), ctx.ints("e2", [2])])
+            zshape = ctx.op("Concat", [batch, ctx.ints("d", [D])], axis=0)
+        else:
+            zshape = ctx.ints("state_shape", [N, D])
+        from onnx import numpy_helper
+
+        zero = ctx.op("ConstantOfShape", [zshape], value=numpy_helper.from_array(np.zeros(1, np.float32)))
+        states = [zero] * n_state
+        ctx.notes.append(f"layer '{ctx.name}' ({ctx.type}): exported from zero initial state; equal to Caffe "
+                         "wherever cont is 0 at step 1 (see docs/onnx.md)")
+    # the body: one step
+    w_h_t = ctx.const("W_h_t", w_h.T)
+    name = ctx.name
+    nodes = []
+
+    def v(local: str) -> str:  # body values are named apart from the outer graph's
+        return f"{name}/step/{local}"
+
+    def node(op: str, inputs: list[str], out: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [v(out)], name=v(out), **attrs))
+        return v(out)
+
+    def info(n: str):
+        return helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+
+    body_in = [v(n) for n in ["h_prev"] + (["c_prev"] if lstm else []) + ["pre_t", "cont_t"]]
+    flag = node("Unsqueeze", [v("cont_t"), ctx.ints("axes1", [1])], "flag")
+    hc = node("Mul", [v("h_prev"), flag], "h_conted")
+    a = node("Add", [node("MatMul", [hc, w_h_t], "W_h_h"), v("pre_t")], "gate_input")
+    if lstm:
+        parts = [node("Slice", [a, ctx.ints("s", [j * D]), ctx.ints("e", [(j + 1) * D]), ctx.ints("a", [1])], f"g{j}")
+                 for j in range(4)]
+        i_g, f_g, o_g = (node("Sigmoid", [parts[j]], f"sig{j}") for j in range(3))
+        g_g = node("Tanh", [parts[3]], "cand")
+        f_g = node("Where", [node("Equal", [flag, ctx.const("zero", 0.0)], "reset"), ctx.const("zero_f", 0.0),
+                             node("Mul", [flag, f_g], "f_cont")], "forget")
+        c = node("Add", [node("Mul", [f_g, v("c_prev")], "fc"), node("Mul", [i_g, g_g], "ig")], "c_next")
+        h = node("Mul", [o_g, node("Tanh", [c], "tanh_c")], "h_next")
+        body_out = [h, c, node("Identity", [h], "h_out")]
+    else:
+        h = node("Tanh", [a], "h_next")
+        body_out = [h, node("Identity", [h], "h_out")]
+    body = helper.make_graph(nodes, f"{name}_step", [info(n) for n in body_in], [info(n) for n in body_out])
+    finals = [ctx.tmp("h_T")] + ([ctx.tmp("c_T")] if lstm else [])
+    seq = ctx.tmp("h_seq")
+    ctx.ops("Scan", [*states, pre, ctx.bottoms[1]], [*finals, seq], body=body, num_scan_inputs=2)
+    if lstm:
+        outs = [ctx.op("Identity", [seq], ctx.out(0))]
+    else:
+        w_o, b_o = ctx.param(p + 1), ctx.param(p + 2).reshape(-1)
+        o = ctx.op("Add", [ctx.op("MatMul", [seq, ctx.const("W_o_t", w_o.T)]), ctx.const("b_o", b_o)])
+        outs = [ctx.op("Tanh", [o], ctx.out(0))]
+    for j, f in enumerate(finals[:len(ctx.out_names) - 1]):
+        outs.append(ctx.op("Unsqueeze", [f, ctx.ints("axes0", [0])], ctx.out(j + 1)))
+    return outs

@@ -26,6 +26,7 @@ def check_with(net, feeds: dict, **kwargs):
     report = export_net(net, None, check_inputs=[feeds], random_check=False, **kwargs)
     onnx.checker.check_model(report.exported.model, full_check=True)
     assert report.checks[0].ok, report.checks[0].table()
+    assert all(r.verdict.startswith("ok") for r in report.checks[0].rows), report.checks[0].table()
     return report
 
 

@@ -29,6 +29,7 @@ def check_with(net, feeds: dict, **kwargs):
     report = export_net(net, None, check_inputs=[feeds], random_check=False, **kwargs)
     onnx.checker.check_model(report.exported.model, full_check=True)
     assert len(report.checks) == 1 and report.checks[0].ok, report.checks[0].table()
+    assert all(r.verdict.startswith("ok") for r in report.checks[0].rows), report.checks[0].table()
     return report
 
 
@@ -241,3 +242,35 @@ def test_pooling_mask_into_unpooling(pool):
             unpooling_param {{ unpool: MAX kernel_size: 2 stride: 2 unpool_h: 7 unpool_w: 9 }} }}''')
     report = export_and_check(net)
     assert all(r.verdict == "ok" for r in report.checks[0].rows if r.row.layer in ("pool", "un"))
+
+
+@pytest.mark.parametrize("ltype", ["LSTM", "RNN"])
+@pytest.mark.parametrize("variant", ["plain", "static", "exposed"])
+def test_bvlc_recurrent_scan(ltype, variant):
+    """BVLC's RNN / LSTM as a Scan: cont resets mid-sequence, a static input, exposed h0/c0."""
+    T, N, D = 5, 3, 4
+    named = [("x", (T, N, 2, 3)), ("cont", (T, N))]
+    bottoms = 'bottom: "x" bottom: "cont"'
+    tops = 'top: "y"'
+    feeds = {"x": RNG.standard_normal((T, N, 2, 3)),
+             "cont": np.array([[0, 0, 0], [1, 1, 0], [1, 0, 1], [1, 1, 1], [0, 1, 1]])}
+    if variant == "static":
+        named.append(("xs", (N, 5)))
+        bottoms += ' bottom: "xs"'
+        feeds["xs"] = RNG.standard_normal((N, 5))
+    expose = variant == "exposed"
+    if expose:
+        states = ["h0", "c0"] if ltype == "LSTM" else ["h0"]
+        for s in states:
+            named.append((s, (1, N, D)))
+            feeds[s] = RNG.standard_normal((1, N, D))
+        bottoms += "".join(f' bottom: "{s}"' for s in states)
+        tops += "".join(f' top: "{s[0]}T"' for s in states)
+        feeds["cont"][0] = 1  # step 1 continues from the exposed state
+    net = make_net(inputs(*named) + f'''
+    layer {{ name: "rec" type: "{ltype}" {bottoms} {tops} recurrent_param {{ num_output: {D} expose_hidden: {str(expose).lower()}
+             weight_filler {{ type: "uniform" min: -0.5 max: 0.5 }} bias_filler {{ type: "uniform" min: -0.5 max: 0.5 }} }} }}''')
+    report = check_with(net, feeds)
+    assert any(n.op_type == "Scan" for n in report.exported.model.graph.node)
+    if not expose:
+        assert any("zero initial state" in note for note in report.exported.notes)
