@@ -249,7 +249,7 @@ def recurrent(ctx: LayerContext) -> list[str]:
     T, N = ctx.bottom_shapes[0][:2]
     n_state = 2 if lstm else 1
     k = 2
-    x = ctx.op("Reshape", [ctx.bottoms[0], ctx.ints("x_shape", [T, 0 if ctx.dynamic_batch else N, -1])])
+    x = ctx.op("Reshape", [ctx.bottoms[0], ctx.ints("x_shape", [0, 0, -1])])  # (T, N, K), either may vary
     w_x, b_x = ctx.param(0), ctx.param(1).reshape(-1)
     pre = ctx.op("Add", [ctx.op("MatMul", [x, ctx.const("W_x_t", w_x.T)]), ctx.const("b_x", b_x)])  # (T, N, G)
     p = 2

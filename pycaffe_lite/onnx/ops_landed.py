@@ -159,7 +159,7 @@ def ctpn_lstm(ctx: LayerContext) -> list[str]:
     shape = ctx.bottom_shapes[0]
     x = ctx.bottoms[0]
     if len(shape) != 3:
-        x = ctx.op("Reshape", [x, ctx.ints("x_shape", [shape[0], 0 if ctx.dynamic_batch else shape[1], -1])])
+        x = ctx.op("Reshape", [x, ctx.ints("x_shape", [0, 0, -1])])
     bias = np.concatenate([b[order], np.zeros(4 * H)])[None]
     y = ctx.op("LSTM", [x, ctx.const("W", w_i[order][None]), ctx.const("R", w_h[order][None]), ctx.const("B", bias)],
                hidden_size=H)

@@ -274,3 +274,32 @@ def test_bvlc_recurrent_scan(ltype, variant):
     assert any(n.op_type == "Scan" for n in report.exported.model.graph.node)
     if not expose:
         assert any("zero initial state" in note for note in report.exported.notes)
+
+
+def test_depthwise_bn_folded():
+    net = make_net(inputs(("data", (2, 4, 6, 6))) + '''
+    layer { name: "dw" type: "ConvolutionDepthwise" bottom: "data" top: "dw" convolution_param { kernel_size: 3 pad: 1 } }
+    layer { name: "bn" type: "BatchNorm" bottom: "dw" top: "dw" }
+    layer { name: "sc" type: "Scale" bottom: "dw" top: "dw" scale_param { bias_term: true } }''')
+    report = export_and_check(net, fold_bn=True)
+    assert [n.op_type for n in report.exported.model.graph.node] == ["Conv"]
+
+
+@pytest.mark.parametrize("ltype", ["Lstm", "LSTM"])
+def test_recurrent_dynamic_batch(ltype):
+    """With a dynamic first axis (here the time axis T) the recurrent exports run other lengths."""
+    bvlc = ltype == "LSTM"
+    named = [("x", (4, 2, 3))] + ([("cont", (4, 2))] if bvlc else [])
+    param = "recurrent_param" if bvlc else "lstm_param"
+    net = make_net(inputs(*named) + f'''
+    layer {{ name: "l" type: "{ltype}" bottom: "x"{' bottom: "cont"' if bvlc else ""} top: "h" {param} {{ num_output: 3
+             weight_filler {{ type: "gaussian" std: 0.5 }} }} }}''')
+    feeds = {"x": RNG.standard_normal((4, 2, 3))}
+    if bvlc:
+        feeds["cont"] = np.array([[0, 0], [1, 1], [1, 0], [1, 1]])
+    report = check_with(net, feeds, dynamic_batch=True)
+    feeds = {"x": RNG.standard_normal((6, 2, 3))}
+    if bvlc:
+        feeds["cont"] = np.ones((6, 2)) * (np.arange(6) > 0)[:, None]
+    (h,) = ort_run(report, feeds)
+    assert h.shape == (6, 2, 3)
