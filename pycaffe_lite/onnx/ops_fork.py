@@ -4,8 +4,7 @@ ports, MobileNet ports). They read the forks' own parameter fields (``permute_pa
 when the layer type is registered in the framework; every export still passes through the
 ONNX Runtime check, so a converter that disagrees with the layer is caught at its layer.
 
-Types ONNX cannot express (the recurrent layers' per-step ``cont`` resets) are registered to raise
-an error that says why.
+BVLC's recurrent layers (RNN, LSTM) are here too, as a ``Scan`` over the time steps.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ Returning a bottom's value unchanged makes the top an alias (TEST-time identitie
 A layer the converter cannot express raises ``ctx.error("...")``.
 
 A module that adds converters (the fork layers: PriorBox, DetectionOutput, Normalize, Permute,
-Interp, Upsample, ROIPooling, ShuffleChannel, ReLU6, the recurrent layers) only needs to be listed
+Interp, Upsample, ROIPooling, ShuffleChannel, ReLU6, the recurrent layers; ops_landed: the
+depthwise convolutions, Im2col, Axpy, BN, BatchReindex, Filter, Reverse, Transpose, LSTMUnit, Lstm,
+Unpooling) only needs to be listed
 in :data:`CONVERTER_MODULES`; its functions register themselves when the exporter imports it.
 """
 
