@@ -130,7 +130,7 @@ def prior_box(ctx: LayerContext) -> list[str]:
         raise ctx.error("needs the net's blobs to compute its constant priors")
     ctx.layer.forward_cpu(ctx.bottom_blobs, ctx.top_blobs)
     value = np.array(ctx.top_blobs[0].cpu_data(), dtype=np.float32)
-    return [ctx.op("Identity", [ctx.const("priors", value)], ctx.out(0))]
+    return [ctx.op("Identity", [ctx.const("priors", value, exact=True)], ctx.out(0))]  # never float16
 
 
 CORNER, CENTER_SIZE = 1, 2  # SSD's PriorBoxParameter.CodeType

@@ -226,7 +226,8 @@ def unpooling(ctx: LayerContext) -> list[str]:
             idx = ctx.op("Reshape", [ctx.op("Mod", [ind, ctx.const("plane", np.array(ho * wo), np.int64)]), target])
         return [scatter_planes(ctx, x, idx, (ho, wo), ctx.out(0))]
     if L.method == 1:  # AVE: each value spread as value / its window's size
-        x = ctx.op("Mul", [x, ctx.const("inv_span", 1.0 / (rspan[:, None] * cspan[None, :]).astype(np.float64))])
+        inv_span = 1.0 / (rspan[:, None] * cspan[None, :]).astype(np.float64)
+        x = ctx.op("Mul", [x, ctx.const("inv_span", inv_span, exact=True)])
     kernel = np.ones((c, 1, kh, kw), np.float32)
     full = ((h - 1) * sh + kh - ph, (w - 1) * sw + kw - pw)  # ConvTranspose's size, padding cut at the start
     crop = full[0] > ho or full[1] > wo

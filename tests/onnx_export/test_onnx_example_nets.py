@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from onnx_testing import export_and_check, randomize
 
 from pycaffe_lite import common
@@ -36,10 +37,12 @@ def _spread_scores(net, factor=6.0):
                 b.data[...] *= factor
 
 
-def test_ssdlite_small():
+@pytest.mark.parametrize("fp16", [False, True])
+def test_ssdlite_small(fp16):
+    """fp16: the weights stored as float16, PriorBox's computed priors kept float32."""
     net = _net(ssd_nets.ssdlite_mobilenet(num_classes=5, size=96, width=0.125))
     _spread_scores(net)
-    report = export_and_check(net)
+    report = export_and_check(net, fp16=fp16)
     types = {r.row.type for r in report.checks[0].rows if r.verdict == "ok"}
     assert {"PriorBox", "DetectionOutput", "Permute", "Convolution"} <= types
     assert report.exported.outputs == ["detection_out"]

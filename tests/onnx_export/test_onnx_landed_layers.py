@@ -171,13 +171,14 @@ def _mask(n, c, h, w, k, s, out_hw, rng):
     return np.minimum(r, ho - 1) * wo + np.minimum(q, wo - 1)
 
 
-@pytest.mark.parametrize("form", ["mask", "start", "recompute", "ave", "tile", "pooling_param_ave"])
+@pytest.mark.parametrize("form", ["mask", "start", "recompute", "recompute_big", "ave", "tile", "pooling_param_ave"])
 def test_unpooling(form):
     n, c, h, w = 2, 3, 3, 4
     params = {
         "mask": 'unpooling_param { unpool: MAX kernel_size: 2 stride: 2 }',
         "start": 'unpooling_param { unpool: MAX kernel_size: 3 stride: 2 }',
         "recompute": 'unpooling_param { unpool: MAX kernel_size: 3 stride: 2 }',
+        "recompute_big": 'unpooling_param { unpool: MAX kernel_size: 3 stride: 2 }',
         "ave": 'unpooling_param { unpool: AVE kernel_size: 3 stride: 2 unpool_h: 8 unpool_w: 8 }',
         "tile": 'unpooling_param { unpool: TILE kernel_size: 2 stride: 3 }',
         "pooling_param_ave": 'pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 }',
@@ -189,10 +190,11 @@ def test_unpooling(form):
         named.append(("mask", (n, c, h, w)))
         bottoms += ' bottom: "mask"'
         feeds["mask"] = _mask(n, c, h, w, 2, 2, (6, 8), RNG)
-    if form == "recompute":
-        named.append(("pre", (n, c, 7, 9)))
+    if form.startswith("recompute"):  # big: the pre-pooling input holds more windows than x has cells
+        pre = (n, c, 7, 9) if form == "recompute" else (n, c, 10, 12)
+        named.append(("pre", pre))
         bottoms += ' bottom: "pre"'
-        feeds["pre"] = RNG.standard_normal((n, c, 7, 9))
+        feeds["pre"] = RNG.standard_normal(pre)
     ltype = "UnPooling" if form == "tile" else "Unpooling"
     net = make_net(inputs(*named) + f'layer {{ name: "un" type: "{ltype}" {bottoms} top: "y" {params} }}')
     check_with(net, feeds)
@@ -303,3 +305,13 @@ def test_recurrent_dynamic_batch(ltype):
         feeds["cont"] = np.ones((6, 2)) * (np.arange(6) > 0)[:, None]
     (h,) = ort_run(report, feeds)
     assert h.shape == (6, 2, 3)
+
+
+def test_fp16_keeps_computed_constants():
+    """With fp16 weights, constants the converters compute (AVE unpooling's 1 / window size) stay
+    float32: only param blobs are rounded, as the check's reference rounds them."""
+    net = make_net(inputs(("x", (1, 2, 7, 7))) + '''
+    layer { name: "p" type: "Pooling" bottom: "x" top: "p" pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 } }
+    layer { name: "u" type: "Unpooling" bottom: "p" top: "u" unpooling_param { unpool: AVE kernel_size: 3 stride: 2 } }
+    layer { name: "c" type: "Im2col" bottom: "u" top: "c" convolution_param { kernel_size: 2 } }''')
+    export_and_check(net, fp16=True)
