@@ -84,7 +84,8 @@ def test_upsample_one_bottom():
     export_and_check(net)
 
 
-def ssd_head(code: str = "CENTER_SIZE", extra: str = "", keep: int = 5, classes: int = 4, loc_classes: int = 1) -> str:
+def ssd_head(code: str = "CENTER_SIZE", extra: str = "", keep: int = 5, classes: int = 4, loc_classes: int = 1,
+             bg: int = 0, nms: str = "nms_threshold: 0.45 top_k: 8") -> str:
     """A one-map SSD: loc and conf convolutions, PriorBox, Permute / Flatten, softmax, DetectionOutput."""
     a = 4  # priors per cell: min, max, ratio 2 and 1/2
     return inputs(("data", (1, 3, 6, 6))) + f'''
@@ -102,12 +103,12 @@ def ssd_head(code: str = "CENTER_SIZE", extra: str = "", keep: int = 5, classes:
             prior_box_param {{ min_size: 2 max_size: 4 aspect_ratio: 2 flip: true clip: true
                                variance: 0.1 variance: 0.1 variance: 0.2 variance: 0.2 }} }}
     layer {{ name: "det" type: "DetectionOutput" bottom: "loc_flat" bottom: "conf_out" bottom: "prior" top: "det"
-            detection_output_param {{ num_classes: {classes} background_label_id: 0 code_type: {code}
-              keep_top_k: {keep} nms_param {{ nms_threshold: 0.45 top_k: 8 }} {extra} }} }}
+            detection_output_param {{ num_classes: {classes} background_label_id: {bg} code_type: {code}
+              keep_top_k: {keep} nms_param {{ {nms} }} {extra} }} }}
     '''
 
 
-@pytest.mark.parametrize("variant", ["center", "corner", "threshold", "no_keep", "none_pass"])
+@pytest.mark.parametrize("variant", ["center", "corner", "threshold", "no_keep", "none_pass", "no_background"])
 def test_ssd_detection_output(variant):
     code, extra, keep = {
         "center": ("CENTER_SIZE", "", 5),
@@ -115,8 +116,10 @@ def test_ssd_detection_output(variant):
         "threshold": ("CENTER_SIZE", "confidence_threshold: 0.3", 4),
         "no_keep": ("CENTER_SIZE", "confidence_threshold: 0.01", -1),
         "none_pass": ("CENTER_SIZE", "confidence_threshold: 1.0", 5),
+        "no_background": ("CENTER_SIZE", "confidence_threshold: 0.2", 7),
     }[variant]
-    net = make_net(ssd_head(code, extra, keep), seed=3)
+    more = dict(bg=-1, nms="nms_threshold: 0.3") if variant == "no_background" else {}  # no top_k: every prior
+    net = make_net(ssd_head(code, extra, keep, **more), seed=3)
     if variant == "corner":  # small offsets keep the decoded corners ordered
         net.params["loc"][0].data[...] *= 0.05
         net.params["loc"][1].data[...] *= 0.05

@@ -70,12 +70,14 @@ def test_im2col(axis_shape):
 
 
 def test_axpy():
-    net = make_net(inputs(("a", (2, 3)), ("x", (2, 3, 4, 5)), ("y", (2, 3, 4, 5))) + '''
-    layer { name: "axpy" type: "Axpy" bottom: "a" bottom: "x" bottom: "y" top: "z" }''')
+    net = make_net(inputs(("a", (2, 3)), ("x", (2, 3, 4, 5)), ("y", (2, 3, 4, 5)), ("a4", (2, 3, 1, 1))) + '''
+    layer { name: "axpy" type: "Axpy" bottom: "a" bottom: "x" bottom: "y" top: "z" }
+    layer { name: "axpy4" type: "Axpy" bottom: "a4" bottom: "x" bottom: "z" top: "z4" }''')
     report = export_and_check(net)
     a, x, y = (RNG.standard_normal(s).astype(np.float32) for s in ((2, 3), (2, 3, 4, 5), (2, 3, 4, 5)))
-    (z,) = ort_run(report, {"a": a, "x": x, "y": y})
-    np.testing.assert_allclose(z, a[:, :, None, None] * x + y, rtol=1e-6, atol=1e-6)
+    (z4,) = ort_run(report, {"a": a, "x": x, "y": y, "a4": a.reshape(2, 3, 1, 1)})
+    ax = a[:, :, None, None] * x
+    np.testing.assert_allclose(z4, ax + (ax + y), rtol=1e-6, atol=1e-6)
 
 
 BN_LAYOUTS = {
@@ -125,6 +127,9 @@ def test_batch_reindex_and_filter():
     np.testing.assert_array_equal(fr, data[idx][keep].astype(np.float32))
     out = report.exported.model.graph.output[0].type.tensor_type.shape.dim[0]
     assert out.dim_param == "selected"
+    report = check_with(net, {"data": data, "idx": idx, "sel": sel}, dynamic_batch=True)
+    fd, fr = ort_run(report, {"data": data[:4], "idx": idx[:4] % 4, "sel": sel[:4]})
+    np.testing.assert_array_equal(fd, data[[0, 3]].astype(np.float32))
 
 
 def test_reverse_and_transpose():
