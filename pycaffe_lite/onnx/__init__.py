@@ -5,7 +5,8 @@ the rest of the package imports this wing. Modules:
 
 - :mod:`.registry`: ``@exports("Type")`` converter functions, one per Caffe layer type;
 - :mod:`.graph`: the graph builder and the per-layer context converters receive;
-- :mod:`.ops_vision`, :mod:`.ops_neuron`, :mod:`.ops_norm`, :mod:`.ops_shape`: the converters;
+- :mod:`.ops_vision`, :mod:`.ops_neuron`, :mod:`.ops_norm`, :mod:`.ops_shape`, :mod:`.ops_fork`,
+  :mod:`.ops_landed`: the converters;
 - :mod:`.export`: walks a built Net and writes the model;
 - :mod:`.check`: runs the model in ONNX Runtime and compares every surviving Caffe top.
 

@@ -33,6 +33,10 @@ def _scale_ok(net, j: int, blob: str) -> bool:
     return len(shape) >= 2 and tuple(layer.blobs[0].shape) == (shape[1],) and layer.outer == shape[0]
 
 
+# Convolution and the forks' depthwise types (Convolution layers with group = channels)
+CONV_TYPES = frozenset({"Convolution", "DepthwiseConvolution", "ConvolutionDepthwise"})
+
+
 def plan(net) -> dict[int, list[int]]:
     """{head layer index: the following layer indices folded into it}."""
     groups: dict[int, list[int]] = {}
@@ -45,7 +49,7 @@ def plan(net) -> dict[int, list[int]]:
             continue
         members: list[int] = []
         blob = tops[0]
-        if layer.type == "Convolution" and len(net.bottom_names_of(i)) == 1 and i + 1 < n and _bn_ok(net, i + 1, blob):
+        if layer.type in CONV_TYPES and len(net.bottom_names_of(i)) == 1 and i + 1 < n and _bn_ok(net, i + 1, blob):
             members.append(i + 1)
             blob = net.top_names_of(i + 1)[0]
         if (layer.type == "BatchNorm" and layer.use_global_stats) or members:
@@ -69,7 +73,7 @@ def _bn_affine(layer) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 def convert(ctx: LayerContext, members: list) -> list[str]:
     """The group's output (one value, named as the last member's top)."""
     head = ctx.layer
-    c = ctx.top_shapes[0][1] if head.type == "Convolution" else ctx.bottom_shapes[0][1]
+    c = ctx.top_shapes[0][1] if head.type in CONV_TYPES else ctx.bottom_shapes[0][1]
     A, B = np.ones(c), np.zeros(c)
     bn = next((m for m in members if m.type == "BatchNorm"), head if head.type == "BatchNorm" else None)
     scale = next((m for m in members if m.type == "Scale"), None)

@@ -68,12 +68,13 @@ class GraphBuilder:
         self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
                                                           None if shape is None else list(shape)))
 
-    def const(self, base: str, array: Any, dtype: Any = np.float32) -> str:
+    def const(self, base: str, array: Any, dtype: Any = np.float32, exact: bool = False) -> str:
         """An initializer holding ``array`` (float32 unless ``dtype``; int64 for shapes and axes).
         With ``fp16``, weights (:func:`fp16_stored`) are stored as float16 and cast back to
-        float32 by a Cast node (about half the file, the same graph)."""
+        float32 by a Cast node (about half the file, the same graph); ``exact``: a constant the
+        converter computed (not a param blob, which the check rounds too), always float32."""
         arr = np.asarray(array, dtype=dtype)
-        if self.fp16 and arr.dtype == np.float32 and fp16_stored(arr.shape):
+        if self.fp16 and not exact and arr.dtype == np.float32 and fp16_stored(arr.shape):
             stored = self.unique(base + "/fp16")
             self.initializers.append(numpy_helper.from_array(arr.astype(np.float16), stored))
             name = self.unique(base)
@@ -158,8 +159,8 @@ class LayerContext:
     def tmp(self, what: str) -> str:
         return self.g.unique(f"{self.name}/{what}")
 
-    def const(self, what: str, array: Any, dtype: Any = np.float32) -> str:
-        return self.g.const(f"{self.name}/{what}", array, dtype)
+    def const(self, what: str, array: Any, dtype: Any = np.float32, exact: bool = False) -> str:
+        return self.g.const(f"{self.name}/{what}", array, dtype, exact)
 
     def ints(self, what: str, values: Sequence[int]) -> str:
         return self.g.const(f"{self.name}/{what}", np.asarray(list(values), dtype=np.int64), np.int64)

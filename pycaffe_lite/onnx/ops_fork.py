@@ -4,8 +4,7 @@ ports, MobileNet ports). They read the forks' own parameter fields (``permute_pa
 when the layer type is registered in the framework; every export still passes through the
 ONNX Runtime check, so a converter that disagrees with the layer is caught at its layer.
 
-Types ONNX cannot express (the recurrent layers' per-step ``cont`` resets) are registered to raise
-an error that says why.
+BVLC's recurrent layers (RNN, LSTM) are here too, as a ``Scan`` over the time steps.
 """
 
 from __future__ import annotations
@@ -98,9 +97,16 @@ def interp(ctx: LayerContext) -> list[str]:
 @exports("Upsample")
 def upsample(ctx: LayerContext) -> list[str]:
     """YOLO ports' Upsample (one bottom): nearest neighbour, ``top[h, w] = bottom[h // s, w // s]``.
-    SegNet's two-bottom Upsample (max-unpooling with a mask) is not exported."""
-    if len(ctx.bottoms) != 1:
-        raise ctx.error("the two-bottom (max-unpooling, SegNet) Upsample is not exported")
+    SegNet's two-bottom Upsample (max-unpooling): each value scattered into a zero plane at its
+    mask position (``ScatterElements``, the later value kept where two name one position)."""
+    if len(ctx.bottoms) == 2:
+        from .ops_landed import scatter_planes
+
+        n, c, h, w = ctx.bottom_shapes[0]
+        ho, wo = ctx.top_shapes[0][2:]
+        target = ctx.shape_target([n, c, h * w], ctx.bottom_shapes[0])
+        idx = ctx.op("Reshape", [ctx.op("Cast", [ctx.bottoms[1]], to=7), target])
+        return [scatter_planes(ctx, ctx.bottoms[0], idx, (ho, wo), ctx.out(0))]
     return [_resize(ctx, ctx.bottoms[0], "nearest", "asymmetric")]
 
 
@@ -124,7 +130,7 @@ def prior_box(ctx: LayerContext) -> list[str]:
         raise ctx.error("needs the net's blobs to compute its constant priors")
     ctx.layer.forward_cpu(ctx.bottom_blobs, ctx.top_blobs)
     value = np.array(ctx.top_blobs[0].cpu_data(), dtype=np.float32)
-    return [ctx.op("Identity", [ctx.const("priors", value)], ctx.out(0))]
+    return [ctx.op("Identity", [ctx.const("priors", value, exact=True)], ctx.out(0))]  # never float16
 
 
 CORNER, CENTER_SIZE = 1, 2  # SSD's PriorBoxParameter.CodeType
@@ -154,6 +160,8 @@ def detection_output(ctx: LayerContext) -> list[str]:
     classes = [c for c in range(num_classes) if c != int(p.background_label_id)]
     top_k = int(nms.top_k) if nms.HasField("top_k") and int(nms.top_k) > -1 else priors
     top_k = min(top_k, priors)
+    # unset: every score passes (the layer's -FLT_MAX)
+    threshold = float(p.confidence_threshold) if p.HasField("confidence_threshold") else float(np.finfo(np.float32).min)
 
     def cols(x: str) -> list[str]:  # the 4 columns of a (P, 4) value, each (P, 1)
         return [ctx.op("Slice", [x, ctx.ints("s", [k]), ctx.ints("e", [k + 1]), ctx.ints("a", [1])]) for k in range(4)]
@@ -188,7 +196,7 @@ def detection_output(ctx: LayerContext) -> list[str]:
     cand = ctx.op("Gather", [box, idx], axis=0)  # (C', k, 4): (ymin/xmin order is irrelevant to IoU)
     sel = ctx.op("NonMaxSuppression", [cand, ctx.op("Unsqueeze", [vals, ctx.ints("axes1", [1])]),
                                        ctx.ints("max_out", [top_k]), ctx.const("iou", float(nms.nms_threshold)),
-                                       ctx.const("score_thr", float(p.confidence_threshold))])
+                                       ctx.const("score_thr", threshold)])
     bj = ctx.op("Gather", [sel, ctx.ints("bj", [0, 2])], axis=1)  # (S, 2): class entry, candidate
     prior_idx = ctx.op("GatherND", [idx, bj])
     b = ctx.op("Squeeze", [ctx.op("Slice", [bj, ctx.ints("s", [0]), ctx.ints("e", [1]), ctx.ints("a", [1])]),
@@ -224,5 +232,87 @@ def detection_output(ctx: LayerContext) -> list[str]:
 
 @exports("RNN", "LSTM")
 def recurrent(ctx: LayerContext) -> list[str]:
-    raise ctx.error("not exportable: Caffe's recurrent layers reset their state wherever the 'cont' input is 0, "
-                    "which ONNX's RNN/LSTM operators cannot express (a Loop-based export is not written)")
+    """BVLC's RNN and LSTM as a ``Scan`` over the T steps; the body is one step of the unrolled net
+    (``h_conted = cont_t * h``, the recurrent product, the gates; LSTM's forget gate times
+    ``cont_t``); the input products ``W·x_t + b`` (and the static input's) are computed for every
+    step before the Scan, RNN's output layer after it. With ``expose_hidden`` the initial state is
+    the h0 (c0) bottoms and the final state the extra tops: exact. Without it the export starts from
+    zero state, which is the layer's own state on its first forward and makes no difference
+    whenever ``cont`` is 0 at step 1 (each forward starts its sequences, the usual deploy case); a
+    later forward that continues the previous one's sequences (cont 1 at step 1) differs."""
+    from onnx import TensorProto, helper
+
+    L = ctx.layer
+    lstm = ctx.type == "LSTM"
+    D = int(ctx.lp.recurrent_param.num_output)
+    T, N = ctx.bottom_shapes[0][:2]
+    n_state = 2 if lstm else 1
+    k = 2
+    x = ctx.op("Reshape", [ctx.bottoms[0], ctx.ints("x_shape", [0, 0, -1])])  # (T, N, K), either may vary
+    w_x, b_x = ctx.param(0), ctx.param(1).reshape(-1)
+    pre = ctx.op("Add", [ctx.op("MatMul", [x, ctx.const("W_x_t", w_x.T)]), ctx.const("b_x", b_x)])  # (T, N, G)
+    p = 2
+    if L.static_input:
+        xs = ctx.op("Flatten", [ctx.bottoms[k]], axis=1)
+        pre = ctx.op("Add", [pre, ctx.op("MatMul", [xs, ctx.const("W_static_t", ctx.param(p).T)])])
+        k, p = k + 1, p + 1
+    w_h = ctx.param(p)  # (G, D)
+    if L.expose_hidden:
+        states = [ctx.op("Squeeze", [b, ctx.ints("axes0", [0])]) for b in ctx.bottoms[k:k + n_state]]
+    else:
+        if ctx.dynamic_batch:
+            batch = ctx.op("Slice", [ctx.op("Shape", [ctx.bottoms[1]]), ctx.ints("s1", [1]), ctx.ints("e2", [2])])
+            zshape = ctx.op("Concat", [batch, ctx.ints("d", [D])], axis=0)
+        else:
+            zshape = ctx.ints("state_shape", [N, D])
+        from onnx import numpy_helper
+
+        zero = ctx.op("ConstantOfShape", [zshape], value=numpy_helper.from_array(np.zeros(1, np.float32)))
+        states = [zero] * n_state
+        ctx.notes.append(f"layer '{ctx.name}' ({ctx.type}): exported from zero initial state; equal to Caffe "
+                         "wherever cont is 0 at step 1 (see docs/onnx.md)")
+    # the body: one step
+    w_h_t = ctx.const("W_h_t", w_h.T)
+    name = ctx.name
+    nodes = []
+
+    def v(local: str) -> str:  # body values are named apart from the outer graph's
+        return f"{name}/step/{local}"
+
+    def node(op: str, inputs: list[str], out: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [v(out)], name=v(out), **attrs))
+        return v(out)
+
+    def info(n: str):
+        return helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+
+    body_in = [v(n) for n in ["h_prev"] + (["c_prev"] if lstm else []) + ["pre_t", "cont_t"]]
+    flag = node("Unsqueeze", [v("cont_t"), ctx.ints("axes1", [1])], "flag")
+    hc = node("Mul", [v("h_prev"), flag], "h_conted")
+    a = node("Add", [node("MatMul", [hc, w_h_t], "W_h_h"), v("pre_t")], "gate_input")
+    if lstm:
+        parts = [node("Slice", [a, ctx.ints("s", [j * D]), ctx.ints("e", [(j + 1) * D]), ctx.ints("a", [1])], f"g{j}")
+                 for j in range(4)]
+        i_g, f_g, o_g = (node("Sigmoid", [parts[j]], f"sig{j}") for j in range(3))
+        g_g = node("Tanh", [parts[3]], "cand")
+        f_g = node("Where", [node("Equal", [flag, ctx.const("zero", 0.0)], "reset"), ctx.const("zero_f", 0.0),
+                             node("Mul", [flag, f_g], "f_cont")], "forget")
+        c = node("Add", [node("Mul", [f_g, v("c_prev")], "fc"), node("Mul", [i_g, g_g], "ig")], "c_next")
+        h = node("Mul", [o_g, node("Tanh", [c], "tanh_c")], "h_next")
+        body_out = [h, c, node("Identity", [h], "h_out")]
+    else:
+        h = node("Tanh", [a], "h_next")
+        body_out = [h, node("Identity", [h], "h_out")]
+    body = helper.make_graph(nodes, f"{name}_step", [info(n) for n in body_in], [info(n) for n in body_out])
+    finals = [ctx.tmp("h_T")] + ([ctx.tmp("c_T")] if lstm else [])
+    seq = ctx.tmp("h_seq")
+    ctx.ops("Scan", [*states, pre, ctx.bottoms[1]], [*finals, seq], body=body, num_scan_inputs=2)
+    if lstm:
+        outs = [ctx.op("Identity", [seq], ctx.out(0))]
+    else:
+        w_o, b_o = ctx.param(p + 1), ctx.param(p + 2).reshape(-1)
+        o = ctx.op("Add", [ctx.op("MatMul", [seq, ctx.const("W_o_t", w_o.T)]), ctx.const("b_o", b_o)])
+        outs = [ctx.op("Tanh", [o], ctx.out(0))]
+    for j, f in enumerate(finals[:len(ctx.out_names) - 1]):
+        outs.append(ctx.op("Unsqueeze", [f, ctx.ints("axes0", [0])], ctx.out(j + 1)))
+    return outs

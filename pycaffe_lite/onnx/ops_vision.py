@@ -80,13 +80,32 @@ def caffe_pool(ctx: LayerContext, x: str, ave: bool, in_hw: Sequence[int], kerne
 @exports("Pooling")
 def pooling(ctx: LayerContext) -> list[str]:
     L = ctx.layer
-    if len(ctx.out_names) > 1:
-        raise ctx.error("the second top (MAX pooling's argmax mask) has no ONNX equivalent in inference")
     ave = L.method == PP.AVE
     x = ctx.bottoms[0]
+    if len(ctx.out_names) > 1:
+        if ave or L.method != PP.MAX or L.global_pooling:
+            raise ctx.error("a mask top is exported for MAX pooling with a kernel (not global) only")
+        return max_pool_with_mask(ctx)
     if L.global_pooling:
         return [ctx.op("GlobalAveragePool" if ave else "GlobalMaxPool", [x], ctx.out(0))]
     return [caffe_pool(ctx, x, ave, L.in_hw, L.kernel, L.stride, L.pad, L.pooled, ctx.out(0))]
+
+
+def max_pool_with_mask(ctx: LayerContext) -> list[str]:
+    """MAX pooling and its mask top (SegNet's unpooling switches): MaxPool's second output counts
+    over the whole (N, C, H, W) input, row-major, the first maximum of a window on ties, as Caffe;
+    modulo H·W it is Caffe's in-plane ``h · W + w``, as a float."""
+    L = ctx.layer
+    h, w = L.in_hw
+    after = [max(0, (p - 1) * s + k - b - n) for p, s, k, b, n in zip(L.pooled, L.stride, L.kernel, L.pad, L.in_hw)]
+    for k, b, a in zip(L.kernel, L.pad, after):
+        if b >= k or a >= k:
+            raise ctx.error(f"pooling window {k} with padding {b}/{a}: a window would hold no input")
+    ind = ctx.tmp("indices")
+    ctx.ops("MaxPool", [ctx.bottoms[0]], [ctx.out(0), ind], kernel_shape=list(L.kernel), strides=list(L.stride),
+            pads=list(L.pad) + after)
+    plane = ctx.op("Mod", [ind, ctx.const("plane", np.array(h * w), np.int64)])
+    return [ctx.out(0), ctx.op("Cast", [plane], ctx.out(1), to=1)]
 
 
 @exports("SPP")

@@ -7,7 +7,9 @@ Returning a bottom's value unchanged makes the top an alias (TEST-time identitie
 A layer the converter cannot express raises ``ctx.error("...")``.
 
 A module that adds converters (the fork layers: PriorBox, DetectionOutput, Normalize, Permute,
-Interp, Upsample, ROIPooling, ShuffleChannel, ReLU6, the recurrent layers) only needs to be listed
+Interp, Upsample, ROIPooling, ShuffleChannel, ReLU6, the recurrent layers; ops_landed: the
+depthwise convolutions, Im2col, Axpy, BN, BatchReindex, Filter, Reverse, Transpose, LSTMUnit, Lstm,
+Unpooling) only needs to be listed
 in :data:`CONVERTER_MODULES`; its functions register themselves when the exporter imports it.
 """
 
@@ -25,16 +27,17 @@ Converter = Callable[["LayerContext"], list[str]]
 CONVERTERS: dict[str, Converter] = {}
 
 # Modules of this package whose converters register themselves on import.
-CONVERTER_MODULES = ("ops_vision", "ops_neuron", "ops_norm", "ops_shape", "ops_fork")
+CONVERTER_MODULES = ("ops_vision", "ops_neuron", "ops_norm", "ops_shape", "ops_fork", "ops_landed")
 
 # Layer types left out of a deploy graph, with the reason shown in the export notes.
 DROPPED: dict[str, str] = {
     "Accuracy": "an evaluation layer (needs labels)",
+    "DetectionEvaluate": "an evaluation layer (needs ground-truth boxes)",
     "Silence": "consumes blobs without output",
     "HDF5Output": "writes files, not part of inference",
 }
 # Layer types whose top has a data-dependent size: {type: {axis: symbolic name}} for the output's shape.
-SYMBOLIC_DIMS: dict[str, dict[int, str]] = {"DetectionOutput": {2: "detections"}}
+SYMBOLIC_DIMS: dict[str, dict[int, str]] = {"DetectionOutput": {2: "detections"}, "Filter": {0: "selected"}}
 # Data layers: their tops become graph inputs (shapes from the net as built).
 DATA_LAYERS = frozenset({"Data", "ImageData", "HDF5Data", "MemoryData", "DummyData", "WindowData",
                          "AnnotatedData", "VideoData", "Python"})

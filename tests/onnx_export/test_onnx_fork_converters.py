@@ -13,7 +13,7 @@ import pytest
 from onnx_testing import randomize  # noqa: F401  (skips this module without onnx)
 
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.onnx import CONVERTERS, ExportError, load_converters
+from pycaffe_lite.onnx import CONVERTERS, load_converters
 from pycaffe_lite.onnx.graph import GraphBuilder, LayerContext
 
 RNG = np.random.default_rng(7)
@@ -169,15 +169,13 @@ def test_prior_box_is_a_constant():
     np.testing.assert_array_equal(sess.run(None, {"feat": np.zeros((1, 4, 2, 2), np.float32)})[0], priors)
 
 
-@pytest.mark.parametrize("type_name,words", [("LSTM", "cont"), ("RNN", "cont")])
-def test_not_exportable_types_say_why(type_name, words):
-    with pytest.raises(ExportError, match=rf"layer 'L' \({type_name}\): not exportable.*{words}"):
-        run(type_name, {}, [np.zeros((2, 3))], (2, 3))
-
-
-def test_two_bottom_upsample_is_refused():
-    with pytest.raises(ExportError, match="max-unpooling"):
-        run("Upsample", {}, [np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 2, 2))], (1, 1, 4, 4))
+def test_two_bottom_upsample_scatters_at_the_mask():
+    x = RNG.normal(size=(1, 2, 2, 2))
+    mask = np.array([[[[0, 3], [9, 14]], [[5, 2], [8, 15]]]])
+    y = run("Upsample", {}, [x, mask], (1, 2, 4, 4))
+    ref = np.zeros((2, 16))
+    ref[np.arange(2)[:, None], mask.reshape(2, 4)] = x.reshape(2, 4)
+    np.testing.assert_array_equal(y, ref.reshape(1, 2, 4, 4).astype(np.float32))
 
 
 class Msg(SimpleNamespace):

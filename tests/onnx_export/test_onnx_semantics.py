@@ -307,11 +307,24 @@ def test_unknown_type_names_layer(monkeypatch):
         net.to_onnx(None)
 
 
-def test_pooling_mask_top_is_refused():
+def test_pooling_mask_top():
+    """MAX pooling's mask top: each window's first maximum as the flat h * W + w of the input plane
+    (numpy here), ceil-rounded windows clipped at the edge."""
     body = ('layer { name: "pool" type: "Pooling" bottom: "data" top: "pool" top: "mask" '
             'pooling_param { pool: MAX kernel_size: 2 stride: 2 } }')
-    with pytest.raises(ExportError, match=r"layer 'pool' \(Pooling\): .*mask"):
-        make_net(net_text((1, 1, 4, 4), body)).to_onnx(None)
+    report = export_and_check(make_net(net_text((1, 2, 5, 5), body)))
+    x = np.random.default_rng(4).standard_normal((1, 2, 5, 5)).astype(np.float32)
+    pool, mask = run_ort(report.exported.model, {"data": x})
+    ref = np.zeros((1, 2, 3, 3), np.float32)
+    for c in range(2):
+        for i in range(3):
+            for j in range(3):
+                win = x[0, c, 2 * i:2 * i + 2, 2 * j:2 * j + 2]
+                r, q = np.unravel_index(np.argmax(win), win.shape)
+                ref[0, c, i, j] = (2 * i + r) * 5 + 2 * j + q
+    np.testing.assert_array_equal(mask, ref)
+    np.testing.assert_array_equal(pool, np.take_along_axis(x.reshape(1, 2, 25), ref.reshape(1, 2, 9).astype(int),
+                                                           2).reshape(1, 2, 3, 3))
 
 
 def test_mismatch_names_first_diverging_layer(monkeypatch):
