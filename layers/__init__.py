@@ -10,6 +10,8 @@ import importlib
 import pkgutil
 from typing import Any
 
+from pycaffe_lite.net_spec import layers as factory
+
 for _info in pkgutil.iter_modules(__path__):
     if not _info.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_info.name}")
@@ -18,6 +20,5 @@ for _info in pkgutil.iter_modules(__path__):
 def __getattr__(name: str) -> Any:
     if not name[:1].isupper():
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from pycaffe_lite.net_spec import layers as factory
 
     return getattr(factory, name)

@@ -2,8 +2,7 @@
 the identity. Any shape; works in place.
 
 ``scale = 1 / (1 - dropout_ratio)`` when ``scale_train`` (the default, Caffe's behaviour), else 1
-at train time and ``1 - dropout_ratio`` at test time (``scale_train`` is read only where the
-compiled caffe.proto has the field). The mask (1 kept, 0 dropped) is an internal Blob read by
+at train time and ``1 - dropout_ratio`` at test time (caffe-fast-rcnn's ``scale_train: false``). The mask (1 kept, 0 dropped) is an internal Blob read by
 backward. CPU masks come from ``common.rng()``. GPU masks are drawn on the device by Philox-4x32-10
 (``dropout.cu``) keyed by ``common.next_gpu_seed()`` (taken at the first forward after each
 ``set_random_seed``, so both devices are repeatable) at a draw counter kept in device memory and
@@ -41,7 +40,7 @@ class DropoutLayer(NeuronLayer):
             raise self.error(f"dropout_ratio must be in [0, 1), got {self.threshold}")
         self.scale = 1.0 / (1.0 - self.threshold)
         self.uint_thres = int(UINT_MAX * self.threshold)  # the GPU keeps where the uint32 draw is above
-        self.scale_train = p.scale_train if "scale_train" in p.DESCRIPTOR.fields_by_name else True
+        self.scale_train = p.scale_train
         self.mask = Blob((), self.dtype)
         self.mask_shape: tuple | None = None  # shape of the last TRAIN forward's mask
         self.draw_counter = Blob((1,), np.float32)  # device-only: holds the uint32 counter's bits

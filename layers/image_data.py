@@ -62,26 +62,6 @@ def read_image_list(source: str, where: str) -> list[tuple[str, int, int]]:
     return lines
 
 
-def resize_bilinear(img: np.ndarray, height: int, width: int) -> np.ndarray:
-    """``(C, H, W)`` uint8 -> ``(C, height, width)`` uint8, bilinear as OpenCV's INTER_LINEAR
-    (source coordinate ``(dst + 0.5) * scale - 0.5``, clamped at the borders)."""
-    _, h, w = img.shape
-
-    def axis(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        src = (np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5
-        src = np.clip(src, 0, n_in - 1)
-        lo = np.floor(src).astype(np.intp)
-        hi = np.minimum(lo + 1, n_in - 1)
-        return lo, hi, src - lo
-
-    y0, y1, fy = axis(height, h)
-    x0, x1, fx = axis(width, w)
-    x = img.astype(np.float64)
-    rows = x[:, y0, :] * (1 - fy)[:, None] + x[:, y1, :] * fy[:, None]
-    out = rows[:, :, x0] * (1 - fx) + rows[:, :, x1] * fx
-    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
-
-
 def read_image(path: str, new_height: int, new_width: int, is_color: bool) -> np.ndarray:
     """The image at ``path`` as ``(C, H, W)`` uint8: BGR (C=3) if ``is_color`` else gray (C=1),
     resized when ``new_height`` and ``new_width`` are positive. Raises OSError if unreadable."""

@@ -12,6 +12,7 @@ from pycaffe_lite import fillers
 from pycaffe_lite.gpu import blas
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.memcheck import check_fits
 
 
 @register_layer("InnerProduct")
@@ -31,7 +32,6 @@ class InnerProductLayer(Layer):
         self.axis = bottom[0].canonical_axis(p.axis)
         self.K = bottom[0].count_range(self.axis)
         w_shape = (self.K, self.N) if self.transpose else (self.N, self.K)
-        from pycaffe_lite.memcheck import check_fits
 
         check_fits(f"layer '{self.name}' (InnerProduct)", f"the {self.N}x{self.K} weights", self.N * self.K,
                    np.dtype(self.dtype).itemsize)

@@ -28,7 +28,9 @@ import numpy as np
 
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer
+from pycaffe_lite.net import Net
 from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.runtime.executor import runs_on_device  # lazily: the net machinery imports layers
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -82,9 +84,6 @@ class RecurrentLayer(Layer):
             lp.input_param.shape.add().dim.extend(shape)
 
     def layer_setup(self, bottom, top):
-        from pycaffe_lite.net import Net
-        from pycaffe_lite.runtime.executor import runs_on_device  # lazily: the net machinery imports layers
-
         x, cont = bottom[0], bottom[1]
         if x.num_axes < 2:
             raise self.error(f"bottom 0 (x) must have at least 2 axes (time steps, streams, ...), got {x.shape}")

@@ -115,9 +115,6 @@ class Blob:
     height = property(lambda self: self._legacy(2))
     width = property(lambda self: self._legacy(3))
 
-    def shape_string(self) -> str:
-        return " ".join(str(d) for d in self._shape) + f" ({self._count})"
-
     # -- host access ------------------------------------------------------------------------
     def _view(self, flat: np.ndarray) -> np.ndarray:
         return flat[: self._count].reshape(self._shape)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .errors import DataError
+from .memcheck import out_of_memory
 from .optional import require
 from .proto import caffe_pb2
 
@@ -247,8 +248,6 @@ def load_image(filename: str | os.PathLike, color: bool = True) -> np.ndarray:
     except Image.DecompressionBombError as exc:
         raise oversized_image(filename, exc) from None
     except MemoryError:
-        from .memcheck import out_of_memory
-
         raise out_of_memory(f"the pixels of image {filename}") from None
     mode = img.mode
     if mode == "1":

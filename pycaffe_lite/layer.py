@@ -20,7 +20,7 @@ import numpy as np
 from . import common, python_layer
 from .blob import Blob, weighted_sum
 from .errors import CaffeError, NetError, ShapeError, UnknownLayerError
-from .memcheck import OutOfMemoryError
+from .memcheck import OutOfMemoryError, out_of_memory
 from .proto import caffe_pb2
 
 _REGISTRY: dict[str, type[Layer]] = {}
@@ -212,7 +212,6 @@ class Layer:
 
     def _out_of_memory(self, exc: MemoryError, where: str, bottom: Sequence[Blob]) -> CaffeError:
         """The project error naming this layer for a MemoryError in its ``where`` pass."""
-        from .memcheck import out_of_memory
 
         msg = str(exc) if isinstance(exc, OutOfMemoryError) else str(
             out_of_memory(f"temporaries of its {where} (bottom shapes {[tuple(b.shape) for b in bottom]})"))

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from .errors import CaffeError
+from .gpu import backend
 
 _UNLIMITED = 1 << 60
 PROC_CGROUP = Path("/proc/self/cgroup")  # (module attributes: tests point them at fake trees)
@@ -212,7 +213,6 @@ def host_limit() -> int:
 
 def device_available() -> int:
     """Device memory free for new allocations: the driver's free memory plus what our pool caches."""
-    from .gpu import backend
 
     try:
         st = backend.state()
@@ -224,7 +224,6 @@ def device_available() -> int:
 
 def device_limit() -> int:
     """The most bytes one device allocation may ask for: the current GPU's total memory."""
-    from .gpu import backend
 
     return backend.device_memory_bytes()
 

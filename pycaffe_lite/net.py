@@ -16,12 +16,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import common
+from . import common, memcheck
 from .blob import Blob
 from .errors import CaffeError, NetError, ShapeError, WeightsError
 from .layer import Layer, create_layer
 from .net_graph import NetGraph
-from .proto import caffe_pb2, hdf5_weights, protoio
+from .optional import require
+from .proto import caffe_pb2, hdf5_weights, protoio, upgrade
 from .proto.net_filter import filter_net, insert_splits
 from .runtime.executor import Executor
 from .vectors import BlobVec, IntVec
@@ -35,7 +36,6 @@ def load_net_param(source: str | os.PathLike | caffe_pb2.NetParameter) -> caffe_
         param.CopyFrom(source)
     else:
         param = protoio.read_text(source, caffe_pb2.NetParameter())
-    from .proto import upgrade
 
     upgrade.upgrade_net(param, source=str(source) if not isinstance(source, caffe_pb2.NetParameter) else "<NetParameter>")
     return param
@@ -314,7 +314,6 @@ class Net:
         on the GPU: its params, and in a net that trains every blob's data and the params' diffs;
         a net that only runs forward may share blob memory (memory_plan), so there only its
         largest layer's bottoms and tops together count."""
-        from . import memcheck
 
         seen: set[int] = set()
         params: list[tuple[str, int]] = []
@@ -798,7 +797,6 @@ class Net:
     def copy_trained_layers_from(self, param: caffe_pb2.NetParameter, source: str = "<weights>") -> list[str]:
         """Copy blobs layer by layer (matched by name); layers absent from ``param`` keep theirs.
         Returns the names of the net's layers with parameters that got none (logged as a warning)."""
-        from .proto import upgrade
 
         upgrade.upgrade_net(param, source=source)
         filled: set[int] = set()
@@ -859,7 +857,6 @@ class Net:
         """Write this net as ONNX and prove it in ONNX Runtime, blob by blob (the ``onnx`` extra;
         :func:`pycaffe_lite.onnx.export_net` has the options). Returns its ExportReport; raises
         ``CheckError`` naming the first diverging layer on a mismatch."""
-        from .optional import require
 
         require("onnx", feature="Net.to_onnx", extra="onnx")
         require("onnxruntime", feature="Net.to_onnx", extra="onnx")

@@ -13,6 +13,7 @@ from typing import SupportsInt
 import numpy as np
 
 from .gpu import backend as _backend  # importing it needs no GPU
+from .memcheck import out_of_memory
 
 
 class Head(enum.Enum):
@@ -66,8 +67,6 @@ class SyncedMemory:
         try:
             return make(self.count, self.dtype)
         except MemoryError:
-            from .memcheck import out_of_memory
-
             raise out_of_memory(f"the host memory of a blob ({self.count:,} {self.dtype.name} values)",
                                 self.nbytes) from None
 

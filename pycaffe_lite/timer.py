@@ -6,12 +6,11 @@ from __future__ import annotations
 import time
 
 from . import common
+from .gpu import backend
 
 
 def _sync_if_gpu() -> None:
     if common.mode() is common.Mode.GPU:
-        from .gpu import backend
-
         backend.synchronize()
 
 

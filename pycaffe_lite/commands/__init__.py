@@ -14,6 +14,8 @@ import logging
 import pkgutil
 from types import ModuleType
 
+from .. import common
+from ..conv import engines as conv_engines
 from ..errors import CaffeError, GPUUnavailableError
 
 log = logging.getLogger("pycaffe_lite")
@@ -86,8 +88,6 @@ def parse_gpu(value: str | None) -> int | None:
 def use_device(device: int | None, autotune_cache: str | None = None) -> None:
     """GPU mode on ``device`` (raises GPUUnavailableError with the reason), or CPU mode for None;
     ``autotune_cache``: the convolution autotune file (:func:`~pycaffe_lite.conv.engines.use_cache_file`)."""
-    from .. import common
-    from ..conv import engines as conv_engines
 
     if autotune_cache:
         conv_engines.use_cache_file(autotune_cache)

@@ -20,7 +20,12 @@ import argparse
 import math
 import sys
 
+from ..errors import CaffeError
+from ..net import load_net_param
+from ..proto.upgrade import upgrade_net
 from . import add_gpu_argument, flag, parse_gpu, use_device
+from .digits import classify_digits
+from .imagenet import classify_images, load_labels
 
 NAME = "classify"
 HELP = "classify images with a deploy net and trained weights (MNIST digits, or ImageNet-style as BVLC's classify.py)"
@@ -55,8 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
-    from ..errors import CaffeError
-
     try:
         return tuple(int(v) for v in text.split(","))
     except ValueError:
@@ -64,9 +67,6 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 
 def _input_channels(model: str) -> int:
-    from ..net import load_net_param
-    from ..proto.upgrade import upgrade_net
-
     param = load_net_param(model)
     upgrade_net(param, source=model)
     for lp in param.layer:
@@ -88,7 +88,6 @@ def run(args: argparse.Namespace) -> int:
         mode = "digits" if _input_channels(args.model) == 1 else "imagenet"
     if mode == "imagenet":
         return _run_imagenet(args)
-    from .digits import classify_digits
 
     invert: bool | str = {"yes": True, "no": False}.get(args.invert, "auto")
     errors: list[tuple[str, str]] = []
@@ -110,9 +109,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_imagenet(args: argparse.Namespace) -> int:
     import numpy as np
-
-    from ..errors import CaffeError
-    from .imagenet import classify_images, load_labels
 
     if args.mean_file and args.mean_values:
         raise CaffeError("--mean_file and --mean_values: give one of them")

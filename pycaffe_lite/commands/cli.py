@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .. import commands
 from ..errors import CaffeError
 from ..glog import env_level, init_log
 from ..version import __version__
@@ -26,8 +27,6 @@ def configure_logging(quiet: bool = False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import commands
-
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="pycaffe-lite: Caffe-compatible training and testing from the command line.",

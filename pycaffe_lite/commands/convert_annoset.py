@@ -24,8 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import io
+from ..data.db import LMDBWriter
 from ..errors import DataError
-from ..proto import caffe_pb2
+from ..optional import require
+from ..proto import caffe_pb2, protoio
 from . import flag
 
 NAME = "convert_annoset"
@@ -53,8 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_label_map(path: str | Path) -> dict[str, int]:
-    from ..proto import protoio
-
     lm = protoio.parse_text(Path(path).read_text(), caffe_pb2.LabelMap(), str(path))
     return {item.name: item.label for item in lm.item}
 
@@ -101,8 +102,6 @@ def make_annotated_datum(bgr: np.ndarray, boxes: Sequence[Box], encoded: bool = 
     ad.type = caffe_pb2.AnnotatedDatum.BBOX
     d = ad.datum
     if encoded:
-        from ..optional import require
-
         Image = require("PIL.Image", feature="convert_annoset --encoded")
         buf = _io.BytesIO()
         rgb = bgr[..., ::-1] if bgr.shape[2] == 3 else bgr[..., 0]
@@ -133,7 +132,6 @@ def make_annotated_datum(bgr: np.ndarray, boxes: Sequence[Box], encoded: bool = 
 def write_annoset(db_path: str | Path, items: Iterable[tuple[str, np.ndarray, Sequence[Box]]],
                   encoded: bool = False, encode_type: str = "png", overwrite: bool = False) -> int:
     """Write ``(name, bgr image (H, W, C) uint8, pixel boxes)`` items to a new LMDB; returns the count."""
-    from ..data.db import LMDBWriter
 
     n = 0
     with LMDBWriter(db_path, overwrite=overwrite) as writer:
@@ -145,9 +143,6 @@ def write_annoset(db_path: str | Path, items: Iterable[tuple[str, np.ndarray, Se
 
 
 def _load_image(path: Path, gray: bool, height: int, width: int):
-    from .. import io
-    from ..optional import require
-
     Image = require("PIL.Image", feature="convert_annoset")
     with Image.open(path) as im:
         rgb = np.asarray(im.convert("L" if gray else "RGB"))

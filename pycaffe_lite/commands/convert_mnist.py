@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 
+from ..data import mnist
 from . import flag
 
 NAME = "convert_mnist"
@@ -23,8 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data import mnist
-
     start = time.perf_counter()
     n = mnist.convert(args.images, args.labels, args.db_path, backend=args.backend,
                       overwrite=args.overwrite, limit=args.limit)

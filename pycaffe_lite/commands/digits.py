@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import common
 from ..errors import CaffeError, DataError, NetError
+from ..io import oversized_image
+from ..net import Net
 from ..optional import require
 
 MNIST_SCALE = 0.00390625
@@ -37,8 +40,6 @@ def load_image(path: str | os.PathLike, size: tuple[int, int], channels: int = 1
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: cannot read image: {exc}") from None
     except Image.DecompressionBombError as exc:
-        from ..io import oversized_image
-
         raise oversized_image(path, exc) from None
     if channels == 1:
         return arr[None]
@@ -85,8 +86,6 @@ def classify_digits(
     it, else its last output). ``weights`` must cover every learnable layer unless ``allow_missing``.
     With an ``errors`` list, an unreadable image is appended there as (path, message) and skipped
     instead of failing the whole batch."""
-    from .. import common
-    from ..net import Net
 
     if isinstance(model, Net):
         net = model

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 
+from .. import common
 from ..errors import CaffeError
+from ..net import Net
+from ..optional import require
 from . import add_net_state_arguments, flag, stages
 
 NAME = "export_onnx"
@@ -50,10 +53,6 @@ def _shapes(values: list[str], net) -> dict[str, list[int]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import common
-    from ..net import Net
-    from ..optional import require
-
     require("onnx", feature="export_onnx", extra="onnx")
     from ..onnx import DEFAULT_OPSET, export_net
 

@@ -14,7 +14,9 @@ import logging
 
 import numpy as np
 
+from .. import common
 from ..errors import CaffeError, NetError
+from ..net import Net
 from ..proto import caffe_pb2
 from . import _tools, use_device
 from .gflags import Parsed
@@ -40,9 +42,6 @@ def namespace(parsed: Parsed) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import common
-    from ..net import Net
-
     db_type = _tools.check_backend(args.db_type)
     if (args.mode or "CPU") == "GPU":
         try:

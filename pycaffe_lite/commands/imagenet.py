@@ -18,7 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import io as caffe_io
+from ..classifier import Classifier
 from ..errors import CaffeError, DataError, NetError
+from ..proto import caffe_pb2
+from ..proto.protoio import check_regular_file, read_binary
 
 
 @dataclass
@@ -32,9 +36,6 @@ def load_mean(spec: str, channels: int, crop: Sequence[int]) -> np.ndarray:
     """A mean for the Transformer from ``spec``: "104,117,123" (per channel), or a ``.npy`` /
     ``.binaryproto`` mean image (K, H, W) fitted to ``crop`` (center-cropped when larger, reduced to
     per-channel means otherwise)."""
-    from .. import io as caffe_io
-    from ..proto import caffe_pb2
-    from ..proto.protoio import check_regular_file, read_binary
 
     if not os.path.exists(spec) and all(part.strip() for part in spec.split(",")):
         try:
@@ -74,8 +75,6 @@ def load_mean(spec: str, channels: int, crop: Sequence[int]) -> np.ndarray:
 
 
 def load_labels(path: str) -> list[str]:
-    from ..proto.protoio import check_regular_file
-
     check_regular_file(path, "labels file", DataError)
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
@@ -102,8 +101,6 @@ def classify_images(
     """Class scores and the ``top_k`` classes of each image (see the module docstring). With an
     ``errors`` list, an unreadable image or one whose scores are not finite is appended there as
     (path, message) and skipped."""
-    from .. import io as caffe_io
-    from ..classifier import Classifier
 
     try:
         clf = Classifier(model, weights, image_dims=images_dim, raw_scale=raw_scale, input_scale=input_scale,

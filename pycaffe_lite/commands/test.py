@@ -13,7 +13,10 @@ import logging
 import math
 import os
 
+from .. import common
 from ..errors import PrototxtError, WeightsError
+from ..net import Net
+from ..proto.protoio import check_regular_file
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
 
 NAME = "test"
@@ -56,14 +59,10 @@ def score(net, iterations: int) -> tuple[float, list[tuple[str, float, float]]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import common
-    from ..net import Net
-
     if args.iterations < 1:
         raise PrototxtError(f"--iterations must be >= 1, got {args.iterations}")
     if not os.path.isfile(args.model):
         raise PrototxtError(f"{args.model}: model file not found")
-    from ..proto.protoio import check_regular_file
 
     check_regular_file(args.weights, "weights file", WeightsError)
     use_device(parse_gpu(args.gpu), args.autotune_cache)

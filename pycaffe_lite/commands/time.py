@@ -30,7 +30,10 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from .. import common
 from ..errors import PrototxtError
+from ..gpu import backend
+from ..net import Net
 from ..proto import caffe_pb2
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
 
@@ -211,9 +214,6 @@ def layer_rates(layer, bottom: Sequence, top: Sequence, propagate_down: Sequence
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import common
-    from ..net import Net
-
     if args.iterations < 1:
         raise PrototxtError(f"--iterations must be >= 1, got {args.iterations}")
     if not os.path.isfile(args.model):
@@ -223,8 +223,6 @@ def run(args: argparse.Namespace) -> int:
     phase = common.TRAIN if args.phase == "TRAIN" else common.TEST
     net = Net(args.model, phase, level=args.level, stages=stages(args) or None)
     if device is not None:
-        from ..gpu import backend
-
         sync = backend.synchronize
     else:
         def sync() -> None:
@@ -281,8 +279,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"Convolution/Deconvolution layers: {conv_s / k * 1e3:.5g} ms ({share:.1f}% of layer time); "
           f"other layers: {(layer_s - conv_s) / k * 1e3:.5g} ms.")
     if device is not None:
-        from ..gpu import backend
-
         mem = backend.memory_held()
         print(f"Peak device memory: {mem['device'] / 2**20:.1f} MiB held by the process "
               f"(memory pool {mem['pool'] / 2**20:.1f} MiB, {mem['pool_active'] / 2**20:.1f} MiB in use).")

@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import CaffeError, GPUUnavailableError, PrototxtError
 from ..parallel import launch
+from ..proto.protoio import check_regular_file
+from ..solvers.sgd_solvers import solver_class
+from ..solvers.solver import load_solver_param
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
 
 if TYPE_CHECKING:
@@ -118,9 +121,6 @@ class _Signals:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..solvers.sgd_solvers import solver_class
-    from ..solvers.solver import load_solver_param
-
     if not os.path.exists(args.solver):
         raise PrototxtError(f"{args.solver}: solver file not found")
     param, solver_dir = load_solver_param(args.solver)
@@ -149,8 +149,6 @@ def run(args: argparse.Namespace) -> int:
             "(or set solver_mode: CPU)"
         ) from None
     if args.snapshot:
-        from ..proto.protoio import check_regular_file
-
         check_regular_file(args.snapshot, "solver state file", CaffeError)
     solver = solver_class(param.type)(param, progress=args.progress, solver_dir=solver_dir)
     solver.source = args.solver

@@ -11,7 +11,7 @@ import argparse
 import logging
 
 from ..errors import CaffeError, PrototxtError
-from ..proto import caffe_pb2, protoio
+from ..proto import caffe_pb2, protoio, upgrade
 from . import _tools
 from .gflags import Parsed
 
@@ -33,8 +33,6 @@ def namespace(parsed: Parsed) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..proto import upgrade
-
     param = caffe_pb2.NetParameter()
     try:
         protoio.read_text(args.input_file, param)

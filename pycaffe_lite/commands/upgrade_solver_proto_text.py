@@ -10,6 +10,7 @@ import logging
 
 from ..errors import CaffeError, PrototxtError
 from ..proto import caffe_pb2, protoio
+from ..solvers.solver import upgrade_solver_param
 from . import _tools
 from .gflags import Parsed
 
@@ -31,8 +32,6 @@ def namespace(parsed: Parsed) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..solvers.solver import upgrade_solver_param
-
     param = caffe_pb2.SolverParameter()
     try:
         protoio.read_text(args.input_file, param)

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
+from ..proto import caffe_pb2
+from .db import check_backend, open_writer
 
 IMAGES_MAGIC = 2051
 LABELS_MAGIC = 2049
@@ -128,7 +130,6 @@ def find_files(directory: str | os.PathLike, split: str) -> tuple[Path, Path] | 
 
 def datum_bytes(image: np.ndarray, label: int) -> bytes:
     """One serialized ``Datum`` as convert_mnist_data writes it (channels 1, raw uint8 data)."""
-    from ..proto import caffe_pb2
 
     datum = caffe_pb2.Datum()
     datum.channels = 1
@@ -146,7 +147,6 @@ def write_lmdb(
     ``%08d`` into a new database (LMDB, or LevelDB with ``backend="leveldb"``) at ``db_path``
     (built in a temporary folder, renamed when complete). ``progress(done, total)`` is called
     every 1000 records. Returns N."""
-    from .db import open_writer
 
     if len(images) != len(labels):
         raise DataError(f"{db_path}: {len(images)} images but {len(labels)} labels")
@@ -174,7 +174,6 @@ def convert(
 ) -> int:
     """Caffe's convert_mnist_data: IDX image and label files -> LMDB (or LevelDB) of Datums.
     ``limit`` keeps only the first records. Returns the number written."""
-    from .db import check_backend
 
     backend = check_backend(backend, db_path)
     images, labels = load(images_path, labels_path)

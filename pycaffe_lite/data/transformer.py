@@ -15,9 +15,10 @@ import io
 import numpy as np
 
 from .. import common
-from ..errors import DataError, ShapeError
+from ..blob import proto_shape
+from ..errors import DataError, PrototxtError, ShapeError
 from ..optional import require
-from ..proto import caffe_pb2
+from ..proto import caffe_pb2, protoio
 
 
 def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: bool = False,
@@ -161,9 +162,6 @@ class DataTransformer:
 
 def load_mean_file(path: str, where: str = "DataTransformer") -> np.ndarray:
     """A ``.binaryproto`` BlobProto mean as ``(C, H, W)`` float64 (leading num axis of 1 dropped)."""
-    from ..blob import proto_shape
-    from ..errors import PrototxtError
-    from ..proto import protoio
 
     try:
         proto = protoio.read_binary(path, caffe_pb2.BlobProto(), "mean file (BlobProto)")

@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 
 from .. import common
+from .. import io as caffe_io
+from ..optional import require
 from .export import BlobRow, Exported
 from .graph import CheckError, fp16_stored
 
@@ -148,7 +150,6 @@ def _fp16_weights(net) -> Iterator[None]:
 
 def onnx_values(exported: Exported, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run the model in ONNX Runtime (CPU) with every compared value added as a graph output."""
-    from ..optional import require
 
     ort = require("onnxruntime", feature="checking an ONNX export", extra="onnx")
     model = onnx.ModelProto()
@@ -256,7 +257,6 @@ def load_check_input(path: str | os.PathLike, shape: tuple[int, ...]) -> np.ndar
         if arr.shape == shape[1:] or (arr.ndim == len(shape) and arr.shape[0] == 1 and arr.shape[1:] == shape[1:]):
             return np.broadcast_to(arr.reshape((1,) + shape[1:]), shape).copy()
         raise CheckError(f"check input {path}: shape {arr.shape} does not fit the net input {shape}")
-    from .. import io as caffe_io
 
     if len(shape) != 4 or shape[1] not in (1, 3):
         raise CheckError(f"check input {path}: an image needs an input of shape (N, 1 or 3, H, W), not {shape}")

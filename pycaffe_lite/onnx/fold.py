@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import LayerContext
+from .ops_vision import _conv_common
 
 
 def _bn_ok(net, j: int, blob: str) -> bool:
@@ -87,7 +88,6 @@ def convert(ctx: LayerContext, members: list) -> list[str]:
         return [ctx.op("BatchNormalization", [ctx.bottoms[0], ctx.const("gamma", gamma), ctx.const("beta", beta),
                                               ctx.const("mean", mean), ctx.const("var", var)],
                        ctx.out(0), epsilon=float(head.eps))]
-    from .ops_vision import _conv_common
 
     attrs = _conv_common(ctx)
     w = ctx.param(0) * A.reshape(-1, 1, 1, 1)

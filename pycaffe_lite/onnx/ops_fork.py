@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .graph import LayerContext
+from .ops_landed import scatter_planes
 from .registry import exports
 
 
@@ -100,8 +101,6 @@ def upsample(ctx: LayerContext) -> list[str]:
     SegNet's two-bottom Upsample (max-unpooling): each value scattered into a zero plane at its
     mask position (``ScatterElements``, the later value kept where two name one position)."""
     if len(ctx.bottoms) == 2:
-        from .ops_landed import scatter_planes
-
         n, c, h, w = ctx.bottom_shapes[0]
         ho, wo = ctx.top_shapes[0][2:]
         target = ctx.shape_target([n, c, h * w], ctx.bottom_shapes[0])

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from .. import common
 from ..config import config
 from ..errors import CaffeError
+from ..gpu import backend
 from . import nccl
 from .multi_gpu import EXIT_PEER_LOST, NCCL, stop_process
 from .rendezvous import Rendezvous
@@ -71,8 +72,6 @@ def parse_gpu_list(value: str | None, device_count: Callable[[], int] | None = N
 
 
 def _device_count() -> int:
-    from ..gpu import backend
-
     return backend._import_driver().Device.count()
 
 

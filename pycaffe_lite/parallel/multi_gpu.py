@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, SupportsInt
 from .. import common
 from ..config import config
 from ..errors import CaffeError
+from ..gpu import backend, cuda_graph
 from . import nccl
 
 if TYPE_CHECKING:
@@ -96,7 +97,6 @@ class NCCL:
 
     def __init__(self, solver: Solver, uid: bytes | str) -> None:
         _require_gpu("caffe.NCCL")
-        from ..gpu import backend
 
         self.solver = solver
         self.net = solver.net
@@ -149,7 +149,6 @@ class NCCL:
     def _flatten(self, params: list[int]) -> tuple[SupportsInt, int, list[int]]:
         """Move the gradients of ``params`` into one zeroed device buffer (values kept); returns
         (buffer, its elements, each param's device address in it)."""
-        from ..gpu import backend
 
         offsets, total = bucket_layout([self.params[p].count for p in params])
         size = self.dtype.itemsize
@@ -213,8 +212,6 @@ class _Watchdog:
 
         import numpy as np
 
-        from ..gpu import backend, cuda_graph
-
         self.owner = owner
         self.lib = cuda_graph._driver()
         self.lib.cuEventQuery.argtypes = [ctypes.c_void_p]
@@ -243,7 +240,6 @@ class _Watchdog:
 
     def record(self, event: ctypes.c_void_p, stream) -> None:
         """Record ``event`` on ``stream``; inside a graph capture as a node replays record again."""
-        from ..gpu import backend
 
         external = 1 if backend.recording() is not None else 0  # CU_EVENT_RECORD_EXTERNAL
         self.lib.cuEventRecordWithFlags(event, ctypes.c_void_p(stream.handle), external)

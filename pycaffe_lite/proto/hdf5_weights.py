@@ -31,6 +31,8 @@ import numpy as np
 
 from ..durable import remove_stale_temps, write_temp
 from ..errors import WeightsError
+from ..optional import require
+from . import caffe_pb2
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -42,8 +44,6 @@ EXTRAS_DATASET = "pycaffe_lite_state"
 
 
 def _h5py():
-    from ..optional import require
-
     return require("h5py", feature="HDF5 weights and solver states")
 
 
@@ -203,7 +203,6 @@ def state_to_bytes(state: caffe_pb2.SolverState, history: list[np.ndarray]) -> b
     """A ``.solverstate.h5`` holding ``state``'s iter, current_step, learned_net and extras
     (data positions, random state) and the ``history`` arrays."""
     h5py = _h5py()
-    from . import caffe_pb2
 
     buf = io.BytesIO()
     with h5py.File(buf, "w") as f:
@@ -237,7 +236,6 @@ def _int(f, name: str, filename: str) -> int:
 def read_state(filename: str | os.PathLike) -> tuple[caffe_pb2.SolverState, list[np.ndarray]]:
     """The SolverState (no history) and the history arrays of a ``.solverstate.h5``."""
     h5py = _h5py()
-    from . import caffe_pb2
 
     filename = os.fspath(filename)
     state = caffe_pb2.SolverState()

@@ -9,6 +9,7 @@ from typing import TypeVar
 from google.protobuf import message as pb_message
 from google.protobuf import text_format
 
+from ..durable import remove_stale_temps, temp_path
 from ..errors import PrototxtError
 
 M = TypeVar("M", bound=pb_message.Message)
@@ -93,7 +94,6 @@ def read_binary(path: str | os.PathLike, message: M, what: str = "binary proto")
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file beside it (``durable.temp_path``: named
     with this process id; those that ended writers of ``path`` left are removed first), then rename."""
-    from ..durable import remove_stale_temps, temp_path
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

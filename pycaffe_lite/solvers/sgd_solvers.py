@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..gpu import backend
 from ..proto import caffe_pb2
 from .lr_policy import SolverConfigError
 from .solver import Solver, load_solver_param
@@ -35,7 +36,6 @@ KERNELS = Path(__file__).with_name("updates.cu")
 
 def _update_gpu(name: str, blob, history, *args) -> None:
     """Launch update kernel ``name(count, w, g, *history, *args)`` over ``blob``'s data and diff."""
-    from ..gpu import backend
 
     backend.kernel(KERNELS, name, blob.dtype)(blob.count, blob.mutable_gpu_data(), blob.mutable_gpu_diff(),
                                               *(h.mutable_gpu_data() for h in history), *args)

@@ -28,12 +28,16 @@ from typing import ClassVar, SupportsInt, cast
 import numpy as np
 
 from .. import common
+from ..bbox import mean_average_precision
 from ..blob import Blob
 from ..errors import CaffeError, PrototxtError, ShapeError, WeightsError
-from ..gpu import backend
+from ..glog import ensure_console_log
+from ..gpu import backend, blas
 from ..net import Net, in_file
 from ..net_graph import NetGraph
+from ..optional import require
 from ..proto import caffe_pb2, hdf5_weights, protoio
+from . import checks as solver_checks
 from . import lr_policy, snapshot
 from .iteration import PlainIteration, ReplayedIteration
 from .lr_policy import SolverConfigError
@@ -151,7 +155,6 @@ class Solver:
         # iteration, so whole iterations can still be replayed as CUDA graphs.
         self.iteration_hooks: list[Callable[[int, float], None]] = []
         if not self._use_progress():  # no progress bar: Caffe's log on stderr, unless logging is set up
-            from ..glog import ensure_console_log
 
             ensure_console_log()
         self.check_param()
@@ -183,8 +186,6 @@ class Solver:
                 f"{self.where}: unknown regularization_type '{p.regularization_type}' (expected L1 or L2)"
             )
         if p.snapshot_format == caffe_pb2.SolverParameter.HDF5:
-            from ..optional import require
-
             require("h5py", feature="snapshot_format: HDF5")
         if p.snapshot and not p.snapshot_prefix:
             raise SolverConfigError(f"{self.where}: snapshot is set but snapshot_prefix is empty")
@@ -202,7 +203,6 @@ class Solver:
                 raise SolverConfigError(
                     f"cannot write to snapshot prefix '{p.snapshot_prefix}': folder {parent} is not writable"
                 )
-        from . import checks as solver_checks
         solver_checks.check_solver_param(p, self.where)
         self.stop_on_nonfinite_loss = getattr(self, "stop_on_nonfinite_loss", True)
         if not any(getattr(h, "__qualname__", "").startswith("nonfinite_loss_hook") for h in self.iteration_hooks):
@@ -545,7 +545,6 @@ class Solver:
 
     def _test_detection(self, rows: dict[str, list]) -> dict[str, list[float]]:
         """The SSD fork's detection evaluation: mAP (``ap_version``) of each output's rows."""
-        from ..bbox import mean_average_precision
 
         out: dict[str, list[float]] = {}
         for j, (name, batches) in enumerate(rows.items()):
@@ -635,8 +634,6 @@ class Solver:
             return
         params = self.net.learnable_params
         if on_gpu:
-            from ..gpu import blas
-
             sumsq = sum(blas.dot(b.count, b.gpu_diff(), b.gpu_diff(), self.dtype) for b in params)
         else:
             sumsq = sum(float(np.dot(d, d)) for d in (b.cpu_diff().ravel() for b in params))
@@ -648,8 +645,6 @@ class Solver:
             )
             for b in params:
                 if on_gpu:
-                    from ..gpu import blas
-
                     blas.scal(b.count, factor, b.mutable_gpu_diff(), self.dtype)
                 else:
                     b.mutable_cpu_diff()[...] *= self.dtype.type(factor)

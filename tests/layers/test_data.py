@@ -300,6 +300,9 @@ def test_lmdb_replaced_under_a_training_data_layer(source, tmp_path):
         top = empty_blobs(2, np.float32)
         layer.setup([], top)
         layer.forward([], top)
+        import time
+        while not layer._prefetcher.queue.full():  # the reader idle: no read races the copy (see docs)
+            time.sleep(0.01)
         shutil.copyfile("{small}/data.mdb", "{victim}/data.mdb")
         try:
             for _ in range(20):

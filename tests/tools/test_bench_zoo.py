@@ -1,0 +1,107 @@
+"""benchmarks/zoo.py on the CPU: our side of a tiny run end to end (parent + worker subprocess),
+the training variant of the deploy nets, argument handling and the table cells."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from pycaffe_lite.proto import caffe_pb2
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    spec = importlib.util.spec_from_file_location("bench_zoo", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # puts benchmarks/ on sys.path (ours, peer_torch, timing)
+    return mod
+
+
+def test_every_net_has_its_prototxt(zoo):
+    for name, net in zoo.NETS.items():
+        assert (zoo.ZOO / net.prototxt).is_file(), name
+    assert set(zoo.DEFAULT_NETS.split(",")) <= set(zoo.NETS)
+
+
+def test_train_variant(zoo):
+    import ours
+
+    p = ours.zoo_param(zoo.ZOO / "resnet50_deploy.prototxt", 8, train=True)
+    first, last = p.layer[0], p.layer[-1]
+    assert first.type == "Input" and list(first.top) == ["data", "label"]
+    assert [list(s.dim) for s in first.input_param.shape] == [[8, 3, 224, 224], [8]]
+    assert last.type == "SoftmaxWithLoss" and list(last.bottom) == ["fc1000", "label"]
+    assert not any(lp.type == "Softmax" for lp in p.layer)
+    bns = [lp for lp in p.layer if lp.type == "BatchNorm"]
+    assert bns and not any(lp.batch_norm_param.HasField("use_global_stats") for lp in bns)
+    assert p.force_backward
+    sq = ours.zoo_param(zoo.ZOO / "squeezenet_v1_1_deploy.prototxt", 2, train=True)
+    assert list(sq.layer[-1].bottom) == ["pool10", "label"]
+    test = ours.zoo_param(zoo.ZOO / "mobilenet_v2_deploy.prototxt", 1, train=False)
+    assert list(test.layer[0].input_param.shape[0].dim) == [1, 3, 224, 224]
+    assert test.layer[-1].type == "Softmax" and not test.force_backward
+    assert isinstance(test, caffe_pb2.NetParameter)
+
+
+def test_args(zoo):
+    a = zoo.parse_args(["--quick"])
+    assert (a.batch, a.iters, a.warmup) == (4, 2, 1) and a.net_list == zoo.DEFAULT_NETS.split(",")
+    with pytest.raises(SystemExit):
+        zoo.parse_args(["--nets", "resnet50,nope"])
+
+
+def test_row_cells(zoo):
+    mine = {"train_ms": 20.0, "latency_ms": 2.0, "memory": {"device": 3 * zoo.MIB, "pool": 2 * zoo.MIB}}
+    peer = {"train_ms": 10.0, "latency_ms": 4.0, "memory": {"reserved": 2 * zoo.MIB, "device": 4 * zoo.MIB}}
+    assert zoo.row("n", mine, peer) == ["n", "20.00", "10.00", "2.00x", "2.00", "4.00", "0.50x",
+                                        "3", "2", "1.50x", "2", "4"]
+    cells = zoo.row("n", {"error": "boom"}, None)
+    assert cells[1:4] == ["error", "-", "-"] and cells[7] == "error"
+
+
+def test_cpu_smoke_ours(zoo, tmp_path, capsys, monkeypatch):
+    import peer_torch
+
+    monkeypatch.setattr(peer_torch, "torchvision_available", lambda: "torchvision not installed (test)")
+    out = tmp_path / "zoo.md"
+    rc = zoo.main(["--cpu", "--nets", "squeezenet1_1", "--batch", "1", "--iters", "1", "--warmup", "0",
+                   "--latency-iters", "1", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "PEER MISSING" in text
+    cells = _table_row(out, "squeezenet1_1")
+    assert float(cells[1]) > 0 and float(cells[4]) > 0  # our train and batch-1 times
+    assert cells[2] == cells[3] == cells[7] == "-"  # no peer, no memory on the CPU
+
+
+def test_worker_timeout_is_reported(zoo):
+    args = zoo.parse_args(["--cpu", "--nets", "vgg16", "--timeout", "0.01"])
+    assert zoo.spawn(args, "ours", "vgg16") == {"error": "timed out after 0 s"}
+
+
+def _table_row(path: Path, net: str) -> list[str]:
+    line = next(ln for ln in path.read_text().splitlines() if ln.startswith(f"| {net} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+@pytest.mark.gpu
+def test_gpu_quick_both_sides(zoo, tmp_path, capsys):
+    """GPU: a quick SqueezeNet row with our memory (pool within the device delta) and, where
+    torchvision exists, the peer's columns and the ratios."""
+    import peer_torch
+
+    out = tmp_path / "zoo.md"
+    rc = zoo.main(["--quick", "--nets", "squeezenet1_1", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    cells = _table_row(out, "squeezenet1_1")
+    assert float(cells[1]) > 0 and float(cells[4]) > 0
+    pool_mib = float(cells[10])
+    assert pool_mib > 0  # (the device-wide figure is exact only with no other process on the GPU)
+    if peer_torch.torchvision_available() is None:
+        assert float(cells[2]) > 0 and float(cells[8]) > 0
+        assert cells[3].endswith("x") and cells[6].endswith("x") and cells[9].endswith("x")

@@ -1,0 +1,69 @@
+"""tools/check_kernels.py: every kernel file compiles for float and double; a broken one fails."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "tools" / "check_kernels.py"
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+def run_tool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow  # CI runs tools/check_kernels.py itself before pytest -m "not slow"
+def test_every_kernel_file_compiles():
+    proc = run_tool()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the lead's shared kernels are always among the files checked, for both element types
+    assert "pycaffe_lite/gpu/math_functions.cu [Dtype=float" in proc.stdout
+    assert "pycaffe_lite/gpu/math_functions.cu [Dtype=double" in proc.stdout
+
+
+def test_broken_kernel_fails_with_file_and_message(tmp_path):
+    good = tmp_path / "good.cu"
+    good.write_text("__global__ void ok_kernel(const int n, Dtype* y) {\n"
+                    "  CUDA_KERNEL_LOOP(i, n) { y[i] = Dtype(2); }\n}\n")
+    bad = tmp_path / "broken.cu"
+    bad.write_text("__global__ void bad_kernel(const int n, Dtype* y) {\n"
+                   "  CUDA_KERNEL_LOOP(i, n) { y[i] = no_such_identifier; }\n}\n")
+    proc = run_tool("--paths", str(tmp_path))
+    assert proc.returncode == 1
+    out = proc.stdout + proc.stderr
+    assert "FAIL" in out and "broken.cu" in out
+    assert "no_such_identifier" in out  # nvcc's message is shown
+    assert f"{bad}(2)" in out  # reported against the original file and line
+    assert "ok   " in out and "good.cu" in out
+    assert "2 of 4 compilations succeeded" in out
+
+
+def test_templates_are_rejected_like_sourcemodule(tmp_path):
+    """SourceModule wraps files in extern "C", so a template must fail here too."""
+    bad = tmp_path / "templ.cu"
+    bad.write_text("template <typename T> __device__ T twice(T v) { return v + v; }\n")
+    proc = run_tool("--paths", str(bad), "--dtype", "float")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+def test_missing_path_is_a_clear_error(tmp_path):
+    proc = run_tool("--paths", str(tmp_path / "nope.cu"))
+    assert proc.returncode == 2
+    assert "nope.cu" in proc.stderr
+
+
+def test_arch_option_is_passed_to_nvcc(tmp_path):
+    good = tmp_path / "good.cu"
+    good.write_text("__global__ void k(const int n, Dtype* y) { CUDA_KERNEL_LOOP(i, n) { y[i] = 0; } }\n")
+    proc = run_tool("--paths", str(good), "--arch", "sm_80", "--dtype", "double")
+    assert proc.returncode == 0, proc.stderr
+    assert "[Dtype=double, sm_80]" in proc.stdout
+    bad_arch = run_tool("--paths", str(good), "--arch", "sm_not_an_arch", "--dtype", "float")
+    assert bad_arch.returncode == 1
