@@ -41,7 +41,7 @@ class AccuracyLayer(Layer):
         return False
 
     def reshape(self, bottom, top):
-        where = f"layer '{self.name}' (Accuracy)"
+        where = self.where
         if bottom[1].count == 0 or self.top_k > bottom[0].count // bottom[1].count:
             raise ShapeError(
                 f"{where}: top_k must be less than or equal to the number of classes: top_k {self.top_k}, "

@@ -75,7 +75,7 @@ class AnnotatedDataLayer(Layer):
         if dp.batch_size <= 0:
             raise self.error("data_param.batch_size must be positive")
         self.batch_size = dp.batch_size
-        self.cursor = open_cursor(dp.source, dp.backend, where=f"layer '{self.name}'")
+        self.cursor = open_cursor(dp.source, dp.backend, where=self.where)
         self.rng = np.random.default_rng(int(common.rng().integers(2**63)))
         rp = self.tp.resize_param
         if self.tp.HasField("resize_param") and rp.resize_mode != RP.WARP:
@@ -132,12 +132,12 @@ class AnnotatedDataLayer(Layer):
         try:
             ad.ParseFromString(self.cursor.value())
         except Exception as exc:
-            raise DataError(f"layer '{self.name}': {self.cursor.path}: record {self.cursor.key()!r} is not an "
-                            f"AnnotatedDatum ({exc})") from None
+            raise self.error(f"{self.cursor.path}: record {self.cursor.key()!r} is not an "
+                            f"AnnotatedDatum ({exc})", DataError) from None
         return ad
 
     def _image(self, ad) -> np.ndarray:
-        chw = decode_datum(ad.datum, self.tp.force_color, self.tp.force_gray, where=f"layer '{self.name}'")
+        chw = decode_datum(ad.datum, self.tp.force_color, self.tp.force_gray, where=self.where)
         return np.ascontiguousarray(chw.transpose(1, 2, 0)).astype(np.float32)
 
     @staticmethod
@@ -248,7 +248,7 @@ class AnnotatedDataLayer(Layer):
         oh, ow = self.out_hw
         if (oh, ow) != (h, w):
             if oh > h or ow > w:
-                raise DataError(f"layer '{self.name}': image of {h}x{w} is smaller than the crop {oh}x{ow}")
+                raise self.error(f"image of {h}x{w} is smaller than the crop {oh}x{ow}", DataError)
             if self.phase == caffe_pb2.TRAIN:
                 y0, x0 = int(self.rng.integers(h - oh + 1)), int(self.rng.integers(w - ow + 1))
             else:
@@ -265,8 +265,8 @@ class AnnotatedDataLayer(Layer):
         if self.mean is not None:
             m = self.mean.reshape(-1, *self.mean.shape[-2:]) if self.mean.ndim > 2 else self.mean
             if m.shape[-2:] != chw.shape[-2:]:
-                raise DataError(f"layer '{self.name}': mean_file of shape {self.mean.shape} does not fit "
-                                f"images of {chw.shape}")
+                raise self.error(f"mean_file of shape {self.mean.shape} does not fit "
+                                f"images of {chw.shape}", DataError)
             chw = chw - m
         elif self.mean_values:
             chw = chw - self._mean_colour(chw.shape[0]).reshape(-1, 1, 1)
@@ -286,8 +286,8 @@ class AnnotatedDataLayer(Layer):
                 img, boxes = self._crop_window(img, boxes, windows[int(self.rng.integers(len(windows)))])
         if not self.tp.HasField("resize_param") and img.shape[:2] != self.out_hw and not (
                 self.tp.crop_size or self.tp.crop_h or self.tp.crop_w):
-            raise DataError(f"layer '{self.name}': image of {img.shape[:2]} differs from the batch's "
-                            f"{self.out_hw}; give transform_param.resize_param to resize")
+            raise self.error(f"image of {img.shape[:2]} differs from the batch's "
+                            f"{self.out_hw}; give transform_param.resize_param to resize", DataError)
         return self._final(img, boxes)
 
     def forward_cpu(self, bottom, top):
@@ -297,8 +297,8 @@ class AnnotatedDataLayer(Layer):
             ad = self._read()
             values, boxes = self.load_item(ad)
             if values.shape != data.shape[1:]:
-                raise DataError(f"layer '{self.name}': record {self.cursor.key()!r} gives {values.shape}, "
-                                f"the batch is {data.shape[1:]}")
+                raise self.error(f"record {self.cursor.key()!r} gives {values.shape}, "
+                                f"the batch is {data.shape[1:]}", DataError)
             data[i] = values
             rows += [[i, label, inst, *box, float(diff)] for label, inst, box, diff in boxes]
             self.cursor.next()

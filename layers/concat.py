@@ -27,15 +27,15 @@ class ConcatLayer(Layer):
         p = self.layer_param.concat_param
         if p.HasField("concat_dim"):
             if p.concat_dim >= bottom[0].num_axes:
-                raise ShapeError(
-                    f"layer '{self.name}' (Concat): concat_dim {p.concat_dim} out of range for bottom 0 "
-                    f"of shape {bottom[0].shape}"
+                raise self.error(
+                    f"concat_dim {p.concat_dim} out of range for bottom 0 "
+                    f"of shape {bottom[0].shape}", ShapeError
                 )
             return int(p.concat_dim)
         try:
             return bottom[0].canonical_axis(p.axis)
         except ShapeError as exc:
-            raise ShapeError(f"layer '{self.name}' (Concat): {exc}") from None
+            raise self.error(f"{exc}", ShapeError) from None
 
     def reshape(self, bottom, top):
         axis = self.axis = self._axis(bottom)
@@ -44,9 +44,9 @@ class ConcatLayer(Layer):
         for i, b in enumerate(bottom):
             s = b.shape
             if len(s) != len(first) or s[:axis] != first[:axis] or s[axis + 1:] != first[axis + 1:]:
-                raise ShapeError(
-                    f"layer '{self.name}' (Concat): bottom {i} has shape {s}, incompatible with bottom 0 "
-                    f"shape {first}: all dimensions except axis {axis} must match"
+                raise self.error(
+                    f"bottom {i} has shape {s}, incompatible with bottom 0 "
+                    f"shape {first}: all dimensions except axis {axis} must match", ShapeError
                 )
             total += s[axis]
         top[0].reshape(first[:axis] + (total,) + first[axis + 1:])

@@ -44,9 +44,9 @@ class ContrastiveLossLayer(LossLayer):
         ok = (a.num_axes in (2, 4) and a.shape == b.shape and a.count_range(2) == 1 and y.num_axes >= 1
               and y.shape[0] == a.shape[0] and y.count == a.shape[0])
         if not ok:
-            raise ShapeError(
-                f"layer '{self.name}' (ContrastiveLoss): expected features (N, C, 1, 1) or (N, C) of one "
-                f"shape and N similarity labels, got {a.shape}, {b.shape} and {y.shape}"
+            raise self.error(
+                f"expected features (N, C, 1, 1) or (N, C) of one "
+                f"shape and N similarity labels, got {a.shape}, {b.shape} and {y.shape}", ShapeError
             )
         super().reshape(bottom, top)
         self.channels = a.shape[1]

@@ -154,7 +154,7 @@ class DataLayer(Layer):
 
     def layer_setup(self, bottom, top):
         dp = self.layer_param.data_param
-        where = f"layer '{self.name}' (Data)"
+        where = self.where
         if not dp.source:
             raise DataError(f"{where}: data_param.source is empty (expected the path of an LMDB or a LevelDB)")
         if dp.batch_size <= 0:

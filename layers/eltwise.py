@@ -43,9 +43,9 @@ class EltwiseLayer(Layer):
     def reshape(self, bottom, top):
         for i in range(1, len(bottom)):
             if bottom[i].shape != bottom[0].shape:
-                raise ShapeError(
-                    f"layer '{self.name}' (Eltwise): bottom {i} has shape {bottom[i].shape}, "
-                    f"bottom 0 has {bottom[0].shape}; all bottoms must have the same shape"
+                raise self.error(
+                    f"bottom {i} has shape {bottom[i].shape}, "
+                    f"bottom 0 has {bottom[0].shape}; all bottoms must have the same shape", ShapeError
                 )
         top[0].reshape(bottom[0].shape)
         if self.mask is not None:

@@ -32,9 +32,9 @@ class EuclideanLossLayer(LossLayer):
         a, b = bottom
         super().reshape(bottom, top)  # the same first dimension
         if a.count_range(1) != b.count_range(1):
-            raise ShapeError(
-                f"layer '{self.name}' (EuclideanLoss): inputs must have the same first dimension and "
-                f"the same count per item, got {a.shape} and {b.shape}"
+            raise self.error(
+                f"inputs must have the same first dimension and "
+                f"the same count per item, got {a.shape} and {b.shape}", ShapeError
             )
         self.diff.reshape(a.shape)
 

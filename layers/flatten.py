@@ -20,10 +20,10 @@ class FlattenLayer(ViewLayer):
         try:
             start, end = b.canonical_axis(p.axis), b.canonical_axis(p.end_axis)
         except ShapeError as exc:
-            raise ShapeError(f"layer '{self.name}' (Flatten): {exc}") from None
+            raise self.error(f"{exc}", ShapeError) from None
         if end < start:
-            raise ShapeError(
-                f"layer '{self.name}' (Flatten): end_axis {p.end_axis} comes before axis {p.axis} "
-                f"for bottom shape {b.shape}"
+            raise self.error(
+                f"end_axis {p.end_axis} comes before axis {p.axis} "
+                f"for bottom shape {b.shape}", ShapeError
             )
         return b.shape[:start] + (b.count_range(start, end + 1),) + b.shape[end + 1:]

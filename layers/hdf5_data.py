@@ -47,7 +47,6 @@ class HDF5DataLayer(Layer):
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.hdf5_data_param
-        self.where = f"layer '{self.name}' (HDF5Data)"
         if p.batch_size <= 0:
             raise self.error(f"hdf5_data_param.batch_size must be positive, got {p.batch_size}")
         self.batch_size = int(p.batch_size)

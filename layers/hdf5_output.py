@@ -38,7 +38,6 @@ class HDF5OutputLayer(Layer):
     exact_num_top_blobs = 0
 
     def layer_setup(self, bottom, top):
-        self.where = f"layer '{self.name}' (HDF5Output)"
         self.file_name = self.layer_param.hdf5_output_param.file_name
         if not self.file_name:
             raise DataError(f"{self.where}: hdf5_output_param.file_name is empty (expected the output .h5 path)")

@@ -34,9 +34,9 @@ class HingeLossLayer(LossLayer):
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
         if bottom[1].count != self.outer:
-            raise ShapeError(
-                f"layer '{self.name}' (HingeLoss): the label blob must hold one value per sample "
-                f"({self.outer}), got shape {bottom[1].shape}"
+            raise self.error(
+                f"the label blob must hold one value per sample "
+                f"({self.outer}), got shape {bottom[1].shape}", ShapeError
             )
         self.classes = self.inner
         self.margins.reshape((self.outer, self.inner))

@@ -88,7 +88,6 @@ class ImageDataLayer(Layer):
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.image_data_param
-        self.where = f"layer '{self.name}' (ImageData)"
         self.new_height, self.new_width = int(p.new_height), int(p.new_width)
         if not ((self.new_height == 0 and self.new_width == 0) or (self.new_height > 0 and self.new_width > 0)):
             raise self.error(f"image_data_param needs new_height and new_width both set (positive) or both 0, "

@@ -58,7 +58,7 @@ class InfogainLossLayer(SoftmaxWithLossLayer):
                 raise self.error("infogain_loss_param.source is required when H is not given as bottom 2")
             proto = read_binary(ip.source, caffe_pb2.BlobProto(), "infogain matrix (BlobProto)")
             self.infogain = Blob((), self.dtype)
-            self.infogain.from_proto(proto, where=f"layer '{self.name}': infogain matrix {ip.source}")
+            self.infogain.from_proto(proto, where=f"{self.where}: infogain matrix {ip.source}")
         self.row_sums = Blob((), self.dtype)
 
     def _h(self, bottom) -> Blob:
@@ -71,9 +71,9 @@ class InfogainLossLayer(SoftmaxWithLossLayer):
         super().reshape(bottom, top)
         h = self._h(bottom)
         if h.count != self.classes * self.classes:
-            raise ShapeError(
-                f"layer '{self.name}' (InfogainLoss): the infogain matrix H must be {self.classes}x"
-                f"{self.classes} for {self.classes} labels, got shape {h.shape}"
+            raise self.error(
+                f"the infogain matrix H must be {self.classes}x"
+                f"{self.classes} for {self.classes} labels, got shape {h.shape}", ShapeError
             )
         self.row_sums.reshape((self.classes,))
 

@@ -33,7 +33,7 @@ class InnerProductLayer(Layer):
         self.K = bottom[0].count_range(self.axis)
         w_shape = (self.K, self.N) if self.transpose else (self.N, self.K)
 
-        check_fits(f"layer '{self.name}' (InnerProduct)", f"the {self.N}x{self.K} weights", self.N * self.K,
+        check_fits(self.where, f"the {self.N}x{self.K} weights", self.N * self.K,
                    np.dtype(self.dtype).itemsize)
         shapes = [w_shape] + ([(self.N,)] if self.bias_term else [])
         if self.blobs:

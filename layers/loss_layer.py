@@ -82,9 +82,9 @@ class LossLayer(Layer):
         """Caffe's LossLayer::Reshape: bottoms 0 and 1 share their first dimension; top[0] is ()."""
         a, b = bottom[0], bottom[1]
         if a.num_axes == 0 or b.num_axes == 0 or a.shape[0] != b.shape[0]:
-            raise ShapeError(
-                f"layer '{self.name}' ({self.type}): bottom 0 and bottom 1 should have the same first "
-                f"dimension, got {a.shape} and {b.shape}"
+            raise self.error(
+                f"bottom 0 and bottom 1 should have the same first "
+                f"dimension, got {a.shape} and {b.shape}", ShapeError
             )
         top[0].reshape(())
         self.outer, self.inner = a.shape[0], a.count // max(a.shape[0], 1)

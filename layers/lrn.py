@@ -58,9 +58,9 @@ class LRNLayer(Layer):
 
     def reshape(self, bottom, top):
         if bottom[0].num_axes != 4:
-            raise ShapeError(
-                f"layer '{self.name}' (LRN): input must have 4 axes (num, channels, height, width), "
-                f"got shape {bottom[0].shape}"
+            raise self.error(
+                f"input must have 4 axes (num, channels, height, width), "
+                f"got shape {bottom[0].shape}", ShapeError
             )
         top[0].reshape(bottom[0].shape)
         self.scale.reshape(bottom[0].shape)

@@ -75,7 +75,7 @@ class MemoryDataLayer(Layer):
     def restore_read_state(self, position: int, key: bytes, rng_state: str, where: str = "") -> None:
         """Continue from the item given by ``read_state``."""
         if self._data is not None and not 0 <= position < self.n:
-            where = where or f"layer '{self.name}' (MemoryData)"
+            where = where or self.where
             raise DataError(f"{where}: cannot restore the read position {position}: the arrays "
                             f"given by reset hold {self.n} items")
         self.pos = int(position)

@@ -32,9 +32,9 @@ class MultinomialLogisticLossLayer(LossLayer):
         super().reshape(bottom, top)
         lab = bottom[1]
         if lab.num_axes > 4 or (lab.channels, lab.height, lab.width) != (1, 1, 1):
-            raise ShapeError(
-                f"layer '{self.name}' (MultinomialLogisticLoss): the label blob must hold one value per "
-                f"sample, shape (N, 1, 1, 1) or (N,), got {lab.shape}"
+            raise self.error(
+                f"the label blob must hold one value per "
+                f"sample, shape (N, 1, 1, 1) or (N,), got {lab.shape}", ShapeError
             )
         self.classes = self.inner
         self._loss.reshape((self.outer,))

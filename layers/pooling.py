@@ -128,7 +128,7 @@ class PoolingLayer(Layer):
         if self.method == PP.MAX and common.mode() is common.Mode.CPU:  # forward_cpu's window stack
             scratch += self.kernel[0] * self.kernel[1] * n * c * self.pooled[0] * self.pooled[1]
             what += " and the stack of its kernel windows"
-        check_fits(f"layer '{self.name}' (Pooling)", f"kernel {self.kernel[0]}x{self.kernel[1]}, stride "
+        check_fits(self.where, f"kernel {self.kernel[0]}x{self.kernel[1]}, stride "
                    f"{self.stride[0]}x{self.stride[1]} on a {h}x{w} input: {what}", scratch, np.dtype(self.dtype).itemsize)
         for t in top:
             t.reshape((n, c) + self.pooled)

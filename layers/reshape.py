@@ -38,35 +38,35 @@ class ReshapeLayer(ViewLayer):
         n = b.num_axes
         start = p.axis if p.axis >= 0 else p.axis + n + 1
         if not 0 <= start <= n:
-            raise ShapeError(f"layer '{self.name}' (Reshape): axis {p.axis} out of range for bottom shape {b.shape}")
+            raise self.error(f"axis {p.axis} out of range for bottom shape {b.shape}", ShapeError)
         if p.num_axes < -1:
-            raise ShapeError(f"layer '{self.name}' (Reshape): num_axes must be >= 0 or -1, got {p.num_axes}")
+            raise self.error(f"num_axes must be >= 0 or -1, got {p.num_axes}", ShapeError)
         end = n if p.num_axes == -1 else start + p.num_axes
         if end > n:
-            raise ShapeError(
-                f"layer '{self.name}' (Reshape): axis {p.axis} + num_axes {p.num_axes} exceeds the "
-                f"{n} axes of bottom shape {b.shape}"
+            raise self.error(
+                f"axis {p.axis} + num_axes {p.num_axes} exceeds the "
+                f"{n} axes of bottom shape {b.shape}", ShapeError
             )
         new = list(self.dims)
         for i in self.copy_axes:
             if start + i >= n:
-                raise ShapeError(
-                    f"layer '{self.name}' (Reshape): shape dim {i} is 0 (copy) but bottom shape {b.shape} "
-                    f"has no axis {start + i}"
+                raise self.error(
+                    f"shape dim {i} is 0 (copy) but bottom shape {b.shape} "
+                    f"has no axis {start + i}", ShapeError
                 )
             new[i] = b.shape[start + i]
         if self.inferred_axis is not None:
             explicit = math.prod(d for d in new if d != -1) * b.count_range(0, start) * b.count_range(end)
             if explicit == 0 or b.count % explicit:
-                raise ShapeError(
-                    f"layer '{self.name}' (Reshape): cannot infer the -1 dimension of {self.dims}: bottom "
-                    f"count {b.count} (shape {b.shape}) is not a multiple of {explicit}"
+                raise self.error(
+                    f"cannot infer the -1 dimension of {self.dims}: bottom "
+                    f"count {b.count} (shape {b.shape}) is not a multiple of {explicit}", ShapeError
                 )
             new[self.inferred_axis] = b.count // explicit
         shape = b.shape[:start] + tuple(new) + b.shape[end:]
         if math.prod(shape) != b.count:
-            raise ShapeError(
-                f"layer '{self.name}' (Reshape): output shape {shape} has {math.prod(shape)} elements, "
-                f"bottom shape {b.shape} has {b.count}"
+            raise self.error(
+                f"output shape {shape} has {math.prod(shape)} elements, "
+                f"bottom shape {b.shape} has {b.count}", ShapeError
             )
         return shape

@@ -36,9 +36,9 @@ class SigmoidCrossEntropyLossLayer(LossLayer):
     def reshape(self, bottom, top):
         super().reshape(bottom, top)
         if bottom[0].count != bottom[1].count:
-            raise ShapeError(
-                f"layer '{self.name}' (SigmoidCrossEntropyLoss): inputs must have the same count, got "
-                f"scores {bottom[0].shape} and targets {bottom[1].shape}"
+            raise self.error(
+                f"inputs must have the same count, got "
+                f"scores {bottom[0].shape} and targets {bottom[1].shape}", ShapeError
             )
         self._buf.reshape(bottom[0].shape)
 

@@ -55,8 +55,8 @@ class SmoothL1LossLayer(LossLayer):
         super().reshape(bottom, top)
         for i, b in enumerate(bottom[1:], 1):
             if b.shape != bottom[0].shape:
-                raise ShapeError(f"layer '{self.name}' (SmoothL1Loss): bottom {i} must have the shape of "
-                                 f"bottom 0 {bottom[0].shape}, got {b.shape}")
+                raise self.error(f"bottom {i} must have the shape of "
+                                 f"bottom 0 {bottom[0].shape}, got {b.shape}", ShapeError)
         self.diff.reshape(bottom[0].shape)
 
     def _d(self, bottom):

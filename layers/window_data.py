@@ -90,7 +90,6 @@ class WindowDataLayer(Layer):
     def layer_setup(self, bottom, top):
         p = self.layer_param.window_data_param
         tp = self.layer_param.transform_param
-        self.where = f"layer '{self.name}' (WindowData)"
         self.cv2 = require("cv2", feature=self.where, extra="data")
         if p.batch_size <= 0:
             raise self.error(f"window_data_param.batch_size must be positive, got {p.batch_size}")

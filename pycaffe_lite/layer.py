@@ -115,9 +115,14 @@ class Layer:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} '{self.name}' ({self.type})>"
 
+    @property
+    def where(self) -> str:
+        """``layer 'name' (Type)``: how errors and messages name this layer."""
+        return f"layer '{self.name}' ({self.type})"
+
     def error(self, message: str, cls: builtins.type[CaffeError] = NetError) -> CaffeError:
         """A ``cls`` error (NetError, ShapeError...) whose message starts ``layer 'name' (Type): `` once."""
-        prefix = f"layer '{self.name}' ({self.type}): "
+        prefix = f"{self.where}: "
         return cls(message if message.startswith(prefix) else prefix + message)
 
     # -- set-up -----------------------------------------------------------------------------
