@@ -56,13 +56,14 @@ MAY_IMPORT = {  # wing -> what of the package it may import besides itself
     "layers": CORE | {"python_layer", "io", "net_spec", "gpu", "conv", "proto", "data"},  # net_spec: caffe.layers.X
     "solvers": CORE | {"net", "gpu", "proto", "data"},
     "parallel": CORE | {"net", "gpu", "proto", "solvers"},
+    "onnx": CORE | {"io", "proto"},  # walks a built Net it is given; never imports net or the runtime
 }
 EXCEPTIONS = {  # (module, import) the table does not allow, each with its reason
     # BVLC's RecurrentLayer builds and runs an unrolled Net of its own (lazily imported)
     ("pycaffe_lite.layers.recurrent", "pycaffe_lite.net"),
     ("pycaffe_lite.layers.recurrent", "pycaffe_lite.runtime.executor"),
 }
-WINGS = {"gpu", "conv", "proto", "data", "testing", "runtime", "layers", "solvers", "parallel", "commands"}
+WINGS = {"gpu", "conv", "proto", "data", "testing", "runtime", "layers", "solvers", "parallel", "commands", "onnx"}
 
 
 def _import_graph() -> dict[str, set[str]]:
