@@ -1,7 +1,7 @@
-"""The N-D convolution and pooling CUDA kernels (``gpu/im2col_nd.cu``, ``layers/pooling_nd.cu``) run on the
+"""The N-D convolution and pooling CUDA kernels (``conv/im2col_nd.cu``, ``layers/pooling_nd.cu``) run on the
 host: each .cu is compiled as plain C++ (``__global__`` -> ``extern "C"``, the grid-stride loop a plain
 loop, Dtype double) and called through ctypes with numpy memory as "device" memory. The kernels'
-index arithmetic, argument order and the GPU orchestration of ``gpu/conv_nd.py`` (cuBLAS and the
+index arithmetic, argument order and the GPU orchestration of ``conv/nd.py`` (cuBLAS and the
 math helpers replaced by numpy on the same pointers) are compared with the CPU code. Without a C++
 compiler the module is skipped; the GPU suite runs the real thing."""
 
@@ -27,7 +27,7 @@ from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 pytestmark = pytest.mark.slow  # compiles two files with g++ (about a second each)
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = {"im2col_nd": ROOT / "pycaffe_lite/gpu/im2col_nd.cu", "pooling_nd": ROOT / "layers/pooling_nd.cu"}
+SOURCES = {"im2col_nd": ROOT / "pycaffe_lite/conv/im2col_nd.cu", "pooling_nd": ROOT / "layers/pooling_nd.cu"}
 PRELUDE = """#include <algorithm>
 #include <cmath>
 using std::min; using std::max;
