@@ -8,24 +8,15 @@ carried over, 2 when the input does not parse.
 from __future__ import annotations
 
 import argparse
-import logging
 
-from ..errors import CaffeError, PrototxtError
-from ..proto import caffe_pb2, protoio, upgrade
 from . import _tools
 from .gflags import Parsed
+from .upgrade_net_proto_text import GFLAGS, POSITIONAL, add_arguments, upgrade_file
 
 NAME = "upgrade_net_proto_binary"
 HELP = "upgrade an old-format binary NetParameter to the current format (BVLC's tool)"
 USAGE = "upgrade_net_proto_binary v0_net_proto_file_in net_proto_file_out"
-GFLAGS = ()
-POSITIONAL = ("input_file", "output_file")
-
-log = logging.getLogger("pycaffe_lite")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _tools.add_gflags(parser, GFLAGS, POSITIONAL)
+__all__ = ["GFLAGS", "HELP", "NAME", "POSITIONAL", "USAGE", "add_arguments", "namespace", "run"]
 
 
 def namespace(parsed: Parsed) -> argparse.Namespace:
@@ -33,23 +24,4 @@ def namespace(parsed: Parsed) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    param = caffe_pb2.NetParameter()
-    try:
-        protoio.read_binary(args.input_file, param)
-    except PrototxtError as exc:
-        log.error("Failed to parse input binary file as NetParameter: %s (%s)", args.input_file, exc)
-        return 2
-    success = True
-    if upgrade.net_needs_upgrade(param) or upgrade.net_needs_data_upgrade(param):
-        try:
-            success = upgrade.upgrade_net(param, args.input_file)
-        except CaffeError as exc:
-            log.error("%s", exc)
-            success = False
-        if not success:
-            log.error("Encountered error(s) while upgrading prototxt; see details above.")
-    else:
-        log.error("File already in latest proto format: %s", args.input_file)
-    protoio.write_binary(args.output_file, param)
-    log.info("Wrote upgraded NetParameter binary proto to %s", args.output_file)
-    return 0 if success else 1
+    return upgrade_file(args, binary=True)

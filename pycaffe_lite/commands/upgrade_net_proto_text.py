@@ -33,11 +33,17 @@ def namespace(parsed: Parsed) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    return upgrade_file(args, binary=False)
+
+
+def upgrade_file(args: argparse.Namespace, binary: bool) -> int:
+    """Read, upgrade and write a NetParameter, text or binary (this tool and upgrade_net_proto_binary)."""
+    kind = "binary" if binary else "text"
     param = caffe_pb2.NetParameter()
     try:
-        protoio.read_text(args.input_file, param)
+        (protoio.read_binary if binary else protoio.read_text)(args.input_file, param)
     except PrototxtError as exc:
-        log.error("Failed to parse input text file as NetParameter: %s (%s)", args.input_file, exc)
+        log.error("Failed to parse input %s file as NetParameter: %s (%s)", kind, args.input_file, exc)
         return 2
     success = True
     if upgrade.net_needs_upgrade(param) or upgrade.net_needs_data_upgrade(param):
@@ -50,6 +56,6 @@ def run(args: argparse.Namespace) -> int:
             log.error("Encountered error(s) while upgrading prototxt; see details above.")
     else:
         log.error("File already in latest proto format: %s", args.input_file)
-    protoio.write_text(args.output_file, param)
-    log.info("Wrote upgraded NetParameter text proto to %s", args.output_file)
+    (protoio.write_binary if binary else protoio.write_text)(args.output_file, param)
+    log.info("Wrote upgraded NetParameter %s proto to %s", kind, args.output_file)
     return 0 if success else 1
