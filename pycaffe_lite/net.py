@@ -179,82 +179,35 @@ class Net:
         available: dict[str, int] = {}  # blobs produced and not yet consumed (net outputs at the end)
         input_names = []
         for layer_id, lp in enumerate(param.layer):
-            if lp.name in self._layer_names_index:  # accepted, as BVLC's Net::Init does
-                log.info("net '%s': layers %d and %d are both named '%s' (weights from a .caffemodel go to "
-                         "the first, from an HDF5 file to the last, as in BVLC)",
-                         self.name, self._first_layer_index(lp.name), layer_id, lp.name)
-            if not lp.HasField("phase"):
-                lp.phase = self.phase
-            layer = create_layer(lp, self.dtype)
-            self.layers.append(layer)
-            self._layer_names.append(lp.name)
-            self._layer_names_index[lp.name] = layer_id  # the last layer of a name (BVLC's layer_names_index_)
-            if lp.propagate_down and len(lp.propagate_down) != len(lp.bottom):
-                raise NetError(
-                    f"layer '{lp.name}': propagate_down has {len(lp.propagate_down)} entries, "
-                    f"expected one per bottom ({len(lp.bottom)})"
-                )
-            bvec, bids, bneed = [], [], []
-            need_backward = False
-            for bi, bname in enumerate(lp.bottom):
-                if bname not in self.graph.blob_name_to_idx:
-                    raise NetError(f"layer '{lp.name}' ({lp.type}): unknown bottom blob '{bname}'")
-                if bname not in available:
-                    raise NetError(
-                        f"layer '{lp.name}' ({lp.type}): bottom blob '{bname}' was already consumed "
-                        "(insert_splits should have split it)"
-                    )
-                bid = self.graph.blob_name_to_idx[bname]
-                del available[bname]
-                prop = lp.propagate_down[bi] if lp.propagate_down else True
-                bvec.append(self.graph.blobs[bid])
-                bids.append(bid)
-                bneed.append(self.graph.blob_need_backward[bid] and prop)
-                need_backward |= self.graph.blob_need_backward[bid]
+            layer = self._add_layer(layer_id, lp)
+            bvec, bids, bneed, need_backward = self._wire_bottoms(lp, available)
             tvec: list[Blob] = []
             tids: list[int] = []
             for ti, tname in enumerate(lp.top):
                 self._append_top(lp, ti, tname, tvec, tids, available)
             if layer.auto_top_blobs:
                 for ti in range(len(lp.top), layer.auto_top_count()):
-                    tname = f"(automatic) {lp.name}_{ti}"
-                    self._append_top(lp, ti, tname, tvec, tids, available)
+                    self._append_top(lp, ti, f"(automatic) {lp.name}_{ti}", tvec, tids, available)
             if lp.type == "Input":
                 input_names.extend(lp.top)
-            self.graph.bottom_vecs.append(bvec)
-            self.graph.bottom_id_vecs.append(bids)
-            self.graph.bottom_need_backward.append(bneed)
-            self.graph.top_vecs.append(tvec)
-            self.graph.top_id_vecs.append(tids)
+            g = self.graph
+            g.bottom_vecs.append(bvec)
+            g.bottom_id_vecs.append(bids)
+            g.bottom_need_backward.append(bneed)
+            g.top_vecs.append(tvec)
+            g.top_id_vecs.append(tids)
             layer.setup(bvec, tvec)  # its errors name the layer
             self._check_tops_hold_values(layer_id)
-            # Param specs a layer adds for itself in setup (BatchNorm's lr_mult 0) count too, and so
-            # do the ones it overrides (the forks' BN forces lr_mult 0 on its statistics, or on all
-            # four blobs when frozen, whatever the prototxt says).
-            for i in range(min(len(lp.param), len(layer.layer_param.param))):
-                if lp.param[i] != layer.layer_param.param[i]:
-                    lp.param[i].CopyFrom(layer.layer_param.param[i])
-            if len(layer.layer_param.param) > len(lp.param):
-                lp.param.extend(layer.layer_param.param[len(lp.param):])
+            self._adopt_param_specs(lp, layer)
             for ti, tid in enumerate(tids):
-                while len(self.graph.blob_loss_weights) <= tid:
-                    self.graph.blob_loss_weights.append(0.0)
-                self.graph.blob_loss_weights[tid] = layer.loss(ti)
-            if len(lp.param) > len(layer.blobs):
-                raise NetError(
-                    f"layer '{lp.name}' ({lp.type}): {len(lp.param)} param specs but the layer has "
-                    f"{len(layer.blobs)} param blobs"
-                )
-            for pi in range(len(layer.blobs)):
-                spec = lp.param[pi] if pi < len(lp.param) else caffe_pb2.ParamSpec()
-                need = spec.lr_mult != 0
-                need_backward |= need
-                layer.param_propagate_down[pi] = need
-                self._append_param(layer_id, pi)
-            self.graph.layer_need_backward.append(need_backward)
+                while len(g.blob_loss_weights) <= tid:
+                    g.blob_loss_weights.append(0.0)
+                g.blob_loss_weights[tid] = layer.loss(ti)
+            need_backward |= self._wire_params(layer_id, lp, layer)
+            g.layer_need_backward.append(need_backward)
             if need_backward:
                 for tid in tids:
-                    self.graph.blob_need_backward[tid] = True
+                    g.blob_need_backward[tid] = True
 
         self._compute_backward_needs(param)
         self.graph.input_blob_indices[:] = [self.graph.blob_name_to_idx[n] for n in input_names]
@@ -342,6 +295,77 @@ class Net:
         # in GPU mode the blobs live on the device; the host surely holds only the params' values
         memcheck.check_total(f"net '{self.name}'", items, "its blobs and params",
                              device=common.mode() is common.Mode.GPU, host_items=params)
+
+    def _add_layer(self, layer_id: int, lp: caffe_pb2.LayerParameter) -> Layer:
+        """Create layer ``layer_id`` and record its name (duplicate names are Caffe's: accepted)."""
+        if lp.name in self._layer_names_index:  # accepted, as BVLC's Net::Init does
+            log.info("net '%s': layers %d and %d are both named '%s' (weights from a .caffemodel go to "
+                     "the first, from an HDF5 file to the last, as in BVLC)",
+                     self.name, self._first_layer_index(lp.name), layer_id, lp.name)
+        if not lp.HasField("phase"):
+            lp.phase = self.phase
+        layer = create_layer(lp, self.dtype)
+        self.graph.layers.append(layer)
+        self.graph.layer_names.append(lp.name)
+        self.graph.layer_names_index[lp.name] = layer_id  # the last layer of a name (BVLC's layer_names_index_)
+        if lp.propagate_down and len(lp.propagate_down) != len(lp.bottom):
+            raise NetError(
+                f"layer '{lp.name}': propagate_down has {len(lp.propagate_down)} entries, "
+                f"expected one per bottom ({len(lp.bottom)})"
+            )
+        return layer
+
+    def _wire_bottoms(self, lp: caffe_pb2.LayerParameter, available: dict[str, int]
+                      ) -> tuple[list[Blob], list[int], list[bool], bool]:
+        """The layer's bottom blobs, their ids, whether each needs a gradient, and whether any
+        bottom needs backward; each bottom is consumed from ``available``."""
+        g = self.graph
+        bvec, bids, bneed = [], [], []
+        need_backward = False
+        for bi, bname in enumerate(lp.bottom):
+            if bname not in g.blob_name_to_idx:
+                raise NetError(f"layer '{lp.name}' ({lp.type}): unknown bottom blob '{bname}'")
+            if bname not in available:
+                raise NetError(
+                    f"layer '{lp.name}' ({lp.type}): bottom blob '{bname}' was already consumed "
+                    "(insert_splits should have split it)"
+                )
+            bid = g.blob_name_to_idx[bname]
+            del available[bname]
+            prop = lp.propagate_down[bi] if lp.propagate_down else True
+            bvec.append(g.blobs[bid])
+            bids.append(bid)
+            bneed.append(g.blob_need_backward[bid] and prop)
+            need_backward |= g.blob_need_backward[bid]
+        return bvec, bids, bneed, need_backward
+
+    @staticmethod
+    def _adopt_param_specs(lp: caffe_pb2.LayerParameter, layer: Layer) -> None:
+        """Param specs a layer adds for itself in setup (BatchNorm's lr_mult 0) count, and so do the
+        ones it overrides (the forks' BN forces lr_mult 0 on its statistics, or on all four blobs
+        when frozen, whatever the prototxt says)."""
+        for i in range(min(len(lp.param), len(layer.layer_param.param))):
+            if lp.param[i] != layer.layer_param.param[i]:
+                lp.param[i].CopyFrom(layer.layer_param.param[i])
+        if len(layer.layer_param.param) > len(lp.param):
+            lp.param.extend(layer.layer_param.param[len(lp.param):])
+
+    def _wire_params(self, layer_id: int, lp: caffe_pb2.LayerParameter, layer: Layer) -> bool:
+        """Register the layer's param blobs (sharing by name, lr and decay multipliers); True when
+        one of them learns (so the layer needs backward)."""
+        if len(lp.param) > len(layer.blobs):
+            raise NetError(
+                f"layer '{lp.name}' ({lp.type}): {len(lp.param)} param specs but the layer has "
+                f"{len(layer.blobs)} param blobs"
+            )
+        learns = False
+        for pi in range(len(layer.blobs)):
+            spec = lp.param[pi] if pi < len(lp.param) else caffe_pb2.ParamSpec()
+            need = spec.lr_mult != 0
+            learns |= need
+            layer.param_propagate_down[pi] = need
+            self._append_param(layer_id, pi)
+        return learns
 
     def _append_top(self, lp, ti, tname, tvec, tids, available) -> None:
         if ti < len(lp.bottom) and lp.bottom[ti] == tname:  # in place

@@ -60,128 +60,154 @@ def build(net, opset: int = 17, dynamic_batch: bool = False, fp16: bool = False,
     one BatchNormalization (:mod:`.fold`). Raises :class:`ExportError` naming the first layer that
     cannot be written."""
     _check_opset(opset)
-    groups = fold.plan(net) if fold_bn else {}
-    folded_into = {m: members[-1] for members in groups.values() for m in [*members[:-1]]}
-    folded_into.update({head: members[-1] for head, members in groups.items()})
-    last_members = {members[-1] for members in groups.values()}
-    converters = load_converters()
-    g = GraphBuilder(opset, fp16)
-    n = len(net.layers)
-    tops_of = [net.top_names_of(i) for i in range(n)]
-    bottoms_of = [net.bottom_names_of(i) for i in range(n)]
-    last_writer: dict[str, int] = {}
-    for i in range(n):
-        for t in tops_of[i]:
-            last_writer[t] = i
-    input_layers = [i for i, layer in enumerate(net.layers)
-                    if layer.type == "Input" or (layer.type in DATA_LAYERS and not bottoms_of[i])]
-    input_names = {t for i in input_layers for t in tops_of[i]}
-    out_names: list[list[str]] = []
-    for i, layer in enumerate(net.layers):
-        names = []
-        for t in tops_of[i]:
-            names.append(t if last_writer[t] == i and (t not in input_names or i in input_layers)
-                         else f"{t}/{layer.name}")
-        out_names.append(names)
-    g.used.update(name for names in out_names for name in names)
+    return _Exporter(net, opset, dynamic_batch, fp16, fold_bn).run()
 
-    values: dict[str, str] = {}
-    rows: list[BlobRow] = []
-    notes: list[str] = []
-    inputs: dict[str, tuple[int, ...]] = {}
-    consumed_by_dropped: list[str] = []
-    for i, layer in enumerate(net.layers):
+
+class _Exporter:
+    """One export: the layers in order (graph inputs, left out, folded or converted), then outputs."""
+
+    def __init__(self, net, opset: int, dynamic_batch: bool, fp16: bool, fold_bn: bool) -> None:
+        self.net, self.dynamic_batch, self.fp16 = net, dynamic_batch, fp16
+        self.groups = fold.plan(net) if fold_bn else {}
+        self.folded_into = {m: members[-1] for members in self.groups.values() for m in [*members[:-1]]}
+        self.folded_into.update({head: members[-1] for head, members in self.groups.items()})
+        self.last_members = {members[-1] for members in self.groups.values()}
+        self.converters = load_converters()
+        self.g = GraphBuilder(opset, fp16)
+        n = len(net.layers)
+        self.tops_of = [net.top_names_of(i) for i in range(n)]
+        self.bottoms_of = [net.bottom_names_of(i) for i in range(n)]
+        self.last_writer: dict[str, int] = {t: i for i in range(n) for t in self.tops_of[i]}
+        self.input_layers = [i for i, layer in enumerate(net.layers)
+                             if layer.type == "Input" or (layer.type in DATA_LAYERS and not self.bottoms_of[i])]
+        self.input_names = {t for i in self.input_layers for t in self.tops_of[i]}
+        self.out_names = [[t if self.last_writer[t] == i and (t not in self.input_names or i in self.input_layers)
+                           else f"{t}/{layer.name}" for t in self.tops_of[i]]
+                          for i, layer in enumerate(net.layers)]
+        self.g.used.update(name for names in self.out_names for name in names)
+        self.values: dict[str, str] = {}
+        self.rows: list[BlobRow] = []
+        self.notes: list[str] = []
+        self.inputs: dict[str, tuple[int, ...]] = {}
+        self.consumed_by_dropped: list[str] = []
+
+    def run(self) -> Exported:
+        net = self.net
+        for i, layer in enumerate(net.layers):
+            if i in self.input_layers:
+                self._graph_inputs(i, layer)
+            elif getattr(layer, "is_loss", False) or layer.type in DROPPED:
+                self._left_out(i, layer)
+            elif i in self.folded_into and i not in self.groups:  # a middle member of a folded group
+                self._folded_rows(i, layer)
+            elif i not in self.last_members:  # (the last member of a folded group: written with its head)
+                if i in self.groups:
+                    self._folded_rows(i, layer)
+                self._convert(i, layer)
+        outputs = self._outputs()
+        self._drop_unread_inputs(outputs)
+        self.rows.sort(key=lambda r: (r.index, r.top_index))
+        model = self.g.model(net.name, doc=f"exported by pycaffe-lite from Caffe net '{net.name}'")
+        return Exported(model, self.inputs, outputs, self.rows, self.notes, self.fp16, self.dynamic_batch,
+                        bool(self.groups))
+
+    def _graph_inputs(self, i: int, layer) -> None:
+        lt, name, tops = layer.type, layer.name, self.tops_of[i]
+        for j, t in enumerate(tops):
+            shape = tuple(self.net.blobs[t].shape)
+            dims: list[int | str] = list(shape)
+            if self.dynamic_batch and dims:
+                dims[0] = BATCH
+            self.g.inputs.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, dims))
+            self.inputs[t] = shape
+            self.values[t] = t
+            self.rows.append(BlobRow(i, j, name, lt, t, t, "graph input"))
+        if lt != "Input":
+            self.notes.append(f"layer '{name}' ({lt}): a data layer; its tops {tops} are graph inputs")
+
+    def _left_out(self, i: int, layer) -> None:
         lt, name = layer.type, layer.name
-        tops, bottoms = tops_of[i], bottoms_of[i]
-        if i in input_layers:
-            for j, t in enumerate(tops):
-                shape = tuple(net.blobs[t].shape)
-                dims: list[int | str] = list(shape)
-                if dynamic_batch and dims:
-                    dims[0] = BATCH
-                g.inputs.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, dims))
-                inputs[t] = shape
-                values[t] = t
-                rows.append(BlobRow(i, j, name, lt, t, t, "graph input"))
-            if lt != "Input":
-                notes.append(f"layer '{name}' ({lt}): a data layer; its tops {tops} are graph inputs")
-            continue
-        if getattr(layer, "is_loss", False) or lt in DROPPED:
-            why = DROPPED.get(lt, "a loss layer (training only)")
-            notes.append(f"layer '{name}' ({lt}) left out: {why}")
-            consumed_by_dropped.extend(b for b in bottoms if b in values)
-            for j, t in enumerate(tops):
-                rows.append(BlobRow(i, j, name, lt, t, None, "left out"))
-            continue
-        if i in folded_into:  # the head or a middle member of a folded group: no value of its own
-            last = net.layers[folded_into[i]].name
-            for j, t in enumerate(tops):
-                rows.append(BlobRow(i, j, name, lt, t, None, f"folded into '{last}'"))
-            if i not in groups:
-                continue
-        if i in last_members:
-            continue  # the last member of a folded group: written with its head
+        why = DROPPED.get(lt, "a loss layer (training only)")
+        self.notes.append(f"layer '{name}' ({lt}) left out: {why}")
+        self.consumed_by_dropped.extend(b for b in self.bottoms_of[i] if b in self.values)
+        for j, t in enumerate(self.tops_of[i]):
+            self.rows.append(BlobRow(i, j, name, lt, t, None, "left out"))
+
+    def _folded_rows(self, i: int, layer) -> None:
+        """The head or a middle member of a folded group: no value of its own."""
+        last = self.net.layers[self.folded_into[i]].name
+        for j, t in enumerate(self.tops_of[i]):
+            self.rows.append(BlobRow(i, j, layer.name, layer.type, t, None, f"folded into '{last}'"))
+
+    def _convert(self, i: int, layer) -> None:
+        net, lt, name = self.net, layer.type, layer.name
+        tops, bottoms = self.tops_of[i], self.bottoms_of[i]
         for b in bottoms:
-            if b not in values:
+            if b not in self.values:
                 raise ExportError(f"layer '{name}' ({lt}): its bottom '{b}' comes from a layer that is not "
                                   "exported (a loss, evaluation or dropped layer)")
-        conv = converters.get(lt)
+        conv = self.converters.get(lt)
         if conv is None:
             raise ExportError(f"layer '{name}' ({lt}): no ONNX converter for layer type '{lt}'")
         ctx = LayerContext(
-            g=g, layer=layer, bottoms=[values[b] for b in bottoms],
+            g=self.g, layer=layer, bottoms=[self.values[b] for b in bottoms],
             bottom_shapes=[tuple(blob.shape) for blob in net.bottom_vecs[i]],
             top_shapes=[tuple(blob.shape) for blob in net.top_vecs[i]],
-            out_names=out_names[i], dynamic_batch=dynamic_batch, notes=notes,
+            out_names=self.out_names[i], dynamic_batch=self.dynamic_batch, notes=self.notes,
             bottom_blobs=list(net.bottom_vecs[i]), top_blobs=list(net.top_vecs[i]),
         )
-        if i in groups:
-            last = groups[i][-1]
-            ctx.out_names = out_names[last]
-            v = fold.convert(ctx, [net.layers[m] for m in groups[i]])[0]
-            t = tops_of[last][0]
-            values[t] = v
-            rows.append(BlobRow(last, 0, net.layers[last].name, net.layers[last].type, t, v, f"folded from '{name}'"))
-            continue
+        if i in self.groups:
+            last = self.groups[i][-1]
+            ctx.out_names = self.out_names[last]
+            v = fold.convert(ctx, [net.layers[m] for m in self.groups[i]])[0]
+            t = self.tops_of[last][0]
+            self.values[t] = v
+            self.rows.append(BlobRow(last, 0, net.layers[last].name, net.layers[last].type, t, v,
+                                     f"folded from '{name}'"))
+            return
         outs = conv(ctx)
         if len(outs) != len(tops):
             raise ExportError(f"layer '{name}' ({lt}): the converter gave {len(outs)} values for {len(tops)} tops")
         for j, (t, v) in enumerate(zip(tops, outs)):
-            values[t] = v
-            rows.append(BlobRow(i, j, name, lt, t, v, "" if v == out_names[i][j] else f"= {v}"))
+            self.values[t] = v
+            self.rows.append(BlobRow(i, j, name, lt, t, v, "" if v == self.out_names[i][j] else f"= {v}"))
 
-    wanted = [t for t in net.outputs if t in values]
-    wanted += [t for t in dict.fromkeys(consumed_by_dropped) if t not in wanted and not t.startswith("(")]
-    wanted = [t for t in _unsplit(net, wanted) if t not in input_names]
-    if not wanted:
-        raise ExportError(f"net '{net.name}': nothing to export (no output blob survives)")
-    outputs = []
-    for t in wanted:
-        v = values[t]
-        if v != t and t not in input_names and not _produced(g, t):
-            g.node("Identity", [v], [t], f"{t}/output")
-            v = t
-        if v in outputs:
-            continue
-        out_shape: list[int | str] = list(net.blobs[t].shape)
-        if dynamic_batch and out_shape and inputs and out_shape[0] == next(iter(inputs.values()))[0]:
-            out_shape[0] = BATCH
-        for axis, sym in SYMBOLIC_DIMS.get(net.layers[last_writer[t]].type, {}).items():
-            out_shape[axis] = sym
-        g.add_output(v, out_shape)
-        outputs.append(v)
-    used_inputs = {x for node in g.nodes for x in node.input} | set(outputs)
-    for vi in list(g.inputs):
-        if vi.name not in used_inputs:
-            g.inputs.remove(vi)
-            del inputs[vi.name]
-            notes.append(f"graph input '{vi.name}' dropped: no exported layer reads its values")
-            for r in rows:
-                if r.value == vi.name:
-                    r.value, r.note = None, "input not read (shape only)"
-    rows.sort(key=lambda r: (r.index, r.top_index))
-    model = g.model(net.name, doc=f"exported by pycaffe-lite from Caffe net '{net.name}'")
-    return Exported(model, inputs, outputs, rows, notes, fp16, dynamic_batch, bool(groups))
+    def _outputs(self) -> list[str]:
+        """The net's outputs (and what dropped layers read) as graph outputs named after their tops."""
+        net, g, values = self.net, self.g, self.values
+        wanted = [t for t in net.outputs if t in values]
+        wanted += [t for t in dict.fromkeys(self.consumed_by_dropped) if t not in wanted and not t.startswith("(")]
+        wanted = [t for t in _unsplit(net, wanted) if t not in self.input_names]
+        if not wanted:
+            raise ExportError(f"net '{net.name}': nothing to export (no output blob survives)")
+        outputs: list[str] = []
+        for t in wanted:
+            v = values[t]
+            if v != t and t not in self.input_names and not _produced(g, t):
+                g.node("Identity", [v], [t], f"{t}/output")
+                v = t
+            if v in outputs:
+                continue
+            out_shape: list[int | str] = list(net.blobs[t].shape)
+            if self.dynamic_batch and out_shape and self.inputs \
+                    and out_shape[0] == next(iter(self.inputs.values()))[0]:
+                out_shape[0] = BATCH
+            for axis, sym in SYMBOLIC_DIMS.get(net.layers[self.last_writer[t]].type, {}).items():
+                out_shape[axis] = sym
+            g.add_output(v, out_shape)
+            outputs.append(v)
+        return outputs
+
+    def _drop_unread_inputs(self, outputs: list[str]) -> None:
+        used_inputs = {x for node in self.g.nodes for x in node.input} | set(outputs)
+        for vi in list(self.g.inputs):
+            if vi.name not in used_inputs:
+                self.g.inputs.remove(vi)
+                del self.inputs[vi.name]
+                self.notes.append(f"graph input '{vi.name}' dropped: no exported layer reads its values")
+                for r in self.rows:
+                    if r.value == vi.name:
+                        r.value, r.note = None, "input not read (shape only)"
 
 
 def _produced(g: GraphBuilder, name: str) -> bool:

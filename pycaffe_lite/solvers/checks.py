@@ -25,38 +25,46 @@ def _fail(source: str, field: str, message: str) -> None:
 
 def check_solver_param(p: caffe_pb2.SolverParameter, source: str = "solver") -> None:
     """SolverConfigError naming ``source`` and the field for the first bad value of ``p``."""
-
-    def finite(field: str) -> float:
-        value = getattr(p, field)
-        if not math.isfinite(value):
-            _fail(source, field, f"must be a finite number, got {value}")
-        return value
-
-    base_lr = finite("base_lr")
-    if base_lr < 0:
-        _fail(source, "base_lr", f"must be >= 0, got {base_lr}")
-    if base_lr > MAX_BASE_LR:
-        _fail(source, "base_lr", f"{base_lr:g} is far too large (at most {MAX_BASE_LR:g}; typical: 0.1 to 1e-5)")
-    momentum = finite("momentum")
-    if not 0 <= momentum < 1:
-        _fail(source, "momentum", f"must be in [0, 1), got {momentum}")
-    momentum2 = finite("momentum2")
-    if not 0 <= momentum2 < 1:
-        _fail(source, "momentum2", f"must be in [0, 1), got {momentum2}")
-    if finite("weight_decay") < 0:
-        _fail(source, "weight_decay", f"must be >= 0, got {p.weight_decay}")
-    if finite("delta") <= 0:
-        _fail(source, "delta", f"must be > 0, got {p.delta}")
-    if not 0 <= finite("rms_decay") <= 1:
-        _fail(source, "rms_decay", f"must be in [0, 1], got {p.rms_decay}")
-    finite("clip_gradients")
-    gamma, power = finite("gamma"), finite("power")
+    gamma, power = _check_rates(p, source)
     for field in ("max_iter", "display", "test_interval", "snapshot"):
         if getattr(p, field) < 0:
             _fail(source, field, f"must be >= 0, got {getattr(p, field)}")
     for i, n in enumerate(p.test_iter):
         if n < 1:
             _fail(source, f"test_iter[{i}]", f"must be >= 1, got {n}")
+    _check_policy(p, source, gamma, power)
+
+
+def _finite(p: caffe_pb2.SolverParameter, source: str, field: str) -> float:
+    value = getattr(p, field)
+    if not math.isfinite(value):
+        _fail(source, field, f"must be a finite number, got {value}")
+    return value
+
+
+def _check_rates(p: caffe_pb2.SolverParameter, source: str) -> tuple[float, float]:
+    """The rate, momentum and regularization fields; returns (gamma, power), checked finite."""
+    base_lr = _finite(p, source, "base_lr")
+    if base_lr < 0:
+        _fail(source, "base_lr", f"must be >= 0, got {base_lr}")
+    if base_lr > MAX_BASE_LR:
+        _fail(source, "base_lr", f"{base_lr:g} is far too large (at most {MAX_BASE_LR:g}; typical: 0.1 to 1e-5)")
+    for field in ("momentum", "momentum2"):
+        value = _finite(p, source, field)
+        if not 0 <= value < 1:
+            _fail(source, field, f"must be in [0, 1), got {value}")
+    if _finite(p, source, "weight_decay") < 0:
+        _fail(source, "weight_decay", f"must be >= 0, got {p.weight_decay}")
+    if _finite(p, source, "delta") <= 0:
+        _fail(source, "delta", f"must be > 0, got {p.delta}")
+    if not 0 <= _finite(p, source, "rms_decay") <= 1:
+        _fail(source, "rms_decay", f"must be in [0, 1], got {p.rms_decay}")
+    _finite(p, source, "clip_gradients")
+    return _finite(p, source, "gamma"), _finite(p, source, "power")
+
+
+def _check_policy(p: caffe_pb2.SolverParameter, source: str, gamma: float, power: float) -> None:
+    """What the learning-rate policy needs of its fields."""
     policy = p.lr_policy
     if policy and policy not in POLICIES:  # (a missing one fails at the first step, as in BVLC)
         _fail(source, "lr_policy", f"unknown policy '{policy}' (known: {', '.join(POLICIES)})")
