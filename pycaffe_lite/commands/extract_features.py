@@ -41,8 +41,8 @@ def namespace(parsed: Parsed) -> argparse.Namespace:
     return _tools.namespace(parsed, POSITIONAL, OPTIONAL, USAGE)
 
 
-def run(args: argparse.Namespace) -> int:
-    db_type = _tools.check_backend(args.db_type)
+def _select_device(args: argparse.Namespace) -> None:
+    """BVLC's positional ``[CPU/GPU] [DEVICE_ID=0]``."""
     if (args.mode or "CPU") == "GPU":
         try:
             device = int(args.device_id or 0)
@@ -53,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         log.error("Using CPU")
         use_device(None)
+
+
+def run(args: argparse.Namespace) -> int:
+    db_type = _tools.check_backend(args.db_type)
+    _select_device(args)
     try:
         batches = int(args.num_mini_batches)
     except ValueError:

@@ -113,6 +113,19 @@ def _read_flagfile(path: str, depth: int) -> list[str]:
     return [line.strip() for line in lines if line.strip().startswith("-")]
 
 
+def _lookup(name: str, eq: str, own: Mapping[str, Flag], others: Mapping[str, Flag], where: str
+            ) -> tuple[Flag, bool]:
+    """The flag ``name`` names, and whether it is a boolean's ``-noname`` form; FlagError if none."""
+    flag = own.get(name) or others.get(name)
+    if flag is None and name.startswith("no"):
+        candidate = own.get(name[2:]) or others.get(name[2:])
+        if candidate is not None and candidate.kind is bool and not eq:
+            return candidate, True
+    if flag is None:
+        raise FlagError(f"{where}unknown command line flag '{name}'")
+    return flag, False
+
+
 def parse(
     argv: Sequence[str],
     flags: Iterable[Flag],
@@ -153,14 +166,7 @@ def parse(
             args[i:i] = _read_flagfile(text, depth)
             depth += 1
             continue
-        flag = own.get(name) or others.get(name)
-        negated = False
-        if flag is None and name.startswith("no"):
-            candidate = own.get(name[2:]) or others.get(name[2:])
-            if candidate is not None and candidate.kind is bool and not eq:
-                flag, negated = candidate, True
-        if flag is None:
-            raise FlagError(f"{where}unknown command line flag '{name}'")
+        flag, negated = _lookup(name, eq, own, others, where)
         if flag.kind is bool:
             value = (not negated) if not eq else flag.convert(text, where)
         else:

@@ -131,6 +131,37 @@ def _datasets(group) -> dict[str, object]:
     return {k: v for k, v in group.items() if k.isdigit() and isinstance(v, h5py.Dataset)}
 
 
+def _fill_layer(net: NetGraph, li: int, lname: str, stored: dict[str, object], ids: dict[tuple[int, int], int],
+                filename: str) -> bool:
+    """Copy layer ``li``'s params from its group's datasets ``stored``; False where the group holds
+    none for it (a layer without params, or an empty parent of ``name/...`` groups)."""
+    layer = net.layers[li]
+    if len(stored) > len(layer.blobs):
+        raise WeightsError(
+            f"{filename}: layer '{lname}' has {len(stored)} blobs in the file but "
+            f"{len(layer.blobs)} in the net"
+        )
+    if not layer.blobs:
+        return False
+    if not stored and any(net.param_owners[ids[(li, j)]] == -1 for j in range(len(layer.blobs))):
+        return False  # an empty group (e.g. only the parent of 'name/...' groups): no weights here
+    for j, blob in enumerate(layer.blobs):
+        key = str(j)
+        if key not in stored:
+            if net.param_owners[ids[(li, j)]] == -1:
+                raise WeightsError(f"{filename}: layer '{lname}' lacks param {j} "
+                                   f"(the file holds {len(stored)} of its {len(layer.blobs)})")
+            continue  # shared params are stored under their owner
+        values = stored[key][()]  # type: ignore[index]
+        if tuple(values.shape) != blob.shape:
+            raise WeightsError(
+                f"{filename}: layer '{lname}' param {j}: shape mismatch: net has "
+                f"{blob.shape}, file has {tuple(values.shape)}"
+            )
+        blob.mutable_cpu_data()[...] = values
+    return True
+
+
 def load(net: NetGraph, filename: str | os.PathLike, allow_missing: bool = True) -> list[str]:
     """Copy params from a Caffe HDF5 weights file (rules in the module docstring). Returns the net
     layers with params that got none (warned about; a WeightsError with ``allow_missing=False``).
@@ -153,32 +184,8 @@ def load(net: NetGraph, filename: str | os.PathLike, allow_missing: bool = True)
                 group = None
             if not isinstance(group, h5py.Group):
                 continue
-            layer = net.layers[li]
-            stored = _datasets(group)
-            if len(stored) > len(layer.blobs):
-                raise WeightsError(
-                    f"{filename}: layer '{lname}' has {len(stored)} blobs in the file but "
-                    f"{len(layer.blobs)} in the net"
-                )
-            if not layer.blobs:
-                continue
-            if not stored and any(net.param_owners[ids[(li, j)]] == -1 for j in range(len(layer.blobs))):
-                continue  # an empty group (e.g. only the parent of 'name/...' groups): no weights here
-            for j, blob in enumerate(layer.blobs):
-                key = str(j)
-                if key not in stored:
-                    if net.param_owners[ids[(li, j)]] == -1:
-                        raise WeightsError(f"{filename}: layer '{lname}' lacks param {j} "
-                                           f"(the file holds {len(stored)} of its {len(layer.blobs)})")
-                    continue  # shared params are stored under their owner
-                values = stored[key][()]  # type: ignore[index]
-                if tuple(values.shape) != blob.shape:
-                    raise WeightsError(
-                        f"{filename}: layer '{lname}' param {j}: shape mismatch: net has "
-                        f"{blob.shape}, file has {tuple(values.shape)}"
-                    )
-                blob.mutable_cpu_data()[...] = values
-            filled.add(li)
+            if _fill_layer(net, li, lname, _datasets(group), ids, filename):
+                filled.add(li)
         known = {n.split("/")[0] for n in targets}
         ignored = [k for k in data if k not in known]
         if ignored:
