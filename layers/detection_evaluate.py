@@ -98,9 +98,9 @@ class DetectionEvaluateLayer(Layer):
         b = bbox.clip(b)
         return b * np.array([w, h, w, h], np.float32)
 
-    def forward_cpu(self, bottom, top):
-        det = bottom[0].cpu_data().reshape(-1, 7)
-        gt_rows = bottom[1].cpu_data().reshape(-1, 8)
+    def _gather(self, det: np.ndarray, gt_rows: np.ndarray) -> tuple[dict, dict]:
+        """Detections ``{image: {label: [(score, box)]}}`` and ground truth ``{image: {label: [(box,
+        difficult)]}}`` from the bottoms' rows (image -1 ends or pads them)."""
         detections: dict[int, dict[int, list]] = {}
         for r in det:
             item, label = int(r[0]), int(r[1])
@@ -118,6 +118,35 @@ class DetectionEvaluateLayer(Layer):
             if label == self.background:
                 raise self.error(f"ground truth of image {item} has the background label {label}")
             gts.setdefault(item, {}).setdefault(label, []).append((r[3:7].astype(np.float32), bool(r[7])))
+        return detections, gts
+
+    def _match(self, item: int, label: int, dets: list, gt: list | None, hw) -> list[list]:
+        """The fork's rows ``[image, label, score, tp, fp]`` of one image's detections of one label,
+        matched greedily by score to the ground truth (each ground-truth box once)."""
+        if gt is None:
+            return [[item, label, s, 0, 1] for s, _ in dets]
+        pixel = hw is not None
+        gt_boxes = [self._output_box(b, hw) if pixel else b for b, _ in gt]
+        visited = [False] * len(gt)
+        rows = []
+        for k in sorted(range(len(dets)), key=lambda k: -dets[k][0]):
+            score, box = dets[k]
+            box = self._output_box(box, hw) if pixel else box
+            ovs = [_pixel_iou(box, g) for g in gt_boxes] if pixel else list(bbox.iou(box[None], np.stack(gt_boxes))[0])
+            jmax = int(np.argmax(ovs))
+            row = [item, label, score, 0, 1]
+            if ovs[jmax] >= np.float32(self.overlap_threshold):
+                if self.evaluate_difficult or not gt[jmax][1]:
+                    if not visited[jmax]:
+                        row[3:] = [1, 0]
+                        visited[jmax] = True
+                else:
+                    row[3:] = [0, 0]
+            rows.append(row)
+        return rows
+
+    def forward_cpu(self, bottom, top):
+        detections, gts = self._gather(bottom[0].cpu_data().reshape(-1, 7), bottom[1].cpu_data().reshape(-1, 8))
         out = []
         num_pos: dict[int, int] = {}
         for labels in gts.values():
@@ -131,32 +160,8 @@ class DetectionEvaluateLayer(Layer):
         for item in sorted(detections):
             hw = self.sizes[self.count] if pixel else None
             for label in sorted(detections[item]):
-                if label == -1:
-                    continue
-                dets = detections[item][label]
-                gt = gts.get(item, {}).get(label)
-                if gt is None:
-                    out += [[item, label, s, 0, 1] for s, _ in dets]
-                    continue
-                gt_boxes = [self._output_box(b, hw) if pixel else b for b, _ in gt]
-                visited = [False] * len(gt)
-                for k in sorted(range(len(dets)), key=lambda k: -dets[k][0]):
-                    score, box = dets[k]
-                    box = self._output_box(box, hw) if pixel else box
-                    if pixel:
-                        ovs = [_pixel_iou(box, g) for g in gt_boxes]
-                    else:
-                        ovs = list(bbox.iou(box[None], np.stack(gt_boxes))[0])
-                    jmax = int(np.argmax(ovs))
-                    row = [item, label, score, 0, 1]
-                    if ovs[jmax] >= np.float32(self.overlap_threshold):
-                        if self.evaluate_difficult or not gt[jmax][1]:
-                            if not visited[jmax]:
-                                row[3:] = [1, 0]
-                                visited[jmax] = True
-                        else:
-                            row[3:] = [0, 0]
-                    out.append(row)
+                if label != -1:
+                    out += self._match(item, label, detections[item][label], gts.get(item, {}).get(label), hw)
             if pixel:
                 self.count = (self.count + 1) % len(self.sizes)
         top[0].reshape((1, 1, len(out), 5))

@@ -59,32 +59,26 @@ class PriorBoxLayer(Layer):
         if any(v <= 0 for v in var):
             raise self.error(f"variances must be positive, got {var}")
         self.variance = var or [0.1]
-        if p.HasField("img_h") or p.HasField("img_w"):
-            if p.HasField("img_size"):
-                raise self.error("give img_size or img_h/img_w, not both")
-            self.img_h, self.img_w = p.img_h, p.img_w
-            if self.img_h <= 0 or self.img_w <= 0:
-                raise self.error(f"img_h and img_w must be positive, got {self.img_h} x {self.img_w}")
-        elif p.HasField("img_size"):
-            if p.img_size <= 0:
-                raise self.error("img_size must be positive")
-            self.img_h = self.img_w = p.img_size
-        else:
-            self.img_h = self.img_w = 0
-        if p.HasField("step_h") or p.HasField("step_w"):
-            if p.HasField("step"):
-                raise self.error("give step or step_h/step_w, not both")
-            self.step_h, self.step_w = p.step_h, p.step_w
-            if self.step_h <= 0 or self.step_w <= 0:
-                raise self.error(f"step_h and step_w must be positive, got {self.step_h}, {self.step_w}")
-        elif p.HasField("step"):
-            if p.step <= 0:
-                raise self.error("step must be positive")
-            self.step_h = self.step_w = p.step
-        else:
-            self.step_h = self.step_w = 0.0
+        self.img_h, self.img_w = self._pair(p, "img_size", "img_h", "img_w", 0, " x ")
+        self.step_h, self.step_w = self._pair(p, "step", "step_h", "step_w", 0.0, ", ")
         self.offset = p.offset
         self.clip = p.clip
+
+    def _pair(self, p, single: str, h: str, w: str, default, sep: str) -> tuple:
+        """The fork's ``single`` value or its ``h``/``w`` pair (not both), positive; ``default`` when
+        neither is given."""
+        if p.HasField(h) or p.HasField(w):
+            if p.HasField(single):
+                raise self.error(f"give {single} or {h}/{w}, not both")
+            vh, vw = getattr(p, h), getattr(p, w)
+            if vh <= 0 or vw <= 0:
+                raise self.error(f"{h} and {w} must be positive, got {vh}{sep}{vw}")
+            return vh, vw
+        if p.HasField(single):
+            if getattr(p, single) <= 0:
+                raise self.error(f"{single} must be positive")
+            return getattr(p, single), getattr(p, single)
+        return default, default
 
     def reshape(self, bottom, top):
         for i, b in enumerate(bottom):
