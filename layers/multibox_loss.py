@@ -270,6 +270,31 @@ class MultiBoxLossLayer(Layer):
             value = 1
         return max(1.0, float(value))
 
+    def _conf_targets(self, num: int, gts, all_idx, negs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The confidence rows (image, prior, label): with mining, the matched priors of images with
+        ground truth and their mined negatives (background); without, every prior, background
+        where unmatched."""
+        if self.do_mining:
+            conf_rows: list[tuple[int, int, int]] = []
+            for i, idx_map in enumerate(all_idx):
+                if i not in gts:
+                    continue
+                for label in sorted(idx_map):
+                    for j in np.flatnonzero(idx_map[label] > -1):
+                        conf_rows.append((i, int(j), self._gt_label(gts, i, idx_map[label][j])))
+                conf_rows.extend((i, m, self.background) for m in negs[i])
+            return (np.array([r[0] for r in conf_rows], np.int64), np.array([r[1] for r in conf_rows], np.int64),
+                    np.array([r[2] for r in conf_rows], np.int64))
+        labels = np.full((num, self.num_priors), self.background, np.int64)
+        for i, idx_map in enumerate(all_idx):
+            if i not in gts:
+                continue
+            for label in sorted(idx_map):
+                for j in np.flatnonzero(idx_map[label] > -1):
+                    labels[i, j] = self._gt_label(gts, i, idx_map[label][j])
+        ii, jj = (a.ravel() for a in np.indices((num, self.num_priors)))
+        return ii, jj, labels.ravel()
+
     def forward_cpu(self, bottom, top):
         num = bottom[0].shape[0]
         loc = bottom[0].cpu_data().reshape(num, self.num_priors, self.loc_classes, 4)
@@ -287,31 +312,7 @@ class MultiBoxLossLayer(Layer):
                     pred, target = self._loc_pair(loc, priors, variances, gts[i][idx_map[label][j]][1], i, label, j)
                     loc_rows.append((i, 0 if self.share_location else label, int(j), pred - target))
         loc_loss = sum(float(self._loc_elem(d).sum()) for *_, d in loc_rows) * self.p.loc_weight
-        # confidence rows: (image, prior, label)
-        conf_rows: list[tuple[int, int, int]] = []
-        if self.do_mining:
-            for i, idx_map in enumerate(all_idx):
-                if i not in gts:
-                    continue
-                for label in sorted(idx_map):
-                    for j in np.flatnonzero(idx_map[label] > -1):
-                        conf_rows.append((i, int(j), self._gt_label(gts, i, idx_map[label][j])))
-                conf_rows.extend((i, m, self.background) for m in negs[i])
-        else:
-            labels = np.full((num, self.num_priors), self.background, np.int64)
-            for i, idx_map in enumerate(all_idx):
-                if i not in gts:
-                    continue
-                for label in sorted(idx_map):
-                    for j in np.flatnonzero(idx_map[label] > -1):
-                        labels[i, j] = self._gt_label(gts, i, idx_map[label][j])
-        if self.do_mining:
-            ii = np.array([r[0] for r in conf_rows], np.int64)
-            jj = np.array([r[1] for r in conf_rows], np.int64)
-            ll = np.array([r[2] for r in conf_rows], np.int64)
-        else:
-            ii, jj = (a.ravel() for a in np.indices((num, self.num_priors)))
-            ll = labels.ravel()
+        ii, jj, ll = self._conf_targets(num, gts, all_idx, negs)
         conf_loss = 0.0
         if len(ii):
             x = conf[ii, jj].astype(np.float64)
