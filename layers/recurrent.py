@@ -26,6 +26,7 @@ import logging
 
 import numpy as np
 
+from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer
 from pycaffe_lite.net import Net
@@ -83,7 +84,8 @@ class RecurrentLayer(Layer):
             lp.top.append(name)
             lp.input_param.shape.add().dim.extend(shape)
 
-    def layer_setup(self, bottom, top):
+    def _check_bottoms(self, bottom) -> None:
+        """x (T, N, ...), cont (T, N), and x_static (N, ...) when given; sets T, N and the options."""
         x, cont = bottom[0], bottom[1]
         if x.num_axes < 2:
             raise self.error(f"bottom 0 (x) must have at least 2 axes (time steps, streams, ...), got {x.shape}")
@@ -102,6 +104,10 @@ class RecurrentLayer(Layer):
                 raise self.error(f"bottom 2 (x_static) must have N = {self.N} rows like x {x.shape}, "
                                  f"got {bottom[2].shape}")
 
+    def _unrolled_param(self, bottom) -> tuple[caffe_pb2.NetParameter, list[str], list[str]]:
+        """The unrolled NetParameter (layers named after this layer), its outputs and the names of the
+        pseudo-losses that mark those outputs as needing backward."""
+        x, cont = bottom[0], bottom[1]
         net_param = caffe_pb2.NetParameter(name=f"{self.name}_unrolled")
         inputs = [("x", x.shape), ("cont", cont.shape)]
         if self.static_input:
@@ -119,7 +125,28 @@ class RecurrentLayer(Layer):
             lp.top.append(lp.name)
             lp.loss_weight.append(1)
             pseudo_losses.append(lp.name)
+        return net_param, outputs, pseudo_losses
 
+    def _adopt_params(self) -> list[Blob]:
+        """Our params: the owners among the unrolled net's params, in its order (weights embedded in
+        the prototxt are copied in)."""
+        net = self.unrolled_net
+        owned = [blob for blob, owner in zip(net.params_list, net.param_owners) if owner == -1]
+        self._shared = [(net.params_list[i], net.params_list[owner])
+                        for i, owner in enumerate(net.param_owners) if owner != -1]
+        if self.blobs:  # weights embedded in the prototxt
+            if len(self.blobs) != len(owned):
+                raise self.error(f"has {len(self.blobs)} param blobs, expected {len(owned)}")
+            self.check_param_shapes([b.shape for b in owned])
+            for mine, inner in zip(self.blobs, owned):
+                inner.mutable_cpu_data()[...] = mine.cpu_data()
+        self.blobs = owned
+        return owned
+
+    def layer_setup(self, bottom, top):
+        self._check_bottoms(bottom)
+        p = self.layer_param.recurrent_param
+        net_param, outputs, pseudo_losses = self._unrolled_param(bottom)
         net = Net(net_param, phase=self.phase, dtype=self.dtype)
         self.unrolled_net = net
         # BVLC's Net lets a layer's explicit propagate_down: true force a bottom's gradient
@@ -144,17 +171,7 @@ class RecurrentLayer(Layer):
         self.run_ids = [li for li in range(self.last_layer_index + 1) if net.bottom_id_vecs[li]]
         self.inner_layers = [net.layers[li] for li in self.run_ids]
 
-        # Our params: the owners among the unrolled net's params, in its order.
-        owned = [blob for blob, owner in zip(net.params_list, net.param_owners) if owner == -1]
-        self._shared = [(net.params_list[i], net.params_list[owner])
-                        for i, owner in enumerate(net.param_owners) if owner != -1]
-        if self.blobs:  # weights embedded in the prototxt
-            if len(self.blobs) != len(owned):
-                raise self.error(f"has {len(self.blobs)} param blobs, expected {len(owned)}")
-            self.check_param_shapes([b.shape for b in owned])
-            for mine, inner in zip(self.blobs, owned):
-                inner.mutable_cpu_data()[...] = mine.cpu_data()
-        self.blobs = owned
+        owned = self._adopt_params()
         self.param_propagate_down = [True] * len(owned)
         for blob in self.recur_output_blobs:  # no gradient crosses batches
             blob.mutable_cpu_diff()[...] = 0

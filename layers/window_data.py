@@ -120,6 +120,14 @@ class WindowDataLayer(Layer):
         self.cache: list[bytes] | None = None
         if p.cache_images:
             self.cache = [self._read_bytes(path) for path, _ in self.images]
+        self._read_mean(tp, channels)
+        self.rng = np.random.default_rng(common.rng().integers(1 << 63))
+        self.channels = channels
+        top[0].reshape((p.batch_size, channels, self.crop_size, self.crop_size))
+        top[1].reshape((p.batch_size,))
+
+    def _read_mean(self, tp, channels: int) -> None:
+        """``transform_param``'s mean file (at least crop-sized) or mean values (one, or per channel)."""
         self.mean: np.ndarray | None = None
         self.mean_values: np.ndarray | None = None
         if tp.mean_file:
@@ -134,10 +142,6 @@ class WindowDataLayer(Layer):
             if len(tp.mean_value) not in (1, channels):
                 raise self.error(f"give 1 mean_value or one per channel ({channels}), got {len(tp.mean_value)}")
             self.mean_values = np.resize(np.asarray(tp.mean_value, np.float64), channels)
-        self.rng = np.random.default_rng(common.rng().integers(1 << 63))
-        self.channels = channels
-        top[0].reshape((p.batch_size, channels, self.crop_size, self.crop_size))
-        top[1].reshape((p.batch_size,))
 
     def reshape(self, bottom, top):
         """The tops keep the shapes set at set-up."""

@@ -139,24 +139,38 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _train(args: argparse.Namespace) -> int:
-    import pycaffe_lite as caffe
-    from pycaffe_lite.data import mnist
+def _output_folder(path: str) -> Path:
+    """``--out``, created if needed and writable, or a CaffeError saying why not."""
     from pycaffe_lite.errors import CaffeError
-    from pycaffe_lite.solvers.sgd_solvers import get_solver
 
-    if args.verbose:
-        caffe.init_log(0)
-    if args.gpu is not None:  # before any work: no GPU or no PyCUDA is a one-line error
-        caffe.set_device(args.gpu)
-        caffe.set_mode_gpu()
-    out = Path(args.out)
+    out = Path(path)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CaffeError(f"--out {out}: cannot create the folder: {exc.strerror or exc}") from None
     if not os.access(out, os.W_OK):
         raise CaffeError(f"--out {out}: the folder is not writable (give another folder with --out)")
+    return out
+
+
+def _use_device(caffe, gpu: int | None) -> str:
+    if gpu is None:
+        caffe.set_mode_cpu()
+        return "CPU"
+    caffe.set_device(gpu)
+    caffe.set_mode_gpu()
+    return f"GPU {gpu}"
+
+
+def _train(args: argparse.Namespace) -> int:
+    import pycaffe_lite as caffe
+    from pycaffe_lite.data import mnist
+    from pycaffe_lite.solvers.sgd_solvers import get_solver
+
+    if args.verbose:
+        caffe.init_log(0)
+    device = _use_device(caffe, args.gpu)  # before any work: no GPU or no PyCUDA is a one-line error
+    out = _output_folder(args.out)
     (train_x, train_y), (test_x, test_y), description = find_mnist(args.data)
     if args.train_limit:
         train_x, train_y = train_x[: args.train_limit], train_y[: args.train_limit]
@@ -167,13 +181,6 @@ def _train(args: argparse.Namespace) -> int:
     mnist.write_lmdb(train_x, train_y, out / "mnist_train_lmdb", overwrite=True)
     mnist.write_lmdb(test_x, test_y, out / "mnist_test_lmdb", overwrite=True)
 
-    if args.gpu is not None:
-        caffe.set_device(args.gpu)
-        caffe.set_mode_gpu()
-        device = f"GPU {args.gpu}"
-    else:
-        caffe.set_mode_cpu()
-        device = "CPU"
     test_batch = 100
     test_batches = max(1, len(test_y) // test_batch)
     sp = build_solver_param(out, args.iters, test_batches, args.test_interval,
