@@ -68,6 +68,7 @@ def assert_within_bound(peak: int, params: int, blobs: int, largest: int) -> Non
                            f"({largest / 1e6:.1f} MB): do fillers draw in float64?")
 
 
+@pytest.mark.slow  # builds VGG-16 twice (~3 s)
 @pytest.mark.parametrize("weight", [None, "xavier"])
 def test_vgg16_build_peak(tmp_path, weight):
     """The deploy file as it is (constant fillers) and with xavier weights: about 2 s each."""

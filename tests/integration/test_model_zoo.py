@@ -292,7 +292,9 @@ def test_published_layer_details():
 
 # ----------------------------------------------------------------------------------------------
 # one net per model, shared by the tests below (pytest runs them grouped by model)
-@pytest.fixture(scope="module", params=list(SPECS))
+# the two largest nets' CPU forwards take seconds: the slow step runs them
+@pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.slow) if n in ("fcn32s", "vgg16") else n
+                                        for n in SPECS])
 def built(request, paths):
     caffe.set_mode_cpu()
     name = request.param

@@ -361,7 +361,7 @@ def test_every_layer_type_is_accounted_for():
     assert not missing, f"layer types without an ONNX converter: {missing}"
 
 
-@pytest.mark.parametrize("opset", [13, 21])
+@pytest.mark.parametrize("opset", [13, pytest.param(21, marks=pytest.mark.slow)])
 def test_zoo_opsets(opset):
     report = export_and_check(zoo_net("mobilenet_v2", 32), opset=opset)
     assert report.exported.model.opset_import[0].version == opset

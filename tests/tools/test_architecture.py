@@ -4,6 +4,7 @@ family bases and Caffe's hierarchy. (.ci/run also runs tools/check_kernels.py --
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import os
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@functools.cache
 def _tool(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     assert spec is not None and spec.loader is not None
@@ -66,6 +68,7 @@ EXCEPTIONS = {  # (module, import) the table does not allow, each with its reaso
 WINGS = {"gpu", "conv", "proto", "data", "testing", "runtime", "layers", "solvers", "parallel", "commands", "onnx"}
 
 
+@functools.cache
 def _import_graph() -> dict[str, set[str]]:
     tool = _tool("check_imports")
     mods = tool.modules()

@@ -32,6 +32,7 @@ def test_every_convolution_of_each_net(shapes):
                       "squeezenet1_1": (26, 18)}
 
 
+@pytest.mark.slow  # its fixture builds every zoo net (~3 s)
 def test_identical_shapes_merge_with_their_multiplicity(shapes):
     vgg = {(p.channels, p.height, p.num_output): n for (p, bias), n in shapes["vgg16"].items()}
     assert vgg == {(3, 224, 64): 1, (64, 224, 64): 1, (64, 112, 128): 1, (128, 112, 128): 1, (128, 56, 256): 1,

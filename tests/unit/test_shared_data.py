@@ -193,7 +193,7 @@ def test_reading_a_stale_blob_reruns_the_forward(name, mode, monkeypatch, caplog
     assert len(runs) > n
 
 
-@pytest.mark.parametrize("name", ["squeezenet_v1_1", "bvlc_googlenet"])
+@pytest.mark.parametrize("name", ["squeezenet_v1_1", pytest.param("bvlc_googlenet", marks=pytest.mark.slow)])
 def test_zoo_deploy_nets_equal_with_and_without_sharing(name, mode):
     param = load_net_param(ZOO / f"{name}_deploy.prototxt")
     param.layer[0].input_param.shape[0].dim[0] = 1
