@@ -149,9 +149,9 @@ def run(args: argparse.Namespace) -> int:
             "(or set solver_mode: CPU)"
         ) from None
     if args.snapshot:
-        from ..proto.protoio import check_regular_file
+        from ..solvers.solver import check_state_file
 
-        check_regular_file(args.snapshot, "solver state file", CaffeError)
+        check_state_file(args.snapshot, CaffeError)
     solver = solver_class(param.type)(param, progress=args.progress, solver_dir=solver_dir)
     solver.source = args.solver
     solver.stop_on_nonfinite_loss = not getattr(args, "allow_nonfinite", False)
