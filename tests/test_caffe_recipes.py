@@ -77,6 +77,7 @@ momentum: 0.9
 weight_decay: 0.0005
 snapshot: 3
 snapshot_prefix: "models/bvlc_reference_caffenet/caffenet_train"
+snapshot_format: HDF5
 solver_mode: CPU
 """
 
@@ -132,15 +133,18 @@ $TOOLS/compute_image_mean $EXAMPLE/ilsvrc12_train_lmdb \\
     mean.ParseFromString((root / "data/ilsvrc12/imagenet_mean.binaryproto").read_bytes())
     assert (mean.num, mean.channels, mean.height, mean.width) == (1, 3, 10, 10)
     assert "Iteration 2, Testing net (#0)" in r.stderr and "Optimization Done." in r.stderr
-    assert (root / "models/bvlc_reference_caffenet/caffenet_train_iter_3.caffemodel").is_file()
-    # resume_training.sh's line (binary state; the HDF5 one needs snapshot_format: HDF5)
+    assert (root / "models/bvlc_reference_caffenet/caffenet_train_iter_3.caffemodel.h5").is_file()
+    assert (root / "models/bvlc_reference_caffenet/caffenet_train_iter_3.solverstate.h5").is_file()
+    # resume_training.sh's line: an HDF5 solver state (BVLC's names caffenet_train_10000, without _iter_)
     (root / "models/bvlc_reference_caffenet/solver.prototxt").write_text(CAFFENET_SOLVER.replace("max_iter: 3",
                                                                                                  "max_iter: 4"))
     r = _bash(root, """./build/tools/caffe train \\
     --solver=models/bvlc_reference_caffenet/solver.prototxt \\
-    --snapshot=models/bvlc_reference_caffenet/caffenet_train_iter_3.solverstate
+    --snapshot=models/bvlc_reference_caffenet/caffenet_train_iter_3.solverstate.h5 \\
+    $@
 """)
-    assert "Resuming from models/bvlc_reference_caffenet/caffenet_train_iter_3.solverstate" in r.stderr
+    assert "Resuming from models/bvlc_reference_caffenet/caffenet_train_iter_3.solverstate.h5" in r.stderr
+    assert (root / "models/bvlc_reference_caffenet/caffenet_train_iter_4.caffemodel.h5").is_file()
     assert "Iteration 3, lr = 0.001" in r.stderr  # step policy: 0.01 * 0.1 ** (3 // 2)
 
 
