@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator, Sequence
 
 from ..data import db
+from ..errors import DataError
 from .gflags import Flag, FlagError, Parsed
 
 log = logging.getLogger("pycaffe_lite")
@@ -61,8 +62,12 @@ def check_backend(backend: str) -> str:
 def open_writer(path: str | os.PathLike, backend: str) -> db.LMDBWriter | db.LevelDBWriter:
     """A new database of ``backend`` ('lmdb' or 'leveldb') at ``path`` (which must not exist):
     Caffe's ``db->Open(path, NEW)``, built under a temporary name and renamed into place when
-    closed (:func:`pycaffe_lite.data.db.open`)."""
-    return db.open(path, check_backend(backend), mode="new")
+    closed (:func:`pycaffe_lite.data.db.open`). BVLC's tools have no ``-overwrite``: an existing
+    ``path`` is refused with a message saying to remove it."""
+    name = check_backend(backend)
+    if os.path.lexists(path):
+        raise DataError(f"{path}: already exists (remove it first)")
+    return db.open(path, name, mode="new")
 
 
 def read_records(path: str | os.PathLike, backend: str) -> Iterator[tuple[bytes, bytes]]:
