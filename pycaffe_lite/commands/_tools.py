@@ -2,9 +2,9 @@
 ``pycaffe-lite <tool>``, the gflags result as the same ``argparse.Namespace`` for ``caffe <tool>`` and
 the tools' console scripts, and database writers/readers for both of BVLC's backends.
 
-LMDB goes through :class:`pycaffe_lite.data.db.LMDBWriter` / :func:`pycaffe_lite.data.db.open_cursor`. LevelDB
-goes through ``plyvel`` (the ``leveldb`` extra), with a writer that builds the database in a
-temporary folder and renames it into place when complete, as the LMDB writer does.
+Both backends go through :mod:`pycaffe_lite.data.db` (LMDB with ``lmdb``, LevelDB with ``plyvel``, the
+``leveldb`` extra): writers build the database under a temporary name and rename it into place when
+complete; readers are its cursors.
 """
 
 from __future__ import annotations
@@ -12,14 +12,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 from ..data import db
-from ..durable import temp_path
 from ..errors import DataError
-from ..optional import require
 from .gflags import Flag, FlagError, Parsed
 
 log = logging.getLogger("pycaffe_lite")
@@ -63,74 +59,21 @@ def check_backend(backend: str) -> str:
     return name
 
 
-def _plyvel():
-    return require("plyvel", feature="the LevelDB backend", extra="leveldb")
-
-
-class LevelDBWriter:
-    """Build a new LevelDB at ``path`` (``put``, ``commit``, ``close``; ``with`` discards it on error)."""
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        plyvel = _plyvel()
-        self.path = Path(path)
-        if self.path.exists():
-            raise DataError(f"{self.path}: already exists (remove it first)")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = temp_path(self.path)
-        self._db = plyvel.DB(str(self._tmp), create_if_missing=True, error_if_exists=True)
-        self._batch = self._db.write_batch()
-        self.count = 0
-
-    def put(self, key: bytes, value: bytes) -> None:
-        self._batch.put(key, value)
-        self.count += 1
-
-    def commit(self) -> None:
-        self._batch.write()
-        self._batch = self._db.write_batch()
-
-    def close(self) -> None:
-        self.commit()
-        self._db.close()
-        os.replace(self._tmp, self.path)
-
-    def abort(self) -> None:
-        self._db.close()
-        shutil.rmtree(self._tmp, ignore_errors=True)
-
-    def __enter__(self) -> LevelDBWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-
-def open_writer(path: str | os.PathLike, backend: str):
-    """A new database of ``backend`` ('lmdb' or 'leveldb') at ``path`` (which must not exist)."""
-    if check_backend(backend) == "lmdb":
-        return db.LMDBWriter(path)
-    return LevelDBWriter(path)
+def open_writer(path: str | os.PathLike, backend: str) -> db.LMDBWriter | db.LevelDBWriter:
+    """A new database of ``backend`` ('lmdb' or 'leveldb') at ``path`` (which must not exist):
+    Caffe's ``db->Open(path, NEW)``, built under a temporary name and renamed into place when
+    closed (:func:`pycaffe_lite.data.db.open`). BVLC's tools have no ``-overwrite``: an existing
+    ``path`` is refused with a message saying to remove it."""
+    name = check_backend(backend)
+    if os.path.lexists(path):
+        raise DataError(f"{path}: already exists (remove it first)")
+    return db.open(path, name, mode="new")
 
 
 def read_records(path: str | os.PathLike, backend: str) -> Iterator[tuple[bytes, bytes]]:
-    """Every (key, value) of a database, in key order, once."""
-    if check_backend(backend) == "lmdb":
-        with db.open_cursor(path, "lmdb") as cursor:
-            for _ in range(len(cursor)):
-                yield cursor.key(), cursor.value()
-                cursor.next()
-        return
-    plyvel = _plyvel()
-    if not Path(path).is_dir():
-        raise DataError(f"{path}: database not found (no such folder)")
-    try:
-        handle = plyvel.DB(str(path), create_if_missing=False)
-    except plyvel.Error as exc:
-        raise DataError(f"{path}: cannot open as a LevelDB database: {exc}") from None
-    try:
-        yield from handle.iterator()
-    finally:
-        handle.close()
+    """Every (key, value) of a database, in key order, once (through :mod:`pycaffe_lite.data.db`'s
+    cursors, which cycle: read ``len(cursor)`` records)."""
+    with db.open_cursor(path, check_backend(backend)) as cursor:
+        for _ in range(len(cursor)):
+            yield cursor.key(), cursor.value()
+            cursor.next()

@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import CaffeError, GPUUnavailableError, PrototxtError
 from ..parallel import launch
-from ..proto.protoio import check_regular_file
 from ..solvers.sgd_solvers import solver_class
-from ..solvers.solver import load_solver_param
+from ..solvers.solver import check_state_file, load_solver_param
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
 
 if TYPE_CHECKING:
@@ -149,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
             "(or set solver_mode: CPU)"
         ) from None
     if args.snapshot:
-        check_regular_file(args.snapshot, "solver state file", CaffeError)
+        check_state_file(args.snapshot, CaffeError)
     solver = solver_class(param.type)(param, progress=args.progress, solver_dir=solver_dir)
     solver.source = args.solver
     solver.stop_on_nonfinite_loss = not getattr(args, "allow_nonfinite", False)

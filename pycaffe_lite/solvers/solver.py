@@ -107,6 +107,17 @@ def resolve_path(name: str, base_dir: Path | None) -> str:
     return str(alt) if alt.exists() else name
 
 
+def check_state_file(path: str | os.PathLike, error: type[Exception]) -> None:
+    """``error`` unless ``path`` is a readable regular file. A missing ``X.solverstate`` beside an
+    existing ``X.solverstate.h5`` says so: BVLC's cifar10 ``train_full.sh`` names ``.solverstate``
+    while its solvers snapshot with ``snapshot_format: HDF5`` (BVLC fails there too)."""
+    path = str(path)
+    if not os.path.exists(path) and os.path.isfile(path + ".h5"):
+        raise error(f"{path}: solver state file not found; {path}.h5 exists (snapshot_format: HDF5 writes "
+                    f".solverstate.h5): resume with --snapshot={path}.h5")
+    protoio.check_regular_file(path, "solver state file", error)
+
+
 class Solver:
     """Base solver. Subclasses (``sgd_solvers``) define the update rule.
 
@@ -715,7 +726,7 @@ class Solver:
         """
         path = str(path)
         history: list[np.ndarray] | None = None
-        protoio.check_regular_file(path, "solver state file", WeightsError)
+        check_state_file(path, WeightsError)
         if path.endswith(".h5"):  # BVLC's rule: the name tells the format
             state, history = hdf5_weights.read_state(path)
         else:

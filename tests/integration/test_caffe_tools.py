@@ -395,3 +395,18 @@ def test_tool_log_files_are_named_after_the_tool(images, tmp_path):
     info = (tmp_path / "logs" / "convert_imageset.INFO").read_text()
     assert "] A total of 5 images." in info and "] Processed 5 files." in info
     assert (tmp_path / "logs" / "convert_imageset.INFO").resolve().name.startswith("convert_imageset.")
+
+
+def test_tools_refuse_an_existing_database(tmp_path, capsys):
+    """Databases are created new (BVLC's db NEW), for both backends, with a message to remove the old
+    one (BVLC's tools have no -overwrite); the existing database is left as it was."""
+    ip, lp, _, _ = _idx(tmp_path)
+    for backend in ("lmdb", "leveldb"):
+        if backend == "leveldb":
+            pytest.importorskip("plyvel")
+        out = tmp_path / f"out_{backend}"
+        out.mkdir()
+        (out / "keep").write_text("x")
+        assert caffe_cli.run(["convert_mnist_data", str(ip), str(lp), str(out), f"--backend={backend}"]) != 0
+        assert "already exists (remove it first)" in capsys.readouterr().err
+        assert [p.name for p in out.iterdir()] == ["keep"]

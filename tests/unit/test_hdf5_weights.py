@@ -166,3 +166,17 @@ def test_cli_train_and_resume_with_hdf5_snapshots(tmp_path, monkeypatch):
             h5py.File(tmp_path / "half/t_iter_4.caffemodel.h5", "r") as b:
         for key in ("data/a/ip/0", "data/a/ip/1", "data/b/ip/0", "data/b/ip/1"):
             np.testing.assert_array_equal(a[key][()], b[key][()])
+
+
+def test_missing_binary_state_names_the_h5_beside_it(tmp_path):
+    """BVLC's cifar10 train_full.sh names X.solverstate while its solvers write X.solverstate.h5:
+    the error says which file to give instead (and still fails, as BVLC does)."""
+    from pycaffe_lite.solvers.solver import check_state_file
+
+    state = tmp_path / "full_iter_4.solverstate"
+    with pytest.raises(WeightsError, match="not found$"):
+        check_state_file(state, WeightsError)  # nothing beside it: the plain message
+    (tmp_path / "full_iter_4.solverstate.h5").write_bytes(b"")
+    with pytest.raises(WeightsError, match=r"--snapshot=.*full_iter_4\.solverstate\.h5"):
+        check_state_file(state, WeightsError)
+    check_state_file(tmp_path / "full_iter_4.solverstate.h5", WeightsError)  # an existing file passes
