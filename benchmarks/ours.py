@@ -247,17 +247,25 @@ def randomize_params(net, seed: int = 0) -> None:
 
 
 def zoo_net(deploy: str | os.PathLike, batch: int, iters: int, warmup: int, latency_iters: int,
-            gpu: bool = True, tf32: bool = False) -> dict:
-    """One zoo net: median ms of a training iteration at ``batch`` (clear param diffs, forward,
-    backward to every weight and the data; TRAIN phase), peak device memory of that net (GPU:
-    :func:`backend.memory_held`, measured before the latency net exists), then the median batch-1
-    forward latency of the deploy net (TEST phase)."""
+            gpu: bool = True, tf32: bool = False, drive: str = "solver") -> dict:
+    """One zoo net: median ms of an iteration at ``batch`` and the peak device memory of that net
+    (GPU: :func:`backend.memory_held`, measured before the latency net exists), then the median
+    batch-1 forward latency of the deploy net (TEST phase). ``drive="solver"``: a training
+    iteration (clear param diffs, forward, loss, backward to every weight and the data; TRAIN
+    phase; the Solver's iteration path); ``drive="pycaffe"``: the deploy net in TEST phase with
+    ``force_backward``, driven as pycaffe scripts drive it: ``net.forward(); net.backward()`` with
+    a fixed gradient on the output blob (param diffs accumulate, as in pycaffe)."""
     _set_mode(gpu)
     if gpu:
         backend.state()  # context first: memory_held() counts from here
         caffe.set_allow_tf32(tf32)
     sync = backend.synchronize if gpu else (lambda: None)
-    out = _zoo_train(deploy, batch, iters, warmup, sync, gpu)
+    if drive == "solver":
+        out = _zoo_train(deploy, batch, iters, warmup, sync, gpu)
+    elif drive == "pycaffe":
+        out = _zoo_pycaffe(deploy, batch, iters, warmup, sync, gpu)
+    else:
+        raise ValueError(f"zoo_net: drive must be solver or pycaffe, got {drive!r}")
     test = caffe.Net(zoo_param(deploy, 1, train=False), caffe.TEST)
     randomize_params(test)
     data = test.blobs["data"]
@@ -296,6 +304,33 @@ def _zoo_train(deploy, batch: int, iters: int, warmup: int, sync, gpu: bool) -> 
                            f"{bool(np.isfinite(grad).all())}, nonzero {bool(grad.any())})")
     out["loss"] = loss
     out["params"] = sum(b.count for b, lr in zip(net.learnable_params, net.params_lr) if lr)  # no BN stats
+    if gpu:
+        out["memory"] = backend.memory_held()
+        out["graph_replays"] = net.executor.replays
+    return out
+
+
+def _zoo_pycaffe(deploy, batch: int, iters: int, warmup: int, sync, gpu: bool) -> dict:
+    param = zoo_param(deploy, batch, train=False)
+    param.force_backward = True
+    net = caffe.Net(param, caffe.TEST)
+    randomize_params(net)
+    rng = np.random.default_rng(1)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape, dtype=np.float32)
+    top = net.blobs[net.outputs[0]]
+    top.diff[...] = rng.standard_normal(top.shape, dtype=np.float32)
+
+    def step():
+        net.forward()
+        net.backward()
+
+    out = {"train_ms": median_ms(step, sync, iters, warmup)}
+    grad = net.blobs["data"].diff
+    if not np.isfinite(top.data).all() or not np.isfinite(grad).all() or not grad.any():
+        raise RuntimeError(f"{deploy}: pycaffe forward/backward is broken (output finite "
+                           f"{bool(np.isfinite(top.data).all())}, data gradient finite "
+                           f"{bool(np.isfinite(grad).all())}, nonzero {bool(grad.any())})")
+    out["params"] = sum(b.count for b, lr in zip(net.learnable_params, net.params_lr) if lr)
     if gpu:
         out["memory"] = backend.memory_held()
         out["graph_replays"] = net.executor.replays

@@ -216,12 +216,19 @@ def torchvision_available() -> str | None:
 
 
 def zoo_net(arch: str, kwargs: dict, size: int, batch: int, iters: int, warmup: int, latency_iters: int,
-            device: str = "cuda") -> dict:
-    """torchvision ``arch(weights=None, **kwargs)``: median ms of a training iteration at
-    ``batch`` (zero_grad(set_to_none), forward, cross-entropy, backward to every weight and the
-    input; train mode), the caching allocator's peak reserved and allocated bytes and the device
-    memory taken since the context was created (cuMemGetInfo), then the median batch-1 forward
-    latency (eval mode, inference_mode, with a softmax as our deploy nets)."""
+            device: str = "cuda", drive: str = "solver") -> dict:
+    """torchvision ``arch(weights=None, **kwargs)``: median ms of an iteration at ``batch``, the
+    caching allocator's peak reserved and allocated bytes and the device memory taken since the
+    context was created (cuMemGetInfo), then the median batch-1 forward latency (eval mode,
+    inference_mode, with a softmax as our deploy nets) eager and, on CUDA, as a CUDA-graph replay
+    (``latency_graph_ms``: the eval-mode forward captured once after warm-up into a
+    ``torch.cuda.CUDAGraph`` with a static input, then replayed). ``drive="solver"``: a training
+    iteration (zero_grad(set_to_none), forward, cross-entropy, backward to every weight and the
+    input; train mode); ``drive="pycaffe"``: eval mode, forward to the softmax and backward of a
+    fixed output gradient to every weight and the input (``requires_grad`` input), as our TEST
+    net with ``force_backward`` driven by ``net.forward(); net.backward()``."""
+    if drive not in ("solver", "pycaffe"):
+        raise ValueError(f"zoo_net: drive must be solver or pycaffe, got {drive!r}")
     torch = _torch()
     import torchvision
 
@@ -235,7 +242,8 @@ def zoo_net(arch: str, kwargs: dict, size: int, batch: int, iters: int, warmup: 
         free_at_init = torch.cuda.mem_get_info()[0]
         torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
-    model = getattr(torchvision.models, arch)(weights=None, **kwargs).to(dev).train()
+    model = getattr(torchvision.models, arch)(weights=None, **kwargs).to(dev)
+    model.train(drive == "solver")
     x = torch.randn(batch, 3, size, size, device=dev, requires_grad=True)
     y = torch.randint(0, 1000, (batch,), device=dev)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -247,6 +255,16 @@ def zoo_net(arch: str, kwargs: dict, size: int, batch: int, iters: int, warmup: 
         loss = loss_fn(model(x), y)
         loss.backward()
         box["loss"] = loss
+
+    if drive == "pycaffe":
+        gy = torch.randn(batch, 1000, device=dev)
+
+        def train_step():  # noqa: F811
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            prob = torch.softmax(model(x), dim=1)
+            prob.backward(gy)
+            box["loss"] = prob.detach().sum()
 
     out = {"train_ms": median_ms(train_step, sync, iters, warmup)}
     loss = float(box["loss"])
@@ -268,6 +286,30 @@ def zoo_net(arch: str, kwargs: dict, size: int, batch: int, iters: int, warmup: 
             torch.softmax(model(x1), dim=1)
 
     out["latency_ms"] = median_ms(forward, sync, latency_iters, max(3, warmup))
+    if cuda:
+        out["latency_graph_ms"] = median_ms(_graph_forward(torch, model, x1), sync, latency_iters,
+                                            max(3, warmup))
     out["device"] = torch.cuda.get_device_name(dev) if cuda else "CPU"
     out["version"] = f"PyTorch {torch.__version__}, torchvision {torchvision.__version__}"
     return out
+
+
+def _graph_forward(torch, model, x_static):
+    """``model``'s eval-mode forward + softmax on the static input ``x_static`` captured into a
+    CUDA graph (after warm-up forwards on a side stream, as PyTorch's capture recipe asks, so that
+    cuDNN's benchmark search and lazy allocations happen before the capture); returns the replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(3):
+            torch.softmax(model(x_static), dim=1)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_out = torch.softmax(model(x_static), dim=1)
+    graph.replay()
+    torch.cuda.synchronize()
+    if not bool(torch.isfinite(static_out).all()):
+        raise RuntimeError("CUDA-graph replay gives non-finite outputs")
+    return graph.replay

@@ -2,10 +2,27 @@
 
     python benchmarks/zoo.py [--nets resnet50,vgg16,...] [--batch 32] [--iters 20] [--tf32]
                              [--out FILE.md] [--quick] [--cpu] [--side both|ours|peer]
+                             [--mode solver|pycaffe|published]
+
+Modes (the iteration timed at ``--batch``; the batch-1 forward is the same in all three):
+
+* ``solver`` (default): a training iteration as the Solver runs it (TRAIN phase, below);
+* ``pycaffe``: the deploy net in TEST phase with ``force_backward: true``, driven from Python as
+  pycaffe scripts drive it, ``net.forward(); net.backward()`` each iteration with a fixed gradient
+  on the output blob (BatchNorm on its global statistics); the peer: eval mode, softmax output,
+  backward of the same kind of gradient to every weight and the ``requires_grad`` input;
+* ``published``: as ``pycaffe``, on ``examples/model_zoo/<net>_published_deploy.prototxt`` (the
+  nets written the way the authors' files write them: legacy ``input_dim`` header, ``engine:
+  CAFFE`` on depthwise convolutions, BatchNorm and Scale with their own tops; see
+  ``model_zoo.published``). The peer is as in ``pycaffe`` mode.
+
+Memory is measured the same way in every mode.
 
 Per net: the median time of a training iteration at ``--batch`` images (forward, loss, backward
 to every weight and to the input data; TRAIN phase: dropout on, BatchNorm on batch statistics),
-the median batch-1 forward latency (TEST phase / eval mode), and the peak device memory of the
+the median batch-1 forward latency (TEST phase / eval mode; on the GPU the peer also as a
+CUDA-graph replay: its eval-mode forward captured after warm-up with a static input, replayed;
+column ``b1 peer graph ms`` and the ratio ours / replay), and the peak device memory of the
 training net. Both sides time each call between device synchronizations (``timing.median_ms``),
 after warm-up calls (our conv autotune and CUDA graph capture, cuDNN's benchmark search happen
 there). fp32 by default; ``--tf32`` allows TF32 on both sides (ours: ``caffe.set_allow_tf32``;
@@ -68,6 +85,19 @@ NETS: dict[str, ZooNet] = {
     "mobilenet_v2": ZooNet("mobilenet_v2_deploy.prototxt", "mobilenet_v2", {}, 224),
 }
 DEFAULT_NETS = "resnet50,vgg16,googlenet,alexnet,squeezenet1_1,mobilenet_v2"
+MODES = ("solver", "pycaffe", "published")
+MODE_TEXT = {
+    "solver": "Solver-driven TRAIN",
+    "pycaffe": "TEST + force_backward, net.forward(); net.backward()",
+    "published": "published-style files, TEST + force_backward, net.forward(); net.backward()",
+}
+
+
+def prototxt(spec: ZooNet, mode: str) -> Path:
+    """The deploy file a mode runs: ``published`` the ``*_published_deploy.prototxt`` twin."""
+    if mode == "published":
+        return ZOO / spec.prototxt.replace("_deploy.prototxt", "_published_deploy.prototxt")
+    return ZOO / spec.prototxt
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,6 +110,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tf32", action="store_true", help="allow TF32 on both sides")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (smoke test; no memory figures)")
     ap.add_argument("--side", choices=("both", "ours", "peer"), default="both")
+    ap.add_argument("--mode", choices=MODES, default="solver",
+                    help="solver: Solver-driven TRAIN (default); pycaffe: TEST + force_backward driven by "
+                         "net.forward(); net.backward(); published: pycaffe on the published-style files")
     ap.add_argument("--quick", action="store_true", help="smoke run: batch 4, 2 timed iterations, 1 warm-up")
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds per net and side (default 180)")
     ap.add_argument("--out", help="append the markdown table to this file")
@@ -102,23 +135,28 @@ def run_worker(args: argparse.Namespace) -> int:
     if args.worker == "ours":
         import ours
 
-        res = ours.zoo_net(ZOO / spec.prototxt, args.batch, args.iters, args.warmup, args.latency_iters,
-                           gpu=not args.cpu, tf32=args.tf32)
+        res = ours.zoo_net(prototxt(spec, args.mode), args.batch, args.iters, args.warmup, args.latency_iters,
+                           gpu=not args.cpu, tf32=args.tf32, drive=drive(args.mode))
     else:
         import peer_torch
 
         peer_torch.ALLOW_TF32 = args.tf32
         res = peer_torch.zoo_net(spec.arch, spec.kwargs, spec.size, args.batch, args.iters, args.warmup,
-                                 args.latency_iters, device="cpu" if args.cpu else "cuda")
+                                 args.latency_iters, device="cpu" if args.cpu else "cuda", drive=drive(args.mode))
     print(RESULT_TAG + json.dumps(res), flush=True)
     return 0
+
+
+def drive(mode: str) -> str:
+    """How a mode drives the net: ``solver`` or ``pycaffe`` (``published`` is pycaffe-driven)."""
+    return "solver" if mode == "solver" else "pycaffe"
 
 
 def spawn(args: argparse.Namespace, side: str, net: str) -> dict:
     """Run one worker; its result dict, or ``{"error": why}``."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--nets", net,
            "--batch", str(args.batch), "--iters", str(args.iters), "--warmup", str(args.warmup),
-           "--latency-iters", str(args.latency_iters)]
+           "--latency-iters", str(args.latency_iters), "--mode", args.mode]
     cmd += ["--tf32"] * args.tf32 + ["--cpu"] * args.cpu
     start = time.perf_counter()
     try:
@@ -157,12 +195,15 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 def row(net: str, mine: dict | None, peer: dict | None) -> list[str]:
-    """Table cells: train ms (ours, peer, ratio), batch-1 ms (same), memory MiB (ours: device
-    delta; peer: max reserved; ratio), then our pool's share and the peer's device delta."""
+    """Table cells: iteration ms (ours, peer, ratio), batch-1 ms (same), the peer's batch-1
+    CUDA-graph replay ms and ours / replay, memory MiB (ours: device delta; peer: max reserved;
+    ratio), then our pool's share and the peer's device delta."""
     cells = [net]
     for key in ("train_ms", "latency_ms"):
         a, b = _get(mine, key), _get(peer, key)
         cells += [_fmt(a, mine, ".2f"), _fmt(b, peer, ".2f"), _ratio(a, b)]
+    g = _get(peer, "latency_graph_ms")
+    cells += [_fmt(g, peer, ".2f"), _ratio(_get(mine, "latency_ms"), g)]
     a, b = _get(mine, "memory", "device"), _get(peer, "memory", "reserved")
     pool, peer_dev = _get(mine, "memory", "pool"), _get(peer, "memory", "device")
     mib = [None if v is None else v / MIB for v in (a, b, pool, peer_dev)]
@@ -177,8 +218,8 @@ def graphs(mine: dict | None) -> str:
     return f" | ours: {n} CUDA graph replays" if n is not None else ""
 
 
-HEADER = ["net", "train ours ms", "train peer ms", "ours/peer", "b1 fwd ours ms", "b1 fwd peer ms", "ours/peer",
-          "mem ours MiB", "mem peer MiB", "ours/peer", "ours pool MiB", "peer device MiB"]
+HEADER = ["net", "iter ours ms", "iter peer ms", "ours/peer", "b1 fwd ours ms", "b1 fwd peer ms", "ours/peer",
+          "b1 peer graph ms", "ours/graph", "mem ours MiB", "mem peer MiB", "ours/peer", "ours pool MiB", "peer device MiB"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if peer_reason and args.side == "peer":
         raise SystemExit(f"zoo.py: the peer cannot run: {peer_reason}")
     prec = "TF32 allowed" if args.tf32 else "fp32"
-    print(f"zoo: nets {', '.join(args.net_list)}; batch {args.batch}, {args.iters} timed iterations after "
+    print(f"zoo: mode {args.mode} ({MODE_TEXT[args.mode]}); nets {', '.join(args.net_list)}; batch {args.batch}, {args.iters} timed iterations after "
           f"{args.warmup}; {'CPU' if args.cpu else 'GPU'} {prec}; peer: {peer_reason or 'PyTorch + torchvision'}",
           flush=True)
     if peer_reason and args.side == "both":
@@ -208,11 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         cells = row(net, mine, peer)
         rows.append(cells)
         errors = "; ".join(f"{s} error: {r['error']}" for s, r in (("ours", mine), ("peer", peer)) if r and "error" in r)
-        print(f"{net:14s} train b{args.batch}: ours {cells[1]} ms, peer {cells[2]} ms ({cells[3]}) | "
-              f"b1 fwd: ours {cells[4]} ms, peer {cells[5]} ms ({cells[6]}) | "
-              f"mem: ours {cells[7]} MiB (pool {cells[10]}), peer {cells[8]} MiB reserved "
-              f"(device {cells[11]}) ({cells[9]}){graphs(mine)}{' | ' + errors if errors else ''}", flush=True)
-    title = f"{datetime.date.today()} on {device or 'unknown device'} ({prec}), batch {args.batch}"
+        print(f"{net:14s} iter b{args.batch}: ours {cells[1]} ms, peer {cells[2]} ms ({cells[3]}) | "
+              f"b1 fwd: ours {cells[4]} ms, peer {cells[5]} ms ({cells[6]}), peer graph {cells[7]} ms "
+              f"({cells[8]}) | mem: ours {cells[9]} MiB (pool {cells[12]}), peer {cells[10]} MiB reserved "
+              f"(device {cells[13]}) ({cells[11]}){graphs(mine)}{' | ' + errors if errors else ''}", flush=True)
+    title = (f"{datetime.date.today()} on {device or 'unknown device'} ({prec}), batch {args.batch}, "
+             f"mode {args.mode} ({MODE_TEXT[args.mode]})")
     lines = [f"\n### {title}\n", f"`python benchmarks/zoo.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
              + (f" (peer: {versions})" if versions else "") + "\n",
              "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]

@@ -1,7 +1,11 @@
 """Write the model zoo's deploy prototxts (``<model>_deploy.prototxt``) with
 ``model_zoo.py`` (this folder).
 
-    python examples/model_zoo/generate.py [--out DIR] [--models NAME ...] [--summary]
+    python examples/model_zoo/generate.py [--out DIR] [--models NAME ...] [--summary] [--published]
+
+``--published`` writes ``<model>_published_deploy.prototxt`` instead: the same nets in the style of
+the authors' files (legacy ``input_dim`` header, ``engine: CAFFE`` on depthwise convolutions,
+BatchNorm and Scale with tops of their own; ``model_zoo.published``).
 
 ``--summary`` also builds each net (CPU, weights from the prototxt fillers) and prints its layer
 count, parameter counts and output blobs; VGG-16 and FCN-32s each allocate about 550 MB.
@@ -42,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="output folder")
     ap.add_argument("--models", nargs="*", choices=list(model_zoo.MODELS), help="default: all")
     ap.add_argument("--summary", action="store_true", help="build each net and print its parameter counts")
+    ap.add_argument("--published", action="store_true",
+                    help="write <model>_published_deploy.prototxt (the published files' style)")
     args = ap.parse_args(argv)
-    paths = model_zoo.write_all(args.out, args.models)
+    paths = model_zoo.write_all(args.out, args.models, "published" if args.published else "ours")
     for name, path in paths.items():
         print(summarize(name, path) if args.summary else f"{name:24s} -> {path}")
     return 0

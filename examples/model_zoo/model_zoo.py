@@ -24,7 +24,8 @@ function                  published model                                       
 
 Pooling uses Caffe's default ceil rounding (GoogLeNet's and ResNet's 112 -> 56 rely on it).
 ``batch`` (and ``size`` where the net is size-agnostic) override the published input shape.
-:func:`write_all` writes ``<model>_deploy.prototxt`` for every model.
+:func:`write_all` writes ``<model>_deploy.prototxt`` for every model; with ``flavour="published"``
+``<model>_published_deploy.prototxt``, the same net in the published files' style (:func:`published`).
 """
 
 from __future__ import annotations
@@ -488,9 +489,61 @@ MODELS: dict[str, Callable[..., caffe_pb2.NetParameter]] = {
 }
 
 
-def write_all(folder: str | os.PathLike, models: list[str] | None = None) -> dict[str, Path]:
-    """Write ``<model>_deploy.prototxt`` into ``folder`` (created if missing) for each model of
+# ----------------------------------------------------------------------------------------------
+# The published flavour: the same nets written the way the authors' files write them.
+def published(net: caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
+    """A copy of ``net`` written in the style of the published deploy files (same layer names,
+    types and parameter blobs, so weights load by name from one flavour into the other):
+
+    * the inputs as the legacy net-level ``input: "data"`` + ``input_dim`` header;
+    * ``engine: CAFFE`` on every depthwise Convolution (group = num_output), as MobileNet-Caffe's files set it;
+    * BatchNorm and Scale each writing a top of its own (named after the layer) instead of working
+      in place; later layers read the renamed blob, activations after them stay in place on it.
+
+    Every other field (``use_global_stats`` where the net sets it, fillers, multipliers) is kept."""
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(net)
+    if out.layer and out.layer[0].type == "Input" and not out.input:
+        first = out.layer[0]
+        dims = [tuple(s.dim) for s in first.input_param.shape]
+        tops = list(first.top)
+        del out.layer[0]
+        for top, shape in zip(tops, dims):
+            out.input.append(top)
+            out.input_dim.extend(shape)
+    current: dict[str, str] = {}  # blob name in ``net`` -> its name now
+    for lp in out.layer:
+        original_bottoms = list(lp.bottom)
+        for i, b in enumerate(original_bottoms):
+            lp.bottom[i] = current.get(b, b)
+        cp = lp.convolution_param
+        if lp.type == "Convolution" and cp.group > 1 and cp.group == cp.num_output:  # depthwise
+            lp.convolution_param.engine = caffe_pb2.ConvolutionParameter.CAFFE
+        for i, t in enumerate(list(lp.top)):
+            in_place = t in original_bottoms
+            if lp.type in ("BatchNorm", "Scale") and in_place:
+                lp.top[i] = lp.name
+                current[t] = lp.name
+            elif in_place:
+                lp.top[i] = current.get(t, t)
+            else:
+                current.pop(t, None)
+    return out
+
+
+def deploy_path(folder: str | os.PathLike, name: str, flavour: str = "ours") -> Path:
+    """``<name>_deploy.prototxt`` (flavour ``ours``) or ``<name>_published_deploy.prototxt``."""
+    suffix = "_published_deploy" if flavour == "published" else "_deploy"
+    return Path(folder) / f"{name}{suffix}.prototxt"
+
+
+def write_all(folder: str | os.PathLike, models: list[str] | None = None,
+              flavour: str = "ours") -> dict[str, Path]:
+    """Write ``<model>_deploy.prototxt`` (``flavour="published"``: ``<model>_published_deploy
+    .prototxt``, see :func:`published`) into ``folder`` (created if missing) for each model of
     :data:`MODELS` (or the named subset); returns model name -> path."""
+    if flavour not in ("ours", "published"):
+        raise ValueError(f"model_zoo: unknown flavour '{flavour}' (ours or published)")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     names = list(MODELS) if models is None else list(models)
@@ -498,7 +551,8 @@ def write_all(folder: str | os.PathLike, models: list[str] | None = None) -> dic
     for name in names:
         if name not in MODELS:
             raise KeyError(f"model_zoo: unknown model '{name}' (known: {', '.join(MODELS)})")
-        path = folder / f"{name}_deploy.prototxt"
-        protoio.write_text(path, MODELS[name]())
+        path = deploy_path(folder, name, flavour)
+        net = MODELS[name]()
+        protoio.write_text(path, published(net) if flavour == "published" else net)
         out[name] = path
     return out

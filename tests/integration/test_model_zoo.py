@@ -455,3 +455,65 @@ def test_generate_script(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1,235,496 learnable" in out and "prob (10, 1000, 1, 1)" in out
     assert (tmp_path / "squeezenet_v1_1_deploy.prototxt").is_file()
+
+
+def test_published_prototxts_are_current():
+    """examples/model_zoo also holds the published-style flavour of every net, current."""
+    for name, build in model_zoo.MODELS.items():
+        path = model_zoo.deploy_path(ZOO_DIR, name, "published")
+        assert path.is_file(), f"{path} missing: run python examples/model_zoo/generate.py --published"
+        parsed = protoio.parse_text(path.read_text(), caffe_pb2.NetParameter(), str(path))
+        assert parsed == model_zoo.published(build()), f"{path} is stale"
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "mobilenet_v1", "resnet50", "bvlc_alexnet", "fcn32s"])
+def test_published_style(name):
+    """Legacy input header, engine CAFFE on exactly the depthwise convs, BatchNorm and Scale never
+    in place, everything else (names, types, params, use_global_stats) as our flavour."""
+    ours, pub = model_zoo.MODELS[name](), model_zoo.published(model_zoo.MODELS[name]())
+    has_input_layer = ours.layer[0].type == "Input"
+    dims = list(ours.layer[0].input_param.shape[0].dim) if has_input_layer else list(ours.input_dim)
+    layers = ours.layer[1:] if has_input_layer else ours.layer
+    assert list(pub.input) == ["data"] and list(pub.input_dim) == dims
+    assert [(lp.name, lp.type) for lp in pub.layer] == [(lp.name, lp.type) for lp in layers]
+    produced = set(pub.input)
+    for mine, lp in zip(layers, pub.layer):
+        cp = lp.convolution_param
+        depthwise = lp.type == "Convolution" and cp.group > 1 and cp.group == cp.num_output
+        assert (cp.engine == caffe_pb2.ConvolutionParameter.CAFFE) == depthwise or mine.convolution_param.engine, lp.name
+        if lp.type in ("BatchNorm", "Scale"):
+            assert list(lp.top) == [lp.name] and lp.name not in lp.bottom, lp.name
+        assert mine.batch_norm_param == lp.batch_norm_param and list(mine.param) == list(lp.param)
+        assert all(b in produced for b in lp.bottom), f"{lp.name} reads a blob nobody wrote"
+        produced.update(lp.top)
+    depthwise = [lp for lp in pub.layer if lp.convolution_param.group > 1
+                 and lp.convolution_param.group == lp.convolution_param.num_output]
+    assert bool(depthwise) == name.startswith("mobilenet")
+
+
+@pytest.mark.slow  # ~1.5 s: builds, saves and runs MobileNet v2 twice on the CPU
+def test_published_flavour_loads_our_weights(tmp_path):
+    """The two MobileNet v2 flavours hold the same params by layer name: a caffemodel saved from
+    ours loads into the published net, and both give the same output on the same input (CPU)."""
+    caffe.set_mode_cpu()
+    nets = {}
+    for flavour in ("ours", "published"):
+        path = model_zoo.write_all(tmp_path / flavour, ["mobilenet_v2"], flavour)["mobilenet_v2"]
+        nets[flavour] = caffe.Net(str(path), caffe.TEST)
+    ours, pub = nets["ours"], nets["published"]
+    assert {k: [b.shape for b in v] for k, v in ours.params.items()} == \
+        {k: [b.shape for b in v] for k, v in pub.params.items()}
+    _randomize(ours)
+    weights = tmp_path / "mnv2.caffemodel"
+    ours.save(str(weights))
+    pub.copy_from(str(weights))
+    for lname, blobs in ours.params.items():
+        for a, b in zip(blobs, pub.params[lname]):
+            np.testing.assert_array_equal(a.data, b.data, err_msg=lname)
+    x = np.random.default_rng(3).standard_normal(ours.blobs["data"].shape).astype(np.float32)
+    outs = []
+    for net in (ours, pub):
+        net.blobs["data"].data[...] = x
+        outs.append(net.forward()["prob"].copy())
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-7)
+    assert np.isfinite(outs[0]).all()

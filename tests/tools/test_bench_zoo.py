@@ -57,25 +57,54 @@ def test_args(zoo):
 def test_row_cells(zoo):
     mine = {"train_ms": 20.0, "latency_ms": 2.0, "memory": {"device": 3 * zoo.MIB, "pool": 2 * zoo.MIB}}
     peer = {"train_ms": 10.0, "latency_ms": 4.0, "memory": {"reserved": 2 * zoo.MIB, "device": 4 * zoo.MIB}}
-    assert zoo.row("n", mine, peer) == ["n", "20.00", "10.00", "2.00x", "2.00", "4.00", "0.50x",
+    assert zoo.row("n", mine, peer) == ["n", "20.00", "10.00", "2.00x", "2.00", "4.00", "0.50x", "-", "-",
                                         "3", "2", "1.50x", "2", "4"]
+    peer["latency_graph_ms"] = 1.0
+    assert zoo.row("n", mine, peer)[7:9] == ["1.00", "2.00x"]  # ours / the peer's CUDA-graph replay
+    assert len(zoo.HEADER) == len(zoo.row("n", mine, peer))
     cells = zoo.row("n", {"error": "boom"}, None)
-    assert cells[1:4] == ["error", "-", "-"] and cells[7] == "error"
+    assert cells[1:4] == ["error", "-", "-"] and cells[9] == "error"
 
 
-def test_cpu_smoke_ours(zoo, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("mode", ["solver", pytest.param("pycaffe", marks=pytest.mark.slow),
+                                  pytest.param("published", marks=pytest.mark.slow)])  # ~1 s each (a subprocess)
+def test_cpu_smoke_ours(zoo, tmp_path, capsys, monkeypatch, mode):
     import peer_torch
 
     monkeypatch.setattr(peer_torch, "torchvision_available", lambda: "torchvision not installed (test)")
     out = tmp_path / "zoo.md"
     rc = zoo.main(["--cpu", "--nets", "squeezenet1_1", "--batch", "1", "--iters", "1", "--warmup", "0",
-                   "--latency-iters", "1", "--out", str(out)])
+                   "--latency-iters", "1", "--mode", mode, "--out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "PEER MISSING" in text
+    assert "PEER MISSING" in text and f"mode {mode}" in out.read_text()
     cells = _table_row(out, "squeezenet1_1")
-    assert float(cells[1]) > 0 and float(cells[4]) > 0  # our train and batch-1 times
-    assert cells[2] == cells[3] == cells[7] == "-"  # no peer, no memory on the CPU
+    assert float(cells[1]) > 0 and float(cells[4]) > 0  # our iteration and batch-1 times
+    assert cells[2] == cells[3] == cells[7] == cells[9] == "-"  # no peer, no memory on the CPU
+
+
+def test_modes(zoo):
+    spec = zoo.NETS["mobilenet_v2"]
+    assert zoo.prototxt(spec, "solver").name == "mobilenet_v2_deploy.prototxt"
+    assert zoo.prototxt(spec, "published").name == "mobilenet_v2_published_deploy.prototxt"
+    for name, net in zoo.NETS.items():
+        assert zoo.prototxt(net, "published").is_file(), name
+    assert [zoo.drive(m) for m in zoo.MODES] == ["solver", "pycaffe", "pycaffe"]
+    assert zoo.parse_args(["--mode", "pycaffe"]).mode == "pycaffe"
+    with pytest.raises(SystemExit):
+        zoo.parse_args(["--mode", "nope"])
+
+
+def test_pycaffe_drive_reaches_the_input(zoo):
+    """Our pycaffe-mode worker on a published file, in process: TEST net with force_backward,
+    net.forward(); net.backward() gives a finite, nonzero data gradient."""
+    import ours
+
+    res = ours.zoo_net(zoo.prototxt(zoo.NETS["squeezenet1_1"], "published"), 1, 1, 0, 1, gpu=False,
+                       drive="pycaffe")
+    assert res["train_ms"] > 0 and res["latency_ms"] > 0 and res["params"] == 1_235_496
+    with pytest.raises(ValueError):
+        ours.zoo_net(zoo.prototxt(zoo.NETS["squeezenet1_1"], "solver"), 1, 1, 0, 1, gpu=False, drive="x")
 
 
 def test_worker_timeout_is_reported(zoo):
@@ -89,19 +118,20 @@ def _table_row(path: Path, net: str) -> list[str]:
 
 
 @pytest.mark.gpu
-def test_gpu_quick_both_sides(zoo, tmp_path, capsys):
-    """GPU: a quick SqueezeNet row with our memory (pool within the device delta) and, where
-    torchvision exists, the peer's columns and the ratios."""
+@pytest.mark.parametrize("mode", ["solver", "pycaffe", "published"])
+def test_gpu_quick_both_sides(zoo, tmp_path, capsys, mode):
+    """GPU: a quick SqueezeNet row in each mode with our memory (pool within the device delta)
+    and, where torchvision exists, the peer's columns (CUDA-graph replay included) and the ratios."""
     import peer_torch
 
     out = tmp_path / "zoo.md"
-    rc = zoo.main(["--quick", "--nets", "squeezenet1_1", "--out", str(out)])
+    rc = zoo.main(["--quick", "--nets", "squeezenet1_1", "--mode", mode, "--out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
     cells = _table_row(out, "squeezenet1_1")
     assert float(cells[1]) > 0 and float(cells[4]) > 0
-    pool_mib = float(cells[10])
+    pool_mib = float(cells[12])
     assert pool_mib > 0  # (the device-wide figure is exact only with no other process on the GPU)
     if peer_torch.torchvision_available() is None:
-        assert float(cells[2]) > 0 and float(cells[8]) > 0
-        assert cells[3].endswith("x") and cells[6].endswith("x") and cells[9].endswith("x")
+        assert float(cells[2]) > 0 and float(cells[7]) > 0 and float(cells[10]) > 0
+        assert all(cells[i].endswith("x") for i in (3, 6, 8, 11))
