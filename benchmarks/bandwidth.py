@@ -1,4 +1,5 @@
-"""Bandwidth-bound layers against the device's copy bandwidth, at ResNet-50 and GoogLeNet shapes.
+"""Bandwidth-bound layers against the device's copy bandwidth, at ResNet-50 and GoogLeNet shapes
+and, for the forks' layers, at SSD300, DeepLab/PSPNet, SegNet, MobileNet, ShuffleNet, SENet and CTPN shapes.
 
     python benchmarks/bandwidth.py [--reps 20] [--eager] [--only BatchNorm,Scale]
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +51,75 @@ class Case:
     bwd_elems: float
     ntop: int = 1
     propagate: list[bool] = field(default_factory=list)
+    inputs: Callable[[np.random.Generator, list[tuple[int, ...]]], list[np.ndarray]] | None = None  # default: normal
+
+
+def segnet_mask(rng: np.random.Generator, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """Values and a valid 2x2/2 max-pooling mask (flat index into the (2H, 2W) plane) for Upsample."""
+    n, c, h, w = shapes[0]
+    dy = rng.integers(0, 2, size=(n, c, h, w))
+    dx = rng.integers(0, 2, size=(n, c, h, w))
+    rows = 2 * np.arange(h)[:, None] + dy
+    cols = 2 * np.arange(w)[None, :] + dx
+    return [rng.standard_normal((n, c, h, w), dtype=np.float32), (rows * (2 * w) + cols).astype(np.float32)]
+
+
+def fork_cases() -> list[Case]:
+    """The forks' bandwidth-bound layers (docs/fork_layers.md) at the nets that use them.
+
+    Element counts follow the module's rule. Normalize (SSD, across_spatial false): the per-pixel
+    channel norm must finish before the top is written, so forward reads x twice (3n) and backward
+    reads x and dy for the per-pixel dot product, then again for dx (5n). Permute, Transpose,
+    Reverse, ShuffleChannel: one read and one write each way (2n). Interp (bilinear): bottom + top
+    either way. Upsample (SegNet, values + mask of n, top of 4n): forward reads values and mask and
+    writes the whole top (zeros included: 6n); backward reads the mask and gathers one top diff of
+    each 2x2 window, a scattered read that fetches the whole top diff in 32-byte sectors (n + 4n),
+    and writes dx (n). Axpy ``top = a * x + y`` (a per channel): forward 3n; backward reads dy and x
+    (for da) and writes dx and dy's copy (4n). BN (PSPNet) as BatchNorm: batch stats 3n / 5n,
+    frozen 2n / 2n.
+    """
+    out: list[Case] = []
+    for tag, s in (("ssd300 conv4_3 mbox_loc 32x16x38x38", (32, 16, 38, 38)),
+                   ("ssd300 conv4_3 mbox_conf 32x84x38x38", (32, 84, 38, 38)),
+                   ("ssd300 fc7 mbox_conf 32x126x19x19", (32, 126, 19, 19))):
+        n = count(s)
+        out.append(Case(f"Permute 0,2,3,1        {tag}", 'type: "Permute" permute_param { order: 0 order: 2 order: 3 order: 1 }',
+                        [s], 2 * n, 2 * n))
+    s = (32, 512, 38, 38)
+    out.append(Case("Normalize per pixel    ssd300 conv4_3 32x512x38x38",
+                    'type: "Normalize" norm_param { across_spatial: false channel_shared: false '
+                    'scale_filler { type: "constant" value: 20 } }', [s], 3 * count(s), 5 * count(s)))
+    for tag, s, top, param in (
+            ("deeplab fc8 x8 10x21x65x65->513", (10, 21, 65, 65), (10, 21, 513, 513), "zoom_factor: 8"),
+            ("pspnet conv6 8x150x60x60->473", (8, 150, 60, 60), (8, 150, 473, 473), "height: 473 width: 473"),
+            ("pspnet pool6 8x512x6x6->60", (8, 512, 6, 6), (8, 512, 60, 60), "height: 60 width: 60")):
+        io = count(s) + count(top)
+        out.append(Case(f"Interp                 {tag}", f'type: "Interp" interp_param {{ {param} }}', [s], io, io))
+    for tag, s in (("segnet up4 8x256x45x60", (8, 256, 45, 60)), ("segnet up2 8x128x90x120", (8, 128, 90, 120))):
+        n = count(s)
+        out.append(Case(f"Upsample (mask) x2     {tag}", 'type: "Upsample" upsample_param { scale: 2 }', [s, s],
+                        6 * n, 6 * n, propagate=[True, False], inputs=segnet_mask))
+    for tag, s in (("mobilenet conv1 32x32x112x112", (32, 32, 112, 112)),
+                   ("mobilenet dw13 32x1024x7x7", (32, 1024, 7, 7))):
+        out.append(Case(f"ReLU6                  {tag}", 'type: "ReLU6"', [s], 2 * count(s), 3 * count(s)))
+    for tag, s in (("shufflenet stage2 32x240x28x28 g3", (32, 240, 28, 28)),
+                   ("shufflenet stage3 32x480x14x14 g3", (32, 480, 14, 14))):
+        out.append(Case(f"ShuffleChannel         {tag}", 'type: "ShuffleChannel" shuffle_channel_param { group: 3 }',
+                        [s], 2 * count(s), 2 * count(s)))
+    for tag, s in (("senet res2 32x256x56x56", (32, 256, 56, 56)), ("senet res4 32x1024x14x14", (32, 1024, 14, 14))):
+        n = count(s)
+        out.append(Case(f"Axpy                   {tag}", 'type: "Axpy"', [(s[0], s[1], 1, 1), s, s], 3 * n, 4 * n))
+    for tag, s in (("resnet 32x64x112x112", RESNET_A), ("resnet 32x256x56x56", RESNET_B)):
+        n = count(s)
+        out += [Case(f"BN batch stats         {tag}", 'type: "BN" phase: TRAIN', [s], 3 * n, 5 * n),
+                Case(f"BN frozen              {tag}", 'type: "BN" bn_param { frozen: true }', [s], 2 * n, 2 * n)]
+    s = (64, 304, 512)  # CTPN: the BiLSTM's (T = conv5 width, N * H rows, 512) input, batch 8 of 38 rows
+    out.append(Case("Reverse axis 0         ctpn lstm 64x304x512", 'type: "Reverse" reverse_param { axis: 0 }',
+                    [s], 2 * count(s), 2 * count(s)))
+    s = (8, 512, 38, 64)
+    out.append(Case("Transpose 3,0,2,1      ctpn conv5 8x512x38x64",
+                    'type: "Transpose" transpose_param { dim: 3 dim: 0 dim: 2 dim: 1 }', [s], 2 * count(s), 2 * count(s)))
+    return out
 
 
 def cases() -> list[Case]:
@@ -90,7 +161,7 @@ def cases() -> list[Case]:
         Case("Concat (2)               resnet-shape 2x 32x128x56x56", 'type: "Concat"',
              [(32, 128, 56, 56)] * 2, 4 * count((32, 128, 56, 56)), 4 * count((32, 128, 56, 56))),
     ]
-    return out
+    return out + fork_cases()
 
 
 class Timer:
@@ -144,7 +215,9 @@ def run_case(case: Case, timer: Timer) -> tuple[float | None, float]:
 
     rng = np.random.default_rng(0)
     layer = make_layer(case.text, np.float32)
-    bottom = blobs([rng.standard_normal(s, dtype=np.float32) for s in case.bottoms], np.float32)
+    arrays = (case.inputs(rng, case.bottoms) if case.inputs else
+              [rng.standard_normal(s, dtype=np.float32) for s in case.bottoms])
+    bottom = blobs(arrays, np.float32)
     top = empty_blobs(case.ntop, np.float32)
     layer.setup(bottom, top)
     layer.forward(bottom, top)
@@ -173,7 +246,7 @@ def main(argv=None) -> int:
     copy_gbs = copy_bandwidth(timer)
     print(f"device: {backend.device_name()}; timing: {'eager calls' if args.eager else 'CUDA graph replay'}")
     print(f"copy bandwidth (1 GiB device-to-device, read + write): {copy_gbs:.0f} GB/s\n")
-    print(f"{'layer / shape':58s} {'pass':4s} {'ms':>8s} {'GB/s':>7s} {'% copy':>7s}")
+    print(f"{'layer / shape':64s} {'pass':4s} {'ms':>8s} {'GB/s':>7s} {'% copy':>7s}")
     prefixes = [p.strip() for p in args.only.split(",") if p.strip()]
     below = []
     for case in cases():
@@ -182,7 +255,7 @@ def main(argv=None) -> int:
         try:
             fwd, bwd = run_case(case, timer)
         except Exception as exc:  # report and go on: one broken layer should not hide the others
-            print(f"{case.name:58s} FAILED: {type(exc).__name__}: {exc}")
+            print(f"{case.name:64s} FAILED: {type(exc).__name__}: {exc}")
             below.append(case.name)
             continue
         for label, ms, elems in (("fwd", fwd, case.fwd_elems), ("bwd", bwd, case.bwd_elems)):
@@ -193,7 +266,7 @@ def main(argv=None) -> int:
             flag = "" if pct >= 70 else "  < 70 %"
             if flag:
                 below.append(f"{case.name} {label}")
-            print(f"{case.name:58s} {label:4s} {ms:8.3f} {gbs:7.0f} {pct:6.1f}%{flag}")
+            print(f"{case.name:64s} {label:4s} {ms:8.3f} {gbs:7.0f} {pct:6.1f}%{flag}")
     print(f"\n{len(below)} pass(es) below 70 % of copy bandwidth" + (":\n  " + "\n  ".join(below) if below else ""))
     return 0
 

@@ -55,8 +55,9 @@ BACKWARD_READS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "MultinomialLogisticLoss",
                      "InfogainLoss", "HingeLoss", "ContrastiveLoss"), ("bottom",)),
     # The forks' layers (docs/fork_layers.md)
-    **dict.fromkeys(("ReLU6", "Axpy", "BN", "SmoothL1Loss"), ("bottom",)),
-    **dict.fromkeys(("ShuffleChannel", "Interp", "Upsample", "Unpooling", "UnPooling"), ()),
+    **dict.fromkeys(("ReLU6", "Axpy", "BN", "SmoothL1Loss", "Normalize"), ("bottom",)),
+    **dict.fromkeys(("ShuffleChannel", "Interp", "Upsample", "Unpooling", "UnPooling", "Permute", "Reverse",
+                     "Transpose"), ()),
     "ROIPooling": ("top",),  # the argmax
 }
 SHARING_FORWARD = ("Split",)  # forward shares the bottom's data with the tops: no traffic

@@ -270,6 +270,14 @@ def test_bandwidth_bytes_hand_counted():
     assert layer_bytes(conv, b, t) is None
     assert {"BatchNorm", "Scale", "Bias", "Eltwise", "ReLU", "Clip", "Concat", "Split", "Pooling", "Softmax",
             "LRN", "Dropout", "SoftmaxWithLoss", "EuclideanLoss", "TanH", "ELU"} <= set(BACKWARD_READS)
+    perm, b, t = _setup('type: "Permute" permute_param { order: 0 order: 2 order: 3 order: 1 }', [(2, 3, 4, 4)])
+    assert layer_bytes(perm, b, t) == (f * 2 * n, f * 2 * n)  # a pure data movement either way
+    norm, b, t = _setup('type: "Normalize" norm_param { across_spatial: false channel_shared: false }',
+                        [(2, 3, 4, 4)])
+    # forward: x, the per-channel scale, top; backward: dy, x, the scale, dx, the scale's diff read + written
+    assert layer_bytes(norm, b, t) == (f * (2 * n + c), f * (3 * n + c + 2 * c))
+    assert {"Normalize", "Permute", "Reverse", "Transpose", "Interp", "Upsample", "ReLU6", "ShuffleChannel",
+            "Axpy", "BN"} <= set(BACKWARD_READS)
     assert bandwidth_suffix(2e9, 0.5) == " (4 GB/s)" and bandwidth_suffix(0.0, 1.0) == ""
 
 
@@ -354,3 +362,25 @@ def test_time_lists_every_layer_of_a_net_with_duplicate_names(tmp_path, monkeypa
     out = capsys.readouterr().out
     names = [line.split("\t")[0].strip() for line in out.splitlines() if "\tforward:" in line]
     assert names == ["data", "act", "act"]
+
+
+FORK_NET = """name: "forks"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 6 dim: 4 dim: 4 } } }
+layer { name: "norm" type: "Normalize" bottom: "data" top: "n" norm_param { across_spatial: false } }
+layer { name: "relu6" type: "ReLU6" bottom: "n" top: "r" }
+layer { name: "shuffle" type: "ShuffleChannel" bottom: "r" top: "s" shuffle_channel_param { group: 2 } }
+layer { name: "interp" type: "Interp" bottom: "s" top: "i" interp_param { zoom_factor: 2 } }
+layer { name: "rev" type: "Reverse" bottom: "i" top: "v" reverse_param { axis: 1 } }
+layer { name: "perm" type: "Permute" bottom: "v" top: "p" permute_param { order: 0 order: 2 order: 3 order: 1 } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "p" top: "loss" }
+"""
+
+
+def test_cli_prints_bandwidth_of_fork_layers(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("forks.prototxt").write_text(FORK_NET)
+    assert cli.main(["time", "--model", "forks.prototxt", "--iterations", "1"]) == 0
+    lines = _time_lines(capsys.readouterr().out)
+    for name in ("norm", "relu6", "shuffle", "interp", "rev", "perm"):
+        for direction in ("forward", "backward"):
+            assert GBS.search(lines[(name, direction)]), lines[(name, direction)]
