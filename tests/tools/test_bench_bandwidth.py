@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bandwidth.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bandwidth.py"
 FORK_TYPES = {"Permute", "Normalize", "Interp", "Upsample", "ReLU6", "ShuffleChannel", "Axpy", "BN", "Reverse",
               "Transpose"}
 
