@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test reads the zoo's shapes: building every zoo net takes seconds
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "conv_engines.py"
 
 
@@ -25,14 +27,12 @@ def shapes(bench):
     return bench.zoo_conv_shapes(bench.ZOO_NETS.split(","))
 
 
-@pytest.mark.slow  # ~3 s: builds every zoo net
 def test_every_convolution_of_each_net(shapes):
     counts = {name: (sum(s.values()), len(s)) for name, s in shapes.items()}
     assert counts == {"resnet50": (53, 20), "vgg16": (13, 9), "googlenet": (57, 49), "mobilenet_v2": (52, 30),
                       "squeezenet1_1": (26, 18)}
 
 
-@pytest.mark.slow  # its fixture builds every zoo net (~3 s)
 def test_identical_shapes_merge_with_their_multiplicity(shapes):
     vgg = {(p.channels, p.height, p.num_output): n for (p, bias), n in shapes["vgg16"].items()}
     assert vgg == {(3, 224, 64): 1, (64, 224, 64): 1, (64, 112, 128): 1, (128, 112, 128): 1, (128, 56, 256): 1,

@@ -112,10 +112,17 @@ def test_draw_example_prototxts_to_file(caffe_fixtures, tmp_path):
 EXAMPLE_PROTOTXTS = sorted(
     p for p in (Path(__file__).resolve().parents[2] / "examples").glob("**/*.prototxt") if "solver" not in p.name
 )
+# Graphviz lays out nets of a hundred layers and more in seconds: those run in the slow step.
+LARGE = 60
+
+
+def _example(path: Path):
+    layers = len(protoio.read_text(path, caffe_pb2.NetParameter()).layer)
+    return pytest.param(path, id=path.name, marks=[pytest.mark.slow] if layers > LARGE else [])
 
 
 @needs_dot
-@pytest.mark.parametrize("path", EXAMPLE_PROTOTXTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [_example(p) for p in EXAMPLE_PROTOTXTS])
 def test_draw_repo_examples(path, tmp_path):
     net = protoio.read_text(path, caffe_pb2.NetParameter())
     assert net.layer, f"{path.name} has no layers"
