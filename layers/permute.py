@@ -9,16 +9,11 @@ GPU: one thread per top element reading an int32 table [top shape | permuted bot
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
-
-KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("Permute")
@@ -74,8 +69,8 @@ class PermuteLayer(Layer):
         if not self.need_permute:
             gm.copy(n, bottom[0].gpu_data(), top[0].mutable_gpu_data(), self.dtype)
             return
-        k = backend.kernel(KERNELS, "permute_copy", self.dtype)
-        k(n, len(self.order), self._table(bottom, top), 1, bottom[0].gpu_data(), top[0].mutable_gpu_data())
+        gm.permute_axes(n, len(self.order), self._table(bottom, top), True, bottom[0].gpu_data(),
+                        top[0].mutable_gpu_data(), self.dtype)
 
     def backward_gpu(self, top, propagate_down, bottom):
         n = top[0].count
@@ -84,5 +79,5 @@ class PermuteLayer(Layer):
         if not self.need_permute:
             gm.copy(n, top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), self.dtype)
             return
-        k = backend.kernel(KERNELS, "permute_copy", self.dtype)
-        k(n, len(self.order), self._table(bottom, top), 0, bottom[0].mutable_gpu_diff(), top[0].gpu_diff())
+        gm.permute_axes(n, len(self.order), self._table(bottom, top), False, bottom[0].mutable_gpu_diff(),
+                        top[0].gpu_diff(), self.dtype)

@@ -7,15 +7,11 @@ W x N x H x C). Backward applies the inverse permutation to the top diff. Not in
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
-
-KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("Transpose")
@@ -29,7 +25,7 @@ class TransposeLayer(Layer):
         self.dims = tuple(self.layer_param.transpose_param.dim)
         if sorted(self.dims) != list(range(len(self.dims))):
             raise self.error(f"transpose_param.dim {list(self.dims)} must be a permutation of 0..{len(self.dims) - 1}")
-        self._table = Blob(dtype=np.float32)  # int32 bits: see transpose.cu
+        self._table = Blob(dtype=np.float32)  # int32 bits: see math_functions.cu (permute_axes)
         self._table_key: tuple | None = None
 
     def reshape(self, bottom, top):
@@ -59,11 +55,11 @@ class TransposeLayer(Layer):
     def forward_gpu(self, bottom, top):
         n = top[0].count
         if n:
-            k = backend.kernel(KERNELS, "transpose_copy", self.dtype)
-            k(n, len(self.dims), self._table_ptr(bottom, top), 1, bottom[0].gpu_data(), top[0].mutable_gpu_data())
+            gm.permute_axes(n, len(self.dims), self._table_ptr(bottom, top), True, bottom[0].gpu_data(),
+                            top[0].mutable_gpu_data(), self.dtype)
 
     def backward_gpu(self, top, propagate_down, bottom):
         n = top[0].count
         if propagate_down[0] and n:
-            k = backend.kernel(KERNELS, "transpose_copy", self.dtype)
-            k(n, len(self.dims), self._table_ptr(bottom, top), 0, bottom[0].mutable_gpu_diff(), top[0].gpu_diff())
+            gm.permute_axes(n, len(self.dims), self._table_ptr(bottom, top), False, bottom[0].mutable_gpu_diff(),
+                            top[0].gpu_diff(), self.dtype)

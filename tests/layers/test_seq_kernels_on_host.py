@@ -123,6 +123,19 @@ def host_gpu(monkeypatch):
         out = _array(y, (cols,), dt)
         out[...] = _array(x, (rows, cols), dt).sum(axis=0) + beta * out
     monkeypatch.setattr(gm, "sum_rows_into", sum_rows_into)
+
+    def permute_axes(n, naxes, table, forward, bottom, top, dt):  # math_functions.cu's kernel, in numpy
+        t = _array(table, (2 * naxes,), np.int32)
+        rest, b = np.arange(n), np.zeros(n, np.int64)
+        for k in range(naxes - 1, -1, -1):
+            b += (rest % t[k]) * t[naxes + k]
+            rest //= t[k]
+        src, dst = _array(bottom, (n,), dt), _array(top, (n,), dt)
+        if forward:
+            dst[...] = src[b]
+        else:
+            src[b] = dst
+    monkeypatch.setattr(gm, "permute_axes", permute_axes)
     yield
 
 
