@@ -1,5 +1,6 @@
-"""Shared fixtures: the ``gpu`` marker skips cleanly without a usable GPU; ``mode`` runs a test
-on the CPU and (marked ``gpu``) on the GPU; MNIST and Caffe fixture locations."""
+"""Shared fixtures: without a usable GPU, tests marked ``gpu`` are deselected (skipped when ``-m``
+names ``gpu``); ``mode`` runs a test on the CPU and (marked ``gpu``) on the GPU; MNIST and Caffe
+fixture locations."""
 
 from __future__ import annotations
 
@@ -32,10 +33,21 @@ def pytest_collection_modifyitems(config, items):
     reason = gpu_unavailable_reason()
     if reason is None:
         return
+    gpu = [item for item in items if "gpu" in item.keywords]
+    if "gpu" not in (config.getoption("markexpr") or ""):
+        # Not asked for: left out of the run (reported as deselected, with the reason below), which
+        # spares the default run two thousand skips' bookkeeping.
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if "gpu" not in item.keywords]
+        return
     skip = pytest.mark.skip(reason=f"GPU test: {reason}")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for item in gpu:
+        item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    reason = gpu_unavailable_reason()
+    return f"GPU tests: {'run' if reason is None else 'left out or skipped: ' + reason}"
 
 
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
