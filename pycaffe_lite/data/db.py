@@ -457,15 +457,20 @@ class _AtomicBuild:
             raise DataError(f"{self.path}: cannot create the database: {exc.strerror or exc}") from None
 
     def _place(self) -> None:
-        for f in self._tmp.iterdir():
-            os.chmod(f, default_mode())  # the libraries create files with their own mode: follow the umask
-        old = None
-        if self.path.exists() and self.overwrite:  # moved aside whole, removed once replaced
-            old = temp_path(self.path)
-            os.replace(self.path, old)
-        os.replace(self._tmp, self.path)
-        if old is not None:
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        """Move the finished database to its final path (DataError, the build removed, if it cannot)."""
+        try:
+            for f in self._tmp.iterdir():
+                os.chmod(f, default_mode())  # the libraries create files with their own mode: follow the umask
+            old = None
+            if self.path.exists() and self.overwrite:  # moved aside whole, removed once replaced
+                old = temp_path(self.path)
+                os.replace(self.path, old)
+            os.replace(self._tmp, self.path)
+            if old is not None:
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+        except OSError as exc:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise DataError(f"{self.path}: cannot move the finished database into place: {exc.strerror}") from None
 
     def __enter__(self):
         return self
@@ -511,11 +516,7 @@ class LevelDBWriter(_AtomicBuild):
         self.commit()
         self._db.close()
         self._db = None
-        try:
-            self._place()
-        except OSError as exc:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            raise DataError(f"{self.path}: cannot move the finished database into place: {exc.strerror}") from None
+        self._place()
 
     def abort(self) -> None:
         """Discard the database being built."""
@@ -595,11 +596,7 @@ class LMDBWriter(_AtomicBuild):
         self._txn.abort()
         self._env.close()
         self._env = None
-        try:
-            self._place()
-        except OSError as exc:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            raise DataError(f"{self.path}: cannot move the finished database into place: {exc.strerror}") from None
+        self._place()
 
     def abort(self) -> None:
         """Discard the database being built."""
