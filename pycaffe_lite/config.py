@@ -13,6 +13,7 @@ Every setting, its environment variable (read when the package is imported) and 
 | ``cuda_graphs`` | ``PYCAFFE_LITE_CUDA_GRAPHS`` | on | capture and replay CUDA graphs |
 | ``share_diffs`` | ``PYCAFFE_LITE_SHARE_DIFFS`` | on | training iterations share gradient buffers |
 | ``share_data`` | ``PYCAFFE_LITE_SHARE_DATA`` | on | forward-only nets share intermediate data |
+| ``pin_host`` | ``PYCAFFE_LITE_PIN_HOST`` | on | blobs' host copies of 1 MiB or more page-locked while a GPU is in use |
 | ``autotune_cache`` | ``PYCAFFE_LITE_AUTOTUNE_CACHE`` | none | file of convolution engine choices |
 | ``nvcc_flags`` | ``PYCAFFE_LITE_NVCC_FLAGS`` | none | extra flags for run-time kernel compilation |
 | ``bucket_mb`` | ``PYCAFFE_LITE_BUCKET_MB`` | 32 | multi-GPU gradient bucket size (MiB) |
@@ -49,6 +50,7 @@ class Config:
     cuda_graphs: bool = True
     share_diffs: bool = True
     share_data: bool = True
+    pin_host: bool = True
     autotune_cache: str | None = None
     nvcc_flags: str | None = None
     bucket_mb: float = 32.0

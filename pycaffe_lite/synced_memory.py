@@ -12,8 +12,18 @@ from typing import SupportsInt
 
 import numpy as np
 
+from .config import config
 from .gpu import backend as _backend  # importing it needs no GPU
 from .memcheck import out_of_memory
+
+_WATCHED_WRITES = [0]
+
+
+def watched_writes() -> int:
+    """How many times a memory with ``watched`` set has been asked for for writing (host or device)
+    or written by a graph replay: whatever is derived from watched memories is current while this
+    count has not moved."""
+    return _WATCHED_WRITES[0]
 
 
 class Head(enum.Enum):
@@ -30,7 +40,7 @@ class HostAccessDuringCapture(RuntimeError):
 class SyncedMemory:
     """``count`` elements of ``dtype`` on the host (numpy) and, on demand, on the device."""
 
-    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head", "shared")
+    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head", "shared", "_pinned", "_upload", "watched")
 
     def __init__(self, count: int, dtype: np.dtype, device: SupportsInt | None = None) -> None:
         """``device``: an existing device allocation of at least ``count`` elements to use (memory
@@ -41,6 +51,9 @@ class SyncedMemory:
         self._gpu: SupportsInt | None = device  # device allocation (int()-able pointer)
         self.head = Head.UNINITIALIZED
         self.shared = False  # storage from use_storage(), which other SyncedMemory objects use too
+        self._pinned = False  # _cpu is page-locked (backend.pinned_array)
+        self._upload = None  # event of an asynchronous upload from the page-locked _cpu still reading it
+        self.watched = False  # writes count in watched_writes() (parameters something is derived from)
 
     @property
     def nbytes(self) -> int:
@@ -50,12 +63,13 @@ class SyncedMemory:
     def _to_cpu(self) -> np.ndarray:
         if _backend.recording() is not None:
             raise HostAccessDuringCapture("host access to a blob while a CUDA graph is being captured")
+        self._sync_upload()  # the caller may write the host copy: the upload must have read it
         if self.head is Head.UNINITIALIZED:
-            self._cpu = self._host_alloc(np.zeros)
+            self._cpu = self._host_alloc(zero=True)
             self.head = Head.HEAD_AT_CPU
         elif self.head is Head.HEAD_AT_GPU:
             if self._cpu is None:
-                self._cpu = self._host_alloc(np.empty)
+                self._cpu = self._host_alloc(zero=False)
             if self.count:
                 assert self._gpu is not None  # the device is the head: it holds the data
                 _backend.memcpy_dtoh(self._cpu, int(self._gpu))
@@ -63,9 +77,14 @@ class SyncedMemory:
         assert self._cpu is not None
         return self._cpu
 
-    def _host_alloc(self, make) -> np.ndarray:
+    def _host_alloc(self, zero: bool) -> np.ndarray:
+        """Host storage: page-locked while a device is in use (``config.pin_host``), else numpy's."""
+        pinned = _backend.pinned_array(self.count, self.dtype, zero) if config.pin_host else None
+        self._pinned = pinned is not None
+        if pinned is not None:
+            return pinned
         try:
-            return make(self.count, self.dtype)
+            return (np.zeros if zero else np.empty)(self.count, self.dtype)
         except MemoryError:
             raise out_of_memory(f"the host memory of a blob ({self.count:,} {self.dtype.name} values)",
                                 self.nbytes) from None
@@ -78,6 +97,8 @@ class SyncedMemory:
         """Up-to-date host array (flat) that the caller will write: the host becomes the head."""
         arr = self._to_cpu()
         self.head = Head.HEAD_AT_CPU
+        if self.watched:
+            _WATCHED_WRITES[0] += 1
         return arr
 
     def set_cpu(self, array: np.ndarray) -> None:
@@ -86,8 +107,12 @@ class SyncedMemory:
             raise ValueError(
                 f"set_cpu: expected {self.count} elements of {self.dtype}, got {array.size} of {array.dtype}"
             )
+        self._sync_upload()
         self._cpu = array.reshape(-1)
+        self._pinned = False
         self.head = Head.HEAD_AT_CPU
+        if self.watched:
+            _WATCHED_WRITES[0] += 1
 
     # -- storage a memory plan shares -----------------------------------------------------------
     def use_storage(self, host: np.ndarray | None = None, device: SupportsInt | None = None) -> None:
@@ -95,7 +120,10 @@ class SyncedMemory:
         ``device`` (an allocation of at least ``nbytes``), storage a memory plan shares between
         objects whose values are never live together; with neither, in memory of its own again
         (allocated on first use)."""
-        self._cpu, self._gpu, self.head = None, device, Head.UNINITIALIZED
+        self._sync_upload()
+        self._cpu, self._gpu, self.head, self._pinned = None, device, Head.UNINITIALIZED, False
+        if self.watched:
+            _WATCHED_WRITES[0] += 1
         if host is not None:
             self.set_cpu(host)
         self.shared = host is not None or device is not None
@@ -116,7 +144,8 @@ class SyncedMemory:
             return
         self.shared = False
         if self._cpu is not None:
-            self._cpu = self._cpu.copy()
+            self._sync_upload()
+            self._cpu, self._pinned = self._cpu.copy(), False
         if self._gpu is not None:
             mine = _backend.alloc(max(self.nbytes, self.dtype.itemsize))
             if self.head in (Head.HEAD_AT_GPU, Head.SYNCED):
@@ -134,7 +163,7 @@ class SyncedMemory:
         elif self.head is Head.HEAD_AT_CPU:
             if self.count:
                 assert self._cpu is not None  # the host is the head: it holds the data
-                _backend.memcpy_htod(ptr, self._cpu)
+                self._upload = _backend.memcpy_htod(ptr, self._cpu, pinned=self._pinned)
             self.head = Head.SYNCED
         return ptr
 
@@ -146,10 +175,17 @@ class SyncedMemory:
         """Device pointer the caller will write: the device becomes the head."""
         ptr = self._to_gpu()
         self.head = Head.HEAD_AT_GPU
+        if self.watched:
+            _WATCHED_WRITES[0] += 1
         recording = _backend.recording()
         if recording is not None:  # each replay writes here again: the executor marks it afterwards
             recording.written.add(self)
         return ptr
+
+    def _sync_upload(self) -> None:
+        if self._upload is not None:
+            self._upload.synchronize()
+            self._upload = None
 
     def host_is_newer(self) -> bool:
         """The host copy holds values the device has not seen (uninitialized memory holds none)."""
@@ -161,6 +197,8 @@ class SyncedMemory:
     def mark_device_newest(self) -> None:
         """Device work queued outside this object (a graph replay) wrote the device copy."""
         self.head = Head.HEAD_AT_GPU
+        if self.watched:
+            _WATCHED_WRITES[0] += 1
 
     def has_gpu(self) -> bool:
         return self._gpu is not None

@@ -257,12 +257,39 @@ def memory_held() -> dict[str, int]:
     }
 
 
-def memcpy_htod(dst: int, src: np.ndarray) -> None:
-    """Queue a host-to-device copy of the contiguous array ``src``."""
+PIN_MIN_BYTES = 1 << 20  # smaller host copies stay pageable: their transfers are latency-bound
+
+
+def pinned_array(count: int, dtype, zero: bool) -> np.ndarray | None:
+    """A page-locked host array of ``count`` elements (zeroed if ``zero``) for a blob's host copy
+    while a device is in use, as BVLC's ``CaffeMallocHost`` does in GPU mode: transfers from and to it
+    run at the bus's rate instead of being staged through pageable memory. None when no device is
+    initialized, the array is under :data:`PIN_MIN_BYTES` or the driver refuses (the caller then
+    allocates pageable memory)."""
+    nbytes = int(count) * np.dtype(dtype).itemsize
+    if _state is None or nbytes < PIN_MIN_BYTES:
+        return None
+    cuda = _state.cuda
+    make = cuda.pagelocked_zeros if zero else cuda.pagelocked_empty
+    try:
+        return make(int(count), np.dtype(dtype), mem_flags=cuda.host_alloc_flags.PORTABLE)
+    except (cuda.Error, MemoryError):
+        return None
+
+
+def memcpy_htod(dst: int, src: np.ndarray, pinned: bool = False):
+    """Queue a host-to-device copy of the contiguous array ``src``. From pageable memory the call
+    returns once the driver has staged ``src`` (None); from page-locked memory (``pinned``) the copy
+    runs asynchronously and the returned event completes when ``src`` may be written again."""
     st = state()
     if st.recording is not None:
-        raise CudaError("host-to-device copy from pageable memory while a CUDA graph is being captured")
+        raise CudaError("host-to-device copy from host memory while a CUDA graph is being captured")
     st.cuda.memcpy_htod_async(dst, np.ascontiguousarray(src), st.stream)
+    if not pinned:
+        return None
+    done = st.cuda.Event(st.cuda.event_flags.DISABLE_TIMING)
+    done.record(st.stream)
+    return done
 
 
 def memcpy_dtoh(dst: np.ndarray, src: int) -> None:

@@ -37,8 +37,8 @@ from ..config import config
 from ..conv import engines as conv_engines
 from ..gpu import backend, cuda_graph
 from ..layer import Layer
-from ..synced_memory import SyncedMemory
-from .fusion import find_fusions
+from ..synced_memory import SyncedMemory, watched_writes
+from .fusion import ConvBNScale, ConvReLU, find_fusions
 from .memory_plan import SharedData, recomputable_inputs, shared_diff_slots, sharing_enabled
 
 if TYPE_CHECKING:
@@ -138,6 +138,8 @@ class Executor:
         self.use_graphs = graphs_enabled()
         self._graphs = _Graphs(self._memories)
         self.fusions = {chain.first: chain for chain in find_fusions(net)}
+        self._folds = [chain for chain in self.fusions.values() if isinstance(chain, ConvBNScale)]
+        self._fold_key: tuple | None = None
         self.loss_log: LossLog | None = None
         self._diff_plan_key: tuple | None = None
         self._diff_slots: list[SupportsInt] = []
@@ -147,7 +149,8 @@ class Executor:
         # queues device work and may be captured in whole-iteration graphs; any other hook makes
         # the passes run plainly.
         self.hooks: dict[str, list[Callable[[int], None]]] = {k: [] for k in HOOK_KINDS}
-        self.shared_data = SharedData(net, self.hooks, self._run_forward)  # nets that never run backward
+        self.shared_data = SharedData(net, self.hooks, self._run_forward,  # nets that never run backward
+                                      skippable=[chain.skipped for chain in self._folds if chain.skipped])
         self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._read_loss_early = {
@@ -206,17 +209,44 @@ class Executor:
     def _key(self, tag: tuple) -> tuple:
         # set_random_seed re-keys device generators (Dropout), which graphs recorded: re-capture.
         return (tag, backend.state().alloc_generation, shape_generation(), common.seed_generation(),
-                common.tf32_allowed())
+                common.tf32_allowed(), self.shared_data.skipping, len(self.shared_data.keep))
+
+    def _refold(self) -> None:
+        """Write the folded parameters of the Convolution -> BatchNorm -> Scale chains when one of the
+        blobs they come from may have changed since they were last written (outside graphs)."""
+        if not self._folds:
+            return
+        key = (watched_writes(), shape_generation(), common.mode())
+        if key == self._fold_key:
+            return
+        for chain in self._folds:
+            for blob in chain.sources:
+                blob.data_memory.watched = True
+            chain.fold()
+        self._fold_key = (watched_writes(), shape_generation(), common.mode())
 
     # -- plain execution ------------------------------------------------------------------------
-    def _run_forward(self, start: int, end: int) -> None:
+    def _chain_at(self, i: int, end: int) -> ConvReLU | ConvBNScale | None:
+        chain = self.fusions.get(i)
+        if chain is None or chain.last > end:
+            return None
+        if isinstance(chain, ConvBNScale) and chain.skipped and not self.shared_data.may_skip(chain.skipped):
+            return None
+        return chain
+
+    def _run_forward(self, start: int, end: int, fold: bool = False) -> None:
+        """Layers ``start..end``; ``fold``: fused chains write their folded parameters first (inside
+        a training iteration's graph), else :meth:`_refold` keeps them current."""
         net = self.net
         i = start
         while i <= end:
-            chain = self.fusions.get(i)
-            if chain is not None and chain.last <= end:
+            chain = self._chain_at(i, end)
+            if chain is not None:
                 self._call_hooks("before_forward", range(i, chain.last + 1))
-                chain.forward(net.bottom_vecs[i], net.top_vecs[i])
+                if isinstance(chain, ConvBNScale):
+                    chain.forward(net.bottom_vecs[i], net.top_vecs[i], fold=fold)
+                else:
+                    chain.forward(net.bottom_vecs[i], net.top_vecs[i])
                 self._call_hooks("after_forward", range(i, chain.last + 1))
                 i = chain.last + 1
                 continue
@@ -247,6 +277,7 @@ class Executor:
     # -- ranges ---------------------------------------------------------------------------------
     def forward(self, start: int, end: int) -> float:
         """Run layers ``start..end`` (inclusive); the summed weighted loss of their loss tops."""
+        self._refold()
         with self.shared_data.forward(start, end):
             return self._forward(start, end)
 
@@ -339,7 +370,7 @@ class Executor:
                 scale.recompute_input = functools.partial(bn.regenerate_top_into, source)
             try:
                 self.clear_param_diffs()
-                self._run_forward(first, last)
+                self._run_forward(first, last, fold=True)
                 log_.record(tops)
                 self._run_backward(last, first)
                 update()

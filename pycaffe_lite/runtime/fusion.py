@@ -8,11 +8,21 @@ as written (ReLU's backward reads only that blob; the convolution's does not rea
 Convolution -> BatchNorm -> Scale (-> ReLU), written in place (``top == bottom``, as ResNet and MobileNet
 write them) in a net that runs no backward through them, with BatchNorm on its global statistics
 (TEST phase), is one convolution with folded weights and bias (``BatchNormLayer.fold_convolution``).
+Because the chain is in place, the blob it writes holds what the layers would leave there.
 
-The folded weights are recomputed from the layers' current blobs on every forward (on the device,
-inside captured graphs too), so weights a user changes after building are used. A following in-place
-ReLU (negative_slope 0) joins as the epilogue. Because the chain is in place, the blob it writes
-holds what the layers would leave there. ``config.fusion`` off (``PYCAFFE_LITE_FUSION=0``) runs every
+The same chain written with a top of its own per layer (``conv1 -> conv1/bn -> conv1/scale``, as
+published MobileNet files write it) folds too in a net that runs no backward at all, when each
+intermediate blob is read by the next layer of the chain only: the fused convolution writes the
+last blob and *skips* the intermediate ones (:attr:`ConvBNScale.skipped`). Their values are then
+the data memory plan's business (:class:`~pycaffe_lite.runtime.memory_plan.SharedData`): they are
+stale like overwritten blobs, and a user reading one has the net re-run its last forward without
+skipping, for good. Where data sharing is off for the net, the chain runs as written.
+
+The folded weights are recomputed from the layers' current blobs before a forward whenever one of
+those blobs may have been written since (``SyncedMemory.watched``: a host or device write, a
+graph replay writing it), outside captured graphs; a training iteration, whose update may change
+them inside its graph, folds inside it. A following in-place ReLU (negative_slope 0) joins as the
+epilogue. ``config.fusion`` off (``PYCAFFE_LITE_FUSION=0``) runs every
 layer as written. The layers declare their parts (:class:`~pycaffe_lite.layer.Layer`'s ``fusable_convolution``,
 ``relu_epilogue``, ``folds_into_convolution``, ``per_channel_affine``): no layer is matched by its type.
 """
@@ -67,21 +77,32 @@ class ConvBNScale:
     scale: Layer | None
     fused: Layer  # a Convolution with a bias term whose blobs are the folded weight and bias
     relu: bool = False
+    out: Blob | None = None  # the blob the chain leaves its result in, when not the convolution's top
+    skipped: frozenset[int] = frozenset()  # ids of the intermediate blobs a fused run does not write
 
     @property
     def extra_blobs(self) -> list[Blob]:
         return list(self.fused.blobs)
 
+    @property
+    def sources(self) -> list[Blob]:
+        """The parameter blobs the folded weight and bias are computed from."""
+        return [*self.conv.blobs, *self.bn.blobs, *(self.scale.blobs if self.scale is not None else [])]
+
     def fold(self) -> None:
         """Write the folded weight and bias into ``fused``'s blobs from the current parameters."""
         self.bn.fold_convolution(self.conv, self.scale, self.fused)
 
-    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
-        self.fold()
+    def forward(self, bottom: list[Blob], top: list[Blob], fold: bool = True) -> None:
+        """Run the chain on ``bottom``; ``top`` is the convolution's (``out`` replaces it). ``fold``
+        first writes the folded parameters (else the caller keeps them current)."""
+        if fold:
+            self.fold()
+        out = [self.out] if self.out is not None else top
         if self.relu:
-            cast(_ReLUEpilogue, self.fused).compute_forward_relu(bottom, top)
+            cast(_ReLUEpilogue, self.fused).compute_forward_relu(bottom, out)
         else:
-            self.fused.compute_forward(bottom, top)
+            self.fused.compute_forward(bottom, out)
 
 
 def _in_place(net: NetGraph, i: int) -> bool:
@@ -98,6 +119,21 @@ def _one_to_one(net: NetGraph, i: int) -> bool:
     return len(net.bottom_vecs[i]) == 1 and len(net.top_vecs[i]) == 1
 
 
+def _next_in_chain(net: NetGraph, k: int, blob_id: int, forward_only: bool) -> tuple[int, bool] | None:
+    """Layer ``k`` (one bottom, one top) reads ``blob_id``: (the blob it leaves its result in, whether
+    ``blob_id`` is skipped), or None. Out of place only in a net that runs no backward, and only when
+    ``blob_id`` is no output or loss top and no other layer touches it."""
+    if k >= len(net.layers) or not _one_to_one(net, k) or net.bottom_id_vecs[k][0] != blob_id:
+        return None
+    if _in_place(net, k):
+        return blob_id, False
+    touching = [j for j in range(len(net.layers)) if blob_id in net.bottom_id_vecs[j] or blob_id in net.top_id_vecs[j]]
+    if (not forward_only or touching != [k - 1, k] or blob_id in net.output_blob_indices
+            or net.blob_loss_weights[blob_id]):
+        return None
+    return net.top_id_vecs[k][0], True
+
+
 def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU]:
     """The fusable chains of ``net`` in order (none when disabled). The layers say what they are
     (``fusable_convolution``, ``relu_epilogue``, ``folds_into_convolution``, ``per_channel_affine``)."""
@@ -105,6 +141,7 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU]:
         return []
     chains: list[ConvBNScale | ConvReLU] = []
     layers = net.layers
+    forward_only = not any(net.layer_need_backward)
     i = 0
     while i < len(layers) - 1:
         conv = layers[i]
@@ -116,21 +153,35 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU]:
             chains.append(ConvReLU(i, i + 1, conv))
             i += 2
             continue
-        bn_i = i + 1
-        if not (layers[bn_i].folds_into_convolution() and _in_place(net, bn_i) and net.bottom_id_vecs[bn_i][0] == out):
-            i += 1
-            continue
-        last = bn_i
-        scale = None
-        nxt = bn_i + 1
-        if (nxt < len(layers) and len(net.bottom_vecs[nxt]) == 1 and _in_place(net, nxt)
-                and net.bottom_id_vecs[nxt][0] == out and layers[nxt].per_channel_affine(net.top_vecs[i][0])):
-            scale, last = layers[nxt], nxt
-        if any(net.layer_need_backward[k] for k in range(i, last + 1)):
-            i = last + 1
-            continue
-        relu = _relu_on(net, last + 1, out) and not net.layer_need_backward[last + 1]
-        chains.append(ConvBNScale(first=i, last=last + 1 if relu else last, conv=conv, bn=layers[bn_i], scale=scale,
-                                  fused=conv.folded_copy(net.bottom_vecs[i], net.top_vecs[i]), relu=relu))
-        i = chains[-1].last + 1
+        chain, last = _conv_bn_scale(net, i, forward_only)
+        if chain is not None:
+            chains.append(chain)
+        i = last + 1
     return chains
+
+
+def _conv_bn_scale(net: NetGraph, i: int, forward_only: bool) -> tuple[ConvBNScale | None, int]:
+    """The Convolution -> BatchNorm (-> Scale) (-> ReLU) chain from layer ``i`` (None where there is
+    none or a layer of it needs backward) and the last layer matching looked at."""
+    layers = net.layers
+    out = net.top_id_vecs[i][0]
+    bn_i = i + 1
+    step = _next_in_chain(net, bn_i, out, forward_only) if bn_i < len(layers) else None
+    if step is None or not layers[bn_i].folds_into_convolution():
+        return None, i
+    cur, skip = step
+    skipped = {out} if skip else set()
+    last, scale = bn_i, None
+    nxt = _next_in_chain(net, bn_i + 1, cur, forward_only)
+    if nxt is not None and layers[bn_i + 1].per_channel_affine(net.blobs[cur]):
+        scale, last = layers[bn_i + 1], bn_i + 1
+        skipped |= {cur} if nxt[1] else set()
+        cur = nxt[0]
+    conv = layers[i]
+    if any(net.layer_need_backward[k] for k in range(i, last + 1)):
+        return None, last
+    relu = _relu_on(net, last + 1, cur) and not net.layer_need_backward[last + 1]
+    chain = ConvBNScale(first=i, last=last + 1 if relu else last, conv=conv, bn=layers[bn_i], scale=scale,
+                        fused=conv.folded_copy(net.bottom_vecs[i], net.top_vecs[i]), relu=relu,
+                        out=net.blobs[cur] if skipped else None, skipped=frozenset(skipped))
+    return chain, chain.last

@@ -199,7 +199,8 @@ class SharedData:
     values after it stay stale (recomputed when read, if the sources are unchanged).
     """
 
-    def __init__(self, net: NetGraph, hooks: Mapping[str, list], run_forward: Callable[[int, int], None]) -> None:
+    def __init__(self, net: NetGraph, hooks: Mapping[str, list], run_forward: Callable[[int, int], None],
+                 skippable: Sequence[frozenset[int]] = ()) -> None:
         self.net = net
         self.hooks = hooks  # the executor's per-layer hooks: none may be set while data is shared
         self.run_forward = run_forward  # the executor's plain forward over a layer range
@@ -226,6 +227,11 @@ class SharedData:
         self._sources_replaced = False
         self._running = False
         self._ids = {id(blob): bid for bid, blob in enumerate(net.blobs)}
+        # Intermediate blobs of folded out-of-place chains (fusion.ConvBNScale.skipped): a forward
+        # that shares data may leave them unwritten (stale) until a user reads one.
+        self._skippable = [s for s in skippable if s]
+        self._skips_allowed = True  # until a user reads a skipped blob
+        self.skipping = False  # the forward in progress (or last) skips them
 
     def planned_bytes(self) -> tuple[int, int]:
         """(bytes of the slot buffers, bytes the memories pointed into them would take alone)."""
@@ -278,6 +284,7 @@ class SharedData:
         full = start == 0 and end == len(self.net.layers) - 1
         if not full:
             self.disabled = True
+            self.skipping = False
             if self._memories:
                 self._unshare(f"a forward over layers {start}..{end}")
             if start > 0 and self.stale:
@@ -286,6 +293,7 @@ class SharedData:
             self._plan()
         elif self._memories:
             self._drop_plan()
+        self.skipping = full and self._skips_allowed and self._eligible() and bool(self._skippable)
         blobs = self.net.blobs
         self._running = ok = True
         try:
@@ -296,7 +304,7 @@ class SharedData:
         finally:
             self._running = False
             if full:  # what a failed forward left in shared memory is undefined: stale
-                self.stale = set(self._overwritten if ok else self._planned)
+                self.stale = set(self._overwritten if ok else self._planned) | self._skipped()
                 self._sources_replaced = False
                 # The sources' values a re-run must find again: host copies now when they are
                 # current (no device traffic), the others on their first access (_access).
@@ -306,6 +314,13 @@ class SharedData:
                 fresh = {id(blobs[b].data_memory) for k in range(start, end + 1) for b in self.net.top_id_vecs[k]}
                 self.stale = {b for b in self.stale if id(blobs[b].data_memory) not in fresh}
             self._set_hooks(bool(self._memories or self.stale))
+
+    def may_skip(self, bids: frozenset[int]) -> bool:
+        """Whether the forward in progress may leave these intermediate blobs unwritten."""
+        return self.skipping and not bids & self.keep
+
+    def _skipped(self) -> set[int]:
+        return {b for bids in self._skippable if self.may_skip(bids) for b in bids}
 
     def keep_blobs(self, bids: Collection[int]) -> None:
         """Give these blobs memory of their own from the next forward on (``forward(blobs=...)``)."""
@@ -326,10 +341,18 @@ class SharedData:
             return
         if bid in self._planned:
             self._unshare(f"blob '{self.net.blob_names[bid]}' was accessed")
+        if bid in self.stale and bid in self._skipped():
+            self._stop_skipping(f"blob '{self.net.blob_names[bid]}'")
         if bid in self.stale:
             self._rematerialise(f"blob '{self.net.blob_names[bid]}'")
         if not self.stale and not self._memories:
             self._set_hooks(False)
+
+    def _stop_skipping(self, what: str) -> None:
+        self._skips_allowed = self.skipping = False
+        log.info("net '%s': %s is the intermediate result of a folded Convolution -> BatchNorm -> Scale "
+                 "chain; from now on the net runs such chains written out of place layer by layer "
+                 "(forward(blobs=[...]) keeps a chain's blobs and its folding)", self.net.name, what)
 
     def _unshare(self, why: str) -> None:
         for mem in self._memories:
@@ -367,4 +390,4 @@ class SharedData:
             self._running = False
         for blob, values in valid.values():
             blob.mutable_cpu_data()[...] = values
-        self.stale = set()
+        self.stale = self._skipped()  # a re-run that skips leaves them unwritten again

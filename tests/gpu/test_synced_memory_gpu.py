@@ -158,3 +158,42 @@ def test_relocate_keeps_values_at_the_new_address(head):
     np.testing.assert_array_equal(whole[16:21], np.arange(5))
     assert not whole[:16].any() and not whole[21:].any()
     np.testing.assert_array_equal(mem.cpu(), np.arange(5))
+
+
+def _spin_then(mem: SyncedMemory) -> None:
+    """Keep the stream busy (a long memset chain) so an upload queued next is still pending."""
+    scratch = backend.alloc(256 << 20)
+    for _ in range(20):
+        backend.memset_zero(int(scratch), 256 << 20)
+    mem.gpu()
+
+
+def test_large_host_copies_are_page_locked_and_small_ones_not():
+    big = SyncedMemory(backend.PIN_MIN_BYTES // 4, np.float32)
+    small = SyncedMemory(backend.PIN_MIN_BYTES // 4 - 1, np.float32)
+    big.cpu(), small.cpu()
+    assert big._pinned and not small._pinned
+    from pycaffe_lite import using_config
+    with using_config(pin_host=False):
+        off = SyncedMemory(backend.PIN_MIN_BYTES // 4, np.float32)
+        off.cpu()
+    assert not off._pinned
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_page_locked_round_trip_and_write_after_upload(dtype):
+    """An upload from page-locked memory is asynchronous: a host write through the API after it waits
+    until the copy has read the old values, so the device holds exactly what was there at upload."""
+    n = backend.PIN_MIN_BYTES // np.dtype(dtype).itemsize * 3
+    mem = SyncedMemory(n, dtype)
+    first = np.arange(n, dtype=dtype)
+    mem.mutable_cpu()[...] = first
+    assert mem._pinned
+    _spin_then(mem)  # upload queued behind ~5 GiB of memsets
+    mem.mutable_cpu()[...] = -1  # must not reach the queued copy
+    np.testing.assert_array_equal(device_values(mem), first)
+    mem.gpu()  # the new values go up
+    np.testing.assert_array_equal(device_values(mem), np.full(n, -1, dtype))
+    ptr = mem.mutable_gpu()
+    gm.scale(n, 2.0, ptr, ptr, dtype)
+    np.testing.assert_array_equal(mem.cpu(), np.full(n, -2, dtype))  # downloaded into the pinned copy

@@ -123,3 +123,81 @@ def test_conv_relu_fused_in_training_forward_and_backward(tmp_path, monkeypatch,
             for a, b in zip(fused.params[name], plain.params[name]):
                 np.testing.assert_allclose(a.diff, b.diff, rtol=1e-12, atol=1e-13)
     assert (fused.blobs["c1"].data == 0).any()  # the ReLU clipped something
+
+
+OUT_OF_PLACE = """
+name: "oop"
+input: "data"
+input_shape {{ dim: 2 dim: 3 dim: 9 dim: 9 }}
+{force}
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 weight_filler {{ type: "gaussian" std: 0.5 }} }} }}
+layer {{ name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1/bn" batch_norm_param {{ eps: 0.001 }} }}
+layer {{ name: "sc1" type: "Scale" bottom: "conv1/bn" top: "{scale_top}"
+        scale_param {{ bias_term: true filler {{ type: "gaussian" }} bias_filler {{ type: "gaussian" }} }} }}
+layer {{ name: "relu1" type: "ReLU" bottom: "{scale_top}" top: "{scale_top}" }}
+layer {{ name: "conv2" type: "Convolution" bottom: "{scale_top}" top: "conv2"
+        convolution_param {{ num_output: 2 kernel_size: 1 weight_filler {{ type: "gaussian" std: 0.5 }} }} }}
+"""
+
+
+def _oop_net(tmp_path, fuse: bool, scale_top="conv1/scale", force="", share=True):
+    path = tmp_path / f"oop{int(fuse)}.prototxt"
+    path.write_text(OUT_OF_PLACE.format(force=force, scale_top=scale_top))
+    caffe.set_random_seed(11)
+    with caffe.using_config(fusion=fuse, share_data=share):
+        net = caffe.Net(str(path), caffe.TEST, dtype=np.float64)
+    rng = np.random.default_rng(4)
+    bn = net.params["bn1"]
+    bn[0].data[...] = rng.standard_normal(4) * 3
+    bn[1].data[...] = rng.random(4) * 4 + 0.1
+    bn[2].data[...] = 2.5
+    return net
+
+
+@pytest.mark.parametrize("scale_top", ["conv1/scale", "conv1/bn"])  # Scale out of place (published) or in place
+def test_out_of_place_chain_folds_and_skipped_blobs_read_as_caffe_leaves_them(tmp_path, mode, scale_top, caplog):
+    fused, plain = _oop_net(tmp_path, True, scale_top), _oop_net(tmp_path, False, scale_top)
+    (chain,) = fused.executor.fusions.values()
+    names = fused._blob_names
+    assert {names[b] for b in chain.skipped} == {"conv1", "conv1/bn"} - {scale_top} and chain.relu
+    x = np.random.default_rng(0).standard_normal((2, 3, 9, 9))
+    for _ in range(3):  # warm-up, capture, replay on the GPU
+        a, b = fused.forward(data=x), plain.forward(data=x)
+        np.testing.assert_allclose(a["conv2"], b["conv2"], rtol=1e-10, atol=1e-12)
+        assert fused.executor.shared_data.skipping
+    with caplog.at_level("INFO", logger="pycaffe_lite"):
+        for name in plain.blobs:  # the skipped blobs are recomputed when read
+            np.testing.assert_allclose(fused.blobs[name].data, plain.blobs[name].data, rtol=1e-10, atol=1e-12)
+    assert "folded Convolution -> BatchNorm -> Scale" in caplog.text
+    x2 = x[::-1].copy()
+    a, b = fused.forward(data=x2), plain.forward(data=x2)  # layer by layer from now on
+    assert not fused.executor.shared_data.skipping
+    np.testing.assert_allclose(fused.blobs["conv1"].data, plain.blobs["conv1"].data, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(a["conv2"], b["conv2"], rtol=1e-10, atol=1e-12)
+
+
+def test_out_of_place_chain_kept_blobs_and_changed_weights(tmp_path, mode):
+    fused, plain = _oop_net(tmp_path, True), _oop_net(tmp_path, False)
+    x = np.random.default_rng(1).standard_normal((2, 3, 9, 9))
+    for _ in range(2):
+        fused.forward(data=x)
+    for net in (fused, plain):  # weights written after the fold was made are folded again
+        net.params["conv1"][0].data[...] *= -0.5
+        net.params["sc1"][1].data[...] += 1.0
+    for _ in range(2):
+        np.testing.assert_allclose(fused.forward(data=x)["conv2"], plain.forward(data=x)["conv2"], rtol=1e-10)
+    out = fused.forward(blobs=["conv1/bn"], data=x)  # a kept blob is written: its chain runs unfolded
+    np.testing.assert_allclose(out["conv1/bn"], plain.forward(blobs=["conv1/bn"], data=x)["conv1/bn"], rtol=1e-10)
+
+
+def test_out_of_place_chain_is_not_folded_with_backward_or_without_data_sharing(tmp_path, mode):
+    assert not _oop_net(tmp_path, True, force="force_backward: true").executor.fusions
+    net = _oop_net(tmp_path, True, share=False)  # found, but run layer by layer: nothing may be skipped
+    plain = _oop_net(tmp_path, False)
+    x = np.random.default_rng(2).standard_normal((2, 3, 9, 9))
+    with caffe.using_config(share_data=False):
+        net.forward(data=x)
+        assert not net.executor.shared_data.skipping
+    plain.forward(data=x)
+    np.testing.assert_allclose(net.blobs["conv1"].data, plain.blobs["conv1"].data, rtol=1e-10)
