@@ -12,8 +12,17 @@ The output size (the fork's precedence):
 Output pixel (h, w) samples the cropped input at ``(h · (Hi - 1) / (Ho - 1), w · (Wi - 1) / (Wo - 1))``
 (0 when the output side is 1), bilinearly; the ratios and source coordinates are computed in single
 precision as the fork does, the blend in the layer's dtype. Equal sizes copy. Backward is the
-adjoint (each output gradient spread over its four source pixels). The GPU backward accumulates
-with atomics, so float32 sums may differ from the CPU in the last bits.
+adjoint (each output gradient spread over its four source pixels) and overwrites the bottom diff
+(zeros outside the cropped window).
+
+GPU: the sampling tables of both axes are built on the host at reshape (``axis_tables``; the same
+single-precision numbers as the CPU path) and kept on the device. Forward writes the top with
+coalesced stores, each lane keeping its column's blends of the two source rows across the rows of
+a band. Backward is a gather, ``dx = Ah^T dy Aw`` per plane: one warp per bottom row sums the top
+rows that sample it (coalesced), then each bottom column sums its contiguous range of those sums
+in shared memory; every bottom diff is written once, without atomics, deterministically (float32
+may differ from the CPU in the last bits: another summation order). Output rows too wide for
+shared memory fall back to a one-thread-per-bottom-element gather from global memory.
 """
 
 from __future__ import annotations
@@ -22,10 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
+from pycaffe_lite import common
+from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Layer, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
+WARPS_PER_BLOCK = 8
+FORWARD_ROWS_PER_TASK = 16  # INTERP_ROWS_PER_TASK in interp.cu
+SHARED_BYTES = 48 * 1024  # the backward's shared memory per block (P and Q rows of each warp)
+MAX_BLOCKS = 65535 * 4
 
 
 def interp_weights(n_in: int, n_out: int, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -82,6 +97,7 @@ class InterpLayer(Layer):
             raise self.error(f"output size must be positive, got {ho} x {wo}")
         self.hi, self.wi, self.ho, self.wo = hi, wi, ho, wo
         top[0].reshape((n, c, ho, wo))
+        self._build_tables()
 
     def _crop(self, a):
         o = -self.pad_beg
@@ -126,17 +142,91 @@ class InterpLayer(Layer):
         np.add.at(m, (rows, lo + step), lam)
         return m
 
+    # -- GPU: per-axis tables built at reshape (see interp.cu), so the passes allocate nothing ---------
+    def _build_tables(self) -> None:
+        """Device tables of both axes: int32 ``[row pairs | row starts | col pairs | col starts]``
+        (raw bits in a float32 blob) and ``[row lam, wp, wq | col lam, wp, wq]`` in the layer's dtype,
+        rewritten only when the geometry changes; uploaded here when the mode is GPU."""
+        key = (self.hi, self.wi, self.ho, self.wo)
+        if getattr(self, "_table_key", None) != key:
+            ints, reals = [], []
+            for n_in, n_out in ((self.hi, self.ho), (self.wi, self.wo)):
+                pairs, starts, lam, wp, wq = axis_tables(n_in, n_out, self.dtype)
+                ints += [pairs.ravel(), starts]
+                reals += [lam, wp, wq]
+            int_table, real_table = np.concatenate(ints), np.concatenate(reals)
+            if not hasattr(self, "_int_blob"):
+                self._int_blob, self._real_blob = Blob(dtype=np.float32), Blob(dtype=self.dtype)
+            self._int_blob.reshape(int_table.shape)
+            self._int_blob.mutable_cpu_data().view(np.int32)[...] = int_table
+            self._real_blob.reshape(real_table.shape)
+            self._real_blob.mutable_cpu_data()[...] = real_table
+            self._table_key = key
+        if common.mode() is common.Mode.GPU:
+            self._int_blob.gpu_data()
+            self._real_blob.gpu_data()
+
+    def _axis_pointers(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Device pointers (pairs, starts, lam, wp, wq) of the row axis and of the column axis."""
+        ib, rb = self._int_blob.gpu_data(), self._real_blob.gpu_data()
+        isz, rsz = 4, self.dtype.itemsize
+        out = []
+        for n_out, i0, r0 in ((self.ho, 0, 0), (self.wo, 2 * self.ho + self.hi + 1, 3 * self.ho)):
+            out.append((ib + i0 * isz, ib + (i0 + 2 * n_out) * isz, rb + r0 * rsz, rb + (r0 + n_out) * rsz,
+                        rb + (r0 + 2 * n_out) * rsz))
+        return out[0], out[1]
+
+    @property
+    def _copy(self) -> bool:
+        return (self.hi, self.wi) == (self.ho, self.wo)
+
     def forward_gpu(self, bottom, top):
-        h, w = bottom[0].shape[2:]
+        n, c, h, w = bottom[0].shape
+        if top[0].count == 0:
+            return
+        (rp, _, rl, _, _), (cp, _, cl, _, _) = self._axis_pointers()
+        planes = n * c
+        tasks = planes * -(-self.ho // FORWARD_ROWS_PER_TASK) * -(-self.wo // 32)
         k = backend.kernel(KERNELS, "interp_forward", self.dtype)
-        k(top[0].count, h, w, -self.pad_beg, self.hi, self.wi, self.ho, self.wo, bottom[0].gpu_data(),
-          top[0].mutable_gpu_data())
+        k(planes, h, w, -self.pad_beg, self.ho, self.wo, int(self._copy), rp, rl, cp, cl, bottom[0].gpu_data(),
+          top[0].mutable_gpu_data(), grid=_warp_grid(tasks), block=WARPS_PER_BLOCK * 32)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:
             return
-        h, w = bottom[0].shape[2:]
-        dx = bottom[0].mutable_gpu_diff()
-        backend.memset_zero(dx, bottom[0].count * self.dtype.itemsize)
+        n, c, h, w = bottom[0].shape
+        if bottom[0].count == 0:
+            return
+        (_, rs, _, rwp, rwq), (_, cs, _, cwp, cwq) = self._axis_pointers()
+        hi, wi = self.hi, self.wi
+        dx, dy = bottom[0].mutable_gpu_diff(), top[0].gpu_diff()
+        off, copy = -self.pad_beg, int(self._copy)
+        pad_len = self.wo + self.wo // 32 + 1
+        warps = min(WARPS_PER_BLOCK, SHARED_BYTES // (2 * pad_len * self.dtype.itemsize))
+        if warps == 0:  # rows too wide for shared memory: one thread per bottom element
+            k = backend.kernel(KERNELS, "interp_backward_direct", self.dtype)
+            k(bottom[0].count, h, w, off, hi, wi, self.ho, self.wo, copy, rs, rwp, rwq, cs, cwp, cwq, dy, dx)
+            return
         k = backend.kernel(KERNELS, "interp_backward", self.dtype)
-        k(top[0].count, h, w, -self.pad_beg, self.hi, self.wi, self.ho, self.wo, top[0].gpu_diff(), dx)
+        k(n * c, h, w, off, hi, wi, self.ho, self.wo, copy, pad_len, rs, rwp, rwq, cs, cwp, cwq, dy, dx,
+          grid=_warp_grid(n * c * h, warps), block=warps * 32, shared=warps * 2 * pad_len * self.dtype.itemsize)
+
+
+def axis_tables(n_in: int, n_out: int, dtype) -> tuple[np.ndarray, ...]:
+    """One axis's GPU tables (see interp.cu): (lo, lo + step) pairs, per source index the first
+    output sampling it from below (``starts``, n_in + 1), the upper weight, and the adjoint's weights
+    on lo (``wp``: 1 - lam, plus lam where step is 0, summed as the CPU matrix sums them) and on lo + 1
+    (``wq``)."""
+    lo, step, lam = interp_weights(n_in, n_out, dtype)
+    one = np.dtype(dtype).type(1)
+    pairs = np.stack([lo, lo + step], axis=1).astype(np.int32)
+    starts = np.searchsorted(lo, np.arange(n_in + 1), side="left").astype(np.int32)
+    wp = np.where(step == 0, (one - lam) + lam, one - lam).astype(dtype)
+    wq = np.where(step == 0, 0, lam).astype(dtype)
+    return pairs, starts, lam, wp, wq
+
+
+def _warp_grid(tasks: int, warps: int = 0) -> int:
+    """Blocks for ``tasks`` warp tasks of a grid-stride loop (``warps`` per block)."""
+    warps = warps or WARPS_PER_BLOCK
+    return max(1, min(-(-tasks // warps), MAX_BLOCKS))

@@ -1,5 +1,9 @@
 """Interp: output sizes (zoom, shrink, both, height/width, cropping), aligned-corner bilinear values
-against a naive reference, the adjoint backward, gradients, CPU/GPU agreement, errors."""
+against a naive reference, the adjoint backward, gradients, the GPU sampling tables, CPU/GPU
+agreement (tables, shared-memory and direct backward, capture in a CUDA graph), errors. The GPU
+kernels' index math is also run on the host: test_interp_kernels_on_host.py."""
+
+import sys
 
 import numpy as np
 import pytest
@@ -68,16 +72,128 @@ def test_errors():
         run_layer('type: "Interp" interp_param { shrink_factor: 0 }', [X])
 
 
-@pytest.mark.parametrize("param", ["zoom_factor: 2", "height: 3 width: 6", "shrink_factor: 2"])
+@pytest.mark.parametrize("param", ["zoom_factor: 2", "height: 3 width: 6", "shrink_factor: 2", "height: 7 width: 2",
+                                   "zoom_factor: 2 pad_beg: -1 pad_end: -1", "height: 5 width: 4"])
 def test_gradient(mode, param):
+    """Float64 on both devices (``mode``): numeric against analytic gradients."""
     layer = make_layer(f'type: "Interp" interp_param {{ {param} }}')
     GradientChecker(1e-3, 1e-6).check(layer, blobs([X[:1, :2]]), empty_blobs(1))
 
 
+def test_gradient_from_one_pixel(mode):
+    layer = make_layer('type: "Interp" interp_param { height: 3 width: 4 }')
+    GradientChecker(1e-3, 1e-6).check(layer, blobs([X[:1, :2, :1, :1]]), empty_blobs(1))
+
+
+@pytest.mark.parametrize("n_in", [1, 2, 3, 5, 6, 13, 65])
+@pytest.mark.parametrize("n_out", [1, 2, 3, 4, 7, 33, 60, 513])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_axis_tables(n_in, n_out, dtype):
+    """The GPU tables describe the CPU path's interpolation matrix: pairs are (lo, lo + step), the
+    outputs with lo = a are starts[a]:starts[a + 1], and wp / wq are the matrix entries at lo and lo + 1."""
+    from pycaffe_lite.layers.interp import axis_tables, interp_weights
+
+    lo, step, lam = interp_weights(n_in, n_out, dtype)
+    pairs, starts, lam_t, wp, wq = axis_tables(n_in, n_out, dtype)
+    assert pairs.dtype == starts.dtype == np.int32 and wp.dtype == wq.dtype == lam_t.dtype == dtype
+    np.testing.assert_array_equal(pairs, np.stack([lo, lo + step], 1))
+    np.testing.assert_array_equal(lam_t, lam)
+    assert starts.shape == (n_in + 1,) and starts[-1] == n_out and np.all(np.diff(starts) >= 0)
+    for a in range(n_in):
+        np.testing.assert_array_equal(np.flatnonzero(lo == a), np.arange(starts[a], starts[a + 1]))
+    layer = make_layer('type: "Interp" interp_param { zoom_factor: 2 }', dtype)
+    m = layer._matrix(n_in, n_out)
+    rows = np.arange(n_out)
+    np.testing.assert_array_equal(m[rows, lo], wp)
+    np.testing.assert_array_equal(np.where(step == 1, m[rows, np.minimum(lo + 1, n_in - 1)], 0), wq)
+    assert (np.count_nonzero(m, axis=1) <= 2).all()
+
+
+GPU_CASES = ["zoom_factor: 8", "zoom_factor: 3", "height: 17 width: 5", "height: 60 width: 60",
+             "height: 5 width: 300", "shrink_factor: 2", "shrink_factor: 3", "shrink_factor: 2 zoom_factor: 2",
+             "height: 3 width: 2", "height: 2 width: 13", "height: 1 width: 1", "height: 1 width: 7",
+             "zoom_factor: 2 pad_beg: -1 pad_end: -2", "shrink_factor: 2 pad_beg: -2 pad_end: -1",
+             "height: 7 width: 9", "height: 4 width: 6 pad_beg: -1 pad_end: -1",
+             "height: 11 width: 3 pad_beg: 0 pad_end: -3"]
+XG = np.random.default_rng(11).standard_normal((2, 3, 7, 9))
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("param", ["zoom_factor: 8", "height: 17 width: 5", "shrink_factor: 2 zoom_factor: 2",
-                                   "zoom_factor: 2 pad_beg: -1 pad_end: -2", "height: 5 width: 4"])
+@pytest.mark.parametrize("param", GPU_CASES)
 def test_cpu_gpu_agree(param):
-    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [X], rtol=1e-10, atol=1e-12)
-    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [X], dtype=np.float32, rtol=1e-5,
+    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG], rtol=1e-10, atol=1e-12)
+    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG], dtype=np.float32, rtol=1e-5,
                          atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("param", ["height: 4 width: 5", "zoom_factor: 3", "height: 1 width: 1"])
+def test_cpu_gpu_agree_one_pixel(param):
+    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG[:, :, :1, :1]], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("param", ["height: 3 width: 6500", "height: 2 width: 3100 pad_beg: -1",
+                                   "zoom_factor: 8"])
+def test_cpu_gpu_agree_direct_backward(monkeypatch, param):
+    """Rows too wide for shared memory (the first two, float32 and float64) and, with the budget set
+    to nothing, every shape: the one-thread-per-element backward."""
+    if param == "zoom_factor: 8":
+        module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
+        monkeypatch.setattr(module, "SHARED_BYTES", 0)
+    x = XG[:1, :2, :4, :5]
+    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [x], rtol=1e-10, atol=1e-12)
+    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [x], dtype=np.float32, rtol=1e-5,
+                         atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_backward_overwrites_and_is_deterministic():
+    """The bottom diff is overwritten (garbage in, zeros outside the window out) and two backward
+    passes agree bit for bit (a gather, no atomics)."""
+    caffe.set_mode_gpu()
+    try:
+        layer = make_layer('type: "Interp" interp_param { zoom_factor: 8 pad_beg: -1 pad_end: -1 }', np.float32)
+        bottom, top = blobs([XG], np.float32), empty_blobs(1, np.float32)
+        layer.setup(bottom, top)
+        layer.forward(bottom, top)
+        top[0].mutable_cpu_diff()[...] = np.random.default_rng(2).standard_normal(top[0].shape)
+        diffs = []
+        for _ in range(2):
+            bottom[0].mutable_cpu_diff()[...] = np.nan
+            layer.backward(top, [True], bottom)
+            diffs.append(bottom[0].cpu_diff().copy())
+    finally:
+        caffe.set_mode_cpu()
+    np.testing.assert_array_equal(diffs[0], diffs[1])
+    assert not diffs[0][:, :, 0].any() and not diffs[0][:, :, :, -1].any() and np.isfinite(diffs[0]).all()
+
+
+@pytest.mark.gpu
+def test_gpu_passes_replay_in_a_cuda_graph():
+    """Forward and backward allocate and copy nothing once reshaped: captured, they replay exactly."""
+    from pycaffe_lite.gpu import backend, cuda_graph
+
+    caffe.set_mode_gpu()
+    try:
+        layer = make_layer('type: "Interp" interp_param { height: 19 width: 23 pad_end: -1 }', np.float32)
+        bottom, top = blobs([XG], np.float32), empty_blobs(1, np.float32)
+        layer.setup(bottom, top)
+        layer.reshape(bottom, top)
+        top[0].mutable_cpu_diff()[...] = np.random.default_rng(4).standard_normal(top[0].shape)
+        layer.forward(bottom, top)
+        layer.backward(top, [True], bottom)
+        want = top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()
+        backend.memset_zero(top[0].mutable_gpu_data(), top[0].count * 4)
+        backend.memset_zero(bottom[0].mutable_gpu_diff(), bottom[0].count * 4)
+        recording = cuda_graph.Recording()
+        with cuda_graph.capture(recording):
+            layer.forward_gpu(bottom, top)
+            layer.backward_gpu(top, [True], bottom)
+        recording.graph.launch()
+        backend.synchronize()
+        got = top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()
+    finally:
+        caffe.set_mode_cpu()
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])

@@ -1,0 +1,137 @@
+"""Interp's GPU path without a GPU: ``layers/interp.cu`` compiled as host C++ (a shim runs a warp's
+32 lanes one after another inside each ``FOR_LANE`` phase, one warp in all, so its grid-stride task
+loops cover every task), device pointers replaced by the host arrays' addresses. forward_gpu and
+backward_gpu then run as written (tables, pointer offsets, launch arguments) and must agree with
+the CPU path, the direct backward (rows too wide for shared memory) included. Marked slow (two
+compilations); run with ``python -m pytest -q tests/layers/test_interp_kernels_on_host.py``."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pycaffe_lite import common
+from pycaffe_lite.blob import Blob
+from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu.signatures import parse_signatures
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
+
+CU = Path(__file__).resolve().parents[2] / "layers" / "interp.cu"
+CXX = shutil.which("g++") or shutil.which("c++")
+pytestmark = [pytest.mark.skipif(CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
+
+SHIM = """#include <algorithm>
+using std::min; using std::max;
+#define __global__ extern "C"
+#define __device__
+#define __forceinline__ inline
+typedef {ctype} Dtype;
+struct Dim3 {{ unsigned x, y, z; }};
+static const Dim3 threadIdx = {{0, 0, 0}}, blockIdx = {{0, 0, 0}}, blockDim = {{32, 1, 1}}, gridDim = {{1, 1, 1}};
+#define __syncwarp()
+#define FOR_LANE(lane) for (int lane = 0; lane < 32; ++lane)
+#define INTERP_SHARED(name) static Dtype name[1 << 17]
+#define CUDA_KERNEL_LOOP(i, n) for (int i = 0; i < (n); ++i)
+"""
+CTYPES = {np.dtype(np.float32): (ctypes.c_float, "float"), np.dtype(np.float64): (ctypes.c_double, "double")}
+
+
+@functools.cache
+def _library(dtype: str):
+    dt = np.dtype(dtype)
+    build = Path(tempfile.mkdtemp(prefix="interp_kernels_"))
+    atexit.register(shutil.rmtree, build, ignore_errors=True)
+    src = build / f"interp_{dt.name}.cpp"
+    src.write_text(SHIM.format(ctype=CTYPES[dt][1]) + CU.read_text())
+    lib = src.with_suffix(".so")
+    subprocess.run([CXX, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, capture_output=True)
+    return ctypes.CDLL(str(lib)), parse_signatures(CU.read_text())
+
+
+@pytest.fixture
+def host_gpu(monkeypatch):
+    for gpu, cpu in (("gpu_data", "cpu_data"), ("gpu_diff", "cpu_diff"),
+                     ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff")):
+        def ptr(self, _cpu=cpu):
+            return getattr(self, _cpu)().ctypes.data
+        monkeypatch.setattr(Blob, gpu, ptr)
+    launched: list[str] = []
+
+    def kernel(path, name, dtype):
+        assert Path(path) == CU
+        lib, sigs = _library(np.dtype(dtype).str)
+        fn, params = getattr(lib, name), sigs[name].params
+        kinds = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "scalar": CTYPES[np.dtype(dtype)][0]}
+
+        def call(*args, grid=None, block=None, shared=0):
+            assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)} parameters"
+            if grid is not None:  # a warp-task kernel: whole warps, shared memory within the default
+                assert block % 32 == 0 and 0 < block <= 1024 and 0 <= shared <= 48 * 1024 and grid >= 1
+            launched.append(name)
+            fn(*[kinds[p.kind](v) for p, v in zip(params, args)])
+        return call
+
+    monkeypatch.setattr(backend, "kernel", kernel)
+    yield launched
+
+
+X = np.random.default_rng(3).standard_normal((2, 3, 7, 9))
+CASES = [
+    ("zoom_factor: 8", X[:, :, :5, :4]),
+    ("zoom_factor: 3", X),
+    ("height: 17 width: 5", X),
+    ("height: 60 width: 60", X[:1, :2, :6, :6]),  # PSPNet pool6-like
+    ("height: 5 width: 300", X[:1, :2, :3, :]),  # several column tasks and passes per row
+    ("shrink_factor: 2", X),
+    ("shrink_factor: 3", X),
+    ("shrink_factor: 2 zoom_factor: 3", X),
+    ("height: 3 width: 2", X),  # downsampling by non-integer ratios
+    ("height: 4 width: 13", X),  # down in rows, up in columns
+    ("height: 1 width: 1", X),
+    ("height: 1 width: 7", X),
+    ("height: 6 width: 1", X),
+    ("height: 4 width: 5", X[:, :, :1, :1]),  # 1x1 input
+    ("zoom_factor: 4", X[:, :, :1, :1]),  # 1x1 input, 1x1 output: a copy
+    ("height: 7 width: 9", X),  # same size: a copy
+    ("zoom_factor: 2 pad_beg: -1 pad_end: -2", X),
+    ("shrink_factor: 2 pad_beg: -2 pad_end: -1", X),
+    ("height: 4 width: 6 pad_beg: -1 pad_end: -1", X),  # cropped copy
+    ("height: 11 width: 3 pad_beg: 0 pad_end: -3", X),
+]
+
+
+def _run(param, x, gpu, dtype):
+    layer = make_layer(f'type: "Interp" interp_param {{ {param} }}', dtype)
+    bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
+    layer.setup(bottom, top)
+    layer.reshape(bottom, top)
+    (layer.forward_gpu if gpu else layer.forward_cpu)(bottom, top)
+    top[0].mutable_cpu_diff()[...] = np.random.default_rng(5).standard_normal(top[0].shape)
+    bottom[0].mutable_cpu_diff()[...] = 99.0  # must be overwritten, zeros outside the window
+    (layer.backward_gpu if gpu else layer.backward_cpu)(top, [True], bottom)
+    return top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["shared", "direct"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("param,x", CASES, ids=[c[0] for c in CASES])
+def test_gpu_path_on_host_matches_cpu(host_gpu, monkeypatch, param, x, dtype, direct):
+    if direct:  # no room in shared memory: the one-thread-per-element gather
+        module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
+        monkeypatch.setattr(module, "SHARED_BYTES", 0)
+    common.set_mode_cpu()
+    y_cpu, dx_cpu = _run(param, x, False, dtype)
+    y_gpu, dx_gpu = _run(param, x, True, dtype)
+    assert host_gpu == ["interp_forward", "interp_backward_direct" if direct else "interp_backward"]
+    tol = dict(rtol=1e-12, atol=1e-13) if dtype == np.float64 else dict(rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(y_gpu, y_cpu, **tol)
+    np.testing.assert_allclose(dx_gpu, dx_cpu, **tol)
