@@ -5,7 +5,11 @@ and, for the forks' layers, at SSD300, DeepLab/PSPNet, SegNet, MobileNet, Shuffl
 
 Measures the device's copy bandwidth (a 1 GiB device-to-device copy: bytes read + written per
 second), then for each layer case times forward and backward (float32) and prints GB/s computed
-from the pass's traffic and that as a percentage of the copy bandwidth (target: >= 70 %).
+from the pass's traffic and that as a percentage of the copy bandwidth (target: >= 70 %). Small
+passes cannot reach a 1 GiB copy's rate (launch latency and ramp-up weigh more), so each pass also
+gets the rate of a device-to-device copy moving the same traffic (half of it read, half written:
+:func:`same_traffic_copy_bytes`), timed the same way, and the pass's GB/s as a percentage of it
+("% same"; the flag "< 70 %" stays on the 1 GiB column).
 
 Traffic counts each tensor element the pass must read or write once per kernel pass it needs:
 a per-channel reduction must finish before anything that depends on it is written, so batch-
@@ -210,6 +214,24 @@ def copy_bandwidth(timer: Timer, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / ms / 1e6
 
 
+def same_traffic_copy_bytes(elems: float) -> int:
+    """Bytes of a copy whose traffic (read + written) equals ``elems`` float32 elements'."""
+    return max(F, int(elems * F / 2) // F * F)
+
+
+class CopyRates:
+    """GB/s (read + written) of device-to-device copies of a given size, measured once per size."""
+
+    def __init__(self, timer: Timer) -> None:
+        self.timer = timer
+        self.rates: dict[int, float] = {}
+
+    def __call__(self, nbytes: int) -> float:
+        if nbytes not in self.rates:
+            self.rates[nbytes] = copy_bandwidth(self.timer, nbytes)
+        return self.rates[nbytes]
+
+
 def run_case(case: Case, timer: Timer) -> tuple[float | None, float]:
     from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
@@ -246,9 +268,11 @@ def main(argv=None) -> int:
     copy_gbs = copy_bandwidth(timer)
     print(f"device: {backend.device_name()}; timing: {'eager calls' if args.eager else 'CUDA graph replay'}")
     print(f"copy bandwidth (1 GiB device-to-device, read + write): {copy_gbs:.0f} GB/s\n")
-    print(f"{'layer / shape':64s} {'pass':4s} {'ms':>8s} {'GB/s':>7s} {'% copy':>7s}")
+    same_copy = CopyRates(timer)
+    print(f"{'layer / shape':64s} {'pass':4s} {'ms':>8s} {'GB/s':>7s} {'% copy':>7s} {'same-size copy GB/s':>19s} "
+          f"{'% same':>7s}")
     prefixes = [p.strip() for p in args.only.split(",") if p.strip()]
-    below = []
+    below, below_same = [], []
     for case in cases():
         if prefixes and not any(case.name.startswith(p) for p in prefixes):
             continue
@@ -263,11 +287,17 @@ def main(argv=None) -> int:
                 continue
             gbs = elems * F / ms / 1e6
             pct = 100 * gbs / copy_gbs
+            same = same_copy(same_traffic_copy_bytes(elems))
             flag = "" if pct >= 70 else "  < 70 %"
             if flag:
                 below.append(f"{case.name} {label}")
-            print(f"{case.name:64s} {label:4s} {ms:8.3f} {gbs:7.0f} {pct:6.1f}%{flag}")
+            if gbs < 0.7 * same:
+                below_same.append(f"{case.name} {label}")
+            print(f"{case.name:64s} {label:4s} {ms:8.3f} {gbs:7.0f} {pct:6.1f}% {same:19.0f} "
+                  f"{100 * gbs / same:6.1f}%{flag}")
     print(f"\n{len(below)} pass(es) below 70 % of copy bandwidth" + (":\n  " + "\n  ".join(below) if below else ""))
+    print(f"{len(below_same)} pass(es) below 70 % of a same-size copy"
+          + (":\n  " + "\n  ".join(below_same) if below_same else ""))
     return 0
 
 

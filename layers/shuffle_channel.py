@@ -4,16 +4,15 @@ Bottom (N, C, ...) with ``C = group * k``: viewing the channels as (group, k), t
 transpose (k, group), so top channel ``j * group + g`` is bottom channel ``g * k + j``. Backward is
 the inverse permutation of the top diff. ``shuffle_channel_param.group`` (default 1: a copy) must
 divide C. Not in place (the forks' layer copies through a buffer; here top must differ from bottom).
+GPU: the permutation (N, group, k, S) -> (N, k, group, S) of ``pycaffe_lite.gpu.permute``, which
+copies whole channel planes (S = the product of the axes after C; 4 elements at a time when S
+and the pointers allow) in top order; group 1 is a copy.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import permute
 from pycaffe_lite.layer import Layer, register_layer
-
-KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("ShuffleChannel")
@@ -39,6 +38,8 @@ class ShuffleChannelLayer(Layer):
         self.k = c // self.group
         self.spatial = bottom[0].count_range(2)
         top[0].reshape(bottom[0].shape)
+        self._forward = permute.plan((self.num, self.group, self.k, self.spatial), (0, 2, 1, 3))
+        self._backward = self._forward.inverse()
 
     def _view(self, a, rows, cols):
         return a.reshape(self.num, rows, cols, self.spatial)
@@ -52,13 +53,9 @@ class ShuffleChannelLayer(Layer):
             dy = self._view(top[0].cpu_diff(), self.k, self.group)
             bottom[0].mutable_cpu_diff()[...] = dy.transpose(0, 2, 1, 3).reshape(bottom[0].shape)
 
-    # GPU: one thread per output element (writes coalesced, reads contiguous runs of `spatial`).
     def forward_gpu(self, bottom, top):
-        k = backend.kernel(KERNELS, "shuffle_channel", self.dtype)
-        k(top[0].count, self.spatial, self.group, self.k, bottom[0].gpu_data(), top[0].mutable_gpu_data())
+        self._forward(bottom[0].gpu_data(), top[0].mutable_gpu_data(), self.dtype)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if propagate_down[0]:
-            k = backend.kernel(KERNELS, "shuffle_channel", self.dtype)
-            k(bottom[0].count, self.spatial, self.k, self.group, top[0].gpu_diff(),
-              bottom[0].mutable_gpu_diff())
+            self._backward(top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), self.dtype)

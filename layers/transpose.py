@@ -3,14 +3,14 @@
 ``transpose_param.dim`` lists, for each top axis i, the bottom axis it takes: one entry per bottom
 axis, a permutation of 0..num_axes-1 (``dim: 3 dim: 0 dim: 2 dim: 1`` turns N x C x H x W into
 W x N x H x C). Backward applies the inverse permutation to the top diff. Not in place.
+GPU: ``pycaffe_lite.gpu.permute`` (one plan per direction and shape, as Permute).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from pycaffe_lite.blob import Blob
-from pycaffe_lite.gpu import math_functions as gm
+from pycaffe_lite.gpu import permute
 from pycaffe_lite.layer import Layer, register_layer
 
 
@@ -25,8 +25,6 @@ class TransposeLayer(Layer):
         self.dims = tuple(self.layer_param.transpose_param.dim)
         if sorted(self.dims) != list(range(len(self.dims))):
             raise self.error(f"transpose_param.dim {list(self.dims)} must be a permutation of 0..{len(self.dims) - 1}")
-        self._table = Blob(dtype=np.float32)  # int32 bits: see math_functions.cu (permute_axes)
-        self._table_key: tuple | None = None
 
     def reshape(self, bottom, top):
         b = bottom[0]
@@ -34,6 +32,8 @@ class TransposeLayer(Layer):
             raise self.error(f"transpose_param.dim has {len(self.dims)} entries but the bottom has {b.num_axes} axes "
                              f"(shape {b.shape}); give one per axis")
         top[0].reshape(tuple(b.shape[d] for d in self.dims))
+        self._forward = permute.plan(b.shape, self.dims)
+        self._backward = self._forward.inverse()
 
     def forward_cpu(self, bottom, top):
         top[0].mutable_cpu_data()[...] = np.transpose(bottom[0].cpu_data(), self.dims)
@@ -42,24 +42,9 @@ class TransposeLayer(Layer):
         if propagate_down[0]:
             bottom[0].mutable_cpu_diff()[...] = np.transpose(top[0].cpu_diff(), np.argsort(self.dims))
 
-    def _table_ptr(self, bottom, top) -> int:
-        b = bottom[0]
-        strides = [b.count_range(d + 1) for d in self.dims]
-        key = (top[0].shape, tuple(strides))
-        if key != self._table_key:
-            self._table.reshape((2 * len(self.dims),))
-            self._table.mutable_cpu_data().view(np.int32)[...] = list(top[0].shape) + strides
-            self._table_key = key
-        return self._table.gpu_data()
-
     def forward_gpu(self, bottom, top):
-        n = top[0].count
-        if n:
-            gm.permute_axes(n, len(self.dims), self._table_ptr(bottom, top), True, bottom[0].gpu_data(),
-                            top[0].mutable_gpu_data(), self.dtype)
+        self._forward(bottom[0].gpu_data(), top[0].mutable_gpu_data(), self.dtype)
 
     def backward_gpu(self, top, propagate_down, bottom):
-        n = top[0].count
-        if propagate_down[0] and n:
-            gm.permute_axes(n, len(self.dims), self._table_ptr(bottom, top), False, bottom[0].mutable_gpu_diff(),
-                            top[0].gpu_diff(), self.dtype)
+        if propagate_down[0]:
+            self._backward(top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), self.dtype)

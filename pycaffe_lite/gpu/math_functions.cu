@@ -238,25 +238,3 @@ __global__ void plane_gather(const int n, const int S, const int T, const Dtype*
     x[i] = (k >= 0 && k < T) ? y[(long long)(i / S) * T + k] : Dtype(0);
   }
 }
-
-// Axis permutation (Permute, Transpose): table = [top shape (naxes) | bottom stride of the bottom axis
-// each top axis reads (naxes)]. Top element i at top coordinates c reads bottom element
-// sum_k c_k * table[naxes + k]. forward != 0: top[i] = bottom[b(i)]; else bottom[b(i)] = top[i]
-// (a bijection: every entry once, no accumulation).
-__global__ void permute_axes(const int n, const int naxes, const int* table, const int forward,
-                             Dtype* bottom, Dtype* top) {
-  CUDA_KERNEL_LOOP(i, n) {
-    int rest = i;
-    int b = 0;
-    for (int k = naxes - 1; k >= 0; --k) {
-      const int size = table[k];
-      b += (rest % size) * table[naxes + k];
-      rest /= size;
-    }
-    if (forward) {
-      top[i] = bottom[b];
-    } else {
-      bottom[b] = top[i];
-    }
-  }
-}

@@ -251,12 +251,6 @@ def plane_gather(planes: int, S: int, T: int, y: int, idx: int, x: int, dtype) -
     backend.kernel(KERNELS, "plane_gather", dtype)(planes * S, S, T, y, idx, x)
 
 
-def permute_axes(n: int, naxes: int, table: int, forward: bool, bottom: int, top: int, dtype) -> None:
-    """Permute (Transpose) ``n`` elements: ``table`` (device int32) holds the top shape and, per top
-    axis, the bottom stride it reads; forward copies bottom -> top, else the gradient top -> bottom."""
-    backend.kernel(KERNELS, "permute_axes", dtype)(n, naxes, table, int(forward), bottom, top)
-
-
 def ones_vector(n: int, dtype) -> int:
     """A cached device vector of at least ``n`` ones (per device and dtype)."""
     dtype = np.dtype(dtype)

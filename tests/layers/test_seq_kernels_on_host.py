@@ -1,7 +1,7 @@
 """The GPU paths of LSTMUnit, Lstm, Reverse, Transpose, Filter and BatchReindex without a GPU: their
 ``.cu`` kernels are compiled as host C++ (a shim turns ``__global__`` into plain functions and
 ``CUDA_KERNEL_LOOP`` into a serial loop), device pointers are the addresses of the blobs' host
-arrays, and cuBLAS / math_functions / workspace calls are replaced by numpy on those addresses.
+arrays, and cuBLAS / math_functions / permute-plan / workspace calls are replaced by numpy on those addresses.
 forward_gpu / backward_gpu then run as written (argument order, pointer offsets, transposes)
 and must agree with the CPU path. The real device run is the GPU suite's job. Marked slow (the
 compilations take seconds); run with ``python -m pytest -q tests/layers/test_seq_kernels_on_host.py``."""
@@ -21,7 +21,7 @@ import pytest
 
 from pycaffe_lite import common
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.gpu import backend, blas
+from pycaffe_lite.gpu import backend, blas, permute
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.gpu.signatures import parse_signatures
 from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
@@ -124,18 +124,9 @@ def host_gpu(monkeypatch):
         out[...] = _array(x, (rows, cols), dt).sum(axis=0) + beta * out
     monkeypatch.setattr(gm, "sum_rows_into", sum_rows_into)
 
-    def permute_axes(n, naxes, table, forward, bottom, top, dt):  # math_functions.cu's kernel, in numpy
-        t = _array(table, (2 * naxes,), np.int32)
-        rest, b = np.arange(n), np.zeros(n, np.int64)
-        for k in range(naxes - 1, -1, -1):
-            b += (rest % t[k]) * t[naxes + k]
-            rest //= t[k]
-        src, dst = _array(bottom, (n,), dt), _array(top, (n,), dt)
-        if forward:
-            dst[...] = src[b]
-        else:
-            src[b] = dst
-    monkeypatch.setattr(gm, "permute_axes", permute_axes)
+    def run_plan(plan, src, dst, dt):  # pycaffe_lite.gpu.permute's kernels (their own host test), in numpy
+        _array(dst, plan.top_shape, dt)[...] = _array(src, plan.shape, dt).transpose(plan.order)
+    monkeypatch.setattr(permute.Plan, "__call__", run_plan)
     yield
 
 

@@ -69,3 +69,14 @@ def test_every_fork_case_runs_forward_and_backward_on_cpu(bench):
         fwd, bwd = bench.run_case(_small(case), timer)
         assert bwd == 1.0 and (fwd == 1.0) == bool(case.fwd_elems), case.name
     assert len(calls) == 2 * len(bench.fork_cases())
+
+
+def test_same_traffic_copy(bench, monkeypatch):
+    assert bench.same_traffic_copy_bytes(2 * 1000) == 4000  # Permute: 2n elements moved = a copy of n floats
+    assert bench.same_traffic_copy_bytes(3) == 4  # rounded down to whole floats, at least one
+    assert bench.same_traffic_copy_bytes(0.5) == 4
+    sizes = []
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda timer, nbytes: sizes.append(nbytes) or 1.0 * nbytes)
+    rates = bench.CopyRates(timer=None)
+    assert rates(8) == 8.0 and rates(8) == 8.0 and rates(12) == 12.0
+    assert sizes == [8, 12]  # measured once per size

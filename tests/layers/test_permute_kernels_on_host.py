@@ -1,0 +1,229 @@
+"""pycaffe_lite/gpu/permute.cu without a GPU: the file is compiled as host C++ with a shim that runs
+each block's threads as OS threads (``threadIdx``/``blockIdx`` thread-local, ``__shared__`` one
+static array per kernel, ``__syncthreads`` a barrier, blocks one after another), so the kernels'
+real index math, tiling and shared-memory round trip run on host memory. Plans of many shapes and
+orders (2 to 8 axes, odd sizes, size-1 axes, identity, the benchmark's shapes shrunk) must match
+numpy exactly, forward and through the inverse plan; Permute, Transpose and ShuffleChannel run
+their forward_gpu/backward_gpu on it too. Marked slow (a compilation and thousands of threads)."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pycaffe_lite.blob import Blob
+from pycaffe_lite.gpu import backend, permute
+from pycaffe_lite.gpu.signatures import parse_signatures
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
+
+CXX = shutil.which("g++") or shutil.which("c++")
+pytestmark = [pytest.mark.skipif(CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
+
+SHIM = """#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+using std::min; using std::max;
+typedef {ctype} Dtype;
+struct Dim3 {{ int x = 0, y = 0, z = 0; }};
+static thread_local Dim3 threadIdx, blockIdx;
+static Dim3 blockDim, gridDim;
+struct Barrier {{
+  std::mutex m; std::condition_variable cv; int count, waiting = 0, generation = 0;
+  void wait() {{
+    std::unique_lock<std::mutex> lock(m);
+    const int gen = generation;
+    if (++waiting == count) {{ waiting = 0; ++generation; cv.notify_all(); }}
+    else cv.wait(lock, [&] {{ return gen != generation; }});
+  }}
+}};
+static Barrier* g_barrier;
+#define __global__ static
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __syncthreads() g_barrier->wait()
+static inline unsigned __umulhi(unsigned a, unsigned b) {{
+  return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
+}}
+"""
+CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+C_KINDS = {"ptr": "Dtype*", "int": "int", "uint": "unsigned"}
+CT_KINDS = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "uint": ctypes.c_uint}
+
+
+def _launcher(name: str, params) -> str:
+    """extern "C" launch_<name>(grid, block, <kernel params>): each block's threads at once."""
+    decl = ", ".join(f"{C_KINDS[p.kind]} {p.name}" for p in params)
+    names = ", ".join(p.name for p in params)
+    return f"""
+extern "C" void launch_{name}(int grid, int block, {decl}) {{
+  gridDim.x = grid; blockDim.x = block;
+  for (int b = 0; b < grid; ++b) {{
+    Barrier bar; bar.count = block; g_barrier = &bar;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < block; ++t)
+      threads.emplace_back([=] {{ blockIdx.x = b; threadIdx.x = t; {name}({names}); }});
+    for (auto& th : threads) th.join();
+  }}
+}}
+"""
+
+
+@functools.cache
+def _library(dtype: str):
+    dt = np.dtype(dtype)
+    build = Path(tempfile.mkdtemp(prefix="permute_kernels_"))
+    atexit.register(shutil.rmtree, build, ignore_errors=True)
+    text = permute.KERNELS.read_text()
+    sigs = parse_signatures(text)
+    src = build / f"permute_{dt.name}.cpp"
+    src.write_text(SHIM.format(ctype=CTYPES[dt]) + text + "".join(_launcher(n, s.params) for n, s in sigs.items()))
+    lib = src.with_suffix(".so")
+    subprocess.run([CXX, "-O1", "-std=c++17", "-pthread", "-shared", "-fPIC", "-I", str(permute.KERNELS.parent),
+                    "-o", str(lib), str(src)], check=True, capture_output=True)
+    return ctypes.CDLL(str(lib)), sigs
+
+
+@pytest.fixture
+def host_kernels(monkeypatch):
+    """backend.kernel -> the host build; memcpy_dtod -> memmove. Returns the launches made."""
+    launches: list[tuple[str, tuple, int]] = []
+
+    def kernel(path, name, dtype):
+        assert Path(path) == permute.KERNELS
+        lib, sigs = _library(np.dtype(dtype).str)
+        params = sigs[name].params
+        fn = getattr(lib, f"launch_{name}")
+
+        def call(*args, grid, block):
+            assert len(args) == len(params), name
+            assert block == permute.THREADS and grid[1:] == (1, 1) and grid[0] >= 1
+            for p, v in zip(params, args):
+                if p.kind == "int":
+                    assert -(2**31) <= v < 2**31, (name, p.name, v)
+                elif p.kind == "uint":
+                    assert 0 <= v < 2**32, (name, p.name, v)
+            launches.append((name, grid, block))
+            fn(ctypes.c_int(grid[0]), ctypes.c_int(block), *[CT_KINDS[p.kind](v) for p, v in zip(params, args)])
+        return call
+
+    monkeypatch.setattr(backend, "kernel", kernel)
+    monkeypatch.setattr(backend, "memcpy_dtod", lambda dst, src, n: ctypes.memmove(dst, src, n))
+    return launches
+
+
+def _aligned(a: np.ndarray, shift: int = 0) -> np.ndarray:
+    """A copy of ``a`` at a 64-byte aligned address plus ``shift`` elements."""
+    buf = np.empty(a.size + 64, a.dtype)
+    start = (-buf.ctypes.data % 64) // a.itemsize + shift
+    out = buf[start:start + a.size].reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _check(shape, order, dtype=np.float64, shift=0):
+    x = _aligned(np.random.default_rng(len(shape)).standard_normal(shape).astype(dtype), shift)
+    plan = permute.plan(shape, order)
+    y = _aligned(np.full(plan.top_shape, np.nan, dtype), shift)
+    plan(x.ctypes.data, y.ctypes.data, dtype)
+    np.testing.assert_array_equal(y, x.transpose(order), err_msg=f"{shape} {order} {plan.kind}")
+    back = _aligned(np.full(shape, np.nan, dtype), shift)
+    plan.inverse()(y.ctypes.data, back.ctypes.data, dtype)
+    np.testing.assert_array_equal(back, x, err_msg=f"inverse of {shape} {order}")
+    return plan
+
+
+CASES = [
+    ((5, 7), (1, 0)),                        # 2 axes, odd, one small tile
+    ((33, 65), (1, 0)),                      # ragged edges on both sides
+    ((3, 100, 37), (0, 2, 1)),               # batched transpose
+    ((2, 16, 6, 7), (0, 2, 3, 1)),           # SSD mbox_loc, shrunk: a 16-wide t axis
+    ((2, 84, 7, 5), (0, 2, 3, 1)),           # SSD mbox_conf, shrunk
+    ((2, 126, 19, 19), (0, 2, 3, 1)),        # SSD fc7 conf at full spatial size
+    ((2, 40, 3, 64), (3, 0, 2, 1)),          # CTPN's Transpose, shrunk
+    ((2, 3, 4, 5, 6), (4, 2, 0, 3, 1)),      # 5 axes, nothing collapses
+    ((2, 3, 4, 5, 6), (0, 1, 4, 2, 3)),      # 5 axes, collapses to 3
+    ((1, 7, 1, 9), (3, 1, 2, 0)),            # size-1 axes
+    ((4, 1, 1), (2, 1, 0)),                  # size-1 axes: a copy
+    ((3, 4, 5), (0, 1, 2)),                  # identity: a copy
+    ((2, 3, 4, 24), (0, 2, 1, 3)),           # runs of 24 (4-wide units)
+    ((2, 3, 4, 7), (2, 0, 1, 3)),            # runs of 7 (1-wide units)
+    ((2, 3, 5, 4, 6), (3, 1, 0, 2, 4)),      # runs, 5 axes
+    ((40, 3, 5), (0, 2, 1)),                 # small planes: gathered
+    ((2, 3, 2, 3, 2, 3, 2), (6, 5, 4, 3, 2, 1, 0)),  # 7 axes: host loop over the outer ones (tiles)
+    ((2, 3, 2, 3, 2, 3, 4), (5, 3, 1, 4, 2, 0, 6)),  # 7 axes, runs: host loop too
+    ((2, 2, 2, 2, 2, 2, 2, 8), (7, 6, 5, 4, 3, 2, 1, 0)),  # 8 axes
+]
+
+
+@pytest.mark.parametrize("shape,order", CASES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_plans_match_numpy(host_kernels, shape, order, dtype):
+    _check(shape, order, dtype)
+
+
+def test_kinds_reached(host_kernels):
+    kinds = {permute.plan(s, o).kind for s, o in CASES}
+    assert kinds == {"copy", "runs", "gather", "tiles"}
+    assert permute.plan((2, 3, 4, 24), (0, 2, 1, 3)).vector  # 4-wide runs exist
+    assert len(permute.plan(*CASES[-3]).launches) > 1  # the host loop
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_unaligned_pointers_take_the_scalar_runs(host_kernels, dtype):
+    _check((2, 3, 4, 24), (0, 2, 1, 3), dtype)
+    assert host_kernels[-1][0] == "permute_gather_v4"
+    _check((2, 3, 4, 24), (0, 2, 1, 3), dtype, shift=1)
+    assert host_kernels[-1][0] == "permute_gather_v1"
+
+
+def test_empty_does_nothing(host_kernels):
+    permute.plan((3, 0, 2), (2, 1, 0))(0, 0, np.float32)  # no launches, pointers never touched
+    assert host_kernels == []
+
+
+@pytest.fixture
+def host_blobs(monkeypatch, host_kernels):
+    for gpu, cpu in (("gpu_data", "cpu_data"), ("gpu_diff", "cpu_diff"),
+                     ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff")):
+        monkeypatch.setattr(Blob, gpu, lambda self, _cpu=cpu: getattr(self, _cpu)().ctypes.data)
+
+
+LAYERS = [
+    ('type: "Permute" permute_param { order: 0 order: 2 order: 3 order: 1 }', (2, 16, 5, 7)),
+    ('type: "Permute" permute_param { order: 1 order: 0 }', (3, 5, 2, 4)),
+    ('type: "Permute" permute_param { }', (3, 5, 2)),
+    ('type: "Transpose" transpose_param { dim: 3 dim: 0 dim: 2 dim: 1 }', (2, 40, 3, 9)),
+    ('type: "ShuffleChannel" shuffle_channel_param { group: 3 }', (2, 12, 4, 5)),
+    ('type: "ShuffleChannel" shuffle_channel_param { group: 2 }', (2, 6, 3, 3)),
+    ('type: "ShuffleChannel" shuffle_channel_param { group: 1 }', (2, 6, 3, 3)),
+    ('type: "ShuffleChannel" shuffle_channel_param { group: 4 }', (3, 8)),
+]
+
+
+@pytest.mark.parametrize("text,shape", LAYERS)
+def test_layers_gpu_path_matches_cpu(host_blobs, text, shape):
+    x = np.random.default_rng(0).standard_normal(shape)
+    outs = []
+    for gpu in (False, True):
+        layer = make_layer(text)
+        bottom, top = blobs([x]), empty_blobs(1)
+        layer.setup(bottom, top)
+        (layer.forward_gpu if gpu else layer.forward_cpu)(bottom, top)
+        top[0].mutable_cpu_diff()[...] = np.arange(top[0].count).reshape(top[0].shape)
+        bottom[0].mutable_cpu_diff()[...] = np.nan
+        (layer.backward_gpu if gpu else layer.backward_cpu)(top, [True], bottom)
+        outs.append((top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()))
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(b, a)
