@@ -14,23 +14,43 @@ __global__ void axpy_x_backward(const int n, const int S, const Dtype* a, const 
   }
 }
 
-// da[r] = sum_s dtop[r, s] * x[r, s]: one block of 256 threads per row (grid-stride over rows),
-// reads coalesced along s, a shared-memory tree reduction.
-__global__ void axpy_scale_backward(const int rows, const int S, const Dtype* dtop, const Dtype* x,
-                                    Dtype* da) {
-  __shared__ Dtype part[256];
-  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-    const Dtype* g = dtop + (long long)r * S;
-    const Dtype* v = x + (long long)r * S;
+// The whole backward in one pass over dtop (and x for da): da[r] = sum_s dtop[r, s] x[r, s],
+// dx = a[r] dtop, dy = dtop (each output optional, flags uniform over the launch). Block (tx, ty):
+// ty rows at a time, tx lanes along each row, coalesced. tx == 32: a warp per row and its sum a
+// xor butterfly; tx a multiple of 32 (ty == 1): the warps' sums then meet in shared memory.
+// Every thread runs the same number of row steps, so whole warps take part in each shuffle.
+__global__ void axpy_backward(const int rows, const int S, const int do_da, const int do_dx, const int do_dy,
+                              const Dtype* a, const Dtype* x, const Dtype* dtop, Dtype* da, Dtype* dx,
+                              Dtype* dy) {
+  __shared__ Dtype part[32];
+  for (int r0 = blockIdx.x * blockDim.y; r0 < rows; r0 += gridDim.x * blockDim.y) {
+    const int r = r0 + threadIdx.y;
+    const bool live = r < rows;
     Dtype acc = 0;
-    for (int s = threadIdx.x; s < S; s += blockDim.x) acc += g[s] * v[s];
-    part[threadIdx.x] = acc;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
-      __syncthreads();
+    if (live) {
+      const long long base = (long long)r * S;
+      const Dtype ar = do_dx ? a[r] : Dtype(0);
+#pragma unroll 4
+      for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        const Dtype g = dtop[base + s];
+        if (do_da) acc += g * x[base + s];
+        if (do_dx) dx[base + s] = ar * g;
+        if (do_dy) dy[base + s] = g;
+      }
     }
-    if (threadIdx.x == 0) da[r] = part[0];
+    if (!do_da) continue;
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (blockDim.x == 32) {
+      if (threadIdx.x == 0 && live) da[r] = acc;
+      continue;
+    }
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0 && live) {
+      Dtype t = 0;
+      for (int w = 0; w < (int)blockDim.x / 32; ++w) t += part[w];
+      da[r] = t;
+    }
     __syncthreads();
   }
 }

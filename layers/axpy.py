@@ -18,6 +18,8 @@ from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
+LONG_ROW = 1024  # rows longer than this get a block of 256 threads each in the backward
+MAX_GRID = 65535 * 4
 
 
 @register_layer("Axpy")
@@ -68,12 +70,19 @@ class AxpyLayer(Layer):
 
     def backward_gpu(self, top, propagate_down, bottom):
         dtop = top[0].gpu_diff()
-        if propagate_down[0] and self.rows:
-            k = backend.kernel(KERNELS, "axpy_scale_backward", self.dtype)
-            k(self.rows, self.spatial, dtop, bottom[1].gpu_data(), bottom[0].mutable_gpu_diff(),
-              grid=(min(self.rows, 65535), 1, 1), block=(256, 1, 1))
-        if propagate_down[1]:
-            k = backend.kernel(KERNELS, "axpy_x_backward", self.dtype)
-            k(bottom[1].count, self.spatial, bottom[0].gpu_data(), dtop, bottom[1].mutable_gpu_diff())
-        if propagate_down[2] and top[0] is not bottom[2]:
-            gm.copy(bottom[2].count, dtop, bottom[2].mutable_gpu_diff(), self.dtype)
+        do_da, do_dx = bool(propagate_down[0]), bool(propagate_down[1])
+        do_dy = bool(propagate_down[2]) and top[0] is not bottom[2]
+        if not (do_da or do_dx):
+            if do_dy:
+                gm.copy(bottom[2].count, dtop, bottom[2].mutable_gpu_diff(), self.dtype)
+            return
+        if self.rows == 0:
+            return
+        # Short rows (SENet's 7x7 .. 28x28 planes): a warp per row, 8 rows a block; long rows a block each.
+        tx, ty = (32, 8) if self.spatial <= LONG_ROW else (256, 1)
+        unused = dtop  # a valid pointer for outputs not asked for (never written)
+        backend.kernel(KERNELS, "axpy_backward", self.dtype)(
+            self.rows, self.spatial, int(do_da), int(do_dx), int(do_dy), bottom[0].gpu_data(),
+            bottom[1].gpu_data(), dtop, bottom[0].mutable_gpu_diff() if do_da else unused,
+            bottom[1].mutable_gpu_diff() if do_dx else unused, bottom[2].mutable_gpu_diff() if do_dy else unused,
+            grid=min(-(-self.rows // ty), MAX_GRID), block=(tx, ty, 1))

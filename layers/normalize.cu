@@ -30,19 +30,6 @@ __global__ void normalize_norm_across(const int dim, const Dtype eps, const Dtyp
   if (threadIdx.x == 0) norm[blockIdx.x] = sqrt(smem[0] + eps);
 }
 
-// per position: one thread per (sample, position); norm = sqrt(eps + sum_c x^2).
-__global__ void normalize_norm_spatial(const int n, const int channels, const int spatial, const Dtype eps,
-                                       const Dtype* x, Dtype* norm) {
-  CUDA_KERNEL_LOOP(g, n) {
-    const Dtype* p = x + (size_t)(g / spatial) * channels * spatial + g % spatial;
-    Dtype acc = eps;
-    for (int c = 0; c < channels; ++c) {
-      acc += p[c * spatial] * p[c * spatial];
-    }
-    norm[g] = sqrt(acc);
-  }
-}
-
 __global__ void normalize_forward(const int n, const int dim, const int channels, const int spatial,
                                   const int across, const int shared, const Dtype* x, const Dtype* norm,
                                   const Dtype* scale, Dtype* y) {
@@ -70,19 +57,6 @@ __global__ void normalize_dot_across(const int dim, const int channels, const in
   if (threadIdx.x == 0) t[blockIdx.x] = smem[0];
 }
 
-__global__ void normalize_dot_spatial(const int n, const int channels, const int spatial, const int shared,
-                                      const Dtype* x, const Dtype* dy, const Dtype* scale, Dtype* t) {
-  CUDA_KERNEL_LOOP(g, n) {
-    const size_t base = (size_t)(g / spatial) * channels * spatial + g % spatial;
-    Dtype acc = 0;
-    for (int c = 0; c < channels; ++c) {
-      const Dtype s = shared ? scale[0] : scale[c];
-      acc += s * dy[base + c * spatial] * x[base + c * spatial];
-    }
-    t[g] = acc;
-  }
-}
-
 // dx_i = s_i dy_i / norm - x_i t / norm^3 (exact derivative of y = s x / norm).
 __global__ void normalize_backward(const int n, const int dim, const int channels, const int spatial,
                                    const int across, const int shared, const Dtype* x, const Dtype* dy,
@@ -99,5 +73,103 @@ __global__ void normalize_scale_terms(const int n, const int dim, const int spat
                                       const Dtype* x, const Dtype* dy, const Dtype* norm, Dtype* terms) {
   CUDA_KERNEL_LOOP(i, n) {
     terms[i] = dy[i] * x[i] / norm[normalize_group(i, dim, spatial, across)];
+  }
+}
+
+// ---- per position (across_spatial false): one block per (sample, tile of blockDim.x positions) ----
+// blockDim = (tx, ty), tx * ty == NORMALIZE_THREADS, both powers of two; block b covers sample
+// b / tiles, positions (b % tiles) * tx + threadIdx.x; threadIdx.y strides the channels by ty, so a
+// warp reads tx consecutive positions of 32 / tx channels. Every thread runs the same number of
+// channel steps (ceil(C / ty)), so whole warps take part in each shuffle.
+
+// Sum of v over threadIdx.y for each threadIdx.x (part: NORMALIZE_THREADS values); every thread of
+// the column gets the result. Begins and ends with a barrier, so part may be reused at once.
+__device__ __forceinline__ Dtype normalize_column_sum(Dtype v, Dtype* part) {
+  const int x = threadIdx.x, tx = blockDim.x;
+  __syncthreads();
+  part[threadIdx.y * tx + x] = v;
+  __syncthreads();
+  for (int w = blockDim.y / 2; w > 0; w >>= 1) {
+    if (threadIdx.y < w) part[threadIdx.y * tx + x] += part[(threadIdx.y + w) * tx + x];
+    __syncthreads();
+  }
+  const Dtype out = part[x];
+  __syncthreads();
+  return out;
+}
+
+// norm[n, p] = sqrt(eps + sum_c x[n, c, p]^2), then y = x / norm * s_c in the same block.
+__global__ void normalize_pixels_forward(const int channels, const int spatial, const int tiles,
+                                         const int shared, const Dtype eps, const Dtype* x,
+                                         const Dtype* scale, Dtype* norm, Dtype* y) {
+  __shared__ Dtype part[NORMALIZE_THREADS];
+  const int n = blockIdx.x / tiles;
+  const int p = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+  const bool live = p < spatial;
+  const size_t base = (size_t)n * channels * spatial + p;
+  Dtype acc = 0;
+  if (live) {
+#pragma unroll 4
+    for (int c = threadIdx.y; c < channels; c += blockDim.y) {
+      const Dtype v = x[base + (size_t)c * spatial];
+      acc += v * v;
+    }
+  }
+  const Dtype r = sqrt(eps + normalize_column_sum(acc, part));
+  if (!live) return;
+  if (threadIdx.y == 0) norm[(size_t)n * spatial + p] = r;
+#pragma unroll 4
+  for (int c = threadIdx.y; c < channels; c += blockDim.y) {
+    const size_t i = base + (size_t)c * spatial;
+    y[i] = x[i] / r * (shared ? scale[0] : scale[c]);
+  }
+}
+
+// Backward per position, one pass over x and dy for the dot product, one for dx:
+//   do_dx:    t[n, p] = sum_c s_c dy x (kept in dots), dx = s_c dy / r - x t / r^3;
+//   do_scale: partial[b, c] = sum over the block's positions of dy x / r (the scale gradient
+//             before the sum over blocks; b = blockIdx.x), a xor butterfly over threadIdx.x.
+__global__ void normalize_pixels_backward(const int channels, const int spatial, const int tiles,
+                                          const int shared, const int do_dx, const int do_scale,
+                                          const Dtype* x, const Dtype* dy, const Dtype* norm,
+                                          const Dtype* scale, Dtype* dots, Dtype* partial, Dtype* dx) {
+  __shared__ Dtype part[NORMALIZE_THREADS];
+  const int n = blockIdx.x / tiles;
+  const int p = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+  const bool live = p < spatial;
+  const size_t base = (size_t)n * channels * spatial + p;
+  const size_t g = (size_t)n * spatial + p;
+  const Dtype r = live ? norm[g] : Dtype(1);
+  Dtype t = 0;
+  if (do_scale) {
+    Dtype* prow = partial + (size_t)blockIdx.x * channels;
+    for (int c0 = 0; c0 < channels; c0 += blockDim.y) {
+      const int c = c0 + threadIdx.y;
+      Dtype d = 0;
+      if (live && c < channels) {
+        const size_t i = base + (size_t)c * spatial;
+        d = dy[i] * x[i];
+        t += (shared ? scale[0] : scale[c]) * d;
+      }
+      Dtype term = d / r;
+      for (int o = blockDim.x / 2; o > 0; o >>= 1) term += __shfl_xor_sync(0xffffffffu, term, o, blockDim.x);
+      if (threadIdx.x == 0 && c < channels) prow[c] = term;
+    }
+  } else if (do_dx && live) {
+#pragma unroll 4
+    for (int c = threadIdx.y; c < channels; c += blockDim.y) {
+      const size_t i = base + (size_t)c * spatial;
+      t += (shared ? scale[0] : scale[c]) * dy[i] * x[i];
+    }
+  }
+  if (!do_dx) return;
+  t = normalize_column_sum(t, part);
+  if (!live) return;
+  if (threadIdx.y == 0) dots[g] = t;
+  const Dtype r3 = r * r * r;
+#pragma unroll 4
+  for (int c = threadIdx.y; c < channels; c += blockDim.y) {
+    const size_t i = base + (size_t)c * spatial;
+    dx[i] = (shared ? scale[0] : scale[c]) * dy[i] / r - x[i] * t / r3;
   }
 }

@@ -116,32 +116,44 @@ class NormalizeLayer(Layer):
         num, channels = bottom[0].shape[:2]
         return num, channels, self.spatial, channels * self.spatial
 
+    def _pixel_launch(self, spatial):
+        """(tiles per sample, block) of the per-position kernels: tx positions a block, tx the least
+        power of two >= ``spatial`` up to 32, ty = THREADS / tx channel lanes."""
+        tx = min(32, 1 << max(spatial - 1, 0).bit_length())
+        tiles = -(-spatial // tx)
+        return tiles, (tx, THREADS // tx, 1)
+
     def forward_gpu(self, bottom, top):
         num, channels, spatial, dim = self._geometry(bottom)
         n = bottom[0].count
         if n == 0:
             return
         x, norm = bottom[0].gpu_data(), self.norm.mutable_gpu_data()
-        if self.across_spatial:
-            backend.kernel(KERNELS, "normalize_norm_across", self.dtype)(
-                dim, self.eps, x, norm, grid=num, block=THREADS)
-        else:
-            backend.kernel(KERNELS, "normalize_norm_spatial", self.dtype)(
-                num * spatial, channels, spatial, self.eps, x, norm)
+        scale = self.blobs[0].gpu_data()
+        if not self.across_spatial:
+            tiles, block = self._pixel_launch(spatial)
+            backend.kernel(KERNELS, "normalize_pixels_forward", self.dtype)(
+                channels, spatial, tiles, int(self.channel_shared), self.eps, x, scale, norm,
+                top[0].mutable_gpu_data(), grid=num * tiles, block=block)
+            return
+        backend.kernel(KERNELS, "normalize_norm_across", self.dtype)(dim, self.eps, x, norm, grid=num, block=THREADS)
         backend.kernel(KERNELS, "normalize_forward", self.dtype)(
-            n, dim, channels, spatial, int(self.across_spatial), int(self.channel_shared), x,
-            self.norm.gpu_data(), self.blobs[0].gpu_data(), top[0].mutable_gpu_data())
+            n, dim, channels, spatial, 1, int(self.channel_shared), x, self.norm.gpu_data(), scale,
+            top[0].mutable_gpu_data())
 
     def backward_gpu(self, top, propagate_down, bottom):
         num, channels, spatial, dim = self._geometry(bottom)
         n = bottom[0].count
         if n == 0:
             return
+        if not self.across_spatial:
+            self._backward_pixels(top, propagate_down, bottom)
+            return
         x, dy, norm = bottom[0].gpu_data(), top[0].gpu_diff(), self.norm.gpu_data()
-        across, shared = int(self.across_spatial), int(self.channel_shared)
+        shared = int(self.channel_shared)
         if self.param_propagate_down[0]:
             (terms,) = backend.workspace(n * self.dtype.itemsize)
-            backend.kernel(KERNELS, "normalize_scale_terms", self.dtype)(n, dim, spatial, across, x, dy, norm, terms)
+            backend.kernel(KERNELS, "normalize_scale_terms", self.dtype)(n, dim, spatial, 1, x, dy, norm, terms)
             diff = self.blobs[0].mutable_gpu_diff()
             if self.channel_shared:
                 gm.sum_rows_into(n, 1, terms, diff, self.dtype, beta=1.0)
@@ -149,12 +161,30 @@ class NormalizeLayer(Layer):
                 gm.channel_sum(num, channels, spatial, terms, diff, self.dtype, beta=1.0)
         if propagate_down[0]:
             scale, t = self.blobs[0].gpu_data(), self.dots.mutable_gpu_data()
-            if self.across_spatial:
-                backend.kernel(KERNELS, "normalize_dot_across", self.dtype)(
-                    dim, channels, spatial, shared, x, dy, scale, t, grid=num, block=THREADS)
-            else:
-                backend.kernel(KERNELS, "normalize_dot_spatial", self.dtype)(
-                    num * spatial, channels, spatial, shared, x, dy, scale, t)
+            backend.kernel(KERNELS, "normalize_dot_across", self.dtype)(
+                dim, channels, spatial, shared, x, dy, scale, t, grid=num, block=THREADS)
             backend.kernel(KERNELS, "normalize_backward", self.dtype)(
-                n, dim, channels, spatial, across, shared, x, dy, norm, self.dots.gpu_data(), scale,
+                n, dim, channels, spatial, 1, shared, x, dy, norm, self.dots.gpu_data(), scale,
                 bottom[0].mutable_gpu_diff())
+
+    def _backward_pixels(self, top, propagate_down, bottom):
+        """Per position: one kernel reads x and dy for the dot products (and the scale gradient's
+        per-block partial sums), then again for dx; the partials are summed over blocks after."""
+        num, channels, spatial, _ = self._geometry(bottom)
+        do_scale, do_dx = bool(self.param_propagate_down[0]), bool(propagate_down[0])
+        if not (do_scale or do_dx):
+            return
+        tiles, block = self._pixel_launch(spatial)
+        blocks = num * tiles
+        (partial,) = backend.workspace((blocks * channels if do_scale else 1) * self.dtype.itemsize)
+        dx = bottom[0].mutable_gpu_diff() if do_dx else partial
+        backend.kernel(KERNELS, "normalize_pixels_backward", self.dtype)(
+            channels, spatial, tiles, int(self.channel_shared), int(do_dx), int(do_scale),
+            bottom[0].gpu_data(), top[0].gpu_diff(), self.norm.gpu_data(), self.blobs[0].gpu_data(),
+            self.dots.mutable_gpu_data(), partial, dx, grid=blocks, block=block)
+        if do_scale:
+            diff = self.blobs[0].mutable_gpu_diff()
+            if self.channel_shared:
+                gm.sum_rows_into(blocks * channels, 1, partial, diff, self.dtype, beta=1.0)
+            else:
+                gm.sum_rows_into(blocks, channels, partial, diff, self.dtype, beta=1.0)

@@ -169,6 +169,13 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
     const int bh = row % blocks_h;
     const int plane = row / blocks_h;
     const int h0 = bh * S - pad_h, w0 = bw * S - pad_w;
+    // AVE: the clipped extent of the windows' columns (Caffe's divisor is rows x columns)
+    int cols[WD];
+#pragma unroll
+    for (int b = 0; b < WD; ++b) {
+      const int left = (bw - WD + 1 + b) * S - pad_w;
+      cols[b] = min(left + kernel_w, width + pad_w) - left;
+    }
     Dtype grad[S][S];
 #pragma unroll
     for (int i = 0; i < S; ++i)
@@ -178,6 +185,8 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
     for (int a = 0; a < WD; ++a) {
       const int ph = bh - WD + 1 + a;
       if (ph < 0 || ph >= pooled_h) continue;
+      const int top = ph * S - pad_h;  // the unclipped window's first row
+      const int rows = min(top + kernel_h, height + pad_h) - top;
 #pragma unroll
       for (int b = 0; b < WD; ++b) {
         const int pw = bw - WD + 1 + b;
@@ -193,15 +202,15 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
             for (int j = 0; j < S; ++j)
               if (arg == (h0 + i) * width + (w0 + j)) grad[i][j] += d;
         } else {
-          const Dtype d = top_diff[t] / (Dtype)ave_pool_size(ph, pw, height, width, pooled_h, pooled_w, kernel_h,
-                                                             kernel_w, stride_h, stride_w, pad_h, pad_w);
-          const int top = ph * S - pad_h, left = pw * S - pad_w;  // the unclipped window's corner
+          // ave_pool_size's value; window (ph, pw) covers pixel (h0 + i, w0 + j) iff
+          // 0 <= h0 + i - top = (WD - 1 - a) * S + i < kernel_h (and the same for columns): the
+          // same for every block, so the tests are uniform and need no pixel coordinates
+          const Dtype d = top_diff[t] / (Dtype)(rows * cols[b]);
 #pragma unroll
           for (int i = 0; i < S; ++i)
 #pragma unroll
             for (int j = 0; j < S; ++j)
-              if (h0 + i >= top && h0 + i < top + kernel_h && w0 + j >= left && w0 + j < left + kernel_w)
-                grad[i][j] += d;
+              if ((WD - 1 - a) * S + i < kernel_h && (WD - 1 - b) * S + j < kernel_w) grad[i][j] += d;
         }
       }
     }

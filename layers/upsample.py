@@ -5,8 +5,8 @@ top of a MAX Pooling layer: each value's flat index ``h * Wo + w`` in its output
 is (N, C, Ho, Wo) with ``Ho, Wo = upsample_h, upsample_w`` when both are set, else
 ``H · scale_h - pad_out_h`` (``scale_h``/``scale_w`` if both set, else ``scale``, default 2; the
 deprecated ``pad_out_*`` need a scale of 2). The top is zero except at the mask positions, which
-receive the values (if two values name one position the later in row-major order wins on the CPU;
-the GPU keeps either). Backward: ``dx[i] = dtop[mask[i]]``; the mask takes no gradient. A mask
+receive the values (if several values name one position, the last in row-major order wins, on
+the CPU and the GPU). Backward: ``dx[i] = dtop[mask[i]]``; the mask takes no gradient. A mask
 index outside the output plane is an error on the CPU and skipped on the GPU.
 
 One bottom (YOLOv3 ports, ``upsample_param { scale: s }``): each pixel becomes an s x s block,
@@ -20,11 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
+from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
+FIX_THREADS = 1024  # the one block of unpool_fix_strays
 
 
 @register_layer("Upsample")
@@ -36,6 +38,7 @@ class UpsampleLayer(Layer):
     def layer_setup(self, bottom, top):
         p = self.layer_param.upsample_param
         self.unpool = len(bottom) == 2
+        self.stray = Blob((1,), self.dtype)  # GPU unpooling: set when a mask index leaves its window; zero at rest
         self.out_hw = None
         if self.unpool and p.HasField("upsample_h") and p.HasField("upsample_w"):
             if p.upsample_h <= 1 or p.upsample_w <= 1:
@@ -121,8 +124,27 @@ class UpsampleLayer(Layer):
             k = backend.kernel(KERNELS, "upsample_nearest_forward", self.dtype)
             k(top[0].count, h, w, self.sh, self.sw, bottom[0].gpu_data(), y)
             return
-        planes = bottom[0].count // (h * w)
-        gm.plane_scatter(planes, h * w, self.ho * self.wo, bottom[0].gpu_data(), bottom[1].gpu_data(), y, self.dtype)
+        self._unpool_gpu(bottom, y)
+
+    def _unpool_gpu(self, bottom, y):
+        """Two kernels: every top cell written once from its window's owner (exact unless an index
+        lies outside its source's window), then one block that does nothing unless the first
+        found such an index, and then settles the cells those indices name (last source wins)."""
+        n, c, h, w = bottom[0].shape
+        planes = n * c
+        if planes * h * w == 0:
+            if planes * self.ho * self.wo:
+                backend.memset_zero(y, planes * self.ho * self.wo * self.dtype.itemsize)
+            return
+        # The window of each source: the scale, or with upsample_h/w the ratio rounded up.
+        sh, sw = (-(-self.ho // h), -(-self.wo // w)) if self.out_hw else (self.sh, self.sw)
+        rows = max(self.ho, h * sh)
+        x, idx, stray = bottom[0].gpu_data(), bottom[1].gpu_data(), self.stray.mutable_gpu_data()
+        backend.kernel(KERNELS, "unpool_forward", self.dtype)(
+            planes * rows * w, h, w, self.ho, self.wo, rows, sh, sw, x, idx, y, stray)
+        (win,) = backend.workspace(planes * self.ho * self.wo * 4, slot="reduce")
+        backend.kernel(KERNELS, "unpool_fix_strays", self.dtype)(
+            planes * h * w, h, w, self.ho, self.wo, sh, sw, x, idx, y, win, stray, grid=1, block=FIX_THREADS)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:

@@ -60,3 +60,17 @@ def test_cpu_gpu_agree():
     assert_cpu_gpu_agree('type: "Axpy"', [A, X, Y])
     big = RNG.standard_normal((2, 3, 33, 17))
     assert_cpu_gpu_agree('type: "Axpy"', [A, big, big * 0.5], rtol=1e-12)
+
+
+# A warp per row (1x1 .. 14x14 planes, S <= 1024) and a block per row (33x40); every subset of
+# gradients; float32 too.
+@pytest.mark.gpu
+@pytest.mark.parametrize("spatial", [(1, 1), (3, 5), (14, 14), (33, 40)])
+@pytest.mark.parametrize("propagate", [[True, True, True], [True, False, False], [False, True, True],
+                                       [False, False, True], [True, True, False]])
+def test_cpu_gpu_agree_plane_sizes(spatial, propagate):
+    a = RNG.standard_normal((3, 5, 1, 1))
+    x, y = RNG.standard_normal((3, 5) + spatial), RNG.standard_normal((3, 5) + spatial)
+    assert_cpu_gpu_agree('type: "Axpy"', [a, x, y], propagate=propagate, rtol=1e-12)
+    assert_cpu_gpu_agree('type: "Axpy"', [a, x, y], propagate=propagate, dtype=np.float32, rtol=1e-5, atol=1e-5)
+

@@ -73,3 +73,48 @@ def test_errors():
 @pytest.mark.parametrize("params", CONFIGS)
 def test_cpu_gpu_agree(params):
     assert_cpu_gpu_agree(f"type: 'Normalize' norm_param {{ {params} }}", [X])
+
+
+# The per-position kernels' launch shapes: a partial last tile (63 positions), fewer channels than
+# channel lanes, 4-wide tiles (3 positions), 1-wide tiles with two channel steps (300 > 256), SSD's
+# conv4_3 width (38 positions, 512 channels).
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 5, 7, 9), (2, 37, 3, 1), (3, 300, 1, 1), (2, 512, 2, 19)])
+@pytest.mark.parametrize("shared", ["true", "false"])
+@pytest.mark.parametrize("across", ["true", "false"])
+def test_cpu_gpu_agree_shapes(shape, shared, across):
+    x = np.random.default_rng(3).standard_normal(shape)
+    text = (f"type: 'Normalize' norm_param {{ across_spatial: {across} channel_shared: {shared} "
+            "scale_filler { type: 'gaussian' std: 1 } }")
+    assert_cpu_gpu_agree(text, [x])
+    assert_cpu_gpu_agree(text, [x], dtype=np.float32, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("learn_scale,propagate", [(False, True), (True, False)])
+def test_gpu_one_gradient(learn_scale, propagate):
+    """Per position, only dx or only the scale gradient: the other output is left alone."""
+    x = np.random.default_rng(4).standard_normal((2, 11, 5, 7))
+    text = "type: 'Normalize' norm_param { across_spatial: false channel_shared: false }"
+    out = []
+    for gpu in (False, True):
+        caffe.set_mode_gpu() if gpu else caffe.set_mode_cpu()
+        try:
+            layer = make_layer(text)
+            bottom, top = blobs([x]), empty_blobs(1)
+            layer.setup(bottom, top)
+            layer.param_propagate_down = [learn_scale]
+            layer.forward(bottom, top)
+            top[0].mutable_cpu_diff()[...] = np.random.default_rng(5).standard_normal(x.shape)
+            layer.blobs[0].mutable_cpu_diff()[...] = 0.25
+            bottom[0].mutable_cpu_diff()[...] = 99.0
+            layer.backward(top, [propagate], bottom)
+            out.append((bottom[0].cpu_diff().copy(), layer.blobs[0].cpu_diff().copy()))
+        finally:
+            caffe.set_mode_cpu()
+    for a, b in zip(*out):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
+    if not propagate:
+        np.testing.assert_array_equal(out[1][0], 99.0)
+    if not learn_scale:
+        np.testing.assert_array_equal(out[1][1], 0.25)

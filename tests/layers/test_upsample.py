@@ -94,3 +94,56 @@ def test_cpu_gpu_agree():
     assert_cpu_gpu_agree('type: "Upsample" upsample_param { scale: 2 }', [x])
     assert_cpu_gpu_agree('type: "Upsample" upsample_param { scale_h: 3 scale_w: 2 }', [x], dtype=np.float32,
                          rtol=1e-6, atol=1e-6)
+
+
+def _unpool_reference(x, mask, ho, wo):
+    """A loop in source order: the last source naming a cell wins; indices outside the plane skipped."""
+    n, c = x.shape[:2]
+    out = np.zeros((n, c, ho * wo))
+    for p in np.ndindex(n, c):
+        for v, k in zip(x[p].ravel(), mask[p].ravel()):
+            if 0 <= int(k) < ho * wo:
+                out[p][int(k)] = v
+    return out.reshape(n, c, ho, wo)
+
+
+# The GPU's fast path writes each window from its owner; indices outside their source's window
+# (3x3/2 pooling masks, random ones), several sources on one cell and indices outside the plane
+# (skipped on the GPU, an error on the CPU) go through its second pass.
+@pytest.mark.gpu
+@pytest.mark.parametrize("param,hw,out", [
+    ("scale: 2", (4, 6), (8, 12)),
+    ("scale: 2 pad_out_h: true pad_out_w: true", (4, 3), (7, 5)),
+    ("upsample_h: 11 upsample_w: 13", (4, 3), (11, 13)),
+    ("upsample_h: 3 upsample_w: 5", (4, 5), (3, 5)),
+    ("scale_h: 3 scale_w: 2", (3, 5), (9, 10)),
+])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_unpool_any_mask(gpu_mode, param, hw, out, dtype):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3) + hw)
+    t = out[0] * out[1]
+    masks = [rng.integers(-2, t + 2, x.shape).astype(float),  # strays, duplicates, out of range
+             np.full(x.shape, float(t // 2)),  # every source on one cell
+             rng.integers(0, t, x.shape) + 0.5]  # truncated
+    for mask in masks:
+        layer, bottom, top = run_layer(f'type: "Upsample" upsample_param {{ {param} }}', [x, mask],
+                                       propagate=[True, False], dtype=dtype)
+        m = mask.astype(np.int64)
+        np.testing.assert_array_equal(top[0].cpu_data(), _unpool_reference(x.astype(dtype), m, *out))
+        dy = top[0].cpu_diff().reshape(6, -1)
+        mm = m.reshape(6, -1)
+        dx = np.where((mm >= 0) & (mm < t), dy[np.arange(6)[:, None], np.clip(mm, 0, t - 1)], 0)
+        np.testing.assert_array_equal(bottom[0].cpu_diff(), dx.reshape(x.shape))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,stride,hw", [(2, 2, (9, 7)), (3, 2, (9, 7)), (2, 2, (8, 10))])
+def test_cpu_gpu_agree_pooling_masks(kernel, stride, hw):
+    """Masks of real MAX pooling: 2x2/2 (all in their windows, ceil-mode edges) and 3x3/2 (overlapping
+    windows: indices outside the 2x2 window of their source)."""
+    x = RNG.standard_normal((2, 3) + hw)
+    pooled, mask = pool_with_mask(x, kernel, stride)
+    text = f'type: "Upsample" upsample_param {{ upsample_h: {hw[0]} upsample_w: {hw[1]} }}'
+    assert_cpu_gpu_agree(text, [pooled, mask], propagate=[True, False])
+    assert_cpu_gpu_agree(text, [pooled, mask], propagate=[True, False], dtype=np.float32, rtol=0, atol=0)

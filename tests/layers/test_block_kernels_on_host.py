@@ -1,0 +1,418 @@
+"""The GPU paths of Normalize (per position), Upsample (max-unpooling) and Axpy without a GPU: their
+kernels use blocks, shared memory, barriers, warp shuffles and atomics, so the ``.cu`` files are
+compiled as host C++ with a shim that runs each block's threads as OS threads (``__syncthreads``
+a ``std::barrier``, ``__shfl_xor_sync`` an exchange through a block buffer between two barriers,
+``atomicMax`` a compare-and-swap), blocks one after another, with the launch shape the layer
+asks for. Device pointers are the blobs' host arrays; the math_functions / cuBLAS calls the layers
+make are numpy. forward_gpu / backward_gpu run as written and must agree with the CPU path (or,
+for masks the CPU path rejects, with a reference loop). This checks index math, barriers and
+shuffle participation; the real device run is the GPU tests' job. Marked slow (compilations)."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pycaffe_lite import common
+from pycaffe_lite.blob import Blob
+from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import math_functions as gm
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
+
+LAYERS = Path(__file__).resolve().parents[2] / "layers"
+CXX = shutil.which("g++") or shutil.which("c++")
+pytestmark = [pytest.mark.skipif(CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
+
+SHIM = r"""#include <cmath>
+#include <algorithm>
+#include <barrier>
+#include <functional>
+#include <thread>
+#include <vector>
+using std::min; using std::max; using std::sqrt;
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+static thread_local Dim3 threadIdx, blockIdx;
+static Dim3 blockDim, gridDim;
+static std::barrier<>* block_barrier;
+static std::vector<double> exchange;
+static inline int linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+static inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+// Every thread of the block must call it (the kernels keep whole warps, and here whole blocks, in step).
+template <class T> static T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+  const int tid = linear_tid();
+  if (lane_mask >= width || width > 32) throw 1;
+  exchange[tid] = static_cast<double>(v);
+  block_barrier->arrive_and_wait();
+  const T out = static_cast<T>(exchange[tid ^ lane_mask]);
+  block_barrier->arrive_and_wait();
+  return out;
+}
+static inline int atomicMax(int* p, int v) {
+  int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+  while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+  return old;
+}
+static void run_grid(int gx, int bx, int by, int bz, const std::function<void()>& body) {
+  gridDim = {unsigned(gx), 1, 1};
+  blockDim = {unsigned(bx), unsigned(by), unsigned(bz)};
+  const int threads = bx * by * bz;
+  exchange.assign(threads, 0.0);
+  for (int b = 0; b < gx; ++b) {
+    std::barrier<> bar(threads);
+    block_barrier = &bar;
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, b, t] {
+        blockIdx = {unsigned(b), 0, 0};
+        threadIdx = {unsigned(t % bx), unsigned(t / bx % by), unsigned(t / (bx * by))};
+        body();
+      });
+    }
+    for (auto& th : pool) th.join();
+  }
+}
+#define __global__ extern "C"
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+typedef {ctype} Dtype;
+#define CUDA_KERNEL_LOOP(i, n) \
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
+"""
+CTYPES = {np.dtype(np.float32): (ctypes.c_float, "float"), np.dtype(np.float64): (ctypes.c_double, "double")}
+LAUNCH = r"""
+#include <utility>
+#include <type_traits>
+template <class... P, std::size_t... I>
+static void call_with(void (*k)(P...), void** a, std::index_sequence<I...>) {
+  k(*static_cast<std::remove_cv_t<P>*>(a[I])...);
+}
+template <class... P> static void launch_any(void (*k)(P...), int gx, int bx, int by, int bz, void** a) {
+  run_grid(gx, bx, by, bz, [=] { call_with(k, a, std::index_sequence_for<P...>{}); });
+}
+"""
+
+
+def _launchers(names) -> str:
+    """For each kernel k: ``launch_k(gx, bx, by, bz, void** args)`` running the grid."""
+    return LAUNCH + "".join(f'extern "C" void launch_{name}(int gx, int bx, int by, int bz, void** a) '
+                            f'{{ launch_any(&{name}, gx, bx, by, bz, a); }}\n' for name in names)
+
+
+@functools.cache
+def _build_dir() -> Path:
+    path = tempfile.mkdtemp(prefix="block_kernels_")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return Path(path)
+
+
+@functools.cache
+def _library(cu: str, dtype: str):
+    from pycaffe_lite.gpu.signatures import parse_signatures
+
+    dt = np.dtype(dtype)
+    source = Path(cu).read_text()
+    sigs = parse_signatures(source)
+    src = _build_dir() / f"{Path(cu).stem}_{dt.name}.cpp"
+    src.write_text(SHIM.replace("{ctype}", CTYPES[dt][1]) + source + "\n" + _launchers(sigs))
+    lib = src.with_suffix(".so")
+    subprocess.run([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-o", str(lib), str(src)],
+                   check=True, capture_output=True)
+    return ctypes.CDLL(str(lib)), sigs
+
+
+def _array(addr: int, shape, dtype) -> np.ndarray:
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape))
+    buf = (ctypes.c_char * (count * dt.itemsize)).from_address(addr)
+    return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+
+
+@pytest.fixture
+def host_gpu(monkeypatch):
+    """Route the device API to host memory and the kernels to the threaded shim."""
+    for gpu, cpu in (("gpu_data", "cpu_data"), ("gpu_diff", "cpu_diff"),
+                     ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff")):
+        def ptr(self, _cpu=cpu):
+            return getattr(self, _cpu)().ctypes.data
+        monkeypatch.setattr(Blob, gpu, ptr)
+    held: list[np.ndarray] = []
+    launches: list[tuple[str, tuple, tuple]] = []
+
+    def kernel(path, name, dtype):
+        lib, sigs = _library(str(path), np.dtype(dtype).str)
+        fn = getattr(lib, f"launch_{name}")
+        scalar = CTYPES[np.dtype(dtype)][0]
+        kinds = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "scalar": scalar}
+        params = sigs[name].params
+
+        def call(*args, block=backend.CUDA_NUM_THREADS, grid=None):
+            assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)} parameters"
+            for p, v in zip(params, args):
+                if p.kind == "ptr":
+                    assert isinstance(v, int) and v != 0, f"{name}: argument '{p.name}' is not a pointer: {v!r}"
+            block = (block, 1, 1) if isinstance(block, int) else tuple(block)
+            if grid is None:
+                if args[0] <= 0:
+                    return
+                grid = min(-(-args[0] // block[0]), backend.MAX_BLOCKS)
+            grid = grid if isinstance(grid, int) else grid[0]
+            assert np.prod(block) <= 1024 and grid >= 1
+            launches.append((name, grid, block))
+            values = [kinds[p.kind](v) for p, v in zip(params, args)]
+            argv = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+            fn(ctypes.c_int(grid), *(ctypes.c_int(b) for b in block), argv)
+        return call
+
+    def workspace(*sizes, slot="main"):
+        out = []
+        for size in sizes:
+            arr = np.full(max(int(size), 1), 0x7F, np.uint8)  # garbage, as the device's would be
+            held.append(arr)
+            out.append(arr.ctypes.data)
+        return out
+
+    def sum_rows_into(rows, cols, x, y, dt, beta=1.0):
+        out = _array(y, (cols,), dt)
+        out[...] = _array(x, (rows, cols), dt).sum(axis=0) + beta * out
+
+    def channel_sum(num, channels, spatial, x, out, dt, beta=1.0):
+        o = _array(out, (channels,), dt)
+        o[...] = _array(x, (num, channels, spatial), dt).sum(axis=(0, 2)) + beta * o
+
+    def plane_gather(planes, S, T, y, idx, x, dt):
+        k = _array(idx, (planes, S), dt).astype(np.int64)
+        src = _array(y, (planes, T), dt)
+        ok = (k >= 0) & (k < T)
+        _array(x, (planes, S), dt)[...] = np.where(ok, src[np.arange(planes)[:, None], np.clip(k, 0, T - 1)], 0)
+
+    monkeypatch.setattr(backend, "kernel", kernel)
+    monkeypatch.setattr(backend, "workspace", workspace)
+    monkeypatch.setattr(backend, "memset_zero", lambda ptr, nbytes: _array(ptr, (nbytes,), np.uint8).fill(0))
+    monkeypatch.setattr(gm, "copy", lambda n, x, y, dt: _array(y, (n,), dt).__setitem__(..., _array(x, (n,), dt)))
+    monkeypatch.setattr(gm, "sum_rows_into", sum_rows_into)
+    monkeypatch.setattr(gm, "channel_sum", channel_sum)
+    monkeypatch.setattr(gm, "plane_gather", plane_gather)
+    yield launches
+
+
+def _run(text, arrays, propagate, gpu, dtype, params_learn=True, in_place=False):
+    common.set_random_seed(5)
+    layer = make_layer(text, dtype)
+    bottom = blobs(arrays, dtype)
+    top = [bottom[-1]] if in_place else empty_blobs(1, dtype)
+    layer.setup(bottom, top)
+    layer.param_propagate_down = [params_learn] * len(layer.blobs)
+    for _ in range(2):  # twice: state carried between forwards (Upsample's flag) is exercised too
+        layer.reshape(bottom, top)
+        (layer.forward_gpu if gpu else layer.forward_cpu)(bottom, top)
+    rng = np.random.default_rng(5)
+    top[0].mutable_cpu_diff()[...] = rng.standard_normal(top[0].shape)
+    for p in layer.blobs:
+        p.mutable_cpu_diff()[...] = 0.25
+    for b, p in zip(bottom, propagate):
+        if p and not (in_place and b is top[0]):
+            b.mutable_cpu_diff()[...] = 99.0  # must be overwritten
+    (layer.backward_gpu if gpu else layer.backward_cpu)(top, propagate, bottom)
+    out = [top[0].cpu_data().copy()]
+    out += [b.cpu_diff().copy() for b, p in zip(bottom, propagate) if p]
+    out += [p.cpu_diff().copy() for p in layer.blobs]
+    return out, layer
+
+
+def _agree(text, arrays, propagate, dtype, **kw):
+    cpu, _ = _run(text, arrays, propagate, False, dtype, **kw)
+    gpu, layer = _run(text, arrays, propagate, True, dtype, **kw)
+    tol = dict(rtol=1e-9, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-5)
+    assert len(cpu) == len(gpu)
+    for i, (a, b) in enumerate(zip(cpu, gpu)):
+        np.testing.assert_allclose(b, a, err_msg=f"array {i}", **tol)
+    return layer
+
+
+RNG = np.random.default_rng(23)
+DTYPES = [np.float64, np.float32]
+NORM = "type: 'Normalize' norm_param {{ across_spatial: false {} scale_filler {{ type: 'gaussian' std: 1 }} }}"
+
+
+# Shapes: partial last tile (63 positions, tx 32), C < ty, tx 4 (3 positions), tx 1 with C > 256
+# (two channel steps, the second partial), C a multiple of ty.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 5, 7, 9), (2, 37, 3, 1), (3, 300, 1, 1), (1, 16, 4, 10)])
+@pytest.mark.parametrize("shared", ["channel_shared: false", "channel_shared: true"])
+def test_normalize_per_position(host_gpu, dtype, shape, shared):
+    x = RNG.standard_normal(shape)
+    _agree(NORM.format(shared), [x], [True], dtype)
+    names = {name for name, _, _ in host_gpu}
+    assert {"normalize_pixels_forward", "normalize_pixels_backward"} <= names
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("params_learn,propagate", [(False, True), (True, False)])
+def test_normalize_per_position_one_gradient(host_gpu, dtype, params_learn, propagate):
+    x = RNG.standard_normal((2, 11, 5, 7))
+    _agree(NORM.format("channel_shared: false"), [x], [propagate], dtype, params_learn=params_learn)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shared", ["channel_shared: false", "channel_shared: true"])
+def test_normalize_across_spatial(host_gpu, dtype, shared):
+    x = RNG.standard_normal((2, 6, 3, 5))
+    _agree(f"type: 'Normalize' norm_param {{ {shared} scale_filler {{ type: 'gaussian' std: 1 }} }}", [x], [True],
+           dtype)
+
+
+def _unpool_reference(x, mask, ho, wo):
+    """Max-unpooling by a loop in source order: the last source naming a cell wins; indices
+    outside the plane are skipped."""
+    n, c = x.shape[:2]
+    out = np.zeros((n, c, ho * wo))
+    for p in np.ndindex(n, c):
+        for v, k in zip(x[p].ravel(), mask[p].ravel()):
+            if 0 <= int(k) < ho * wo:
+                out[p][int(k)] = v
+    return out.reshape(n, c, ho, wo)
+
+
+def _home_mask(shape, ho, wo, sh, sw, rng):
+    """A valid mask: each source names a cell of its own sh x sw window (clipped to the plane)."""
+    n, c, h, w = shape
+    rows = np.minimum(sh * np.arange(h)[:, None] + rng.integers(0, sh, (n, c, h, w)), ho - 1)
+    cols = np.minimum(sw * np.arange(w)[None, :] + rng.integers(0, sw, (n, c, h, w)), wo - 1)
+    return (rows * wo + cols).astype(float)
+
+
+UNPOOL = [  # (upsample_param, bottom (H, W), output (Ho, Wo), window (sh, sw))
+    ("scale: 2", (4, 6), (8, 12), (2, 2)),
+    ("scale: 2 pad_out_h: true pad_out_w: true", (4, 3), (7, 5), (2, 2)),
+    ("upsample_h: 9 upsample_w: 7", (5, 4), (9, 7), (2, 2)),
+    ("upsample_h: 11 upsample_w: 13", (4, 3), (11, 13), (3, 5)),  # unowned rows and columns
+    ("upsample_h: 3 upsample_w: 5", (4, 5), (3, 5), (1, 1)),  # sources whose window is off the plane
+    ("scale_h: 3 scale_w: 2", (3, 5), (9, 10), (3, 2)),
+]
+
+
+def _unpool_run(param, x, mask, dtype):
+    text = f'type: "Upsample" upsample_param {{ {param} }}'
+    gpu, _ = _run(text, [x, mask], [True, False], True, dtype)
+    return gpu
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(UNPOOL)))
+def test_unpool_home_masks(host_gpu, dtype, case):
+    param, hw, out, win = UNPOOL[case]
+    rng = np.random.default_rng(case)
+    x = rng.standard_normal((2, 3) + hw)
+    mask = _home_mask(x.shape, *out, *win, rng)
+    _agree(f'type: "Upsample" upsample_param {{ {param} }}', [x, mask], [True, False], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(UNPOOL)))
+def test_unpool_stray_duplicate_and_invalid_masks(host_gpu, dtype, case):
+    """Indices outside their window, several sources on one cell (the owner before and after a
+    stray source), negative and too-large indices (skipped), fractional ones (truncated)."""
+    param, hw, out, win = UNPOOL[case]
+    rng = np.random.default_rng(100 + case)
+    x = rng.standard_normal((2, 3) + hw)
+    t = out[0] * out[1]
+    for trial in range(3):
+        mask = _home_mask(x.shape, *out, *win, rng)
+        flat = mask.reshape(-1)
+        pick = rng.random(flat.size)
+        flat[pick < 0.3] = rng.integers(0, t, int((pick < 0.3).sum()))  # anywhere: strays, duplicates
+        flat[(pick >= 0.3) & (pick < 0.35)] = -3.0
+        flat[(pick >= 0.35) & (pick < 0.4)] = t + 2
+        if trial == 1:  # every source of a plane on one cell; the owner of that cell comes in the middle
+            mask[0, 1] = (win[0] * min(1, hw[0] - 1)) * out[1]
+        if trial == 2:
+            mask = mask + 0.5 * (mask >= 0)
+        gpu = _unpool_run(param, x, mask, dtype)
+        m = mask.astype(np.int64)  # truncation, as the kernels' int conversion
+        np.testing.assert_array_equal(gpu[0], _unpool_reference(x, m, *out).astype(dtype))
+        dy = np.random.default_rng(5).standard_normal((2, 3) + out).reshape(6, -1)
+        mm = m.reshape(6, -1)
+        ok = (mm >= 0) & (mm < t)
+        dx = np.where(ok, dy[np.arange(6)[:, None], np.clip(mm, 0, t - 1)], 0).reshape(x.shape)
+        np.testing.assert_allclose(gpu[1], dx.astype(dtype), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unpool_flag_resets(host_gpu, dtype):
+    """After a forward with stray indices, one with home indices still writes zeros where the
+    strays wrote (the flag is back at zero and pass 1 rewrites every cell)."""
+    x = RNG.standard_normal((1, 2, 3, 4))
+    home = _home_mask(x.shape, 6, 8, 2, 2, RNG)
+    stray = home.copy()
+    stray[0, 0, 0, 0] = 47.0
+    text = 'type: "Upsample" upsample_param { scale: 2 }'
+    layer = make_layer(text, dtype)
+    bottom, top = blobs([x, stray], dtype), empty_blobs(1, dtype)
+    layer.setup(bottom, top)
+    layer.forward_gpu(bottom, top)
+    np.testing.assert_array_equal(top[0].cpu_data(), _unpool_reference(x, stray, 6, 8).astype(dtype))
+    assert layer.stray.cpu_data()[0] == 0
+    bottom[1].mutable_cpu_data()[...] = home
+    layer.forward_gpu(bottom, top)
+    np.testing.assert_array_equal(top[0].cpu_data(), _unpool_reference(x, home, 6, 8).astype(dtype))
+
+
+AXPY = "type: 'Axpy'"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spatial", [(1, 1), (3, 5), (14, 14), (33, 40)])  # a warp per row; 1320: a block
+@pytest.mark.parametrize("propagate", [[True, True, True], [True, False, False], [False, True, True],
+                                       [False, False, True], [True, True, False]])
+def test_axpy(host_gpu, dtype, spatial, propagate):
+    n, c = 3, 5
+    a, x, y = RNG.standard_normal((n, c, 1, 1)), RNG.standard_normal((n, c) + spatial), RNG.standard_normal(
+        (n, c) + spatial)
+    _agree(AXPY, [a, x, y], propagate, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_axpy_in_place(host_gpu, dtype):
+    a, x, y = RNG.standard_normal((2, 9)), RNG.standard_normal((2, 9, 7, 7)), RNG.standard_normal((2, 9, 7, 7))
+    _agree(AXPY, [a, x, y], [True, True, True], dtype, in_place=True)
+
+
+POOL = [((2, 3, 11, 10), "kernel_size: 3 stride: 2 pad: 1"), ((1, 2, 9, 9), "kernel_size: 3 stride: 2"),
+        ((2, 2, 7, 8), "kernel_size: 2 stride: 2 pad: 1"), ((1, 2, 7, 6), "kernel_size: 3 stride: 1 pad: 1"),
+        ((1, 2, 8, 7), "kernel_h: 3 kernel_w: 2 stride: 2 pad_h: 1 pad_w: 0")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method", ["AVE", "MAX"])
+@pytest.mark.parametrize("case", range(len(POOL)))
+def test_pooling_blocked_backward_matches_gather_bit_for_bit(host_gpu, dtype, method, case):
+    """pooling.cu's blocked backward kernels (compiled) give the gather kernel's bits and the CPU's values."""
+    shape, body = POOL[case]
+    x = np.random.default_rng(case).standard_normal(shape)
+    text = f'type: "Pooling" pooling_param {{ pool: {method} {body} }}'
+    out = []
+    for blocked in (True, False):
+        common.set_random_seed(5)
+        layer = make_layer(text, dtype)
+        layer.use_blocked_backward = blocked
+        bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
+        layer.setup(bottom, top)
+        layer.forward_gpu(bottom, top)
+        top[0].mutable_cpu_diff()[...] = np.random.default_rng(5).standard_normal(top[0].shape)
+        bottom[0].mutable_cpu_diff()[...] = 12345.0
+        layer.backward_gpu(top, [True], bottom)
+        out.append(bottom[0].cpu_diff().copy())
+    np.testing.assert_array_equal(out[0], out[1])
+    cpu, _ = _run(text, [x], [True], False, dtype)
+    tol = dict(rtol=1e-9, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(out[0], cpu[1], **tol)
+    assert any(name.startswith(f"{method.lower()}_pool_backward_s") for name, _, _ in host_gpu)
