@@ -147,3 +147,12 @@ def test_the_runtime_matches_no_layer_by_its_type_string():
                     and "layer" in ast.unparse(node.args[0]):  # reflection over a layer's attributes
                 found.append(f"{path.name}:{node.lineno} {node.func.id}()")
     assert not found, found
+
+
+def test_test_modules_have_unique_basenames():
+    """The test folders are no packages (pytest's rootdir import mode), so two test files with one
+    basename make the whole run fail to collect."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
