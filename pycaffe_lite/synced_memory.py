@@ -163,7 +163,8 @@ class SyncedMemory:
         elif self.head is Head.HEAD_AT_CPU:
             if self.count:
                 assert self._cpu is not None  # the host is the head: it holds the data
-                self._upload = _backend.memcpy_htod(ptr, self._cpu, pinned=self._pinned)
+                done = _backend.memcpy_htod(ptr, self._cpu, pinned=self._pinned)
+                self._upload = done if self._pinned else None
             self.head = Head.SYNCED
         return ptr
 

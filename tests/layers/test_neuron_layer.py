@@ -179,7 +179,7 @@ class HostDevice:
                 "_compiled": self.compiled, "workspace": lambda *sizes: [self.alloc(s) for s in sizes],
                 "memset_zero": lambda p, n: self.queue(lambda: ctypes.memset(p, 0, n)),
                 "memcpy_dtod": lambda d, s, n: self.queue(lambda: mem(d, s, n)),
-                "memcpy_htod": lambda d, a: mem(d, np.ascontiguousarray(a).ctypes.data, a.nbytes),
+                "memcpy_htod": lambda d, a, pinned=False: mem(d, np.ascontiguousarray(a).ctypes.data, a.nbytes),
                 "memcpy_dtoh": lambda a, s: mem(a.ctypes.data, s, a.nbytes),
             }.items():
                 mp.setattr(backend, name, value)

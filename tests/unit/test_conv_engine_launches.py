@@ -68,7 +68,7 @@ def launches(monkeypatch):
     tables: dict = {}  # fake device tables stay out of the real cache
     monkeypatch.setattr(backend, "device_cache", lambda name: tables)
     monkeypatch.setattr(backend, "alloc", lambda n: 1 << 24)
-    monkeypatch.setattr(backend, "memcpy_htod", lambda dst, src: None)
+    monkeypatch.setattr(backend, "memcpy_htod", lambda dst, src, pinned=False: None)
     monkeypatch.setattr(backend, "elementwise", lambda *a: lambda *b: log.append(("elementwise", a[0], b)))
     monkeypatch.setattr(backend, "workspace", lambda *sizes: [(i + 1) << 30 for i in range(len(sizes))])
     monkeypatch.setattr(blas, "gemm_strided_batched", lambda *a: log.append(("gemm_strided_batched", a)))
