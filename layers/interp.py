@@ -18,11 +18,15 @@ adjoint (each output gradient spread over its four source pixels) and overwrites
 GPU: the sampling tables of both axes are built on the host at reshape (``axis_tables``; the same
 single-precision numbers as the CPU path) and kept on the device. Forward writes the top with
 coalesced stores, each lane keeping its column's blends of the two source rows across the rows of
-a band. Backward is a gather, ``dx = Ah^T dy Aw`` per plane: one warp per bottom row sums the top
-rows that sample it (coalesced), then each bottom column sums its contiguous range of those sums
-in shared memory; every bottom diff is written once, without atomics, deterministically (float32
-may differ from the CPU in the last bits: another summation order). Output rows too wide for
-shared memory fall back to a one-thread-per-bottom-element gather from global memory.
+a band. Backward is a gather, ``dx = Ah^T dy Aw`` per plane, in two stages through shared memory:
+the rows' sums ``T = Ah^T dy`` (each top column summed over the top rows sampling a bottom row),
+then each bottom column sums its contiguous range of ``T`` weighted. Small planes, when there are
+many, take a block each, copying the plane's top diff flat into shared memory first (coalesced
+whatever the width); larger ones a block per band of up to ``BAND_ROWS`` bottom rows, a thread per
+top column streaming the band's top rows from global memory. Every bottom diff is written once,
+without atomics, deterministically (float32 may differ from the CPU in the last bits: another
+summation order). Output rows too wide for shared memory fall back to a one-thread-per-bottom-
+element gather from global memory.
 """
 
 from __future__ import annotations
@@ -39,7 +43,11 @@ from pycaffe_lite.layer import Layer, register_layer
 KERNELS = Path(__file__).with_suffix(".cu")
 WARPS_PER_BLOCK = 8
 FORWARD_ROWS_PER_TASK = 16  # INTERP_ROWS_PER_TASK in interp.cu
-SHARED_BYTES = 48 * 1024  # the backward's shared memory per block (P and Q rows of each warp)
+SHARED_BYTES = 48 * 1024  # the backward's shared memory per block
+PLANE_KERNEL_MIN_PLANES = 512  # backward: a block per plane only with enough planes to fill the GPU
+PLANE_THREADS = 256  # backward: most threads of a block per plane
+BAND_ROWS = 8  # backward: most bottom rows of a (plane, band) block
+BAND_THREADS = 768  # backward: most threads of a (plane, band) block (its __launch_bounds__)
 MAX_BLOCKS = 65535 * 4
 
 
@@ -198,18 +206,27 @@ class InterpLayer(Layer):
         if bottom[0].count == 0:
             return
         (_, rs, _, rwp, rwq), (_, cs, _, cwp, cwq) = self._axis_pointers()
-        hi, wi = self.hi, self.wi
+        hi, wi, ho, wo = self.hi, self.wi, self.ho, self.wo
         dx, dy = bottom[0].mutable_gpu_diff(), top[0].gpu_diff()
-        off, copy = -self.pad_beg, int(self._copy)
-        pad_len = self.wo + self.wo // 32 + 1
-        warps = min(WARPS_PER_BLOCK, SHARED_BYTES // (2 * pad_len * self.dtype.itemsize))
-        if warps == 0:  # rows too wide for shared memory: one thread per bottom element
-            k = backend.kernel(KERNELS, "interp_backward_direct", self.dtype)
-            k(bottom[0].count, h, w, off, hi, wi, self.ho, self.wo, copy, rs, rwp, rwq, cs, cwp, cwq, dy, dx)
+        off, copy, planes, item = -self.pad_beg, int(self._copy), n * c, self.dtype.itemsize
+        ld = wo + wo // 32 + 1  # a row of T in shared memory, padded (interp.cu)
+        tables = (rs, rwp, rwq, cs, cwp, cwq, dy, dx)
+        plane_bytes = (ho * wo + hi * ld) * item
+        if plane_bytes <= SHARED_BYTES and planes >= PLANE_KERNEL_MIN_PLANES:
+            threads = min(PLANE_THREADS, 32 * max(1, -(-ho * wo // 256)))  # >= 8 top elements a thread
+            k = backend.kernel(KERNELS, "interp_backward_plane", self.dtype)
+            k(planes, h, w, off, hi, wi, ho, wo, copy, ld, *tables, grid=min(planes, MAX_BLOCKS), block=threads,
+              shared=plane_bytes)
             return
-        k = backend.kernel(KERNELS, "interp_backward", self.dtype)
-        k(n * c, h, w, off, hi, wi, self.ho, self.wo, copy, pad_len, rs, rwp, rwq, cs, cwp, cwq, dy, dx,
-          grid=_warp_grid(n * c * h, warps), block=warps * 32, shared=warps * 2 * pad_len * self.dtype.itemsize)
+        rows = min(BAND_ROWS, hi, SHARED_BYTES // (ld * item))
+        if rows == 0:  # rows too wide for shared memory: one thread per bottom element
+            k = backend.kernel(KERNELS, "interp_backward_direct", self.dtype)
+            k(bottom[0].count, h, w, off, hi, wi, ho, wo, copy, *tables)
+            return
+        bands = -(-hi // rows)
+        k = backend.kernel(KERNELS, "interp_backward_band", self.dtype)
+        k(planes, bands, h, w, off, hi, wi, ho, wo, copy, ld, *tables, grid=min(planes * bands, MAX_BLOCKS),
+          block=min(BAND_THREADS, 32 * -(-wo // 32)), shared=-(-hi // bands) * ld * item)
 
 
 def axis_tables(n_in: int, n_out: int, dtype) -> tuple[np.ndarray, ...]:
@@ -226,7 +243,6 @@ def axis_tables(n_in: int, n_out: int, dtype) -> tuple[np.ndarray, ...]:
     return pairs, starts, lam, wp, wq
 
 
-def _warp_grid(tasks: int, warps: int = 0) -> int:
-    """Blocks for ``tasks`` warp tasks of a grid-stride loop (``warps`` per block)."""
-    warps = warps or WARPS_PER_BLOCK
-    return max(1, min(-(-tasks // warps), MAX_BLOCKS))
+def _warp_grid(tasks: int) -> int:
+    """Blocks for ``tasks`` warp tasks of a grid-stride loop (WARPS_PER_BLOCK per block)."""
+    return max(1, min(-(-tasks // WARPS_PER_BLOCK), MAX_BLOCKS))

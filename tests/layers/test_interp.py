@@ -148,6 +148,46 @@ def test_cpu_gpu_agree_direct_backward(monkeypatch, param):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("settings", [dict(PLANE_KERNEL_MIN_PLANES=1), dict(PLANE_KERNEL_MIN_PLANES=1 << 30),
+                                      dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=3),
+                                      dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=1, BAND_THREADS=64)],
+                         ids=["plane", "band", "band3", "band1_narrow"])
+@pytest.mark.parametrize("param", GPU_CASES)
+def test_cpu_gpu_agree_each_backward_kernel(monkeypatch, settings, param):
+    """Each shared-memory backward forced: a block per plane; a block per band of bottom rows (up to
+    8, 3, 1 rows; both walking directions; 64 threads striding over wider rows)."""
+    module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
+    for key, value in settings.items():
+        monkeypatch.setattr(module, key, value)
+    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG], rtol=1e-10, atol=1e-12)
+    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG], dtype=np.float32, rtol=1e-5,
+                         atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,param,kernel", [((2, 512, 6, 6), "height: 60 width: 60", "interp_backward_plane"),
+                                                ((1, 3, 65, 65), "zoom_factor: 8", "interp_backward_band"),
+                                                ((1, 2, 60, 60), "height: 473 width: 473", "interp_backward_band")])
+def test_cpu_gpu_agree_benchmark_shapes(monkeypatch, shape, param, kernel):
+    """Shapes of benchmarks/bandwidth.py's Interp cases (PSPNet pool6 with 1024 planes: a block per
+    plane; DeepLab fc8 and PSPNet conv6 with fewer channels: the band kernel, 544 and 480 threads)."""
+    from pycaffe_lite.gpu import backend
+
+    names: list[str] = []
+    real = backend.kernel
+
+    def spy(path, name, dtype):
+        names.append(name)
+        return real(path, name, dtype)
+
+    monkeypatch.setattr(backend, "kernel", spy)
+    x = np.random.default_rng(7).standard_normal(shape)
+    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [x], dtype=np.float32, rtol=1e-4,
+                         atol=1e-4)
+    assert kernel in names
+
+
+@pytest.mark.gpu
 def test_gpu_backward_overwrites_and_is_deterministic():
     """The bottom diff is overwritten (garbage in, zeros outside the window out) and two backward
     passes agree bit for bit (a gather, no atomics)."""

@@ -1,8 +1,10 @@
 """Interp's GPU path without a GPU: ``layers/interp.cu`` compiled as host C++ (a shim runs a warp's
 32 lanes one after another inside each ``FOR_LANE`` phase, one warp in all, so its grid-stride task
-loops cover every task), device pointers replaced by the host arrays' addresses. forward_gpu and
+loops cover every task; the block kernels run one block of the launched size, its threads one
+after another inside each ``FOR_THREAD`` phase, on exactly the launched shared memory), device
+pointers replaced by the host arrays' addresses. forward_gpu and
 backward_gpu then run as written (tables, pointer offsets, launch arguments) and must agree with
-the CPU path, the direct backward (rows too wide for shared memory) included. Marked slow (two
+the CPU path, with each backward kernel (chosen by shape on the GPU) forced in turn. Marked slow (two
 compilations); run with ``python -m pytest -q tests/layers/test_interp_kernels_on_host.py``."""
 
 from __future__ import annotations
@@ -36,10 +38,16 @@ using std::min; using std::max;
 #define __forceinline__ inline
 typedef {ctype} Dtype;
 struct Dim3 {{ unsigned x, y, z; }};
-static const Dim3 threadIdx = {{0, 0, 0}}, blockIdx = {{0, 0, 0}}, blockDim = {{32, 1, 1}}, gridDim = {{1, 1, 1}};
+static const Dim3 threadIdx = {{0, 0, 0}}, blockIdx = {{0, 0, 0}}, gridDim = {{1, 1, 1}};
+static Dim3 blockDim = {{32, 1, 1}};
+static Dtype* interp_shared_;
+extern "C" void interp_set_launch(int threads, void* shared) {{ blockDim.x = threads; interp_shared_ = (Dtype*)shared; }}
 #define __syncwarp()
+#define __syncthreads()
 #define FOR_LANE(lane) for (int lane = 0; lane < 32; ++lane)
-#define INTERP_SHARED(name) static Dtype name[1 << 17]
+#define FOR_THREAD(tid) for (int tid = 0; tid < (int)blockDim.x; ++tid)
+#define INTERP_BOUNDS(threads, blocks)
+#define INTERP_SHARED(name) Dtype* name = interp_shared_
 #define CUDA_KERNEL_LOOP(i, n) for (int i = 0; i < (n); ++i)
 """
 CTYPES = {np.dtype(np.float32): (ctypes.c_float, "float"), np.dtype(np.float64): (ctypes.c_double, "double")}
@@ -74,10 +82,18 @@ def host_gpu(monkeypatch):
 
         def call(*args, grid=None, block=None, shared=0):
             assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)} parameters"
-            if grid is not None:  # a warp-task kernel: whole warps, shared memory within the default
+            if grid is not None:  # whole warps, shared memory within the default
                 assert block % 32 == 0 and 0 < block <= 1024 and 0 <= shared <= 48 * 1024 and grid >= 1
+            if name == "interp_backward_band":
+                assert block <= 768  # its __launch_bounds__
+            # Block kernels run all threads of a phase in turn (FOR_THREAD) on `shared` bytes of 0xff
+            # (NaNs in either precision: a read before a write shows), then a guard that must stay so.
+            blocky = name in ("interp_backward_plane", "interp_backward_band")
+            smem = np.full(shared + 512, 0xFF, np.uint8)
+            lib.interp_set_launch(ctypes.c_int(block if blocky else 32), ctypes.c_void_p(smem.ctypes.data))
             launched.append(name)
             fn(*[kinds[p.kind](v) for p, v in zip(params, args)])
+            assert (smem[shared:] == 0xFF).all(), f"{name} wrote past its shared memory"
         return call
 
     monkeypatch.setattr(backend, "kernel", kernel)
@@ -91,6 +107,7 @@ CASES = [
     ("height: 17 width: 5", X),
     ("height: 60 width: 60", X[:1, :2, :6, :6]),  # PSPNet pool6-like
     ("height: 5 width: 300", X[:1, :2, :3, :]),  # several column tasks and passes per row
+    ("zoom_factor: 8", X[:1, :2, :, :5]),  # 49 x 33: a last column strip of one column (DeepLab's 513)
     ("shrink_factor: 2", X),
     ("shrink_factor: 3", X),
     ("shrink_factor: 2 zoom_factor: 3", X),
@@ -121,17 +138,30 @@ def _run(param, x, gpu, dtype):
     return top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["shared", "direct"])
+# Backward kernels and the settings that choose them: a block per plane (any number of planes), a
+# block per band of up to 3 bottom rows (several bands, both walking directions; bands of 1 row),
+# one band per plane with at most 64 threads (columns strided over threads), the direct gather.
+BACKWARDS = {
+    "plane": ("interp_backward_plane", dict(PLANE_KERNEL_MIN_PLANES=1)),
+    "band3": ("interp_backward_band", dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=3)),
+    "band1": ("interp_backward_band", dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=1)),
+    "band_narrow": ("interp_backward_band", dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_THREADS=64)),
+    "direct": ("interp_backward_direct", dict(SHARED_BYTES=0)),
+}
+
+
+@pytest.mark.parametrize("backward", list(BACKWARDS))
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("param,x", CASES, ids=[c[0] for c in CASES])
-def test_gpu_path_on_host_matches_cpu(host_gpu, monkeypatch, param, x, dtype, direct):
-    if direct:  # no room in shared memory: the one-thread-per-element gather
-        module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
-        monkeypatch.setattr(module, "SHARED_BYTES", 0)
+def test_gpu_path_on_host_matches_cpu(host_gpu, monkeypatch, param, x, dtype, backward):
+    kernel, settings = BACKWARDS[backward]
+    module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
+    for key, value in settings.items():
+        monkeypatch.setattr(module, key, value)
     common.set_mode_cpu()
     y_cpu, dx_cpu = _run(param, x, False, dtype)
     y_gpu, dx_gpu = _run(param, x, True, dtype)
-    assert host_gpu == ["interp_forward", "interp_backward_direct" if direct else "interp_backward"]
+    assert host_gpu == ["interp_forward", kernel]
     tol = dict(rtol=1e-12, atol=1e-13) if dtype == np.float64 else dict(rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(y_gpu, y_cpu, **tol)
     np.testing.assert_allclose(dx_gpu, dx_cpu, **tol)
