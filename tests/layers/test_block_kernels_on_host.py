@@ -248,9 +248,10 @@ NORM = "type: 'Normalize' norm_param {{ across_spatial: false {} scale_filler {{
 
 
 # Shapes: partial last tile (63 positions, tx 32), C < ty, tx 4 (3 positions), tx 1 with C > 256
-# (two channel steps, the second partial), C a multiple of ty.
+# (two channel steps, the second partial), C a multiple of ty, C over three 4-step groups of the
+# backward's scale pass (ty 8: 32 channels a group), the last partial.
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(2, 5, 7, 9), (2, 37, 3, 1), (3, 300, 1, 1), (1, 16, 4, 10)])
+@pytest.mark.parametrize("shape", [(2, 5, 7, 9), (2, 37, 3, 1), (3, 300, 1, 1), (1, 16, 4, 10), (2, 70, 6, 6)])
 @pytest.mark.parametrize("shared", ["channel_shared: false", "channel_shared: true"])
 def test_normalize_per_position(host_gpu, dtype, shape, shared):
     x = RNG.standard_normal(shape)
