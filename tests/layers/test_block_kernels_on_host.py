@@ -37,7 +37,7 @@ SHIM = r"""#include <cmath>
 #include <functional>
 #include <thread>
 #include <vector>
-using std::min; using std::max; using std::sqrt;
+using std::min; using std::max; using std::sqrt; using std::fma; using std::fabs;
 struct Dim3 { unsigned x = 0, y = 0, z = 0; };
 static thread_local Dim3 threadIdx, blockIdx;
 static Dim3 blockDim, gridDim;
@@ -421,3 +421,28 @@ def test_pooling_blocked_backward_matches_gather_bit_for_bit(host_gpu, dtype, me
     tol = dict(rtol=1e-9, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-5)
     np.testing.assert_allclose(out[0], cpu[1], **tol)
     assert any(name.startswith(f"{method.lower()}_pool_backward_s") for name, _, _ in host_gpu)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pooling_ave_blocked_quotients_at_any_magnitude(host_gpu, dtype):
+    """AVE's blocked backward divides by the full window area with a reciprocal and a residual
+    correction: still the gather's bits for diffs from subnormal to huge, infinities and NaN."""
+    x = np.random.default_rng(3).standard_normal((2, 3, 11, 10))
+    text = 'type: "Pooling" pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 }'
+    rng = np.random.default_rng(4)
+    info = np.finfo(dtype)
+    exps = rng.uniform(np.log10(info.smallest_subnormal) + 1, np.log10(info.max) - 1, (2, 3, 6, 6))
+    with np.errstate(over="ignore"):
+        dy = (rng.standard_normal(exps.shape) * 10.0 ** exps).astype(dtype)
+    dy.flat[:3] = [np.inf, -np.inf, np.nan]
+    out = []
+    for blocked in (True, False):
+        layer = make_layer(text, dtype)
+        layer.use_blocked_backward = blocked
+        bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
+        layer.setup(bottom, top)
+        layer.forward_gpu(bottom, top)
+        top[0].mutable_cpu_diff()[...] = dy
+        layer.backward_gpu(top, [True], bottom)
+        out.append(bottom[0].cpu_diff().copy())
+    np.testing.assert_array_equal(out[0], out[1])
