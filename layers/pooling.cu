@@ -156,12 +156,27 @@ __global__ void ave_pool_backward(const int count, const int planes, const Dtype
 // pw in [bw-WD+1, bw] (clipped to the top plane). Each window's diff (and MAX's argmax) is loaded
 // once for the S*S pixels it may feed; every pixel sums the windows that chose it (MAX) or contain
 // it (AVE, divided by the window's size) in Caffe's order, ph then pw ascending, so the result is
-// the gather's, bit for bit. count = planes * blocks_h * blocks_w.
+// the gather's, bit for bit (AVE's quotients via pool_ave_div). count = planes * blocks_h * blocks_w.
+// AVE's x / size, rounded as the division: for a window of the full area kernel_h * kernel_w (all
+// but the clipped edge windows) by a multiply with inv_area = RN(1 / area) and Markstein's
+// residual correction (two FMAs), which yields the correctly rounded quotient when neither
+// underflow nor overflow occurs (checked exhaustively for every float significand and divisors
+// 1..64 on the host); tiny, huge and non-finite x, and the other sizes, divide.
+__device__ __forceinline__ Dtype pool_ave_div(const Dtype x, const int size, const int area, const Dtype inv_area) {
+  const Dtype lo = sizeof(Dtype) == 4 ? Dtype(1e-25) : Dtype(1e-280);
+  const Dtype hi = sizeof(Dtype) == 4 ? Dtype(1e30) : Dtype(1e300);
+  const Dtype a = fabs(x);
+  if (size != area || !(a >= lo && a <= hi)) return x / (Dtype)size;
+  const Dtype q = x * inv_area;
+  const Dtype r = fma(-q, (Dtype)area, x);
+  return fma(r, inv_area, q);
+}
+
 extern "C++" {
 template <bool MAX, int S, int WD>
 __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, const int* mask,
                                       POOL_GEOMETRY_ARGS, const int blocks_h, const int blocks_w,
-                                      Dtype* bottom_diff) {
+                                      const Dtype inv_area, Dtype* bottom_diff) {
   const int top_plane = pooled_h * pooled_w;
   CUDA_KERNEL_LOOP(index, count) {
     const int bw = index % blocks_w;
@@ -205,7 +220,7 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
           // ave_pool_size's value; window (ph, pw) covers pixel (h0 + i, w0 + j) iff
           // 0 <= h0 + i - top = (WD - 1 - a) * S + i < kernel_h (and the same for columns): the
           // same for every block, so the tests are uniform and need no pixel coordinates
-          const Dtype d = top_diff[t] / (Dtype)(rows * cols[b]);
+          const Dtype d = pool_ave_div(top_diff[t], rows * cols[b], kernel_h * kernel_w, inv_area);
 #pragma unroll
           for (int i = 0; i < S; ++i)
 #pragma unroll
@@ -231,14 +246,15 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
                                                  const int blocks_w, Dtype* bottom_diff) {          \
     pool_backward_blocked<true, S, WD>(count, top_diff, mask, height, width, pooled_h, pooled_w,   \
                                        kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,       \
-                                       blocks_h, blocks_w, bottom_diff);                           \
+                                       blocks_h, blocks_w, Dtype(0), bottom_diff);                 \
   }                                                                                                \
   __global__ void ave_pool_backward_s##S##_w##WD(const int count, const Dtype* top_diff,           \
                                                  POOL_GEOMETRY_ARGS, const int blocks_h,           \
-                                                 const int blocks_w, Dtype* bottom_diff) {          \
+                                                 const int blocks_w, const Dtype inv_area,         \
+                                                 Dtype* bottom_diff) {                             \
     pool_backward_blocked<false, S, WD>(count, top_diff, nullptr, height, width, pooled_h, pooled_w, \
                                         kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,      \
-                                        blocks_h, blocks_w, bottom_diff);                          \
+                                        blocks_h, blocks_w, inv_area, bottom_diff);                \
   }
 
 POOL_BACKWARD_BLOCKED(2, 1)  // 2x2 stride 2 (VGG, LeNet)

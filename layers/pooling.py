@@ -303,8 +303,10 @@ class PoolingLayer(Layer):
         if blocked is not None:
             s, wd = blocked
             blocks = (-(-(h + self.pad[0]) // s), -(-(w + self.pad[1]) // s))
+            # AVE: RN(1 / kernel area), for pool_ave_div's correctly rounded quotients
+            inv = () if is_max else (float(self.dtype.type(1) / self.dtype.type(self.kernel[0] * self.kernel[1])),)
             self._k(f"{kind}_pool_backward_s{s}_w{wd}")(planes * blocks[0] * blocks[1], top[0].gpu_diff(), *mask,
-                                                      *self._geometry(), *blocks, bottom[0].mutable_gpu_diff())
+                                                      *self._geometry(), *blocks, *inv, bottom[0].mutable_gpu_diff())
         else:
             count = -(-planes // _BACKWARD_PLANES) * h * w
             self._k(f"{kind}_pool_backward")(count, planes, top[0].gpu_diff(), *mask, *self._geometry(),

@@ -36,88 +36,122 @@ __global__ void upsample_nearest_backward(const int n, const int H, const int W,
 // to the plane); cells beyond H*sh rows or W*sw columns have no owner. A source whose index lies
 // in its own window is "home" (the normal case: 2x2/2 pooling then scale 2), any other valid
 // index is "stray". Windows are disjoint, so a cell named only by its owner needs no arbitration.
+// flag[0]: set by unpool_forward when some index is stray; flag[1]: unpool_write's block count.
+// Both are zero between calls.
 
-// Flat in-plane index of the source owning cell k (0 <= k < Ho*Wo), or -1.
-__device__ __forceinline__ int unpool_owner(const int k, const int H, const int W, const int Wo, const int sh,
+// Four consecutive cells of one output row (one or two 16-byte stores when aligned).
+struct __align__(4 * sizeof(Dtype)) unpool_cells { Dtype v[4]; };
+
+// Whether index k (0 <= k < Ho*Wo) lies in the window of source (hi, wi).
+__device__ __forceinline__ bool unpool_home(const int k, const int hi, const int wi, const int Wo, const int sh,
                                             const int sw) {
-  const int hi = k / Wo / sh, wi = k % Wo / sw;
-  return (hi < H && wi < W) ? hi * W + wi : -1;
+  const int kr = k / Wo, kc = k - kr * Wo;
+  return kr >= hi * sh && kr < hi * sh + sh && kc >= wi * sw && kc < wi * sw + sw;
 }
 
-// The stray target of source s (flat over all planes), or -1 when its index is home or invalid.
+// The stray target of source s (flat over all planes, S = H*W per plane), or -1 when its index is
+// home or invalid.
 __device__ __forceinline__ int unpool_stray_target(const int s, const int H, const int W, const int Ho,
                                                    const int Wo, const int sh, const int sw, const Dtype* idx) {
   const int k = static_cast<int>(idx[s]);
   if (k < 0 || k >= Ho * Wo) return -1;
-  return unpool_owner(k, H, W, Wo, sh, sw) == s % (H * W) ? -1 : k;
+  const int t = s % (H * W);
+  return unpool_home(k, t / W, t % W, Wo, sh, sw) ? -1 : k;
 }
 
-// Pass 1, one thread per (plane p, row r < R = max(Ho, H*sh), source column w): writes row r's
-// columns [w*sw, w*sw + sw) (the last column also the unowned ones up to Wo), each cell once: x of
-// the owner when the owner's index names the cell, else 0. The thread on the first row of a
-// window also checks its owner's index and sets *stray to 1 if the index is stray (every source
-// is checked once; rows r >= Ho only check). Exact when no index is stray.
+// Pass 1, one thread per (plane p, row r < R = max(Ho, H*sh), group g < G of 4 columns, where
+// G*4 >= max(Wo, W*sw)): writes cells (p, r, 4g .. 4g+3) that lie in the plane, each once: x of
+// the owner when the owner's index names the cell, else 0; vec != 0 (Wo % 4 == 0, y aligned):
+// as one unpool_cells store. The thread holding a window's first row and first column checks
+// that source's index (every source once): a stray one sets flag[0] and clears its target's
+// claim slot in win (P*Ho*Wo ints) for unpool_claim. Exact when no index is stray.
 __global__ void unpool_forward(const int n, const int H, const int W, const int Ho, const int Wo, const int R,
-                               const int sh, const int sw, const Dtype* x, const Dtype* idx, Dtype* y,
-                               Dtype* stray) {
+                               const int G, const int sh, const int sw, const int vec, const Dtype* x,
+                               const Dtype* idx, Dtype* y, int* flag, int* win) {
   CUDA_KERNEL_LOOP(i, n) {
-    const int w = i % W;
-    const int q = i / W;
-    const int r = q % R;
+    const int q = i / G;
+    const int c0 = (i - q * G) * 4;
     const int p = q / R;
+    const int r = q - p * R;
     const int hi = r / sh;
-    const int c0 = w * sw;
-    const int cend = min(c0 + sw, Wo);  // the owner's columns in this row
-    int col = -1;                       // the column of this row the owner's index names, if in its window
-    Dtype v = 0;
+    unpool_cells out;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out.v[j] = Dtype(0);
     if (hi < H) {
-      const long long src = ((long long)p * H + hi) * W + w;
-      const int k = static_cast<int>(idx[src]);
-      if (r < Ho && k >= r * Wo + c0 && k < r * Wo + cend) {
-        col = k - r * Wo;
-        v = x[src];
-      }
-      if (r == hi * sh && k >= 0 && k < Ho * Wo && unpool_owner(k, H, W, Wo, sh, sw) != hi * W + w) {
-        *stray = Dtype(1);
+      const long long base = ((long long)p * H + hi) * W;
+      const bool first = r == hi * sh;
+      const int here = r < Ho ? r * Wo + c0 : -1;  // flat index of cell (r, c0); never matches off the plane
+      int wi = c0 / sw;
+      int b = c0 - wi * sw;  // column of c0 inside source wi's window
+      int k = -1;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (wi < W) {
+          if (j == 0 || b == 0) {
+            k = static_cast<int>(idx[base + wi]);
+            if (first && b == 0 && k >= 0 && k < Ho * Wo && !unpool_home(k, hi, wi, Wo, sh, sw)) {
+              flag[0] = 1;
+              win[(long long)p * Ho * Wo + k] = 0;
+            }
+          }
+          // A column past Wo may match a cell of the next row; such columns are never stored.
+          if (here >= 0 && k == here + j) out.v[j] = x[base + wi];
+        }
+        if (++b == sw) {
+          b = 0;
+          ++wi;
+        }
       }
     }
-    if (r < Ho) {
-      Dtype* row = y + ((long long)p * Ho + r) * Wo;
-      const int c1 = w == W - 1 ? Wo : cend;
-      for (int c = c0; c < c1; ++c) row[c] = c == col ? v : Dtype(0);
+    if (r < Ho && c0 < Wo) {
+      Dtype* row = y + ((long long)p * Ho + r) * Wo + c0;
+      if (vec) {
+        *reinterpret_cast<unpool_cells*>(row) = out;
+      } else {
+        for (int j = 0; j < 4 && c0 + j < Wo; ++j) row[j] = out.v[j];
+      }
     }
   }
 }
 
-// Pass 2, one block: nothing unless pass 1 found a stray index; then each cell a stray index names
-// goes to the highest source naming it (win: P*Ho*Wo ints of scratch, only the named cells are
-// touched): clear, claim with atomicMax, and a stray winner writes unless the cell's owner names it
-// and comes later. Resets *stray for the next call.
-__global__ void unpool_fix_strays(const int n, const int H, const int W, const int Ho, const int Wo, const int sh,
-                                  const int sw, const Dtype* x, const Dtype* idx, Dtype* y, int* win,
-                                  Dtype* stray) {
-  if (*stray == Dtype(0)) return;
+// Pass 2, over all n sources (a small grid-stride grid): returns at once unless flag[0]; then each
+// stray source claims its target: win = the highest s + 1 among the stray sources naming it.
+__global__ void unpool_claim(const int n, const int H, const int W, const int Ho, const int Wo, const int sh,
+                             const int sw, const Dtype* idx, const int* flag, int* win) {
+  if (flag[0] == 0) return;
   const int S = H * W;
   const long long T = (long long)Ho * Wo;
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {
-    const int k = unpool_stray_target(s, H, W, Ho, Wo, sh, sw, idx);
-    if (k >= 0) win[(s / S) * T + k] = 0;
-  }
-  __syncthreads();
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+  CUDA_KERNEL_LOOP(s, n) {
     const int k = unpool_stray_target(s, H, W, Ho, Wo, sh, sw, idx);
     if (k >= 0) atomicMax(win + (s / S) * T + k, s + 1);
   }
-  __syncthreads();
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+}
+
+// Pass 3, same grid: returns at once unless flag[0]; then the winning stray source of each cell
+// writes it unless the cell's owner names it and comes later (pass 1 wrote the owner's value). The
+// last block to finish resets flag[0] and flag[1] (every block has read flag[0] by then).
+__global__ void unpool_write(const int n, const int H, const int W, const int Ho, const int Wo, const int sh,
+                             const int sw, const Dtype* x, const Dtype* idx, Dtype* y, int* flag,
+                             const int* win) {
+  if (flag[0] == 0) return;
+  const int S = H * W;
+  const long long T = (long long)Ho * Wo;
+  CUDA_KERNEL_LOOP(s, n) {
     const int k = unpool_stray_target(s, H, W, Ho, Wo, sh, sw, idx);
     if (k < 0) continue;
     const long long cell = (s / S) * T + k;
     if (win[cell] != s + 1) continue;
-    const int o = unpool_owner(k, H, W, Wo, sh, sw);
-    const int owner = (s / S) * S + o;
-    if (o < 0 || owner < s || static_cast<int>(idx[owner]) != k) y[cell] = x[s];
+    const int kr = k / Wo, kc = k % Wo;
+    const int hi = kr / sh, wi = kc / sw;
+    const int owner = (s / S) * S + hi * W + wi;
+    if (hi >= H || wi >= W || owner < s || static_cast<int>(idx[owner]) != k) y[cell] = x[s];
   }
   __syncthreads();
-  if (threadIdx.x == 0) *stray = Dtype(0);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(flag + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+      flag[0] = 0;
+      flag[1] = 0;
+    }
+  }
 }

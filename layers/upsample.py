@@ -26,7 +26,8 @@ from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
-FIX_THREADS = 1024  # the one block of unpool_fix_strays
+CELLS = 4  # output cells of one row per unpool_forward thread
+FALLBACK_BLOCKS_PER_SM = 2  # grid of unpool_claim / unpool_write: all resident, so a clear flag costs one wave
 
 
 @register_layer("Upsample")
@@ -38,7 +39,8 @@ class UpsampleLayer(Layer):
     def layer_setup(self, bottom, top):
         p = self.layer_param.upsample_param
         self.unpool = len(bottom) == 2
-        self.stray = Blob((1,), self.dtype)  # GPU unpooling: set when a mask index leaves its window; zero at rest
+        # GPU unpooling: two int32 words (the stray flag, a block count), zero at rest; see upsample.cu.
+        self.stray = Blob((2,), np.float32)
         self.out_hw = None
         if self.unpool and p.HasField("upsample_h") and p.HasField("upsample_w"):
             if p.upsample_h <= 1 or p.upsample_w <= 1:
@@ -127,9 +129,10 @@ class UpsampleLayer(Layer):
         self._unpool_gpu(bottom, y)
 
     def _unpool_gpu(self, bottom, y):
-        """Two kernels: every top cell written once from its window's owner (exact unless an index
-        lies outside its source's window), then one block that does nothing unless the first
-        found such an index, and then settles the cells those indices name (last source wins)."""
+        """Three kernels: every top cell written once from its window's owner, four cells of a row
+        per thread (exact unless an index lies outside its source's window); then a claim and a
+        write over all sources that return at once unless the first found such an index, and
+        otherwise settle the cells those indices name (last source wins). No host reads."""
         n, c, h, w = bottom[0].shape
         planes = n * c
         if planes * h * w == 0:
@@ -139,12 +142,18 @@ class UpsampleLayer(Layer):
         # The window of each source: the scale, or with upsample_h/w the ratio rounded up.
         sh, sw = (-(-self.ho // h), -(-self.wo // w)) if self.out_hw else (self.sh, self.sw)
         rows = max(self.ho, h * sh)
-        x, idx, stray = bottom[0].gpu_data(), bottom[1].gpu_data(), self.stray.mutable_gpu_data()
-        backend.kernel(KERNELS, "unpool_forward", self.dtype)(
-            planes * rows * w, h, w, self.ho, self.wo, rows, sh, sw, x, idx, y, stray)
+        groups = -(-max(self.wo, w * sw) // CELLS)
+        vec = int(self.wo % CELLS == 0 and y % (CELLS * self.dtype.itemsize) == 0)
+        x, idx, flag = bottom[0].gpu_data(), bottom[1].gpu_data(), self.stray.mutable_gpu_data()
         (win,) = backend.workspace(planes * self.ho * self.wo * 4, slot="reduce")
-        backend.kernel(KERNELS, "unpool_fix_strays", self.dtype)(
-            planes * h * w, h, w, self.ho, self.wo, sh, sw, x, idx, y, win, stray, grid=1, block=FIX_THREADS)
+        backend.kernel(KERNELS, "unpool_forward", self.dtype)(
+            planes * rows * groups, h, w, self.ho, self.wo, rows, groups, sh, sw, vec, x, idx, y, flag, win)
+        sources = planes * h * w
+        grid = min(-(-sources // backend.CUDA_NUM_THREADS), FALLBACK_BLOCKS_PER_SM * backend.multiprocessor_count())
+        backend.kernel(KERNELS, "unpool_claim", self.dtype)(
+            sources, h, w, self.ho, self.wo, sh, sw, idx, flag, win, grid=grid, block=backend.CUDA_NUM_THREADS)
+        backend.kernel(KERNELS, "unpool_write", self.dtype)(
+            sources, h, w, self.ho, self.wo, sh, sw, x, idx, y, flag, win, grid=grid, block=backend.CUDA_NUM_THREADS)
 
     def backward_gpu(self, top, propagate_down, bottom):
         if not propagate_down[0]:

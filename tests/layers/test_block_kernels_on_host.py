@@ -37,7 +37,7 @@ SHIM = r"""#include <cmath>
 #include <functional>
 #include <thread>
 #include <vector>
-using std::min; using std::max; using std::sqrt;
+using std::min; using std::max; using std::sqrt; using std::fma; using std::fabs;
 struct Dim3 { unsigned x = 0, y = 0, z = 0; };
 static thread_local Dim3 threadIdx, blockIdx;
 static Dim3 blockDim, gridDim;
@@ -60,6 +60,8 @@ static inline int atomicMax(int* p, int v) {
   while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
   return old;
 }
+static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static void run_grid(int gx, int bx, int by, int bz, const std::function<void()>& body) {
   gridDim = {unsigned(gx), 1, 1};
   blockDim = {unsigned(bx), unsigned(by), unsigned(bz)};
@@ -83,6 +85,7 @@ static void run_grid(int gx, int bx, int by, int bz, const std::function<void()>
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
+#define __align__(n) alignas(n)
 typedef {ctype} Dtype;
 #define CUDA_KERNEL_LOOP(i, n) \
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
@@ -196,6 +199,7 @@ def host_gpu(monkeypatch):
 
     monkeypatch.setattr(backend, "kernel", kernel)
     monkeypatch.setattr(backend, "workspace", workspace)
+    monkeypatch.setattr(backend, "multiprocessor_count", lambda: 1)  # small capped grids: grid-stride loops run
     monkeypatch.setattr(backend, "memset_zero", lambda ptr, nbytes: _array(ptr, (nbytes,), np.uint8).fill(0))
     monkeypatch.setattr(gm, "copy", lambda n, x, y, dt: _array(y, (n,), dt).__setitem__(..., _array(x, (n,), dt)))
     monkeypatch.setattr(gm, "sum_rows_into", sum_rows_into)
@@ -244,9 +248,10 @@ NORM = "type: 'Normalize' norm_param {{ across_spatial: false {} scale_filler {{
 
 
 # Shapes: partial last tile (63 positions, tx 32), C < ty, tx 4 (3 positions), tx 1 with C > 256
-# (two channel steps, the second partial), C a multiple of ty.
+# (two channel steps, the second partial), C a multiple of ty, C over three 4-step groups of the
+# backward's scale pass (ty 8: 32 channels a group), the last partial.
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(2, 5, 7, 9), (2, 37, 3, 1), (3, 300, 1, 1), (1, 16, 4, 10)])
+@pytest.mark.parametrize("shape", [(2, 5, 7, 9), (2, 37, 3, 1), (3, 300, 1, 1), (1, 16, 4, 10), (2, 70, 6, 6)])
 @pytest.mark.parametrize("shared", ["channel_shared: false", "channel_shared: true"])
 def test_normalize_per_position(host_gpu, dtype, shape, shared):
     x = RNG.standard_normal(shape)
@@ -360,7 +365,7 @@ def test_unpool_flag_resets(host_gpu, dtype):
     layer.setup(bottom, top)
     layer.forward_gpu(bottom, top)
     np.testing.assert_array_equal(top[0].cpu_data(), _unpool_reference(x, stray, 6, 8).astype(dtype))
-    assert layer.stray.cpu_data()[0] == 0
+    assert layer.stray.cpu_data().view(np.int32).tolist() == [0, 0]  # the flag and the block count
     bottom[1].mutable_cpu_data()[...] = home
     layer.forward_gpu(bottom, top)
     np.testing.assert_array_equal(top[0].cpu_data(), _unpool_reference(x, home, 6, 8).astype(dtype))
@@ -416,3 +421,28 @@ def test_pooling_blocked_backward_matches_gather_bit_for_bit(host_gpu, dtype, me
     tol = dict(rtol=1e-9, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-5)
     np.testing.assert_allclose(out[0], cpu[1], **tol)
     assert any(name.startswith(f"{method.lower()}_pool_backward_s") for name, _, _ in host_gpu)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pooling_ave_blocked_quotients_at_any_magnitude(host_gpu, dtype):
+    """AVE's blocked backward divides by the full window area with a reciprocal and a residual
+    correction: still the gather's bits for diffs from subnormal to huge, infinities and NaN."""
+    x = np.random.default_rng(3).standard_normal((2, 3, 11, 10))
+    text = 'type: "Pooling" pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 }'
+    rng = np.random.default_rng(4)
+    info = np.finfo(dtype)
+    exps = rng.uniform(np.log10(info.smallest_subnormal) + 1, np.log10(info.max) - 1, (2, 3, 6, 6))
+    with np.errstate(over="ignore"):
+        dy = (rng.standard_normal(exps.shape) * 10.0 ** exps).astype(dtype)
+    dy.flat[:3] = [np.inf, -np.inf, np.nan]
+    out = []
+    for blocked in (True, False):
+        layer = make_layer(text, dtype)
+        layer.use_blocked_backward = blocked
+        bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
+        layer.setup(bottom, top)
+        layer.forward_gpu(bottom, top)
+        top[0].mutable_cpu_diff()[...] = dy
+        layer.backward_gpu(top, [True], bottom)
+        out.append(bottom[0].cpu_diff().copy())
+    np.testing.assert_array_equal(out[0], out[1])

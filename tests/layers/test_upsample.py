@@ -147,3 +147,18 @@ def test_cpu_gpu_agree_pooling_masks(kernel, stride, hw):
     text = f'type: "Upsample" upsample_param {{ upsample_h: {hw[0]} upsample_w: {hw[1]} }}'
     assert_cpu_gpu_agree(text, [pooled, mask], propagate=[True, False])
     assert_cpu_gpu_agree(text, [pooled, mask], propagate=[True, False], dtype=np.float32, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [2, 3])
+def test_cpu_gpu_agree_large_planes(gpu_mode, kernel):
+    """SegNet-like sizes: the 4-cell vector stores (Wo % 4 == 0), and with 3x3/2 masks (strays) the
+    claim/write fallback over more sources than its capped grid holds; the flag resets after."""
+    x = RNG.standard_normal((4, 32, 92, 120)).astype(np.float32)
+    pooled, mask = pool_with_mask(x, kernel, 2)
+    ho, wo = x.shape[2:]
+    text = f'type: "Upsample" upsample_param {{ upsample_h: {ho} upsample_w: {wo} }}'
+    assert_cpu_gpu_agree(text, [pooled, mask], propagate=[True, False], dtype=np.float32, rtol=0, atol=0)
+    layer, _, top = run_layer(text, [pooled, mask], propagate=[True, False], dtype=np.float32)
+    assert layer.stray.cpu_data().view(np.int32).tolist() == [0, 0]
+    np.testing.assert_array_equal(top[0].cpu_data(), _unpool_reference(pooled, mask.astype(np.int64), ho, wo))
