@@ -2,7 +2,8 @@
 
 States: ``UNINITIALIZED`` (nothing allocated), ``HEAD_AT_CPU`` (host copy newest),
 ``HEAD_AT_GPU`` (device copy newest), ``SYNCED`` (both equal). Reading one side brings it up to
-date; asking for a mutable side makes it the head.
+date; asking for a mutable side makes it the head. ``version`` counts the times a side was asked for
+to be written (memory plans use it to tell whether values a recomputation needs may have changed).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class HostAccessDuringCapture(RuntimeError):
 class SyncedMemory:
     """``count`` elements of ``dtype`` on the host (numpy) and, on demand, on the device."""
 
-    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head", "shared")
+    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head", "shared", "version")
 
     def __init__(self, count: int, dtype: np.dtype, device: SupportsInt | None = None) -> None:
         """``device``: an existing device allocation of at least ``count`` elements to use (memory
@@ -41,6 +42,7 @@ class SyncedMemory:
         self._gpu: SupportsInt | None = device  # device allocation (int()-able pointer)
         self.head = Head.UNINITIALIZED
         self.shared = False  # storage from use_storage(), which other SyncedMemory objects use too
+        self.version = 0  # bumped by every request to write (mutable_*, set_cpu, use_storage, ...)
 
     @property
     def nbytes(self) -> int:
@@ -78,6 +80,7 @@ class SyncedMemory:
         """Up-to-date host array (flat) that the caller will write: the host becomes the head."""
         arr = self._to_cpu()
         self.head = Head.HEAD_AT_CPU
+        self.version += 1
         return arr
 
     def set_cpu(self, array: np.ndarray) -> None:
@@ -88,6 +91,7 @@ class SyncedMemory:
             )
         self._cpu = array.reshape(-1)
         self.head = Head.HEAD_AT_CPU
+        self.version += 1
 
     # -- storage a memory plan shares -----------------------------------------------------------
     def use_storage(self, host: np.ndarray | None = None, device: SupportsInt | None = None) -> None:
@@ -96,6 +100,7 @@ class SyncedMemory:
         objects whose values are never live together; with neither, in memory of its own again
         (allocated on first use)."""
         self._cpu, self._gpu, self.head = None, device, Head.UNINITIALIZED
+        self.version += 1
         if host is not None:
             self.set_cpu(host)
         self.shared = host is not None or device is not None
@@ -108,6 +113,7 @@ class SyncedMemory:
         if self.count:
             _backend.memcpy_dtod(int(device), values, self.nbytes)
         self._gpu, self.head, self.shared = device, Head.HEAD_AT_GPU, True
+        self.version += 1
         del old
 
     def own_storage(self) -> None:
@@ -146,6 +152,7 @@ class SyncedMemory:
         """Device pointer the caller will write: the device becomes the head."""
         ptr = self._to_gpu()
         self.head = Head.HEAD_AT_GPU
+        self.version += 1
         recording = _backend.recording()
         if recording is not None:  # each replay writes here again: the executor marks it afterwards
             recording.written.add(self)
@@ -161,6 +168,17 @@ class SyncedMemory:
     def mark_device_newest(self) -> None:
         """Device work queued outside this object (a graph replay) wrote the device copy."""
         self.head = Head.HEAD_AT_GPU
+        self.version += 1
+
+    def newest_copy(self) -> np.ndarray:
+        """A host copy (flat) of the values device work would read: the device copy when it is
+        current (a host array written without asking, as pycaffe lets one keep and write
+        ``blob.data``, is not what the device holds), else the host copy."""
+        if self.head in (Head.HEAD_AT_GPU, Head.SYNCED) and self._gpu is not None and self.count:
+            out = self._host_alloc(np.empty)
+            _backend.memcpy_dtoh(out, int(self._gpu))
+            return out
+        return self._to_cpu().copy()
 
     def has_gpu(self) -> bool:
         return self._gpu is not None

@@ -15,9 +15,11 @@ memory the net can reach is copied to the device (values a user wrote through ``
 used); after it, the memories the work writes are marked device-newest. Setting the environment
 variable ``PYCAFFE_LITE_CUDA_GRAPHS=0`` (or ``executor.use_graphs = False``) runs everything plainly.
 
-Memory plans (:mod:`~pycaffe_lite.runtime.memory_plan`): training iterations share gradient buffers
-(``_plan_diffs``); full forwards of nets that never run backward share intermediate data
-(:attr:`Executor.shared_data`, which also keeps pycaffe's semantics for the blobs users read).
+Memory plans (:mod:`~pycaffe_lite.runtime.memory_plan`): backward passes (pycaffe's and whole
+training iterations) share gradient buffers (:attr:`Executor.shared_diffs`); full forwards of nets
+that never run backward share intermediate data (:attr:`Executor.shared_data`). Both keep pycaffe's
+semantics for the blobs users read: they are told of every access through ``blob.data`` /
+``blob.diff`` while they watch (:meth:`Executor._update_access_hooks`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import logging
 import math
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, SupportsInt
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,7 +41,7 @@ from ..gpu import backend, cuda_graph
 from ..layer import Layer
 from ..synced_memory import SyncedMemory
 from .fusion import find_fusions
-from .memory_plan import SharedData, recomputable_inputs, shared_diff_slots, sharing_enabled
+from .memory_plan import SharedData, SharedDiffs, recomputable_inputs, sharing_enabled
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -139,15 +141,15 @@ class Executor:
         self._graphs = _Graphs(self._memories)
         self.fusions = {chain.first: chain for chain in find_fusions(net)}
         self.loss_log: LossLog | None = None
-        self._diff_plan_key: tuple | None = None
-        self._diff_slots: list[SupportsInt] = []
         self._recompute: list | None = None  # memory_plan.recomputable_inputs, for train_iteration
         # -- per-layer hooks (pycaffe's Net.before_forward & co.; multi-GPU gradient reduction) --
         # hook(layer_index) around every layer of a pass. A hook with ``graph_safe = True`` only
         # queues device work and may be captured in whole-iteration graphs; any other hook makes
         # the passes run plainly.
         self.hooks: dict[str, list[Callable[[int], None]]] = {k: [] for k in HOOK_KINDS}
-        self.shared_data = SharedData(net, self.hooks, self._run_forward)  # nets that never run backward
+        # nets that never run backward
+        self.shared_data = SharedData(net, self.hooks, self._run_forward, self._update_access_hooks)
+        self.shared_diffs = SharedDiffs(net, self.hooks, self._run_backward, self._update_access_hooks)
         self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._read_loss_early = {
@@ -207,6 +209,19 @@ class Executor:
         # set_random_seed re-keys device generators (Dropout), which graphs recorded: re-capture.
         return (tag, backend.state().alloc_generation, shape_generation(), common.seed_generation(),
                 common.tf32_allowed())
+
+    # -- user access to blobs, for the memory plans -------------------------------------------
+    def _update_access_hooks(self) -> None:
+        """Point every blob's and param's ``on_access`` at :meth:`_on_access` while a plan watches."""
+        hook = self._on_access if self.shared_data.watching or self.shared_diffs.watching else None
+        for blob in (*self.net.blobs, *self.net.params_list):
+            blob.on_access = hook
+
+    def _on_access(self, blob, what: str) -> None:
+        if self.shared_data.watching:
+            self.shared_data.access(blob, what)
+        if self.shared_diffs.watching:
+            self.shared_diffs.access(blob, what)
 
     # -- plain execution ------------------------------------------------------------------------
     def _run_forward(self, start: int, end: int) -> None:
@@ -273,6 +288,10 @@ class Executor:
 
     def backward(self, start: int, end: int) -> None:
         """Backward through layers ``start`` down to ``end`` (inclusive, ``start >= end``)."""
+        with self.shared_diffs.backward(start, end):  # planned before the graph key is taken
+            self._backward(start, end)
+
+    def _backward(self, start: int, end: int) -> None:
         low = self._first_device_layer(end, start)  # data readers at the bottom run plainly, last
         if low <= start and self._capturable(low, start):
             self._graphs.run(self._key(("backward", start, low)), lambda: self._run_backward(start, low))
@@ -300,28 +319,12 @@ class Executor:
             return False
         return self._capturable(first, last, safe_hooks=True)
 
-    def _plan_diffs(self) -> None:
-        """Give the gradients of intermediate blobs shared buffers (see :mod:`memory_plan`), once
-        per set of shapes, before the iteration that graphs will capture first runs."""
-        key = (shape_generation(), self.net.dtype.str)
-        if not sharing_enabled() or self._diff_plan_key == key:
-            return
-        self._diff_slots = []
-        for nbytes, members in shared_diff_slots(self.net):
-            buffer = backend.alloc(nbytes)
-            self._diff_slots.append(buffer)
-            for bid in members:
-                blob = self.net.blobs[bid]
-                blob.use_diff_memory(SyncedMemory(blob.count, blob.dtype, device=buffer))
-        self._diff_plan_key = (shape_generation(), self.net.dtype.str)
-
     def train_iteration(self, update: Callable[[], None], tag: Hashable = "") -> None:
         """Queue one iteration on the GPU: clear param diffs, forward, backward, ``update()`` (the
         solver's device update), and record the weighted loss in :attr:`loss_log`; everything after
         the data layers is replayed as one CUDA graph. Needs :meth:`can_replay_iteration`. The
         host does not wait: read the losses with ``loss_log.read()``."""
         net = self.net
-        self._plan_diffs()
         last = len(net.layers) - 1
         first = self._first_device_layer(0, last)
         self._run_forward(0, first - 1)
@@ -347,7 +350,8 @@ class Executor:
                 for scale, _, _ in recompute:
                     scale.recompute_input = None
 
-        self._graphs.run(self._key(("train", first, tag)), work)
+        with self.shared_diffs.backward(last, first, train=True):  # planned before the graph key is taken
+            self._graphs.run(self._key(("train", first, tag)), work)
         log_.pending += 1
 
 
