@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import common
-from ..blob import shape_generation, weighted_sum
+from ..blob import Blob, shape_generation, weighted_sum
 from ..config import config
 from ..conv import engines as conv_engines
 from ..gpu import backend, cuda_graph
@@ -141,7 +141,7 @@ class Executor:
         self._graphs = _Graphs(self._memories)
         self.fusions = {chain.first: chain for chain in find_fusions(net)}
         self.loss_log: LossLog | None = None
-        self._recompute: list | None = None  # memory_plan.recomputable_inputs, for train_iteration
+        self._recompute: list | None = None  # (layer index, *memory_plan.recomputable_inputs entry)
         # -- per-layer hooks (pycaffe's Net.before_forward & co.; multi-GPU gradient reduction) --
         # hook(layer_index) around every layer of a pass. A hook with ``graph_safe = True`` only
         # queues device work and may be captured in whole-iteration graphs; any other hook makes
@@ -207,8 +207,10 @@ class Executor:
 
     def _key(self, tag: tuple) -> tuple:
         # set_random_seed re-keys device generators (Dropout), which graphs recorded: re-capture.
+        # Whether Scale layers save their inputs or regenerate them is recorded in graphs too.
+        regenerated = tuple(scale.recompute_input is not None for _, scale, _, _ in self._recomputed())
         return (tag, backend.state().alloc_generation, shape_generation(), common.seed_generation(),
-                common.tf32_allowed())
+                common.tf32_allowed(), sharing_enabled(), regenerated)
 
     # -- user access to blobs, for the memory plans -------------------------------------------
     def _update_access_hooks(self) -> None:
@@ -262,8 +264,37 @@ class Executor:
     # -- ranges ---------------------------------------------------------------------------------
     def forward(self, start: int, end: int) -> float:
         """Run layers ``start..end`` (inclusive); the summed weighted loss of their loss tops."""
+        on = self._recompute_on()
+        pairs = self._set_recompute(start, end, on)
         with self.shared_data.forward(start, end):
-            return self._forward(start, end)
+            loss = self._forward(start, end)
+        pairs = [(k, source) for k, source in pairs if self.net.layer_need_backward[k]]
+        if pairs:  # what their backward regenerates the input from must not change until then
+            self.shared_diffs.regenerating(pairs, on)
+        return loss
+
+    # -- recomputed Scale inputs (memory_plan.recomputable_inputs) -------------------------------
+    def _recomputed(self) -> list[tuple[int, Layer, Layer, Blob]]:
+        if self._recompute is None:  # depends on the net's structure only
+            index = {id(layer): k for k, layer in enumerate(self.net.layers)}
+            self._recompute = [(index[id(scale)], scale, bn, source)
+                               for scale, bn, source in recomputable_inputs(self.net)]
+        return self._recompute
+
+    def _recompute_on(self) -> bool:
+        """pycaffe forwards on the GPU with shared diffs on keep no saved Scale inputs either."""
+        return sharing_enabled() and common.mode() is common.Mode.GPU
+
+    def _set_recompute(self, start: int, end: int, on: bool) -> list[tuple[int, Blob]]:
+        """Before a forward over ``start..end``: its Scale layers whose input a BatchNorm can
+        regenerate keep no copy of it when ``on`` (their backward regenerates it), else they save
+        it. Returns those layers' ``(index, source blob)``."""
+        pairs = []
+        for k, scale, bn, source in self._recomputed():
+            if start <= k <= end:
+                scale.recompute_input = functools.partial(bn.regenerate_top_into, source) if on else None
+                pairs.append((k, source))
+        return pairs
 
     def _forward(self, start: int, end: int) -> float:
         if any(start <= i <= end for i in self._read_loss_early):
@@ -333,25 +364,21 @@ class Executor:
             self.loss_log = LossLog(net.dtype)
         log_ = self.loss_log
 
-        if self._recompute is None:  # depends on the net's structure only
-            self._recompute = recomputable_inputs(net) if sharing_enabled() else []
-        recompute = self._recompute
-
         def work() -> None:
-            for scale, bn, source in recompute:  # no saved Scale inputs inside this iteration
-                scale.recompute_input = functools.partial(bn.regenerate_top_into, source)
-            try:
-                self.clear_param_diffs()
-                self._run_forward(first, last)
-                log_.record(tops)
-                self._run_backward(last, first)
-                update()
-            finally:
-                for scale, _, _ in recompute:
-                    scale.recompute_input = None
+            # No saved Scale inputs inside this iteration; the layers stay so afterwards, as their
+            # last forward left them (a backward without a new forward regenerates the input too).
+            self._set_recompute(first, last, sharing_enabled())
+            self.clear_param_diffs()
+            self._run_forward(first, last)
+            log_.record(tops)
+            self._run_backward(last, first)
+            update()
 
         with self.shared_diffs.backward(last, first, train=True):  # planned before the graph key is taken
             self._graphs.run(self._key(("train", first, tag)), work)
+        on = sharing_enabled()
+        self.shared_diffs.regenerating([(k, source) for k, _, _, source in self._recomputed()
+                                        if k >= first and net.layer_need_backward[k]], on)
         log_.pending += 1
 
 

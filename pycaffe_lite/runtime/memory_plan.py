@@ -1,13 +1,16 @@
 """Memory plans: blobs whose values are never live at the same time share memory.
 
-:func:`shared_diff_slots` plans the gradients of a training iteration. In Caffe every blob keeps a
-diff as large as its data; but the backward pass writes a blob's diff when it reaches the blob's
-last consumer and reads it for the last time at the blob's producer, so diffs of blobs whose
-[consumer, producer] ranges of the backward pass do not overlap can use one buffer. The executor
-applies the plan to whole training iterations on the GPU (``PYCAFFE_LITE_SHARE_DIFFS=0`` turns it
-off); after such an iteration the diffs of intermediate blobs hold whatever the last blob using
-their buffer wrote. Loss tops (their diff holds the loss weight), net inputs, parameters and blobs
-that take no gradient keep their own diffs.
+:func:`shared_diff_slots` plans the gradients of a backward pass over a layer range. In Caffe
+every blob keeps a diff as large as its data; but the backward pass writes a blob's diff when it
+reaches the blob's last consumer and reads it for the last time at the blob's producer, so diffs
+of blobs whose [consumer, producer] ranges of the backward pass do not overlap can use one buffer.
+:class:`SharedDiffs` applies the plan to every backward (pycaffe's ``net.backward()`` over any
+range, ``forward_backward_all``, the solver's iterations; CPU and GPU) and keeps pycaffe's
+semantics: see its docstring (``PYCAFFE_LITE_SHARE_DIFFS=0`` turns it off). After a pass the diffs
+of intermediate blobs hold whatever the last blob using their buffer wrote until a user reads
+them (then the pass is re-run). The range's seeds (diffs it reads before writing), net inputs and
+sources, outputs, loss tops, parameters and the blobs ``backward(diffs=[...])`` names keep their
+own diffs.
 
 :func:`shared_data_slots` plans the data of a net that never runs backward (a deploy net): a
 blob's data is live from its producer to its last consumer. :class:`SharedData` applies that plan
@@ -15,9 +18,10 @@ on the host or the device and keeps pycaffe's semantics: see its docstring
 (``PYCAFFE_LITE_SHARE_DATA=0`` turns it off). Both plans share one allocator, :func:`assign_slots`.
 
 :func:`recomputable_inputs` finds the in-place Scale layers (after a BatchNorm that is not in
-place, as MobileNet writes them) whose saved input copy whole training iterations replace by
-re-normalizing the BatchNorm's intact input in the Scale's backward: one full-size buffer per such
-layer less, for one extra elementwise pass (also under ``PYCAFFE_LITE_SHARE_DIFFS``).
+place, as MobileNet writes them) whose saved input copy training iterations and pycaffe forwards
+on the GPU replace by re-normalizing the BatchNorm's intact input in the Scale's backward: one
+full-size buffer per such layer less, for one extra elementwise pass (also under
+``PYCAFFE_LITE_SHARE_DIFFS``; :meth:`SharedDiffs.regenerating` checks the input is unchanged).
 """
 
 from __future__ import annotations
@@ -487,10 +491,43 @@ class SharedDiffs:
         self._sources = source_blobs(net)
         self._running = False
         self._ids = {id(blob): bid for bid, blob in enumerate(net.blobs)}
+        # Scale layers whose last forward kept no copy of their input (recomputable_inputs):
+        # layer index -> (the data memory their backward regenerates it from, its version then)
+        self._regenerated: dict[int, tuple[SyncedMemory, int]] = {}
+        self._regen_snapshots: dict[int, np.ndarray] = {}  # id(memory) -> values at the first access
 
     def planned_bytes(self) -> tuple[int, int]:
         """(bytes of the slot buffers, bytes the memories pointed into them would take alone)."""
         return sum(self._slot_bytes), sum(m.nbytes for m in self._memories)
+
+    def regenerating(self, layers: Collection[tuple[int, Blob]], on: bool) -> None:
+        """After a forward: the Scale layers ``[(index, source blob)]`` kept no copy of their input
+        (``on``; their backward regenerates it from the source's data, which must not change until
+        then: checked before a backward) or saved one (not ``on``)."""
+        for k, source in layers:
+            mem = source.data_memory
+            self._regen_snapshots.pop(id(mem), None)
+            if on:
+                self._regenerated[k] = (mem, mem.version)
+            else:
+                self._regenerated.pop(k, None)
+        self._set_watch()
+
+    def _check_regenerated(self, start: int, end: int) -> None:
+        for k, (mem, version) in self._regenerated.items():
+            if not end <= k <= start or mem.version == version:
+                continue
+            snapshot = self._regen_snapshots.get(id(mem))
+            if snapshot is not None and np.array_equal(mem.newest_copy(), snapshot, equal_nan=True):
+                continue
+            net = self.net
+            source = next(name for name, blob in zip(net.blob_names, net.blobs) if blob.data_memory is mem)
+            raise NetError(
+                f"net '{net.name}': the backward of layer '{net.layer_names[k]}' needs its input as the last "
+                f"forward saw it, which it regenerates from the data of blob '{source}' (on the GPU it keeps "
+                f"no copy, as the solver's iterations do not), but that data changed since. Run the forward "
+                f"again, or set PYCAFFE_LITE_SHARE_DIFFS=0 (or caffe.using_config(share_diffs=False)) "
+                f"before the forward to keep the copies")
 
     def keep_blobs(self, bids: Collection[int]) -> None:
         """Keep these blobs' diffs private from the next backward on (``backward(diffs=...)``)."""
@@ -513,7 +550,7 @@ class SharedDiffs:
         return self._can_share and not self.disabled and all(getattr(fn, "graph_safe", False) for fn in hooks)
 
     def _set_watch(self) -> None:
-        self.watching = bool(self._planned or self.stale or self.lost)
+        self.watching = bool(self._planned or self.stale or self.lost or self._regenerated)
         self.watch_changed()
 
     # -- the plan ---------------------------------------------------------------------------------
@@ -575,6 +612,8 @@ class SharedDiffs:
     def backward(self, start: int, end: int, train: bool = False) -> Iterator[None]:
         """Around the executor's backward over layers ``start`` down to ``end`` (``train``: a whole
         training iteration, never re-run)."""
+        if not train:
+            self._check_regenerated(start, end)
         rng = self._range(start, end)
         self._settle_stale(rng)
         if self._eligible(train):
@@ -656,6 +695,12 @@ class SharedDiffs:
         if self._running:  # a hook inside the pass
             return
         bid = self._ids.get(id(blob))
+        if what == "data" and self._regenerated:  # a source of regenerated Scale inputs: remember it
+            key = id(blob.data_memory)
+            for mem, version in self._regenerated.values():
+                if mem is blob.data_memory and key not in self._regen_snapshots and mem.version == version:
+                    self._regen_snapshots[key] = mem.newest_copy()
+                    break
         if what == "data" or bid is None:
             if self.stale and what == "data":  # what a re-run reads: remember it before the user writes
                 key = id(blob.data_memory)

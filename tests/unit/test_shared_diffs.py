@@ -375,3 +375,29 @@ def test_cpu_training_with_shared_diffs_equals_without():
     for name, blobs in weights[True].items():
         for a, b in zip(blobs, weights[False][name]):
             np.testing.assert_array_equal(a, b)
+
+
+def test_regenerated_scale_inputs_must_not_change_before_backward(monkeypatch, mode):
+    """On the GPU a Scale after a BatchNorm with its own top keeps no copy of its input (its
+    backward regenerates it from the BatchNorm's input). On the CPU the layers save it anyway; the
+    check is the same (forced here)."""
+    net, ref = _pair("mobilenet")
+    assert [net.layers[k].type for k, *_ in net.executor._recomputed()] == ["Scale"] * 10
+    assert not _net(NETS["resnet"]).executor._recomputed()  # BatchNorm in place: nothing to regenerate from
+    monkeypatch.setattr(net.executor, "_recompute_on", lambda: True)
+    x, g = _inputs(net)
+    net.forward(data=x)
+    _ = net.blobs["conv1"].data.sum()  # read (and written with the same values): fine
+    net.blobs["conv1"].data[...] = net.blobs["conv1"].data.copy()
+    net.backward(prob=g)
+    with _plain():
+        ref.forward(data=x)
+        ref.backward(prob=g)
+    _assert_diffs_equal(net, ref, ["data"])
+    net.forward(data=x)
+    net.blobs["conv1"].data[...] += 1
+    with pytest.raises(NetError, match="layer 'conv1/scale'.*blob 'conv1'.*PYCAFFE_LITE_SHARE_DIFFS=0"):
+        net.backward(prob=g)
+    net.forward(data=x)  # a new forward: fine again
+    net.backward(prob=g)
+    _assert_diffs_equal(net, ref, ["data"])
