@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
+from pycaffe_lite import common
 from pycaffe_lite.errors import NetError
+from pycaffe_lite.gpu import backend
 from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
 from pycaffe_lite.runtime.memory_plan import BackwardRange, shared_diff_slots
@@ -401,3 +403,26 @@ def test_regenerated_scale_inputs_must_not_change_before_backward(monkeypatch, m
     net.forward(data=x)  # a new forward: fine again
     net.backward(prob=g)
     _assert_diffs_equal(net, ref, ["data"])
+
+
+def test_the_plan_is_made_once_per_range_and_graphs_replay(mode):
+    """Later passes reuse the slots (on the GPU: no allocation, so the captured graphs replay)."""
+    net, ref = _pair("mobilenet")
+    shared = net.executor.shared_diffs
+    for seed in range(1, 7):
+        x, g = _inputs(net, seed)
+        _pass(net, x, g)
+        if seed == 4:
+            slots = list(shared.slots)
+            generation = _alloc_generation()
+    assert all(a is b for a, b in zip(slots, shared.slots)) and len(slots) == len(shared.slots) > 0
+    assert _alloc_generation() == generation
+    if common.mode() is common.Mode.GPU:  # forward and backward ranges: warm-up, capture, replays
+        assert net.executor.replays >= 6 and not net.executor.fallbacks
+    with _plain():
+        _pass(ref, x, g)
+    _assert_diffs_equal(net, ref, list(net.blobs))
+
+
+def _alloc_generation() -> int:
+    return backend.state().alloc_generation if common.mode() is common.Mode.GPU else 0
