@@ -48,7 +48,8 @@ class Blob:
         self._capacity = 0
         self._data = SyncedMemory(0, self.dtype)  # (allocates nothing; reshape sizes it)
         self._diff = SyncedMemory(0, self.dtype)
-        # told of user access through the data/diff properties: on_access(blob, "data" or "diff")
+        # told of user access through the data/diff properties: on_access(blob, what), what is "data"
+        # or "diff" (the getters: the user may read or write) or "set_data"/"set_diff" (the setters)
         self.on_access: Callable[[Blob, str], None] | None = None
         self.reshape(shape)
 
@@ -148,7 +149,7 @@ class Blob:
 
     @data.setter
     def data(self, value) -> None:
-        self._user_access("data")
+        self._user_access("set_data")
         self.mutable_cpu_data()[...] = value
 
     @property
@@ -159,7 +160,7 @@ class Blob:
 
     @diff.setter
     def diff(self, value) -> None:
-        self._user_access("diff")
+        self._user_access("set_diff")
         self.mutable_cpu_diff()[...] = value
 
     # -- device access (pointers) -----------------------------------------------------------

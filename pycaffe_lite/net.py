@@ -642,7 +642,7 @@ class Net:
             value = np.asarray(value)
             if value.shape != blob.shape:
                 raise ShapeError(f"net '{self.name}': diff for '{name}' has shape {value.shape}, blob is {blob.shape}")
-            blob.diff[...] = value
+            blob.diff = value  # the setter: a whole new diff (a stale one needs no recomputation)
 
     def forward(
         self,

@@ -425,7 +425,7 @@ class SharedDiffs:
     """Applies :func:`shared_diff_slots` to backward passes, keeping pycaffe's semantics.
 
     Before a backward over layers ``start..end`` of a net whose layers act only inside it (no
-    Python layer, no non-``graph_safe`` per-layer hook), the diffs the range writes before reading
+    layer with outside effects such as Python layers, no per-layer hooks), the diffs the range writes before reading
     them are pointed into one buffer per slot (numpy arrays on the CPU, device allocations on the
     GPU; planned again when the range, the shapes, the mode or :attr:`keep` change). Private
     always: the range's seeds (diffs it reads before writing: output and loss diffs, a gradient a
@@ -447,7 +447,9 @@ class SharedDiffs:
       written without asking does not reach), and on the CPU the sources are copied after each
       pass (their kept arrays are the storage a re-run would read);
     - reading a planned diff that is not stale (its slot's last value) gives that blob diff memory
-      of its own holding it, and keeps it private from the next plan on;
+      of its own holding it, and keeps it private from the next plan on; setting a diff whole
+      (``blob.diff = g``, ``backward(**{name: g})``) does the same and needs no recomputation,
+      whereas ``blob.diff[...] = g`` reads first (the getter cannot tell);
     - a later backward supersedes the stale diffs it writes; stale diffs it reads (seeds) or leaves
       alone are recomputed first when possible (the net is un-shared then); otherwise a seed is a
       NetError and the others are *lost* (reading one is a NetError).
@@ -459,7 +461,7 @@ class SharedDiffs:
     def __init__(self, net: NetGraph, hooks: Mapping[str, list], run_backward: Callable[[int, int], None],
                  watch_changed: Callable[[], None]) -> None:
         self.net = net
-        self.hooks = hooks  # the executor's per-layer hooks: only graph_safe ones while diffs are shared
+        self.hooks = hooks  # the executor's per-layer hooks: none may be set while pycaffe passes share
         self.run_backward = run_backward  # the executor's plain backward over a layer range
         self.watch_changed = watch_changed  # the executor (re)sets the blobs' on_access hooks
         self.watching = False
@@ -546,8 +548,8 @@ class SharedDiffs:
             return False
         if train:  # the solver's replayed iteration: graph-safe hooks only, by construction
             return True
-        hooks = [fn for fns in self.hooks.values() for fn in fns]
-        return self._can_share and not self.disabled and all(getattr(fn, "graph_safe", False) for fn in hooks)
+        # No hooks: a re-run would call them again (an NCCL reduction on one rank only would hang).
+        return self._can_share and not self.disabled and not any(self.hooks.values())
 
     def _set_watch(self) -> None:
         self.watching = bool(self._planned or self.stale or self.lost or self._regenerated)
@@ -695,6 +697,10 @@ class SharedDiffs:
         if self._running:  # a hook inside the pass
             return
         bid = self._ids.get(id(blob))
+        if what == "set_diff" and bid is not None:  # overwritten whole: nothing to recompute
+            self._overwritten(blob)
+            return
+        what = "data" if what == "set_data" else what
         if what == "data" and self._regenerated:  # a source of regenerated Scale inputs: remember it
             key = id(blob.data_memory)
             for mem, version in self._regenerated.values():
@@ -714,6 +720,17 @@ class SharedDiffs:
             self._rematerialise(f"blob '{self.net.blob_names[bid]}'")
         elif bid in self._planned:
             self._release(bid)
+        self._set_watch()
+
+    def _overwritten(self, blob: Blob) -> None:
+        """``blob.diff = value``: the blobs of its diff memory are neither stale nor lost now."""
+        mem = blob.diff_memory
+        bids = [b for b, other in enumerate(self.net.blobs) if other.diff_memory is mem]
+        for b in bids:
+            self.stale.discard(b)
+            self.lost.pop(b, None)
+        if bids[0] in self._planned:
+            self._release(bids[0])
         self._set_watch()
 
     def _problem(self) -> str | None:

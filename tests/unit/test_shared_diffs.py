@@ -426,3 +426,44 @@ def test_the_plan_is_made_once_per_range_and_graphs_replay(mode):
 
 def _alloc_generation() -> int:
     return backend.state().alloc_generation if common.mode() is common.Mode.GPU else 0
+
+
+@pytest.mark.parametrize("how", ["kwargs", "setter"])
+def test_a_diff_set_whole_after_new_data_needs_no_recomputation(how, mode):
+    """After a full pass and a new forward, a gradient set on a (stale) blob and a backward from
+    there work; diffs that backward does not write are lost (their recomputation would need the
+    old data), reading one is a NetError."""
+    net, ref = _pair("resnet")
+    x, g = _inputs(net)
+    layer, top = "res3a_relu", "res3a"
+    h = np.random.default_rng(9).standard_normal(net.blobs[top].shape).astype(np.float32)
+    for n, run in ((net, False), (ref, True)):
+        with caffe.using_config(share_diffs=not run):
+            _pass(n, x, g)
+            n.forward(data=x + 1)
+            if how == "kwargs":
+                n.backward(start=layer, end="res3a_branch2a", **{top: h})
+            else:
+                n.blobs[top].diff = h
+                n.backward(start=layer, end="res3a_branch2a")
+    assert net._blob_names.index(top) not in net.executor.shared_diffs.stale
+    written = ["res3a", "res3a_branch2c", "res3a_branch2b", "res3a_branch2a"]
+    _assert_diffs_equal(net, ref, written)
+    lost = dict(net.executor.shared_diffs.lost)
+    assert lost and not net.executor.shared_diffs.stale
+    # every other diff holds what it holds without sharing (the first pass's values below the range)
+    _assert_diffs_equal(net, ref, [n for b, n in enumerate(net._blob_names) if b not in lost])
+    with pytest.raises(NetError, match="changed since"):
+        _ = net.blobs[net._blob_names[min(lost)]].diff
+    _pass(net, x, g)  # a full pass writes them all again
+    with _plain():
+        _pass(ref, x, g)
+    _assert_diffs_equal(net, ref, list(net.blobs))
+
+
+def test_per_layer_hooks_keep_every_diff(mode):
+    net, _ = _pair("mobilenet")
+    seen: list[int] = []
+    net.after_backward(seen.append)
+    _pass(net, *_inputs(net))
+    assert seen and not net.executor.shared_diffs.slots and not net.executor.shared_diffs.stale
