@@ -207,12 +207,6 @@ class Blob:
         self._check_share(other)
         self._diff = other._diff
 
-    def use_diff_memory(self, memory: SyncedMemory) -> None:
-        """Make ``memory`` (``count`` elements of this dtype) this blob's diff (a memory plan's)."""
-        if memory.count < self._count or memory.dtype != self.dtype:
-            raise ShapeError(f"diff memory of {memory.count} {memory.dtype} for a blob of {self._count} {self.dtype}")
-        self._diff = memory
-
     def _check_share(self, other: Blob) -> None:
         if other.count != self.count or other.dtype != self.dtype:
             raise ShapeError(

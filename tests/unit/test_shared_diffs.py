@@ -419,6 +419,8 @@ def test_the_plan_is_made_once_per_range_and_graphs_replay(mode):
     assert _alloc_generation() == generation
     if common.mode() is common.Mode.GPU:  # forward and backward ranges: warm-up, capture, replays
         assert net.executor.replays >= 6 and not net.executor.fallbacks
+        # the Scale layers after a BatchNorm with its own top never saved their input
+        assert all(not scale._saved.data_memory.has_gpu() for _, scale, _, _ in net.executor._recomputed())
     with _plain():
         _pass(ref, x, g)
     _assert_diffs_equal(net, ref, list(net.blobs))
