@@ -48,7 +48,9 @@ class Blob:
         self._capacity = 0
         self._data = SyncedMemory(0, self.dtype)  # (allocates nothing; reshape sizes it)
         self._diff = SyncedMemory(0, self.dtype)
-        self.on_access: Callable[[Blob], None] | None = None  # told of user access (data/diff properties)
+        # told of user access through the data/diff properties: on_access(blob, what), what is "data"
+        # or "diff" (the getters: the user may read or write) or "set_data"/"set_diff" (the setters)
+        self.on_access: Callable[[Blob, str], None] | None = None
         self.reshape(shape)
 
     # -- shape ------------------------------------------------------------------------------
@@ -134,31 +136,31 @@ class Blob:
         return self._view(self._diff.mutable_cpu())
 
     # pycaffe's properties are the user's access: a net that shares memory between blobs is told
-    # (``on_access``, see memory_plan.SharedData); layers use the methods above.
-    def _user_access(self) -> None:
+    # (``on_access``, see memory_plan.SharedData and SharedDiffs); layers use the methods above.
+    def _user_access(self, what: str) -> None:
         if self.on_access is not None:
-            self.on_access(self)
+            self.on_access(self, what)
 
     @property
     def data(self) -> np.ndarray:
         """pycaffe: writable host array of the data (marks the host copy newest)."""
-        self._user_access()
+        self._user_access("data")
         return self.mutable_cpu_data()
 
     @data.setter
     def data(self, value) -> None:
-        self._user_access()
+        self._user_access("set_data")
         self.mutable_cpu_data()[...] = value
 
     @property
     def diff(self) -> np.ndarray:
         """pycaffe: writable host array of the diff (marks the host copy newest)."""
-        self._user_access()
+        self._user_access("diff")
         return self.mutable_cpu_diff()
 
     @diff.setter
     def diff(self, value) -> None:
-        self._user_access()
+        self._user_access("set_diff")
         self.mutable_cpu_diff()[...] = value
 
     # -- device access (pointers) -----------------------------------------------------------
@@ -204,12 +206,6 @@ class Blob:
     def share_diff(self, other: Blob) -> None:
         self._check_share(other)
         self._diff = other._diff
-
-    def use_diff_memory(self, memory: SyncedMemory) -> None:
-        """Make ``memory`` (``count`` elements of this dtype) this blob's diff (a memory plan's)."""
-        if memory.count < self._count or memory.dtype != self.dtype:
-            raise ShapeError(f"diff memory of {memory.count} {memory.dtype} for a blob of {self._count} {self.dtype}")
-        self._diff = memory
 
     def _check_share(self, other: Blob) -> None:
         if other.count != self.count or other.dtype != self.dtype:

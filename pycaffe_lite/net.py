@@ -642,7 +642,7 @@ class Net:
             value = np.asarray(value)
             if value.shape != blob.shape:
                 raise ShapeError(f"net '{self.name}': diff for '{name}' has shape {value.shape}, blob is {blob.shape}")
-            blob.diff[...] = value
+            blob.diff = value  # the setter: a whole new diff (a stale one needs no recomputation)
 
     def forward(
         self,
@@ -676,8 +676,11 @@ class Net:
         start_i = self._layer_index(start, len(self.graph.layers) - 1)
         end_i = self._layer_index(end, 0)
         outputs = set(self.bottom_names_of(end_i)) if end is not None else set(self.graph.inputs)
-        outputs |= set(diffs or ())
+        diffs = list(diffs or ())
+        outputs |= set(diffs)
         self._set_diffs(kwargs)
+        # the diffs asked for stay private (the others may share gradient buffers: memory_plan.SharedDiffs)
+        self.executor.shared_diffs.keep_blobs([self.graph.blob_name_to_idx[n] for n in diffs if n in self._blob_dict])
         self.backward_from_to(start_i, end_i)
         return {name: self._blob_dict[name].diff for name in self.graph.blob_names if name in outputs}
 

@@ -2,7 +2,8 @@
 
 States: ``UNINITIALIZED`` (nothing allocated), ``HEAD_AT_CPU`` (host copy newest),
 ``HEAD_AT_GPU`` (device copy newest), ``SYNCED`` (both equal). Reading one side brings it up to
-date; asking for a mutable side makes it the head.
+date; asking for a mutable side makes it the head. ``version`` counts the times a side was asked for
+to be written (memory plans use it to tell whether values a recomputation needs may have changed).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class HostAccessDuringCapture(RuntimeError):
 class SyncedMemory:
     """``count`` elements of ``dtype`` on the host (numpy) and, on demand, on the device."""
 
-    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head", "shared", "_pinned", "_upload", "watched")
+    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head", "shared", "_pinned", "_upload", "watched", "version")
 
     def __init__(self, count: int, dtype: np.dtype, device: SupportsInt | None = None) -> None:
         """``device``: an existing device allocation of at least ``count`` elements to use (memory
@@ -54,6 +55,7 @@ class SyncedMemory:
         self._pinned = False  # _cpu is page-locked (backend.pinned_array)
         self._upload = None  # event of an asynchronous upload from the page-locked _cpu still reading it
         self.watched = False  # writes count in watched_writes() (parameters something is derived from)
+        self.version = 0  # bumped by every request to write (mutable_*, set_cpu, use_storage, ...)
 
     @property
     def nbytes(self) -> int:
@@ -97,6 +99,7 @@ class SyncedMemory:
         """Up-to-date host array (flat) that the caller will write: the host becomes the head."""
         arr = self._to_cpu()
         self.head = Head.HEAD_AT_CPU
+        self.version += 1
         if self.watched:
             _WATCHED_WRITES[0] += 1
         return arr
@@ -111,6 +114,7 @@ class SyncedMemory:
         self._cpu = array.reshape(-1)
         self._pinned = False
         self.head = Head.HEAD_AT_CPU
+        self.version += 1
         if self.watched:
             _WATCHED_WRITES[0] += 1
 
@@ -124,6 +128,7 @@ class SyncedMemory:
         self._cpu, self._gpu, self.head, self._pinned = None, device, Head.UNINITIALIZED, False
         if self.watched:
             _WATCHED_WRITES[0] += 1
+        self.version += 1
         if host is not None:
             self.set_cpu(host)
         self.shared = host is not None or device is not None
@@ -136,6 +141,7 @@ class SyncedMemory:
         if self.count:
             _backend.memcpy_dtod(int(device), values, self.nbytes)
         self._gpu, self.head, self.shared = device, Head.HEAD_AT_GPU, True
+        self.version += 1
         del old
 
     def own_storage(self) -> None:
@@ -176,6 +182,7 @@ class SyncedMemory:
         """Device pointer the caller will write: the device becomes the head."""
         ptr = self._to_gpu()
         self.head = Head.HEAD_AT_GPU
+        self.version += 1
         if self.watched:
             _WATCHED_WRITES[0] += 1
         recording = _backend.recording()
@@ -200,6 +207,17 @@ class SyncedMemory:
         self.head = Head.HEAD_AT_GPU
         if self.watched:
             _WATCHED_WRITES[0] += 1
+        self.version += 1
+
+    def newest_copy(self) -> np.ndarray:
+        """A host copy (flat) of the values device work would read: the device copy when it is
+        current (a host array written without asking, as pycaffe lets one keep and write
+        ``blob.data``, is not what the device holds), else the host copy."""
+        if self.head in (Head.HEAD_AT_GPU, Head.SYNCED) and self._gpu is not None and self.count:
+            out = np.empty(self.count, self.dtype)  # a temporary: pageable
+            _backend.memcpy_dtoh(out, int(self._gpu))
+            return out
+        return self._to_cpu().copy()
 
     def has_gpu(self) -> bool:
         return self._gpu is not None

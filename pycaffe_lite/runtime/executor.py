@@ -15,9 +15,11 @@ memory the net can reach is copied to the device (values a user wrote through ``
 used); after it, the memories the work writes are marked device-newest. Setting the environment
 variable ``PYCAFFE_LITE_CUDA_GRAPHS=0`` (or ``executor.use_graphs = False``) runs everything plainly.
 
-Memory plans (:mod:`~pycaffe_lite.runtime.memory_plan`): training iterations share gradient buffers
-(``_plan_diffs``); full forwards of nets that never run backward share intermediate data
-(:attr:`Executor.shared_data`, which also keeps pycaffe's semantics for the blobs users read).
+Memory plans (:mod:`~pycaffe_lite.runtime.memory_plan`): backward passes (pycaffe's and whole
+training iterations) share gradient buffers (:attr:`Executor.shared_diffs`); full forwards of nets
+that never run backward share intermediate data (:attr:`Executor.shared_data`). Both keep pycaffe's
+semantics for the blobs users read: they are told of every access through ``blob.data`` /
+``blob.diff`` while they watch (:meth:`Executor._update_access_hooks`).
 """
 
 from __future__ import annotations
@@ -27,19 +29,19 @@ import logging
 import math
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, SupportsInt
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import common
-from ..blob import shape_generation, weighted_sum
+from ..blob import Blob, shape_generation, weighted_sum
 from ..config import config
 from ..conv import engines as conv_engines
 from ..gpu import backend, cuda_graph
 from ..layer import Layer
 from ..synced_memory import SyncedMemory, watched_writes
 from .fusion import ConvBNScale, ConvReLU, find_fusions
-from .memory_plan import SharedData, recomputable_inputs, shared_diff_slots, sharing_enabled
+from .memory_plan import SharedData, SharedDiffs, recomputable_inputs, sharing_enabled
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -141,16 +143,16 @@ class Executor:
         self._folds = [chain for chain in self.fusions.values() if isinstance(chain, ConvBNScale)]
         self._fold_key: tuple | None = None
         self.loss_log: LossLog | None = None
-        self._diff_plan_key: tuple | None = None
-        self._diff_slots: list[SupportsInt] = []
-        self._recompute: list | None = None  # memory_plan.recomputable_inputs, for train_iteration
+        self._recompute: list | None = None  # (layer index, *memory_plan.recomputable_inputs entry)
         # -- per-layer hooks (pycaffe's Net.before_forward & co.; multi-GPU gradient reduction) --
         # hook(layer_index) around every layer of a pass. A hook with ``graph_safe = True`` only
         # queues device work and may be captured in whole-iteration graphs; any other hook makes
         # the passes run plainly.
         self.hooks: dict[str, list[Callable[[int], None]]] = {k: [] for k in HOOK_KINDS}
-        self.shared_data = SharedData(net, self.hooks, self._run_forward,  # nets that never run backward
+        # nets that never run backward
+        self.shared_data = SharedData(net, self.hooks, self._run_forward, self._update_access_hooks,
                                       skippable=[chain.skipped for chain in self._folds if chain.skipped])
+        self.shared_diffs = SharedDiffs(net, self.hooks, self._run_backward, self._update_access_hooks)
         self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._read_loss_early = {
@@ -208,8 +210,11 @@ class Executor:
 
     def _key(self, tag: tuple) -> tuple:
         # set_random_seed re-keys device generators (Dropout), which graphs recorded: re-capture.
+        # Whether Scale layers save their inputs or regenerate them is recorded in graphs too.
+        regenerated = tuple(scale.recompute_input is not None for _, scale, _, _ in self._recomputed())
         return (tag, backend.state().alloc_generation, shape_generation(), common.seed_generation(),
-                common.tf32_allowed(), self.shared_data.skipping, len(self.shared_data.keep))
+                common.tf32_allowed(), sharing_enabled(), regenerated, self.shared_data.skipping,
+                len(self.shared_data.keep))
 
     def _refold(self) -> None:
         """Write the folded parameters of the Convolution -> BatchNorm -> Scale chains when one of the
@@ -224,6 +229,19 @@ class Executor:
                 blob.data_memory.watched = True
             chain.fold()
         self._fold_key = (watched_writes(), shape_generation(), common.mode())
+
+    # -- user access to blobs, for the memory plans -------------------------------------------
+    def _update_access_hooks(self) -> None:
+        """Point every blob's and param's ``on_access`` at :meth:`_on_access` while a plan watches."""
+        hook = self._on_access if self.shared_data.watching or self.shared_diffs.watching else None
+        for blob in (*self.net.blobs, *self.net.params_list):
+            blob.on_access = hook
+
+    def _on_access(self, blob, what: str) -> None:
+        if self.shared_data.watching:
+            self.shared_data.access(blob, what)
+        if self.shared_diffs.watching:
+            self.shared_diffs.access(blob, what)
 
     # -- plain execution ------------------------------------------------------------------------
     def _chain_at(self, i: int, end: int) -> ConvReLU | ConvBNScale | None:
@@ -278,8 +296,37 @@ class Executor:
     def forward(self, start: int, end: int) -> float:
         """Run layers ``start..end`` (inclusive); the summed weighted loss of their loss tops."""
         self._refold()
+        on = self._recompute_on()
+        pairs = self._set_recompute(start, end, on)
         with self.shared_data.forward(start, end):
-            return self._forward(start, end)
+            loss = self._forward(start, end)
+        pairs = [(k, source) for k, source in pairs if self.net.layer_need_backward[k]]
+        if pairs:  # what their backward regenerates the input from must not change until then
+            self.shared_diffs.regenerating(pairs, on)
+        return loss
+
+    # -- recomputed Scale inputs (memory_plan.recomputable_inputs) -------------------------------
+    def _recomputed(self) -> list[tuple[int, Layer, Layer, Blob]]:
+        if self._recompute is None:  # depends on the net's structure only
+            index = {id(layer): k for k, layer in enumerate(self.net.layers)}
+            self._recompute = [(index[id(scale)], scale, bn, source)
+                               for scale, bn, source in recomputable_inputs(self.net)]
+        return self._recompute
+
+    def _recompute_on(self) -> bool:
+        """pycaffe forwards on the GPU with shared diffs on keep no saved Scale inputs either."""
+        return sharing_enabled() and common.mode() is common.Mode.GPU
+
+    def _set_recompute(self, start: int, end: int, on: bool) -> list[tuple[int, Blob]]:
+        """Before a forward over ``start..end``: its Scale layers whose input a BatchNorm can
+        regenerate keep no copy of it when ``on`` (their backward regenerates it), else they save
+        it. Returns those layers' ``(index, source blob)``."""
+        pairs = []
+        for k, scale, bn, source in self._recomputed():
+            if start <= k <= end:
+                scale.recompute_input = functools.partial(bn.regenerate_top_into, source) if on else None
+                pairs.append((k, source))
+        return pairs
 
     def _forward(self, start: int, end: int) -> float:
         if any(start <= i <= end for i in self._read_loss_early):
@@ -304,6 +351,10 @@ class Executor:
 
     def backward(self, start: int, end: int) -> None:
         """Backward through layers ``start`` down to ``end`` (inclusive, ``start >= end``)."""
+        with self.shared_diffs.backward(start, end):  # planned before the graph key is taken
+            self._backward(start, end)
+
+    def _backward(self, start: int, end: int) -> None:
         low = self._first_device_layer(end, start)  # data readers at the bottom run plainly, last
         if low <= start and self._capturable(low, start):
             self._graphs.run(self._key(("backward", start, low)), lambda: self._run_backward(start, low))
@@ -331,28 +382,12 @@ class Executor:
             return False
         return self._capturable(first, last, safe_hooks=True)
 
-    def _plan_diffs(self) -> None:
-        """Give the gradients of intermediate blobs shared buffers (see :mod:`memory_plan`), once
-        per set of shapes, before the iteration that graphs will capture first runs."""
-        key = (shape_generation(), self.net.dtype.str)
-        if not sharing_enabled() or self._diff_plan_key == key:
-            return
-        self._diff_slots = []
-        for nbytes, members in shared_diff_slots(self.net):
-            buffer = backend.alloc(nbytes)
-            self._diff_slots.append(buffer)
-            for bid in members:
-                blob = self.net.blobs[bid]
-                blob.use_diff_memory(SyncedMemory(blob.count, blob.dtype, device=buffer))
-        self._diff_plan_key = (shape_generation(), self.net.dtype.str)
-
     def train_iteration(self, update: Callable[[], None], tag: Hashable = "") -> None:
         """Queue one iteration on the GPU: clear param diffs, forward, backward, ``update()`` (the
         solver's device update), and record the weighted loss in :attr:`loss_log`; everything after
         the data layers is replayed as one CUDA graph. Needs :meth:`can_replay_iteration`. The
         host does not wait: read the losses with ``loss_log.read()``."""
         net = self.net
-        self._plan_diffs()
         last = len(net.layers) - 1
         first = self._first_device_layer(0, last)
         self._run_forward(0, first - 1)
@@ -361,24 +396,21 @@ class Executor:
             self.loss_log = LossLog(net.dtype)
         log_ = self.loss_log
 
-        if self._recompute is None:  # depends on the net's structure only
-            self._recompute = recomputable_inputs(net) if sharing_enabled() else []
-        recompute = self._recompute
-
         def work() -> None:
-            for scale, bn, source in recompute:  # no saved Scale inputs inside this iteration
-                scale.recompute_input = functools.partial(bn.regenerate_top_into, source)
-            try:
-                self.clear_param_diffs()
-                self._run_forward(first, last, fold=True)
-                log_.record(tops)
-                self._run_backward(last, first)
-                update()
-            finally:
-                for scale, _, _ in recompute:
-                    scale.recompute_input = None
+            # No saved Scale inputs inside this iteration; the layers stay so afterwards, as their
+            # last forward left them (a backward without a new forward regenerates the input too).
+            self._set_recompute(first, last, sharing_enabled())
+            self.clear_param_diffs()
+            self._run_forward(first, last, fold=True)
+            log_.record(tops)
+            self._run_backward(last, first)
+            update()
 
-        self._graphs.run(self._key(("train", first, tag)), work)
+        with self.shared_diffs.backward(last, first, train=True):  # planned before the graph key is taken
+            self._graphs.run(self._key(("train", first, tag)), work)
+        on = sharing_enabled()
+        self.shared_diffs.regenerating([(k, source) for k, _, _, source in self._recomputed()
+                                        if k >= first and net.layer_need_backward[k]], on)
         log_.pending += 1
 
 

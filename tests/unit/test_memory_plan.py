@@ -35,7 +35,7 @@ def _net_param() -> caffe_pb2.NetParameter:
 
 def test_no_two_live_diffs_share_a_slot():
     net = caffe.Net(_net_param(), caffe.TRAIN)
-    slots = shared_diff_slots(net.graph)
+    slots = [(nbytes, [b for group in groups for b in group]) for nbytes, groups in shared_diff_slots(net.graph)]
     assert slots and sum(len(m) for _, m in slots) > len(slots)  # some sharing happens
     layers = len(net.layers)
     span = {}
@@ -64,7 +64,7 @@ def test_training_with_shared_diffs_equals_without(monkeypatch, gpu_mode):
             solver = caffe.get_solver(sp, progress=False)
             solver.step(8)
             assert solver.net.executor.replays >= 5
-            assert bool(solver.net.executor._diff_slots) == (share == "1")
+            assert bool(solver.net.executor.shared_diffs.slots) == (share == "1")
         weights[share] = {n: [b.data.copy() for b in bs] for n, bs in solver.net.params.items()}
     for name, blobs in weights["1"].items():
         for a, b in zip(blobs, weights["0"][name]):
