@@ -24,6 +24,7 @@ MAX_GRID = 65535 * 4
 
 @register_layer("Axpy")
 class AxpyLayer(Layer):
+    writes_all_bottom_diffs = True
     exact_num_bottom_blobs = 3
     exact_num_top_blobs = 1
 

@@ -15,6 +15,7 @@ from pycaffe_lite.layer import Layer, register_layer
 
 @register_layer("Concat")
 class ConcatLayer(Layer):
+    writes_all_bottom_diffs = True
     min_bottom_blobs = 1
     exact_num_top_blobs = 1
 

@@ -26,6 +26,7 @@ Op = caffe_pb2.EltwiseParameter
 
 @register_layer("Eltwise")
 class EltwiseLayer(Layer):
+    writes_all_bottom_diffs = True
     min_bottom_blobs = 2
     exact_num_top_blobs = 1
 

@@ -92,6 +92,11 @@ class Layer:
     # producer's regeneration can replace (``recompute_input``). Memory plans pair the two.
     regenerates_top: ClassVar[bool] = False
     saves_input_in_place: ClassVar[bool] = False
+    # Its backward overwrites the whole diff of every bottom it propagates to, not only bottom 0's
+    # (``writes_bottom_diff``): gradient memory plans share only diffs a backward is known to write,
+    # since Caffe leaves an unwritten diff as it was (an Unpooling's switch source, a mask, a shape
+    # reference) and a Split sums it.
+    writes_all_bottom_diffs: ClassVar[bool] = False
     recompute_input: Callable[[int], None] | None = None  # set by the executor on such a layer
 
     def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32) -> None:
@@ -282,6 +287,10 @@ class Layer:
     def regenerate_top_into(self, bottom: Blob, out: int) -> None:
         """Write the last forward's top into device pointer ``out`` again (``regenerates_top``)."""
         raise NotImplementedError(f"{self.type} cannot regenerate its top")
+
+    def writes_bottom_diff(self, i: int) -> bool:
+        """Whether backward, asked to propagate to bottom ``i``, writes all of that bottom's diff."""
+        return i == 0 or self.writes_all_bottom_diffs
 
     def relu_epilogue(self) -> bool:
         """A ReLU (negative_slope 0) that the convolution before it may apply in its epilogue."""

@@ -122,8 +122,9 @@ class BackwardRange:
                 if key not in written:
                     self.seeds.add(key)
                 self._touch(key, step)
-            for blob, need in zip(net.bottom_vecs[k], net.bottom_need_backward[k]):
-                if need:
+            layer = net.layers[k]
+            for i, (blob, need) in enumerate(zip(net.bottom_vecs[k], net.bottom_need_backward[k])):
+                if need and layer.writes_bottom_diff(i):
                     key = id(blob.diff_memory)
                     written.add(key)
                     self.writes.append((step, key))

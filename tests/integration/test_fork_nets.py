@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pycaffe_lite import common
+from pycaffe_lite import common, using_config
 from pycaffe_lite.commands import cli
 from pycaffe_lite.net import Net
 
@@ -83,3 +83,14 @@ def test_net_runs_on_cpu(tmp_path):
 def test_net_cpu_gpu_agree(tmp_path):
     for a, b in zip(_run(tmp_path, False), _run(tmp_path, True)):
         np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
+
+
+def test_shared_gradient_buffers_leave_unwritten_diffs_alone(tmp_path):
+    """Unpooling leaves its switch source's diff (``nn``'s third split) as it was, and ROIPooling its
+    ROIs'; the Split before them sums it. Shared gradient buffers must not hand such a diff another
+    blob's gradient: every diff equals the run with sharing off."""
+    with_plan = _run(tmp_path, False)
+    with using_config(share_diffs=False):
+        without = _run(tmp_path, False)
+    for a, b in zip(with_plan, without):
+        np.testing.assert_array_equal(a, b)
