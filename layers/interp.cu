@@ -163,6 +163,10 @@ __device__ __forceinline__ void interp_write_rows(const int tid, const int nthre
   }
 }
 
+// 16 bytes of Dtype (Y starts the dynamic shared memory, aligned to 16).
+#define INTERP_VEC (16 / (int)sizeof(Dtype))
+struct alignas(16) interp_vec { Dtype v[INTERP_VEC]; };
+
 // Small planes (the whole top plane and T fit in shared memory): one block per plane (grid-stride
 // over planes). The plane's top diff is copied flat into shared memory (each element read once,
 // coalesced whatever Wo), then stage 1 for all Hi x Wo sums, then stage 2 for the whole bottom plane.
@@ -180,8 +184,19 @@ __global__ void interp_backward_plane(const int planes, const int H, const int W
   const int ny = Ho * Wo;
   for (int p = blockIdx.x; p < planes; p += gridDim.x) {
     const Dtype* dyp = dy + (long long)p * ny;
+    // 16-byte loads and stores when the plane allows (uniform over the block), two in flight
+    const int nv = (ny % INTERP_VEC == 0 && reinterpret_cast<unsigned long long>(dyp) % 16 == 0) ? ny / INTERP_VEC : 0;
     FOR_THREAD(tid) {
-      int i = tid;
+      const interp_vec* src = reinterpret_cast<const interp_vec*>(dyp);
+      interp_vec* dst = reinterpret_cast<interp_vec*>(Y);
+      int j = tid;
+      for (; j + nthreads < nv; j += 2 * nthreads) {
+        const interp_vec v0 = src[j], v1 = src[j + nthreads];
+        dst[j] = v0;
+        dst[j + nthreads] = v1;
+      }
+      for (; j < nv; j += nthreads) dst[j] = src[j];
+      int i = nv * INTERP_VEC + tid;
       for (; i + 3 * nthreads < ny; i += 4 * nthreads) {  // four loads in flight per thread
         const Dtype v0 = dyp[i], v1 = dyp[i + nthreads], v2 = dyp[i + 2 * nthreads], v3 = dyp[i + 3 * nthreads];
         Y[i] = v0;

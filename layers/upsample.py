@@ -129,10 +129,11 @@ class UpsampleLayer(Layer):
         self._unpool_gpu(bottom, y)
 
     def _unpool_gpu(self, bottom, y):
-        """Three kernels: every top cell written once from its window's owner, four cells of a row
-        per thread (exact unless an index lies outside its source's window); then a claim and a
-        write over all sources that return at once unless the first found such an index, and
-        otherwise settle the cells those indices name (last source wins). No host reads."""
+        """Three kernels: every top cell written once from its window's owner (SegNet's 2x2 windows
+        tiling the top: two sources' windows per thread; else four cells of a row per thread),
+        exact unless an index lies outside its source's window; then a claim and a write over all
+        sources that return at once unless the first found such an index, and otherwise settle
+        the cells those indices name (last source wins). No host reads."""
         n, c, h, w = bottom[0].shape
         planes = n * c
         if planes * h * w == 0:
@@ -146,8 +147,14 @@ class UpsampleLayer(Layer):
         vec = int(self.wo % CELLS == 0 and y % (CELLS * self.dtype.itemsize) == 0)
         x, idx, flag = bottom[0].gpu_data(), bottom[1].gpu_data(), self.stray.mutable_gpu_data()
         (win,) = backend.workspace(planes * self.ho * self.wo * 4, slot="reduce")
-        backend.kernel(KERNELS, "unpool_forward", self.dtype)(
-            planes * rows * groups, h, w, self.ho, self.wo, rows, groups, sh, sw, vec, x, idx, y, flag, win)
+        pair = 2 * self.dtype.itemsize  # unpool_forward_x2: 2x2 windows tiling the top, pointers aligned
+        if ((sh, sw, self.ho, self.wo) == (2, 2, 2 * h, 2 * w) and w % 2 == 0 and int(x) % pair == 0
+                and int(idx) % pair == 0 and y % (CELLS * self.dtype.itemsize) == 0):
+            backend.kernel(KERNELS, "unpool_forward_x2", self.dtype)(
+                planes * h * w // 2, h * w, w, self.wo, self.ho * self.wo, x, idx, y, flag, win)
+        else:
+            backend.kernel(KERNELS, "unpool_forward", self.dtype)(
+                planes * rows * groups, h, w, self.ho, self.wo, rows, groups, sh, sw, vec, x, idx, y, flag, win)
         sources = planes * h * w
         grid = min(-(-sources // backend.CUDA_NUM_THREADS), FALLBACK_BLOCKS_PER_SM * backend.multiprocessor_count())
         backend.kernel(KERNELS, "unpool_claim", self.dtype)(

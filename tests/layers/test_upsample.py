@@ -113,6 +113,7 @@ def _unpool_reference(x, mask, ho, wo):
 @pytest.mark.gpu
 @pytest.mark.parametrize("param,hw,out", [
     ("scale: 2", (4, 6), (8, 12)),
+    ("scale: 2", (3, 5), (6, 10)),  # odd width: the general first pass
     ("scale: 2 pad_out_h: true pad_out_w: true", (4, 3), (7, 5)),
     ("upsample_h: 11 upsample_w: 13", (4, 3), (11, 13)),
     ("upsample_h: 3 upsample_w: 5", (4, 5), (3, 5)),
