@@ -142,6 +142,9 @@ class BatchNormLayer(Layer):
         w = gm.vec_width(S, dt, x, y)
         self._k(f"bn_normalize_v{w}")(bottom[0].count // w, C, S, x, mean, inv_std, y)
 
+    def backward_reads_data(self, top: bool, i: int) -> bool:
+        return not self.use_global_stats  # on global statistics dx = dy / std, read from the forward's table
+
     def folds_into_convolution(self) -> bool:
         return bool(self.use_global_stats)
 

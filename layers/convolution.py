@@ -117,6 +117,10 @@ class ConvolutionBase(Layer):
     min_top_blobs = 1
     equal_num_bottom_top_blobs = True
     engines_add_bias = True  # the engines' forward/weight passes handle this layer's bias
+    pure_forward = True
+
+    def backward_reads_data(self, top: bool, i: int) -> bool:
+        return not top  # the weight gradient reads the bottom; nothing reads the top
 
     def weight_shape(self) -> tuple[int, ...]:
         raise NotImplementedError

@@ -97,6 +97,9 @@ class Layer:
     # since Caffe leaves an unwritten diff as it was (an Unpooling's switch source, a mask, a shape
     # reference) and a Split sums it.
     writes_all_bottom_diffs: ClassVar[bool] = False
+    # Its forward writes its tops from its bottoms and params alone (no state, no randomness), so a
+    # memory plan can recompute a top by running it again (``memory_plan.ForwardOnlyData``).
+    pure_forward: ClassVar[bool] = False
     recompute_input: Callable[[int], None] | None = None  # set by the executor on such a layer
 
     def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32) -> None:
@@ -287,6 +290,11 @@ class Layer:
     def regenerate_top_into(self, bottom: Blob, out: int) -> None:
         """Write the last forward's top into device pointer ``out`` again (``regenerates_top``)."""
         raise NotImplementedError(f"{self.type} cannot regenerate its top")
+
+    def backward_reads_data(self, top: bool, i: int) -> bool:
+        """Whether backward reads the data of top (``top``) or bottom ``i``; memory plans let blobs
+        that no backward reads share memory in nets that run backward."""
+        return True
 
     def writes_bottom_diff(self, i: int) -> bool:
         """Whether backward, asked to propagate to bottom ``i``, writes all of that bottom's diff."""

@@ -41,7 +41,7 @@ from ..gpu import backend, cuda_graph
 from ..layer import Layer
 from ..synced_memory import SyncedMemory, watched_writes
 from .fusion import ConvBNScale, ConvReLU, find_fusions
-from .memory_plan import SharedData, SharedDiffs, recomputable_inputs, sharing_enabled
+from .memory_plan import ForwardOnlyData, SharedData, SharedDiffs, recomputable_inputs, sharing_enabled
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -153,6 +153,10 @@ class Executor:
         self.shared_data = SharedData(net, self.hooks, self._run_forward, self._update_access_hooks,
                                       skippable=[chain.skipped for chain in self._folds if chain.skipped])
         self.shared_diffs = SharedDiffs(net, self.hooks, self._run_backward, self._update_access_hooks)
+        regenerated_from = {id(source) for _, _, source in recomputable_inputs(net)}
+        self.forward_data = ForwardOnlyData(net, self.hooks, self._update_access_hooks,  # nets that run backward
+                                            exclude={b for b, blob in enumerate(net.blobs) if id(blob) in regenerated_from})
+        self.shared_diffs.not_read_by_backward(self.forward_data.candidates)
         self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._read_loss_early = {
@@ -233,11 +237,14 @@ class Executor:
     # -- user access to blobs, for the memory plans -------------------------------------------
     def _update_access_hooks(self) -> None:
         """Point every blob's and param's ``on_access`` at :meth:`_on_access` while a plan watches."""
-        hook = self._on_access if self.shared_data.watching or self.shared_diffs.watching else None
+        watching = self.shared_data.watching or self.shared_diffs.watching or self.forward_data.watching
+        hook = self._on_access if watching else None
         for blob in (*self.net.blobs, *self.net.params_list):
             blob.on_access = hook
 
     def _on_access(self, blob, what: str) -> None:
+        if self.forward_data.watching:
+            self.forward_data.access(blob, what)
         if self.shared_data.watching:
             self.shared_data.access(blob, what)
         if self.shared_diffs.watching:
@@ -298,7 +305,7 @@ class Executor:
         self._refold()
         on = self._recompute_on()
         pairs = self._set_recompute(start, end, on)
-        with self.shared_data.forward(start, end):
+        with self.shared_data.forward(start, end), self.forward_data.forward(start, end):
             loss = self._forward(start, end)
         pairs = [(k, source) for k, source in pairs if self.net.layer_need_backward[k]]
         if pairs:  # what their backward regenerates the input from must not change until then
