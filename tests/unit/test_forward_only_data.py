@@ -84,7 +84,7 @@ def test_changed_input_makes_the_recomputation_an_error(tmp_path, mode):
     _run(net, True)
     net.blobs["data"].data[...] += 1.0
     with pytest.raises(NetError, match="'c1'.*changed since"):
-        net.blobs["c1"].data
+        _ = net.blobs["c1"].data
 
 
 def test_nothing_is_shared_with_sharing_off_or_in_a_net_without_backward(tmp_path):
