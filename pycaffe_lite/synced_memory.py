@@ -9,6 +9,7 @@ to be written (memory plans use it to tell whether values a recomputation needs 
 from __future__ import annotations
 
 import enum
+import weakref
 from typing import SupportsInt
 
 import numpy as np
@@ -27,6 +28,20 @@ def watched_writes() -> int:
     return _WATCHED_WRITES[0]
 
 
+_HOST_NEWER: weakref.WeakSet[SyncedMemory] = weakref.WeakSet()
+
+
+def host_newer_memories() -> list[SyncedMemory]:
+    """Memories whose host copy was made the head since they were last seen here (a superset of
+    those with ``host_is_newer()``): what a CUDA-graph replay must upload first, without walking
+    every memory of a net."""
+    return list(_HOST_NEWER)
+
+
+def forget_host_newer(mem: SyncedMemory) -> None:
+    _HOST_NEWER.discard(mem)
+
+
 class Head(enum.Enum):
     UNINITIALIZED = 0
     HEAD_AT_CPU = 1
@@ -41,7 +56,8 @@ class HostAccessDuringCapture(RuntimeError):
 class SyncedMemory:
     """``count`` elements of ``dtype`` on the host (numpy) and, on demand, on the device."""
 
-    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head", "shared", "_pinned", "_upload", "watched", "version")
+    __slots__ = ("count", "dtype", "_cpu", "_gpu", "head", "shared", "_pinned", "_upload", "watched", "version",
+                 "__weakref__")
 
     def __init__(self, count: int, dtype: np.dtype, device: SupportsInt | None = None) -> None:
         """``device``: an existing device allocation of at least ``count`` elements to use (memory
@@ -69,6 +85,7 @@ class SyncedMemory:
         if self.head is Head.UNINITIALIZED:
             self._cpu = self._host_alloc(zero=True)
             self.head = Head.HEAD_AT_CPU
+            _HOST_NEWER.add(self)
         elif self.head is Head.HEAD_AT_GPU:
             if self._cpu is None:
                 self._cpu = self._host_alloc(zero=False)
@@ -99,6 +116,7 @@ class SyncedMemory:
         """Up-to-date host array (flat) that the caller will write: the host becomes the head."""
         arr = self._to_cpu()
         self.head = Head.HEAD_AT_CPU
+        _HOST_NEWER.add(self)
         self.version += 1
         if self.watched:
             _WATCHED_WRITES[0] += 1
@@ -114,6 +132,7 @@ class SyncedMemory:
         self._cpu = array.reshape(-1)
         self._pinned = False
         self.head = Head.HEAD_AT_CPU
+        _HOST_NEWER.add(self)
         self.version += 1
         if self.watched:
             _WATCHED_WRITES[0] += 1

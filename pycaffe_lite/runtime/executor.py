@@ -39,7 +39,7 @@ from ..config import config
 from ..conv import engines as conv_engines
 from ..gpu import backend, cuda_graph
 from ..layer import Layer
-from ..synced_memory import SyncedMemory, watched_writes
+from ..synced_memory import SyncedMemory, forget_host_newer, host_newer_memories, watched_writes
 from .fusion import ConvBNScale, ConvReLU, find_fusions
 from .memory_plan import ForwardOnlyData, SharedData, SharedDiffs, recomputable_inputs, sharing_enabled
 
@@ -72,8 +72,10 @@ def _has_backward(layer: Layer) -> bool:
 class _Graphs:
     """Captured graphs by key, with the warm-up and fallback bookkeeping."""
 
-    def __init__(self, memories: Callable[[], Iterator[SyncedMemory]]) -> None:
-        self._memories = memories
+    def __init__(self, memories: Callable[[], Iterator[SyncedMemory]],
+                 host_newer: Callable[[], list[SyncedMemory]] = host_newer_memories) -> None:
+        self._memories = memories  # the net's, whose heads an abandoned capture puts back
+        self._host_newer = host_newer  # candidates for the upload before a replay
         self._graphs: dict[Hashable, tuple[cuda_graph.CudaGraph, list[SyncedMemory]]] = {}
         self._warm: set[Hashable] = set()
         self._failed: set[Hashable] = set()
@@ -82,9 +84,14 @@ class _Graphs:
         self.fallbacks: list[str] = []
 
     def _upload_host_writes(self) -> None:
-        for mem in self._memories():
-            if mem.host_is_newer():
+        """Upload every memory with device storage whose host copy is newer (values a user wrote);
+        those without device storage belong to no captured graph (CPU nets)."""
+        for mem in self._host_newer():
+            if not mem.host_is_newer():
+                forget_host_newer(mem)
+            elif mem.has_gpu():
                 mem.gpu()
+                forget_host_newer(mem)
 
     def run(self, key: Hashable, work: Callable[[], None]) -> None:
         if key in self._failed:

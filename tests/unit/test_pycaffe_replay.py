@@ -43,6 +43,9 @@ class _Mem:
         self.uploads += 1
         self.host_newer = False
 
+    def has_gpu(self) -> bool:
+        return True
+
     def mark_device_newest(self) -> None:
         self.device_newest += 1
 
@@ -62,7 +65,7 @@ def fake_graphs(monkeypatch):
 
 def test_warm_up_then_capture_then_replay_uploading_host_writes(fake_graphs):
     mems = [_Mem(), _Mem()]
-    graphs = ex_mod._Graphs(lambda: iter(mems))
+    graphs = ex_mod._Graphs(lambda: iter(mems), host_newer=lambda: [m for m in mems if m.host_newer])
     calls = []
     graphs.run("k", lambda: calls.append("run"))  # warm-up: plain
     assert calls == ["run"] and graphs.captures == 0 and graphs.replays == 0
