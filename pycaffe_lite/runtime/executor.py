@@ -156,6 +156,7 @@ class Executor:
         # queues device work and may be captured in whole-iteration graphs; any other hook makes
         # the passes run plainly.
         self.hooks: dict[str, list[Callable[[int], None]]] = {k: [] for k in HOOK_KINDS}
+        self._watching = False  # the blobs' on_access hooks are set (_update_access_hooks)
         # nets that never run backward
         self.shared_data = SharedData(net, self.hooks, self._run_forward, self._update_access_hooks,
                                       skippable=[chain.skipped for chain in self._folds if chain.skipped])
@@ -245,6 +246,9 @@ class Executor:
     def _update_access_hooks(self) -> None:
         """Point every blob's and param's ``on_access`` at :meth:`_on_access` while a plan watches."""
         watching = self.shared_data.watching or self.shared_diffs.watching or self.forward_data.watching
+        if watching == self._watching:  # every pass asks: walk the blobs only on a change
+            return
+        self._watching = watching
         hook = self._on_access if watching else None
         for blob in (*self.net.blobs, *self.net.params_list):
             blob.on_access = hook
