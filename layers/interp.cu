@@ -282,6 +282,65 @@ __global__ void INTERP_BOUNDS(768, 2) interp_backward_band(const int planes, con
   }
 }
 
+// Two passes through a global intermediate T (planes x Hi x Wo, rows of exactly Wo elements), for
+// planes too large for one block or too many to give each a block. Pass 1 (rows): one thread per
+// (plane, band k of `bands`, top column w), the band covering the window's rows
+// k * Hi / bands .. (k + 1) * Hi / bands - 1 as interp_backward_band's downward walk does (the same
+// sums in the same order: the results are the band kernel's, bit for bit); consecutive threads take
+// consecutive columns, so every top row is read coalesced, and once (a band's first group also by
+// the band above, at about the same time). count = planes * bands * Wo.
+__global__ void interp_backward_rows(const int count, const int bands, const int Hi, const int Ho, const int Wo,
+                                     const int copy, const int* __restrict__ rstarts, const Dtype* __restrict__ rwp,
+                                     const Dtype* __restrict__ rwq, const Dtype* __restrict__ dy,
+                                     Dtype* __restrict__ T) {
+  CUDA_KERNEL_LOOP(i, count) {
+    const int w = i % Wo;
+    const int pk = i / Wo;
+    const int k = pk % bands;
+    const long long p = pk / bands;
+    const int a0 = (int)((long long)k * Hi / bands), a1 = (int)((long long)(k + 1) * Hi / bands);
+    const int g0 = (a0 > 0 && !copy) ? a0 - 1 : a0;
+    const Dtype* col = dy + p * Ho * Wo + w;
+    Dtype* Tw = T + p * Hi * Wo + w;
+    Dtype sp, sq, carry = 0;
+    for (int g = g0; g < a1; ++g) {
+      interp_group_sums(col, Wo, g, copy, rstarts, rwp, rwq, sp, sq);
+      if (g >= a0) Tw[(long long)g * Wo] = carry + sp;
+      carry = sq;
+    }
+  }
+}
+
+// Pass 2 (columns): one thread per bottom element (coalesced stores), its sum over a contiguous
+// range of T's row as interp_column_sum (zeros outside the window). count = planes * H * W.
+__global__ void interp_backward_cols(const int count, const int H, const int W, const int off, const int Hi,
+                                     const int Wi, const int Wo, const int copy, const int* __restrict__ cstarts,
+                                     const Dtype* __restrict__ cwp, const Dtype* __restrict__ cwq,
+                                     const Dtype* __restrict__ T, Dtype* __restrict__ dx) {
+  CUDA_KERNEL_LOOP(i, count) {
+    const int bc = i % W - off;
+    const int r = i / W;
+    const int a = r % H - off;
+    const long long p = r / H;
+    Dtype s = 0;
+    if (a >= 0 && a < Hi && bc >= 0 && bc < Wi) {
+      const Dtype* Trow = T + (p * Hi + a) * Wo;
+      const int w0 = cstarts[bc], w1 = cstarts[bc + 1];
+      if (copy) {
+        s = Trow[w0];
+      } else {
+        Dtype sp = 0, sq = 0;
+        for (int w = w0; w < w1; ++w) sp += cwp[w] * Trow[w];
+        if (bc > 0) {
+          for (int w = cstarts[bc - 1]; w < w0; ++w) sq += cwq[w] * Trow[w];
+        }
+        s = sp + sq;
+      }
+    }
+    dx[i] = s;
+  }
+}
+
 // Backward for widths whose rows of T do not fit in shared memory: one thread per bottom element,
 // the same sums read straight from dy (tables as above).
 __global__ void interp_backward_direct(const int n, const int H, const int W, const int off, const int Hi,

@@ -148,14 +148,19 @@ def test_cpu_gpu_agree_direct_backward(monkeypatch, param):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("settings", [dict(PLANE_KERNEL_MIN_PLANES=1), dict(PLANE_KERNEL_MIN_PLANES=1 << 30),
-                                      dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=3),
-                                      dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=1, BAND_THREADS=64)],
-                         ids=["plane", "band", "band3", "band1_narrow"])
+@pytest.mark.parametrize("settings", [dict(TWO_PASS=False, PLANE_KERNEL_MIN_PLANES=1),
+                                      dict(TWO_PASS=False, PLANE_KERNEL_MIN_PLANES=1 << 30),
+                                      dict(TWO_PASS=False, PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=3),
+                                      dict(TWO_PASS=False, PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=1,
+                                           BAND_THREADS=64),
+                                      dict(TWO_PASS=True), dict(TWO_PASS=True, TWO_PASS_ROWS=3),
+                                      dict(TWO_PASS=True, TWO_PASS_ROWS=1)],
+                         ids=["plane", "band", "band3", "band1_narrow", "two_pass", "two_pass3", "two_pass1"])
 @pytest.mark.parametrize("param", GPU_CASES)
 def test_cpu_gpu_agree_each_backward_kernel(monkeypatch, settings, param):
-    """Each shared-memory backward forced: a block per plane; a block per band of bottom rows (up to
-    8, 3, 1 rows; both walking directions; 64 threads striding over wider rows)."""
+    """Each backward forced: a block per plane; a block per band of bottom rows (up to 8, 3, 1 rows;
+    both walking directions; 64 threads striding over wider rows); the two passes (bands of up to
+    8, 3, 1 rows in pass 1)."""
     module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
     for key, value in settings.items():
         monkeypatch.setattr(module, key, value)
@@ -165,12 +170,11 @@ def test_cpu_gpu_agree_each_backward_kernel(monkeypatch, settings, param):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,param,kernel", [((2, 512, 6, 6), "height: 60 width: 60", "interp_backward_plane"),
-                                                ((1, 3, 65, 65), "zoom_factor: 8", "interp_backward_band"),
-                                                ((1, 2, 60, 60), "height: 473 width: 473", "interp_backward_band")])
+@pytest.mark.parametrize("shape,param,kernel", [((2, 512, 6, 6), "height: 60 width: 60", "interp_backward_rows"),
+                                                ((1, 3, 65, 65), "zoom_factor: 8", "interp_backward_rows"),
+                                                ((1, 2, 60, 60), "height: 473 width: 473", "interp_backward_rows")])
 def test_cpu_gpu_agree_benchmark_shapes(monkeypatch, shape, param, kernel):
-    """Shapes of benchmarks/bandwidth.py's Interp cases (PSPNet pool6 with 1024 planes: a block per
-    plane; DeepLab fc8 and PSPNet conv6 with fewer channels: the band kernel, 544 and 480 threads)."""
+    """Shapes of benchmarks/bandwidth.py's Interp cases: all take the two-pass backward."""
     from pycaffe_lite.gpu import backend
 
     names: list[str] = []

@@ -141,12 +141,17 @@ def _run(param, x, gpu, dtype):
 # Backward kernels and the settings that choose them: a block per plane (any number of planes), a
 # block per band of up to 3 bottom rows (several bands, both walking directions; bands of 1 row),
 # one band per plane with at most 64 threads (columns strided over threads), the direct gather.
+TWO_PASS = ("interp_backward_rows", "interp_backward_cols")
 BACKWARDS = {
-    "plane": ("interp_backward_plane", dict(PLANE_KERNEL_MIN_PLANES=1)),
-    "band3": ("interp_backward_band", dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=3)),
-    "band1": ("interp_backward_band", dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=1)),
-    "band_narrow": ("interp_backward_band", dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_THREADS=64)),
-    "direct": ("interp_backward_direct", dict(SHARED_BYTES=0)),
+    "plane": (("interp_backward_plane",), dict(PLANE_KERNEL_MIN_PLANES=1, TWO_PASS=False)),
+    "band3": (("interp_backward_band",), dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=3, TWO_PASS=False)),
+    "band1": (("interp_backward_band",), dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=1, TWO_PASS=False)),
+    "band_narrow": (("interp_backward_band",), dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_THREADS=64,
+                                                    TWO_PASS=False)),
+    "two_pass1": (TWO_PASS, dict(PLANE_KERNEL_MIN_PLANES=1 << 30, TWO_PASS=True, TWO_PASS_ROWS=1)),
+    "two_pass3": (TWO_PASS, dict(PLANE_KERNEL_MIN_PLANES=1 << 30, TWO_PASS=True, TWO_PASS_ROWS=3)),
+    "two_pass_all": (TWO_PASS, dict(PLANE_KERNEL_MIN_PLANES=1 << 30, TWO_PASS=True, TWO_PASS_ROWS=1 << 20)),
+    "direct": (("interp_backward_direct",), dict(SHARED_BYTES=0, TWO_PASS=False)),
 }
 
 
@@ -161,7 +166,7 @@ def test_gpu_path_on_host_matches_cpu(host_gpu, monkeypatch, param, x, dtype, ba
     common.set_mode_cpu()
     y_cpu, dx_cpu = _run(param, x, False, dtype)
     y_gpu, dx_gpu = _run(param, x, True, dtype)
-    assert host_gpu == ["interp_forward", kernel]
+    assert host_gpu == ["interp_forward", *kernel]
     tol = dict(rtol=1e-12, atol=1e-13) if dtype == np.float64 else dict(rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(y_gpu, y_cpu, **tol)
     np.testing.assert_allclose(dx_gpu, dx_cpu, **tol)
