@@ -1,167 +1,40 @@
 """The GPU paths of Normalize (per position), Upsample (max-unpooling) and Axpy without a GPU: their
 kernels use blocks, shared memory, barriers, warp shuffles and atomics, so the ``.cu`` files are
-compiled as host C++ with a shim that runs each block's threads as OS threads (``__syncthreads``
-a ``std::barrier``, ``__shfl_xor_sync`` an exchange through a block buffer between two barriers,
-``atomicMax`` a compare-and-swap), blocks one after another, with the launch shape the layer
-asks for. Device pointers are the blobs' host arrays; the math_functions / cuBLAS calls the layers
+compiled as host C++ on ``pycaffe_lite.testing.host_kernels.THREADED_SHIM``, which runs each
+block's threads as OS threads (``__syncthreads`` a ``std::barrier``, ``__shfl_xor_sync`` an
+exchange through a block buffer between two barriers, ``atomicMax`` a compare-and-swap), blocks
+one after another, with the launch shape the layer asks for. Device pointers are the blobs' host arrays; the math_functions / cuBLAS calls the layers
 make are numpy. forward_gpu / backward_gpu run as written and must agree with the CPU path (or,
 for masks the CPU path rejects, with a reference loop). This checks index math, barriers and
 shuffle participation; the real device run is the GPU tests' job. Marked slow (compilations)."""
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import functools
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
+from test_upsample import _unpool_reference  # tests/layers is on sys.path (pytest's prepend import mode)
 
 from pycaffe_lite import common
-from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
+from pycaffe_lite.testing import host_kernels as hk
+from pycaffe_lite.testing.host_kernels import host_array as _array
 from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
-LAYERS = Path(__file__).resolve().parents[2] / "layers"
-CXX = shutil.which("g++") or shutil.which("c++")
-pytestmark = [pytest.mark.skipif(CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
-
-SHIM = r"""#include <cmath>
-#include <algorithm>
-#include <barrier>
-#include <functional>
-#include <thread>
-#include <vector>
-using std::min; using std::max; using std::sqrt; using std::fma; using std::fabs;
-struct Dim3 { unsigned x = 0, y = 0, z = 0; };
-static thread_local Dim3 threadIdx, blockIdx;
-static Dim3 blockDim, gridDim;
-static std::barrier<>* block_barrier;
-static std::vector<double> exchange;
-static inline int linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
-static inline void __syncthreads() { block_barrier->arrive_and_wait(); }
-// Every thread of the block must call it (the kernels keep whole warps, and here whole blocks, in step).
-template <class T> static T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
-  const int tid = linear_tid();
-  if (lane_mask >= width || width > 32) throw 1;
-  exchange[tid] = static_cast<double>(v);
-  block_barrier->arrive_and_wait();
-  const T out = static_cast<T>(exchange[tid ^ lane_mask]);
-  block_barrier->arrive_and_wait();
-  return out;
-}
-static inline int atomicMax(int* p, int v) {
-  int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
-  while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
-  return old;
-}
-static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-static void run_grid(int gx, int bx, int by, int bz, const std::function<void()>& body) {
-  gridDim = {unsigned(gx), 1, 1};
-  blockDim = {unsigned(bx), unsigned(by), unsigned(bz)};
-  const int threads = bx * by * bz;
-  exchange.assign(threads, 0.0);
-  for (int b = 0; b < gx; ++b) {
-    std::barrier<> bar(threads);
-    block_barrier = &bar;
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, b, t] {
-        blockIdx = {unsigned(b), 0, 0};
-        threadIdx = {unsigned(t % bx), unsigned(t / bx % by), unsigned(t / (bx * by))};
-        body();
-      });
-    }
-    for (auto& th : pool) th.join();
-  }
-}
-#define __global__ extern "C"
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __align__(n) alignas(n)
-typedef {ctype} Dtype;
-#define CUDA_KERNEL_LOOP(i, n) \
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
-"""
-CTYPES = {np.dtype(np.float32): (ctypes.c_float, "float"), np.dtype(np.float64): (ctypes.c_double, "double")}
-LAUNCH = r"""
-#include <utility>
-#include <type_traits>
-template <class... P, std::size_t... I>
-static void call_with(void (*k)(P...), void** a, std::index_sequence<I...>) {
-  k(*static_cast<std::remove_cv_t<P>*>(a[I])...);
-}
-template <class... P> static void launch_any(void (*k)(P...), int gx, int bx, int by, int bz, void** a) {
-  run_grid(gx, bx, by, bz, [=] { call_with(k, a, std::index_sequence_for<P...>{}); });
-}
-"""
-
-
-def _launchers(names) -> str:
-    """For each kernel k: ``launch_k(gx, bx, by, bz, void** args)`` running the grid."""
-    return LAUNCH + "".join(f'extern "C" void launch_{name}(int gx, int bx, int by, int bz, void** a) '
-                            f'{{ launch_any(&{name}, gx, bx, by, bz, a); }}\n' for name in names)
-
-
-@functools.cache
-def _build_dir() -> Path:
-    path = tempfile.mkdtemp(prefix="block_kernels_")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return Path(path)
-
-
-@functools.cache
-def _library(cu: str, dtype: str):
-    from pycaffe_lite.gpu.signatures import parse_signatures
-
-    dt = np.dtype(dtype)
-    source = Path(cu).read_text()
-    sigs = parse_signatures(source)
-    src = _build_dir() / f"{Path(cu).stem}_{dt.name}.cpp"
-    src.write_text(SHIM.replace("{ctype}", CTYPES[dt][1]) + source + "\n" + _launchers(sigs))
-    lib = src.with_suffix(".so")
-    subprocess.run([CXX, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-o", str(lib), str(src)],
-                   check=True, capture_output=True)
-    return ctypes.CDLL(str(lib)), sigs
-
-
-def _array(addr: int, shape, dtype) -> np.ndarray:
-    dt = np.dtype(dtype)
-    count = int(np.prod(shape))
-    buf = (ctypes.c_char * (count * dt.itemsize)).from_address(addr)
-    return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+pytestmark = [pytest.mark.skipif(hk.CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
 
 
 @pytest.fixture
 def host_gpu(monkeypatch):
     """Route the device API to host memory and the kernels to the threaded shim."""
-    for gpu, cpu in (("gpu_data", "cpu_data"), ("gpu_diff", "cpu_diff"),
-                     ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff")):
-        def ptr(self, _cpu=cpu):
-            return getattr(self, _cpu)().ctypes.data
-        monkeypatch.setattr(Blob, gpu, ptr)
+    hk.route_blobs_to_host(monkeypatch)
     held: list[np.ndarray] = []
     launches: list[tuple[str, tuple, tuple]] = []
 
     def kernel(path, name, dtype):
-        lib, sigs = _library(str(path), np.dtype(dtype).str)
-        fn = getattr(lib, f"launch_{name}")
-        scalar = CTYPES[np.dtype(dtype)][0]
-        kinds = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "scalar": scalar}
-        params = sigs[name].params
+        lib, sigs = hk.threaded_library(path, dtype)
 
         def call(*args, block=backend.CUDA_NUM_THREADS, grid=None):
-            assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)} parameters"
-            for p, v in zip(params, args):
-                if p.kind == "ptr":
-                    assert isinstance(v, int) and v != 0, f"{name}: argument '{p.name}' is not a pointer: {v!r}"
             block = (block, 1, 1) if isinstance(block, int) else tuple(block)
             if grid is None:
                 if args[0] <= 0:
@@ -170,18 +43,8 @@ def host_gpu(monkeypatch):
             grid = grid if isinstance(grid, int) else grid[0]
             assert np.prod(block) <= 1024 and grid >= 1
             launches.append((name, grid, block))
-            values = [kinds[p.kind](v) for p, v in zip(params, args)]
-            argv = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
-            fn(ctypes.c_int(grid), *(ctypes.c_int(b) for b in block), argv)
+            hk.launch(lib, sigs[name], args, dtype, grid, block)
         return call
-
-    def workspace(*sizes, slot="main"):
-        out = []
-        for size in sizes:
-            arr = np.full(max(int(size), 1), 0x7F, np.uint8)  # garbage, as the device's would be
-            held.append(arr)
-            out.append(arr.ctypes.data)
-        return out
 
     def sum_rows_into(rows, cols, x, y, dt, beta=1.0):
         out = _array(y, (cols,), dt)
@@ -198,7 +61,7 @@ def host_gpu(monkeypatch):
         _array(x, (planes, S), dt)[...] = np.where(ok, src[np.arange(planes)[:, None], np.clip(k, 0, T - 1)], 0)
 
     monkeypatch.setattr(backend, "kernel", kernel)
-    monkeypatch.setattr(backend, "workspace", workspace)
+    monkeypatch.setattr(backend, "workspace", hk.host_workspace(held))
     monkeypatch.setattr(backend, "multiprocessor_count", lambda: 1)  # small capped grids: grid-stride loops run
     monkeypatch.setattr(backend, "memset_zero", lambda ptr, nbytes: _array(ptr, (nbytes,), np.uint8).fill(0))
     monkeypatch.setattr(gm, "copy", lambda n, x, y, dt: _array(y, (n,), dt).__setitem__(..., _array(x, (n,), dt)))
@@ -273,18 +136,6 @@ def test_normalize_across_spatial(host_gpu, dtype, shared):
     x = RNG.standard_normal((2, 6, 3, 5))
     _agree(f"type: 'Normalize' norm_param {{ {shared} scale_filler {{ type: 'gaussian' std: 1 }} }}", [x], [True],
            dtype)
-
-
-def _unpool_reference(x, mask, ho, wo):
-    """Max-unpooling by a loop in source order: the last source naming a cell wins; indices
-    outside the plane are skipped."""
-    n, c = x.shape[:2]
-    out = np.zeros((n, c, ho * wo))
-    for p in np.ndindex(n, c):
-        for v, k in zip(x[p].ravel(), mask[p].ravel()):
-            if 0 <= int(k) < ho * wo:
-                out[p][int(k)] = v
-    return out.reshape(n, c, ho, wo)
 
 
 def _home_mask(shape, ho, wo, sh, sw, rng):

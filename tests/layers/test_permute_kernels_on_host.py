@@ -1,98 +1,24 @@
-"""pycaffe_lite/gpu/permute.cu without a GPU: the file is compiled as host C++ with a shim that runs
-each block's threads as OS threads (``threadIdx``/``blockIdx`` thread-local, ``__shared__`` one
-static array per kernel, ``__syncthreads`` a barrier, blocks one after another), so the kernels'
-real index math, tiling and shared-memory round trip run on host memory. Plans of many shapes and
-orders (2 to 8 axes, odd sizes, size-1 axes, identity, the benchmark's shapes shrunk) must match
+"""pycaffe_lite/gpu/permute.cu without a GPU: the file is compiled as host C++ on
+``pycaffe_lite.testing.host_kernels.THREADED_SHIM``, which runs each block's threads as OS threads
+(``threadIdx``/``blockIdx`` thread-local, ``__shared__`` one static array per kernel,
+``__syncthreads`` a barrier, blocks one after another), so the kernels' real index math, tiling and
+shared-memory round trip run on host memory. Plans of many shapes and orders (2 to 8 axes, odd sizes, size-1 axes, identity, the benchmark's shapes shrunk) must match
 numpy exactly, forward and through the inverse plan; Permute, Transpose and ShuffleChannel run
 their forward_gpu/backward_gpu on it too. Marked slow (a compilation and thousands of threads)."""
 
 from __future__ import annotations
 
-import atexit
 import ctypes
-import functools
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend, permute
-from pycaffe_lite.gpu.signatures import parse_signatures
+from pycaffe_lite.testing import host_kernels as hk
 from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
-CXX = shutil.which("g++") or shutil.which("c++")
-pytestmark = [pytest.mark.skipif(CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
-
-SHIM = """#include <algorithm>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
-#include <vector>
-using std::min; using std::max;
-typedef {ctype} Dtype;
-struct Dim3 {{ int x = 0, y = 0, z = 0; }};
-static thread_local Dim3 threadIdx, blockIdx;
-static Dim3 blockDim, gridDim;
-struct Barrier {{
-  std::mutex m; std::condition_variable cv; int count, waiting = 0, generation = 0;
-  void wait() {{
-    std::unique_lock<std::mutex> lock(m);
-    const int gen = generation;
-    if (++waiting == count) {{ waiting = 0; ++generation; cv.notify_all(); }}
-    else cv.wait(lock, [&] {{ return gen != generation; }});
-  }}
-}};
-static Barrier* g_barrier;
-#define __global__ static
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(n)
-#define __shared__ static
-#define __syncthreads() g_barrier->wait()
-static inline unsigned __umulhi(unsigned a, unsigned b) {{
-  return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
-}}
-"""
-CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-C_KINDS = {"ptr": "Dtype*", "int": "int", "uint": "unsigned"}
-CT_KINDS = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "uint": ctypes.c_uint}
-
-
-def _launcher(name: str, params) -> str:
-    """extern "C" launch_<name>(grid, block, <kernel params>): each block's threads at once."""
-    decl = ", ".join(f"{C_KINDS[p.kind]} {p.name}" for p in params)
-    names = ", ".join(p.name for p in params)
-    return f"""
-extern "C" void launch_{name}(int grid, int block, {decl}) {{
-  gridDim.x = grid; blockDim.x = block;
-  for (int b = 0; b < grid; ++b) {{
-    Barrier bar; bar.count = block; g_barrier = &bar;
-    std::vector<std::thread> threads;
-    for (int t = 0; t < block; ++t)
-      threads.emplace_back([=] {{ blockIdx.x = b; threadIdx.x = t; {name}({names}); }});
-    for (auto& th : threads) th.join();
-  }}
-}}
-"""
-
-
-@functools.cache
-def _library(dtype: str):
-    dt = np.dtype(dtype)
-    build = Path(tempfile.mkdtemp(prefix="permute_kernels_"))
-    atexit.register(shutil.rmtree, build, ignore_errors=True)
-    text = permute.KERNELS.read_text()
-    sigs = parse_signatures(text)
-    src = build / f"permute_{dt.name}.cpp"
-    src.write_text(SHIM.format(ctype=CTYPES[dt]) + text + "".join(_launcher(n, s.params) for n, s in sigs.items()))
-    lib = src.with_suffix(".so")
-    subprocess.run([CXX, "-O1", "-std=c++17", "-pthread", "-shared", "-fPIC", "-I", str(permute.KERNELS.parent),
-                    "-o", str(lib), str(src)], check=True, capture_output=True)
-    return ctypes.CDLL(str(lib)), sigs
+pytestmark = [pytest.mark.skipif(hk.CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
 
 
 @pytest.fixture
@@ -102,20 +28,12 @@ def host_kernels(monkeypatch):
 
     def kernel(path, name, dtype):
         assert Path(path) == permute.KERNELS
-        lib, sigs = _library(np.dtype(dtype).str)
-        params = sigs[name].params
-        fn = getattr(lib, f"launch_{name}")
+        lib, sigs = hk.threaded_library(permute.KERNELS, dtype, ("-I", str(permute.KERNELS.parent)))
 
         def call(*args, grid, block):
-            assert len(args) == len(params), name
             assert block == permute.THREADS and grid[1:] == (1, 1) and grid[0] >= 1
-            for p, v in zip(params, args):
-                if p.kind == "int":
-                    assert -(2**31) <= v < 2**31, (name, p.name, v)
-                elif p.kind == "uint":
-                    assert 0 <= v < 2**32, (name, p.name, v)
             launches.append((name, grid, block))
-            fn(ctypes.c_int(grid[0]), ctypes.c_int(block), *[CT_KINDS[p.kind](v) for p, v in zip(params, args)])
+            hk.launch(lib, sigs[name], args, dtype, grid[0], (block, 1, 1))
         return call
 
     monkeypatch.setattr(backend, "kernel", kernel)
@@ -195,9 +113,7 @@ def test_empty_does_nothing(host_kernels):
 
 @pytest.fixture
 def host_blobs(monkeypatch, host_kernels):
-    for gpu, cpu in (("gpu_data", "cpu_data"), ("gpu_diff", "cpu_diff"),
-                     ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff")):
-        monkeypatch.setattr(Blob, gpu, lambda self, _cpu=cpu: getattr(self, _cpu)().ctypes.data)
+    hk.route_blobs_to_host(monkeypatch)
 
 
 LAYERS = [

@@ -8,91 +8,30 @@ compilations take seconds); run with ``python -m pytest -q tests/layers/test_seq
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import functools
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from pycaffe_lite import common
-from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend, blas, permute
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.gpu.signatures import parse_signatures
+from pycaffe_lite.testing import host_kernels as hk
+from pycaffe_lite.testing.host_kernels import host_array as _array
 from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
-LAYERS = Path(__file__).resolve().parents[2] / "layers"
-CXX = shutil.which("g++") or shutil.which("c++")
 # slow: compiling the six .cu files twice takes seconds
-pytestmark = [pytest.mark.skipif(CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
-
-SHIM = """#include <cmath>
-#include <algorithm>
-using std::fmin; using std::fmax; using std::tanh; using std::exp;
-#define __global__ extern "C"
-#define __device__
-#define __forceinline__ inline
-typedef {ctype} Dtype;
-#define CUDA_KERNEL_LOOP(i, n) for (int i = 0; i < (n); ++i)
-"""
-CTYPES = {np.dtype(np.float32): (ctypes.c_float, "float"), np.dtype(np.float64): (ctypes.c_double, "double")}
-
-
-@functools.cache
-def _build_dir() -> Path:
-    path = tempfile.mkdtemp(prefix="seq_kernels_")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return Path(path)
-
-
-@functools.cache
-def _library(cu: str, dtype: str):
-    """Each .cu file is compiled once per dtype and process."""
-    dt = np.dtype(dtype)
-    src = _build_dir() / f"{Path(cu).stem}_{dt.name}.cpp"
-    src.write_text(SHIM.format(ctype=CTYPES[dt][1]) + Path(cu).read_text())
-    lib = src.with_suffix(".so")
-    subprocess.run([CXX, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, capture_output=True)
-    return ctypes.CDLL(str(lib)), parse_signatures(Path(cu).read_text())
-
-
-def _array(addr: int, shape, dtype) -> np.ndarray:
-    dt = np.dtype(dtype)
-    count = int(np.prod(shape))
-    buf = (ctypes.c_char * (count * dt.itemsize)).from_address(addr)
-    return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+pytestmark = [pytest.mark.skipif(hk.CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
 
 
 @pytest.fixture
 def host_gpu(monkeypatch):
     """Route the device API to host memory; returns nothing, patches for the test's duration."""
-    for gpu, cpu in (("gpu_data", "cpu_data"), ("gpu_diff", "cpu_diff"),
-                     ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff")):
-        def ptr(self, _cpu=cpu):
-            return getattr(self, _cpu)().ctypes.data
-        monkeypatch.setattr(Blob, gpu, ptr)
+    hk.route_blobs_to_host(monkeypatch)
     held: list[np.ndarray] = []
 
     def kernel(path, name, dtype):
-        lib, sigs = _library(str(path), np.dtype(dtype).str)
+        lib, sigs = hk.serial_library(path, dtype)
         fn = getattr(lib, name)
-        scalar = CTYPES[np.dtype(dtype)][0]
-        kinds = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "float": ctypes.c_float, "double": ctypes.c_double,
-                 "scalar": scalar}
-        params = sigs[name].params
-
-        def call(*args):
-            assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)} parameters"
-            for p, v in zip(params, args):
-                if p.kind == "ptr":
-                    assert isinstance(v, int) and v != 0, f"{name}: argument '{p.name}' is not a pointer: {v!r}"
-            fn(*[kinds[p.kind](v) for p, v in zip(params, args)])
-        return call
+        return lambda *args: fn(*hk.kernel_args(sigs[name], args, dtype))
 
     def gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, dtype, lda=None, ldb=None, ldc=None):
         assert lda is ldb is ldc is None
@@ -102,16 +41,8 @@ def host_gpu(monkeypatch):
         prod = (A.T if trans_a else A).astype(np.float64) @ (B.T if trans_b else B).astype(np.float64)
         C[...] = alpha * prod + (beta * C if beta else 0)
 
-    def workspace(*sizes, slot="main"):
-        out = []
-        for size in sizes:
-            arr = np.full(max(int(size), 1), 0x7F, np.uint8)  # garbage, as the device's would be
-            held.append(arr)
-            out.append(arr.ctypes.data)
-        return out
-
     monkeypatch.setattr(backend, "kernel", kernel)
-    monkeypatch.setattr(backend, "workspace", workspace)
+    monkeypatch.setattr(backend, "workspace", hk.host_workspace(held))
     monkeypatch.setattr(backend, "memset_zero", lambda ptr, nbytes: _array(ptr, (nbytes,), np.uint8).fill(0))
     monkeypatch.setattr(blas, "gemm", gemm)
     monkeypatch.setattr(gm, "copy", lambda n, x, y, dt: _array(y, (n,), dt).__setitem__(..., _array(x, (n,), dt)))

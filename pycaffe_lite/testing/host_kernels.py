@@ -1,0 +1,213 @@
+"""CUDA kernel files run on the host, for tests without a GPU: a ``.cu`` source is compiled by the
+host C++ compiler behind a shim standing in for CUDA's built-ins (``Dtype`` typedef'd to float or
+double), loaded with ctypes, and the layers' device pointers become their blobs' host addresses.
+
+Two shims: ``SERIAL_SHIM`` makes each ``__global__`` kernel a plain ``extern "C"`` function and
+``CUDA_KERNEL_LOOP`` a serial loop (harnesses add what else their kernels use);
+``THREADED_SHIM`` runs a launch's blocks one after another, each block's threads as OS threads
+(``__syncthreads`` a barrier, ``__shfl_xor_sync`` an exchange between two barriers, atomics
+compare-and-swap), through ``launch_<kernel>(gx, bx, by, bz, void** args)`` entries
+(``threaded_library``, ``launch``). Nothing is compiled until a library is asked for: importing
+this module needs no compiler (``CXX`` is None where there is none)."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..blob import Blob
+from ..gpu.signatures import Signature, check_args, parse_signatures
+
+CXX = shutil.which("g++") or shutil.which("c++")
+C_TYPES: dict[np.dtype, tuple[type, str]] = {np.dtype(np.float32): (ctypes.c_float, "float"),
+                                             np.dtype(np.float64): (ctypes.c_double, "double")}
+
+SERIAL_SHIM = """#include <cmath>
+#include <algorithm>
+using std::min; using std::max; using std::fmin; using std::fmax; using std::tanh; using std::exp;
+#define __global__ extern "C"
+#define __device__
+#define __forceinline__ inline
+#define CUDA_KERNEL_LOOP(i, n) for (int i = 0; i < (n); ++i)
+"""
+
+THREADED_SHIM = r"""#include <cmath>
+#include <algorithm>
+#include <barrier>
+#include <functional>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+using std::min; using std::max; using std::sqrt; using std::fma; using std::fabs;
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+static thread_local Dim3 threadIdx, blockIdx;
+static Dim3 blockDim, gridDim;
+static std::barrier<>* block_barrier;
+static std::vector<double> exchange;
+static inline int linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+static inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+// Every thread of the block must call it (the kernels keep whole warps, and here whole blocks, in step).
+template <class T> static T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+  const int tid = linear_tid();
+  if (lane_mask >= width || width > 32) throw 1;
+  exchange[tid] = static_cast<double>(v);
+  block_barrier->arrive_and_wait();
+  const T out = static_cast<T>(exchange[tid ^ lane_mask]);
+  block_barrier->arrive_and_wait();
+  return out;
+}
+static inline int atomicMax(int* p, int v) {
+  int old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+  while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+  return old;
+}
+static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline unsigned __umulhi(unsigned a, unsigned b) {
+  return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
+}
+static void run_grid(int gx, int bx, int by, int bz, const std::function<void()>& body) {
+  gridDim = {unsigned(gx), 1, 1};
+  blockDim = {unsigned(bx), unsigned(by), unsigned(bz)};
+  const int threads = bx * by * bz;
+  exchange.assign(threads, 0.0);
+  for (int b = 0; b < gx; ++b) {
+    std::barrier<> bar(threads);
+    block_barrier = &bar;
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, b, t] {
+        blockIdx = {unsigned(b), 0, 0};
+        threadIdx = {unsigned(t % bx), unsigned(t / bx % by), unsigned(t / (bx * by))};
+        body();
+      });
+    }
+    for (auto& th : pool) th.join();
+  }
+}
+template <class... P, std::size_t... I>
+static void call_with(void (*k)(P...), void** a, std::index_sequence<I...>) {
+  k(*static_cast<std::remove_cv_t<P>*>(a[I])...);
+}
+template <class... P> static void launch_any(void (*k)(P...), int gx, int bx, int by, int bz, void** a) {
+  run_grid(gx, bx, by, bz, [=] { call_with(k, a, std::index_sequence_for<P...>{}); });
+}
+#define __global__ extern "C"
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) alignas(n)
+#define CUDA_KERNEL_LOOP(i, n) \
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
+"""
+
+ARG_TYPES: dict[str, type] = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "uint": ctypes.c_uint,
+                              "int64": ctypes.c_longlong, "uint64": ctypes.c_ulonglong, "float": ctypes.c_float,
+                              "double": ctypes.c_double}
+
+
+@functools.cache
+def _build_dir() -> Path:
+    path = tempfile.mkdtemp(prefix="host_kernels_")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return Path(path)
+
+
+@functools.cache
+def _compile(text: str, stem: str, flags: tuple[str, ...]) -> ctypes.CDLL:
+    if CXX is None:
+        raise RuntimeError("no host C++ compiler (g++ or c++) on PATH")
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    src = _build_dir() / f"{stem}_{digest}.cpp"
+    src.write_text(text)
+    lib = src.with_suffix(".so")
+    done = subprocess.run([CXX, "-O1", "-shared", "-fPIC", *flags, "-o", str(lib), str(src)], capture_output=True,
+                          text=True)
+    if done.returncode:
+        raise RuntimeError(f"host build of {stem} failed:\n{done.stderr[-4000:]}")
+    return ctypes.CDLL(str(lib))
+
+
+def library(source: str, dtype, shim: str, stem: str, flags: Sequence[str] = ()) -> ctypes.CDLL:
+    """``typedef <float|double> Dtype;`` + ``shim`` + ``source`` as a shared library, compiled once
+    per process for each (text, flags); ``stem`` names the build files."""
+    text = f"typedef {C_TYPES[np.dtype(dtype)][1]} Dtype;\n{shim}{source}"
+    return _compile(text, stem, tuple(flags))
+
+
+def serial_library(cu: Path, dtype, extra_shim: str = "") -> tuple[ctypes.CDLL, dict[str, Signature]]:
+    """``cu`` built on ``SERIAL_SHIM`` (+ ``extra_shim``), its kernels plain functions, and its signatures."""
+    source = Path(cu).read_text()
+    return library(source, dtype, SERIAL_SHIM + extra_shim, Path(cu).stem), _signatures(source)
+
+
+def threaded_library(cu: Path, dtype, flags: Sequence[str] = ()) -> tuple[ctypes.CDLL, dict[str, Signature]]:
+    """``cu`` built on ``THREADED_SHIM`` with a ``launch_<name>`` entry per kernel, and its signatures."""
+    source = Path(cu).read_text()
+    sigs = _signatures(source)
+    entries = "".join(f'extern "C" void launch_{name}(int gx, int bx, int by, int bz, void** a) '
+                      f'{{ launch_any(&{name}, gx, bx, by, bz, a); }}\n' for name in sigs)
+    lib = library(f"{source}\n{entries}", dtype, THREADED_SHIM, Path(cu).stem, ("-std=c++20", "-pthread", *flags))
+    return lib, sigs
+
+
+@functools.cache
+def _signatures(source: str) -> dict[str, Signature]:
+    return parse_signatures(source)
+
+
+def kernel_args(sig: Signature, args: Sequence[Any], dtype) -> list[Any]:
+    """The ctypes values of a launch's arguments, checked as the backend checks them
+    (``signatures.check_args``); ``scalar`` parameters take the dtype's type."""
+    check_args(sig, tuple(args), "host build")
+    scalar = C_TYPES[np.dtype(dtype)][0]
+    return [(scalar if p.kind == "scalar" else ARG_TYPES[p.kind])(v) for p, v in zip(sig.params, args)]
+
+
+def launch(lib: ctypes.CDLL, sig: Signature, args: Sequence[Any], dtype, grid: int,
+           block: tuple[int, int, int]) -> None:
+    """Run ``sig``'s kernel of a ``threaded_library`` on a grid of ``grid`` blocks of ``block`` threads."""
+    values = kernel_args(sig, args, dtype)
+    argv = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+    getattr(lib, f"launch_{sig.name}")(ctypes.c_int(grid), *(ctypes.c_int(b) for b in block), argv)
+
+
+def host_array(addr: int, shape, dtype) -> np.ndarray:
+    """A numpy view of ``shape`` elements of ``dtype`` at a host address (a "device pointer")."""
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape))
+    buf = (ctypes.c_char * (count * dt.itemsize)).from_address(addr)
+    return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+
+
+def route_blobs_to_host(monkeypatch: Any) -> None:
+    """Blob's ``gpu_data`` / ``gpu_diff`` (and mutable) return their host arrays' addresses while
+    ``monkeypatch`` (pytest's fixture) holds."""
+    for gpu, cpu in (("gpu_data", "cpu_data"), ("gpu_diff", "cpu_diff"),
+                     ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff")):
+        monkeypatch.setattr(Blob, gpu, lambda self, _cpu=cpu: getattr(self, _cpu)().ctypes.data)
+
+
+def host_workspace(held: list[np.ndarray]) -> Callable[..., list[int]]:
+    """A stand-in for ``backend.workspace``: fresh host buffers of garbage bytes (as the device's
+    would hold), kept alive in ``held``."""
+    def workspace(*sizes: int, slot: str = "main") -> list[int]:
+        out = []
+        for size in sizes:
+            arr = np.full(max(int(size), 1), 0x7F, np.uint8)
+            held.append(arr)
+            out.append(arr.ctypes.data)
+        return out
+    return workspace
