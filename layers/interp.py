@@ -18,20 +18,13 @@ adjoint (each output gradient spread over its four source pixels) and overwrites
 GPU: the sampling tables of both axes are built on the host at reshape (``axis_tables``; the same
 single-precision numbers as the CPU path) and kept on the device. Forward writes the top with
 coalesced stores, each lane keeping its column's blends of the two source rows across the rows of
-a band. Backward is a gather, ``dx = Ah^T dy Aw`` per plane, in two stages through shared memory:
-the rows' sums ``T = Ah^T dy`` (each top column summed over the top rows sampling a bottom row),
-then each bottom column sums its contiguous range of ``T`` weighted. Small planes, when there are
-many, take a block each, copying the plane's top diff flat into shared memory first (coalesced
-whatever the width); larger ones a block per band of up to ``BAND_ROWS`` bottom rows, a thread per
-top column streaming the band's top rows from global memory. By default (``TWO_PASS``) backward
-instead runs two plain kernels through an intermediate ``T`` (planes x Hi x Wo, a blob sized at
-reshape): pass 1 a thread per (plane, band of up to ``TWO_PASS_ROWS`` bottom rows, top column),
-streaming the top diff coalesced; pass 2 a thread per bottom element (H200: DeepLab fc8 x8 backward
-0.130 -> 0.118 ms, PSPNet pool6 0.038 -> 0.034, PSPNet conv6 unchanged; bit-identical results).
-Every bottom diff is written once,
-without atomics, deterministically (float32 may differ from the CPU in the last bits: another
-summation order). Output rows too wide for shared memory fall back to a one-thread-per-bottom-
-element gather from global memory.
+a band. Backward is a gather, ``dx = Ah^T dy Aw`` per plane, in two kernels through an intermediate
+``T = Ah^T dy`` (planes x Hi x Wo, in a Blob sized at reshape, so the passes allocate nothing):
+pass 1 a thread per (plane, band of up to ``TWO_PASS_ROWS`` bottom rows, top column), each top
+column summed over the top rows sampling a bottom row, streaming the top diff coalesced; pass 2 a
+thread per bottom element, summing a contiguous range of its row of ``T`` weighted (H200: DeepLab
+fc8 x8 backward 0.118 ms, PSPNet pool6 0.034). Every bottom diff is written once, without atomics,
+deterministically (float32 may differ from the CPU in the last bits: another summation order).
 """
 
 from __future__ import annotations
@@ -48,13 +41,7 @@ from pycaffe_lite.layer import Layer, register_layer
 KERNELS = Path(__file__).with_suffix(".cu")
 WARPS_PER_BLOCK = 8
 FORWARD_ROWS_PER_TASK = 16  # INTERP_ROWS_PER_TASK in interp.cu
-SHARED_BYTES = 48 * 1024  # the backward's shared memory per block
-PLANE_KERNEL_MIN_PLANES = 512  # backward: a block per plane only with enough planes to fill the GPU
-PLANE_THREADS = 256  # backward: most threads of a block per plane
-BAND_ROWS = 8  # backward: most bottom rows of a (plane, band) block
-BAND_THREADS = 768  # backward: most threads of a (plane, band) block (its __launch_bounds__)
-TWO_PASS = True  # backward: rows then columns through a global intermediate, where the plane kernel is not used
-TWO_PASS_ROWS = 8  # two-pass backward: most bottom rows per pass-1 thread
+TWO_PASS_ROWS = 8  # backward: most bottom rows per pass-1 thread
 MAX_BLOCKS = 65535 * 4
 
 
@@ -113,10 +100,9 @@ class InterpLayer(Layer):
         self.hi, self.wi, self.ho, self.wo = hi, wi, ho, wo
         top[0].reshape((n, c, ho, wo))
         self._build_tables()
-        if self._backward_kind(n * c) == "two_pass":  # the intermediate T, sized here: passes allocate nothing
-            if not hasattr(self, "_rows_blob"):
-                self._rows_blob = Blob(dtype=self.dtype)
-            self._rows_blob.reshape((n * c * hi * wo,))
+        if not hasattr(self, "_rows_blob"):  # the backward's intermediate T, sized here: passes allocate nothing
+            self._rows_blob = Blob(dtype=self.dtype)
+        self._rows_blob.reshape((n * c * hi * wo,))
 
     def _crop(self, a):
         o = -self.pad_beg
@@ -217,47 +203,13 @@ class InterpLayer(Layer):
         if bottom[0].count == 0:
             return
         (_, rs, _, rwp, rwq), (_, cs, _, cwp, cwq) = self._axis_pointers()
-        hi, wi, ho, wo = self.hi, self.wi, self.ho, self.wo
-        dx, dy = bottom[0].mutable_gpu_diff(), top[0].gpu_diff()
-        off, copy, planes, item = -self.pad_beg, int(self._copy), n * c, self.dtype.itemsize
-        ld = wo + wo // 32 + 1  # a row of T in shared memory, padded (interp.cu)
-        tables = (rs, rwp, rwq, cs, cwp, cwq, dy, dx)
-        plane_bytes = (ho * wo + hi * ld) * item
-        kind = self._backward_kind(planes)
-        if kind == "plane":
-            threads = min(PLANE_THREADS, 32 * max(1, -(-ho * wo // 256)))  # >= 8 top elements a thread
-            k = backend.kernel(KERNELS, "interp_backward_plane", self.dtype)
-            k(planes, h, w, off, hi, wi, ho, wo, copy, ld, *tables, grid=min(planes, MAX_BLOCKS), block=threads,
-              shared=plane_bytes)
-            return
-        rows = min(BAND_ROWS, hi, SHARED_BYTES // (ld * item))
-        if kind == "direct":  # rows too wide for shared memory: one thread per bottom element
-            k = backend.kernel(KERNELS, "interp_backward_direct", self.dtype)
-            k(bottom[0].count, h, w, off, hi, wi, ho, wo, copy, *tables)
-            return
-        if kind == "two_pass":
-            bands = -(-hi // TWO_PASS_ROWS)
-            t = self._rows_blob.mutable_gpu_data()
-            k = backend.kernel(KERNELS, "interp_backward_rows", self.dtype)
-            k(planes * bands * wo, bands, hi, ho, wo, copy, rs, rwp, rwq, dy, t)
-            k = backend.kernel(KERNELS, "interp_backward_cols", self.dtype)
-            k(bottom[0].count, h, w, off, hi, wi, wo, copy, cs, cwp, cwq, t, dx)
-            return
-        bands = -(-hi // rows)
-        k = backend.kernel(KERNELS, "interp_backward_band", self.dtype)
-        k(planes, bands, h, w, off, hi, wi, ho, wo, copy, ld, *tables, grid=min(planes * bands, MAX_BLOCKS),
-          block=min(BAND_THREADS, 32 * -(-wo // 32)), shared=-(-hi // bands) * ld * item)
-
-
-    def _backward_kind(self, planes: int) -> str:
-        """The backward's kernels: "plane", "band", "two_pass" or "direct" (see the module docstring)."""
-        hi, ho, wo, item = self.hi, self.ho, self.wo, self.dtype.itemsize
-        ld = wo + wo // 32 + 1
-        if TWO_PASS:
-            return "two_pass"
-        if (ho * wo + hi * ld) * item <= SHARED_BYTES and planes >= PLANE_KERNEL_MIN_PLANES:
-            return "plane"
-        return "band" if min(BAND_ROWS, hi, SHARED_BYTES // (ld * item)) > 0 else "direct"
+        off, copy, planes = -self.pad_beg, int(self._copy), n * c
+        bands = -(-self.hi // TWO_PASS_ROWS)
+        t = self._rows_blob.mutable_gpu_data()
+        k = backend.kernel(KERNELS, "interp_backward_rows", self.dtype)
+        k(planes * bands * self.wo, bands, self.hi, self.ho, self.wo, copy, rs, rwp, rwq, top[0].gpu_diff(), t)
+        k = backend.kernel(KERNELS, "interp_backward_cols", self.dtype)
+        k(bottom[0].count, h, w, off, self.hi, self.wi, self.wo, copy, cs, cwp, cwq, t, bottom[0].mutable_gpu_diff())
 
 
 def axis_tables(n_in: int, n_out: int, dtype) -> tuple[np.ndarray, ...]:

@@ -1,7 +1,7 @@
 """Interp: output sizes (zoom, shrink, both, height/width, cropping), aligned-corner bilinear values
 against a naive reference, the adjoint backward, gradients, the GPU sampling tables, CPU/GPU
-agreement (tables, shared-memory and direct backward, capture in a CUDA graph), errors. The GPU
-kernels' index math is also run on the host: test_interp_kernels_on_host.py."""
+agreement (tables, the two-pass backward with bands of 1, 3, 8 and all rows, capture in a CUDA
+graph), errors. The GPU kernels' index math is also run on the host: test_interp_kernels_on_host.py."""
 
 import sys
 
@@ -133,37 +133,13 @@ def test_cpu_gpu_agree_one_pixel(param):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("param", ["height: 3 width: 6500", "height: 2 width: 3100 pad_beg: -1",
-                                   "zoom_factor: 8"])
-def test_cpu_gpu_agree_direct_backward(monkeypatch, param):
-    """Rows too wide for shared memory (the first two, float32 and float64) and, with the budget set
-    to nothing, every shape: the one-thread-per-element backward."""
-    if param == "zoom_factor: 8":
-        module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
-        monkeypatch.setattr(module, "SHARED_BYTES", 0)
-    x = XG[:1, :2, :4, :5]
-    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [x], rtol=1e-10, atol=1e-12)
-    assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [x], dtype=np.float32, rtol=1e-5,
-                         atol=1e-5)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("settings", [dict(TWO_PASS=False, PLANE_KERNEL_MIN_PLANES=1),
-                                      dict(TWO_PASS=False, PLANE_KERNEL_MIN_PLANES=1 << 30),
-                                      dict(TWO_PASS=False, PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=3),
-                                      dict(TWO_PASS=False, PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=1,
-                                           BAND_THREADS=64),
-                                      dict(TWO_PASS=True), dict(TWO_PASS=True, TWO_PASS_ROWS=3),
-                                      dict(TWO_PASS=True, TWO_PASS_ROWS=1)],
-                         ids=["plane", "band", "band3", "band1_narrow", "two_pass", "two_pass3", "two_pass1"])
-@pytest.mark.parametrize("param", GPU_CASES)
-def test_cpu_gpu_agree_each_backward_kernel(monkeypatch, settings, param):
-    """Each backward forced: a block per plane; a block per band of bottom rows (up to 8, 3, 1 rows;
-    both walking directions; 64 threads striding over wider rows); the two passes (bands of up to
-    8, 3, 1 rows in pass 1)."""
+@pytest.mark.parametrize("rows", [8, 3, 1, 1 << 20], ids=["rows8", "rows3", "rows1", "rows_all"])
+@pytest.mark.parametrize("param", GPU_CASES + ["height: 3 width: 6500", "height: 2 width: 3100 pad_beg: -1"])
+def test_cpu_gpu_agree_backward_bands(monkeypatch, rows, param):
+    """The two-pass backward with pass-1 bands of up to 8 (the default), 3, 1 and all bottom rows,
+    on every case and on very wide rows."""
     module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
-    for key, value in settings.items():
-        monkeypatch.setattr(module, key, value)
+    monkeypatch.setattr(module, "TWO_PASS_ROWS", rows)
     assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG], rtol=1e-10, atol=1e-12)
     assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG], dtype=np.float32, rtol=1e-5,
                          atol=1e-5)

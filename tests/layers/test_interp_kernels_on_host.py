@@ -1,99 +1,48 @@
-"""Interp's GPU path without a GPU: ``layers/interp.cu`` compiled as host C++ (a shim runs a warp's
-32 lanes one after another inside each ``FOR_LANE`` phase, one warp in all, so its grid-stride task
-loops cover every task; the block kernels run one block of the launched size, its threads one
-after another inside each ``FOR_THREAD`` phase, on exactly the launched shared memory), device
-pointers replaced by the host arrays' addresses. forward_gpu and
+"""Interp's GPU path without a GPU: ``layers/interp.cu`` compiled as host C++ on the serial shim
+(pycaffe_lite.testing.host_kernels) plus one warp: its 32 lanes run one after another inside each
+``FOR_LANE`` phase, so the forward's grid-stride task loop covers every task; the backward's two
+passes are plain grid-stride loops. Device pointers are the host arrays' addresses. forward_gpu and
 backward_gpu then run as written (tables, pointer offsets, launch arguments) and must agree with
-the CPU path, with each backward kernel (chosen by shape on the GPU) forced in turn. Marked slow (two
-compilations); run with ``python -m pytest -q tests/layers/test_interp_kernels_on_host.py``."""
+the CPU path, with pass-1 bands of up to 8 (the default), 3, 1 and all bottom rows. Marked slow
+(two compilations); run with ``python -m pytest -q tests/layers/test_interp_kernels_on_host.py``."""
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import functools
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pycaffe_lite import common
-from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.gpu.signatures import parse_signatures
+from pycaffe_lite.testing import host_kernels as hk
 from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
 CU = Path(__file__).resolve().parents[2] / "layers" / "interp.cu"
-CXX = shutil.which("g++") or shutil.which("c++")
-pytestmark = [pytest.mark.skipif(CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
+pytestmark = [pytest.mark.skipif(hk.CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
 
-SHIM = """#include <algorithm>
-using std::min; using std::max;
-#define __global__ extern "C"
-#define __device__
-#define __forceinline__ inline
-typedef {ctype} Dtype;
-struct Dim3 {{ unsigned x, y, z; }};
-static const Dim3 threadIdx = {{0, 0, 0}}, blockIdx = {{0, 0, 0}}, gridDim = {{1, 1, 1}};
-static Dim3 blockDim = {{32, 1, 1}};
-static Dtype* interp_shared_;
-extern "C" void interp_set_launch(int threads, void* shared) {{ blockDim.x = threads; interp_shared_ = (Dtype*)shared; }}
-#define __syncwarp()
-#define __syncthreads()
+ONE_WARP = """struct Dim3 { unsigned x, y, z; };
+static const Dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, gridDim = {1, 1, 1}, blockDim = {32, 1, 1};
 #define FOR_LANE(lane) for (int lane = 0; lane < 32; ++lane)
-#define FOR_THREAD(tid) for (int tid = 0; tid < (int)blockDim.x; ++tid)
-#define INTERP_BOUNDS(threads, blocks)
-#define INTERP_SHARED(name) Dtype* name = interp_shared_
-#define CUDA_KERNEL_LOOP(i, n) for (int i = 0; i < (n); ++i)
 """
-CTYPES = {np.dtype(np.float32): (ctypes.c_float, "float"), np.dtype(np.float64): (ctypes.c_double, "double")}
-
-
-@functools.cache
-def _library(dtype: str):
-    dt = np.dtype(dtype)
-    build = Path(tempfile.mkdtemp(prefix="interp_kernels_"))
-    atexit.register(shutil.rmtree, build, ignore_errors=True)
-    src = build / f"interp_{dt.name}.cpp"
-    src.write_text(SHIM.format(ctype=CTYPES[dt][1]) + CU.read_text())
-    lib = src.with_suffix(".so")
-    subprocess.run([CXX, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, capture_output=True)
-    return ctypes.CDLL(str(lib)), parse_signatures(CU.read_text())
 
 
 @pytest.fixture
 def host_gpu(monkeypatch):
-    for gpu, cpu in (("gpu_data", "cpu_data"), ("gpu_diff", "cpu_diff"),
-                     ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff")):
-        def ptr(self, _cpu=cpu):
-            return getattr(self, _cpu)().ctypes.data
-        monkeypatch.setattr(Blob, gpu, ptr)
+    hk.route_blobs_to_host(monkeypatch)
     launched: list[str] = []
 
     def kernel(path, name, dtype):
         assert Path(path) == CU
-        lib, sigs = _library(np.dtype(dtype).str)
-        fn, params = getattr(lib, name), sigs[name].params
-        kinds = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "scalar": CTYPES[np.dtype(dtype)][0]}
+        lib, sigs = hk.serial_library(CU, dtype, ONE_WARP)
+        fn = getattr(lib, name)
 
-        def call(*args, grid=None, block=None, shared=0):
-            assert len(args) == len(params), f"{name}: {len(args)} arguments for {len(params)} parameters"
-            if grid is not None:  # whole warps, shared memory within the default
-                assert block % 32 == 0 and 0 < block <= 1024 and 0 <= shared <= 48 * 1024 and grid >= 1
-            if name == "interp_backward_band":
-                assert block <= 768  # its __launch_bounds__
-            # Block kernels run all threads of a phase in turn (FOR_THREAD) on `shared` bytes of 0xff
-            # (NaNs in either precision: a read before a write shows), then a guard that must stay so.
-            blocky = name in ("interp_backward_plane", "interp_backward_band")
-            smem = np.full(shared + 512, 0xFF, np.uint8)
-            lib.interp_set_launch(ctypes.c_int(block if blocky else 32), ctypes.c_void_p(smem.ctypes.data))
+        def call(*args, grid=None, block=None):
+            if grid is not None:  # whole warps
+                assert block % 32 == 0 and 0 < block <= 1024 and grid >= 1
             launched.append(name)
-            fn(*[kinds[p.kind](v) for p, v in zip(params, args)])
-            assert (smem[shared:] == 0xFF).all(), f"{name} wrote past its shared memory"
+            fn(*hk.kernel_args(sigs[name], args, dtype))
         return call
 
     monkeypatch.setattr(backend, "kernel", kernel)
@@ -138,35 +87,16 @@ def _run(param, x, gpu, dtype):
     return top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()
 
 
-# Backward kernels and the settings that choose them: a block per plane (any number of planes), a
-# block per band of up to 3 bottom rows (several bands, both walking directions; bands of 1 row),
-# one band per plane with at most 64 threads (columns strided over threads), the direct gather.
-TWO_PASS = ("interp_backward_rows", "interp_backward_cols")
-BACKWARDS = {
-    "plane": (("interp_backward_plane",), dict(PLANE_KERNEL_MIN_PLANES=1, TWO_PASS=False)),
-    "band3": (("interp_backward_band",), dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=3, TWO_PASS=False)),
-    "band1": (("interp_backward_band",), dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_ROWS=1, TWO_PASS=False)),
-    "band_narrow": (("interp_backward_band",), dict(PLANE_KERNEL_MIN_PLANES=1 << 30, BAND_THREADS=64,
-                                                    TWO_PASS=False)),
-    "two_pass1": (TWO_PASS, dict(PLANE_KERNEL_MIN_PLANES=1 << 30, TWO_PASS=True, TWO_PASS_ROWS=1)),
-    "two_pass3": (TWO_PASS, dict(PLANE_KERNEL_MIN_PLANES=1 << 30, TWO_PASS=True, TWO_PASS_ROWS=3)),
-    "two_pass_all": (TWO_PASS, dict(PLANE_KERNEL_MIN_PLANES=1 << 30, TWO_PASS=True, TWO_PASS_ROWS=1 << 20)),
-    "direct": (("interp_backward_direct",), dict(SHARED_BYTES=0, TWO_PASS=False)),
-}
-
-
-@pytest.mark.parametrize("backward", list(BACKWARDS))
+@pytest.mark.parametrize("rows", [8, 3, 1, 1 << 20], ids=["rows8", "rows3", "rows1", "rows_all"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("param,x", CASES, ids=[c[0] for c in CASES])
-def test_gpu_path_on_host_matches_cpu(host_gpu, monkeypatch, param, x, dtype, backward):
-    kernel, settings = BACKWARDS[backward]
+def test_gpu_path_on_host_matches_cpu(host_gpu, monkeypatch, param, x, dtype, rows):
     module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
-    for key, value in settings.items():
-        monkeypatch.setattr(module, key, value)
+    monkeypatch.setattr(module, "TWO_PASS_ROWS", rows)
     common.set_mode_cpu()
     y_cpu, dx_cpu = _run(param, x, False, dtype)
     y_gpu, dx_gpu = _run(param, x, True, dtype)
-    assert host_gpu == ["interp_forward", *kernel]
+    assert host_gpu == ["interp_forward", "interp_backward_rows", "interp_backward_cols"]
     tol = dict(rtol=1e-12, atol=1e-13) if dtype == np.float64 else dict(rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(y_gpu, y_cpu, **tol)
     np.testing.assert_allclose(dx_gpu, dx_cpu, **tol)
