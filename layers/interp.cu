@@ -148,6 +148,21 @@ __global__ void interp_backward_rows(const int count, const int bands, const int
   }
 }
 
+// dx of bottom column bc (window coordinates) from row Trow of T: its sum over a contiguous range of
+// the row, with the column weights (zeros outside the window are the caller's).
+__device__ __forceinline__ Dtype interp_col_sum(const Dtype* Trow, const int bc, const int copy,
+                                                const int* __restrict__ cstarts, const Dtype* __restrict__ cwp,
+                                                const Dtype* __restrict__ cwq) {
+  const int w0 = cstarts[bc], w1 = cstarts[bc + 1];
+  if (copy) return Trow[w0];
+  Dtype sp = 0, sq = 0;
+  for (int w = w0; w < w1; ++w) sp += cwp[w] * Trow[w];
+  if (bc > 0) {
+    for (int w = cstarts[bc - 1]; w < w0; ++w) sq += cwq[w] * Trow[w];
+  }
+  return sp + sq;
+}
+
 // Pass 2 (columns): one thread per bottom element (coalesced stores), its sum over a contiguous
 // range of T's row (zeros outside the window). count = planes * H * W.
 __global__ void interp_backward_cols(const int count, const int H, const int W, const int off, const int Hi,
@@ -160,20 +175,50 @@ __global__ void interp_backward_cols(const int count, const int H, const int W, 
     const int a = r % H - off;
     const long long p = r / H;
     Dtype s = 0;
-    if (a >= 0 && a < Hi && bc >= 0 && bc < Wi) {
-      const Dtype* Trow = T + (p * Hi + a) * Wo;
-      const int w0 = cstarts[bc], w1 = cstarts[bc + 1];
-      if (copy) {
-        s = Trow[w0];
-      } else {
-        Dtype sp = 0, sq = 0;
-        for (int w = w0; w < w1; ++w) sp += cwp[w] * Trow[w];
-        if (bc > 0) {
-          for (int w = cstarts[bc - 1]; w < w0; ++w) sq += cwq[w] * Trow[w];
+    if (a >= 0 && a < Hi && bc >= 0 && bc < Wi) s = interp_col_sum(T + (p * Hi + a) * Wo, bc, copy, cstarts, cwp, cwq);
+    dx[i] = s;
+  }
+}
+
+// Both passes in one kernel for windows whose T plane (Hi x Wo) fits in shared memory: a block per
+// plane (grid-stride over planes), pass 1 with one band (a thread per top column, T[g] = carry +
+// sp(g) as in interp_backward_rows), a barrier, pass 2 (a thread per bottom element of the plane),
+// so T never leaves the SM; same sums in the same order as the two-pass kernels with one band.
+// Each thread's part of a phase lies inside FOR_THREAD, so that a host build can run the threads
+// one after another.
+#ifndef FOR_THREAD
+#define FOR_THREAD(tid) for (int tid = threadIdx.x, thread_once_ = 1; thread_once_; thread_once_ = 0)
+#endif
+#define INTERP_FUSED_SMEM 2048  // most elements of T (Hi * Wo); FUSED_SMEM in interp.py
+
+__global__ void interp_backward_fused(const int planes, const int H, const int W, const int off, const int Hi,
+                                      const int Wi, const int Ho, const int Wo, const int copy,
+                                      const int* __restrict__ rstarts, const Dtype* __restrict__ rwp,
+                                      const Dtype* __restrict__ rwq, const int* __restrict__ cstarts,
+                                      const Dtype* __restrict__ cwp, const Dtype* __restrict__ cwq,
+                                      const Dtype* __restrict__ dy, Dtype* __restrict__ dx) {
+  __shared__ Dtype T[INTERP_FUSED_SMEM];
+  for (long long p = blockIdx.x; p < planes; p += gridDim.x) {
+    FOR_THREAD(tid) {
+      for (int w = tid; w < Wo; w += blockDim.x) {
+        const Dtype* col = dy + p * Ho * Wo + w;
+        Dtype sp, sq, carry = 0;
+        for (int g = 0; g < Hi; ++g) {
+          interp_group_sums(col, Wo, g, copy, rstarts, rwp, rwq, sp, sq);
+          T[g * Wo + w] = carry + sp;
+          carry = sq;
         }
-        s = sp + sq;
       }
     }
-    dx[i] = s;
+    __syncthreads();
+    FOR_THREAD(tid) {
+      for (int e = tid; e < H * W; e += blockDim.x) {
+        const int bc = e % W - off, a = e / W - off;
+        Dtype s = 0;
+        if (a >= 0 && a < Hi && bc >= 0 && bc < Wi) s = interp_col_sum(T + a * Wo, bc, copy, cstarts, cwp, cwq);
+        dx[p * H * W + e] = s;
+      }
+    }
+    __syncthreads();  // T is rewritten for the next plane
   }
 }

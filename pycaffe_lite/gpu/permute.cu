@@ -155,3 +155,91 @@ permute_tiles(const Dtype* src, Dtype* dst, const int nt, const int ni, const in
     if (l < size && i < vi && t < vt) dst[i * i_dst + t] = tile[t * pitch + i];
   }
 }
+
+// permute_narrow_{t,i}: 2 or 3 collapsed axes (batch, i, t) in dst order where one side of the
+// (t, i) plane has at most PERMUTE_NARROW elements (NCHW -> NHWC with few channels, and back).
+// One warp moves 32 consecutive positions of the long side x all of the short side through its
+// own shared slab (rows of `pitch` = short | 1 elements: distinct banks for a column); every
+// thread reaches the __syncwarp (spare warps of the last block move nothing). The grid has a warp
+// per 32 positions. warp w: batch
+// b = w / wpp, positions (w % wpp) * 32 .. + 31 (fewer at the end of the plane).
+//   _t: the short side is t (dst stride 1, i_dst = nt): lane l loads src[b][t][p0 + l] for every
+//       t (coalesced rows), the warp stores its 32 * nt outputs as one contiguous dst run.
+//   _i: the short side is i (src stride 1, t_src = ni): the warp loads its 32 * ni inputs as one
+//       contiguous src run, lane l stores dst[b][i][p0 + l] for every i (coalesced rows).
+#define PERMUTE_NARROW 32
+#define PERMUTE_NARROW_WARPS 4  // most warps per block (NARROW_THREADS / 32 in permute.py)
+#define PERMUTE_NARROW_BATCH 16  // loads a lane issues before it stores any
+
+__global__ void __launch_bounds__(PERMUTE_NARROW_WARPS * 32)
+permute_narrow_t(const int warps, const Dtype* __restrict__ src, Dtype* __restrict__ dst, const int ni,
+                 const int nt, const int t_src, const int wpp, const int b_src, const int b_dst) {
+  __shared__ Dtype slab[PERMUTE_NARROW_WARPS][32 * (PERMUTE_NARROW + 1)];
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const int w = blockIdx.x * (blockDim.x >> 5) + wib;
+  const int b = w / wpp, p0 = (w - b * wpp) * 32;
+  const int vp = w < warps ? min(32, ni - p0) : 0, pitch = nt | 1;  // vp = 0: a spare warp
+  Dtype* s = slab[wib];
+  if (lane < vp) {
+    const Dtype* in = src + (long long)b * b_src + p0 + lane;
+    for (int t0 = 0; t0 < nt; t0 += PERMUTE_NARROW_BATCH) {
+      Dtype v[PERMUTE_NARROW_BATCH];
+#pragma unroll
+      for (int j = 0; j < PERMUTE_NARROW_BATCH; ++j)
+        if (t0 + j < nt) v[j] = in[(long long)(t0 + j) * t_src];
+#pragma unroll
+      for (int j = 0; j < PERMUTE_NARROW_BATCH; ++j)
+        if (t0 + j < nt) s[lane * pitch + t0 + j] = v[j];
+    }
+  }
+  __syncwarp();
+  Dtype* out = dst + (long long)b * b_dst + (long long)p0 * nt;
+  const int m = vp * nt, dq = 32 / nt, dr = 32 % nt;
+  int q = lane / nt, r = lane - q * nt;  // e = q * nt + r
+  for (int e = lane; e < m; e += 32) {
+    out[e] = s[q * pitch + r];
+    q += dq;
+    r += dr;
+    if (r >= nt) {
+      r -= nt;
+      ++q;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(PERMUTE_NARROW_WARPS * 32)
+permute_narrow_i(const int warps, const Dtype* __restrict__ src, Dtype* __restrict__ dst, const int ni,
+                 const int nt, const int i_dst, const int wpp, const int b_src, const int b_dst) {
+  __shared__ Dtype slab[PERMUTE_NARROW_WARPS][32 * (PERMUTE_NARROW + 1)];
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const int w = blockIdx.x * (blockDim.x >> 5) + wib;
+  const int b = w / wpp, p0 = (w - b * wpp) * 32;
+  const int vp = w < warps ? min(32, nt - p0) : 0, pitch = ni | 1;  // vp = 0: a spare warp
+  Dtype* s = slab[wib];
+  const Dtype* in = src + (long long)b * b_src + (long long)p0 * ni;
+  const int m = vp * ni, dq = 32 / ni, dr = 32 % ni;
+  int q = lane / ni, r = lane - q * ni;  // e = q * ni + r
+  for (int e0 = 0; e0 < m; e0 += 32 * PERMUTE_NARROW_BATCH) {
+    Dtype v[PERMUTE_NARROW_BATCH];
+#pragma unroll
+    for (int j = 0; j < PERMUTE_NARROW_BATCH; ++j) {
+      const int e = e0 + j * 32 + lane;
+      if (e < m) v[j] = in[e];
+    }
+#pragma unroll
+    for (int j = 0; j < PERMUTE_NARROW_BATCH; ++j) {
+      if (e0 + j * 32 + lane < m) s[q * pitch + r] = v[j];
+      q += dq;
+      r += dr;
+      if (r >= ni) {
+        r -= ni;
+        ++q;
+      }
+    }
+  }
+  __syncwarp();
+  if (lane < vp) {
+    Dtype* out = dst + (long long)b * b_dst + p0 + lane;
+    for (int i = 0; i < ni; ++i) out[(long long)i * i_dst] = s[lane * pitch + i];
+  }
+}

@@ -17,6 +17,9 @@ written once (a bijection, no accumulation); the gradient is the inverse plan
    2048 elements, sides of at least 32 where the axis is that long), reading along i and writing
    along t, both coalesced; the other axes are the tile's batch, decoded once per block. Planes
    whose best tile is under 512 elements go to ``permute_gather`` (one element a unit) instead.
+   Before either: 2 or 3 axes (batch, i, t) with a side of the plane of at most NARROW elements
+   (NCHW <-> NHWC with few channels) take ``permute_narrow_t`` / ``_i`` (:func:`_narrow`): a warp
+   per 32 positions of the long side, so the small planes still fill the GPU.
 
 The kernels decode at most 5 axes (gather) or 4 batch axes (tiles); more that do not collapse are
 handled by one launch per index of the outermost ones. Launch arguments are plain ints fixed by
@@ -47,6 +50,8 @@ MIN_TILE = TILE // 4  # smaller planes are gathered
 MAX_BLOCKS = 65535 * 4  # backend.MAX_BLOCKS: the cap of a grid-stride launch
 INT32_MAX = 2**31 - 1
 BLOCK_COST = 256  # choose_tile: a block's overhead, in elements of tile area
+NARROW = 32  # PERMUTE_NARROW: planes with a side this short or shorter take permute_narrow_*
+NARROW_THREADS = 64  # permute_narrow_* block size (at most PERMUTE_NARROW_WARPS warps; 64 timed best)
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,7 @@ class Launch:
     head: tuple[int, ...]
     tail: tuple[int, ...]
     grid: int
+    block: int = THREADS
 
 
 def _outer_offsets(outer: Sequence[Axis], scale: int = 1) -> list[tuple[int, int]]:
@@ -183,12 +189,38 @@ def _tiles(axes: Sequence[Axis], lgt: int, lgi: int) -> tuple[Launch, ...]:
     return tuple(Launch("permute_tiles", s, d, (), tuple(tail), blocks) for s, d in _outer_offsets(outer))
 
 
+def _narrow(axes: Sequence[Axis]) -> tuple[Launch, ...]:
+    """permute_narrow_t / _i launch for 2 or 3 axes (batch, i, t) whose (t, i) plane has a side of
+    at most NARROW elements (t: dst stride 1; i: src stride 1, the next dst axis out); () if the
+    permutation is not of that form."""
+    if len(axes) not in (2, 3):
+        return ()
+    i, t = axes[-2], axes[-1]
+    b = axes[0] if len(axes) == 3 else Axis(1, 0, 0)
+    if i.src != 1 or t.dst != 1:
+        return ()
+    if t.size <= NARROW:  # i.dst == t.size: a warp's outputs are one run
+        kernel, long, short_stride = "permute_narrow_t", i.size, t.src
+    elif i.size <= NARROW and t.src == i.size:  # a warp's inputs are one run
+        kernel, long, short_stride = "permute_narrow_i", t.size, i.dst
+    else:
+        return ()
+    wpp = -(-long // 32)
+    warps = wpp * b.size
+    if warps > INT32_MAX:
+        raise ValueError(f"permutation too large: {warps} warps")
+    per_block = NARROW_THREADS // 32
+    return (Launch(kernel, 0, 0, (warps,), (i.size, t.size, short_stride, wpp, b.src, b.dst),
+                   -(-warps // per_block), NARROW_THREADS),)
+
+
 @dataclass(frozen=True)
 class Plan:
     """How ``dst = src.transpose(order)`` runs for src of ``shape``; call it with device pointers.
 
     ``kind``: "empty" (no elements), "copy", "runs" (contiguous runs: gather, ``vector`` holds the
-    4-wide launches when the run length allows), "gather" (small planes) or "tiles"."""
+    4-wide launches when the run length allows), "gather" (small planes), "narrow" (a side of at
+    most NARROW) or "tiles"."""
 
     shape: tuple[int, ...]
     order: tuple[int, ...]
@@ -224,7 +256,7 @@ class Plan:
             launches = self.vector
         for ln in launches:
             backend.kernel(KERNELS, ln.kernel, dtype)(*ln.head, src + ln.src_off * size, dst + ln.dst_off * size,
-                                                      *ln.tail, grid=(ln.grid, 1, 1), block=THREADS)
+                                                      *ln.tail, grid=(ln.grid, 1, 1), block=ln.block)
 
 
 @functools.lru_cache(maxsize=512)
@@ -242,6 +274,9 @@ def _plan(shape: tuple[int, ...], order: tuple[int, ...]) -> Plan:
         return Plan(shape, order, axes, "runs", _gather(axes, 1), _gather(axes, 4) if run % 4 == 0 else ())
     i = next(a for a in axes if a.src == 1)
     lgt, lgi = choose_tile(axes[-1].size, i.size)
+    narrow = _narrow(axes)
+    if narrow:
+        return Plan(shape, order, axes, "narrow", narrow, tile=(lgt, lgi))
     if (1 << (lgt + lgi)) < MIN_TILE and len(axes) > 2:
         return Plan(shape, order, axes, "gather", _gather(axes, 1), tile=(lgt, lgi))
     return Plan(shape, order, axes, "tiles", _tiles(axes, lgt, lgi), tile=(lgt, lgi))

@@ -57,6 +57,7 @@ static std::barrier<>* block_barrier;
 static std::vector<double> exchange;
 static inline int linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 static inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { block_barrier->arrive_and_wait(); }  // all block threads call it
 // Every thread of the block must call it (the kernels keep whole warps, and here whole blocks, in step).
 template <class T> static T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
   const int tid = linear_tid();

@@ -140,17 +140,19 @@ def test_cpu_gpu_agree_backward_bands(monkeypatch, rows, param):
     on every case and on very wide rows."""
     module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
     monkeypatch.setattr(module, "TWO_PASS_ROWS", rows)
+    monkeypatch.setattr(module, "FUSED_SMEM", 0)
     assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG], rtol=1e-10, atol=1e-12)
     assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG], dtype=np.float32, rtol=1e-5,
                          atol=1e-5)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,param,kernel", [((2, 512, 6, 6), "height: 60 width: 60", "interp_backward_rows"),
+@pytest.mark.parametrize("shape,param,kernel", [((2, 512, 6, 6), "height: 60 width: 60", "interp_backward_fused"),
                                                 ((1, 3, 65, 65), "zoom_factor: 8", "interp_backward_rows"),
                                                 ((1, 2, 60, 60), "height: 473 width: 473", "interp_backward_rows")])
 def test_cpu_gpu_agree_benchmark_shapes(monkeypatch, shape, param, kernel):
-    """Shapes of benchmarks/bandwidth.py's Interp cases: all take the two-pass backward."""
+    """Shapes of benchmarks/bandwidth.py's Interp cases: PSPNet pool6 (Hi * Wo = 360) takes the fused
+    backward, the others the two-pass one."""
     from pycaffe_lite.gpu import backend
 
     names: list[str] = []

@@ -25,6 +25,9 @@ pytestmark = [pytest.mark.skipif(hk.CXX is None, reason="no host C++ compiler"),
 ONE_WARP = """struct Dim3 { unsigned x, y, z; };
 static const Dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, gridDim = {1, 1, 1}, blockDim = {32, 1, 1};
 #define FOR_LANE(lane) for (int lane = 0; lane < 32; ++lane)
+#define FOR_THREAD(tid) for (int tid = 0; tid < 32; ++tid)
+#define __shared__ static
+static inline void __syncthreads() {}
 """
 
 
@@ -87,16 +90,21 @@ def _run(param, x, gpu, dtype):
     return top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()
 
 
-@pytest.mark.parametrize("rows", [8, 3, 1, 1 << 20], ids=["rows8", "rows3", "rows1", "rows_all"])
+@pytest.mark.parametrize("rows", [8, 3, 1, 1 << 20, None], ids=["rows8", "rows3", "rows1", "rows_all", "fused"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("param,x", CASES, ids=[c[0] for c in CASES])
 def test_gpu_path_on_host_matches_cpu(host_gpu, monkeypatch, param, x, dtype, rows):
+    """rows: the two-pass backward with bands of that many bottom rows; None: the fused backward
+    (every case here has Hi * Wo <= FUSED_SMEM)."""
     module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
-    monkeypatch.setattr(module, "TWO_PASS_ROWS", rows)
+    if rows is not None:
+        monkeypatch.setattr(module, "FUSED_SMEM", 0)
+        monkeypatch.setattr(module, "TWO_PASS_ROWS", rows)
     common.set_mode_cpu()
     y_cpu, dx_cpu = _run(param, x, False, dtype)
     y_gpu, dx_gpu = _run(param, x, True, dtype)
-    assert host_gpu == ["interp_forward", "interp_backward_rows", "interp_backward_cols"]
+    backward = ["interp_backward_fused"] if rows is None else ["interp_backward_rows", "interp_backward_cols"]
+    assert host_gpu == ["interp_forward", *backward]
     tol = dict(rtol=1e-12, atol=1e-13) if dtype == np.float64 else dict(rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(y_gpu, y_cpu, **tol)
     np.testing.assert_allclose(dx_gpu, dx_cpu, **tol)

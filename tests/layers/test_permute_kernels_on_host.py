@@ -31,7 +31,7 @@ def host_kernels(monkeypatch):
         lib, sigs = hk.threaded_library(permute.KERNELS, dtype, ("-I", str(permute.KERNELS.parent)))
 
         def call(*args, grid, block):
-            assert block == permute.THREADS and grid[1:] == (1, 1) and grid[0] >= 1
+            assert block in (permute.THREADS, permute.NARROW_THREADS) and grid[1:] == (1, 1) and grid[0] >= 1
             launches.append((name, grid, block))
             hk.launch(lib, sigs[name], args, dtype, grid[0], (block, 1, 1))
         return call
@@ -78,7 +78,11 @@ CASES = [
     ((2, 3, 4, 24), (0, 2, 1, 3)),           # runs of 24 (4-wide units)
     ((2, 3, 4, 7), (2, 0, 1, 3)),            # runs of 7 (1-wide units)
     ((2, 3, 5, 4, 6), (3, 1, 0, 2, 4)),      # runs, 5 axes
-    ((40, 3, 5), (0, 2, 1)),                 # small planes: gathered
+    ((40, 3, 5), (0, 2, 1)),                 # small planes, a 3-wide side: narrow
+    ((3, 5, 70), (0, 2, 1)),                 # narrow t (odd, 5) and back (narrow i), ragged warps
+    ((2, 32, 33), (0, 2, 1)),                # narrow at the limit, 2 warps a plane
+    ((7, 200), (1, 0)),                      # 2 axes, narrow
+    ((2,) * 8, tuple(range(7, -1, -1))),     # 2 x 2 planes, 8 axes: gathered
     ((2, 3, 2, 3, 2, 3, 2), (6, 5, 4, 3, 2, 1, 0)),  # 7 axes: host loop over the outer ones (tiles)
     ((2, 3, 2, 3, 2, 3, 4), (5, 3, 1, 4, 2, 0, 6)),  # 7 axes, runs: host loop too
     ((2, 2, 2, 2, 2, 2, 2, 8), (7, 6, 5, 4, 3, 2, 1, 0)),  # 8 axes
@@ -93,7 +97,9 @@ def test_plans_match_numpy(host_kernels, shape, order, dtype):
 
 def test_kinds_reached(host_kernels):
     kinds = {permute.plan(s, o).kind for s, o in CASES}
-    assert kinds == {"copy", "runs", "gather", "tiles"}
+    assert kinds == {"copy", "runs", "gather", "tiles", "narrow"}
+    assert {ln.kernel for s, o in CASES for p in (permute.plan(s, o), permute.plan(s, o).inverse())
+            for ln in p.launches} >= {"permute_narrow_t", "permute_narrow_i"}
     assert permute.plan((2, 3, 4, 24), (0, 2, 1, 3)).vector  # 4-wide runs exist
     assert len(permute.plan(*CASES[-3]).launches) > 1  # the host loop
 

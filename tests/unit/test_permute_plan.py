@@ -93,6 +93,19 @@ def _emulate(plan: permute.Plan, x: np.ndarray, vector: bool = False) -> np.ndar
             off += u * tail[16]
             for j in range(w):
                 dst[ln.dst_off + np.arange(n) * w + j] = src[ln.src_off + off * w + j]
+        elif ln.kernel.startswith("permute_narrow"):
+            (warps,), (ni, nt, stride, wpp, b_src, b_dst) = ln.head, ln.tail
+            assert -(-warps // (ln.block // 32)) == ln.grid and ln.block <= 32 * 4  # PERMUTE_NARROW_WARPS
+            for wp in range(warps):
+                b, p0 = wp // wpp, wp % wpp * 32
+                if ln.kernel.endswith("_t"):  # (p, t) -> dst run; src rows of stride `stride` (t_src)
+                    p = np.arange(p0, min(p0 + 32, ni))[:, None]
+                    t = np.arange(nt)[None, :]
+                    dst[ln.dst_off + b * b_dst + p * nt + t] = src[ln.src_off + b * b_src + t * stride + p]
+                else:  # src run (p, i); dst rows of stride `stride` (i_dst)
+                    p = np.arange(p0, min(p0 + 32, nt))[:, None]
+                    i = np.arange(ni)[None, :]
+                    dst[ln.dst_off + b * b_dst + i * stride + p] = src[ln.src_off + b * b_src + p * ni + i]
         else:
             nt, ni, t_src, i_dst, lgt, lgi, _, tiles_i, tiles, *batch = ln.tail
             blocks = np.arange(ln.grid)
@@ -137,11 +150,11 @@ def test_launch_arguments_move_every_element_once():
         for ln in plan.launches:
             assert 1 <= ln.grid <= 2**31 - 1
             assert all(-(2**31) <= a < 2**32 for a in ln.head + ln.tail)
-    assert {"copy", "runs", "gather", "tiles"} <= kinds
+    assert {"copy", "runs", "gather", "tiles", "narrow"} <= kinds
 
 
 @pytest.mark.parametrize("shape,order,kind,vector", [
-    ((32, 16, 38, 38), (0, 2, 3, 1), "tiles", False),     # SSD conv4_3 mbox_loc
+    ((32, 16, 38, 38), (0, 2, 3, 1), "narrow", False),    # SSD conv4_3 mbox_loc
     ((32, 84, 38, 38), (0, 2, 3, 1), "tiles", False),
     ((32, 126, 19, 19), (0, 2, 3, 1), "tiles", False),
     ((8, 512, 38, 64), (3, 0, 2, 1), "tiles", False),     # CTPN's Transpose
