@@ -10,8 +10,12 @@ Kernel files are CUDA C written against ``Dtype`` (float or double) and the grid
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import os
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol, SupportsInt
 
@@ -394,6 +398,20 @@ class Kernel:
         self.function.prepared_async_call(grid, block, state().stream, *args, shared_size=shared)
 
 
+@contextlib.contextmanager
+def _compile_lock() -> Iterator[None]:
+    """Processes on this machine compile one at a time: PyCUDA's compiler cache writes its cubin
+    files in place, so a process reading one another is writing loads a truncated image ("device
+    kernel image is invalid", seen once with parallel GPU test workers)."""
+    path = Path(tempfile.gettempdir()) / f"pycaffe-lite-nvcc-{os.getuid()}.lock"
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class KernelModule:
     """One CUDA source compiled for one dtype; its kernels' signatures are read from the source."""
 
@@ -411,8 +429,9 @@ class KernelModule:
         if extra:
             options += extra.split()
         try:
-            self.module = SourceModule(PRELUDE.format(ctype=_CTYPES[dtype]) + source, options=options,
-                                       include_dirs=include_dirs)
+            with _compile_lock():
+                self.module = SourceModule(PRELUDE.format(ctype=_CTYPES[dtype]) + source, options=options,
+                                           include_dirs=include_dirs)
         except Exception as exc:
             raise CudaError(f"compiling {where} for {dtype}: {exc}") from None
         self._kernels: dict[str, Kernel] = {}
