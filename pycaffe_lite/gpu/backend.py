@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import hashlib
 import os
 import tempfile
 import threading
@@ -398,12 +399,19 @@ class Kernel:
         self.function.prepared_async_call(grid, block, state().stream, *args, shared_size=shared)
 
 
+def compile_lock_path(key: str) -> Path:
+    """The lock file of one compilation (``key``: its source and options)."""
+    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"pycaffe-lite-nvcc-{os.getuid()}-{digest}.lock"
+
+
 @contextlib.contextmanager
-def _compile_lock() -> Iterator[None]:
-    """Processes on this machine compile one at a time: PyCUDA's compiler cache writes its cubin
-    files in place, so a process reading one another is writing loads a truncated image ("device
-    kernel image is invalid", seen once with parallel GPU test workers)."""
-    path = Path(tempfile.gettempdir()) / f"pycaffe-lite-nvcc-{os.getuid()}.lock"
+def _compile_lock(key: str) -> Iterator[None]:
+    """Processes on this machine compile the same source one at a time: PyCUDA's compiler cache
+    writes its cubin files in place, so a process reading one another is writing loads a truncated
+    image ("device kernel image is invalid", seen once with parallel GPU test workers). Different
+    sources compile in parallel."""
+    path = compile_lock_path(key)
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -429,9 +437,9 @@ class KernelModule:
         if extra:
             options += extra.split()
         try:
-            with _compile_lock():
-                self.module = SourceModule(PRELUDE.format(ctype=_CTYPES[dtype]) + source, options=options,
-                                           include_dirs=include_dirs)
+            text = PRELUDE.format(ctype=_CTYPES[dtype]) + source
+            with _compile_lock(text + " ".join(options)):
+                self.module = SourceModule(text, options=options, include_dirs=include_dirs)
         except Exception as exc:
             raise CudaError(f"compiling {where} for {dtype}: {exc}") from None
         self._kernels: dict[str, Kernel] = {}

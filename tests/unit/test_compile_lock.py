@@ -1,13 +1,10 @@
-"""Kernel compilation is serialized across processes (gpu.backend._compile_lock): PyCUDA's compiler
+"""Compiling one kernel source is serialized across processes (gpu.backend._compile_lock): PyCUDA's compiler
 cache writes cubin files in place, and a parallel reader could load a truncated image."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 from pycaffe_lite.gpu import backend
 
@@ -21,12 +18,13 @@ with open(sys.argv[1], "a") as f:
 """
 
 
-def _probe() -> int:
-    path = Path(tempfile.gettempdir()) / f"pycaffe-lite-nvcc-{os.getuid()}.lock"
+def _probe(key: str) -> int:
+    path = backend.compile_lock_path(key)
     return subprocess.run([sys.executable, "-c", PROBE, str(path)], timeout=60).returncode
 
 
-def test_another_process_cannot_compile_while_one_holds_the_lock():
-    with backend._compile_lock():
-        assert _probe() == 3
-    assert _probe() == 0
+def test_another_process_cannot_compile_the_same_source_while_one_holds_the_lock():
+    with backend._compile_lock("source a"):
+        assert _probe("source a") == 3
+        assert _probe("source b") == 0  # other sources compile in parallel
+    assert _probe("source a") == 0
