@@ -5,7 +5,7 @@
 Each net runs in its own subprocess (so memory is counted from a fresh CUDA context, as in
 ``zoo.py``): build the model-zoo deploy net, three forwards (a plain run, a CUDA-graph capture, a
 replay), then print what the process holds from the device (``backend.memory_held()``); once with
-intermediate blobs sharing memory (the default, ``memory_plan.SharedData``) and once with
+intermediate blobs sharing memory (the default, ``shared_data.SharedData``) and once with
 ``PYCAFFE_LITE_SHARE_DATA=0`` for reference; and, in a third subprocess, what the same net's
 batch-32 training step holds (``zoo.py``'s measurement), so the ratio the issue targets (deploy at
 most half of training) comes from one run. ``--plan`` needs no GPU: it builds the nets on the CPU

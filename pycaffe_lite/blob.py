@@ -136,7 +136,7 @@ class Blob:
         return self._view(self._diff.mutable_cpu())
 
     # pycaffe's properties are the user's access: a net that shares memory between blobs is told
-    # (``on_access``, see memory_plan.SharedData and SharedDiffs); layers use the methods above.
+    # (``on_access``, see shared_data.SharedData and SharedDiffs); layers use the methods above.
     def _user_access(self, what: str) -> None:
         if self.on_access is not None:
             self.on_access(self, what)

@@ -98,7 +98,7 @@ class Layer:
     # reference) and a Split sums it.
     writes_all_bottom_diffs: ClassVar[bool] = False
     # Its forward writes its tops from its bottoms and params alone (no state, no randomness), so a
-    # memory plan can recompute a top by running it again (``memory_plan.ForwardOnlyData``).
+    # memory plan can recompute a top by running it again (``forward_data.ForwardOnlyData``).
     pure_forward: ClassVar[bool] = False
     recompute_input: Callable[[int], None] | None = None  # set by the executor on such a layer
 

@@ -679,7 +679,7 @@ class Net:
         diffs = list(diffs or ())
         outputs |= set(diffs)
         self._set_diffs(kwargs)
-        # the diffs asked for stay private (the others may share gradient buffers: memory_plan.SharedDiffs)
+        # the diffs asked for stay private (the others may share gradient buffers: shared_diffs.SharedDiffs)
         self.executor.shared_diffs.keep_blobs([self.graph.blob_name_to_idx[n] for n in diffs if n in self._blob_dict])
         self.backward_from_to(start_i, end_i)
         return {name: self._blob_dict[name].diff for name in self.graph.blob_names if name in outputs}

@@ -40,8 +40,11 @@ from ..conv import engines as conv_engines
 from ..gpu import backend, cuda_graph
 from ..layer import Layer
 from ..synced_memory import SyncedMemory, forget_host_newer, host_newer_memories, watched_writes
+from .forward_data import ForwardOnlyData
 from .fusion import ConvBNScale, ConvReLU, find_fusions
-from .memory_plan import ForwardOnlyData, SharedData, SharedDiffs, recomputable_inputs, sharing_enabled
+from .memory_plan import recomputable_inputs, sharing_enabled
+from .shared_data import SharedData
+from .shared_diffs import SharedDiffs
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph

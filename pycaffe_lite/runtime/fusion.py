@@ -14,7 +14,7 @@ The same chain written with a top of its own per layer (``conv1 -> conv1/bn -> c
 published MobileNet files write it) folds too in a net that runs no backward at all, when each
 intermediate blob is read by the next layer of the chain only: the fused convolution writes the
 last blob and *skips* the intermediate ones (:attr:`ConvBNScale.skipped`). Their values are then
-the data memory plan's business (:class:`~pycaffe_lite.runtime.memory_plan.SharedData`): they are
+the data memory plan's business (:class:`~pycaffe_lite.runtime.shared_data.SharedData`): they are
 stale like overwritten blobs, and a user reading one has the net re-run its last forward without
 skipping, for good. Where data sharing is off for the net, the chain runs as written.
 

@@ -1,4 +1,4 @@
-"""Data only forward passes read (memory_plan.ForwardOnlyData): in a TEST net with force_backward
+"""Data only forward passes read (forward_data.ForwardOnlyData): in a TEST net with force_backward
 written the published way (Convolution -> BatchNorm -> Scale, a top per layer), the convolutions'
 tops share memory; reading one after the forward recomputes it, so every blob's data and diff
 read as without sharing; a changed input makes the recomputation a NetError."""

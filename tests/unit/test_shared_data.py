@@ -1,4 +1,4 @@
-"""Shared intermediate data in nets that never run backward (memory_plan.SharedData): the plan
+"""Shared intermediate data in nets that never run backward (shared_data.SharedData): the plan
 never puts two live values in one buffer, outputs are those of the unshared net, and reading any
 blob after a forward gives what pycaffe gives (stale values are recomputed, or a clear error)."""
 

@@ -1,4 +1,4 @@
-"""Shared gradient buffers in pycaffe-driven backward passes (memory_plan.SharedDiffs): TEST-phase
+"""Shared gradient buffers in pycaffe-driven backward passes (shared_diffs.SharedDiffs): TEST-phase
 nets with ``force_backward`` give, for every blob diff read in any order after ``net.backward()``,
 what the same net gives with sharing off; param diffs accumulate as without sharing; stale diffs
 whose recomputation lost its inputs raise a NetError; ranges, ``backward(diffs=...)`` and
