@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import hashlib
 import os
 import tempfile
@@ -411,6 +410,8 @@ def _compile_lock(key: str) -> Iterator[None]:
     writes its cubin files in place, so a process reading one another is writing loads a truncated
     image ("device kernel image is invalid", seen once with parallel GPU test workers). Different
     sources compile in parallel."""
+    import fcntl  # POSIX only: here, not at import, so CPU-only installs elsewhere still import the backend
+
     path = compile_lock_path(key)
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
