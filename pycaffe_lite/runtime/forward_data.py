@@ -12,7 +12,7 @@ from .. import common
 from ..blob import Blob, shape_generation
 from ..errors import NetError
 from ..synced_memory import SyncedMemory
-from .memory_plan import assign_slots, data_sharing_enabled, forward_only_blobs, new_slot, point_into
+from .memory_plan import data_sharing_enabled, forward_only_blobs, point_data_into_slots, shared_data_slots
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -62,24 +62,9 @@ class ForwardOnlyData:
         if key == self._key:
             return
         self._release()
-        net = self.net
-        span: dict[int, tuple[int, int]] = {}
-        for k in range(len(net.layers)):
-            for b in net.bottom_id_vecs[k] + net.top_id_vecs[k]:
-                if b in self.candidates:
-                    span[b] = (span.get(b, (k, k))[0], k)
-        intervals = [(first, last, net.blobs[b].data_memory.nbytes, [b]) for b, (first, last) in span.items()]
-        for nbytes, groups in assign_slots(intervals):
-            if len(groups) < 2:
-                continue
-            slot = new_slot(nbytes, on_gpu)
-            self.slots.append(slot)
-            self._slot_bytes.append(nbytes)
-            self._overwritten.update(b for bids in groups[:-1] for b in bids)
-            for (b,) in groups:
-                mem = net.blobs[b].data_memory
-                point_into(mem, slot, on_gpu)
-                self._planned.add(b)
+        applied = point_data_into_slots(self.net, shared_data_slots(self.net, only=self.candidates), on_gpu)
+        self.slots, self._slot_bytes = applied.buffers, applied.nbytes
+        self._planned, self._overwritten = applied.planned, applied.overwritten
         self._key = key
 
     def _release(self) -> None:

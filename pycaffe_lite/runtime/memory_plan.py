@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -198,12 +199,14 @@ def _held_by_layers(net: NetGraph) -> set[int]:
     return {id(blob.data_memory) for layer in net.layers for blob in layer.held_blobs()}
 
 
-def shared_data_slots(net: NetGraph, keep: Collection[int] = ()) -> list[tuple[int, list[list[int]]]]:
+def shared_data_slots(net: NetGraph, keep: Collection[int] = (),
+                      only: Collection[int] | None = None) -> list[tuple[int, list[list[int]]]]:
     """``[(bytes, [groups])]`` for a net that runs no backward: each slot's size and the groups of
     blob ids whose data it holds in turn, in forward order. A group is the blobs of one data memory
     (a Split's bottom and tops, a Flatten/Reshape view and its bottom); it is live from the first
     layer touching one of them to the last. Never shared: ``keep``, sources (:func:`source_blobs`),
-    outputs, loss tops, and memory a layer holds in a blob of its own (params, internal blobs)."""
+    outputs, loss tops, and memory a layer holds in a blob of its own (params, internal blobs).
+    ``only``: plan these blobs alone (:func:`forward_only_blobs` in a net that runs backward)."""
     groups: dict[int, list[int]] = {}
     for bid, blob in enumerate(net.blobs):
         groups.setdefault(id(blob.data_memory), []).append(bid)
@@ -216,7 +219,8 @@ def shared_data_slots(net: NetGraph, keep: Collection[int] = ()) -> list[tuple[i
     held = _held_by_layers(net)
     intervals = [(min(span[b][0] for b in bids), max(span[b][1] for b in bids),
                   net.blobs[bids[0]].data_memory.nbytes, bids)
-                 for key, bids in groups.items() if key not in held and not never.intersection(bids)]
+                 for key, bids in groups.items() if key not in held and not never.intersection(bids)
+                 and (only is None or set(bids) <= set(only))]
     return assign_slots(intervals)
 
 
@@ -253,6 +257,35 @@ def forward_only_blobs(net: NetGraph) -> set[int]:
 def new_slot(nbytes: int, on_gpu: bool):
     """One buffer of a plan: a device allocation on the GPU, a byte array on the host."""
     return backend.alloc(max(nbytes, 8)) if on_gpu else np.empty(nbytes, np.uint8)
+
+
+@dataclass
+class DataSlots:
+    """A data plan applied (:func:`point_data_into_slots`)."""
+
+    buffers: list = field(default_factory=list)  # one per slot shared by two groups or more
+    nbytes: list[int] = field(default_factory=list)
+    memories: list[SyncedMemory] = field(default_factory=list)  # the memories pointed into them
+    planned: set[int] = field(default_factory=set)  # their blob ids
+    overwritten: set[int] = field(default_factory=set)  # blob ids a later member of their slot overwrites
+
+
+def point_data_into_slots(net: NetGraph, plan: list[tuple[int, list[list[int]]]], on_gpu: bool) -> DataSlots:
+    """Allocate the slots of a :func:`shared_data_slots` plan and point its groups' data into them."""
+    out = DataSlots()
+    for nbytes, groups in plan:
+        if len(groups) < 2:
+            continue
+        slot = new_slot(nbytes, on_gpu)
+        out.buffers.append(slot)
+        out.nbytes.append(nbytes)
+        out.overwritten.update(b for bids in groups[:-1] for b in bids)
+        for bids in groups:
+            mem = net.blobs[bids[0]].data_memory
+            point_into(mem, slot, on_gpu)
+            out.memories.append(mem)
+            out.planned.update(bids)
+    return out
 
 
 def point_into(mem: SyncedMemory, slot, on_gpu: bool) -> None:

@@ -14,7 +14,7 @@ from .. import common
 from ..blob import Blob, shape_generation
 from ..errors import NetError
 from ..synced_memory import SyncedMemory
-from .memory_plan import data_sharing_enabled, new_slot, point_into, shared_data_slots, source_blobs
+from .memory_plan import data_sharing_enabled, point_data_into_slots, shared_data_slots, source_blobs
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -112,19 +112,9 @@ class SharedData:
         if key == self._key:
             return
         self._drop_plan()  # the forward about to run recomputes every planned value
-        net = self.net
-        for nbytes, groups in shared_data_slots(net, self.keep):
-            if len(groups) < 2:
-                continue
-            slot = new_slot(nbytes, on_gpu)
-            self.slots.append(slot)
-            self._slot_bytes.append(nbytes)
-            self._overwritten.update(b for bids in groups[:-1] for b in bids)
-            for bids in groups:
-                mem = net.blobs[bids[0]].data_memory
-                point_into(mem, slot, on_gpu)
-                self._memories.append(mem)
-                self._planned.update(bids)
+        applied = point_data_into_slots(self.net, shared_data_slots(self.net, self.keep), on_gpu)
+        self.slots, self._slot_bytes, self._memories = applied.buffers, applied.nbytes, applied.memories
+        self._planned, self._overwritten = applied.planned, applied.overwritten
         self._key = key
 
     # -- the executor's side ----------------------------------------------------------------------
