@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ..data import db
 from ..errors import DataError
@@ -36,6 +36,20 @@ def add_gflags(parser: argparse.ArgumentParser, flags: Sequence[Flag], positiona
         parser.add_argument(name, metavar=name.upper())
     for name in optional:
         parser.add_argument(name, metavar=name.upper(), nargs="?", default=None)
+
+
+def arguments(flags: Sequence[Flag], positional: Sequence[str], usage: str, optional: Sequence[str] = ()
+              ) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[[Parsed], argparse.Namespace]]:
+    """A tool module's ``add_arguments`` (argparse, ``pycaffe-lite <tool>``) and ``namespace`` (a gflags
+    parse, ``caffe <tool>``) for its flags and positional arguments."""
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        add_gflags(parser, flags, positional, optional)
+
+    def to_namespace(parsed: Parsed) -> argparse.Namespace:
+        return namespace(parsed, positional, optional, usage)
+
+    return add_arguments, to_namespace
 
 
 def namespace(parsed: Parsed, positional: Sequence[str], optional: Sequence[str], usage: str) -> argparse.Namespace:

@@ -17,7 +17,7 @@ from ..errors import DataError
 from ..optional import require
 from ..proto import caffe_pb2, protoio
 from . import _tools
-from .gflags import Flag, Parsed
+from .gflags import Flag
 
 NAME = "compute_image_mean"
 HELP = "mean image of an LMDB/LevelDB of Datums, written as a binaryproto (BVLC's tool)"
@@ -29,12 +29,7 @@ OPTIONAL = ("output_file",)
 log = logging.getLogger("pycaffe_lite")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _tools.add_gflags(parser, GFLAGS, POSITIONAL, OPTIONAL)
-
-
-def namespace(parsed: Parsed) -> argparse.Namespace:
-    return _tools.namespace(parsed, POSITIONAL, OPTIONAL, USAGE)
+add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE, OPTIONAL)
 
 
 def decode_native(datum: caffe_pb2.Datum) -> bool:

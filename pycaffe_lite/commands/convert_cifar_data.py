@@ -17,7 +17,6 @@ import os
 from ..errors import DataError
 from ..proto import caffe_pb2
 from . import _tools
-from .gflags import Parsed
 
 NAME = "convert_cifar_data"
 HELP = "convert CIFAR-10's binary batches to LMDB/LevelDB databases (BVLC's tool)"
@@ -33,12 +32,7 @@ TRAIN_BATCHES = 5
 log = logging.getLogger("pycaffe_lite")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _tools.add_gflags(parser, GFLAGS, POSITIONAL)
-
-
-def namespace(parsed: Parsed) -> argparse.Namespace:
-    return _tools.namespace(parsed, POSITIONAL, (), USAGE)
+add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE)
 
 
 def read_batch(path: str) -> list[tuple[int, bytes]]:

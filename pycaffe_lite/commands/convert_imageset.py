@@ -24,7 +24,7 @@ from ..errors import DataError
 from ..optional import require
 from ..proto import caffe_pb2
 from . import _tools
-from .gflags import Flag, Parsed
+from .gflags import Flag
 
 NAME = "convert_imageset"
 HELP = "convert a list of images ('path label' lines) to an LMDB/LevelDB of Datums (BVLC's tool)"
@@ -44,12 +44,7 @@ POSITIONAL = ("root_folder", "list_file", "db_name")
 log = logging.getLogger("pycaffe_lite")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _tools.add_gflags(parser, GFLAGS, POSITIONAL)
-
-
-def namespace(parsed: Parsed) -> argparse.Namespace:
-    return _tools.namespace(parsed, POSITIONAL, (), USAGE)
+add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE)
 
 
 def read_list(path: str) -> list[tuple[str, int]]:

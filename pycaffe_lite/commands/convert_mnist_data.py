@@ -11,7 +11,7 @@ import logging
 from ..data import mnist
 from ..errors import DataError
 from . import _tools
-from .gflags import Flag, Parsed
+from .gflags import Flag
 
 NAME = "convert_mnist_data"
 HELP = "convert MNIST IDX image/label files to an LMDB/LevelDB of Datums (BVLC's tool)"
@@ -22,12 +22,7 @@ POSITIONAL = ("input_image_file", "input_label_file", "output_db_file")
 log = logging.getLogger("pycaffe_lite")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _tools.add_gflags(parser, GFLAGS, POSITIONAL)
-
-
-def namespace(parsed: Parsed) -> argparse.Namespace:
-    return _tools.namespace(parsed, POSITIONAL, (), USAGE)
+add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ from .. import common
 from ..data import mnist
 from ..proto import caffe_pb2
 from . import _tools
-from .gflags import Flag, Parsed
+from .gflags import Flag
 
 NAME = "convert_mnist_siamese_data"
 HELP = "random MNIST image pairs as 2-channel Datums for the siamese example (BVLC's tool)"
@@ -26,12 +26,7 @@ POSITIONAL = ("input_image_file", "input_label_file", "output_db_file")
 log = logging.getLogger("pycaffe_lite")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _tools.add_gflags(parser, GFLAGS, POSITIONAL)
-
-
-def namespace(parsed: Parsed) -> argparse.Namespace:
-    return _tools.namespace(parsed, POSITIONAL, (), USAGE)
+add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE)
 
 
 def run(args: argparse.Namespace) -> int:

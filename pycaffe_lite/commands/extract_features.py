@@ -19,7 +19,6 @@ from ..errors import CaffeError, NetError
 from ..net import Net
 from ..proto import caffe_pb2
 from . import _tools, use_device
-from .gflags import Parsed
 
 NAME = "extract_features"
 HELP = "write a trained net's blob values for each input item into LMDB/LevelDB (BVLC's tool)"
@@ -33,12 +32,7 @@ OPTIONAL = ("mode", "device_id")
 log = logging.getLogger("pycaffe_lite")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _tools.add_gflags(parser, GFLAGS, POSITIONAL, OPTIONAL)
-
-
-def namespace(parsed: Parsed) -> argparse.Namespace:
-    return _tools.namespace(parsed, POSITIONAL, OPTIONAL, USAGE)
+add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE, OPTIONAL)
 
 
 def _select_device(args: argparse.Namespace) -> None:

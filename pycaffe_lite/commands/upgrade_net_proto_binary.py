@@ -10,17 +10,14 @@ from __future__ import annotations
 import argparse
 
 from . import _tools
-from .gflags import Parsed
-from .upgrade_net_proto_text import GFLAGS, POSITIONAL, add_arguments, upgrade_file
+from .upgrade_net_proto_text import GFLAGS, POSITIONAL, upgrade_file
 
 NAME = "upgrade_net_proto_binary"
 HELP = "upgrade an old-format binary NetParameter to the current format (BVLC's tool)"
 USAGE = "upgrade_net_proto_binary v0_net_proto_file_in net_proto_file_out"
 __all__ = ["GFLAGS", "HELP", "NAME", "POSITIONAL", "USAGE", "add_arguments", "namespace", "run"]
 
-
-def namespace(parsed: Parsed) -> argparse.Namespace:
-    return _tools.namespace(parsed, POSITIONAL, (), USAGE)
+add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,6 @@ import logging
 from ..errors import CaffeError, PrototxtError
 from ..proto import caffe_pb2, protoio, upgrade
 from . import _tools
-from .gflags import Parsed
 
 NAME = "upgrade_net_proto_text"
 HELP = "upgrade an old-format text NetParameter to the current format (BVLC's tool)"
@@ -24,12 +23,7 @@ POSITIONAL = ("input_file", "output_file")
 log = logging.getLogger("pycaffe_lite")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _tools.add_gflags(parser, GFLAGS, POSITIONAL)
-
-
-def namespace(parsed: Parsed) -> argparse.Namespace:
-    return _tools.namespace(parsed, POSITIONAL, (), USAGE)
+add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE)
 
 
 def run(args: argparse.Namespace) -> int:

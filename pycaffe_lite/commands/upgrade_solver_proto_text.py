@@ -12,7 +12,6 @@ from ..errors import CaffeError, PrototxtError
 from ..proto import caffe_pb2, protoio
 from ..solvers.solver import upgrade_solver_param
 from . import _tools
-from .gflags import Parsed
 
 NAME = "upgrade_solver_proto_text"
 HELP = "upgrade a solver prototxt's solver_type to type (BVLC's tool)"
@@ -23,12 +22,7 @@ POSITIONAL = ("input_file", "output_file")
 log = logging.getLogger("pycaffe_lite")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    _tools.add_gflags(parser, GFLAGS, POSITIONAL)
-
-
-def namespace(parsed: Parsed) -> argparse.Namespace:
-    return _tools.namespace(parsed, POSITIONAL, (), USAGE)
+add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE)
 
 
 def run(args: argparse.Namespace) -> int:
