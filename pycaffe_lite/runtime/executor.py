@@ -282,10 +282,7 @@ class Executor:
             chain = self._chain_at(i, end)
             if chain is not None:
                 self._call_hooks("before_forward", range(i, chain.last + 1))
-                if isinstance(chain, ConvBNScale):
-                    chain.forward(net.bottom_vecs[i], net.top_vecs[i], fold=fold)
-                else:
-                    chain.forward(net.bottom_vecs[i], net.top_vecs[i])
+                chain.forward(net.bottom_vecs[i], net.top_vecs[i], fold=fold)
                 self._call_hooks("after_forward", range(i, chain.last + 1))
                 i = chain.last + 1
                 continue

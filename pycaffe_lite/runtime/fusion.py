@@ -61,7 +61,8 @@ class ConvReLU:
     def extra_blobs(self) -> list[Blob]:
         return []
 
-    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+    def forward(self, bottom: list[Blob], top: list[Blob], fold: bool = False) -> None:
+        """``fold``: as :meth:`ConvBNScale.forward`'s (nothing is folded here)."""
         cast(_ReLUEpilogue, self.conv).compute_forward_relu(bottom, top)
 
 
@@ -119,16 +120,26 @@ def _one_to_one(net: NetGraph, i: int) -> bool:
     return len(net.bottom_vecs[i]) == 1 and len(net.top_vecs[i]) == 1
 
 
-def _next_in_chain(net: NetGraph, k: int, blob_id: int, forward_only: bool) -> tuple[int, bool] | None:
+def _layers_touching(net: NetGraph) -> dict[int, list[int]]:
+    """Blob id -> the layers reading or writing it, in order."""
+    users: dict[int, list[int]] = {}
+    for k in range(len(net.layers)):
+        for bid in dict.fromkeys(net.bottom_id_vecs[k] + net.top_id_vecs[k]):
+            users.setdefault(bid, []).append(k)
+    return users
+
+
+def _next_in_chain(net: NetGraph, k: int, blob_id: int, users: dict[int, list[int]] | None
+                   ) -> tuple[int, bool] | None:
     """Layer ``k`` (one bottom, one top) reads ``blob_id``: (the blob it leaves its result in, whether
-    ``blob_id`` is skipped), or None. Out of place only in a net that runs no backward, and only when
-    ``blob_id`` is no output or loss top and no other layer touches it."""
+    ``blob_id`` is skipped), or None. Out of place only in a net that runs no backward (``users``,
+    :func:`_layers_touching`, given), and only when ``blob_id`` is no output or loss top and no
+    other layer touches it."""
     if k >= len(net.layers) or not _one_to_one(net, k) or net.bottom_id_vecs[k][0] != blob_id:
         return None
     if _in_place(net, k):
         return blob_id, False
-    touching = [j for j in range(len(net.layers)) if blob_id in net.bottom_id_vecs[j] or blob_id in net.top_id_vecs[j]]
-    if (not forward_only or touching != [k - 1, k] or blob_id in net.output_blob_indices
+    if (users is None or users[blob_id] != [k - 1, k] or blob_id in net.output_blob_indices
             or net.blob_loss_weights[blob_id]):
         return None
     return net.top_id_vecs[k][0], True
@@ -141,7 +152,7 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU]:
         return []
     chains: list[ConvBNScale | ConvReLU] = []
     layers = net.layers
-    forward_only = not any(net.layer_need_backward)
+    users = None if any(net.layer_need_backward) else _layers_touching(net)  # out-of-place chains
     i = 0
     while i < len(layers) - 1:
         conv = layers[i]
@@ -153,26 +164,26 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU]:
             chains.append(ConvReLU(i, i + 1, conv))
             i += 2
             continue
-        chain, last = _conv_bn_scale(net, i, forward_only)
+        chain, last = _conv_bn_scale(net, i, users)
         if chain is not None:
             chains.append(chain)
         i = last + 1
     return chains
 
 
-def _conv_bn_scale(net: NetGraph, i: int, forward_only: bool) -> tuple[ConvBNScale | None, int]:
+def _conv_bn_scale(net: NetGraph, i: int, users: dict[int, list[int]] | None) -> tuple[ConvBNScale | None, int]:
     """The Convolution -> BatchNorm (-> Scale) (-> ReLU) chain from layer ``i`` (None where there is
     none or a layer of it needs backward) and the last layer matching looked at."""
     layers = net.layers
     out = net.top_id_vecs[i][0]
     bn_i = i + 1
-    step = _next_in_chain(net, bn_i, out, forward_only) if bn_i < len(layers) else None
+    step = _next_in_chain(net, bn_i, out, users) if bn_i < len(layers) else None
     if step is None or not layers[bn_i].folds_into_convolution():
         return None, i
     cur, skip = step
     skipped = {out} if skip else set()
     last, scale = bn_i, None
-    nxt = _next_in_chain(net, bn_i + 1, cur, forward_only)
+    nxt = _next_in_chain(net, bn_i + 1, cur, users)
     if nxt is not None and layers[bn_i + 1].per_channel_affine(net.blobs[cur]):
         scale, last = layers[bn_i + 1], bn_i + 1
         skipped |= {cur} if nxt[1] else set()
