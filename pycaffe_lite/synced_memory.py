@@ -117,9 +117,7 @@ class SyncedMemory:
         arr = self._to_cpu()
         self.head = Head.HEAD_AT_CPU
         _HOST_NEWER.add(self)
-        self.version += 1
-        if self.watched:
-            _WATCHED_WRITES[0] += 1
+        self._wrote()
         return arr
 
     def set_cpu(self, array: np.ndarray) -> None:
@@ -133,9 +131,7 @@ class SyncedMemory:
         self._pinned = False
         self.head = Head.HEAD_AT_CPU
         _HOST_NEWER.add(self)
-        self.version += 1
-        if self.watched:
-            _WATCHED_WRITES[0] += 1
+        self._wrote()
 
     # -- storage a memory plan shares -----------------------------------------------------------
     def use_storage(self, host: np.ndarray | None = None, device: SupportsInt | None = None) -> None:
@@ -145,9 +141,7 @@ class SyncedMemory:
         (allocated on first use)."""
         self._sync_upload()
         self._cpu, self._gpu, self.head, self._pinned = None, device, Head.UNINITIALIZED, False
-        if self.watched:
-            _WATCHED_WRITES[0] += 1
-        self.version += 1
+        self._wrote()
         if host is not None:
             self.set_cpu(host)
         self.shared = host is not None or device is not None
@@ -160,7 +154,7 @@ class SyncedMemory:
         if self.count:
             _backend.memcpy_dtod(int(device), values, self.nbytes)
         self._gpu, self.head, self.shared = device, Head.HEAD_AT_GPU, True
-        self.version += 1
+        self._wrote()
         del old
 
     def own_storage(self) -> None:
@@ -201,13 +195,17 @@ class SyncedMemory:
         """Device pointer the caller will write: the device becomes the head."""
         ptr = self._to_gpu()
         self.head = Head.HEAD_AT_GPU
-        self.version += 1
-        if self.watched:
-            _WATCHED_WRITES[0] += 1
+        self._wrote()
         recording = _backend.recording()
         if recording is not None:  # each replay writes here again: the executor marks it afterwards
             recording.written.add(self)
         return ptr
+
+    def _wrote(self) -> None:
+        """A side was asked for to be written: count it (``version``, :func:`watched_writes`)."""
+        self.version += 1
+        if self.watched:
+            _WATCHED_WRITES[0] += 1
 
     def _sync_upload(self) -> None:
         if self._upload is not None:
@@ -224,9 +222,7 @@ class SyncedMemory:
     def mark_device_newest(self) -> None:
         """Device work queued outside this object (a graph replay) wrote the device copy."""
         self.head = Head.HEAD_AT_GPU
-        if self.watched:
-            _WATCHED_WRITES[0] += 1
-        self.version += 1
+        self._wrote()
 
     def newest_copy(self) -> np.ndarray:
         """A host copy (flat) of the values device work would read: the device copy when it is
