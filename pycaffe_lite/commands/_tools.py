@@ -14,7 +14,9 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 
-from ..data import db
+import numpy as np
+
+from ..data import db, mnist
 from ..errors import DataError
 from .gflags import Flag, FlagError, Parsed
 
@@ -71,6 +73,15 @@ def check_backend(backend: str) -> str:
     if name not in BACKENDS:
         raise FlagError(f"-backend {backend}: unknown database backend (lmdb or leveldb)")
     return name
+
+
+def load_mnist(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
+    """The MNIST IDX files of ``args`` (``input_image_file``, ``input_label_file``) as (N, rows, cols)
+    images and N labels (``mnist.load`` checks the counts agree), logged as BVLC's MNIST tools do."""
+    images, labels = mnist.load(args.input_image_file, args.input_label_file)
+    log.info("A total of %d items.", len(images))
+    log.info("Rows: %d Cols: %d", images.shape[1], images.shape[2])
+    return images, labels
 
 
 def open_writer(path: str | os.PathLike, backend: str) -> db.LMDBWriter | db.LevelDBWriter:

@@ -9,7 +9,6 @@ import argparse
 import logging
 
 from ..data import mnist
-from ..errors import DataError
 from . import _tools
 from .gflags import Flag
 
@@ -27,11 +26,7 @@ add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE)
 
 def run(args: argparse.Namespace) -> int:
     backend = _tools.check_backend(args.backend)
-    images, labels = mnist.load(args.input_image_file, args.input_label_file)
-    if len(images) != len(labels):
-        raise DataError(f"{args.input_image_file}: {len(images)} images but {len(labels)} labels")
-    log.info("A total of %d items.", len(images))
-    log.info("Rows: %d Cols: %d", images.shape[1], images.shape[2])
+    images, labels = _tools.load_mnist(args)
     with _tools.open_writer(args.output_db_file, backend) as writer:
         for i in range(len(images)):
             writer.put(b"%08d" % i, mnist.datum_bytes(images[i], int(labels[i])))

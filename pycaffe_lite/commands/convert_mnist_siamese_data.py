@@ -12,7 +12,6 @@ import logging
 import numpy as np
 
 from .. import common
-from ..data import mnist
 from ..proto import caffe_pb2
 from . import _tools
 from .gflags import Flag
@@ -31,10 +30,8 @@ add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE)
 
 def run(args: argparse.Namespace) -> int:
     backend = _tools.check_backend(args.backend)
-    images, labels = mnist.load(args.input_image_file, args.input_label_file)
+    images, labels = _tools.load_mnist(args)
     n, rows, cols = images.shape
-    log.info("A total of %d items.", n)
-    log.info("Rows: %d Cols: %d", rows, cols)
     rng = common.rng()
     datum = caffe_pb2.Datum()
     datum.channels, datum.height, datum.width = 2, rows, cols
