@@ -39,10 +39,8 @@ def _net(name: str, batch: int):
 def worker(name: str, batch: int) -> dict:
     import numpy as np
 
-    import pycaffe_lite as caffe
     from pycaffe_lite.gpu import backend
 
-    caffe.set_mode_gpu()
     backend.state()
     net = _net(name, batch)
     import ours  # (on the path now)
@@ -62,13 +60,13 @@ def train_worker(name: str, batch: int) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import ours
 
-    import pycaffe_lite as caffe
     from pycaffe_lite.gpu import backend
 
-    caffe.set_mode_gpu()
-    backend.state()
-    out = ours._zoo_train(ZOO / f"{FILES[name]}_deploy.prototxt", batch, 3, 2, backend.synchronize, True)
-    return out["memory"]
+    step, check = ours.zoo_step(ZOO / f"{FILES[name]}_deploy.prototxt", batch)
+    for _ in range(5):
+        step()
+    backend.synchronize()
+    return check()["memory"]
 
 
 def plan(name: str, batch: int) -> str:

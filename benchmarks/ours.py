@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -248,24 +249,12 @@ def randomize_params(net, seed: int = 0) -> None:
 
 def zoo_net(deploy: str | os.PathLike, batch: int, iters: int, warmup: int, latency_iters: int,
             gpu: bool = True, tf32: bool = False, drive: str = "solver") -> dict:
-    """One zoo net: median ms of an iteration at ``batch`` and the peak device memory of that net
-    (GPU: :func:`backend.memory_held`, measured before the latency net exists), then the median
-    batch-1 forward latency of the deploy net (TEST phase). ``drive="solver"``: a training
-    iteration (clear param diffs, forward, loss, backward to every weight and the data; TRAIN
-    phase; the Solver's iteration path); ``drive="pycaffe"``: the deploy net in TEST phase with
-    ``force_backward``, driven as pycaffe scripts drive it: ``net.forward(); net.backward()`` with
-    a fixed gradient on the output blob (param diffs accumulate, as in pycaffe)."""
-    _set_mode(gpu)
-    if gpu:
-        backend.state()  # context first: memory_held() counts from here
-        caffe.set_allow_tf32(tf32)
+    """One zoo net: median ms of an iteration at ``batch`` (:func:`zoo_step`) and the peak device
+    memory of that net (GPU: :func:`backend.memory_held`, measured before the latency net exists),
+    then the median batch-1 forward latency of the deploy net (TEST phase)."""
     sync = backend.synchronize if gpu else (lambda: None)
-    if drive == "solver":
-        out = _zoo_train(deploy, batch, iters, warmup, sync, gpu)
-    elif drive == "pycaffe":
-        out = _zoo_pycaffe(deploy, batch, iters, warmup, sync, gpu)
-    else:
-        raise ValueError(f"zoo_net: drive must be solver or pycaffe, got {drive!r}")
+    step, check = zoo_step(deploy, batch, gpu, tf32, drive)
+    out = {"train_ms": median_ms(step, sync, iters, warmup), **check()}
     test = caffe.Net(zoo_param(deploy, 1, train=False), caffe.TEST)
     randomize_params(test)
     data = test.blobs["data"]
@@ -277,7 +266,27 @@ def zoo_net(deploy: str | os.PathLike, batch: int, iters: int, warmup: int, late
     return out
 
 
-def _zoo_train(deploy, batch: int, iters: int, warmup: int, sync, gpu: bool) -> dict:
+def zoo_step(deploy: str | os.PathLike, batch: int, gpu: bool = True, tf32: bool = False,
+             drive: str = "solver") -> tuple[Callable[[], None], Callable[[], dict]]:
+    """(step, check) for one zoo net at ``batch``: ``step()`` runs one iteration, ``check()``
+    (after some steps) raises if the results are not finite and returns the loss, parameter count
+    and (GPU) memory figures. ``drive="solver"``: a training iteration (clear param diffs, forward,
+    loss, backward to every weight and the data; TRAIN phase; the Solver's iteration path);
+    ``drive="pycaffe"``: the deploy net in TEST phase with ``force_backward``, driven as pycaffe
+    scripts drive it: ``net.forward(); net.backward()`` with a fixed gradient on the output blob
+    (param diffs accumulate, as in pycaffe)."""
+    _set_mode(gpu)
+    if gpu:
+        backend.state()  # context first: memory_held() counts from here
+        caffe.set_allow_tf32(tf32)
+    if drive == "solver":
+        return _zoo_train(deploy, batch, gpu)
+    if drive == "pycaffe":
+        return _zoo_pycaffe(deploy, batch, gpu)
+    raise ValueError(f"zoo_step: drive must be solver or pycaffe, got {drive!r}")
+
+
+def _zoo_train(deploy, batch: int, gpu: bool):
     net = caffe.Net(zoo_param(deploy, batch, train=True), caffe.TRAIN)
     randomize_params(net)
     rng = np.random.default_rng(1)
@@ -296,21 +305,22 @@ def _zoo_train(deploy, batch: int, iters: int, warmup: int, sync, gpu: bool) -> 
             assert executor.loss_log is not None
             executor.loss_log.read()
 
-    out = {"train_ms": median_ms(train_step, sync, iters, warmup)}
-    loss = float(net.blobs["loss"].data)
-    grad = net.blobs["data"].diff
-    if not np.isfinite(loss) or not np.isfinite(grad).all() or not grad.any():
-        raise RuntimeError(f"{deploy}: training step is broken (loss {loss}, data gradient finite "
-                           f"{bool(np.isfinite(grad).all())}, nonzero {bool(grad.any())})")
-    out["loss"] = loss
-    out["params"] = sum(b.count for b, lr in zip(net.learnable_params, net.params_lr) if lr)  # no BN stats
-    if gpu:
-        out["memory"] = backend.memory_held()
-        out["graph_replays"] = net.executor.replays
-    return out
+    def check() -> dict:
+        loss = float(net.blobs["loss"].data)
+        grad = net.blobs["data"].diff
+        if not np.isfinite(loss) or not np.isfinite(grad).all() or not grad.any():
+            raise RuntimeError(f"{deploy}: training step is broken (loss {loss}, data gradient finite "
+                               f"{bool(np.isfinite(grad).all())}, nonzero {bool(grad.any())})")
+        out = {"loss": loss, "params": sum(b.count for b, lr in zip(net.learnable_params, net.params_lr) if lr)}
+        if gpu:
+            out["memory"] = backend.memory_held()
+            out["graph_replays"] = net.executor.replays
+        return out
+
+    return train_step, check
 
 
-def _zoo_pycaffe(deploy, batch: int, iters: int, warmup: int, sync, gpu: bool) -> dict:
+def _zoo_pycaffe(deploy, batch: int, gpu: bool):
     param = zoo_param(deploy, batch, train=False)
     param.force_backward = True
     net = caffe.Net(param, caffe.TEST)
@@ -324,14 +334,16 @@ def _zoo_pycaffe(deploy, batch: int, iters: int, warmup: int, sync, gpu: bool) -
         net.forward()
         net.backward()
 
-    out = {"train_ms": median_ms(step, sync, iters, warmup)}
-    grad = net.blobs["data"].diff
-    if not np.isfinite(top.data).all() or not np.isfinite(grad).all() or not grad.any():
-        raise RuntimeError(f"{deploy}: pycaffe forward/backward is broken (output finite "
-                           f"{bool(np.isfinite(top.data).all())}, data gradient finite "
-                           f"{bool(np.isfinite(grad).all())}, nonzero {bool(grad.any())})")
-    out["params"] = sum(b.count for b, lr in zip(net.learnable_params, net.params_lr) if lr)
-    if gpu:
-        out["memory"] = backend.memory_held()
-        out["graph_replays"] = net.executor.replays
-    return out
+    def check() -> dict:
+        grad = net.blobs["data"].diff
+        if not np.isfinite(top.data).all() or not np.isfinite(grad).all() or not grad.any():
+            raise RuntimeError(f"{deploy}: pycaffe forward/backward is broken (output finite "
+                               f"{bool(np.isfinite(top.data).all())}, data gradient finite "
+                               f"{bool(np.isfinite(grad).all())}, nonzero {bool(grad.any())})")
+        out: dict = {"params": sum(b.count for b, lr in zip(net.learnable_params, net.params_lr) if lr)}
+        if gpu:
+            out["memory"] = backend.memory_held()
+            out["graph_replays"] = net.executor.replays
+        return out
+
+    return step, check

@@ -217,25 +217,53 @@ def torchvision_available() -> str | None:
 
 def zoo_net(arch: str, kwargs: dict, size: int, batch: int, iters: int, warmup: int, latency_iters: int,
             device: str = "cuda", drive: str = "solver") -> dict:
-    """torchvision ``arch(weights=None, **kwargs)``: median ms of an iteration at ``batch``, the
-    caching allocator's peak reserved and allocated bytes and the device memory taken since the
-    context was created (cuMemGetInfo), then the median batch-1 forward latency (eval mode,
-    inference_mode, with a softmax as our deploy nets) eager and, on CUDA, as a CUDA-graph replay
-    (``latency_graph_ms``: the eval-mode forward captured once after warm-up into a
-    ``torch.cuda.CUDAGraph`` with a static input, then replayed). ``drive="solver"``: a training
-    iteration (zero_grad(set_to_none), forward, cross-entropy, backward to every weight and the
-    input; train mode); ``drive="pycaffe"``: eval mode, forward to the softmax and backward of a
-    fixed output gradient to every weight and the input (``requires_grad`` input), as our TEST
-    net with ``force_backward`` driven by ``net.forward(); net.backward()``."""
+    """torchvision ``arch(weights=None, **kwargs)``: median ms of an iteration at ``batch``
+    (:func:`zoo_step`), the caching allocator's peak reserved and allocated bytes and the device
+    memory taken since the context was created (cuMemGetInfo), then the median batch-1 forward
+    latency (eval mode, inference_mode, with a softmax as our deploy nets) eager and, on CUDA, as a
+    CUDA-graph replay (``latency_graph_ms``: the eval-mode forward captured once after warm-up into
+    a ``torch.cuda.CUDAGraph`` with a static input, then replayed)."""
+    torch = _torch()
+    import torchvision
+
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    step, check, model = zoo_step(arch, kwargs, size, batch, device, drive)
+    out = {"train_ms": median_ms(step, sync, iters, warmup), **check()}
+    model.eval()
+    x1 = torch.randn(1, 3, size, size, device=dev)
+
+    def forward():
+        with torch.inference_mode():
+            torch.softmax(model(x1), dim=1)
+
+    out["latency_ms"] = median_ms(forward, sync, latency_iters, max(3, warmup))
+    if cuda:
+        out["latency_graph_ms"] = median_ms(_graph_forward(torch, model, x1), sync, latency_iters,
+                                            max(3, warmup))
+    out["device"] = torch.cuda.get_device_name(dev) if cuda else "CPU"
+    out["version"] = f"PyTorch {torch.__version__}, torchvision {torchvision.__version__}"
+    return out
+
+
+def zoo_step(arch: str, kwargs: dict, size: int, batch: int, device: str = "cuda", drive: str = "solver"):
+    """(step, check, model) for torchvision ``arch`` at ``batch``: ``step()`` runs one iteration,
+    ``check()`` raises if its results are not finite and returns the loss, parameter count and
+    (CUDA) memory figures. ``drive="solver"``: a training iteration (zero_grad(set_to_none),
+    forward, cross-entropy, backward to every weight and the input; train mode);
+    ``drive="pycaffe"``: eval mode, forward to the softmax and backward of a fixed output gradient
+    to every weight and the input (``requires_grad`` input), as our TEST net with
+    ``force_backward`` driven by ``net.forward(); net.backward()``."""
     if drive not in ("solver", "pycaffe"):
-        raise ValueError(f"zoo_net: drive must be solver or pycaffe, got {drive!r}")
+        raise ValueError(f"zoo_step: drive must be solver or pycaffe, got {drive!r}")
     torch = _torch()
     import torchvision
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     torch.backends.cudnn.benchmark = True
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    free_at_init = 0
     if cuda:
         torch.cuda.init()
         torch.zeros(1, device=dev)  # context first: the device baseline counts from here
@@ -266,32 +294,20 @@ def zoo_net(arch: str, kwargs: dict, size: int, batch: int, iters: int, warmup: 
             prob.backward(gy)
             box["loss"] = prob.detach().sum()
 
-    out = {"train_ms": median_ms(train_step, sync, iters, warmup)}
-    loss = float(box["loss"])
-    if not math.isfinite(loss) or x.grad is None or not bool(torch.isfinite(x.grad).all()):
-        raise RuntimeError(f"torchvision {arch}: training step is broken (loss {loss})")
-    out["loss"] = loss
-    out["params"] = sum(p.numel() for p in model.parameters())
-    if cuda:
-        out["memory"] = {
-            "reserved": int(torch.cuda.max_memory_reserved()),
-            "allocated": int(torch.cuda.max_memory_allocated()),
-            "device": int(free_at_init - torch.cuda.mem_get_info()[0]),
-        }
-    model.eval()
-    x1 = torch.randn(1, 3, size, size, device=dev)
+    def check() -> dict:
+        loss = float(box["loss"])
+        if not math.isfinite(loss) or x.grad is None or not bool(torch.isfinite(x.grad).all()):
+            raise RuntimeError(f"torchvision {arch}: training step is broken (loss {loss})")
+        out: dict = {"loss": loss, "params": sum(p.numel() for p in model.parameters())}
+        if cuda:
+            out["memory"] = {
+                "reserved": int(torch.cuda.max_memory_reserved()),
+                "allocated": int(torch.cuda.max_memory_allocated()),
+                "device": int(free_at_init - torch.cuda.mem_get_info()[0]),
+            }
+        return out
 
-    def forward():
-        with torch.inference_mode():
-            torch.softmax(model(x1), dim=1)
-
-    out["latency_ms"] = median_ms(forward, sync, latency_iters, max(3, warmup))
-    if cuda:
-        out["latency_graph_ms"] = median_ms(_graph_forward(torch, model, x1), sync, latency_iters,
-                                            max(3, warmup))
-    out["device"] = torch.cuda.get_device_name(dev) if cuda else "CPU"
-    out["version"] = f"PyTorch {torch.__version__}, torchvision {torchvision.__version__}"
-    return out
+    return train_step, check, model
 
 
 def _graph_forward(torch, model, x_static):

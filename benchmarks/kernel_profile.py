@@ -1,0 +1,119 @@
+"""Where a zoo net's iteration spends its device time, kernel by kernel, ours or the peer's.
+
+    python benchmarks/kernel_profile.py --net resnet50 [--mode solver|pycaffe|published] [--tf32]
+                                        [--side ours|peer] [--batch 32] [--iters 10] [--warmup 5]
+                                        [--top 30]
+
+Runs the iteration of ``benchmarks/zoo.py`` (``ours.zoo_step`` / ``peer_torch.zoo_step``, the
+same nets, modes and TF32 switch) ``--warmup`` times, then ``--iters`` times under
+``torch.profiler`` (CUPTI traces every kernel of the process, PyCUDA's included), and prints per
+iteration: the device time of all kernels, their count, the wall time, and the ``--top`` kernels
+by device time with their launches, plus sums over name families (:data:`FAMILIES`). Needs
+PyTorch on the GPU machine on both sides (it is the profiler, not a dependency of the package).
+One side per process: run it twice to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from zoo import MODES, NETS, drive, prototxt  # noqa: E402
+
+# name families: the first pattern that matches a kernel's (lowercased) name wins
+FAMILIES = (
+    ("conv: tensor-core implicit GEMM", r"^tcs?_|tc_permute"),
+    ("conv: winograd", r"wino"),
+    ("conv: implicit GEMM / reduce", r"^ig_"),
+    ("conv: depthwise / direct / im2col", r"depthwise|^dw_|direct|im2col|col2im"),
+    ("conv: cuDNN", r"xmma|cudnn|implicit_convolve|conv2d|dgrad|wgrad|fprop|cutlass.*conv"),
+    ("GEMM (cuBLAS)", r"gemm|gemv|cutlass"),
+    ("batch norm / scale", r"batch_?norm|bn_|_bn|scale|welford|channel_sum|fold"),
+    ("pooling", r"pool"),
+    ("elementwise / relu / add", r"relu|eltwise|elementwise|add|axpy|vectorized|copy|fill|memset"),
+)
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    for label, pattern in FAMILIES:
+        if re.search(pattern, low):
+            return label
+    return "other"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--net", default="resnet50", choices=sorted(NETS))
+    ap.add_argument("--mode", choices=MODES, default="solver")
+    ap.add_argument("--side", choices=("ours", "peer"), default="ours")
+    ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--top", type=int, default=30)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    spec = NETS[args.net]
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    if args.side == "ours":
+        import ours
+
+        from pycaffe_lite.gpu import backend
+
+        step, check = ours.zoo_step(prototxt(spec, args.mode), args.batch, True, args.tf32, drive(args.mode))
+        sync = backend.synchronize
+    else:
+        import peer_torch
+
+        peer_torch.ALLOW_TF32 = args.tf32
+        step, check, _ = peer_torch.zoo_step(spec.arch, spec.kwargs, spec.size, args.batch, "cuda",
+                                             drive(args.mode))
+        sync = torch.cuda.synchronize
+    for _ in range(args.warmup):
+        step()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(args.iters):
+            step()
+        sync()
+        wall = (time.perf_counter() - start) * 1e3 / args.iters
+    check()
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for ev in prof.events():
+        if ev.device_type != DeviceType.CUDA:  # runtime API calls and profiler markers: host side
+            continue
+        totals[ev.name] += ev.time_range.elapsed_us() / 1e3 / args.iters
+        counts[ev.name] += 1
+    device = sum(totals.values())
+    print(f"{args.net} {args.mode} {args.side}{' TF32' if args.tf32 else ''} batch {args.batch}: "
+          f"wall {wall:.2f} ms/iter, kernels {device:.2f} ms/iter, "
+          f"{sum(counts.values()) / args.iters:.0f} launches/iter")
+    fams: dict[str, float] = defaultdict(float)
+    for name, ms in totals.items():
+        fams[family(name)] += ms
+    for label, ms in sorted(fams.items(), key=lambda kv: -kv[1]):
+        print(f"  {ms:8.3f} ms  {100 * ms / device:5.1f} %  {label}")
+    print("  top kernels (ms/iter, launches/iter):")
+    for name, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:args.top]:
+        print(f"  {ms:8.3f} {counts[name] / args.iters:5.0f}  {name[:150]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
