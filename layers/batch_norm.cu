@@ -1,6 +1,17 @@
 // BatchNorm over a (num, C, S) view. Per-channel statistics are computed on the device (the
 // running sums and their scale factor are never read on the host), so passes can be captured in
 // CUDA graphs. The element passes are vectorized by W (vec.cuh).
+//
+// The chain kernels (bn_chain_*) run BatchNorm -> per-channel affine (Scale) -> ReLU as one
+// forward and one backward (runtime/fusion.py's NormChain; BatchNorm alone in place uses them too):
+//   forward   xh = (x - mean[c]) * inv_std[c], saved;  y = relu?(xh * gamma[c] + beta[c])
+//   backward  dz = relu? dy * (y > 0) : dy;  per channel s0 = sum dz, s1 = sum dz * xh;
+//             gamma' += s1, beta' += s0; then with g = gamma[c] (1 without an affine), r = inv_std[c]
+//             batch statistics:  dx = g * r * (dz - s0 / m - xh * s1 / m)
+//             global statistics: dx = dz * g * r (written by the reducing pass itself)
+// the same arithmetic, in the same order, as the layers' own passes where they are exact
+// (forward; the global-statistics backward), and the batch formula with xh in place of x - mean.
+#include "block_sum.cuh"
 #include "vec.cuh"
 
 // Global statistics: mean = f * run_mean, var = f * run_var with f = 1 / run_s (0 when run_s == 0).
@@ -58,7 +69,121 @@ __device__ void bn_backward(const int n, const int C, const int S, const Dtype* 
     vstore<W>(dx, u, g);
   }
 }
+
+// Chain forward over an (num, C, S) view: xhat = xh, y = relu?(xh * gamma + beta) (has_s / has_b
+// 0: no scale / no shift; relu: ReLU with negative_slope 0). x may alias y or xhat.
+template <int W>
+__device__ void bn_chain_forward(const int n, const int C, const int S, const Dtype* x, const Dtype* mean,
+                                 const Dtype* inv_std, const Dtype* gamma, const Dtype* beta, const int has_s,
+                                 const int has_b, const int relu, Dtype* xhat, Dtype* y) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const int c = vchannel<W>(u, C, S);
+    const Dtype m = mean[c], r = inv_std[c];
+    const Dtype g = has_s ? gamma[c] : Dtype(1), b = has_b ? beta[c] : Dtype(0);
+    Vec<W> v = vload<W>(x, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) v.v[j] = (v.v[j] - m) * r;
+    vstore<W>(xhat, u, v);
+    if (has_s || has_b || relu) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        if (has_s) v.v[j] = v.v[j] * g + b;
+        else if (has_b) v.v[j] = v.v[j] + b;
+        if (relu && !(v.v[j] > 0)) v.v[j] *= Dtype(0);
+      }
+    }
+    vstore<W>(y, u, v);
+  }
+}
+
+// Chain backward, first pass, block blk: channel blk / chunks, chunk blk % chunks of its
+// num * S elements (math_functions.cu's channel_reduce layout): part[c * chunks + chunk] = sum dz,
+// part[(C + c) * chunks + chunk] = sum dz * xh. write_dx: also dx = dz * g * r (global statistics;
+// dx may alias dy).
+template <int W>
+__device__ void bn_chain_reduce(const int chunks, const int num, const int C, const int S, const Dtype* dy,
+                                const Dtype* y, const Dtype* xhat, const int relu, const Dtype* gamma,
+                                const int has_s, const Dtype* inv_std, const int write_dx, Dtype* dx,
+                                Dtype* part) {
+  const int c = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
+  const int units = num * (S / W);
+  const int per = (units + chunks - 1) / chunks;
+  const int end = min(units, (chunk + 1) * per);
+  const Dtype g = has_s ? gamma[c] : Dtype(1), r = write_dx ? inv_std[c] : Dtype(0);
+  Dtype s0 = 0, s1 = 0;
+  for (int u = chunk * per + threadIdx.x; u < end; u += blockDim.x) {
+    const int e = u * W, o = e / S;
+    const int unit = ((o * C + c) * S + (e - o * S)) / W;
+    Vec<W> d = vload<W>(dy, unit);
+    const Vec<W> xh = vload<W>(xhat, unit);
+    if (relu) {
+      const Vec<W> m = vload<W>(y, unit);
+#pragma unroll
+      for (int j = 0; j < W; ++j) d.v[j] = d.v[j] * (m.v[j] > 0 ? Dtype(1) : Dtype(0));
+    }
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      s0 += d.v[j];
+      s1 += d.v[j] * xh.v[j];
+    }
+    if (write_dx) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) d.v[j] = d.v[j] * g * r;
+      vstore<W>(dx, unit, d);
+    }
+  }
+  block_sum2(s0, s1);
+  if (threadIdx.x == 0) {
+    part[c * chunks + chunk] = s0;
+    part[(C + c) * chunks + chunk] = s1;
+  }
+}
+
+// Chain backward, second pass (batch statistics): dx = coef[c] * (dz - a[c] - xh * b[c]); dx may
+// alias dy.
+template <int W>
+__device__ void bn_chain_backward(const int n, const int C, const int S, const Dtype* dy, const Dtype* y,
+                                  const Dtype* xhat, const int relu, const Dtype* coef, const Dtype* a,
+                                  const Dtype* b, Dtype* dx) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const int c = vchannel<W>(u, C, S);
+    const Dtype k = coef[c], ac = a[c], bc = b[c];
+    Vec<W> d = vload<W>(dy, u);
+    const Vec<W> xh = vload<W>(xhat, u);
+    if (relu) {
+      const Vec<W> m = vload<W>(y, u);
+#pragma unroll
+      for (int j = 0; j < W; ++j) d.v[j] = d.v[j] * (m.v[j] > 0 ? Dtype(1) : Dtype(0));
+    }
+#pragma unroll
+    for (int j = 0; j < W; ++j) d.v[j] = k * (d.v[j] - ac - xh.v[j] * bc);
+    vstore<W>(dx, u, d);
+  }
+}
 }  // extern "C++"
+
+// Chain backward, between the passes: the channel sums s0 = sum dz, s1 = sum dz * xh from the
+// partials; gamma_diff += s1 and beta_diff += s0 where asked (as reduce_finish accumulates);
+// batch: coef = g * inv_std, a = s0 * inv_m, b = s1 * inv_m for bn_chain_backward.
+__global__ void bn_chain_finish(const int C, const int chunks, const Dtype* part, const int want_gamma,
+                                Dtype* gamma_diff, const int want_beta, Dtype* beta_diff, const int batch,
+                                const Dtype inv_m, const Dtype* gamma, const int has_s, const Dtype* inv_std,
+                                Dtype* coef, Dtype* a, Dtype* b) {
+  CUDA_KERNEL_LOOP(c, C) {
+    Dtype s0 = 0, s1 = 0;
+    for (int k = 0; k < chunks; ++k) {
+      s0 += part[c * chunks + k];
+      s1 += part[(C + c) * chunks + k];
+    }
+    if (want_gamma) gamma_diff[c] = s1 + gamma_diff[c];
+    if (want_beta) beta_diff[c] = s0 + beta_diff[c];
+    if (batch) {
+      coef[c] = (has_s ? gamma[c] : Dtype(1)) * inv_std[c];
+      a[c] = s0 * inv_m;
+      b[c] = s1 * inv_m;
+    }
+  }
+}
 
 #define BN_ENTRIES(W)                                                                          \
   __global__ void bn_normalize_v##W(const int n, const int C, const int S, const Dtype* x,     \
@@ -69,6 +194,25 @@ __device__ void bn_backward(const int n, const int C, const int S, const Dtype* 
                                    const Dtype* x, const Dtype* mean, const Dtype* inv_std,    \
                                    const Dtype* mean_dy, const Dtype* mean_dyxc, Dtype* dx) {  \
     bn_backward<W>(n, C, S, dy, x, mean, inv_std, mean_dy, mean_dyxc, dx);                     \
+  }                                                                                            \
+  __global__ void bn_chain_forward_v##W(const int n, const int C, const int S, const Dtype* x,  \
+                                        const Dtype* mean, const Dtype* inv_std,                \
+                                        const Dtype* gamma, const Dtype* beta, const int has_s, \
+                                        const int has_b, const int relu, Dtype* xhat, Dtype* y) { \
+    bn_chain_forward<W>(n, C, S, x, mean, inv_std, gamma, beta, has_s, has_b, relu, xhat, y);   \
+  }                                                                                            \
+  __global__ void __launch_bounds__(REDUCE_THREADS)                                            \
+      bn_chain_reduce_v##W(const int chunks, const int num, const int C, const int S,          \
+                           const Dtype* dy, const Dtype* y, const Dtype* xhat, const int relu,  \
+                           const Dtype* gamma, const int has_s, const Dtype* inv_std,           \
+                           const int write_dx, Dtype* dx, Dtype* part) {                        \
+    bn_chain_reduce<W>(chunks, num, C, S, dy, y, xhat, relu, gamma, has_s, inv_std, write_dx, dx, part); \
+  }                                                                                            \
+  __global__ void bn_chain_backward_v##W(const int n, const int C, const int S,                \
+                                         const Dtype* dy, const Dtype* y, const Dtype* xhat,    \
+                                         const int relu, const Dtype* coef, const Dtype* a,     \
+                                         const Dtype* b, Dtype* dx) {                           \
+    bn_chain_backward<W>(n, C, S, dy, y, xhat, relu, coef, a, b, dx);                          \
   }
 BN_ENTRIES(1)
 BN_ENTRIES(4)

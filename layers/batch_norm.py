@@ -7,7 +7,10 @@ sums become ``s = λs + 1``, ``mean = μ_B + λ·mean``, ``variance = m/(m-1)·�
 (λ = moving_average_fraction, m = N·spatial: the unbiased variance). With global statistics
 (default in TEST) ``μ = mean/s`` and ``σ² = variance/s`` (``s == 0`` gives 0). On the GPU the
 statistics, the factor ``1/s`` and the running-sum update stay on the device (CUDA-graph safe);
-in place, the input is saved for backward (Caffe saves the normalized output instead).
+with batch statistics in place, the normalized output is saved for backward (as Caffe's
+``x_norm_``). The GPU chain passes (:meth:`BatchNormLayer.chain_forward_gpu`,
+:meth:`~BatchNormLayer.chain_backward_gpu`) run this layer with a following per-channel Scale and
+ReLU as one forward and one backward (``runtime/fusion.py``'s NormChain).
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ class BatchNormLayer(Layer):
         self._mean_dy = Blob((self.channels,), self.dtype)
         self._mean_dyxc = Blob((self.channels,), self.dtype)
         self._x_norm = Blob(dtype=self.dtype)  # CPU backward
-        self._x_saved = Blob(dtype=self.dtype)  # GPU backward in place: the input before normalizing
+        self._x_saved = Blob(dtype=self.dtype)  # GPU in place: the normalized output, for backward
+        self._coef = Blob((3, self.channels), self.dtype)  # chain backward: g * inv_std, mean dz, mean dz * xh
 
     def reshape(self, bottom, top):
         if bottom[0].num_axes > 1 and bottom[0].shape[1] != self.channels:
@@ -135,15 +139,19 @@ class BatchNormLayer(Layer):
             self._k("bn_batch_stats")(C, self.maf, self._bias_correction(), self.eps, mean, var,
                                       self.blobs[0].mutable_gpu_data(), self.blobs[1].mutable_gpu_data(),
                                       self.blobs[2].mutable_gpu_data(), inv_std)
-            if self.in_place:  # backward needs the input, which the output overwrites
+            if self.in_place:  # backward needs the normalized values, which a later layer may overwrite
                 self._x_saved.reshape(bottom[0].shape)
-                gm.copy(bottom[0].count, x, self._x_saved.mutable_gpu_data(), dt)
+                self._chain_apply(x, self._x_saved.mutable_gpu_data(), top[0].mutable_gpu_data(), None, False)
+                return
         y = top[0].mutable_gpu_data()
         w = gm.vec_width(S, dt, x, y)
         self._k(f"bn_normalize_v{w}")(bottom[0].count // w, C, S, x, mean, inv_std, y)
 
     def backward_reads_data(self, top: bool, i: int) -> bool:
         return not self.use_global_stats  # on global statistics dx = dy / std, read from the forward's table
+
+    def heads_norm_chain(self) -> bool:
+        return True
 
     def folds_into_convolution(self) -> bool:
         return bool(self.use_global_stats)
@@ -211,9 +219,89 @@ class BatchNormLayer(Layer):
         if self.use_global_stats:
             gm.channel_affine(N, C, S, dy, inv_std, None, dx, dt)
             return
-        x = (self._x_saved if self.in_place else bottom[0]).gpu_data()
+        if self.in_place:  # _x_saved holds the normalized values
+            self._chain_backward(top[0], self._x_saved.gpu_data(), dx, None, False, False)
+            return
+        x = bottom[0].gpu_data()
         mean, mean_dy, mean_dyxc = self._mean.gpu_data(), self._mean_dy.mutable_gpu_data(), self._mean_dyxc.mutable_gpu_data()
         # one pass over dy and x: mean(dy) and mean(dy·(x - mean)) per channel
         gm.channel_dot(N, C, S, dy, x, dt, sum_a=mean_dy, dot=mean_dyxc, alpha=1.0 / max(N * S, 1), shift=mean)
         w = gm.vec_width(S, dt, dy, x, dx)
         self._k(f"bn_backward_v{w}")(top[0].count // w, C, S, dy, x, mean, inv_std, mean_dy, mean_dyxc, dx)
+
+    # -- GPU chain: this layer, a per-channel Scale and a ReLU as one pass each way ----------------
+    def _chain_apply(self, x: int, xhat: int, y: int, scale: Layer | None, relu: bool) -> None:
+        """xhat = normalized x; y = relu?(xhat·gamma + beta) with ``scale``'s gamma (and beta)."""
+        C, S, dt = self.channels, self.spatial, self.dtype
+        if self.num * C * S == 0:
+            return
+        gamma = beta = self._inv_std.gpu_data()  # placeholders where there is no scale / shift
+        has_b = False
+        if scale is not None:
+            gamma = scale.blobs[0].gpu_data()
+            has_b = len(scale.blobs) > 1
+            beta = scale.blobs[1].gpu_data() if has_b else gamma
+        w = gm.vec_width(S, dt, x, xhat, y)
+        self._k(f"bn_chain_forward_v{w}")(self.num * C * S // w, C, S, x, self._mean.gpu_data(),
+                                          self._inv_std.gpu_data(), gamma, beta, int(scale is not None),
+                                          int(has_b), int(relu), xhat, y)
+
+    def saved_normalized(self) -> Blob:
+        """The buffer an in-place chain keeps the normalized values in (this layer's own, shaped
+        like its bottom)."""
+        self._x_saved.reshape((self.num, self.channels, self.spatial))
+        return self._x_saved
+
+    def chain_forward_gpu(self, bottom: Blob, xhat: Blob, top: Blob, scale: Layer, relu: bool) -> None:
+        """Forward of this layer, ``scale`` (a per-channel Scale: gamma, optional beta) and, when
+        ``relu``, a ReLU (negative_slope 0) in one pass over ``bottom``: the normalized values go to
+        ``xhat`` (this layer's top, or its saved buffer when the chain is in place; the Scale's input
+        either way) and the result to ``top``. Statistics as :meth:`forward_gpu` (batch statistics
+        update the running sums). The layers must have been reshaped."""
+        C, S, N, dt = self.channels, self.spatial, self.num, self.dtype
+        x, mean, inv_std = bottom.gpu_data(), self._mean.mutable_gpu_data(), self._inv_std.mutable_gpu_data()
+        if self.use_global_stats:
+            self._k("bn_global_stats")(C, self.blobs[0].gpu_data(), self.blobs[1].gpu_data(),
+                                       self.blobs[2].gpu_data(), self.eps, mean, inv_std)
+        else:
+            var = self._var.mutable_gpu_data()
+            gm.channel_moments(N, C, S, x, mean, var, dt)
+            self._k("bn_batch_stats")(C, self.maf, self._bias_correction(), self.eps, mean, var,
+                                      self.blobs[0].mutable_gpu_data(), self.blobs[1].mutable_gpu_data(),
+                                      self.blobs[2].mutable_gpu_data(), inv_std)
+        self._chain_apply(x, xhat.mutable_gpu_data(), top.mutable_gpu_data(), scale, relu)
+
+    def chain_backward_gpu(self, top: Blob, xhat: Blob, bottom: Blob | None, scale: Layer, relu: bool) -> None:
+        """Backward of the chain :meth:`chain_forward_gpu` ran: ``top.diff`` (the gradient of its
+        result; ``top.data`` its result, the ReLU's mask) gives the Scale's param gradients
+        (accumulated, where its ``param_propagate_down`` asks) and, when ``bottom`` is given,
+        ``bottom.diff`` (assigned; it may be ``top``)."""
+        dx = bottom.mutable_gpu_diff() if bottom is not None else None
+        self._chain_backward(top, xhat.gpu_data(), dx, scale, relu, True)
+
+    def _chain_backward(self, top: Blob, xhat: int, dx: int | None, scale: Layer | None, relu: bool,
+                        params: bool) -> None:
+        C, S, N, dt = self.channels, self.spatial, self.num, self.dtype
+        dy, y, inv_std = top.gpu_diff(), top.gpu_data() if relu else top.gpu_diff(), self._inv_std.gpu_data()
+        gamma = scale.blobs[0].gpu_data() if scale is not None else inv_std
+        want_gamma = params and scale is not None and scale.param_propagate_down[0]
+        want_beta = params and scale is not None and len(scale.blobs) > 1 and scale.param_propagate_down[1]
+        batch = not self.use_global_stats and dx is not None
+        if (dx is None and not (want_gamma or want_beta)) or N * C * S == 0:
+            return
+        w = gm.vec_width(S, dt, dy, y, xhat, *([dx] if dx is not None else []))
+        chunks, part = gm.reduce_partials(N, C, S, w, dt)
+        write_dx = dx is not None and not batch
+        self._k(f"bn_chain_reduce_v{w}")(chunks, N, C, S, dy, y, xhat, int(relu), gamma, int(scale is not None),
+                                         inv_std, int(write_dx), dx if write_dx else part, part,
+                                         grid=(chunks * C, 1, 1), block=gm.REDUCE_THREADS)
+        coef, isz = self._coef.mutable_gpu_data(), dt.itemsize
+        gamma_diff = scale.blobs[0].mutable_gpu_diff() if want_gamma and scale is not None else part
+        beta_diff = scale.blobs[1].mutable_gpu_diff() if want_beta and scale is not None else part
+        self._k("bn_chain_finish")(C, chunks, part, int(want_gamma), gamma_diff, int(want_beta), beta_diff, int(batch),
+                                   1.0 / max(N * S, 1), gamma, int(scale is not None), inv_std,
+                                   coef, coef + C * isz, coef + 2 * C * isz)
+        if batch:
+            assert dx is not None
+            self._k(f"bn_chain_backward_v{w}")(N * C * S // w, C, S, dy, y, xhat, int(relu), coef,
+                                               coef + C * isz, coef + 2 * C * isz, dx)

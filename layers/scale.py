@@ -68,15 +68,18 @@ class ScaleLayer(BiasLayer):
             top[0].reshape(bottom[0].shape)
 
     def _input(self, bottom) -> Blob:
-        return self._saved if self.in_place else bottom[0]
+        if not self.in_place:
+            return bottom[0]
+        return self.input_from if self.input_from is not None else self._saved
 
     # The executor may set ``recompute_input`` inside whole training iterations
     # (memory_plan.recomputable_inputs): it writes this in-place layer's input into a device pointer on
     # demand (a BatchNorm re-normalizing its own intact input), so the GPU path keeps no saved copy.
-    saves_input_in_place = True  # _saved; the executor may set recompute_input instead
+    saves_input_in_place = True  # _saved; the executor may set recompute_input, a chain input_from
 
     # -- CPU --------------------------------------------------------------------------------
     def forward_cpu(self, bottom, top):
+        self.input_from = None
         x = bottom[0].cpu_data()
         if self.in_place:
             self._saved.mutable_cpu_data()[...] = x
@@ -111,6 +114,7 @@ class ScaleLayer(BiasLayer):
 
     # -- GPU --------------------------------------------------------------------------------
     def forward_gpu(self, bottom, top):
+        self.input_from = None
         n, dt = bottom[0].count, self.dtype
         x = bottom[0].gpu_data()
         if self.in_place and self.recompute_input is None:
@@ -128,7 +132,7 @@ class ScaleLayer(BiasLayer):
         want, accumulate = self._scale_grad_wanted(bottom, propagate_down)
         dims = (self.outer, self.dim, self.inner)
         if want:
-            if self.in_place and self.recompute_input is not None:
+            if self.in_place and self.recompute_input is not None and self.input_from is None:
                 (x,) = backend.workspace(bottom[0].count * dt.itemsize)  # channel_dot uses the reduce slot
                 self.recompute_input(x)
             else:

@@ -101,6 +101,9 @@ class Layer:
     # memory plan can recompute a top by running it again (``forward_data.ForwardOnlyData``).
     pure_forward: ClassVar[bool] = False
     recompute_input: Callable[[int], None] | None = None  # set by the executor on such a layer
+    # Set on such a layer by a fused chain that ran its forward (runtime/fusion.py's NormChain): the
+    # blob holding its input (a BatchNorm's normalized values); the layer's own forward clears it.
+    input_from: Blob | None = None
 
     def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32) -> None:
         self.layer_param = caffe_pb2.LayerParameter()
@@ -211,10 +214,7 @@ class Layer:
 
     def compute_forward(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         """Reshape and run the forward pass for the current mode, without reading the loss back."""
-        try:
-            self.reshape(bottom, top)
-        except (ShapeError, OutOfMemoryError) as exc:  # a new input shape too large, say
-            raise self.error(str(exc), type(exc)) from None
+        self.checked_reshape(bottom, top)
         try:
             if common.mode() is common.Mode.GPU:
                 self.forward_gpu(bottom, top)
@@ -222,6 +222,13 @@ class Layer:
                 self.forward_cpu(bottom, top)
         except MemoryError as exc:  # numpy temporaries, or a blob's first host allocation
             raise self._out_of_memory(exc, "forward", bottom) from None
+
+    def checked_reshape(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        """:meth:`reshape`, its shape and memory errors naming this layer."""
+        try:
+            self.reshape(bottom, top)
+        except (ShapeError, OutOfMemoryError) as exc:  # a new input shape too large, say
+            raise self.error(str(exc), type(exc)) from None
 
     def _out_of_memory(self, exc: MemoryError, where: str, bottom: Sequence[Blob]) -> CaffeError:
         """The project error naming this layer for a MemoryError in its ``where`` pass."""
@@ -315,7 +322,13 @@ class Layer:
         return False
 
     def per_channel_affine(self, bottom: Blob) -> bool:
-        """A per-channel scale (and shift) of ``bottom`` that may join a BatchNorm's fold."""
+        """A per-channel scale (and shift) of ``bottom`` that may join a BatchNorm's fold or chain."""
+        return False
+
+    def heads_norm_chain(self) -> bool:
+        """A per-channel normalization that runs itself, a following ``per_channel_affine`` layer and
+        a ``relu_epilogue`` as one pass each way on the GPU (``chain_forward_gpu``,
+        ``chain_backward_gpu``, ``saved_normalized``: BatchNorm)."""
         return False
 
     def folded_copy(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> Layer:

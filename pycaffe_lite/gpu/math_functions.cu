@@ -1,9 +1,8 @@
 // Shared kernels that are more than one statement (math_functions.py generates the one-statement
 // element-wise ones): per-channel affine maps and sums of several inputs, vectorized by W
 // (vec.cuh), and per-channel reductions over an (outer, dim, inner) view. Dtype: the prelude.
+#include "block_sum.cuh"
 #include "vec.cuh"
-
-#define REDUCE_THREADS 256
 
 extern "C++" {
 // y = x * s[c] + b[c] (either term optional; RELU: then v > 0 ? v : v * 0, ReLULayer's formula)
@@ -54,29 +53,6 @@ __device__ void copy_rows(const int n, const int cols, const Dtype* src, const i
   CUDA_KERNEL_LOOP(u, n) {
     const int r = u / cols, c = u - r * cols;
     vstore<W>(dst, r * dst_stride + c, vload<W>(src, r * src_stride + c));
-  }
-}
-
-// Sum of two values over the block; the result is valid in thread 0. blockDim.x == REDUCE_THREADS.
-__device__ __forceinline__ void block_sum2(Dtype& s0, Dtype& s1) {
-  __shared__ Dtype buf[2][REDUCE_THREADS / 32];
-  for (int off = 16; off > 0; off >>= 1) {
-    s0 += __shfl_down_sync(0xffffffffu, s0, off);
-    s1 += __shfl_down_sync(0xffffffffu, s1, off);
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    buf[0][warp] = s0;
-    buf[1][warp] = s1;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    s0 = lane < REDUCE_THREADS / 32 ? buf[0][lane] : Dtype(0);
-    s1 = lane < REDUCE_THREADS / 32 ? buf[1][lane] : Dtype(0);
-    for (int off = 16; off > 0; off >>= 1) {
-      s0 += __shfl_down_sync(0xffffffffu, s0, off);
-      s1 += __shfl_down_sync(0xffffffffu, s1, off);
-    }
   }
 }
 

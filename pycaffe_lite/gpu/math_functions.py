@@ -22,7 +22,7 @@ import numpy as np
 from . import backend, blas
 
 KERNELS = Path(__file__).with_name("math_functions.cu")
-REDUCE_THREADS = 256  # must match REDUCE_THREADS in math_functions.cu
+REDUCE_THREADS = 256  # must match REDUCE_THREADS in block_sum.cuh
 # Reduction grids aim for this many blocks per multiprocessor (about four waves of 8 resident
 # 256-thread blocks: small enough blocks that the last wave's tail stays short), each at least
 # 4 units per thread.
@@ -157,14 +157,22 @@ def copy_rows(rows: int, cols: int, src: int, src_stride: int, dst: int, dst_str
 
 
 # -- per-channel reductions ------------------------------------------------------------------
-def _reduce(op: str, outer: int, dim: int, inner: int, a: int, dtype, b: int | None = None,
-            shift: int | None = None, q: int | None = None, y: int | None = None) -> tuple[int, int]:
-    """First level: partial sums into the workspace; returns (pointer, chunks per channel)."""
-    w = vec_width(inner, dtype, *(p for p in (a, b, y) if p is not None))
+def reduce_partials(outer: int, dim: int, inner: int, w: int, dtype) -> tuple[int, int]:
+    """(chunks, part) for a per-channel reduction of an (outer, dim, inner) view read ``w`` elements
+    at a time: blocks of REDUCE_THREADS per (channel, chunk), about _BLOCKS_PER_SM per SM in all,
+    and the workspace (the ``reduce`` slot) for their two partial sums each."""
     units = outer * inner // w
     target = -(-_BLOCKS_PER_SM * backend.multiprocessor_count() // dim)
     chunks = max(1, min(target, -(-units // (4 * REDUCE_THREADS))))
     (part,) = backend.workspace(2 * dim * chunks * np.dtype(dtype).itemsize, slot="reduce")
+    return chunks, part
+
+
+def _reduce(op: str, outer: int, dim: int, inner: int, a: int, dtype, b: int | None = None,
+            shift: int | None = None, q: int | None = None, y: int | None = None) -> tuple[int, int]:
+    """First level: partial sums into the workspace; returns (pointer, chunks per channel)."""
+    w = vec_width(inner, dtype, *(p for p in (a, b, y) if p is not None))
+    chunks, part = reduce_partials(outer, dim, inner, w, dtype)
     backend.kernel(KERNELS, f"reduce_{op}_v{w}", dtype)(
         chunks, outer, dim, inner, a, b or a, shift or a, q or a, y or part, part,
         grid=(chunks * dim, 1, 1), block=REDUCE_THREADS)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,7 +41,7 @@ from ..gpu import backend, cuda_graph
 from ..layer import Layer
 from ..synced_memory import SyncedMemory, forget_host_newer, host_newer_memories, watched_writes
 from .forward_data import ForwardOnlyData
-from .fusion import ConvBNScale, ConvReLU, find_fusions
+from .fusion import ConvBNScale, ConvReLU, NormChain, find_fusions
 from .memory_plan import recomputable_inputs, sharing_enabled
 from .shared_data import SharedData
 from .shared_diffs import SharedDiffs
@@ -79,24 +79,29 @@ class _Graphs:
                  host_newer: Callable[[], list[SyncedMemory]] = host_newer_memories) -> None:
         self._memories = memories  # the net's, whose heads an abandoned capture puts back
         self._host_newer = host_newer  # candidates for the upload before a replay
-        self._graphs: dict[Hashable, tuple[cuda_graph.CudaGraph, list[SyncedMemory]]] = {}
+        # key -> (graph, the memories it writes, their ids)
+        self._graphs: dict[Hashable, tuple[cuda_graph.CudaGraph, list[SyncedMemory], frozenset[int]]] = {}
         self._warm: set[Hashable] = set()
         self._failed: set[Hashable] = set()
         self.replays = 0
         self.captures = 0
         self.fallbacks: list[str] = []
 
-    def _upload_host_writes(self) -> None:
+    def _upload_host_writes(self, skip: Collection[int] = ()) -> None:
         """Upload every memory with device storage whose host copy is newer (values a user wrote);
-        those without device storage belong to no captured graph (CPU nets)."""
+        those without device storage belong to no captured graph (CPU nets). ``skip``: ``id``s of
+        memories the replay overwrites before anything reads them (it marks them device-newest)."""
         for mem in self._host_newer():
             if not mem.host_is_newer():
                 forget_host_newer(mem)
-            elif mem.has_gpu():
+            elif mem.has_gpu() and id(mem) not in skip:
                 mem.gpu()
                 forget_host_newer(mem)
 
-    def run(self, key: Hashable, work: Callable[[], None]) -> None:
+    def run(self, key: Hashable, work: Callable[[], None], write_first: frozenset[int] = frozenset()) -> None:
+        """Run ``work`` plainly, or captured, or as a replay (see the module docstring).
+        ``write_first``: ``id``s of memories ``work`` writes whole before reading them; a replay that
+        writes them does not upload their host copies first."""
         if key in self._failed:
             work()
             return
@@ -113,8 +118,8 @@ class _Graphs:
                 work()
                 return
         else:
-            self._upload_host_writes()
-        graph, written = entry
+            self._upload_host_writes(write_first & entry[2] if write_first else ())
+        graph, written, _ = entry
         graph.launch()
         for mem in written:
             mem.mark_device_newest()
@@ -136,7 +141,8 @@ class _Graphs:
             log.info("CUDA graph capture not possible here (%s); running without graphs", exc)
             return None
         assert recording.graph is not None
-        entry = (recording.graph, list(recording.written))
+        written = list(recording.written)
+        entry = (recording.graph, written, frozenset(id(m) for m in written))
         self._graphs[key] = entry
         self.captures += 1
         return entry
@@ -151,6 +157,7 @@ class Executor:
         self._graphs = _Graphs(self._memories)
         self.fusions = {chain.first: chain for chain in find_fusions(net)}
         self._folds = [chain for chain in self.fusions.values() if isinstance(chain, ConvBNScale)]
+        self._norm_chains = {chain.last: chain for chain in self.fusions.values() if isinstance(chain, NormChain)}
         self._fold_key: tuple | None = None
         self.loss_log: LossLog | None = None
         self._recompute: list | None = None  # (layer index, *memory_plan.recomputable_inputs entry)
@@ -226,9 +233,11 @@ class Executor:
     def _key(self, tag: tuple) -> tuple:
         # set_random_seed re-keys device generators (Dropout), which graphs recorded: re-capture.
         # Whether Scale layers save their inputs or regenerate them is recorded in graphs too.
+        # So is whether each BatchNorm chain's backward runs as one (its last forward was the chain's).
         regenerated = tuple(scale.recompute_input is not None for _, scale, _, _ in self._recomputed())
+        chained = tuple(chain.runs_backward() for chain in self._norm_chains.values())
         return (tag, backend.state().alloc_generation, shape_generation(), common.seed_generation(),
-                common.tf32_allowed(), sharing_enabled(), regenerated, self.shared_data.skipping,
+                common.tf32_allowed(), sharing_enabled(), regenerated, chained, self.shared_data.skipping,
                 len(self.shared_data.keep))
 
     def _refold(self) -> None:
@@ -265,11 +274,24 @@ class Executor:
             self.shared_diffs.access(blob, what)
 
     # -- plain execution ------------------------------------------------------------------------
-    def _chain_at(self, i: int, end: int) -> ConvReLU | ConvBNScale | None:
+    def _chain_at(self, i: int, end: int) -> ConvReLU | ConvBNScale | NormChain | None:
         chain = self.fusions.get(i)
         if chain is None or chain.last > end:
             return None
         if isinstance(chain, ConvBNScale) and chain.skipped and not self.shared_data.may_skip(chain.skipped):
+            return None
+        if isinstance(chain, NormChain) and common.mode() is not common.Mode.GPU:
+            return None
+        return chain
+
+    def _backward_chain_at(self, i: int, end: int) -> NormChain | None:
+        """The chain whose last layer is ``i`` if backward runs it as one: all of it in the range
+        down to ``end``, every layer of it needing backward, on the GPU, its forward the chain's."""
+        chain = self._norm_chains.get(i)
+        if chain is None or chain.first < end or common.mode() is not common.Mode.GPU:
+            return None
+        need = self.net.layer_need_backward
+        if not all(need[k] for k in range(chain.first, chain.last + 1)) or not chain.runs_backward():
             return None
         return chain
 
@@ -293,11 +315,21 @@ class Executor:
 
     def _run_backward(self, start: int, end: int) -> None:
         net = self.net
-        for i in range(start, end - 1, -1):
+        i = start
+        while i >= end:
+            chain = self._backward_chain_at(i, end)
+            if chain is not None:
+                span = range(i, chain.first - 1, -1)
+                self._call_hooks("before_backward", span)
+                chain.backward(net.bottom_need_backward[chain.first][0])
+                self._call_hooks("after_backward", span)
+                i = chain.first - 1
+                continue
             self._call_hooks("before_backward", (i,))
             if net.layer_need_backward[i]:
                 net.layers[i].backward(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
             self._call_hooks("after_backward", (i,))
+            i -= 1
 
     def losses(self, start: int, end: int) -> float:
         """Σ loss_weight·top over the loss layers of ``start..end``, read from the device once."""
@@ -318,10 +350,19 @@ class Executor:
         pairs = self._set_recompute(start, end, on)
         with self.shared_data.forward(start, end), self.forward_data.forward(start, end):
             loss = self._forward(start, end)
+        self._note_norm_chains(start, end)
         pairs = [(k, source) for k, source in pairs if self.net.layer_need_backward[k]]
         if pairs:  # what their backward regenerates the input from must not change until then
             self.shared_diffs.regenerating(pairs, on)
         return loss
+
+    def _note_norm_chains(self, start: int, end: int) -> None:
+        """After a forward over ``start..end``: which BatchNorm chains it ran as one (host state that
+        a replayed graph does not set)."""
+        on_gpu = common.mode() is common.Mode.GPU
+        for chain in self._norm_chains.values():
+            if chain.last >= start and chain.first <= end:
+                chain.ran_forward(on_gpu and start <= chain.first and chain.last <= end)
 
     # -- recomputed Scale inputs (memory_plan.recomputable_inputs) -------------------------------
     def _recomputed(self) -> list[tuple[int, Layer, Layer, Blob]]:
@@ -372,10 +413,29 @@ class Executor:
         with self.shared_diffs.backward(start, end):  # planned before the graph key is taken
             self._backward(start, end)
 
+    def _input_diffs_written_first(self, start: int, end: int) -> frozenset[int]:
+        """``id``s of the diff memories of net inputs that backward over ``start..end`` assigns
+        whole before any layer reads them: an input read by one layer of the range (no layer writes
+        it) whose backward writes all of that bottom's diff (pycaffe returns these diffs as host
+        arrays, which need no upload before the next backward)."""
+        net, out = self.net, set()
+        for b in net.input_blob_indices:
+            if any(b in tops for tops in net.top_id_vecs):
+                continue
+            readers = [(k, i) for k, bottoms in enumerate(net.bottom_id_vecs) for i, bid in enumerate(bottoms) if bid == b]
+            if len(readers) != 1:
+                continue
+            k, i = readers[0]
+            if (end <= k <= start and net.layer_need_backward[k] and net.bottom_need_backward[k][i]
+                    and net.layers[k].writes_bottom_diff(i)):
+                out.add(id(net.blobs[b].diff_memory))
+        return frozenset(out)
+
     def _backward(self, start: int, end: int) -> None:
         low = self._first_device_layer(end, start)  # data readers at the bottom run plainly, last
         if low <= start and self._capturable(low, start):
-            self._graphs.run(self._key(("backward", start, low)), lambda: self._run_backward(start, low))
+            self._graphs.run(self._key(("backward", start, low)), lambda: self._run_backward(start, low),
+                             self._input_diffs_written_first(start, low))
         else:
             self._run_backward(start, low)
         self._run_backward(low - 1, end)
@@ -420,12 +480,14 @@ class Executor:
             self._set_recompute(first, last, sharing_enabled())
             self.clear_param_diffs()
             self._run_forward(first, last, fold=True)
+            self._note_norm_chains(first, last)  # the backward below reads it
             log_.record(tops)
             self._run_backward(last, first)
             update()
 
         with self.shared_diffs.backward(last, first, train=True):  # planned before the graph key is taken
             self._graphs.run(self._key(("train", first, tag)), work)
+        self._note_norm_chains(first, last)
         on = sharing_enabled()
         self.shared_diffs.regenerating([(k, source) for k, _, _, source in self._recomputed()
                                         if k >= first and net.layer_need_backward[k]], on)

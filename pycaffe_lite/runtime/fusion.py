@@ -18,13 +18,24 @@ the data memory plan's business (:class:`~pycaffe_lite.runtime.shared_data.Share
 stale like overwritten blobs, and a user reading one has the net re-run its last forward without
 skipping, for good. Where data sharing is off for the net, the chain runs as written.
 
+BatchNorm -> Scale (-> ReLU) left over (nets that run backward, batch statistics, a BatchNorm after
+a pooling or a sum) runs on the GPU as one forward pass (:class:`NormChain`: statistics, then one
+pass writing the normalized values and the result) when the chain is written all in place (ResNet)
+or with a top per layer (published files); the normalized values go where the layers keep them (the
+BatchNorm's top, or its saved buffer in place, which the in-place Scale then reads as its input).
+An in-place chain also runs backward as one: a pass for the per-channel sums (the Scale's
+gradients) and one for the input's gradient (one in all on global statistics), when the whole
+chain is in the range and its last forward was the chain's; otherwise each layer runs backward
+from the state the chain's forward left, as after its own forward.
+
 The folded weights are recomputed from the layers' current blobs before a forward whenever one of
 those blobs may have been written since (``SyncedMemory.watched``: a host or device write, a
 graph replay writing it), outside captured graphs; a training iteration, whose update may change
 them inside its graph, folds inside it. A following in-place ReLU (negative_slope 0) joins as the
 epilogue. ``config.fusion`` off (``PYCAFFE_LITE_FUSION=0``) runs every
 layer as written. The layers declare their parts (:class:`~pycaffe_lite.layer.Layer`'s ``fusable_convolution``,
-``relu_epilogue``, ``folds_into_convolution``, ``per_channel_affine``): no layer is matched by its type.
+``relu_epilogue``, ``folds_into_convolution``, ``per_channel_affine``, ``heads_norm_chain``): no layer is
+matched by its type.
 """
 
 from __future__ import annotations
@@ -106,6 +117,62 @@ class ConvBNScale:
             self.fused.compute_forward(bottom, out)
 
 
+class _NormHead(Protocol):  # BatchNormLayer's chain passes (layers/batch_norm.py)
+    def saved_normalized(self) -> Blob: ...
+    def chain_forward_gpu(self, bottom: Blob, xhat: Blob, top: Blob, scale: Layer, relu: bool) -> None: ...
+    def chain_backward_gpu(self, top: Blob, xhat: Blob, bottom: Blob | None, scale: Layer, relu: bool) -> None: ...
+
+
+@dataclass
+class NormChain:
+    """Layers ``first`` (a ``heads_norm_chain`` layer), ``first + 1`` (its per-channel Scale) and,
+    when ``relu``, ``last`` (a ReLU in place on the Scale's top) as one pass each way (GPU only)."""
+
+    first: int
+    last: int
+    norm: Layer
+    scale: Layer
+    relu: bool
+    in_place: bool  # all on one blob (else the normalized values stay in the BatchNorm's top)
+    saves: bool  # some layer of the chain runs backward: keep the normalized values
+    members: list[Layer]  # the layers first..last
+    vecs: list[tuple[list[Blob], list[Blob]]]  # each layer's (bottom, top)
+
+    @property
+    def extra_blobs(self) -> list[Blob]:
+        return []
+
+    def _normalized(self) -> Blob:
+        head = cast(_NormHead, self.norm)
+        if not self.in_place:
+            return self.vecs[0][1][0]
+        return head.saved_normalized() if self.saves else self.vecs[-1][1][0]
+
+    def forward(self, bottom: list[Blob], top: list[Blob], fold: bool = False) -> None:
+        """Reshape the layers, then run the chain from ``bottom`` (the normalization's); ``fold``
+        is the other chains' (nothing is folded here)."""
+        for layer, (b, t) in zip(self.members, self.vecs):
+            layer.checked_reshape(b, t)
+        xhat = self._normalized()
+        cast(_NormHead, self.norm).chain_forward_gpu(bottom[0], xhat, self.vecs[1][1][0], self.scale, self.relu)
+
+    def ran_forward(self, whole: bool) -> None:
+        """Note (on the host, also after a graph replay) a forward over the chain's layers: ``whole``
+        if it ran as the chain. An in-place Scale then reads the normalized values as its input;
+        after its own forward, its saved copy."""
+        self.scale.input_from = self._normalized() if whole and self.in_place and self.saves else None
+
+    def runs_backward(self) -> bool:
+        """Whether :meth:`backward` applies: in place, and the chain ran the layers' last forward."""
+        return self.in_place and self.saves and self.scale.input_from is not None
+
+    def backward(self, propagate_down: bool) -> None:
+        """Gradients of the chain: the Scale's params and, when ``propagate_down``, the input."""
+        blob = self.vecs[0][0][0]
+        cast(_NormHead, self.norm).chain_backward_gpu(blob, self._normalized(), blob if propagate_down else None,
+                                                      self.scale, self.relu)
+
+
 def _in_place(net: NetGraph, i: int) -> bool:
     return len(net.bottom_id_vecs[i]) >= 1 and net.top_id_vecs[i] == net.bottom_id_vecs[i][:1]
 
@@ -145,12 +212,13 @@ def _next_in_chain(net: NetGraph, k: int, blob_id: int, users: dict[int, list[in
     return net.top_id_vecs[k][0], True
 
 
-def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU]:
+def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU | NormChain]:
     """The fusable chains of ``net`` in order (none when disabled). The layers say what they are
-    (``fusable_convolution``, ``relu_epilogue``, ``folds_into_convolution``, ``per_channel_affine``)."""
+    (``fusable_convolution``, ``relu_epilogue``, ``folds_into_convolution``, ``per_channel_affine``,
+    ``heads_norm_chain``)."""
     if not fusion_enabled():
         return []
-    chains: list[ConvBNScale | ConvReLU] = []
+    chains: list[ConvBNScale | ConvReLU | NormChain] = []
     layers = net.layers
     users = None if any(net.layer_need_backward) else _layers_touching(net)  # out-of-place chains
     i = 0
@@ -167,8 +235,36 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU]:
         chain, last = _conv_bn_scale(net, i, users)
         if chain is not None:
             chains.append(chain)
-        i = last + 1
-    return chains
+            i = last + 1
+            continue
+        i += 1
+    covered = {k for chain in chains for k in range(chain.first, chain.last + 1)}
+    for k in range(len(layers) - 1):
+        if k not in covered and layers[k].heads_norm_chain():
+            norm = _norm_chain(net, k)
+            if norm is not None and not covered & set(range(norm.first, norm.last + 1)):
+                chains.append(norm)
+                covered |= set(range(norm.first, norm.last + 1))
+    return sorted(chains, key=lambda chain: chain.first)
+
+
+def _norm_chain(net: NetGraph, k: int) -> NormChain | None:
+    """The normalization -> per-channel Scale (-> ReLU) chain at layer ``k``: all in place on one
+    blob, or each with a top of its own (the ReLU in place on the Scale's)."""
+    layers, s = net.layers, k + 1
+    if not (_one_to_one(net, k) and _one_to_one(net, s)):
+        return None
+    norm_top = net.top_id_vecs[k][0]
+    in_place = _in_place(net, k)
+    if (net.bottom_id_vecs[s][0] != norm_top or _in_place(net, s) != in_place
+            or not layers[s].per_channel_affine(net.blobs[norm_top])):
+        return None
+    out = net.top_id_vecs[s][0]
+    relu = _relu_on(net, s + 1, out)
+    last = s + 1 if relu else s
+    return NormChain(first=k, last=last, norm=layers[k], scale=layers[s], relu=relu, in_place=in_place,
+                     saves=any(net.layer_need_backward[j] for j in range(k, last + 1)),
+                     members=layers[k:last + 1], vecs=[(net.bottom_vecs[j], net.top_vecs[j]) for j in range(k, last + 1)])
 
 
 def _conv_bn_scale(net: NetGraph, i: int, users: dict[int, list[int]] | None) -> tuple[ConvBNScale | None, int]:

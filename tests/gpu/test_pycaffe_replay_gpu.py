@@ -93,3 +93,36 @@ def test_forward_backward_all_replays(tmp_path, gpu_mode):
     for name in ("data", "conv"):
         np.testing.assert_allclose(diffs[name], ref_diffs[name], rtol=1e-4, atol=1e-5)
     assert graphed.executor.replays >= 1 and graphed.executor.fallbacks == []
+
+
+def test_input_diff_returned_to_the_host_is_not_uploaded_before_the_next_backward(tmp_path, gpu_mode, monkeypatch):
+    """``net.backward()`` returns the data diff as a host array; the next backward's replay assigns
+    that diff whole (the convolution's data gradient) before reading it, so it does not upload the
+    host copy first (a user's write into it is overwritten, as Caffe's backward overwrites it)."""
+    from pycaffe_lite.synced_memory import SyncedMemory
+
+    graphed, plain = _pair(tmp_path)
+    rng = np.random.default_rng(6)
+    x, g = rng.standard_normal((4, 3, 8, 8)), rng.standard_normal((4, 5))
+    diff_memory = graphed.blobs["data"].diff_memory
+    uploads = []
+    gpu = SyncedMemory.gpu
+
+    def counted(self):
+        if self is diff_memory and self.host_is_newer():
+            uploads.append(1)
+        return gpu(self)
+
+    monkeypatch.setattr(SyncedMemory, "gpu", counted)
+    graphed.forward(data=x)
+    for _ in range(4):  # warm-up, capture, replays
+        returned = graphed.backward(out=g)["data"]
+        returned[...] = 1e6  # written by hand: the next backward overwrites it
+    assert graphed.executor.replays > 0
+    uploads.clear()
+    got = graphed.backward(out=g)["data"].copy()
+    assert not uploads
+    with caffe.using_config(cuda_graphs=False, fusion=False, share_data=False, share_diffs=False):
+        plain.forward(data=x)
+        want = plain.backward(out=g)["data"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
