@@ -292,6 +292,27 @@ class PoolingLayer(Layer):
             return super().backward_gpu(top, propagate_down, bottom)
         if not propagate_down[0] or bottom[0].count == 0:
             return
+        self._backward_2d(top[0].gpu_diff(), top, bottom)
+
+    def masks_relu_backward(self) -> bool:
+        return self.method == PP.MAX and self.nd is None and len(self.layer_param.top) == 1
+
+    def backward_relu_gpu(self, top: list[Blob], bottom: list[Blob]) -> None:
+        """Backward of a ReLU (negative_slope 0, in place on ``bottom[0]``) and this MAX pooling
+        as one: each top gradient masked by ``top > 0`` (the pooled value is the ReLU output it
+        chose, so this is the ReLU's mask at that input), then the pooling's backward. Caffe's
+        result, but for the sign of zero gradients where several windows choose one input."""
+        if bottom[0].count == 0:
+            return
+        n, dt = top[0].count, self.dtype
+        (masked,) = backend.workspace(n * dt.itemsize)
+        backend.elementwise("pool_relu_mask", "const Dtype* dy, const Dtype* y, Dtype* out",
+                            "out[i] = dy[i] * (y[i] > 0 ? Dtype(1) : Dtype(0))", dt)(
+            n, top[0].gpu_diff(), top[0].gpu_data(), masked)
+        self._backward_2d(masked, top, bottom)
+
+    def _backward_2d(self, top_diff: int, top: list[Blob], bottom: list[Blob]) -> None:
+        """The 2-D backward from the top gradient at device pointer ``top_diff``."""
         n, c, h, w = bottom[0].shape
         planes = n * c
         is_max = self.method == PP.MAX
@@ -305,9 +326,9 @@ class PoolingLayer(Layer):
             blocks = (-(-(h + self.pad[0]) // s), -(-(w + self.pad[1]) // s))
             # AVE: RN(1 / kernel area), for pool_ave_div's correctly rounded quotients
             inv = () if is_max else (float(self.dtype.type(1) / self.dtype.type(self.kernel[0] * self.kernel[1])),)
-            self._k(f"{kind}_pool_backward_s{s}_w{wd}")(planes * blocks[0] * blocks[1], top[0].gpu_diff(), *mask,
+            self._k(f"{kind}_pool_backward_s{s}_w{wd}")(planes * blocks[0] * blocks[1], top_diff, *mask,
                                                       *self._geometry(), *blocks, *inv, bottom[0].mutable_gpu_diff())
         else:
             count = -(-planes // _BACKWARD_PLANES) * h * w
-            self._k(f"{kind}_pool_backward")(count, planes, top[0].gpu_diff(), *mask, *self._geometry(),
+            self._k(f"{kind}_pool_backward")(count, planes, top_diff, *mask, *self._geometry(),
                                             bottom[0].mutable_gpu_diff())

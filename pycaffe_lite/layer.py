@@ -325,6 +325,12 @@ class Layer:
         """A per-channel scale (and shift) of ``bottom`` that may join a BatchNorm's fold or chain."""
         return False
 
+    def masks_relu_backward(self) -> bool:
+        """A layer whose backward can apply the ReLU (negative_slope 0) in place on its bottom just
+        before it from its own top (``backward_relu_gpu``: MAX pooling, whose output is the ReLU
+        output it chose)."""
+        return False
+
     def heads_norm_chain(self) -> bool:
         """A per-channel normalization that runs itself, a following ``per_channel_affine`` layer and
         a ``relu_epilogue`` as one pass each way on the GPU (``chain_forward_gpu``,

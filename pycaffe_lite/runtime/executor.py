@@ -41,7 +41,7 @@ from ..gpu import backend, cuda_graph
 from ..layer import Layer
 from ..synced_memory import SyncedMemory, forget_host_newer, host_newer_memories, watched_writes
 from .forward_data import ForwardOnlyData
-from .fusion import ConvBNScale, ConvReLU, NormChain, find_fusions
+from .fusion import ConvBNScale, ConvReLU, NormChain, ReLUMaxPool, find_backward_fusions, find_fusions
 from .memory_plan import recomputable_inputs, sharing_enabled
 from .shared_data import SharedData
 from .shared_diffs import SharedDiffs
@@ -158,6 +158,9 @@ class Executor:
         self.fusions = {chain.first: chain for chain in find_fusions(net)}
         self._folds = [chain for chain in self.fusions.values() if isinstance(chain, ConvBNScale)]
         self._norm_chains = {chain.last: chain for chain in self.fusions.values() if isinstance(chain, NormChain)}
+        # chains whose backward runs as one, by their last layer
+        self._backward_chains: dict[int, NormChain | ReLUMaxPool] = {
+            **self._norm_chains, **{chain.last: chain for chain in find_backward_fusions(net)}}
         self._fold_key: tuple | None = None
         self.loss_log: LossLog | None = None
         self._recompute: list | None = None  # (layer index, *memory_plan.recomputable_inputs entry)
@@ -284,10 +287,11 @@ class Executor:
             return None
         return chain
 
-    def _backward_chain_at(self, i: int, end: int) -> NormChain | None:
+    def _backward_chain_at(self, i: int, end: int) -> NormChain | ReLUMaxPool | None:
         """The chain whose last layer is ``i`` if backward runs it as one: all of it in the range
-        down to ``end``, every layer of it needing backward, on the GPU, its forward the chain's."""
-        chain = self._norm_chains.get(i)
+        down to ``end``, every layer of it needing backward, on the GPU, and (a BatchNorm chain)
+        its forward the chain's."""
+        chain = self._backward_chains.get(i)
         if chain is None or chain.first < end or common.mode() is not common.Mode.GPU:
             return None
         need = self.net.layer_need_backward

@@ -173,6 +173,45 @@ class NormChain:
                                                       self.scale, self.relu)
 
 
+class _ReLUMasker(Protocol):  # PoolingLayer's backward with the ReLU before it (layers/pooling.py)
+    def backward_relu_gpu(self, top: list[Blob], bottom: list[Blob]) -> None: ...
+
+
+@dataclass
+class ReLUMaxPool:
+    """Backward of layers ``first`` (a ReLU, negative_slope 0, in place) and ``last = first + 1``
+    (a MAX pooling of its blob) as one pass (GPU only): the pooling's backward of its top
+    gradient masked by its top (:meth:`~pycaffe_lite.layer.Layer.masks_relu_backward`)."""
+
+    first: int
+    last: int
+    pool: Layer
+    vecs: tuple[list[Blob], list[Blob]]  # the pooling's (bottom, top)
+
+    def runs_backward(self) -> bool:
+        return True
+
+    def backward(self, propagate_down: bool) -> None:
+        if propagate_down:
+            bottom, top = self.vecs
+            cast(_ReLUMasker, self.pool).backward_relu_gpu(top, bottom)
+
+
+def find_backward_fusions(net: NetGraph) -> list[ReLUMaxPool]:
+    """Layer pairs whose backward runs as one (none when disabled): a ReLU (negative_slope 0) in
+    place on a blob that a ``masks_relu_backward`` layer reads next."""
+    if not fusion_enabled():
+        return []
+    out = []
+    for k in range(len(net.layers) - 1):
+        if not (_relu_on(net, k, net.top_id_vecs[k][0] if net.top_id_vecs[k] else -1)
+                and _one_to_one(net, k + 1) and net.layers[k + 1].masks_relu_backward()):
+            continue
+        if net.bottom_id_vecs[k + 1] == net.top_id_vecs[k] and not _in_place(net, k + 1):
+            out.append(ReLUMaxPool(k, k + 1, net.layers[k + 1], (net.bottom_vecs[k + 1], net.top_vecs[k + 1])))
+    return out
+
+
 def _in_place(net: NetGraph, i: int) -> bool:
     return len(net.bottom_id_vecs[i]) >= 1 and net.top_id_vecs[i] == net.bottom_id_vecs[i][:1]
 
