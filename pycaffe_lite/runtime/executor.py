@@ -42,7 +42,7 @@ from ..layer import Layer
 from ..synced_memory import SyncedMemory, forget_host_newer, host_newer_memories, watched_writes
 from .forward_data import ForwardOnlyData
 from .fusion import ConvBNScale, ConvReLU, NormChain, ReLUMaxPool, find_backward_fusions, find_fusions
-from .memory_plan import recomputable_inputs, sharing_enabled
+from .memory_plan import recomputable_inputs, sharing_enabled, source_blobs
 from .shared_data import SharedData
 from .shared_diffs import SharedDiffs
 
@@ -419,12 +419,13 @@ class Executor:
 
     def _input_diffs_written_first(self, start: int, end: int) -> frozenset[int]:
         """``id``s of the diff memories of net inputs that backward over ``start..end`` assigns
-        whole before any layer reads them: an input read by one layer of the range (no layer writes
-        it) whose backward writes all of that bottom's diff (pycaffe returns these diffs as host
-        arrays, which need no upload before the next backward)."""
+        whole before any layer reads them: an input (a net input or an Input layer's top, written by
+        no other layer) read by one layer of the range whose backward writes all of that bottom's
+        diff (pycaffe returns these diffs as host arrays, which need no upload before the next
+        backward)."""
         net, out = self.net, set()
-        for b in net.input_blob_indices:
-            if any(b in tops for tops in net.top_id_vecs):
+        for b in source_blobs(net):
+            if any(b in tops for k, tops in enumerate(net.top_id_vecs) if net.bottom_id_vecs[k]):
                 continue
             readers = [(k, i) for k, bottoms in enumerate(net.bottom_id_vecs) for i, bid in enumerate(bottoms) if bid == b]
             if len(readers) != 1:
