@@ -343,12 +343,12 @@ __device__ void ave_pool_backward_quad(const int count, const Dtype* top_diff, P
                                          strips, inv_area, bottom_diff);                            \
   }
 
+// R timed on an H200 (2026-11-26, AVE backward, R = 1 / 2): 2x2/2 at 32x256x56x56 34.9 / 40.5 us;
+// 3x3/2 pad 1 at 32x64x112x112 59.0 / 54.1 us (73.7 before, pool_backward_blocked); 3x3/1 pad 1 at
+// 32x192x28x28 39.0 / 36.1 us (70.4 before).
 AVE_POOL_BACKWARD_QUAD(2, 1, 3, 1)  // 2x2 stride 2
-AVE_POOL_BACKWARD_QUAD(2, 2, 3, 1)  // 3x3 stride 2
-AVE_POOL_BACKWARD_QUAD(2, 2, 3, 2)  // 3x3 stride 2, two block rows a thread
-AVE_POOL_BACKWARD_QUAD(1, 3, 6, 1)  // 3x3 stride 1
-AVE_POOL_BACKWARD_QUAD(2, 1, 3, 2)
-AVE_POOL_BACKWARD_QUAD(1, 3, 6, 2)
+AVE_POOL_BACKWARD_QUAD(2, 2, 3, 2)  // 3x3 stride 2, two block rows (4 bottom rows) a thread
+AVE_POOL_BACKWARD_QUAD(1, 3, 6, 2)  // 3x3 stride 1, two rows a thread
 
 // The MAX mask as a Dtype top blob (Caffe's optional second top).
 __global__ void pool_mask_to_dtype(const int count, const int* mask, Dtype* out) {

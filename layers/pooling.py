@@ -44,7 +44,7 @@ _BACKWARD_PLANES = 4  # planes per backward thread: POOL_BACKWARD_PLANES of pool
 BLOCKED_BACKWARD = ((2, 1), (2, 2), (1, 3))
 # (S, WD, NW, R) of AVE's 4-wide blocked backward kernels (ave_pool_backward_q_*): NW windows per
 # 4 columns, R block rows a thread; the first whose S, WD match and NW >= ceil((kernel_w + 3) / S)
-QUAD_BACKWARD: tuple[tuple[int, int, int, int], ...] = ((2, 1, 3, 1), (2, 2, 3, 1), (1, 3, 6, 1))
+QUAD_BACKWARD: tuple[tuple[int, int, int, int], ...] = ((2, 1, 3, 1), (2, 2, 3, 2), (1, 3, 6, 2))
 
 
 def _window_slices(i: int, j: int, pooled: tuple[int, int], stride: tuple[int, int]) -> tuple[slice, slice]:

@@ -54,7 +54,7 @@ INT32_MAX = 2**31 - 1
 BLOCK_COST = 256  # choose_tile: a block's overhead, in elements of tile area
 NARROW = 32  # PERMUTE_NARROW: planes with a side this short or shorter take permute_narrow_*
 NARROW_THREADS = 64  # permute_narrow_* block size (at most PERMUTE_NARROW_WARPS warps; 64 timed best)
-QUAD_THREADS = 128  # permute_quads block size (at most PERMUTE_QUAD_THREADS)
+QUAD_THREADS = 64  # permute_quads block size (at most PERMUTE_QUAD_THREADS; 64 timed best of 64-256)
 
 
 @dataclass(frozen=True)
