@@ -3,6 +3,7 @@
 // MAX reads only the part inside the image; AVE sums that part and divides by the window area
 // clipped to the padded image (height + pad_h, width + pad_w), as Caffe does.
 // Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+#include "vec.cuh"
 
 #define POOL_LOWEST ((Dtype)-3.402823466e+38f)  // -FLT_MAX: the value of a window with no input
 
@@ -267,6 +268,87 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
 POOL_BACKWARD_BLOCKED(2, 1)  // 2x2 stride 2 (VGG, LeNet)
 POOL_BACKWARD_BLOCKED(2, 2)  // 3x3 stride 2 (ResNet, GoogLeNet, SqueezeNet, AlexNet)
 POOL_BACKWARD_BLOCKED(1, 3)  // 3x3 stride 1 (GoogLeNet's inception pools)
+
+// AVE's blocked backward with 4-wide stores, for width % 4 == 0 and bottom_diff aligned to 4
+// elements (the row starts are then aligned too): one thread per (plane, strip of R block rows,
+// column quad q). The strip holds block rows bh0 .. bh0 + R - 1 (bh0 = strip * R; block row bh is
+// the bottom rows [bh * S - pad_h, +S), as in pool_backward_blocked), the quad the columns
+// [4q, 4q + 4). The windows meeting them: ph in [bh0 - WD + 1, bh0 + R - 1] and pw from pw0 (the
+// first whose span reaches column 4q, the gather's pwstart) up to NW of them (NW >=
+// ceil((kernel_w + 3) / S): every window meeting 4 columns), clipped to the top plane. Each
+// window's quotient (pool_ave_div) is computed once; every pixel adds the windows containing it in
+// (ph, pw) ascending order, so the result is the gather's, bit for bit. Rows outside the image are
+// not stored. count = planes * strips * (width / 4).
+extern "C++" {
+template <int S, int WD, int NW, int R>
+__device__ void ave_pool_backward_quad(const int count, const Dtype* top_diff, POOL_GEOMETRY_ARGS,
+                                       const int strips, const Dtype inv_area, Dtype* bottom_diff) {
+  const int quads = width >> 2, area = kernel_h * kernel_w;
+  CUDA_KERNEL_LOOP(index, count) {
+    const int q = index % quads;
+    const int row = index / quads;
+    const int strip = row % strips;
+    const int plane = row / strips;
+    const int bh0 = strip * R;
+    const int h0 = bh0 * S - pad_h, c0 = 4 * q;
+    const int pw0 = c0 + pad_w < kernel_w ? 0 : (c0 + pad_w - kernel_w) / S + 1;
+    const Dtype* dy = top_diff + plane * pooled_h * pooled_w;
+    Dtype grad[R * S][4];
+#pragma unroll
+    for (int y = 0; y < R * S; ++y)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) grad[y][j] = 0;
+#pragma unroll
+    for (int a = 0; a < WD + R - 1; ++a) {
+      const int ph = bh0 - WD + 1 + a;
+      if (ph < 0 || ph >= pooled_h) continue;
+      const int top = ph * S - pad_h;
+      const int rows = min(top + kernel_h, height + pad_h) - top;
+#pragma unroll
+      for (int b = 0; b < NW; ++b) {
+        const int pw = pw0 + b;
+        const int left = pw * S - pad_w;
+        if (pw >= pooled_w || left > c0 + 3) continue;
+        const int cols = min(left + kernel_w, width + pad_w) - left;
+        const Dtype d = pool_ave_div(dy[ph * pooled_w + pw], rows * cols, area, inv_area);
+#pragma unroll
+        for (int y = 0; y < R * S; ++y) {
+          const int oy = (WD - 1 - a) * S + y;  // pixel row h0 + y in the window: h0 + y - top
+          if (oy < 0 || oy >= kernel_h) continue;
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            if (c0 + j >= left && c0 + j < left + kernel_w) grad[y][j] += d;
+        }
+      }
+    }
+    Dtype* dx = bottom_diff + plane * height * width + c0;
+#pragma unroll
+    for (int y = 0; y < R * S; ++y) {
+      if (h0 + y < 0 || h0 + y >= height) continue;
+      Vec<4> v;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) v.v[j] = grad[y][j];
+      vstore<4>(dx + (h0 + y) * width, 0, v);
+    }
+  }
+}
+}  // extern "C++"
+
+#define AVE_POOL_BACKWARD_QUAD(S, WD, NW, R)                                                        \
+  __global__ void ave_pool_backward_q_s##S##_w##WD##_n##NW##_r##R(                                  \
+      const int count, const Dtype* top_diff, POOL_GEOMETRY_ARGS, const int strips,                 \
+      const Dtype inv_area, Dtype* bottom_diff) {                                                   \
+    ave_pool_backward_quad<S, WD, NW, R>(count, top_diff, height, width, pooled_h, pooled_w,        \
+                                         kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,      \
+                                         strips, inv_area, bottom_diff);                            \
+  }
+
+// R timed on an H200 (2026-11-26, AVE backward, R = 1 / 2): 2x2/2 at 32x256x56x56 34.9 / 40.5 us;
+// 3x3/2 pad 1 at 32x64x112x112 59.0 / 54.1 us (73.7 before, pool_backward_blocked); 3x3/1 pad 1 at
+// 32x192x28x28 39.0 / 36.1 us (70.4 before).
+AVE_POOL_BACKWARD_QUAD(2, 1, 3, 1)  // 2x2 stride 2
+AVE_POOL_BACKWARD_QUAD(2, 2, 3, 2)  // 3x3 stride 2, two block rows (4 bottom rows) a thread
+AVE_POOL_BACKWARD_QUAD(1, 3, 6, 2)  // 3x3 stride 1, two rows a thread
 
 // The MAX mask as a Dtype top blob (Caffe's optional second top).
 __global__ void pool_mask_to_dtype(const int count, const int* mask, Dtype* out) {

@@ -14,8 +14,10 @@ the slices into one contiguous (kh*kw, N, C, PH, PW) stack and finds each window
 with whole-array reductions; backward routes each top diff to that offset's slice (assigned when
 windows are disjoint, accumulated when they overlap). GPU: one thread per top element forward;
 backward a gather in one pass, no atomics: one thread per bottom position (h, w) for a group of
-planes, computing its covering window range once and writing coalesced rows; the MAX argmax kept
-from forward to backward lives in an internal blob.
+planes, computing its covering window range once and writing coalesced rows; for equal strides of
+2 or 1, blocked kernels (a thread per stride x stride block of pixels, each window loaded once;
+AVE with a width of a multiple of 4 writes 4-wide rows: a thread per block row x 4 columns), all
+bit-identical to the gather. The MAX argmax kept from forward to backward lives in an internal blob.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from pycaffe_lite import common
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.memcheck import check_fits
 from pycaffe_lite.proto import caffe_pb2
@@ -39,6 +42,9 @@ LOWEST = -np.finfo(np.float32).max  # Caffe's -FLT_MAX, for float and double ali
 _BACKWARD_PLANES = 4  # planes per backward thread: POOL_BACKWARD_PLANES of pooling.cu
 # (stride S, windows per axis WD) of the blocked backward kernels in pooling.cu, smallest WD first
 BLOCKED_BACKWARD = ((2, 1), (2, 2), (1, 3))
+# (S, WD, NW, R) of AVE's 4-wide blocked backward kernels (ave_pool_backward_q_*): NW windows per
+# 4 columns, R block rows a thread; the first whose S, WD match and NW >= ceil((kernel_w + 3) / S)
+QUAD_BACKWARD: tuple[tuple[int, int, int, int], ...] = ((2, 1, 3, 1), (2, 2, 3, 2), (1, 3, 6, 2))
 
 
 def _window_slices(i: int, j: int, pooled: tuple[int, int], stride: tuple[int, int]) -> tuple[slice, slice]:
@@ -50,6 +56,7 @@ def _window_slices(i: int, j: int, pooled: tuple[int, int], stride: tuple[int, i
 @register_layer("Pooling")
 class PoolingLayer(Layer):
     use_blocked_backward = True  # False: always the generic gather (tests compare the two)
+    use_quad_backward = True  # False: AVE's blocked backward never takes the 4-wide kernels
     exact_num_bottom_blobs = 1
     min_top_blobs = 1
     max_top_blobs = 2  # the second (mask) top only for MAX: checked in layer_setup
@@ -285,6 +292,17 @@ class PoolingLayer(Layer):
                 return s, wd
         return None
 
+    def _quad_backward(self, blocked: tuple[int, int], dx: int) -> tuple[int, int, int, int] | None:
+        """(S, WD, NW, R) of AVE's 4-wide blocked backward for this geometry and bottom diff
+        pointer ``dx`` (width a multiple of 4, ``dx`` aligned to 4 elements), or None."""
+        if not self.use_quad_backward or gm.vec_width(self.in_hw[1], self.dtype, dx) != 4:
+            return None
+        s, wd = blocked
+        for q in QUAD_BACKWARD:
+            if q[:2] == (s, wd) and q[2] >= -(-(self.kernel[1] + 3) // s):
+                return q
+        return None
+
     def backward_gpu(self, top, propagate_down, bottom):
         if self.nd is not None:
             if self.nd.gpu():
@@ -326,8 +344,15 @@ class PoolingLayer(Layer):
             blocks = (-(-(h + self.pad[0]) // s), -(-(w + self.pad[1]) // s))
             # AVE: RN(1 / kernel area), for pool_ave_div's correctly rounded quotients
             inv = () if is_max else (float(self.dtype.type(1) / self.dtype.type(self.kernel[0] * self.kernel[1])),)
+            dx = bottom[0].mutable_gpu_diff()
+            quad = None if is_max else self._quad_backward(blocked, dx)
+            if quad is not None:
+                strips = -(-blocks[0] // quad[3])
+                self._k("ave_pool_backward_q_s{}_w{}_n{}_r{}".format(*quad))(
+                    planes * strips * (w // 4), top_diff, *self._geometry(), strips, *inv, dx)
+                return
             self._k(f"{kind}_pool_backward_s{s}_w{wd}")(planes * blocks[0] * blocks[1], top_diff, *mask,
-                                                      *self._geometry(), *blocks, *inv, bottom[0].mutable_gpu_diff())
+                                                      *self._geometry(), *blocks, *inv, dx)
         else:
             count = -(-planes // _BACKWARD_PLANES) * h * w
             self._k(f"{kind}_pool_backward")(count, planes, top_diff, *mask, *self._geometry(),

@@ -243,3 +243,35 @@ permute_narrow_i(const int warps, const Dtype* __restrict__ src, Dtype* __restri
     for (int i = 0; i < ni; ++i) out[(long long)i * i_dst] = s[lane * pitch + i];
   }
 }
+
+// permute_quads: the narrow plans' 128-bit form, for nt and ni multiples of 4, t_src, i_dst, b_src
+// and b_dst multiples of 4 and pointers aligned to 4 elements (the plan's `vector` launches). A
+// unit is a 4 x 4 block of the (t, i) plane: four Vec<4> loads along i (src rows t0 .. t0 + 3), a
+// transpose in registers, four Vec<4> stores along t (dst rows i0 .. i0 + 3); no shared memory.
+// Units are numbered (b, slow, fast) with the short side's quads fastest (t_fast: t is the short
+// side), so a warp's loads and stores both cover whole rows of the short side:
+//   unit u: fast = u % nfast, slow = u / nfast % nslow, b = u / (nfast * nslow).
+#define PERMUTE_QUAD_THREADS 256  // the most threads a block (QUAD_THREADS in permute.py: the launch's)
+
+__global__ void __launch_bounds__(PERMUTE_QUAD_THREADS)
+permute_quads(const int n, const Dtype* __restrict__ src, Dtype* __restrict__ dst, const int nfast,
+              const int nslow, const int t_fast, const int t_src, const int i_dst, const int b_src,
+              const int b_dst) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const int r = u / nfast, f = u - r * nfast;
+    const int b = r / nslow, s = r - b * nslow;
+    const int tq = t_fast ? f : s, iq = t_fast ? s : f;
+    const Dtype* in = src + b * b_src + 4 * tq * t_src + 4 * iq;
+    Dtype* out = dst + b * b_dst + 4 * iq * i_dst + 4 * tq;
+    Vec<4> v[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) v[c] = vload<4>(in + c * t_src, 0);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      Vec<4> w;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) w.v[c] = v[c].v[k];
+      vstore<4>(out + k * i_dst, 0, w);
+    }
+  }
+}

@@ -19,7 +19,9 @@ written once (a bijection, no accumulation); the gradient is the inverse plan
    whose best tile is under 512 elements go to ``permute_gather`` (one element a unit) instead.
    Before either: 2 or 3 axes (batch, i, t) with a side of the plane of at most NARROW elements
    (NCHW <-> NHWC with few channels) take ``permute_narrow_t`` / ``_i`` (:func:`_narrow`): a warp
-   per 32 positions of the long side, so the small planes still fill the GPU.
+   per 32 positions of the long side, so the small planes still fill the GPU. When both sides are
+   multiples of 4 (and the strides and pointers allow), ``permute_quads`` (:func:`_quads`) runs
+   instead: a thread moves a 4 x 4 block with four 4-wide loads and four 4-wide stores.
 
 The kernels decode at most 5 axes (gather) or 4 batch axes (tiles); more that do not collapse are
 handled by one launch per index of the outermost ones. Launch arguments are plain ints fixed by
@@ -52,6 +54,7 @@ INT32_MAX = 2**31 - 1
 BLOCK_COST = 256  # choose_tile: a block's overhead, in elements of tile area
 NARROW = 32  # PERMUTE_NARROW: planes with a side this short or shorter take permute_narrow_*
 NARROW_THREADS = 64  # permute_narrow_* block size (at most PERMUTE_NARROW_WARPS warps; 64 timed best)
+QUAD_THREADS = 64  # permute_quads block size (at most PERMUTE_QUAD_THREADS; 64 timed best of 64-256)
 
 
 @dataclass(frozen=True)
@@ -214,13 +217,30 @@ def _narrow(axes: Sequence[Axis]) -> tuple[Launch, ...]:
                    -(-warps // per_block), NARROW_THREADS),)
 
 
+def _quads(axes: Sequence[Axis]) -> tuple[Launch, ...]:
+    """The permute_quads launch of a narrow plan's axes (batch, i, t) when both plane sides are
+    multiples of 4 and every stride keeps 4-element units aligned; () otherwise."""
+    i, t = axes[-2], axes[-1]
+    b = axes[0] if len(axes) == 3 else Axis(1, 0, 0)
+    if any(v % 4 for v in (t.size, i.size, t.src, i.dst, b.src, b.dst)):
+        return ()
+    ntq, niq = t.size // 4, i.size // 4
+    t_fast = t.size <= i.size  # the short side's quads fastest
+    nfast, nslow = (ntq, niq) if t_fast else (niq, ntq)
+    n = b.size * ntq * niq
+    grid = max(1, min(-(-n // QUAD_THREADS), MAX_BLOCKS))
+    return (Launch("permute_quads", 0, 0, (n,), (nfast, nslow, int(t_fast), t.src, i.dst, b.src, b.dst),
+                   grid, QUAD_THREADS),)
+
+
 @dataclass(frozen=True)
 class Plan:
     """How ``dst = src.transpose(order)`` runs for src of ``shape``; call it with device pointers.
 
     ``kind``: "empty" (no elements), "copy", "runs" (contiguous runs: gather, ``vector`` holds the
     4-wide launches when the run length allows), "gather" (small planes), "narrow" (a side of at
-    most NARROW) or "tiles"."""
+    most NARROW; ``vector``: permute_quads when the sides are multiples of 4) or "tiles". The
+    ``vector`` launches run when both pointers are aligned to 4 elements."""
 
     shape: tuple[int, ...]
     order: tuple[int, ...]
@@ -276,7 +296,7 @@ def _plan(shape: tuple[int, ...], order: tuple[int, ...]) -> Plan:
     lgt, lgi = choose_tile(axes[-1].size, i.size)
     narrow = _narrow(axes)
     if narrow:
-        return Plan(shape, order, axes, "narrow", narrow, tile=(lgt, lgi))
+        return Plan(shape, order, axes, "narrow", narrow, _quads(axes), tile=(lgt, lgi))
     if (1 << (lgt + lgi)) < MIN_TILE and len(axes) > 2:
         return Plan(shape, order, axes, "gather", _gather(axes, 1), tile=(lgt, lgi))
     return Plan(shape, order, axes, "tiles", _tiles(axes, lgt, lgi), tile=(lgt, lgi))

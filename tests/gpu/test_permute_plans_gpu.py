@@ -33,7 +33,10 @@ CASES = [
     ((33, 65), (1, 0)),
     ((1000, 3), (1, 0)),
     ((3, 100, 37), (0, 2, 1)),
-    ((32, 16, 38, 38), (0, 2, 3, 1)),      # SSD300 conv4_3 mbox_loc
+    ((32, 16, 38, 38), (0, 2, 3, 1)),      # SSD300 conv4_3 mbox_loc: permute_quads
+    ((32, 24, 19, 19), (0, 2, 3, 1)),      # fc7 mbox_loc: narrow (361 positions)
+    ((3, 8, 36), (0, 2, 1)),               # permute_quads, 8-wide sides
+    ((12, 40), (1, 0)),                    # permute_quads, 2 axes
     ((32, 84, 38, 38), (0, 2, 3, 1)),      # conv4_3 mbox_conf
     ((32, 126, 19, 19), (0, 2, 3, 1)),     # fc7 mbox_conf
     ((8, 512, 38, 64), (3, 0, 2, 1)),      # CTPN's Transpose
@@ -69,7 +72,8 @@ def test_matches_numpy(shape, order, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape,order", [((2, 3, 4, 24), (0, 2, 1, 3)), ((33, 65), (1, 0))])
+@pytest.mark.parametrize("shape,order", [((2, 3, 4, 24), (0, 2, 1, 3)), ((33, 65), (1, 0)),
+                                         ((2, 16, 6, 8), (0, 2, 3, 1))])
 @pytest.mark.parametrize("shift", [0, 1, 3])
 def test_any_alignment(shape, order, dtype, shift):
     _check(shape, order, dtype, shift)

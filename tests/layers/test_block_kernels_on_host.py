@@ -10,8 +10,12 @@ shuffle participation; the real device run is the GPU tests' job. Marked slow (c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from pycaffe_lite.layers import pooling
+from pycaffe_lite.layers.pooling_nd import pooled_size
 from test_upsample import _unpool_reference  # tests/layers is on sys.path (pytest's prepend import mode)
 
 from pycaffe_lite import common
@@ -32,7 +36,7 @@ def host_gpu(monkeypatch):
     launches: list[tuple[str, tuple, tuple]] = []
 
     def kernel(path, name, dtype):
-        lib, sigs = hk.threaded_library(path, dtype)
+        lib, sigs = hk.threaded_library(path, dtype, ("-I", str(Path(backend.__file__).parent)))  # vec.cuh
 
         def call(*args, block=backend.CUDA_NUM_THREADS, grid=None):
             block = (block, 1, 1) if isinstance(block, int) else tuple(block)
@@ -244,7 +248,13 @@ def test_axpy_in_place(host_gpu, dtype):
 
 POOL = [((2, 3, 11, 10), "kernel_size: 3 stride: 2 pad: 1"), ((1, 2, 9, 9), "kernel_size: 3 stride: 2"),
         ((2, 2, 7, 8), "kernel_size: 2 stride: 2 pad: 1"), ((1, 2, 7, 6), "kernel_size: 3 stride: 1 pad: 1"),
-        ((1, 2, 8, 7), "kernel_h: 3 kernel_w: 2 stride: 2 pad_h: 1 pad_w: 0")]
+        ((1, 2, 8, 7), "kernel_h: 3 kernel_w: 2 stride: 2 pad_h: 1 pad_w: 0"),
+        # widths of multiples of 4: AVE's 4-wide kernels (ave_pool_backward_q_*)
+        ((2, 3, 11, 12), "kernel_size: 3 stride: 2 pad: 1"), ((1, 2, 9, 8), "kernel_size: 3 stride: 2"),
+        ((2, 2, 7, 8), "kernel_size: 2 stride: 2"), ((1, 2, 7, 8), "kernel_size: 3 stride: 1 pad: 1"),
+        ((1, 2, 9, 12), "kernel_size: 3 stride: 2 pad: 2"), ((2, 1, 5, 4), "kernel_size: 3 stride: 2 pad: 1"),
+        ((1, 2, 6, 8), "kernel_h: 2 kernel_w: 3 stride: 2 pad_h: 1 pad_w: 0")]
+QUAD = {2, 5, 6, 7, 8, 9, 10, 11}  # the POOL cases AVE may run through ave_pool_backward_q_* (width % 4 == 0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -267,22 +277,66 @@ def test_pooling_blocked_backward_matches_gather_bit_for_bit(host_gpu, dtype, me
         bottom[0].mutable_cpu_diff()[...] = 12345.0
         layer.backward_gpu(top, [True], bottom)
         out.append(bottom[0].cpu_diff().copy())
+        if blocked:  # numpy aligns to 16 bytes: float64 takes the 4-wide kernels when 32-byte aligned
+            quad = method == "AVE" and case in QUAD and bottom[0].gpu_diff() % (4 * np.dtype(dtype).itemsize) == 0
     np.testing.assert_array_equal(out[0], out[1])
     cpu, _ = _run(text, [x], [True], False, dtype)
     tol = dict(rtol=1e-9, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-5)
     np.testing.assert_allclose(out[0], cpu[1], **tol)
-    assert any(name.startswith(f"{method.lower()}_pool_backward_s") for name, _, _ in host_gpu)
+    prefix = "ave_pool_backward_q_" if quad else f"{method.lower()}_pool_backward_s"
+    assert any(name.startswith(prefix) for name, _, _ in host_gpu)
+
+
+def _aligned(a: np.ndarray, shift: int = 0) -> np.ndarray:
+    """A copy of ``a`` at a 64-byte aligned address plus ``shift`` elements."""
+    buf = np.empty(a.size + 64, a.dtype)
+    start = (-buf.ctypes.data % 64) // a.itemsize + shift
+    out = buf[start:start + a.size].reshape(a.shape)
+    out[...] = a
+    return out
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_pooling_ave_blocked_quotients_at_any_magnitude(host_gpu, dtype):
+@pytest.mark.parametrize("quad", pooling.QUAD_BACKWARD)
+@pytest.mark.parametrize("hw,k,pad", [((11, 12), (3, 3), (1, 1)), ((9, 8), (3, 3), (0, 0)), ((7, 16), (2, 2), (0, 1)),
+                                      ((8, 8), (2, 3), (1, 0)), ((5, 4), (3, 3), (2, 2)), ((2, 4), (1, 1), (0, 0))])
+def test_pooling_quad_kernels_equal_the_gather(dtype, quad, hw, k, pad):
+    """Each ave_pool_backward_q_* kernel called directly on aligned buffers gives
+    ave_pool_backward's bits wherever its S, WD and NW cover the geometry."""
+    S, WD, NW, R = quad
+    (h, w), (kh, kw) = hw, k
+    if -(-kh // S) > WD or -(-kw // S) > WD or NW < -(-(kw + 3) // S) or max(pad) >= max(k):
+        pytest.skip("geometry outside the kernel's S / WD / NW")
+    pooled = tuple(pooled_size(n, kk, p, S, True, any(pad)) for n, kk, p in zip(hw, k, pad))
+    planes = 3
+    lib, sigs = hk.threaded_library(pooling.KERNELS, dtype, ("-I", str(Path(backend.__file__).parent)))
+    rng = np.random.default_rng(S * 100 + kh * 10 + kw)
+    dy = _aligned(rng.standard_normal((planes, *pooled)).astype(dtype))
+    geometry = (h, w, *pooled, kh, kw, S, S, *pad)
+    inv = float(dtype(1) / dtype(kh * kw))
+    got, want = (_aligned(np.full((planes, h, w), np.nan, dtype)) for _ in range(2))
+    count = -(-planes // 4) * h * w
+    hk.launch(lib, sigs["ave_pool_backward"], (count, planes, dy.ctypes.data, *geometry, want.ctypes.data),
+              dtype, -(-count // 32), (32, 1, 1))
+    blocks_h = -(-(h + pad[0]) // S)
+    strips = -(-blocks_h // R)
+    count = planes * strips * (w // 4)
+    hk.launch(lib, sigs["ave_pool_backward_q_s{}_w{}_n{}_r{}".format(*quad)],
+              (count, dy.ctypes.data, *geometry, strips, inv, got.ctypes.data), dtype, 2, (32, 1, 1))
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [10, 12])  # 12: the 4-wide kernel
+def test_pooling_ave_blocked_quotients_at_any_magnitude(host_gpu, dtype, width):
     """AVE's blocked backward divides by the full window area with a reciprocal and a residual
     correction: still the gather's bits for diffs from subnormal to huge, infinities and NaN."""
-    x = np.random.default_rng(3).standard_normal((2, 3, 11, 10))
+    x = np.random.default_rng(3).standard_normal((2, 3, 11, width))
     text = 'type: "Pooling" pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 }'
     rng = np.random.default_rng(4)
     info = np.finfo(dtype)
-    exps = rng.uniform(np.log10(info.smallest_subnormal) + 1, np.log10(info.max) - 1, (2, 3, 6, 6))
+    exps = rng.uniform(np.log10(info.smallest_subnormal) + 1, np.log10(info.max) - 1, (2, 3, 6, width // 2 + 1))
     with np.errstate(over="ignore"):
         dy = (rng.standard_normal(exps.shape) * 10.0 ** exps).astype(dtype)
     dy.flat[:3] = [np.inf, -np.inf, np.nan]

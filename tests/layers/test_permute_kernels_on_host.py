@@ -31,7 +31,7 @@ def host_kernels(monkeypatch):
         lib, sigs = hk.threaded_library(permute.KERNELS, dtype, ("-I", str(permute.KERNELS.parent)))
 
         def call(*args, grid, block):
-            assert block in (permute.THREADS, permute.NARROW_THREADS) and grid[1:] == (1, 1) and grid[0] >= 1
+            assert block in (permute.THREADS, permute.NARROW_THREADS, permute.QUAD_THREADS) and grid[1:] == (1, 1) and grid[0] >= 1
             launches.append((name, grid, block))
             hk.launch(lib, sigs[name], args, dtype, grid[0], (block, 1, 1))
         return call
@@ -81,6 +81,9 @@ CASES = [
     ((40, 3, 5), (0, 2, 1)),                 # small planes, a 3-wide side: narrow
     ((3, 5, 70), (0, 2, 1)),                 # narrow t (odd, 5) and back (narrow i), ragged warps
     ((2, 32, 33), (0, 2, 1)),                # narrow at the limit, 2 warps a plane
+    ((2, 16, 6, 8), (0, 2, 3, 1)),           # SSD mbox_loc, shrunk to 48 positions: permute_quads
+    ((3, 8, 36), (0, 2, 1)),                 # quads, 8-wide t; back: 8-wide i
+    ((12, 40), (1, 0)),                      # quads, 2 axes
     ((7, 200), (1, 0)),                      # 2 axes, narrow
     ((2,) * 8, tuple(range(7, -1, -1))),     # 2 x 2 planes, 8 axes: gathered
     ((2, 3, 2, 3, 2, 3, 2), (6, 5, 4, 3, 2, 1, 0)),  # 7 axes: host loop over the outer ones (tiles)
@@ -100,6 +103,7 @@ def test_kinds_reached(host_kernels):
     assert kinds == {"copy", "runs", "gather", "tiles", "narrow"}
     assert {ln.kernel for s, o in CASES for p in (permute.plan(s, o), permute.plan(s, o).inverse())
             for ln in p.launches} >= {"permute_narrow_t", "permute_narrow_i"}
+    assert any(ln.kernel == "permute_quads" for s, o in CASES for ln in permute.plan(s, o).vector)
     assert permute.plan((2, 3, 4, 24), (0, 2, 1, 3)).vector  # 4-wide runs exist
     assert len(permute.plan(*CASES[-3]).launches) > 1  # the host loop
 
@@ -110,6 +114,14 @@ def test_unaligned_pointers_take_the_scalar_runs(host_kernels, dtype):
     assert host_kernels[-1][0] == "permute_gather_v4"
     _check((2, 3, 4, 24), (0, 2, 1, 3), dtype, shift=1)
     assert host_kernels[-1][0] == "permute_gather_v1"
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_unaligned_pointers_take_the_scalar_narrow_kernels(host_kernels, dtype):
+    _check((2, 16, 6, 8), (0, 2, 3, 1), dtype)
+    assert [k for k, _, _ in host_kernels[-2:]] == ["permute_quads"] * 2
+    _check((2, 16, 6, 8), (0, 2, 3, 1), dtype, shift=1)
+    assert [k for k, _, _ in host_kernels[-2:]] == ["permute_narrow_t", "permute_narrow_i"]
 
 
 def test_empty_does_nothing(host_kernels):
@@ -124,6 +136,7 @@ def host_blobs(monkeypatch, host_kernels):
 
 LAYERS = [
     ('type: "Permute" permute_param { order: 0 order: 2 order: 3 order: 1 }', (2, 16, 5, 7)),
+    ('type: "Permute" permute_param { order: 0 order: 2 order: 3 order: 1 }', (2, 16, 4, 5)),
     ('type: "Permute" permute_param { order: 1 order: 0 }', (3, 5, 2, 4)),
     ('type: "Permute" permute_param { }', (3, 5, 2)),
     ('type: "Transpose" transpose_param { dim: 3 dim: 0 dim: 2 dim: 1 }', (2, 40, 3, 9)),

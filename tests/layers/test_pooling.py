@@ -253,6 +253,14 @@ def test_cpu_gpu_agree(method, shape, body, dtype):
     ((2, 3, 11, 12), "kernel_size: 3 stride: 1 pad: 1"),
     ((2, 3, 10, 10), "kernel_size: 2 stride: 1"),
     ((1, 2, 7, 9), "kernel_h: 1 kernel_w: 3 stride: 2 pad_h: 0 pad_w: 1"),
+    # widths of multiples of 4: AVE takes the 4-wide kernels (ave_pool_backward_q_*)
+    ((2, 3, 16, 16), "kernel_size: 3 stride: 2 pad: 1"),
+    ((2, 3, 15, 12), "kernel_size: 3 stride: 2"),
+    ((2, 3, 9, 20), "kernel_size: 3 stride: 2 pad: 2"),
+    ((2, 3, 14, 16), "kernel_size: 2 stride: 2"),
+    ((2, 3, 13, 8), "kernel_size: 2 stride: 2 pad: 1"),
+    ((2, 3, 11, 8), "kernel_size: 3 stride: 1 pad: 1"),
+    ((2, 8, 112, 112), "kernel_size: 3 stride: 2 pad: 1"),  # ResNet's pool1 geometry
 ])
 def test_blocked_backward_equals_gather(gpu_mode, method, shape, body):
     """The blocked backward kernels give the generic gather's diffs bit for bit (and are used)."""
@@ -270,6 +278,39 @@ def test_blocked_backward_equals_gather(gpu_mode, method, shape, body):
         top[0].mutable_cpu_diff()[...] = np.random.default_rng(4).standard_normal(top[0].shape)
         bottom[0].mutable_cpu_diff()[...] = np.nan  # every pixel must be written
         layer.backward(top, [True], bottom)
+        got.append(bottom[0].cpu_diff().copy())
+    assert np.isfinite(got[0]).all()
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,body", [
+    ((2, 3, 16, 16), "kernel_size: 3 stride: 2 pad: 1"),
+    ((2, 3, 14, 16), "kernel_size: 2 stride: 2"),
+    ((2, 3, 11, 8), "kernel_size: 3 stride: 1 pad: 1"),
+    ((32, 4, 112, 112), "kernel_size: 3 stride: 2 pad: 1"),
+])
+def test_ave_quad_backward_equals_blocked(gpu_mode, monkeypatch, dtype, shape, body):
+    """AVE's 4-wide blocked backward (taken for these shapes) gives the 2-wide blocked kernel's bits."""
+    from pycaffe_lite.gpu import backend
+
+    x = np.random.default_rng(6).standard_normal(shape).astype(dtype)
+    names: list[str] = []
+    kernel = backend.kernel
+    monkeypatch.setattr(backend, "kernel", lambda path, name, dt: names.append(name) or kernel(path, name, dt))
+    got = []
+    for quad in (True, False):
+        layer = make_layer(pool_text(f"pool: AVE {body}"), dtype)
+        layer.use_quad_backward = quad
+        bottom, top = blobs([x], dtype), empty_blobs(1, dtype)
+        layer.setup(bottom, top)
+        layer.forward(bottom, top)
+        top[0].mutable_cpu_diff()[...] = np.random.default_rng(4).standard_normal(top[0].shape)
+        bottom[0].mutable_cpu_diff()[...] = np.nan
+        names.clear()
+        layer.backward(top, [True], bottom)
+        assert any(n.startswith("ave_pool_backward_q_" if quad else "ave_pool_backward_s") for n in names), names
         got.append(bottom[0].cpu_diff().copy())
     assert np.isfinite(got[0]).all()
     np.testing.assert_array_equal(got[0], got[1])

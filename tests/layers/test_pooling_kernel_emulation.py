@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pycaffe_lite.blob import Blob
+from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.gpu.signatures import parse_signatures
 from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 
@@ -144,6 +145,39 @@ def pool_backward_blocked(a, dt, S: int, WD: int, is_max: bool) -> np.ndarray:
     return writes
 
 
+def ave_pool_backward_quad(a, dt, S: int, WD: int, NW: int, R: int) -> np.ndarray:
+    """ave_pool_backward_quad<S, WD, NW, R>: one thread per (plane, strip of R block rows, 4 columns)."""
+    dy, dx = a["top_diff"], a["bottom_diff"]
+    height, width, pooled_h, pooled_w = a["height"], a["width"], a["pooled_h"], a["pooled_w"]
+    kh, kw, pad_h, pad_w = a["kernel_h"], a["kernel_w"], a["pad_h"], a["pad_w"]
+    assert width % 4 == 0 and NW >= -(-(kw + 3) // S)
+    quads, strips = width // 4, a["strips"]
+    writes = np.zeros(dx.size, np.int64)
+    for index in grid_stride(a["count"]):
+        q, row = index % quads, cdiv(index, quads)
+        strip, plane = row % strips, cdiv(row, strips)
+        h0, c0 = strip * R * S - pad_h, 4 * q
+        pw0 = 0 if c0 + pad_w < kw else cdiv(c0 + pad_w - kw, S) + 1
+        grad = [[dt(0)] * 4 for _ in range(R * S)]
+        for ph in range(strip * R - WD + 1, strip * R + R):
+            for pw in range(pw0, pw0 + NW):
+                top, left = ph * S - pad_h, pw * S - pad_w
+                if not (0 <= ph < pooled_h and pw < pooled_w and left <= c0 + 3):
+                    continue
+                d = dy[plane * pooled_h * pooled_w + ph * pooled_w + pw] / dt(ave_pool_size(ph, pw, **a))
+                for y in range(R * S):
+                    for j in range(4):
+                        if top <= h0 + y < top + kh and left <= c0 + j < left + kw:
+                            grad[y][j] += d
+        for y in range(R * S):
+            if 0 <= h0 + y < height:
+                for j in range(4):
+                    k = plane * height * width + (h0 + y) * width + c0 + j
+                    dx[k] = grad[y][j]
+                    writes[k] += 1
+    return writes
+
+
 class Emulated:
     """Stands in for a compiled kernel: binds a flat launch's arguments by the signature's names."""
 
@@ -161,7 +195,10 @@ class Emulated:
             a[p.name] = v
         name = self.sig.name
         blocked = re.search(r"_backward_s(\d+)_w(\d+)$", name)
-        if blocked:
+        quad = re.search(r"_backward_q_s(\d+)_w(\d+)_n(\d+)_r(\d+)$", name)
+        if quad:
+            self.log.append(ave_pool_backward_quad(a, self.dtype, *map(int, quad.groups())))
+        elif blocked:
             self.log.append(pool_backward_blocked(a, self.dtype, int(blocked[1]), int(blocked[2]),
                                                   name.startswith("max")))
         elif name.endswith("backward"):
@@ -175,6 +212,9 @@ def emulate_gpu(monkeypatch, layer, log: list) -> None:
     for gpu, cpu in (("gpu_data", "cpu_data"), ("gpu_diff", "cpu_diff"),
                      ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff")):
         monkeypatch.setattr(Blob, gpu, getattr(Blob, cpu))
+    vec_width = gm.vec_width  # host arrays stand in for pointers: their addresses decide
+    monkeypatch.setattr(gm, "vec_width", lambda inner, dtype, *ptrs: vec_width(
+        inner, dtype, *(p.ctypes.data if isinstance(p, np.ndarray) else p for p in ptrs)))
     source = Path(inspect.getfile(type(layer))).with_suffix(".cu").read_text()
     monkeypatch.setattr(layer, "_k", lambda name: Emulated(source, name, layer.dtype, log))
 
@@ -190,6 +230,8 @@ GEOMETRIES = [
     ((3, 3, 4, 5), "global_pooling: true"),  # 9 planes
     ((1, 2, 7, 6), "kernel_size: 3 stride: 1 pad: 1"),  # blocked S=1, WD=3
     ((2, 2, 7, 8), "kernel_size: 2 stride: 2 pad: 1"),  # blocked S=2, WD=1, a block row all padding
+    ((2, 3, 7, 12), "kernel_size: 3 stride: 2 pad: 1"),  # AVE 4-wide: S=2, WD=2
+    ((1, 2, 6, 8), "kernel_size: 3 stride: 1 pad: 1"),  # AVE 4-wide: S=1, WD=3
 ]
 
 

@@ -93,6 +93,17 @@ def _emulate(plan: permute.Plan, x: np.ndarray, vector: bool = False) -> np.ndar
             off += u * tail[16]
             for j in range(w):
                 dst[ln.dst_off + np.arange(n) * w + j] = src[ln.src_off + off * w + j]
+        elif ln.kernel == "permute_quads":
+            (n,), (nfast, nslow, t_fast, t_src, i_dst, b_src, b_dst) = ln.head, ln.tail
+            assert -(-n // ln.block) == ln.grid and ln.block == permute.QUAD_THREADS
+            u = np.arange(n)
+            f, s = u % nfast, u // nfast % nslow
+            b = u // (nfast * nslow)
+            tq, iq = (f, s) if t_fast else (s, f)
+            for c in range(4):  # src row 4 tq + c, columns 4 iq + k -> dst row 4 iq + k, column 4 tq + c
+                for k in range(4):
+                    dst[ln.dst_off + b * b_dst + (4 * iq + k) * i_dst + 4 * tq + c] = \
+                        src[ln.src_off + b * b_src + (4 * tq + c) * t_src + 4 * iq + k]
         elif ln.kernel.startswith("permute_narrow"):
             (warps,), (ni, nt, stride, wpp, b_src, b_dst) = ln.head, ln.tail
             assert -(-warps // (ln.block // 32)) == ln.grid and ln.block <= 32 * 4  # PERMUTE_NARROW_WARPS
@@ -136,8 +147,9 @@ def _random_cases(count: int):
 
 def test_launch_arguments_move_every_element_once():
     kinds = set()
-    for shape, order in itertools.chain(_random_cases(300), [((2, 3, 4, 24), (0, 2, 1, 3)), ((50, 3, 5), (0, 2, 1)),
-                                                             ((2, 16, 6, 7), (0, 2, 3, 1))]):
+    extra = [((2, 3, 4, 24), (0, 2, 1, 3)), ((50, 3, 5), (0, 2, 1)), ((2, 16, 6, 7), (0, 2, 3, 1)),
+             ((2, 16, 6, 8), (0, 2, 3, 1)), ((3, 8, 36), (0, 2, 1)), ((12, 40), (1, 0)), ((16, 16), (1, 0))]
+    for shape, order in itertools.chain(_random_cases(300), extra):
         plan = permute.plan(shape, order)
         kinds.add(plan.kind)
         x = np.arange(plan.count, dtype=np.float64).reshape(shape)
@@ -154,7 +166,8 @@ def test_launch_arguments_move_every_element_once():
 
 
 @pytest.mark.parametrize("shape,order,kind,vector", [
-    ((32, 16, 38, 38), (0, 2, 3, 1), "narrow", False),    # SSD conv4_3 mbox_loc
+    ((32, 16, 38, 38), (0, 2, 3, 1), "narrow", True),     # SSD conv4_3 mbox_loc: permute_quads
+    ((32, 24, 19, 19), (0, 2, 3, 1), "narrow", False),    # fc7 mbox_loc: 361 positions, no quads
     ((32, 84, 38, 38), (0, 2, 3, 1), "tiles", False),
     ((32, 126, 19, 19), (0, 2, 3, 1), "tiles", False),
     ((8, 512, 38, 64), (3, 0, 2, 1), "tiles", False),     # CTPN's Transpose
@@ -166,6 +179,18 @@ def test_benchmark_shapes_and_their_gradients(shape, order, kind, vector):
     for plan in (permute.plan(shape, order), permute.plan(shape, order).inverse()):
         assert plan.kind == kind and bool(plan.vector) == vector and len(plan.launches) <= 1
     assert permute.plan(shape, order).inverse().inverse() == permute.plan(shape, order)
+
+
+def test_quads_take_the_narrow_planes_of_multiples_of_4():
+    fwd = permute.plan((32, 16, 38, 38), (0, 2, 3, 1))
+    (ln,) = fwd.vector
+    assert ln.kernel == "permute_quads" and ln.head == (32 * 4 * 361,)
+    assert ln.tail == (4, 361, 1, 1444, 16, 16 * 1444, 16 * 1444)  # t (16 channels) fastest
+    (ln,) = fwd.inverse().vector
+    assert ln.tail == (4, 361, 0, 16, 1444, 16 * 1444, 16 * 1444)  # i (16 channels) fastest
+    assert not permute.plan((2, 16, 6, 7), (0, 2, 3, 1)).vector  # 42 positions
+    assert not permute.plan((2, 18, 6, 8), (0, 2, 3, 1)).vector  # 18 channels
+    assert permute.plan((12, 40), (1, 0)).vector  # 2 axes
 
 
 def test_many_axes_loop_on_the_host():
