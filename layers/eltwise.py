@@ -132,3 +132,36 @@ class EltwiseLayer(Layer):
                 gm.scale(n, self.coeffs[i], dy, dx, dt)
             else:
                 backend.kernel(KERNELS, "eltwise_max_backward", dt)(n, dy, self.mask.gpu_data(), i, dx)
+
+    # -- GPU chain: SUM, the in-place ReLU after it and the Split after that (runtime/fusion.py) ----
+    def sum_relu_chain(self) -> bool:
+        return self.op == Op.SUM and len(self.coeffs) <= 4
+
+    def chain_forward_relu_gpu(self, bottom, top) -> None:
+        """``top = relu(Σ coeff_i·bottom_i)`` in one pass (the ReLU's negative_slope 0)."""
+        n, dt = top[0].count, self.dtype
+        if n == 0:
+            return
+        xs, y = [b.gpu_data() for b in bottom], top[0].mutable_gpu_data()
+        w = gm.vec_width(n, dt, y, *xs)
+        coeffs = [float(c) for c in self.coeffs]
+        backend.kernel(KERNELS, f"eltwise_sum_relu_v{w}", dt)(
+            n // w, len(xs), *(xs + [xs[0]] * (4 - len(xs))), *(coeffs + [0.0] * (4 - len(coeffs))), y)
+
+    def chain_backward_relu_gpu(self, sources: list[Blob], top, propagate_down, bottom) -> None:
+        """Backward of the chain :meth:`chain_forward_relu_gpu` ran: the gradient is ``top``'s diff
+        (``sources == [top]``) or the sum of a Split's top diffs (``sources``, at most 4); masked
+        by the ReLU (``top`` data > 0) it is written to ``top``'s diff and, times coeff_i, to the
+        diff of each bottom ``i`` in ``propagate_down``."""
+        n, dt = top[0].count, self.dtype
+        if n == 0:
+            return
+        srcs = [s.gpu_diff() for s in sources]
+        t, y = top[0].mutable_gpu_diff(), top[0].gpu_data()
+        dxs = [b.mutable_gpu_diff() if propagate_down[i] else t for i, b in enumerate(bottom)]
+        prop = sum(1 << i for i in range(len(bottom)) if propagate_down[i])
+        w = gm.vec_width(n, dt, t, y, *srcs, *dxs)
+        coeffs = [float(c) for c in self.coeffs]
+        backend.kernel(KERNELS, f"eltwise_sum_relu_backward_v{w}", dt)(
+            n // w, len(srcs), *(srcs + [srcs[0]] * (4 - len(srcs))), y, t, len(bottom), prop,
+            *(coeffs + [0.0] * (4 - len(coeffs))), *(dxs + [t] * (4 - len(dxs))))

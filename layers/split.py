@@ -20,6 +20,9 @@ class SplitLayer(Layer):
             t.reshape(bottom[0].shape)
             t.share_data(bottom[0])
 
+    def sums_top_diffs(self) -> bool:
+        return True
+
     def forward_cpu(self, bottom, top):
         """Nothing to do: the tops share the bottom's data."""
 

@@ -331,6 +331,17 @@ class Layer:
         output it chose)."""
         return False
 
+    def sum_relu_chain(self) -> bool:
+        """A sum that runs itself and a ReLU (negative_slope 0) in place on its top, and the
+        ``sums_top_diffs`` layer after that, as one pass each way on the GPU
+        (``chain_forward_relu_gpu``, ``chain_backward_relu_gpu``: Eltwise SUM of up to 4 bottoms)."""
+        return False
+
+    def sums_top_diffs(self) -> bool:
+        """A layer whose forward writes nothing (its tops share its bottom) and whose backward
+        assigns its bottom's diff the sum of its tops' diffs (Split)."""
+        return False
+
     def heads_norm_chain(self) -> bool:
         """A per-channel normalization that runs itself, a following ``per_channel_affine`` layer and
         a ``relu_epilogue`` as one pass each way on the GPU (``chain_forward_gpu``,

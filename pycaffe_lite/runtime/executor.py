@@ -41,7 +41,15 @@ from ..gpu import backend, cuda_graph
 from ..layer import Layer
 from ..synced_memory import SyncedMemory, forget_host_newer, host_newer_memories, watched_writes
 from .forward_data import ForwardOnlyData
-from .fusion import ConvBNScale, ConvReLU, NormChain, ReLUMaxPool, find_backward_fusions, find_fusions
+from .fusion import (
+    ConvBNScale,
+    ConvReLU,
+    NormChain,
+    ReLUMaxPool,
+    SumReLU,
+    find_backward_fusions,
+    find_fusions,
+)
 from .memory_plan import recomputable_inputs, sharing_enabled, source_blobs
 from .shared_data import SharedData
 from .shared_diffs import SharedDiffs
@@ -159,8 +167,9 @@ class Executor:
         self._folds = [chain for chain in self.fusions.values() if isinstance(chain, ConvBNScale)]
         self._norm_chains = {chain.last: chain for chain in self.fusions.values() if isinstance(chain, NormChain)}
         # chains whose backward runs as one, by their last layer
-        self._backward_chains: dict[int, NormChain | ReLUMaxPool] = {
-            **self._norm_chains, **{chain.last: chain for chain in find_backward_fusions(net)}}
+        self._backward_chains: dict[int, NormChain | SumReLU | ReLUMaxPool] = {
+            **{chain.last: chain for chain in self.fusions.values() if isinstance(chain, NormChain | SumReLU)},
+            **{chain.last: chain for chain in find_backward_fusions(net)}}
         self._fold_key: tuple | None = None
         self.loss_log: LossLog | None = None
         self._recompute: list | None = None  # (layer index, *memory_plan.recomputable_inputs entry)
@@ -277,17 +286,17 @@ class Executor:
             self.shared_diffs.access(blob, what)
 
     # -- plain execution ------------------------------------------------------------------------
-    def _chain_at(self, i: int, end: int) -> ConvReLU | ConvBNScale | NormChain | None:
+    def _chain_at(self, i: int, end: int) -> ConvReLU | ConvBNScale | NormChain | SumReLU | None:
         chain = self.fusions.get(i)
         if chain is None or chain.last > end:
             return None
         if isinstance(chain, ConvBNScale) and chain.skipped and not self.shared_data.may_skip(chain.skipped):
             return None
-        if isinstance(chain, NormChain) and common.mode() is not common.Mode.GPU:
+        if isinstance(chain, NormChain | SumReLU) and common.mode() is not common.Mode.GPU:
             return None
         return chain
 
-    def _backward_chain_at(self, i: int, end: int) -> NormChain | ReLUMaxPool | None:
+    def _backward_chain_at(self, i: int, end: int) -> NormChain | SumReLU | ReLUMaxPool | None:
         """The chain whose last layer is ``i`` if backward runs it as one: all of it in the range
         down to ``end``, every layer of it needing backward, on the GPU, and (a BatchNorm chain)
         its forward the chain's."""
@@ -325,7 +334,7 @@ class Executor:
             if chain is not None:
                 span = range(i, chain.first - 1, -1)
                 self._call_hooks("before_backward", span)
-                chain.backward(net.bottom_need_backward[chain.first][0])
+                chain.backward(net.bottom_need_backward[chain.first])
                 self._call_hooks("after_backward", span)
                 i = chain.first - 1
                 continue

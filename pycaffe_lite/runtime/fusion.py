@@ -166,11 +166,49 @@ class NormChain:
         """Whether :meth:`backward` applies: in place, and the chain ran the layers' last forward."""
         return self.in_place and self.saves and self.scale.input_from is not None
 
-    def backward(self, propagate_down: bool) -> None:
-        """Gradients of the chain: the Scale's params and, when ``propagate_down``, the input."""
+    def backward(self, propagate_down: list[bool]) -> None:
+        """Gradients of the chain: the Scale's params and, when ``propagate_down[0]``, the input."""
         blob = self.vecs[0][0][0]
-        cast(_NormHead, self.norm).chain_backward_gpu(blob, self._normalized(), blob if propagate_down else None,
+        cast(_NormHead, self.norm).chain_backward_gpu(blob, self._normalized(), blob if propagate_down[0] else None,
                                                       self.scale, self.relu)
+
+
+class _SumReLUHead(Protocol):  # EltwiseLayer's chain passes (layers/eltwise.py)
+    def chain_forward_relu_gpu(self, bottom: list[Blob], top: list[Blob]) -> None: ...
+    def chain_backward_relu_gpu(self, sources: list[Blob], top: list[Blob], propagate_down: list[bool],
+                                bottom: list[Blob]) -> None: ...
+
+
+@dataclass
+class SumReLU:
+    """Layers ``first`` (a ``sum_relu_chain`` sum), ``first + 1`` (a ReLU, negative_slope 0, in
+    place on its top) and, when ``split``, ``last = first + 2`` (the Split of that top) as one
+    pass each way (GPU only). Backward writes what the layers leave: the top's diff (the ReLU's
+    gradient) and the bottoms' diffs."""
+
+    first: int
+    last: int
+    head: Layer
+    members: list[Layer]
+    vecs: list[tuple[list[Blob], list[Blob]]]  # each layer's (bottom, top)
+    split: bool
+
+    @property
+    def extra_blobs(self) -> list[Blob]:
+        return []
+
+    def forward(self, bottom: list[Blob], top: list[Blob], fold: bool = False) -> None:
+        for layer, (b, t) in zip(self.members, self.vecs):
+            layer.checked_reshape(b, t)
+        cast(_SumReLUHead, self.head).chain_forward_relu_gpu(bottom, top)
+
+    def runs_backward(self) -> bool:
+        return True
+
+    def backward(self, propagate_down: list[bool]) -> None:
+        bottom, top = self.vecs[0]
+        sources = self.vecs[-1][1] if self.split else top
+        cast(_SumReLUHead, self.head).chain_backward_relu_gpu(sources, top, propagate_down, bottom)
 
 
 class _ReLUMasker(Protocol):  # PoolingLayer's backward with the ReLU before it (layers/pooling.py)
@@ -191,8 +229,8 @@ class ReLUMaxPool:
     def runs_backward(self) -> bool:
         return True
 
-    def backward(self, propagate_down: bool) -> None:
-        if propagate_down:
+    def backward(self, propagate_down: list[bool]) -> None:
+        if propagate_down[0]:
             bottom, top = self.vecs
             cast(_ReLUMasker, self.pool).backward_relu_gpu(top, bottom)
 
@@ -251,13 +289,13 @@ def _next_in_chain(net: NetGraph, k: int, blob_id: int, users: dict[int, list[in
     return net.top_id_vecs[k][0], True
 
 
-def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU | NormChain]:
+def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU | NormChain | SumReLU]:
     """The fusable chains of ``net`` in order (none when disabled). The layers say what they are
     (``fusable_convolution``, ``relu_epilogue``, ``folds_into_convolution``, ``per_channel_affine``,
-    ``heads_norm_chain``)."""
+    ``heads_norm_chain``, ``sum_relu_chain``, ``sums_top_diffs``)."""
     if not fusion_enabled():
         return []
-    chains: list[ConvBNScale | ConvReLU | NormChain] = []
+    chains: list[ConvBNScale | ConvReLU | NormChain | SumReLU] = []
     layers = net.layers
     users = None if any(net.layer_need_backward) else _layers_touching(net)  # out-of-place chains
     i = 0
@@ -279,12 +317,30 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU | NormChain]:
         i += 1
     covered = {k for chain in chains for k in range(chain.first, chain.last + 1)}
     for k in range(len(layers) - 1):
+        found: NormChain | SumReLU | None = None
         if k not in covered and layers[k].heads_norm_chain():
-            norm = _norm_chain(net, k)
-            if norm is not None and not covered & set(range(norm.first, norm.last + 1)):
-                chains.append(norm)
-                covered |= set(range(norm.first, norm.last + 1))
+            found = _norm_chain(net, k)
+        elif k not in covered and layers[k].sum_relu_chain():
+            found = _sum_relu(net, k)
+        if found is not None and not covered & set(range(found.first, found.last + 1)):
+            chains.append(found)
+            covered |= set(range(found.first, found.last + 1))
     return sorted(chains, key=lambda chain: chain.first)
+
+
+def _sum_relu(net: NetGraph, k: int) -> SumReLU | None:
+    """The sum -> in-place ReLU (-> Split of its top, at most 4 tops) chain at layer ``k``."""
+    if len(net.top_id_vecs[k]) != 1:
+        return None
+    top = net.top_id_vecs[k][0]
+    if top in net.bottom_id_vecs[k] or not _relu_on(net, k + 1, top):
+        return None
+    s = k + 2
+    split = (s < len(net.layers) and net.layers[s].sums_top_diffs() and net.bottom_id_vecs[s] == [top]
+             and 2 <= len(net.top_id_vecs[s]) <= 4)
+    last = s if split else k + 1
+    return SumReLU(first=k, last=last, head=net.layers[k], members=net.layers[k:last + 1],
+                   vecs=[(net.bottom_vecs[j], net.top_vecs[j]) for j in range(k, last + 1)], split=split)
 
 
 def _norm_chain(net: NetGraph, k: int) -> NormChain | None:
