@@ -157,8 +157,10 @@ class EltwiseLayer(Layer):
         if n == 0:
             return
         srcs = [s.gpu_diff() for s in sources]
-        t, y = top[0].mutable_gpu_diff(), top[0].gpu_data()
-        dxs = [b.mutable_gpu_diff() if propagate_down[i] else t for i, b in enumerate(bottom)]
+        # the outputs may share storage with the sources (a gradient memory plan): no zero fill
+        t = top[0].mutable_gpu_diff() if sources[0] is top[0] else top[0].overwritten_gpu_diff()
+        y = top[0].gpu_data()
+        dxs = [b.overwritten_gpu_diff() if propagate_down[i] else t for i, b in enumerate(bottom)]
         prop = sum(1 << i for i in range(len(bottom)) if propagate_down[i])
         w = gm.vec_width(n, dt, t, y, *srcs, *dxs)
         coeffs = [float(c) for c in self.coeffs]

@@ -178,6 +178,11 @@ class Blob:
     def mutable_gpu_diff(self) -> int:
         return self._diff.mutable_gpu()
 
+    def overwritten_gpu_diff(self) -> int:
+        """Device pointer to the diff that the caller overwrites whole without reading it
+        (``SyncedMemory.overwritten_gpu``: no zero fill or upload first)."""
+        return self._diff.overwritten_gpu()
+
     # pycaffe's names (BVLC's _caffe.cpp): the device address as an int, for handing a blob to other
     # CUDA code. As in BVLC they take the mutable pointer: the device copy becomes the newest.
     @property

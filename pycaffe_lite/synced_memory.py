@@ -201,6 +201,20 @@ class SyncedMemory:
             recording.written.add(self)
         return ptr
 
+    def overwritten_gpu(self) -> int:
+        """Device pointer the caller overwrites whole without reading it: as :meth:`mutable_gpu`,
+        but no zero fill or upload first (a fused pass whose output may share storage with one of
+        its inputs, :class:`~pycaffe_lite.runtime.shared_diffs.SharedDiffs`, must not clear it
+        before reading that input)."""
+        if self._gpu is None:
+            self._gpu = _backend.alloc(max(self.nbytes, self.dtype.itemsize))
+        self.head = Head.HEAD_AT_GPU
+        self._wrote()
+        recording = _backend.recording()
+        if recording is not None:
+            recording.written.add(self)
+        return int(self._gpu)
+
     def _wrote(self) -> None:
         """A side was asked for to be written: count it (``version``, :func:`watched_writes`)."""
         self.version += 1

@@ -197,3 +197,22 @@ def test_page_locked_round_trip_and_write_after_upload(dtype):
     ptr = mem.mutable_gpu()
     gm.scale(n, 2.0, ptr, ptr, dtype)
     np.testing.assert_array_equal(mem.cpu(), np.full(n, -2, dtype))  # downloaded into the pinned copy
+
+
+def test_overwritten_gpu_neither_clears_nor_uploads_shared_storage():
+    """A memory pointed into storage another memory holds values in (a gradient memory plan) is
+    UNINITIALIZED: ``mutable_gpu`` zero-fills it, ``overwritten_gpu`` leaves the values for the
+    writer that reads them first, and the device becomes the head."""
+    holder = SyncedMemory(6, np.float32)
+    holder.mutable_cpu()[...] = np.arange(6, dtype=np.float32)
+    slot = holder.gpu()
+    mem = SyncedMemory(6, np.float32)
+    mem.mutable_cpu()[...] = 7.0  # a host copy that must not be uploaded over the slot
+    mem.use_storage(device=slot)
+    assert mem.head is Head.UNINITIALIZED
+    assert mem.overwritten_gpu() == slot and mem.head is Head.HEAD_AT_GPU
+    np.testing.assert_array_equal(device_values(holder), np.arange(6))
+    other = SyncedMemory(6, np.float32)
+    other.use_storage(device=slot)
+    other.mutable_gpu()
+    assert not device_values(holder).any()  # what the plain accessor does
