@@ -56,7 +56,7 @@ __device__ void copy_rows(const int n, const int cols, const Dtype* src, const i
   }
 }
 
-enum ReduceOp { OP_SUM, OP_MOMENTS, OP_DOT, OP_DOT_SHIFT, OP_DOT_DX };
+enum ReduceOp { OP_SUM, OP_MOMENTS, OP_DOT, OP_DOT_SHIFT, OP_DOT_DX, OP_RELU_SUM };
 
 // Partial per-channel sums over an (outer, dim, inner) view. Block blk handles channel
 // blk / chunks and the chunk blk % chunks of that channel's outer * inner elements; it writes
@@ -66,6 +66,8 @@ enum ReduceOp { OP_SUM, OP_MOMENTS, OP_DOT, OP_DOT_SHIFT, OP_DOT_DX };
 //   OP_DOT:       a and a * b
 //   OP_DOT_SHIFT: a and a * (b - shift[c])
 //   OP_DOT_DX:    a and a * b, and also writes y = a * q[c] (y may alias a)
+//   OP_RELU_SUM:  z = a * (b > 0 ? 1 : 0) (ReLU's backward, negative_slope 0, b its output), and
+//                 writes y = z (y may alias a); the second sum is 0
 // Unused pointers may be anything non-null.
 template <int W, int OP>
 __device__ void channel_reduce(const int chunks, const int outer, const int dim, const int inner,
@@ -90,13 +92,16 @@ __device__ void channel_reduce(const int chunks, const int outer, const int dim,
         const Dtype d = va.v[j] - k;
         s0 += d;
         s1 += d * d;
+      } else if (OP == OP_RELU_SUM) {
+        va.v[j] = va.v[j] * (vb.v[j] > 0 ? Dtype(1) : Dtype(0));
+        s0 += va.v[j];
       } else {
         s0 += va.v[j];
         if (OP >= OP_DOT) s1 += va.v[j] * (vb.v[j] - k);
         if (OP == OP_DOT_DX) va.v[j] *= qc;
       }
     }
-    if (OP == OP_DOT_DX) vstore<W>(y, unit, va);
+    if (OP == OP_DOT_DX || OP == OP_RELU_SUM) vstore<W>(y, unit, va);
   }
   block_sum2(s0, s1);
   if (threadIdx.x == 0) {
@@ -155,6 +160,8 @@ REDUCE(reduce_dot_shift, 1, OP_DOT_SHIFT)
 REDUCE(reduce_dot_shift, 4, OP_DOT_SHIFT)
 REDUCE(reduce_dot_dx, 1, OP_DOT_DX)
 REDUCE(reduce_dot_dx, 4, OP_DOT_DX)
+REDUCE(reduce_relu_sum, 1, OP_RELU_SUM)
+REDUCE(reduce_relu_sum, 4, OP_RELU_SUM)
 
 // Second level of channel_reduce: out0[c] = alpha * (first sum) + beta0 * out0[c] when which & 1,
 // out1[c] = alpha * (second sum) + beta1 * out1[c] when which & 2 (beta 0 never reads out).

@@ -218,6 +218,20 @@ def channel_dot(outer: int, dim: int, inner: int, a: int, b: int, dtype, sum_a: 
     _finish(dim, part, chunks, alpha, sum_a, beta_sum, dot, beta_dot, dtype)
 
 
+def relu_backward_channel_sum(outer: int, dim: int, inner: int, dy: int, y: int, dx: int, out: int, dtype,
+                              beta: float = 1.0) -> None:
+    """One pass over (outer, dim, inner): ReLU's backward (negative_slope 0) ``dx = dy·[y > 0]``
+    (``y`` its output; ``dx`` may alias ``dy``) and ``out[c] = beta·out[c] + Σ dx`` (a convolution's
+    bias gradient from the ReLU after it)."""
+    if dim == 0:
+        return
+    if outer * inner == 0:
+        scale(dim, beta, out, out, dtype)
+        return
+    part, chunks = _reduce("relu_sum", outer, dim, inner, dy, dtype, b=y, y=dx)
+    _finish(dim, part, chunks, 1.0, out, beta, None, 0.0, dtype)
+
+
 def channel_moments(outer: int, dim: int, inner: int, x: int, mean: int, var: int, dtype) -> None:
     """Per-channel mean and biased variance of ``x`` (outer, dim, inner) in one pass over ``x``."""
     if dim == 0:

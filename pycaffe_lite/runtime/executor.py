@@ -167,8 +167,8 @@ class Executor:
         self._folds = [chain for chain in self.fusions.values() if isinstance(chain, ConvBNScale)]
         self._norm_chains = {chain.last: chain for chain in self.fusions.values() if isinstance(chain, NormChain)}
         # chains whose backward runs as one, by their last layer
-        self._backward_chains: dict[int, NormChain | SumReLU | ReLUMaxPool] = {
-            **{chain.last: chain for chain in self.fusions.values() if isinstance(chain, NormChain | SumReLU)},
+        self._backward_chains: dict[int, ConvReLU | NormChain | SumReLU | ReLUMaxPool] = {
+            **{chain.last: chain for chain in self.fusions.values() if isinstance(chain, ConvReLU | NormChain | SumReLU)},
             **{chain.last: chain for chain in find_backward_fusions(net)}}
         self._fold_key: tuple | None = None
         self.loss_log: LossLog | None = None
@@ -296,7 +296,7 @@ class Executor:
             return None
         return chain
 
-    def _backward_chain_at(self, i: int, end: int) -> NormChain | SumReLU | ReLUMaxPool | None:
+    def _backward_chain_at(self, i: int, end: int) -> ConvReLU | NormChain | SumReLU | ReLUMaxPool | None:
         """The chain whose last layer is ``i`` if backward runs it as one: all of it in the range
         down to ``end``, every layer of it needing backward, on the GPU, and (a BatchNorm chain)
         its forward the chain's."""

@@ -2,8 +2,9 @@
 
 Convolution -> ReLU, the ReLU in place on the convolution's top with negative_slope 0 (VGG,
 GoogLeNet, SqueezeNet, AlexNet), runs as one convolution whose engines apply the ReLU in their
-epilogue, in every phase: the blob holds what the two layers leave, and backward runs both layers
-as written (ReLU's backward reads only that blob; the convolution's does not read its top).
+epilogue, in every phase: the blob holds what the two layers leave. On the GPU the ReLU's backward
+pass also sums the bias gradient (which the convolution's weight pass then leaves out); a ReLU that
+a MAX pooling reads next runs its backward inside the pooling's instead (:class:`ReLUMaxPool`).
 
 Convolution -> BatchNorm -> Scale (-> ReLU), written in place (``top == bottom``, as ResNet and MobileNet
 write them) in a net that runs no backward through them, with BatchNorm on its global statistics
@@ -56,17 +57,21 @@ def fusion_enabled() -> bool:
     return bool(config.fusion)
 
 
-class _ReLUEpilogue(Protocol):  # the Convolution layer's fused forward (layers/convolution.py)
+class _ReLUEpilogue(Protocol):  # the Convolution layer's fused passes (layers/convolution.py)
     def compute_forward_relu(self, bottom: list[Blob], top: list[Blob]) -> None: ...
+    def backward_gpu_relu(self, top: list[Blob], propagate_down: list[bool], bottom: list[Blob]) -> None: ...
 
 
 @dataclass
 class ConvReLU:
-    """Layers ``first`` (Convolution) and ``last = first + 1`` (ReLU) run as one convolution."""
+    """Layers ``first`` (Convolution) and ``last = first + 1`` (ReLU) run as one convolution;
+    backward (GPU) runs the ReLU's pass with the bias gradient's sum in it, then the convolution's
+    weight and data gradients."""
 
     first: int
     last: int
     conv: Layer
+    vecs: tuple[list[Blob], list[Blob]]  # the convolution's (bottom, top)
 
     @property
     def extra_blobs(self) -> list[Blob]:
@@ -75,6 +80,13 @@ class ConvReLU:
     def forward(self, bottom: list[Blob], top: list[Blob], fold: bool = False) -> None:
         """``fold``: as :meth:`ConvBNScale.forward`'s (nothing is folded here)."""
         cast(_ReLUEpilogue, self.conv).compute_forward_relu(bottom, top)
+
+    def runs_backward(self) -> bool:
+        return True
+
+    def backward(self, propagate_down: list[bool]) -> None:
+        bottom, top = self.vecs
+        cast(_ReLUEpilogue, self.conv).backward_gpu_relu(top, propagate_down, bottom)
 
 
 @dataclass
@@ -306,7 +318,7 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU | NormChain | Sum
             continue
         out = net.top_id_vecs[i][0]
         if _relu_on(net, i + 1, out):
-            chains.append(ConvReLU(i, i + 1, conv))
+            chains.append(ConvReLU(i, i + 1, conv, (net.bottom_vecs[i], net.top_vecs[i])))
             i += 2
             continue
         chain, last = _conv_bn_scale(net, i, users)

@@ -310,3 +310,20 @@ def test_channel_affine_relu_needs_a_bias_alone():
     for s, b in ((None, None), (1, 1), (1, None)):
         with pytest.raises(ValueError, match="bias alone"):
             gm.channel_affine(1, 1, 1, 1, s, b, 1, np.float32, relu=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 5, 7), (4, 16, 64), (2, 3, 1)])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_relu_backward_channel_sum(dtype, shape, in_place):
+    outer, dim, inner = shape
+    rng = np.random.default_rng(5)
+    dy = rng.standard_normal(shape).astype(dtype)
+    y = np.maximum(rng.standard_normal(shape), 0).astype(dtype)
+    out0 = rng.standard_normal(dim).astype(dtype)
+    d_dy, d_y, d_out = Dev(dy), Dev(y), Dev(out0)
+    d_dx = d_dy if in_place else Dev(np.zeros(shape, dtype))
+    gm.relu_backward_channel_sum(outer, dim, inner, d_dy.ptr, d_y.ptr, d_dx.ptr, d_out.ptr, dtype, beta=1.0)
+    dx = dy * (y > 0)
+    np.testing.assert_array_equal(d_dx.get(), dx)
+    np.testing.assert_allclose(d_out.get(), out0 + dx.sum(axis=(0, 2)), **tol(dtype))
