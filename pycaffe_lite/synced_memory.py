@@ -175,6 +175,9 @@ class SyncedMemory:
     def _to_gpu(self) -> int:
         if self._gpu is None:
             self._gpu = _backend.alloc(max(self.nbytes, self.dtype.itemsize))
+        recording = _backend.recording()
+        if recording is not None:  # a replay uploads host writes only to memories its work uses
+            recording.touched.add(self)
         ptr = int(self._gpu)
         if self.head is Head.UNINITIALIZED:
             _backend.memset_zero(ptr, self.nbytes)
@@ -213,6 +216,7 @@ class SyncedMemory:
         recording = _backend.recording()
         if recording is not None:
             recording.written.add(self)
+            recording.touched.add(self)
         return int(self._gpu)
 
     def _wrote(self) -> None:

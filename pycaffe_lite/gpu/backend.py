@@ -28,9 +28,10 @@ from .signatures import Signature, SignatureError, check_args, parse_signatures
 
 class Recording(Protocol):
     """What the backend sees of a CUDA-graph capture in progress (a ``cuda_graph.Recording``):
-    the set of memories the captured work writes."""
+    the sets of memories the captured work writes and uses."""
 
     written: set
+    touched: set
 
 CUDA_NUM_THREADS = 256
 MAX_BLOCKS = 65535 * 4

@@ -91,6 +91,7 @@ class Recording:
     def __init__(self) -> None:
         self.graph: CudaGraph | None = None
         self.written: set = set()  # SyncedMemory objects made device-newest by the captured work
+        self.touched: set = set()  # every SyncedMemory whose device pointer the captured work took
 
 
 @contextlib.contextmanager

@@ -11,8 +11,8 @@ afterwards while its key is unchanged: the range, the pointers (the pool's alloc
 and the blob shapes. Leading host-side layers (data readers) run eagerly before the replay. Work
 that cannot be captured (a host read, an allocation) falls back to plain execution for that key,
 once, with a log line and an entry in :attr:`Executor.fallbacks`. Before a replay every host-newer
-memory the net can reach is copied to the device (values a user wrote through ``blob.data`` are
-used); after it, the memories the work writes are marked device-newest. Setting the environment
+memory the graph's work uses is copied to the device (values a user wrote through ``blob.data``
+are used; the others wait until the device needs them); after it, the memories the work writes are marked device-newest. Setting the environment
 variable ``PYCAFFE_LITE_CUDA_GRAPHS=0`` (or ``executor.use_graphs = False``) runs everything plainly.
 
 Memory plans (:mod:`~pycaffe_lite.runtime.memory_plan`): backward passes (pycaffe's and whole
@@ -87,22 +87,25 @@ class _Graphs:
                  host_newer: Callable[[], list[SyncedMemory]] = host_newer_memories) -> None:
         self._memories = memories  # the net's, whose heads an abandoned capture puts back
         self._host_newer = host_newer  # candidates for the upload before a replay
-        # key -> (graph, the memories it writes, their ids)
-        self._graphs: dict[Hashable, tuple[cuda_graph.CudaGraph, list[SyncedMemory], frozenset[int]]] = {}
+        # key -> (graph, the memories it writes, their ids, the ids of every memory its work used)
+        self._graphs: dict[Hashable, tuple[cuda_graph.CudaGraph, list[SyncedMemory], frozenset[int],
+                                           frozenset[int]]] = {}
         self._warm: set[Hashable] = set()
         self._failed: set[Hashable] = set()
         self.replays = 0
         self.captures = 0
         self.fallbacks: list[str] = []
 
-    def _upload_host_writes(self, skip: Collection[int] = ()) -> None:
+    def _upload_host_writes(self, skip: Collection[int] = (), only: Collection[int] | None = None) -> None:
         """Upload every memory with device storage whose host copy is newer (values a user wrote);
         those without device storage belong to no captured graph (CPU nets). ``skip``: ``id``s of
-        memories the replay overwrites before anything reads them (it marks them device-newest)."""
+        memories the replay overwrites before anything reads them (it marks them device-newest);
+        ``only``: the ``id``s of the memories the replay's work uses (the others stay host-newer
+        until something on the device needs them)."""
         for mem in self._host_newer():
             if not mem.host_is_newer():
                 forget_host_newer(mem)
-            elif mem.has_gpu() and id(mem) not in skip:
+            elif mem.has_gpu() and id(mem) not in skip and (only is None or id(mem) in only):
                 mem.gpu()
                 forget_host_newer(mem)
 
@@ -126,8 +129,8 @@ class _Graphs:
                 work()
                 return
         else:
-            self._upload_host_writes(write_first & entry[2] if write_first else ())
-        graph, written, _ = entry
+            self._upload_host_writes(write_first & entry[2] if write_first else (), entry[3])
+        graph, written, _, _ = entry
         graph.launch()
         for mem in written:
             mem.mark_device_newest()
@@ -150,7 +153,8 @@ class _Graphs:
             return None
         assert recording.graph is not None
         written = list(recording.written)
-        entry = (recording.graph, written, frozenset(id(m) for m in written))
+        entry = (recording.graph, written, frozenset(id(m) for m in written),
+                 frozenset(id(m) for m in recording.touched))
         self._graphs[key] = entry
         self.captures += 1
         return entry

@@ -6,6 +6,7 @@ the captured work); GPU-marked tests compare replayed and plain results bit for 
 from __future__ import annotations
 
 import contextlib
+import sys
 import types
 
 import numpy as np
@@ -50,9 +51,13 @@ class _Mem:
         self.device_newest += 1
 
 
+TOUCHED: list = []  # the memories the fake-captured work takes device pointers of
+
+
 @contextlib.contextmanager
 def _fake_capture(recording, fail: bool = False):
     yield recording
+    recording.touched.update(TOUCHED)
     recording.graph = types.SimpleNamespace(launches=0)
     recording.graph.launch = lambda: setattr(recording.graph, "launches", recording.graph.launches + 1)
 
@@ -63,18 +68,20 @@ def fake_graphs(monkeypatch):
     monkeypatch.setattr(ex_mod.conv_engines, "graph_timing", contextlib.nullcontext)
 
 
-def test_warm_up_then_capture_then_replay_uploading_host_writes(fake_graphs):
-    mems = [_Mem(), _Mem()]
+def test_warm_up_then_capture_then_replay_uploading_host_writes(fake_graphs, monkeypatch):
+    mems = [_Mem(), _Mem(), _Mem()]
+    monkeypatch.setattr(sys.modules[__name__], "TOUCHED", mems[:2])  # the work uses 0 and 1, not 2
     graphs = ex_mod._Graphs(lambda: iter(mems), host_newer=lambda: [m for m in mems if m.host_newer])
     calls = []
     graphs.run("k", lambda: calls.append("run"))  # warm-up: plain
     assert calls == ["run"] and graphs.captures == 0 and graphs.replays == 0
     graphs.run("k", lambda: calls.append("run"))  # capture (work recorded) + first launch
     assert calls == ["run", "run"] and graphs.captures == 1 and graphs.replays == 1
-    mems[1].host_newer = True  # the user wrote blob.data between calls
+    mems[1].host_newer = mems[2].host_newer = True  # the user wrote blob.data between calls
     graphs.run("k", lambda: calls.append("run"))
     assert calls == ["run", "run"], "a replay must not re-run the Python work"
     assert graphs.replays == 2 and mems[1].uploads == 1 and mems[0].uploads == 0
+    assert mems[2].uploads == 0 and mems[2].host_newer  # not the graph's: left for whoever needs it
     graphs.run("other", lambda: calls.append("other"))  # a new key warms up on its own
     assert calls[-1] == "other" and graphs.captures == 1
 
@@ -114,7 +121,7 @@ def emulated_capture(monkeypatch):
     # no device here: count the host-newer memories a replay would upload instead of uploading
     uploads: list[int] = []
     monkeypatch.setattr(ex_mod._Graphs, "_upload_host_writes",
-                        lambda self, skip=(): uploads.append(sum(m.host_is_newer() for m in self._memories())))
+                        lambda self, skip=(), only=None: uploads.append(sum(m.host_is_newer() for m in self._memories())))
     keys: list = []
     orig = ex_mod._Graphs._capture
 
