@@ -332,9 +332,12 @@ class Executor:
 
     def _run_backward(self, start: int, end: int) -> None:
         net = self.net
+        # a user's per-layer hook sees each layer's backward on its own; device-only hooks (gradient
+        # reduction across GPUs, marked graph_safe) run around a chain as around its layers
+        chains = all(getattr(fn, "graph_safe", False) for fns in self.hooks.values() for fn in fns)
         i = start
         while i >= end:
-            chain = self._backward_chain_at(i, end)
+            chain = self._backward_chain_at(i, end) if chains else None
             if chain is not None:
                 span = range(i, chain.first - 1, -1)
                 self._call_hooks("before_backward", span)

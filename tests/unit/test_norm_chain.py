@@ -134,3 +134,24 @@ def test_scale_on_a_normalized_top_in_place_is_no_chain(tmp_path):
         'bottom: "conv1/scale"', 'bottom: "conv1/bn"')
     fused, _ = _nets(tmp_path, text, caffe.TRAIN)
     assert not any(isinstance(c, NormChain) for c in fused.executor.fusions.values())
+
+
+def test_a_user_backward_hook_sees_each_layer(tmp_path, mode):
+    """With a per-layer hook of the user's, backward runs the layers one by one: the hook sees the
+    blob's diff after the ReLU's backward (masked), before the Scale's."""
+    fused, plain = _nets(tmp_path, _text(True, True, True), caffe.TRAIN)
+    x = np.random.default_rng(3).standard_normal((3, 2, 6, 8))
+    seen = {}
+    for net in (fused, plain):
+        relu = list(net._layer_names).index("relu1")
+
+        def hook(i, net=net, relu=relu):
+            if i == relu:
+                seen[id(net)] = net.blobs["conv1"].diff.copy()
+
+        net.after_backward(hook)
+        net.forward(data=x)
+        net.backward(conv2=np.ones((3, 3, 6, 8)))
+    np.testing.assert_array_equal(seen[id(fused)], seen[id(plain)])
+    assert (seen[id(fused)] == 0).any() and seen[id(fused)].any()
+    _same(fused, plain)
