@@ -8,6 +8,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.runtime.fusion import ConvBNScale
+from pycaffe_lite.testing.net_pairs import assert_nets_match, fused_and_plain
 
 NET = """
 name: "f"
@@ -106,12 +107,7 @@ def test_conv_relu_fused_in_training_forward_and_backward(tmp_path, monkeypatch,
     parameter gradient equal the unfused net's (a leaky ReLU is not fused)."""
     path = tmp_path / "cr.prototxt"
     path.write_text(CONV_RELU)
-    nets = []
-    for fuse in (True, False):
-        caffe.set_random_seed(3)
-        with caffe.using_config(fusion=fuse):
-            nets.append(caffe.Net(str(path), caffe.TRAIN, dtype=np.float64))
-    fused, plain = nets
+    fused, plain = nets = fused_and_plain(lambda: caffe.Net(str(path), caffe.TRAIN, dtype=np.float64), seed=3)
     names = fused._layer_names
     assert [(names[c.first], names[c.last]) for c in fused.executor.fusions.values()] == [("c1", "r1"), ("c2", "r2")]
     rng = np.random.default_rng(5)
@@ -121,12 +117,7 @@ def test_conv_relu_fused_in_training_forward_and_backward(tmp_path, monkeypatch,
             net.clear_param_diffs()
             net.forward(data=x, label=label)
             net.backward()
-        for name in plain.blobs:
-            np.testing.assert_allclose(fused.blobs[name].data, plain.blobs[name].data, rtol=1e-12, atol=1e-13)
-            np.testing.assert_allclose(fused.blobs[name].diff, plain.blobs[name].diff, rtol=1e-12, atol=1e-13)
-        for name in plain.params:
-            for a, b in zip(fused.params[name], plain.params[name]):
-                np.testing.assert_allclose(a.diff, b.diff, rtol=1e-12, atol=1e-13)
+        assert_nets_match(fused, plain, rtol=1e-12, atol=1e-13)
     assert (fused.blobs["c1"].data == 0).any()  # the ReLU clipped something
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.runtime.fusion import NormChain
+from pycaffe_lite.testing.net_pairs import assert_nets_match, fused_and_plain
 
 NET = """
 name: "nc"
@@ -38,30 +39,18 @@ def _text(in_place: bool, relu: bool, bias: bool, stats: str = "", frozen: str =
 def _nets(tmp_path, text: str, phase) -> tuple[caffe.Net, caffe.Net]:
     path = tmp_path / "nc.prototxt"
     path.write_text(text)
-    nets = []
-    for fuse in (True, False):
-        caffe.set_random_seed(7)
-        with caffe.using_config(fusion=fuse):
-            net = caffe.Net(str(path), phase, dtype=np.float64)
+    nets = fused_and_plain(lambda: caffe.Net(str(path), phase, dtype=np.float64), seed=7)
+    for net in nets:
         rng = np.random.default_rng(4)
         bn = net.params["bn1"]
         bn[0].data[...] = rng.standard_normal(5) * 3
         bn[1].data[...] = rng.random(5) * 4 + 0.1
         bn[2].data[...] = 2.5
-        nets.append(net)
-    return nets[0], nets[1]
+    return nets
 
 
 def _same(fused: caffe.Net, plain: caffe.Net) -> None:
-    for name in plain.blobs:
-        np.testing.assert_allclose(fused.blobs[name].data, plain.blobs[name].data, rtol=1e-10, atol=1e-12,
-                                   err_msg=f"data of {name}")
-        np.testing.assert_allclose(fused.blobs[name].diff, plain.blobs[name].diff, rtol=1e-9, atol=1e-11,
-                                   err_msg=f"diff of {name}")
-    for name in plain.params:
-        for j, (a, b) in enumerate(zip(fused.params[name], plain.params[name])):
-            np.testing.assert_allclose(a.data, b.data, rtol=1e-10, atol=1e-12, err_msg=f"{name}[{j}] data")
-            np.testing.assert_allclose(a.diff, b.diff, rtol=1e-9, atol=1e-11, err_msg=f"{name}[{j}] diff")
+    assert_nets_match(fused, plain, rtol=1e-9, atol=1e-11, params_data=True)
 
 
 def _chain(net: caffe.Net) -> NormChain:

@@ -9,6 +9,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.runtime.fusion import ReLUMaxPool, find_backward_fusions
+from pycaffe_lite.testing.net_pairs import assert_nets_match, fused_and_plain
 
 NET = """
 name: "rp"
@@ -30,12 +31,7 @@ layer {{ name: "ip" type: "InnerProduct" bottom: "pool1" top: "ip"
 def test_relu_pool_backward_equals_layers(tmp_path, mode, k):
     path = tmp_path / "rp.prototxt"
     path.write_text(NET.format(k=k))
-    nets = []
-    for fuse in (True, False):
-        caffe.set_random_seed(5)
-        with caffe.using_config(fusion=fuse):
-            nets.append(caffe.Net(str(path), caffe.TRAIN, dtype=np.float64))
-    fused, plain = nets
+    fused, plain = nets = fused_and_plain(lambda: caffe.Net(str(path), caffe.TRAIN, dtype=np.float64), seed=5)
     chains = find_backward_fusions(fused.executor.net)
     assert [(type(c), fused._layer_names[c.first], fused._layer_names[c.last]) for c in chains] == [
         (ReLUMaxPool, "relu1", "pool1")]
@@ -46,10 +42,5 @@ def test_relu_pool_backward_equals_layers(tmp_path, mode, k):
             net.clear_param_diffs()
             net.forward(data=x)
             net.backward(ip=g)
-        for name in plain.blobs:
-            np.testing.assert_array_equal(fused.blobs[name].data, plain.blobs[name].data)
-            np.testing.assert_allclose(fused.blobs[name].diff, plain.blobs[name].diff, rtol=1e-12, atol=0)
-        for name in plain.params:
-            for a, b in zip(fused.params[name], plain.params[name]):
-                np.testing.assert_allclose(a.diff, b.diff, rtol=1e-12, atol=1e-14)
+        assert_nets_match(fused, plain, rtol=1e-12, atol=1e-14)
     assert (fused.blobs["conv1"].data == 0).any() and fused.blobs["conv1"].diff.any()
