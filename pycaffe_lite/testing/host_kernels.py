@@ -212,3 +212,13 @@ def host_workspace(held: list[np.ndarray]) -> Callable[..., list[int]]:
             out.append(arr.ctypes.data)
         return out
     return workspace
+
+
+def aligned_copy(a: np.ndarray, shift: int = 0) -> np.ndarray:
+    """A copy of ``a`` at a 64-byte aligned address plus ``shift`` elements (a kernel's vector path
+    needs aligned pointers; ``shift`` tests its fallback)."""
+    buf = np.empty(a.size + 64, a.dtype)
+    start = (-buf.ctypes.data % 64) // a.itemsize + shift
+    out = buf[start:start + a.size].reshape(a.shape)
+    out[...] = a
+    return out

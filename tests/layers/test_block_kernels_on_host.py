@@ -287,15 +287,6 @@ def test_pooling_blocked_backward_matches_gather_bit_for_bit(host_gpu, dtype, me
     assert any(name.startswith(prefix) for name, _, _ in host_gpu)
 
 
-def _aligned(a: np.ndarray, shift: int = 0) -> np.ndarray:
-    """A copy of ``a`` at a 64-byte aligned address plus ``shift`` elements."""
-    buf = np.empty(a.size + 64, a.dtype)
-    start = (-buf.ctypes.data % 64) // a.itemsize + shift
-    out = buf[start:start + a.size].reshape(a.shape)
-    out[...] = a
-    return out
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("quad", pooling.QUAD_BACKWARD)
 @pytest.mark.parametrize("hw,k,pad", [((11, 12), (3, 3), (1, 1)), ((9, 8), (3, 3), (0, 0)), ((7, 16), (2, 2), (0, 1)),
@@ -311,10 +302,10 @@ def test_pooling_quad_kernels_equal_the_gather(dtype, quad, hw, k, pad):
     planes = 3
     lib, sigs = hk.threaded_library(pooling.KERNELS, dtype, ("-I", str(Path(backend.__file__).parent)))
     rng = np.random.default_rng(S * 100 + kh * 10 + kw)
-    dy = _aligned(rng.standard_normal((planes, *pooled)).astype(dtype))
+    dy = hk.aligned_copy(rng.standard_normal((planes, *pooled)).astype(dtype))
     geometry = (h, w, *pooled, kh, kw, S, S, *pad)
     inv = float(dtype(1) / dtype(kh * kw))
-    got, want = (_aligned(np.full((planes, h, w), np.nan, dtype)) for _ in range(2))
+    got, want = (hk.aligned_copy(np.full((planes, h, w), np.nan, dtype)) for _ in range(2))
     count = -(-planes // 4) * h * w
     hk.launch(lib, sigs["ave_pool_backward"], (count, planes, dy.ctypes.data, *geometry, want.ctypes.data),
               dtype, -(-count // 32), (32, 1, 1))

@@ -41,22 +41,13 @@ def host_kernels(monkeypatch):
     return launches
 
 
-def _aligned(a: np.ndarray, shift: int = 0) -> np.ndarray:
-    """A copy of ``a`` at a 64-byte aligned address plus ``shift`` elements."""
-    buf = np.empty(a.size + 64, a.dtype)
-    start = (-buf.ctypes.data % 64) // a.itemsize + shift
-    out = buf[start:start + a.size].reshape(a.shape)
-    out[...] = a
-    return out
-
-
 def _check(shape, order, dtype=np.float64, shift=0):
-    x = _aligned(np.random.default_rng(len(shape)).standard_normal(shape).astype(dtype), shift)
+    x = hk.aligned_copy(np.random.default_rng(len(shape)).standard_normal(shape).astype(dtype), shift)
     plan = permute.plan(shape, order)
-    y = _aligned(np.full(plan.top_shape, np.nan, dtype), shift)
+    y = hk.aligned_copy(np.full(plan.top_shape, np.nan, dtype), shift)
     plan(x.ctypes.data, y.ctypes.data, dtype)
     np.testing.assert_array_equal(y, x.transpose(order), err_msg=f"{shape} {order} {plan.kind}")
-    back = _aligned(np.full(shape, np.nan, dtype), shift)
+    back = hk.aligned_copy(np.full(shape, np.nan, dtype), shift)
     plan.inverse()(y.ctypes.data, back.ctypes.data, dtype)
     np.testing.assert_array_equal(back, x, err_msg=f"inverse of {shape} {order}")
     return plan
