@@ -75,3 +75,15 @@ def assert_cpu_gpu_agree(text, arrays, ntop=1, propagate=None, rtol=1e-9, atol=1
     assert len(results[0]) == len(results[1])
     for i, (a, b) in enumerate(zip(*results)):
         np.testing.assert_allclose(b, a, rtol=rtol, atol=atol, err_msg=f"array {i}")
+
+
+def unpool_reference(x: np.ndarray, mask: np.ndarray, ho: int, wo: int) -> np.ndarray:
+    """Max-unpooling of ``x`` (N, C, H, W) by flat indices ``mask`` into (N, C, ho, wo), as a loop
+    in source order: the last source naming a cell wins; indices outside the plane are skipped."""
+    n, c = x.shape[:2]
+    out = np.zeros((n, c, ho * wo))
+    for p in np.ndindex(n, c):
+        for v, k in zip(x[p].ravel(), mask[p].ravel()):
+            if 0 <= int(k) < ho * wo:
+                out[p][int(k)] = v
+    return out.reshape(n, c, ho, wo)

@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 from pycaffe_lite.layers import pooling
 from pycaffe_lite.layers.pooling_nd import pooled_size
-from test_upsample import _unpool_reference  # tests/layers is on sys.path (pytest's prepend import mode)
 
 from pycaffe_lite import common
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.testing import host_kernels as hk
 from pycaffe_lite.testing.host_kernels import host_array as _array
-from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
+from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer, unpool_reference
 
 pytestmark = [pytest.mark.skipif(hk.CXX is None, reason="no host C++ compiler"), pytest.mark.slow]
 
@@ -198,7 +197,7 @@ def test_unpool_stray_duplicate_and_invalid_masks(host_gpu, dtype, case):
             mask = mask + 0.5 * (mask >= 0)
         gpu = _unpool_run(param, x, mask, dtype)
         m = mask.astype(np.int64)  # truncation, as the kernels' int conversion
-        np.testing.assert_array_equal(gpu[0], _unpool_reference(x, m, *out).astype(dtype))
+        np.testing.assert_array_equal(gpu[0], unpool_reference(x, m, *out).astype(dtype))
         dy = np.random.default_rng(5).standard_normal((2, 3) + out).reshape(6, -1)
         mm = m.reshape(6, -1)
         ok = (mm >= 0) & (mm < t)
@@ -219,11 +218,11 @@ def test_unpool_flag_resets(host_gpu, dtype):
     bottom, top = blobs([x, stray], dtype), empty_blobs(1, dtype)
     layer.setup(bottom, top)
     layer.forward_gpu(bottom, top)
-    np.testing.assert_array_equal(top[0].cpu_data(), _unpool_reference(x, stray, 6, 8).astype(dtype))
+    np.testing.assert_array_equal(top[0].cpu_data(), unpool_reference(x, stray, 6, 8).astype(dtype))
     assert layer.stray.cpu_data().view(np.int32).tolist() == [0, 0]  # the flag and the block count
     bottom[1].mutable_cpu_data()[...] = home
     layer.forward_gpu(bottom, top)
-    np.testing.assert_array_equal(top[0].cpu_data(), _unpool_reference(x, home, 6, 8).astype(dtype))
+    np.testing.assert_array_equal(top[0].cpu_data(), unpool_reference(x, home, 6, 8).astype(dtype))
 
 
 AXPY = "type: 'Axpy'"

@@ -6,7 +6,14 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.testing.gradient_check import GradientChecker
-from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
+from pycaffe_lite.testing.layer_testing import (
+    assert_cpu_gpu_agree,
+    blobs,
+    empty_blobs,
+    make_layer,
+    run_layer,
+    unpool_reference,
+)
 
 RNG = np.random.default_rng(10)
 
@@ -96,17 +103,6 @@ def test_cpu_gpu_agree():
                          rtol=1e-6, atol=1e-6)
 
 
-def _unpool_reference(x, mask, ho, wo):
-    """A loop in source order: the last source naming a cell wins; indices outside the plane skipped."""
-    n, c = x.shape[:2]
-    out = np.zeros((n, c, ho * wo))
-    for p in np.ndindex(n, c):
-        for v, k in zip(x[p].ravel(), mask[p].ravel()):
-            if 0 <= int(k) < ho * wo:
-                out[p][int(k)] = v
-    return out.reshape(n, c, ho, wo)
-
-
 # The GPU's fast path writes each window from its owner; indices outside their source's window
 # (3x3/2 pooling masks, random ones), several sources on one cell and indices outside the plane
 # (skipped on the GPU, an error on the CPU) go through its second pass.
@@ -131,7 +127,7 @@ def test_gpu_unpool_any_mask(gpu_mode, param, hw, out, dtype):
         layer, bottom, top = run_layer(f'type: "Upsample" upsample_param {{ {param} }}', [x, mask],
                                        propagate=[True, False], dtype=dtype)
         m = mask.astype(np.int64)
-        np.testing.assert_array_equal(top[0].cpu_data(), _unpool_reference(x.astype(dtype), m, *out))
+        np.testing.assert_array_equal(top[0].cpu_data(), unpool_reference(x.astype(dtype), m, *out))
         dy = top[0].cpu_diff().reshape(6, -1)
         mm = m.reshape(6, -1)
         dx = np.where((mm >= 0) & (mm < t), dy[np.arange(6)[:, None], np.clip(mm, 0, t - 1)], 0)
@@ -162,4 +158,4 @@ def test_cpu_gpu_agree_large_planes(gpu_mode, kernel):
     assert_cpu_gpu_agree(text, [pooled, mask], propagate=[True, False], dtype=np.float32, rtol=0, atol=0)
     layer, _, top = run_layer(text, [pooled, mask], propagate=[True, False], dtype=np.float32)
     assert layer.stray.cpu_data().view(np.int32).tolist() == [0, 0]
-    np.testing.assert_array_equal(top[0].cpu_data(), _unpool_reference(pooled, mask.astype(np.int64), ho, wo))
+    np.testing.assert_array_equal(top[0].cpu_data(), unpool_reference(pooled, mask.astype(np.int64), ho, wo))
