@@ -33,11 +33,13 @@ FAMILIES = (
     ("conv: winograd", r"wino"),
     ("conv: implicit GEMM / reduce", r"^ig_"),
     ("conv: depthwise / direct / im2col", r"depthwise|^dw_|direct|im2col|col2im"),
-    ("conv: cuDNN", r"xmma|cudnn|implicit_convolve|conv2d|dgrad|wgrad|fprop|cutlass.*conv"),
-    ("GEMM (cuBLAS)", r"gemm|gemv|cutlass"),
     ("batch norm / scale", r"batch_?norm|bn_|_bn|scale|welford|channel_sum|fold"),
+    ("conv: cuDNN (and its layout transposes)",
+     r"xmma_(fprop|dgrad|wgrad)|implicit_convolve|conv2d|dgrad|wgrad|fprop|cutlass.*conv|nchwtonhwc|nhwctonchw"),
+    ("GEMM (cuBLAS)", r"gemm|gemv|cutlass"),
     ("pooling", r"pool"),
-    ("elementwise / relu / add", r"relu|eltwise|elementwise|add|axpy|vectorized|copy|fill|memset"),
+    ("copies and fills", r"^memcpy|^memset|copy|fill"),
+    ("elementwise / relu / add", r"relu|eltwise|elementwise|add|axpy|vectorized"),
 )
 
 
