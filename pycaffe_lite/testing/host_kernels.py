@@ -5,8 +5,8 @@ double), loaded with ctypes, and the layers' device pointers become their blobs'
 Two shims: ``SERIAL_SHIM`` makes each ``__global__`` kernel a plain ``extern "C"`` function and
 ``CUDA_KERNEL_LOOP`` a serial loop (harnesses add what else their kernels use);
 ``THREADED_SHIM`` runs a launch's blocks one after another, each block's threads as OS threads
-(``__syncthreads`` a barrier, ``__shfl_xor_sync`` an exchange between two barriers, atomics
-compare-and-swap), through ``launch_<kernel>(gx, bx, by, bz, void** args)`` entries
+(``__syncthreads`` a barrier, ``__shfl_xor_sync`` / ``__shfl_down_sync`` an exchange between two
+barriers, atomics compare-and-swap), through ``launch_<kernel>(gx, bx, by, bz, void** args)`` entries
 (``threaded_library``, ``launch``). Nothing is compiled until a library is asked for: importing
 this module needs no compiler (``CXX`` is None where there is none)."""
 
@@ -45,6 +45,7 @@ THREADED_SHIM = r"""#include <cmath>
 #include <algorithm>
 #include <barrier>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -54,6 +55,7 @@ struct Dim3 { unsigned x = 0, y = 0, z = 0; };
 static thread_local Dim3 threadIdx, blockIdx;
 static Dim3 blockDim, gridDim;
 static std::barrier<>* block_barrier;
+static std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;  // one per warp of the running block
 static std::vector<double> exchange;
 static inline int linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 static inline void __syncthreads() { block_barrier->arrive_and_wait(); }
@@ -66,6 +68,18 @@ template <class T> static T __shfl_xor_sync(unsigned, T v, int lane_mask, int wi
   block_barrier->arrive_and_wait();
   const T out = static_cast<T>(exchange[tid ^ lane_mask]);
   block_barrier->arrive_and_wait();
+  return out;
+}
+// Every thread of the caller's warp must call it (the other warps need not: a warp's barrier).
+template <class T> static T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+  const int tid = linear_tid(), lane = tid % 32;
+  if (width != 32) throw 1;
+  std::barrier<>& warp = *warp_barriers[tid / 32];
+  exchange[tid] = static_cast<double>(v);
+  warp.arrive_and_wait();
+  const T out = lane + int(delta) < 32 && tid + int(delta) < int(exchange.size())
+                    ? static_cast<T>(exchange[tid + delta]) : v;
+  warp.arrive_and_wait();
   return out;
 }
 static inline int atomicMax(int* p, int v) {
@@ -83,6 +97,8 @@ static void run_grid(int gx, int bx, int by, int bz, const std::function<void()>
   blockDim = {unsigned(bx), unsigned(by), unsigned(bz)};
   const int threads = bx * by * bz;
   exchange.assign(threads, 0.0);
+  warp_barriers.clear();
+  for (int w = 0; w * 32 < threads; ++w) warp_barriers.emplace_back(new std::barrier<>(std::min(32, threads - 32 * w)));
   for (int b = 0; b < gx; ++b) {
     std::barrier<> bar(threads);
     block_barrier = &bar;
@@ -197,7 +213,8 @@ def route_blobs_to_host(monkeypatch: Any) -> None:
     """Blob's ``gpu_data`` / ``gpu_diff`` (and mutable) return their host arrays' addresses while
     ``monkeypatch`` (pytest's fixture) holds."""
     for gpu, cpu in (("gpu_data", "cpu_data"), ("gpu_diff", "cpu_diff"),
-                     ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff")):
+                     ("mutable_gpu_data", "mutable_cpu_data"), ("mutable_gpu_diff", "mutable_cpu_diff"),
+                     ("overwritten_gpu_diff", "mutable_cpu_diff")):
         monkeypatch.setattr(Blob, gpu, lambda self, _cpu=cpu: getattr(self, _cpu)().ctypes.data)
 
 
@@ -222,3 +239,39 @@ def aligned_copy(a: np.ndarray, shift: int = 0) -> np.ndarray:
     out = buf[start:start + a.size].reshape(a.shape)
     out[...] = a
     return out
+
+
+def threaded_device(monkeypatch: Any) -> list[tuple[str, int, tuple[int, int, int]]]:
+    """While ``monkeypatch`` (pytest's fixture) holds, the device API runs on the host: blobs'
+    device pointers are their host arrays, ``backend.kernel`` launches a ``threaded_library`` build
+    of the ``.cu`` (the launch shape the caller asks for, or the backend's default), the workspace
+    is fresh host memory, the device has one multiprocessor (small capped grids: grid-stride loops
+    run) and ``memset_zero`` clears host bytes. Returns the list each launch is appended to as
+    (kernel name, blocks, block shape)."""
+    from ..gpu import backend
+
+    route_blobs_to_host(monkeypatch)
+    held: list[np.ndarray] = []
+    launches: list[tuple[str, int, tuple[int, int, int]]] = []
+    include = ("-I", str(Path(backend.__file__).parent))  # vec.cuh, block_sum.cuh
+
+    def kernel(path: Any, name: str, dtype: Any) -> Callable[..., None]:
+        lib, sigs = threaded_library(path, dtype, include)
+
+        def call(*args: Any, block: Any = backend.CUDA_NUM_THREADS, grid: Any = None) -> None:
+            shape = (block, 1, 1) if isinstance(block, int) else tuple(block)
+            if grid is None:
+                if args[0] <= 0:
+                    return
+                grid = min(-(-args[0] // shape[0]), backend.MAX_BLOCKS)
+            blocks = grid if isinstance(grid, int) else grid[0]
+            assert np.prod(shape) <= 1024 and blocks >= 1
+            launches.append((name, blocks, shape))
+            launch(lib, sigs[name], args, dtype, blocks, shape)
+        return call
+
+    monkeypatch.setattr(backend, "kernel", kernel)
+    monkeypatch.setattr(backend, "workspace", host_workspace(held))
+    monkeypatch.setattr(backend, "multiprocessor_count", lambda: 1)
+    monkeypatch.setattr(backend, "memset_zero", lambda ptr, nbytes: host_array(ptr, (nbytes,), np.uint8).fill(0))
+    return launches

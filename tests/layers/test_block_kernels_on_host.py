@@ -30,24 +30,7 @@ pytestmark = [pytest.mark.skipif(hk.CXX is None, reason="no host C++ compiler"),
 @pytest.fixture
 def host_gpu(monkeypatch):
     """Route the device API to host memory and the kernels to the threaded shim."""
-    hk.route_blobs_to_host(monkeypatch)
-    held: list[np.ndarray] = []
-    launches: list[tuple[str, tuple, tuple]] = []
-
-    def kernel(path, name, dtype):
-        lib, sigs = hk.threaded_library(path, dtype, ("-I", str(Path(backend.__file__).parent)))  # vec.cuh
-
-        def call(*args, block=backend.CUDA_NUM_THREADS, grid=None):
-            block = (block, 1, 1) if isinstance(block, int) else tuple(block)
-            if grid is None:
-                if args[0] <= 0:
-                    return
-                grid = min(-(-args[0] // block[0]), backend.MAX_BLOCKS)
-            grid = grid if isinstance(grid, int) else grid[0]
-            assert np.prod(block) <= 1024 and grid >= 1
-            launches.append((name, grid, block))
-            hk.launch(lib, sigs[name], args, dtype, grid, block)
-        return call
+    launches = hk.threaded_device(monkeypatch)
 
     def sum_rows_into(rows, cols, x, y, dt, beta=1.0):
         out = _array(y, (cols,), dt)
@@ -63,10 +46,6 @@ def host_gpu(monkeypatch):
         ok = (k >= 0) & (k < T)
         _array(x, (planes, S), dt)[...] = np.where(ok, src[np.arange(planes)[:, None], np.clip(k, 0, T - 1)], 0)
 
-    monkeypatch.setattr(backend, "kernel", kernel)
-    monkeypatch.setattr(backend, "workspace", hk.host_workspace(held))
-    monkeypatch.setattr(backend, "multiprocessor_count", lambda: 1)  # small capped grids: grid-stride loops run
-    monkeypatch.setattr(backend, "memset_zero", lambda ptr, nbytes: _array(ptr, (nbytes,), np.uint8).fill(0))
     monkeypatch.setattr(gm, "copy", lambda n, x, y, dt: _array(y, (n,), dt).__setitem__(..., _array(x, (n,), dt)))
     monkeypatch.setattr(gm, "sum_rows_into", sum_rows_into)
     monkeypatch.setattr(gm, "channel_sum", channel_sum)
