@@ -126,10 +126,11 @@ class BatchNormLayer(Layer):
     def _k(self, name: str) -> backend.Kernel:
         return backend.kernel(KERNELS, name, self.dtype)
 
-    def forward_gpu(self, bottom, top):
+    def _statistics_gpu(self, x: int) -> tuple[int, int]:
+        """The mean and 1/std this forward normalizes with, on the device: from the running sums
+        (global statistics) or from ``x`` (batch statistics, which also update the running sums)."""
         C, S, N, dt = self.channels, self.spatial, self.num, self.dtype
-        x, mean = bottom[0].gpu_data(), self._mean.mutable_gpu_data()
-        inv_std = self._inv_std.mutable_gpu_data()
+        mean, inv_std = self._mean.mutable_gpu_data(), self._inv_std.mutable_gpu_data()
         if self.use_global_stats:
             self._k("bn_global_stats")(C, self.blobs[0].gpu_data(), self.blobs[1].gpu_data(),
                                        self.blobs[2].gpu_data(), self.eps, mean, inv_std)
@@ -139,13 +140,18 @@ class BatchNormLayer(Layer):
             self._k("bn_batch_stats")(C, self.maf, self._bias_correction(), self.eps, mean, var,
                                       self.blobs[0].mutable_gpu_data(), self.blobs[1].mutable_gpu_data(),
                                       self.blobs[2].mutable_gpu_data(), inv_std)
-            if self.in_place:  # backward needs the normalized values, which a later layer may overwrite
-                self._x_saved.reshape(bottom[0].shape)
-                self._chain_apply(x, self._x_saved.mutable_gpu_data(), top[0].mutable_gpu_data(), None, False)
-                return
+        return mean, inv_std
+
+    def forward_gpu(self, bottom, top):
+        x = bottom[0].gpu_data()
+        mean, inv_std = self._statistics_gpu(x)
+        if self.in_place and not self.use_global_stats:  # backward needs the normalized values,
+            self._x_saved.reshape(bottom[0].shape)  # which a later layer may overwrite
+            self._chain_apply(x, self._x_saved.mutable_gpu_data(), top[0].mutable_gpu_data(), None, False)
+            return
         y = top[0].mutable_gpu_data()
-        w = gm.vec_width(S, dt, x, y)
-        self._k(f"bn_normalize_v{w}")(bottom[0].count // w, C, S, x, mean, inv_std, y)
+        w = gm.vec_width(self.spatial, self.dtype, x, y)
+        self._k(f"bn_normalize_v{w}")(bottom[0].count // w, self.channels, self.spatial, x, mean, inv_std, y)
 
     def backward_reads_data(self, top: bool, i: int) -> bool:
         return not self.use_global_stats  # on global statistics dx = dy / std, read from the forward's table
@@ -258,17 +264,8 @@ class BatchNormLayer(Layer):
         ``xhat`` (this layer's top, or its saved buffer when the chain is in place; the Scale's input
         either way) and the result to ``top``. Statistics as :meth:`forward_gpu` (batch statistics
         update the running sums). The layers must have been reshaped."""
-        C, S, N, dt = self.channels, self.spatial, self.num, self.dtype
-        x, mean, inv_std = bottom.gpu_data(), self._mean.mutable_gpu_data(), self._inv_std.mutable_gpu_data()
-        if self.use_global_stats:
-            self._k("bn_global_stats")(C, self.blobs[0].gpu_data(), self.blobs[1].gpu_data(),
-                                       self.blobs[2].gpu_data(), self.eps, mean, inv_std)
-        else:
-            var = self._var.mutable_gpu_data()
-            gm.channel_moments(N, C, S, x, mean, var, dt)
-            self._k("bn_batch_stats")(C, self.maf, self._bias_correction(), self.eps, mean, var,
-                                      self.blobs[0].mutable_gpu_data(), self.blobs[1].mutable_gpu_data(),
-                                      self.blobs[2].mutable_gpu_data(), inv_std)
+        x = bottom.gpu_data()
+        self._statistics_gpu(x)
         self._chain_apply(x, xhat.mutable_gpu_data(), top.mutable_gpu_data(), scale, relu)
 
     def chain_backward_gpu(self, top: Blob, xhat: Blob, bottom: Blob | None, scale: Layer, relu: bool) -> None:

@@ -141,3 +141,32 @@ def test_relu_backward_channel_sum(monkeypatch, dtype, shape):
                                  dtype, beta=1.0)
     np.testing.assert_array_equal(d_dy, dy * (y > 0))
     np.testing.assert_allclose(d_out, out0 + (dy * (y > 0)).sum(axis=(0, 2)), **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("stats", ["", "use_global_stats: true"])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_batch_norm_own_passes_equal_the_cpu(monkeypatch, dtype, stats, in_place):
+    """BatchNorm's own forward_gpu / backward_gpu (in place they share the chain's kernels) against
+    its CPU passes, with the running sums."""
+    rng = np.random.default_rng(4)
+    x, dy = rng.standard_normal(SHAPE) * 3 - 1, rng.standard_normal(SHAPE)
+    running = (rng.standard_normal(SHAPE[1]), rng.random(SHAPE[1]) + 0.5, np.array([2.0]))
+    out = {}
+    for side in ("cpu", "gpu"):
+        if side == "gpu":
+            hk.threaded_device(monkeypatch)
+        bottom = blobs([x], dtype)
+        top = bottom if in_place else blobs([np.zeros(SHAPE)], dtype)
+        bn = make_layer(f'type: "BatchNorm" batch_norm_param {{ eps: 0.001 {stats} }}', dtype)
+        bn.setup(bottom, top)
+        for blob, value in zip(bn.blobs, running):
+            blob.data[...] = value
+        bn.reshape(bottom, top)
+        (bn.forward_cpu if side == "cpu" else bn.forward_gpu)(bottom, top)
+        y = top[0].data.copy()
+        top[0].diff[...] = dy
+        (bn.backward_cpu if side == "cpu" else bn.backward_gpu)(top, [True], bottom)
+        out[side] = (y, bottom[0].diff.copy(), *(b.data.copy() for b in bn.blobs))
+    for a, b in zip(out["gpu"], out["cpu"]):
+        np.testing.assert_allclose(a, b, **tol(dtype))
