@@ -96,6 +96,18 @@ __device__ void bn_chain_forward(const int n, const int C, const int S, const Dt
   }
 }
 
+// The chain's gradient at unit u: dz = dy, times ReLU's mask (y > 0 ? 1 : 0) when relu.
+template <int W>
+__device__ __forceinline__ Vec<W> bn_chain_dz(const Dtype* dy, const Dtype* y, const int relu, const int u) {
+  Vec<W> d = vload<W>(dy, u);
+  if (relu) {
+    const Vec<W> m = vload<W>(y, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) d.v[j] = d.v[j] * (m.v[j] > 0 ? Dtype(1) : Dtype(0));
+  }
+  return d;
+}
+
 // Chain backward, first pass, block blk: channel blk / chunks, chunk blk % chunks of its
 // num * S elements (math_functions.cu's channel_reduce layout): part[c * chunks + chunk] = sum dz,
 // part[(C + c) * chunks + chunk] = sum dz * xh. write_dx: also dx = dz * g * r (global statistics;
@@ -114,13 +126,8 @@ __device__ void bn_chain_reduce(const int chunks, const int num, const int C, co
   for (int u = chunk * per + threadIdx.x; u < end; u += blockDim.x) {
     const int e = u * W, o = e / S;
     const int unit = ((o * C + c) * S + (e - o * S)) / W;
-    Vec<W> d = vload<W>(dy, unit);
+    Vec<W> d = bn_chain_dz<W>(dy, y, relu, unit);
     const Vec<W> xh = vload<W>(xhat, unit);
-    if (relu) {
-      const Vec<W> m = vload<W>(y, unit);
-#pragma unroll
-      for (int j = 0; j < W; ++j) d.v[j] = d.v[j] * (m.v[j] > 0 ? Dtype(1) : Dtype(0));
-    }
 #pragma unroll
     for (int j = 0; j < W; ++j) {
       s0 += d.v[j];
@@ -148,13 +155,8 @@ __device__ void bn_chain_backward(const int n, const int C, const int S, const D
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
     const Dtype k = coef[c], ac = a[c], bc = b[c];
-    Vec<W> d = vload<W>(dy, u);
+    Vec<W> d = bn_chain_dz<W>(dy, y, relu, u);
     const Vec<W> xh = vload<W>(xhat, u);
-    if (relu) {
-      const Vec<W> m = vload<W>(y, u);
-#pragma unroll
-      for (int j = 0; j < W; ++j) d.v[j] = d.v[j] * (m.v[j] > 0 ? Dtype(1) : Dtype(0));
-    }
 #pragma unroll
     for (int j = 0; j < W; ++j) d.v[j] = k * (d.v[j] - ac - xh.v[j] * bc);
     vstore<W>(dx, u, d);

@@ -32,36 +32,11 @@ __global__ void eltwise_max_backward(const int n, const Dtype* top_diff, const D
 
 // Eltwise SUM with the in-place ReLU (negative_slope 0) after it, and the Split after that, as one
 // pass each way (runtime/fusion.py's SumReLU); the arithmetic of the layers' own passes, in their
-// order (math_functions.cu's weighted_sum, ReLU's product, Eltwise's scale), vectorized by W.
+// order (weighted_sum.cuh, ReLU's product, Eltwise's scale), vectorized by W.
 #include "vec.cuh"
+#include "weighted_sum.cuh"
 
 extern "C++" {
-// y = relu(sum over j < k (k <= 4) of c_j * a_j).
-template <int W>
-__device__ void eltwise_sum_relu(const int n, const int k, const Dtype* a0, const Dtype* a1, const Dtype* a2,
-                                 const Dtype* a3, const Dtype c0, const Dtype c1, const Dtype c2, const Dtype c3,
-                                 Dtype* y) {
-  const Dtype* in[3] = {a1, a2, a3};
-  const Dtype co[3] = {c1, c2, c3};
-  CUDA_KERNEL_LOOP(u, n) {
-    Vec<W> acc = vload<W>(a0, u);
-#pragma unroll
-    for (int j = 0; j < W; ++j) acc.v[j] *= c0;
-#pragma unroll
-    for (int t = 0; t < 3; ++t) {
-      if (t + 1 < k) {
-        const Vec<W> v = vload<W>(in[t], u);
-#pragma unroll
-        for (int j = 0; j < W; ++j) acc.v[j] += co[t] * v.v[j];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < W; ++j)
-      if (!(acc.v[j] > 0)) acc.v[j] *= Dtype(0);
-    vstore<W>(y, u, acc);
-  }
-}
-
 // g = s_0 (m == 1: the top's own diff) or the Split's sum s_0 * 1 + 1 * s_1 + .. (m <= 4 tops);
 // dz = g * (y > 0 ? 1 : 0), written to t (the top's diff; may alias s_0); then d_i = c_i * dz for
 // each bottom i < nb whose bit is set in prop.
@@ -109,7 +84,7 @@ __device__ void eltwise_sum_relu_backward(const int n, const int m, const Dtype*
   __global__ void eltwise_sum_relu_v##W(const int n, const int k, const Dtype* a0, const Dtype* a1, \
                                         const Dtype* a2, const Dtype* a3, const Dtype c0,           \
                                         const Dtype c1, const Dtype c2, const Dtype c3, Dtype* y) {  \
-    eltwise_sum_relu<W>(n, k, a0, a1, a2, a3, c0, c1, c2, c3, y);                                   \
+    weighted_sum<W, true>(n, k, a0, a1, a2, a3, c0, c1, c2, c3, y);                                   \
   }                                                                                                 \
   __global__ void eltwise_sum_relu_backward_v##W(                                                   \
       const int n, const int m, const Dtype* s0, const Dtype* s1, const Dtype* s2, const Dtype* s3, \

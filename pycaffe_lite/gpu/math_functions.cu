@@ -3,6 +3,7 @@
 // (vec.cuh), and per-channel reductions over an (outer, dim, inner) view. Dtype: the prelude.
 #include "block_sum.cuh"
 #include "vec.cuh"
+#include "weighted_sum.cuh"
 
 extern "C++" {
 // y = x * s[c] + b[c] (either term optional; RELU: then v > 0 ? v : v * 0, ReLULayer's formula)
@@ -20,29 +21,6 @@ __device__ void channel_affine(const int n, const int dim, const int inner, cons
       if (RELU && !(v.v[j] > 0)) v.v[j] *= Dtype(0);
     }
     vstore<W>(y, u, v);
-  }
-}
-
-// y = sum over j < k (k <= 4) of c_j * a_j; y may alias any input.
-template <int W>
-__device__ void weighted_sum(const int n, const int k, const Dtype* a0, const Dtype* a1,
-                             const Dtype* a2, const Dtype* a3, const Dtype c0, const Dtype c1,
-                             const Dtype c2, const Dtype c3, Dtype* y) {
-  CUDA_KERNEL_LOOP(u, n) {
-    Vec<W> acc = vload<W>(a0, u);
-#pragma unroll
-    for (int j = 0; j < W; ++j) acc.v[j] *= c0;
-    const Dtype* in[3] = {a1, a2, a3};
-    const Dtype co[3] = {c1, c2, c3};
-#pragma unroll
-    for (int t = 0; t < 3; ++t) {
-      if (t + 1 < k) {
-        const Vec<W> v = vload<W>(in[t], u);
-#pragma unroll
-        for (int j = 0; j < W; ++j) acc.v[j] += co[t] * v.v[j];
-      }
-    }
-    vstore<W>(y, u, acc);
   }
 }
 

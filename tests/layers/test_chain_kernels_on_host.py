@@ -170,3 +170,17 @@ def test_batch_norm_own_passes_equal_the_cpu(monkeypatch, dtype, stats, in_place
         out[side] = (y, bottom[0].diff.copy(), *(b.data.copy() for b in bn.blobs))
     for a, b in zip(out["gpu"], out["cpu"]):
         np.testing.assert_allclose(a, b, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [2, 4, 6])
+def test_weighted_sum(monkeypatch, dtype, k):
+    """The plain sum the fused one shares its loop with (weighted_sum.cuh): more than four inputs
+    take a second pass over the partial sum."""
+    rng = np.random.default_rng(k)
+    xs = [hk.aligned_copy(rng.standard_normal(960).astype(dtype)) for _ in range(k)]
+    coeffs = list(rng.standard_normal(k))
+    y = hk.aligned_copy(np.zeros(960, dtype))
+    hk.threaded_device(monkeypatch)
+    gm.weighted_sum(960, [x.ctypes.data for x in xs], coeffs, y.ctypes.data, dtype)
+    np.testing.assert_allclose(y, sum(c * x for c, x in zip(coeffs, xs)), **tol(dtype))
