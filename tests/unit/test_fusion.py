@@ -8,7 +8,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.runtime.fusion import ConvBNScale
-from pycaffe_lite.testing.net_pairs import assert_nets_match, fused_and_plain
+from pycaffe_lite.testing.nets import assert_nets_match, fused_and_plain, set_bn_statistics
 
 NET = """
 name: "f"
@@ -34,11 +34,7 @@ def _net(tmp_path, monkeypatch, fuse: bool, phase=caffe.TEST, scale=True, bias="
     caffe.set_random_seed(11)
     with caffe.using_config(fusion=fuse):  # fusions are found when the net is built
         net = caffe.Net(str(path), phase, dtype=np.float64)
-    rng = np.random.default_rng(4)
-    bn = net.params["bn1"]
-    bn[0].data[...] = rng.standard_normal(4) * 3
-    bn[1].data[...] = rng.random(4) * 4 + 0.1
-    bn[2].data[...] = 2.5
+    set_bn_statistics(net, "bn1")
     return net
 
 
@@ -143,11 +139,7 @@ def _oop_net(tmp_path, fuse: bool, scale_top="conv1/scale", force="", share=True
     caffe.set_random_seed(11)
     with caffe.using_config(fusion=fuse, share_data=share):
         net = caffe.Net(str(path), caffe.TEST, dtype=np.float64)
-    rng = np.random.default_rng(4)
-    bn = net.params["bn1"]
-    bn[0].data[...] = rng.standard_normal(4) * 3
-    bn[1].data[...] = rng.random(4) * 4 + 0.1
-    bn[2].data[...] = 2.5
+    set_bn_statistics(net, "bn1")
     return net
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.runtime.fusion import NormChain
-from pycaffe_lite.testing.net_pairs import assert_nets_match, fused_and_plain
+from pycaffe_lite.testing.nets import assert_nets_match, fused_and_plain, set_bn_statistics
 
 NET = """
 name: "nc"
@@ -41,11 +41,7 @@ def _nets(tmp_path, text: str, phase) -> tuple[caffe.Net, caffe.Net]:
     path.write_text(text)
     nets = fused_and_plain(lambda: caffe.Net(str(path), phase, dtype=np.float64), seed=7)
     for net in nets:
-        rng = np.random.default_rng(4)
-        bn = net.params["bn1"]
-        bn[0].data[...] = rng.standard_normal(5) * 3
-        bn[1].data[...] = rng.random(5) * 4 + 0.1
-        bn[2].data[...] = 2.5
+        set_bn_statistics(net, "bn1")
     return nets
 
 

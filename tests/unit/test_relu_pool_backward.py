@@ -9,7 +9,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.runtime.fusion import ReLUMaxPool, find_backward_fusions
-from pycaffe_lite.testing.net_pairs import assert_nets_match, fused_and_plain
+from pycaffe_lite.testing.nets import assert_nets_match, fused_and_plain
 
 NET = """
 name: "rp"

@@ -17,6 +17,7 @@ from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
 from pycaffe_lite.runtime.memory_plan import shared_data_slots, source_blobs
 from pycaffe_lite.synced_memory import SyncedMemory
+from pycaffe_lite.testing.nets import fill_weights
 
 ZOO = Path(__file__).resolve().parents[2] / "examples" / "model_zoo"
 
@@ -71,13 +72,7 @@ NETS = {"vgg": VGG, "inception": INCEPTION}
 def _net(text: str | caffe_pb2.NetParameter, share: bool = True) -> caffe.Net:
     """A TEST net with fixed random weights; ``share=False``: the reference that keeps every blob."""
     net = caffe.Net(parse_text(text, caffe_pb2.NetParameter()) if isinstance(text, str) else text, caffe.TEST)
-    rng = np.random.default_rng(0)
-    for layer in net.layers:
-        for i, blob in enumerate(layer.blobs):
-            values = rng.standard_normal(blob.shape) / np.sqrt(blob.count // blob.shape[0] if blob.shape else 1)
-            if layer.type == "BatchNorm":
-                values = np.abs(values) + 0.5 if i == 1 else np.ones(blob.shape) if i == 2 else values
-            blob.data[...] = values
+    fill_weights(net)
     net.executor.shared_data.disabled = not share
     return net
 

@@ -19,6 +19,7 @@ from pycaffe_lite.gpu import backend
 from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
 from pycaffe_lite.runtime.memory_plan import BackwardRange, shared_diff_slots
+from pycaffe_lite.testing.nets import fill_weights
 
 
 def _cbs(name, bottom, n, k=1, stride=1, group=1, relu=True):
@@ -99,13 +100,7 @@ NETS = {"mobilenet": _mobilenet(), "resnet": _resnet()}
 def _net(text: str) -> caffe.Net:
     """A TEST net with fixed random weights (BatchNorm on positive variances, factor 1)."""
     net = caffe.Net(parse_text(text, caffe_pb2.NetParameter()), caffe.TEST)
-    rng = np.random.default_rng(0)
-    for layer in net.layers:
-        for i, blob in enumerate(layer.blobs):
-            values = rng.standard_normal(blob.shape) / np.sqrt(blob.count // blob.shape[0] if blob.shape else 1)
-            if layer.type == "BatchNorm":
-                values = np.abs(values) + 0.5 if i == 1 else np.ones(blob.shape) if i == 2 else values
-            blob.data[...] = values
+    fill_weights(net)
     return net
 
 

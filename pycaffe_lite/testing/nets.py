@@ -1,5 +1,6 @@
-"""A net built twice, with the runtime's fusions and without, and the check that both leave the same
-values: how the fusion tests prove a fused pass equals the layers it replaces."""
+"""Nets for the runtime's tests: filled with fixed values (weights, BatchNorm statistics away from
+the trivial ones), and built twice, with the runtime's fusions and without, with the check that both
+leave the same values (how the fusion tests prove a fused pass equals the layers it replaces)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,25 @@ def assert_nets_match(a: Any, b: Any, rtol: float = 0.0, atol: float = 0.0, para
             if params_data:
                 np.testing.assert_allclose(p.data, q.data, rtol=rtol, atol=atol, err_msg=f"{name}[{j}] data")
             np.testing.assert_allclose(p.diff, q.diff, rtol=rtol, atol=atol, err_msg=f"{name}[{j}] diff")
+
+
+def fill_weights(net: Any, seed: int = 0) -> None:
+    """Every param blob of ``net`` from ``default_rng(seed)``: normal values scaled by 1/sqrt(fan-in)
+    (the count over the leading dim), BatchNorm's variance positive (|v| + 0.5) and factor 1."""
+    rng = np.random.default_rng(seed)
+    for layer in net.layers:
+        for i, blob in enumerate(layer.blobs):
+            values = rng.standard_normal(blob.shape) / np.sqrt(blob.count // blob.shape[0] if blob.shape else 1)
+            if layer.type == "BatchNorm":
+                values = np.abs(values) + 0.5 if i == 1 else np.ones(blob.shape) if i == 2 else values
+            blob.data[...] = values
+
+
+def set_bn_statistics(net: Any, layer: str, seed: int = 4) -> None:
+    """BatchNorm ``layer``'s running sums from ``default_rng(seed)``: mean ~ 3·N(0, 1), variance in
+    [0.1, 4.1), factor 2.5 (so global statistics divide by it)."""
+    rng = np.random.default_rng(seed)
+    mean, var, factor = net.params[layer]
+    mean.data[...] = rng.standard_normal(mean.count) * 3
+    var.data[...] = rng.random(var.count) * 4 + 0.1
+    factor.data[...] = 2.5
