@@ -172,13 +172,18 @@ class SyncedMemory:
             self._gpu = mine
 
     # -- device side ------------------------------------------------------------------------
-    def _to_gpu(self) -> int:
+    def _device_pointer(self) -> int:
+        """The device allocation (made on first use), noted as used by a capture in progress (a
+        replay uploads host writes only to memories its work uses)."""
         if self._gpu is None:
             self._gpu = _backend.alloc(max(self.nbytes, self.dtype.itemsize))
         recording = _backend.recording()
-        if recording is not None:  # a replay uploads host writes only to memories its work uses
+        if recording is not None:
             recording.touched.add(self)
-        ptr = int(self._gpu)
+        return int(self._gpu)
+
+    def _to_gpu(self) -> int:
+        ptr = self._device_pointer()
         if self.head is Head.UNINITIALIZED:
             _backend.memset_zero(ptr, self.nbytes)
             self.head = Head.HEAD_AT_GPU
@@ -190,34 +195,30 @@ class SyncedMemory:
             self.head = Head.SYNCED
         return ptr
 
+    def _written_on_device(self, ptr: int) -> int:
+        """The caller writes the device copy at ``ptr``: it becomes the head (and, in a capture,
+        each replay writes here again: the executor marks it afterwards)."""
+        self.head = Head.HEAD_AT_GPU
+        self._wrote()
+        recording = _backend.recording()
+        if recording is not None:
+            recording.written.add(self)
+        return ptr
+
     def gpu(self) -> int:
         """Device pointer to up-to-date data; does not change the head."""
         return self._to_gpu()
 
     def mutable_gpu(self) -> int:
         """Device pointer the caller will write: the device becomes the head."""
-        ptr = self._to_gpu()
-        self.head = Head.HEAD_AT_GPU
-        self._wrote()
-        recording = _backend.recording()
-        if recording is not None:  # each replay writes here again: the executor marks it afterwards
-            recording.written.add(self)
-        return ptr
+        return self._written_on_device(self._to_gpu())
 
     def overwritten_gpu(self) -> int:
         """Device pointer the caller overwrites whole without reading it: as :meth:`mutable_gpu`,
         but no zero fill or upload first (a fused pass whose output may share storage with one of
         its inputs, :class:`~pycaffe_lite.runtime.shared_diffs.SharedDiffs`, must not clear it
         before reading that input)."""
-        if self._gpu is None:
-            self._gpu = _backend.alloc(max(self.nbytes, self.dtype.itemsize))
-        self.head = Head.HEAD_AT_GPU
-        self._wrote()
-        recording = _backend.recording()
-        if recording is not None:
-            recording.written.add(self)
-            recording.touched.add(self)
-        return int(self._gpu)
+        return self._written_on_device(self._device_pointer())
 
     def _wrote(self) -> None:
         """A side was asked for to be written: count it (``version``, :func:`watched_writes`)."""
