@@ -12,8 +12,8 @@ and the blob shapes. Leading host-side layers (data readers) run eagerly before 
 that cannot be captured (a host read, an allocation) falls back to plain execution for that key,
 once, with a log line and an entry in :attr:`Executor.fallbacks`. Before a replay every host-newer
 memory the graph's work uses is copied to the device (values a user wrote through ``blob.data``
-are used; the others wait until the device needs them); after it, the memories the work writes are marked device-newest. Setting the environment
-variable ``PYCAFFE_LITE_CUDA_GRAPHS=0`` (or ``executor.use_graphs = False``) runs everything plainly.
+are used; the others wait until the device needs them); after it, the memories the work writes are
+marked device-newest. Setting the environment variable ``PYCAFFE_LITE_CUDA_GRAPHS=0`` (or ``executor.use_graphs = False``) runs everything plainly.
 
 Memory plans (:mod:`~pycaffe_lite.runtime.memory_plan`): backward passes (pycaffe's and whole
 training iterations) share gradient buffers (:attr:`Executor.shared_diffs`); full forwards of nets
@@ -175,6 +175,7 @@ class Executor:
             **{chain.last: chain for chain in self.fusions.values() if isinstance(chain, ConvReLU | NormChain | SumReLU)},
             **{chain.last: chain for chain in find_backward_fusions(net)}}
         self._fold_key: tuple | None = None
+        self._written_first: dict[tuple[int, int], frozenset[int]] = {}  # blob ids by backward range
         self.loss_log: LossLog | None = None
         self._recompute: list | None = None  # (layer index, *memory_plan.recomputable_inputs entry)
         # -- per-layer hooks (pycaffe's Net.before_forward & co.; multi-GPU gradient reduction) --
@@ -438,7 +439,14 @@ class Executor:
         whole before any layer reads them: an input (a net input or an Input layer's top, written by
         no other layer) read by one layer of the range whose backward writes all of that bottom's
         diff (pycaffe returns these diffs as host arrays, which need no upload before the next
-        backward)."""
+        backward). The blobs are found once per range (they depend on the net's structure only);
+        their memories are asked for each time (a reshape may replace them)."""
+        found = self._written_first.get((start, end))
+        if found is None:
+            found = self._written_first[(start, end)] = self._input_blobs_written_first(start, end)
+        return frozenset(id(self.net.blobs[b].diff_memory) for b in found)
+
+    def _input_blobs_written_first(self, start: int, end: int) -> frozenset[int]:
         net, out = self.net, set()
         for b in source_blobs(net):
             if any(b in tops for k, tops in enumerate(net.top_id_vecs) if net.bottom_id_vecs[k]):
@@ -449,7 +457,7 @@ class Executor:
             k, i = readers[0]
             if (end <= k <= start and net.layer_need_backward[k] and net.bottom_need_backward[k][i]
                     and net.layers[k].writes_bottom_diff(i)):
-                out.add(id(net.blobs[b].diff_memory))
+                out.add(b)
         return frozenset(out)
 
     def _backward(self, start: int, end: int) -> None:
