@@ -37,7 +37,6 @@ from pycaffe_lite.conv import im2col_nd
 from pycaffe_lite.conv import nd as conv_nd
 from pycaffe_lite.conv.geometry import Pair, geometry_nd, out_shape, out_shape_nd
 from pycaffe_lite.conv.problem import ConvProblem
-from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, create_layer, register_layer
 from pycaffe_lite.memcheck import check_fits
@@ -317,19 +316,18 @@ class ConvolutionBase(Layer):
         for i, (b, t) in enumerate(zip(bottom, top)):
             self.backward_gpu_pair(prob, choice, w, dw, db, t.gpu_diff(), b, propagate_down[i])
 
+    def sums_bias_in_relu_backward(self) -> bool:
+        """Whether :meth:`backward_gpu_relu` applies: a 2-D convolution whose bias learns."""
+        return not self.nd and self.bias_term and self.param_propagate_down[1]
+
     def backward_gpu_relu(self, top, propagate_down, bottom) -> None:
         """Backward of this layer and the ReLU (negative_slope 0) in place on its top after it
-        (runtime/fusion.py's ConvReLU): the ReLU's pass over the top diff also sums it into the
-        bias gradient, then the weight and data gradients as :meth:`backward_gpu` (one bottom/top
-        pair, 2-D engines)."""
+        (runtime/fusion.py's ConvReLU, where :meth:`sums_bias_in_relu_backward`): the ReLU's pass
+        over the top diff also sums it into the bias gradient, then the weight and data gradients
+        as :meth:`backward_gpu` (one bottom/top pair)."""
         t, n, c = top[0], self.num, self.num_output
         dy, mask = t.mutable_gpu_diff(), t.gpu_data()
         dw, db = self._param_diffs(gpu=True)
-        if self.nd or db is None:
-            backend.elementwise("conv_relu_backward", "const Dtype* y, Dtype* dy",
-                                "dy[i] = dy[i] * (y[i] > 0 ? Dtype(1) : Dtype(0))", self.dtype)(t.count, mask, dy)
-            self.backward_gpu(top, propagate_down, bottom)
-            return
         gm.relu_backward_channel_sum(n, c, t.count // max(n * c, 1), dy, mask, dy, db, self.dtype)
         prob, choice = self.engines()
         self.backward_gpu_pair(prob, choice, self.blobs[0].gpu_data(), dw, None, dy, bottom[0], propagate_down[0])

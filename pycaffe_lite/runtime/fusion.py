@@ -59,6 +59,7 @@ def fusion_enabled() -> bool:
 
 class _ReLUEpilogue(Protocol):  # the Convolution layer's fused passes (layers/convolution.py)
     def compute_forward_relu(self, bottom: list[Blob], top: list[Blob]) -> None: ...
+    def sums_bias_in_relu_backward(self) -> bool: ...
     def backward_gpu_relu(self, top: list[Blob], propagate_down: list[bool], bottom: list[Blob]) -> None: ...
 
 
@@ -82,7 +83,8 @@ class ConvReLU:
         cast(_ReLUEpilogue, self.conv).compute_forward_relu(bottom, top)
 
     def runs_backward(self) -> bool:
-        return True
+        """A convolution without a learning bias (or an N-D one) runs the two layers as written."""
+        return cast(_ReLUEpilogue, self.conv).sums_bias_in_relu_backward()
 
     def backward(self, propagate_down: list[bool]) -> None:
         bottom, top = self.vecs
