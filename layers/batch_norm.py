@@ -226,7 +226,7 @@ class BatchNormLayer(Layer):
             gm.channel_affine(N, C, S, dy, inv_std, None, dx, dt)
             return
         if self.in_place:  # _x_saved holds the normalized values
-            self._chain_backward(top[0], self._x_saved.gpu_data(), dx, None, False, False)
+            self.chain_backward_gpu(top[0], self._x_saved, bottom[0], None, False)
             return
         x = bottom[0].gpu_data()
         mean, mean_dy, mean_dyxc = self._mean.gpu_data(), self._mean_dy.mutable_gpu_data(), self._mean_dyxc.mutable_gpu_data()
@@ -268,28 +268,26 @@ class BatchNormLayer(Layer):
         self._statistics_gpu(x)
         self._chain_apply(x, xhat.mutable_gpu_data(), top.mutable_gpu_data(), scale, relu)
 
-    def chain_backward_gpu(self, top: Blob, xhat: Blob, bottom: Blob | None, scale: Layer, relu: bool) -> None:
-        """Backward of the chain :meth:`chain_forward_gpu` ran: ``top.diff`` (the gradient of its
-        result; ``top.data`` its result, the ReLU's mask) gives the Scale's param gradients
-        (accumulated, where its ``param_propagate_down`` asks) and, when ``bottom`` is given,
-        ``bottom.diff`` (assigned; it may be ``top``)."""
-        dx = bottom.mutable_gpu_diff() if bottom is not None else None
-        self._chain_backward(top, xhat.gpu_data(), dx, scale, relu, True)
-
-    def _chain_backward(self, top: Blob, xhat: int, dx: int | None, scale: Layer | None, relu: bool,
-                        params: bool) -> None:
+    def chain_backward_gpu(self, top: Blob, xhat: Blob, bottom: Blob | None, scale: Layer | None,
+                           relu: bool) -> None:
+        """Backward of the chain :meth:`chain_forward_gpu` ran (``scale`` None: this layer alone, in
+        place): ``top.diff`` (the gradient of its result; ``top.data`` its result, the ReLU's mask)
+        gives the Scale's param gradients (accumulated, where its ``param_propagate_down`` asks)
+        and, when ``bottom`` is given, ``bottom.diff`` (assigned; it may be ``top``)."""
         C, S, N, dt = self.channels, self.spatial, self.num, self.dtype
+        dx = bottom.mutable_gpu_diff() if bottom is not None else None
         dy, y, inv_std = top.gpu_diff(), top.gpu_data() if relu else top.gpu_diff(), self._inv_std.gpu_data()
+        xh = xhat.gpu_data()
         gamma = scale.blobs[0].gpu_data() if scale is not None else inv_std
-        want_gamma = params and scale is not None and scale.param_propagate_down[0]
-        want_beta = params and scale is not None and len(scale.blobs) > 1 and scale.param_propagate_down[1]
+        want_gamma = scale is not None and scale.param_propagate_down[0]
+        want_beta = scale is not None and len(scale.blobs) > 1 and scale.param_propagate_down[1]
         batch = not self.use_global_stats and dx is not None
         if (dx is None and not (want_gamma or want_beta)) or N * C * S == 0:
             return
-        w = gm.vec_width(S, dt, dy, y, xhat, *([dx] if dx is not None else []))
+        w = gm.vec_width(S, dt, dy, y, xh, *([dx] if dx is not None else []))
         chunks, part = gm.reduce_partials(N, C, S, w, dt)
         write_dx = dx is not None and not batch
-        self._k(f"bn_chain_reduce_v{w}")(chunks, N, C, S, dy, y, xhat, int(relu), gamma, int(scale is not None),
+        self._k(f"bn_chain_reduce_v{w}")(chunks, N, C, S, dy, y, xh, int(relu), gamma, int(scale is not None),
                                          inv_std, int(write_dx), dx if write_dx else part, part,
                                          grid=(chunks * C, 1, 1), block=gm.REDUCE_THREADS)
         coef, isz = self._coef.mutable_gpu_data(), dt.itemsize
@@ -300,5 +298,5 @@ class BatchNormLayer(Layer):
                                    coef, coef + C * isz, coef + 2 * C * isz)
         if batch:
             assert dx is not None
-            self._k(f"bn_chain_backward_v{w}")(N * C * S // w, C, S, dy, y, xhat, int(relu), coef,
+            self._k(f"bn_chain_backward_v{w}")(N * C * S // w, C, S, dy, y, xh, int(relu), coef,
                                                coef + C * isz, coef + 2 * C * isz, dx)
