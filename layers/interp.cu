@@ -79,8 +79,8 @@ __global__ void interp_forward(const int planes, const int H, const int W, const
 }
 
 // Backward, a gather: dx = Ah^T dy Aw per plane, every bottom diff written once (zeros outside the
-// window), no atomics, a fixed summation order. Two passes through a global intermediate T
-// (planes x Hi x Wo, rows of exactly Wo elements):
+// window), no atomics, a fixed summation order. Through T = Ah^T dy (Hi x Wo per plane), which never
+// leaves shared memory:
 //  1. T[a][w] = sum over the top rows h sampling bottom row a of their weight on a times dy[h][w].
 //     The top rows with lo(h) = g form group g (rows starts[g] .. starts[g + 1] - 1); group g gives
 //     sp(g) = sum wp(h) dy[h][w] to row g and sq(g) = sum wq(h) dy[h][w] to row g + 1, so
@@ -88,137 +88,140 @@ __global__ void interp_forward(const int planes, const int H, const int W, const
 //  2. dx[a][b] = sum of wp_col(w) T[a][w] over the w with lo(w) = b, plus sum of wq_col(w) T[a][w]
 //     over the w with lo(w) = b - 1 (two contiguous ranges of T's row).
 
-// The sums of group g over one column (col points at dy[0][w] of the plane; ld the row stride), in
-// order of h. The rows are loaded in batches of INTERP_GROUP_BATCH with predicated loads, so a
-// group's loads are in flight together whatever its length.
+// The sums of group g over INTERP_COLS columns 32 apart (col points at dy[0][w] of the plane, ncol
+// of them valid; ld the row stride), in order of h. The rows are loaded in batches of
+// INTERP_GROUP_BATCH with predicated loads, so a group's loads (of every column) are in flight
+// together whatever its length; the row weights serve every column.
 #define INTERP_GROUP_BATCH 8
-__device__ __forceinline__ void interp_group_sums(const Dtype* col, const int ld, const int g, const int copy,
-                                                  const int* __restrict__ rstarts, const Dtype* __restrict__ rwp,
-                                                  const Dtype* __restrict__ rwq, Dtype& sp, Dtype& sq) {
+#ifndef INTERP_COLS
+#define INTERP_COLS 2  // COLS_PER_THREAD in interp.py
+#endif
+__device__ __forceinline__ void interp_group_sums(const Dtype* col, const int ncol, const int ld, const int g,
+                                                  const int copy, const int* __restrict__ rstarts,
+                                                  const Dtype* __restrict__ rwp, const Dtype* __restrict__ rwq,
+                                                  Dtype (&sp)[INTERP_COLS], Dtype (&sq)[INTERP_COLS]) {
   const int h0 = rstarts[g], h1 = rstarts[g + 1];
-  sp = 0;
-  sq = 0;
-  if (copy) {
-    for (int h = h0; h < h1; ++h) sp += col[(long long)h * ld];
-    return;
-  }
+#pragma unroll
+  for (int k = 0; k < INTERP_COLS; ++k) sp[k] = sq[k] = 0;
   for (int hb = h0; hb < h1; hb += INTERP_GROUP_BATCH) {
-    Dtype v[INTERP_GROUP_BATCH], p[INTERP_GROUP_BATCH], q[INTERP_GROUP_BATCH];
+    Dtype v[INTERP_COLS][INTERP_GROUP_BATCH], p[INTERP_GROUP_BATCH], q[INTERP_GROUP_BATCH];
 #pragma unroll
     for (int j = 0; j < INTERP_GROUP_BATCH; ++j) {
       const bool in = hb + j < h1;
-      v[j] = in ? col[(long long)(hb + j) * ld] : Dtype(0);
-      p[j] = in ? rwp[hb + j] : Dtype(0);
-      q[j] = in ? rwq[hb + j] : Dtype(0);
+#pragma unroll
+      for (int k = 0; k < INTERP_COLS; ++k) v[k][j] = in && k < ncol ? col[(long long)(hb + j) * ld + 32 * k] : Dtype(0);
+      p[j] = in && !copy ? rwp[hb + j] : Dtype(1);
+      q[j] = in && !copy ? rwq[hb + j] : Dtype(0);
     }
 #pragma unroll
     for (int j = 0; j < INTERP_GROUP_BATCH; ++j) {
       if (hb + j < h1) {
-        sp += p[j] * v[j];
-        sq += q[j] * v[j];
+#pragma unroll
+        for (int k = 0; k < INTERP_COLS; ++k) {
+          sp[k] += p[j] * v[k][j];
+          sq[k] += q[j] * v[k][j];
+        }
       }
     }
   }
 }
 
-// Pass 1 (rows): one thread per (plane, band k of `bands`, top column w), the band covering the
-// window's rows k * Hi / bands .. (k + 1) * Hi / bands - 1, walking groups a0 - 1 .. a1 - 1
-// (carry = sq(g - 1), T[g] = sq(g - 1) + sp(g)); consecutive threads take consecutive columns, so
-// every top row is read coalesced, and once (a band's first group also by the band above, at about
-// the same time). count = planes * bands * Wo.
-__global__ void interp_backward_rows(const int count, const int bands, const int Hi, const int Ho, const int Wo,
-                                     const int copy, const int* __restrict__ rstarts, const Dtype* __restrict__ rwp,
-                                     const Dtype* __restrict__ rwq, const Dtype* __restrict__ dy,
-                                     Dtype* __restrict__ T) {
-  CUDA_KERNEL_LOOP(i, count) {
-    const int w = i % Wo;
-    const int pk = i / Wo;
-    const int k = pk % bands;
-    const long long p = pk / bands;
-    const int a0 = (int)((long long)k * Hi / bands), a1 = (int)((long long)(k + 1) * Hi / bands);
-    const int g0 = (a0 > 0 && !copy) ? a0 - 1 : a0;
-    const Dtype* col = dy + p * Ho * Wo + w;
-    Dtype* Tw = T + p * Hi * Wo + w;
-    Dtype sp, sq, carry = 0;
-    for (int g = g0; g < a1; ++g) {
-      interp_group_sums(col, Wo, g, copy, rstarts, rwp, rwq, sp, sq);
-      if (g >= a0) Tw[(long long)g * Wo] = carry + sp;
-      carry = sq;
-    }
-  }
-}
+// Where T's element i of a stored row lies: one pad slot per 32, so stage-2 threads reading at a
+// stride of the zoom hit distinct banks.
+#define INTERP_SLOT(i) ((i) + ((i) >> 5))
 
-// dx of bottom column bc (window coordinates) from row Trow of T: its sum over a contiguous range of
-// the row, with the column weights (zeros outside the window are the caller's).
-__device__ __forceinline__ Dtype interp_col_sum(const Dtype* Trow, const int bc, const int copy,
-                                                const int* __restrict__ cstarts, const Dtype* __restrict__ cwp,
-                                                const Dtype* __restrict__ cwq) {
+// Stage 2 for bottom column bc of the window (0 <= bc < Wi): its part from the top columns
+// [c_lo, c_hi), whose T values Trow holds (T[a][w] at INTERP_SLOT(w - c_lo)).
+__device__ __forceinline__ Dtype interp_col_sum(const Dtype* Trow, const int c_lo, const int c_hi, const int bc,
+                                                const int copy, const int* __restrict__ cstarts,
+                                                const Dtype* __restrict__ cwp, const Dtype* __restrict__ cwq) {
   const int w0 = cstarts[bc], w1 = cstarts[bc + 1];
-  if (copy) return Trow[w0];
+  if (copy) return (w0 >= c_lo && w0 < c_hi) ? Trow[INTERP_SLOT(w0 - c_lo)] : Dtype(0);
   Dtype sp = 0, sq = 0;
-  for (int w = w0; w < w1; ++w) sp += cwp[w] * Trow[w];
+  for (int w = max(w0, c_lo); w < min(w1, c_hi); ++w) sp += cwp[w] * Trow[INTERP_SLOT(w - c_lo)];
   if (bc > 0) {
-    for (int w = cstarts[bc - 1]; w < w0; ++w) sq += cwq[w] * Trow[w];
+    for (int w = max(cstarts[bc - 1], c_lo); w < min(w0, c_hi); ++w) sq += cwq[w] * Trow[INTERP_SLOT(w - c_lo)];
   }
   return sp + sq;
 }
 
-// Pass 2 (columns): one thread per bottom element (coalesced stores), its sum over a contiguous
-// range of T's row (zeros outside the window). count = planes * H * W.
-__global__ void interp_backward_cols(const int count, const int H, const int W, const int off, const int Hi,
-                                     const int Wi, const int Wo, const int copy, const int* __restrict__ cstarts,
-                                     const Dtype* __restrict__ cwp, const Dtype* __restrict__ cwq,
-                                     const Dtype* __restrict__ T, Dtype* __restrict__ dx) {
-  CUDA_KERNEL_LOOP(i, count) {
-    const int bc = i % W - off;
-    const int r = i / W;
-    const int a = r % H - off;
-    const long long p = r / H;
-    Dtype s = 0;
-    if (a >= 0 && a < Hi && bc >= 0 && bc < Wi) s = interp_col_sum(T + (p * Hi + a) * Wo, bc, copy, cstarts, cwp, cwq);
-    dx[i] = s;
-  }
-}
-
-// Both passes in one kernel for windows whose T plane (Hi x Wo) fits in shared memory: a block per
-// plane (grid-stride over planes), pass 1 with one band (a thread per top column, T[g] = carry +
-// sp(g) as in interp_backward_rows), a barrier, pass 2 (a thread per bottom element of the plane),
-// so T never leaves the SM; same sums in the same order as the two-pass kernels with one band.
-// Each thread's part of a phase lies inside FOR_THREAD, so that a host build can run the threads
-// one after another.
+// Each thread's part of a stage lies inside FOR_THREAD, stages are separated by __syncthreads(), so
+// a host build can run a block's threads one after another.
 #ifndef FOR_THREAD
 #define FOR_THREAD(tid) for (int tid = threadIdx.x, thread_once_ = 1; thread_once_; thread_once_ = 0)
 #endif
-#define INTERP_FUSED_SMEM 2048  // most elements of T (Hi * Wo); FUSED_SMEM in interp.py
+#ifndef INTERP_SHARED
+#define INTERP_SHARED(name) extern __shared__ Dtype name[]
+#endif
 
-__global__ void interp_backward_fused(const int planes, const int H, const int W, const int off, const int Hi,
-                                      const int Wi, const int Ho, const int Wo, const int copy,
-                                      const int* __restrict__ rstarts, const Dtype* __restrict__ rwp,
-                                      const Dtype* __restrict__ rwq, const int* __restrict__ cstarts,
-                                      const Dtype* __restrict__ cwp, const Dtype* __restrict__ cwq,
-                                      const Dtype* __restrict__ dy, Dtype* __restrict__ dx) {
-  __shared__ Dtype T[INTERP_FUSED_SMEM];
-  for (long long p = blockIdx.x; p < planes; p += gridDim.x) {
-    FOR_THREAD(tid) {
-      for (int w = tid; w < Wo; w += blockDim.x) {
-        const Dtype* col = dy + p * Ho * Wo + w;
-        Dtype sp, sq, carry = 0;
-        for (int g = 0; g < Hi; ++g) {
-          interp_group_sums(col, Wo, g, copy, rstarts, rwp, rwq, sp, sq);
-          T[g * Wo + w] = carry + sp;
-          carry = sq;
+// One block per tile (grid-stride over tiles): plane p, bottom rows a0 .. a1 - 1 (a band of `rows`)
+// and bottom columns b0 .. b1 - 1 (`bcols`). The tile needs T's rows a0 .. a1 - 1 at the top columns
+// [w_lo, w_hi) sampling its columns (and the column left of b0: its wq terms), built in shared memory
+// (`rows` x INTERP_SLOT(cw - 1) + 1 elements), then summed:
+//  1. a thread per INTERP_COLS top columns (32 apart: a warp takes 32 * INTERP_COLS consecutive ones,
+//     each load coalesced) walks groups g0 .. a1 - 1 (g0 = a0 - 1 when not copying: its sq terms
+//     land in row a0), T[g][w] = carry + sp(g), carry = sq(g); only a band's first group is read
+//     twice (also by the band above, at about the same time).
+//  2. a thread per bottom element of the tile (the first and last bands and column tiles also own
+//     the cropped border, written 0).
+// Column ranges wider than cw (extreme zooms) are taken in chunks of cw, stage 2 adding each chunk's
+// part to dx (a thread owns the same elements in every chunk).
+__global__ void interp_backward(const int planes, const int H, const int W, const int off, const int Hi, const int Wi,
+                                const int Ho, const int Wo, const int copy, const int rows, const int bcols,
+                                const int cw, const int* __restrict__ rstarts, const Dtype* __restrict__ rwp,
+                                const Dtype* __restrict__ rwq, const int* __restrict__ cstarts,
+                                const Dtype* __restrict__ cwp, const Dtype* __restrict__ cwq,
+                                const Dtype* __restrict__ dy, Dtype* __restrict__ dx) {
+  INTERP_SHARED(T);
+  const int stride = INTERP_SLOT(cw - 1) + 1;
+  const int bands = (Hi + rows - 1) / rows, ctiles = (Wi + bcols - 1) / bcols;
+  const long long tiles = (long long)planes * bands * ctiles;
+  for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int j = (int)(t % ctiles), k = (int)(t / ctiles % bands);
+    const long long p = t / ((long long)ctiles * bands);
+    const int a0 = k * rows, a1 = min(a0 + rows, Hi), b0 = j * bcols, b1 = min(b0 + bcols, Wi);
+    const int g0 = (a0 > 0 && !copy) ? a0 - 1 : a0;
+    const int w_lo = cstarts[(b0 > 0 && !copy) ? b0 - 1 : b0], w_hi = cstarts[b1];
+    const int r0 = k == 0 ? 0 : off + a0, r1 = k == bands - 1 ? H : off + a1;
+    const int c0 = j == 0 ? 0 : off + b0, c1 = j == ctiles - 1 ? W : off + b1;
+    const int chunks = max(1, (w_hi - w_lo + cw - 1) / cw);
+    for (int ch = 0; ch < chunks; ++ch) {
+      const int c_lo = w_lo + ch * cw, c_hi = min(c_lo + cw, w_hi);
+      const int slots = (c_hi - c_lo + 32 * INTERP_COLS - 1) / (32 * INTERP_COLS) * 32;
+      FOR_THREAD(tid) {
+        for (int i = tid; i < slots; i += blockDim.x) {
+          const int w = c_lo + (i >> 5) * (32 * INTERP_COLS) + (i & 31);  // the first of its columns
+          const int ncol = min(INTERP_COLS, (c_hi - w + 31) >> 5);
+          if (ncol <= 0) continue;
+          const Dtype* col = dy + p * Ho * Wo + w;
+          Dtype sp[INTERP_COLS], sq[INTERP_COLS], carry[INTERP_COLS];
+#pragma unroll
+          for (int k = 0; k < INTERP_COLS; ++k) carry[k] = 0;
+          for (int g = g0; g < a1; ++g) {
+            interp_group_sums(col, ncol, Wo, g, copy, rstarts, rwp, rwq, sp, sq);
+#pragma unroll
+            for (int k = 0; k < INTERP_COLS; ++k) {
+              if (g >= a0 && k < ncol) T[(g - a0) * stride + INTERP_SLOT(w + 32 * k - c_lo)] = carry[k] + sp[k];
+              carry[k] = sq[k];
+            }
+          }
         }
       }
-    }
-    __syncthreads();
-    FOR_THREAD(tid) {
-      for (int e = tid; e < H * W; e += blockDim.x) {
-        const int bc = e % W - off, a = e / W - off;
-        Dtype s = 0;
-        if (a >= 0 && a < Hi && bc >= 0 && bc < Wi) s = interp_col_sum(T + a * Wo, bc, copy, cstarts, cwp, cwq);
-        dx[p * H * W + e] = s;
+      __syncthreads();
+      FOR_THREAD(tid) {
+        for (int e = tid; e < (r1 - r0) * (c1 - c0); e += blockDim.x) {
+          const int r = r0 + e / (c1 - c0), c = c0 + e % (c1 - c0);
+          const int a = r - off, bc = c - off;
+          Dtype* out = dx + (p * H + r) * W + c;
+          if (a >= 0 && a < Hi && bc >= 0 && bc < Wi) {
+            const Dtype s = interp_col_sum(T + (a - a0) * stride, c_lo, c_hi, bc, copy, cstarts, cwp, cwq);
+            *out = ch ? *out + s : s;
+          } else if (ch == 0) {
+            *out = 0;
+          }
+        }
       }
+      __syncthreads();  // T is rewritten for the next chunk or tile
     }
-    __syncthreads();  // T is rewritten for the next plane
   }
 }

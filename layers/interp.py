@@ -18,15 +18,14 @@ adjoint (each output gradient spread over its four source pixels) and overwrites
 GPU: the sampling tables of both axes are built on the host at reshape (``axis_tables``; the same
 single-precision numbers as the CPU path) and kept on the device. Forward writes the top with
 coalesced stores, each lane keeping its column's blends of the two source rows across the rows of
-a band. Backward is a gather, ``dx = Ah^T dy Aw`` per plane, in two kernels through an intermediate
-``T = Ah^T dy`` (planes x Hi x Wo, in a Blob sized at reshape, so the passes allocate nothing):
-pass 1 a thread per (plane, band of up to ``TWO_PASS_ROWS`` bottom rows, top column), each top
-column summed over the top rows sampling a bottom row, streaming the top diff coalesced; pass 2 a
-thread per bottom element, summing a contiguous range of its row of ``T`` weighted (H200: DeepLab
-fc8 x8 backward 0.118 ms). When a plane's T fits in shared memory (``Hi * Wo <= FUSED_SMEM``) one
-kernel does both passes, a block per plane, T never leaving the SM (H200: PSPNet pool6 6x6 -> 60
-backward 0.034 -> 0.030 ms). Every bottom diff is written once, without atomics,
-deterministically (float32 may differ from the CPU in the last bits: another summation order).
+a band. Backward is a gather, ``dx = Ah^T dy Aw`` per plane, through ``T = Ah^T dy`` held in shared
+memory only: one block per tile of bottom rows and columns (``backward_tiling``, chosen at reshape)
+streams the top diff once, coalesced, into its part of ``T`` (a thread per two top columns 32 apart:
+loads in flight per register are what the pass is bound by), then writes its bottom diffs from
+contiguous ranges of ``T``'s rows. H200, backward, % of copy bandwidth: DeepLab x8 fc8 70 -> 94,
+PSPNet conv6 75 -> 107, pool6 74 -> 72 (against the two global passes it replaced). Every bottom
+diff is written once, without atomics, deterministically (float32 may differ from the CPU in the
+last bits: another summation order).
 """
 
 from __future__ import annotations
@@ -43,9 +42,11 @@ from pycaffe_lite.layer import Layer, register_layer
 KERNELS = Path(__file__).with_suffix(".cu")
 WARPS_PER_BLOCK = 8
 FORWARD_ROWS_PER_TASK = 16  # INTERP_ROWS_PER_TASK in interp.cu
-TWO_PASS_ROWS = 8  # backward: most bottom rows per pass-1 thread
-FUSED_SMEM = 2048  # INTERP_FUSED_SMEM: the backward fuses its passes when Hi * Wo <= this (0: never)
-FUSED_THREADS = 256  # most threads of a fused-backward block (a block per plane)
+TILE_BYTES = 32 * 1024  # backward: shared memory of a tile's part of T
+TILE_ROWS = 16  # backward: bottom rows a band aims at (each band reads one group of top rows twice)
+MIN_TILES = 1024  # backward: thinner bands below this many tiles (blocks to keep the GPU busy)
+MAX_THREADS = 1024
+COLS_PER_THREAD = 2  # INTERP_COLS in interp.cu: top columns per stage-1 thread of the backward
 MAX_BLOCKS = 65535 * 4
 
 
@@ -104,9 +105,7 @@ class InterpLayer(Layer):
         self.hi, self.wi, self.ho, self.wo = hi, wi, ho, wo
         top[0].reshape((n, c, ho, wo))
         self._build_tables()
-        if not hasattr(self, "_rows_blob"):  # the backward's intermediate T, sized here: passes allocate nothing
-            self._rows_blob = Blob(dtype=self.dtype)
-        self._rows_blob.reshape((n * c * hi * wo,))
+        self._tiling = backward_tiling(hi, wi, self._col_starts, n * c, np.dtype(self.dtype).itemsize, self._copy)
 
     def _crop(self, a):
         o = -self.pad_beg
@@ -163,6 +162,7 @@ class InterpLayer(Layer):
                 pairs, starts, lam, wp, wq = axis_tables(n_in, n_out, self.dtype)
                 ints += [pairs.ravel(), starts]
                 reals += [lam, wp, wq]
+            self._col_starts = starts
             int_table, real_table = np.concatenate(ints), np.concatenate(reals)
             if not hasattr(self, "_int_blob"):
                 self._int_blob, self._real_blob = Blob(dtype=np.float32), Blob(dtype=self.dtype)
@@ -207,20 +207,13 @@ class InterpLayer(Layer):
         if bottom[0].count == 0:
             return
         (_, rs, _, rwp, rwq), (_, cs, _, cwp, cwq) = self._axis_pointers()
-        off, copy, planes = -self.pad_beg, int(self._copy), n * c
-        if self.hi * self.wo <= FUSED_SMEM:
-            threads = min(FUSED_THREADS, -(-max(self.wo, 1) // 32) * 32)
-            k = backend.kernel(KERNELS, "interp_backward_fused", self.dtype)
-            k(planes, h, w, off, self.hi, self.wi, self.ho, self.wo, copy, rs, rwp, rwq, cs, cwp, cwq,
-              top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), grid=min(planes, MAX_BLOCKS), block=threads)
-            return
-        bands = -(-self.hi // TWO_PASS_ROWS)
-        t = self._rows_blob.mutable_gpu_data()
-        k = backend.kernel(KERNELS, "interp_backward_rows", self.dtype)
-        k(planes * bands * self.wo, bands, self.hi, self.ho, self.wo, copy, rs, rwp, rwq, top[0].gpu_diff(), t)
-        k = backend.kernel(KERNELS, "interp_backward_cols", self.dtype)
-        k(bottom[0].count, h, w, off, self.hi, self.wi, self.wo, copy, cs, cwp, cwq, t, bottom[0].mutable_gpu_diff())
-
+        rows, bcols, cw, tiles, threads = self._tiling
+        shared = rows * (cw + (cw - 1) // 32) * np.dtype(self.dtype).itemsize
+        k = backend.kernel(KERNELS, "interp_backward", self.dtype)
+        threads = min(threads, k.max_threads // 32 * 32)  # fewer where its registers allow fewer
+        k(n * c, h, w, -self.pad_beg, self.hi, self.wi, self.ho, self.wo, int(self._copy), rows, bcols, cw, rs, rwp,
+          rwq, cs, cwp, cwq, top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), grid=min(tiles, MAX_BLOCKS),
+          block=threads, shared=shared)
 
 def axis_tables(n_in: int, n_out: int, dtype) -> tuple[np.ndarray, ...]:
     """One axis's GPU tables (see interp.cu): (lo, lo + step) pairs, per source index the first
@@ -234,6 +227,37 @@ def axis_tables(n_in: int, n_out: int, dtype) -> tuple[np.ndarray, ...]:
     wp = np.where(step == 0, (one - lam) + lam, one - lam).astype(dtype)
     wq = np.where(step == 0, 0, lam).astype(dtype)
     return pairs, starts, lam, wp, wq
+
+
+def backward_tiling(hi: int, wi: int, col_starts: np.ndarray, planes: int, itemsize: int,
+                    copy: bool) -> tuple[int, int, int, int, int]:
+    """The backward's tiles (see ``interp_backward`` in interp.cu): bottom rows per band, bottom
+    columns per tile, top columns per chunk of T held in shared memory, the number of tiles and the
+    threads per block. Full rows where a band of up to TILE_ROWS rows of them fits in TILE_BYTES,
+    else column tiles halved until it does (one column's range still too wide: chunks); bands thinned
+    towards MIN_TILES tiles, then balanced."""
+    elems = TILE_BYTES // itemsize
+    want_rows = min(hi, TILE_ROWS)
+
+    def width(bcols: int) -> int:  # the most top columns one tile's bottom columns need
+        b0 = np.arange(0, wi, bcols)
+        lo = b0 if copy else np.maximum(b0 - 1, 0)
+        return int((col_starts[np.minimum(b0 + bcols, wi)] - col_starts[lo]).max())
+
+    def stored(cols: int) -> int:  # elements of a stored row of T (a pad slot per 32)
+        return cols + (cols - 1) // 32
+
+    bcols = wi
+    while bcols > 1 and stored(width(bcols)) * want_rows > elems:
+        bcols = -(-bcols // 2)
+    cw = max(1, min(width(bcols), (elems // want_rows) * 32 // 33))
+    rows = min(hi, elems // stored(cw))
+    ctiles = -(-wi // bcols)
+    rows = min(rows, -(-hi // min(hi, -(-MIN_TILES // (planes * ctiles)))))
+    bands = -(-hi // rows)
+    rows = -(-hi // bands)
+    threads = min(MAX_THREADS, -(-cw // (32 * COLS_PER_THREAD)) * 32)
+    return rows, bcols, cw, planes * bands * ctiles, threads
 
 
 def _warp_grid(tasks: int) -> int:

@@ -381,6 +381,11 @@ class Kernel:
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes))
         self._shared_allowed = nbytes
 
+    @property
+    def max_threads(self) -> int:
+        """The most threads a block of this kernel may have (its registers counted)."""
+        return int(self.function.get_attribute(state().cuda.function_attribute.MAX_THREADS_PER_BLOCK))
+
     def resident_blocks(self, threads: int, shared: int = 0) -> int:
         """Blocks of ``threads`` threads (``shared`` bytes of dynamic shared memory each) that one
         multiprocessor holds at once: the least of what its registers, shared memory and thread

@@ -1,9 +1,8 @@
 """Interp: output sizes (zoom, shrink, both, height/width, cropping), aligned-corner bilinear values
 against a naive reference, the adjoint backward, gradients, the GPU sampling tables, CPU/GPU
-agreement (tables, the two-pass backward with bands of 1, 3, 8 and all rows, capture in a CUDA
-graph), errors. The GPU kernels' index math is also run on the host: test_interp_kernels_on_host.py."""
+agreement (tables, the backward's tiles: default, one-row bands, narrow column tiles and chunks;
+capture in a CUDA graph), errors. The GPU kernels' index math is also run on the host: test_interp_kernels_on_host.py."""
 
-import sys
 
 import numpy as np
 import pytest
@@ -132,41 +131,43 @@ def test_cpu_gpu_agree_one_pixel(param):
     assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG[:, :, :1, :1]], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("itemsize", [4, 8])
+@pytest.mark.parametrize("hi,wi,wo,planes", [(65, 65, 513, 210), (60, 60, 473, 1200), (6, 6, 60, 4096),
+                                             (7, 9, 6500, 6), (1, 1, 9000, 2), (9, 7, 3, 6), (5, 4, 4, 1),
+                                             (40, 3000, 1500, 1)])
+def test_backward_tiling(interp_tiling, hi, wi, wo, planes, itemsize):
+    """Tiles cover the window in balanced bands, a tile's part of T fits TILE_BYTES, blocks are whole
+    warps and cover a chunk, and below MIN_TILES the default thins its bands."""
+    module = interp_tiling
+    copy = (hi, wi) == (hi, wo)
+    starts = module.axis_tables(wi, wo, np.float64)[1]
+    rows, bcols, cw, tiles, threads = module.backward_tiling(hi, wi, starts, planes, itemsize, copy)
+    bands = -(-hi // rows)
+    assert 1 <= rows <= hi and (bands - 1) * rows < hi and hi - (bands - 1) * rows >= rows - bands + 1
+    assert 1 <= bcols <= wi and tiles == planes * bands * -(-wi // bcols)
+    assert threads % 32 == 0 and 32 <= threads <= module.MAX_THREADS
+    assert threads * module.COLS_PER_THREAD >= cw or threads == module.MAX_THREADS
+    assert rows * (cw + (cw - 1) // 32) * itemsize <= module.TILE_BYTES
+    assert tiles >= min(module.MIN_TILES, planes * hi * -(-wi // bcols)) // 2
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [8, 3, 1, 1 << 20], ids=["rows8", "rows3", "rows1", "rows_all"])
 @pytest.mark.parametrize("param", GPU_CASES + ["height: 3 width: 6500", "height: 2 width: 3100 pad_beg: -1"])
-def test_cpu_gpu_agree_backward_bands(monkeypatch, rows, param):
-    """The two-pass backward with pass-1 bands of up to 8 (the default), 3, 1 and all bottom rows,
-    on every case and on very wide rows."""
-    module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
-    monkeypatch.setattr(module, "TWO_PASS_ROWS", rows)
-    monkeypatch.setattr(module, "FUSED_SMEM", 0)
+def test_cpu_gpu_agree_backward_tilings(interp_tiling, param):
+    """The backward with every tiling on every case and on very wide rows."""
     assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG], rtol=1e-10, atol=1e-12)
     assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [XG], dtype=np.float32, rtol=1e-5,
                          atol=1e-5)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape,param,kernel", [((2, 512, 6, 6), "height: 60 width: 60", "interp_backward_fused"),
-                                                ((1, 3, 65, 65), "zoom_factor: 8", "interp_backward_rows"),
-                                                ((1, 2, 60, 60), "height: 473 width: 473", "interp_backward_rows")])
-def test_cpu_gpu_agree_benchmark_shapes(monkeypatch, shape, param, kernel):
-    """Shapes of benchmarks/bandwidth.py's Interp cases: PSPNet pool6 (Hi * Wo = 360) takes the fused
-    backward, the others the two-pass one."""
-    from pycaffe_lite.gpu import backend
-
-    names: list[str] = []
-    real = backend.kernel
-
-    def spy(path, name, dtype):
-        names.append(name)
-        return real(path, name, dtype)
-
-    monkeypatch.setattr(backend, "kernel", spy)
+@pytest.mark.parametrize("shape,param", [((2, 512, 6, 6), "height: 60 width: 60"), ((1, 3, 65, 65), "zoom_factor: 8"),
+                                         ((1, 2, 60, 60), "height: 473 width: 473")])
+def test_cpu_gpu_agree_benchmark_shapes(shape, param):
+    """Shapes of benchmarks/bandwidth.py's Interp cases (PSPNet pool6, DeepLab fc8 x8, PSPNet conv6)."""
     x = np.random.default_rng(7).standard_normal(shape)
     assert_cpu_gpu_agree(f'type: "Interp" interp_param {{ {param} }}', [x], dtype=np.float32, rtol=1e-4,
                          atol=1e-4)
-    assert kernel in names
 
 
 @pytest.mark.gpu

@@ -1,14 +1,14 @@
 """Interp's GPU path without a GPU: ``layers/interp.cu`` compiled as host C++ on the serial shim
 (pycaffe_lite.testing.host_kernels) plus one warp: its 32 lanes run one after another inside each
-``FOR_LANE`` phase, so the forward's grid-stride task loop covers every task; the backward's two
-passes are plain grid-stride loops. Device pointers are the host arrays' addresses. forward_gpu and
-backward_gpu then run as written (tables, pointer offsets, launch arguments) and must agree with
-the CPU path, with pass-1 bands of up to 8 (the default), 3, 1 and all bottom rows. Marked slow
+``FOR_LANE`` phase, so the forward's grid-stride task loop covers every task; the backward's block
+of 32 threads runs each ``FOR_THREAD`` stage thread after thread over every tile. Device pointers are
+the host arrays' addresses. forward_gpu and backward_gpu then run as written (tables, tiling,
+pointer offsets, launch arguments) and must agree with the CPU path, with the default tiling,
+one-row bands, narrow column tiles and one-column chunks (conftest's INTERP_TILINGS). Marked slow
 (two compilations); run with ``python -m pytest -q tests/layers/test_interp_kernels_on_host.py``."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ ONE_WARP = """struct Dim3 { unsigned x, y, z; };
 static const Dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, gridDim = {1, 1, 1}, blockDim = {32, 1, 1};
 #define FOR_LANE(lane) for (int lane = 0; lane < 32; ++lane)
 #define FOR_THREAD(tid) for (int tid = 0; tid < 32; ++tid)
-#define __shared__ static
+#define INTERP_SHARED(name) static Dtype name[1 << 14]
 static inline void __syncthreads() {}
 """
 
@@ -41,11 +41,13 @@ def host_gpu(monkeypatch):
         lib, sigs = hk.serial_library(CU, dtype, ONE_WARP)
         fn = getattr(lib, name)
 
-        def call(*args, grid=None, block=None):
+        def call(*args, grid=None, block=None, shared=0):
             if grid is not None:  # whole warps
                 assert block % 32 == 0 and 0 < block <= 1024 and grid >= 1
+            assert shared <= (1 << 14) * np.dtype(dtype).itemsize
             launched.append(name)
             fn(*hk.kernel_args(sigs[name], args, dtype))
+        call.max_threads = 1024
         return call
 
     monkeypatch.setattr(backend, "kernel", kernel)
@@ -90,21 +92,13 @@ def _run(param, x, gpu, dtype):
     return top[0].cpu_data().copy(), bottom[0].cpu_diff().copy()
 
 
-@pytest.mark.parametrize("rows", [8, 3, 1, 1 << 20, None], ids=["rows8", "rows3", "rows1", "rows_all", "fused"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("param,x", CASES, ids=[c[0] for c in CASES])
-def test_gpu_path_on_host_matches_cpu(host_gpu, monkeypatch, param, x, dtype, rows):
-    """rows: the two-pass backward with bands of that many bottom rows; None: the fused backward
-    (every case here has Hi * Wo <= FUSED_SMEM)."""
-    module = sys.modules[type(make_layer('type: "Interp" interp_param { zoom_factor: 2 }')).__module__]
-    if rows is not None:
-        monkeypatch.setattr(module, "FUSED_SMEM", 0)
-        monkeypatch.setattr(module, "TWO_PASS_ROWS", rows)
+def test_gpu_path_on_host_matches_cpu(host_gpu, interp_tiling, param, x, dtype):
     common.set_mode_cpu()
     y_cpu, dx_cpu = _run(param, x, False, dtype)
     y_gpu, dx_gpu = _run(param, x, True, dtype)
-    backward = ["interp_backward_fused"] if rows is None else ["interp_backward_rows", "interp_backward_cols"]
-    assert host_gpu == ["interp_forward", *backward]
+    assert host_gpu == ["interp_forward", "interp_backward"]
     tol = dict(rtol=1e-12, atol=1e-13) if dtype == np.float64 else dict(rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(y_gpu, y_cpu, **tol)
     np.testing.assert_allclose(dx_gpu, dx_cpu, **tol)
