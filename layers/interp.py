@@ -208,12 +208,13 @@ class InterpLayer(Layer):
             return
         (_, rs, _, rwp, rwq), (_, cs, _, cwp, cwq) = self._axis_pointers()
         rows, bcols, cw, tiles, threads = self._tiling
-        shared = rows * (cw + (cw - 1) // 32) * np.dtype(self.dtype).itemsize
+        shared = rows * stored_row(cw) * np.dtype(self.dtype).itemsize
         k = backend.kernel(KERNELS, "interp_backward", self.dtype)
         threads = min(threads, k.max_threads // 32 * 32)  # fewer where its registers allow fewer
         k(n * c, h, w, -self.pad_beg, self.hi, self.wi, self.ho, self.wo, int(self._copy), rows, bcols, cw, rs, rwp,
           rwq, cs, cwp, cwq, top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), grid=min(tiles, MAX_BLOCKS),
           block=threads, shared=shared)
+
 
 def axis_tables(n_in: int, n_out: int, dtype) -> tuple[np.ndarray, ...]:
     """One axis's GPU tables (see interp.cu): (lo, lo + step) pairs, per source index the first
@@ -244,20 +245,22 @@ def backward_tiling(hi: int, wi: int, col_starts: np.ndarray, planes: int, items
         lo = b0 if copy else np.maximum(b0 - 1, 0)
         return int((col_starts[np.minimum(b0 + bcols, wi)] - col_starts[lo]).max())
 
-    def stored(cols: int) -> int:  # elements of a stored row of T (a pad slot per 32)
-        return cols + (cols - 1) // 32
-
     bcols = wi
-    while bcols > 1 and stored(width(bcols)) * want_rows > elems:
+    while bcols > 1 and stored_row(width(bcols)) * want_rows > elems:
         bcols = -(-bcols // 2)
     cw = max(1, min(width(bcols), (elems // want_rows) * 32 // 33))
-    rows = min(hi, elems // stored(cw))
+    rows = min(hi, elems // stored_row(cw))
     ctiles = -(-wi // bcols)
-    rows = min(rows, -(-hi // min(hi, -(-MIN_TILES // (planes * ctiles)))))
+    rows = min(rows, -(-hi // min(hi, -(-MIN_TILES // max(planes * ctiles, 1)))))
     bands = -(-hi // rows)
     rows = -(-hi // bands)
     threads = min(MAX_THREADS, -(-cw // (32 * COLS_PER_THREAD)) * 32)
     return rows, bcols, cw, planes * bands * ctiles, threads
+
+
+def stored_row(cols: int) -> int:
+    """Elements of a stored row of T's tile holding ``cols`` top columns (INTERP_SLOT: a pad slot per 32)."""
+    return cols + (cols - 1) // 32
 
 
 def _warp_grid(tasks: int) -> int:

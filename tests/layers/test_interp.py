@@ -133,7 +133,7 @@ def test_cpu_gpu_agree_one_pixel(param):
 
 @pytest.mark.parametrize("itemsize", [4, 8])
 @pytest.mark.parametrize("hi,wi,wo,planes", [(65, 65, 513, 210), (60, 60, 473, 1200), (6, 6, 60, 4096),
-                                             (7, 9, 6500, 6), (1, 1, 9000, 2), (9, 7, 3, 6), (5, 4, 4, 1),
+                                             (7, 9, 6500, 6), (1, 1, 9000, 2), (9, 7, 3, 6), (5, 4, 4, 1), (4, 5, 9, 0),
                                              (40, 3000, 1500, 1)])
 def test_backward_tiling(interp_tiling, hi, wi, wo, planes, itemsize):
     """Tiles cover the window in balanced bands, a tile's part of T fits TILE_BYTES, blocks are whole
@@ -147,7 +147,7 @@ def test_backward_tiling(interp_tiling, hi, wi, wo, planes, itemsize):
     assert 1 <= bcols <= wi and tiles == planes * bands * -(-wi // bcols)
     assert threads % 32 == 0 and 32 <= threads <= module.MAX_THREADS
     assert threads * module.COLS_PER_THREAD >= cw or threads == module.MAX_THREADS
-    assert rows * (cw + (cw - 1) // 32) * itemsize <= module.TILE_BYTES
+    assert rows * module.stored_row(cw) * itemsize <= module.TILE_BYTES
     assert tiles >= min(module.MIN_TILES, planes * hi * -(-wi // bcols)) // 2
 
 
