@@ -88,47 +88,61 @@ __global__ void interp_forward(const int planes, const int H, const int W, const
 //  2. dx[a][b] = sum of wp_col(w) T[a][w] over the w with lo(w) = b, plus sum of wq_col(w) T[a][w]
 //     over the w with lo(w) = b - 1 (two contiguous ranges of T's row).
 
-// The sums of group g over INTERP_COLS columns 32 apart (col points at dy[0][w] of the plane, ncol
-// of them valid; ld the row stride), in order of h. The rows are loaded in batches of
-// INTERP_GROUP_BATCH with predicated loads, so a group's loads (of every column) are in flight
-// together whatever its length; the row weights serve every column.
-#define INTERP_GROUP_BATCH 8
-#ifndef INTERP_COLS
+// Where T's element i of a stored row lies: one pad slot per 32, so stage-2 threads reading at a
+// stride of the zoom hit distinct banks.
+#define INTERP_SLOT(i) ((i) + ((i) >> 5))
+
+#define INTERP_ROW_BATCH 8
 #define INTERP_COLS 2  // COLS_PER_THREAD in interp.py
-#endif
-__device__ __forceinline__ void interp_group_sums(const Dtype* col, const int ncol, const int ld, const int g,
-                                                  const int copy, const int* __restrict__ rstarts,
-                                                  const Dtype* __restrict__ rwp, const Dtype* __restrict__ rwq,
-                                                  Dtype (&sp)[INTERP_COLS], Dtype (&sq)[INTERP_COLS]) {
-  const int h0 = rstarts[g], h1 = rstarts[g + 1];
+
+// Stage 1 of a tile for INTERP_COLS top columns 32 apart (col points at dy[0][w] of the plane, ncol of
+// them valid; Tcol at the first column's slot of the tile's T row 0, `stride` between T rows): the
+// top rows of groups g0 .. a1 - 1 stream in batches of INTERP_ROW_BATCH (every column's loads of a
+// batch in flight together, whatever the groups' lengths); a row adds to the sums of its group lo(h),
+// and a group is closed (T[g] = carry + sp(g) where g >= a0, carry = sq(g)) when the rows move past
+// it. Sums in order of h; the row weights serve every column.
+__device__ __forceinline__ void interp_tile_columns(const Dtype* col, const int ncol, const int Wo, const int g0,
+                                                    const int a0, const int a1, const int copy,
+                                                    const int* __restrict__ rpairs, const int* __restrict__ rstarts,
+                                                    const Dtype* __restrict__ rwp, const Dtype* __restrict__ rwq,
+                                                    Dtype* Tcol, const int stride) {
+  Dtype sp[INTERP_COLS], sq[INTERP_COLS], carry[INTERP_COLS];
 #pragma unroll
-  for (int k = 0; k < INTERP_COLS; ++k) sp[k] = sq[k] = 0;
-  for (int hb = h0; hb < h1; hb += INTERP_GROUP_BATCH) {
-    Dtype v[INTERP_COLS][INTERP_GROUP_BATCH], p[INTERP_GROUP_BATCH], q[INTERP_GROUP_BATCH];
+  for (int k = 0; k < INTERP_COLS; ++k) sp[k] = sq[k] = carry[k] = 0;
+  int g = g0;
+  auto close = [&]() {  // group g is complete
 #pragma unroll
-    for (int j = 0; j < INTERP_GROUP_BATCH; ++j) {
-      const bool in = hb + j < h1;
+    for (int k = 0; k < INTERP_COLS; ++k) {
+      if (g >= a0 && k < ncol) Tcol[(g - a0) * stride + INTERP_SLOT(32 * k)] = carry[k] + sp[k];
+      carry[k] = sq[k];
+      sp[k] = sq[k] = 0;
+    }
+    ++g;
+  };
+  const int h1 = rstarts[a1];
+  for (int hb = rstarts[g0]; hb < h1; hb += INTERP_ROW_BATCH) {
+    Dtype v[INTERP_COLS][INTERP_ROW_BATCH];
 #pragma unroll
-      for (int k = 0; k < INTERP_COLS; ++k) v[k][j] = in && k < ncol ? col[(long long)(hb + j) * ld + 32 * k] : Dtype(0);
-      p[j] = in && !copy ? rwp[hb + j] : Dtype(1);
-      q[j] = in && !copy ? rwq[hb + j] : Dtype(0);
+    for (int j = 0; j < INTERP_ROW_BATCH; ++j) {
+#pragma unroll
+      for (int k = 0; k < INTERP_COLS; ++k) v[k][j] = hb + j < h1 && k < ncol ? col[(long long)(hb + j) * Wo + 32 * k] : Dtype(0);
     }
 #pragma unroll
-    for (int j = 0; j < INTERP_GROUP_BATCH; ++j) {
-      if (hb + j < h1) {
+    for (int j = 0; j < INTERP_ROW_BATCH; ++j) {
+      const int h = hb + j;
+      if (h < h1) {
+        while (g < rpairs[2 * h]) close();
+        const Dtype wp = copy ? Dtype(1) : rwp[h], wq = copy ? Dtype(0) : rwq[h];
 #pragma unroll
         for (int k = 0; k < INTERP_COLS; ++k) {
-          sp[k] += p[j] * v[k][j];
-          sq[k] += q[j] * v[k][j];
+          sp[k] += wp * v[k][j];
+          sq[k] += wq * v[k][j];
         }
       }
     }
   }
+  while (g < a1) close();
 }
-
-// Where T's element i of a stored row lies: one pad slot per 32, so stage-2 threads reading at a
-// stride of the zoom hit distinct banks.
-#define INTERP_SLOT(i) ((i) + ((i) >> 5))
 
 // Stage 2 for bottom column bc of the window (0 <= bc < Wi): its part from the top columns
 // [c_lo, c_hi), whose T values Trow holds (T[a][w] at INTERP_SLOT(w - c_lo)).
@@ -159,17 +173,18 @@ __device__ __forceinline__ Dtype interp_col_sum(const Dtype* Trow, const int c_l
 // [w_lo, w_hi) sampling its columns (and the column left of b0: its wq terms), built in shared memory
 // (`rows` x INTERP_SLOT(cw - 1) + 1 elements), then summed:
 //  1. a thread per INTERP_COLS top columns (32 apart: a warp takes 32 * INTERP_COLS consecutive ones,
-//     each load coalesced) walks groups g0 .. a1 - 1 (g0 = a0 - 1 when not copying: its sq terms
-//     land in row a0), T[g][w] = carry + sp(g), carry = sq(g); only a band's first group is read
-//     twice (also by the band above, at about the same time).
+//     each load coalesced) sums groups g0 .. a1 - 1 (g0 = a0 - 1 when not copying: its sq terms
+//     land in row a0) with interp_tile_columns; only a band's first group is read twice (also by
+//     the band above, at about the same time).
 //  2. a thread per bottom element of the tile (the first and last bands and column tiles also own
 //     the cropped border, written 0).
 // Column ranges wider than cw (extreme zooms) are taken in chunks of cw, stage 2 adding each chunk's
 // part to dx (a thread owns the same elements in every chunk).
 __global__ void interp_backward(const int planes, const int H, const int W, const int off, const int Hi, const int Wi,
                                 const int Ho, const int Wo, const int copy, const int rows, const int bcols,
-                                const int cw, const int* __restrict__ rstarts, const Dtype* __restrict__ rwp,
-                                const Dtype* __restrict__ rwq, const int* __restrict__ cstarts,
+                                const int cw, const int* __restrict__ rpairs, const int* __restrict__ rstarts,
+                                const Dtype* __restrict__ rwp, const Dtype* __restrict__ rwq,
+                                const int* __restrict__ cstarts,
                                 const Dtype* __restrict__ cwp, const Dtype* __restrict__ cwq,
                                 const Dtype* __restrict__ dy, Dtype* __restrict__ dx) {
   INTERP_SHARED(T);
@@ -193,18 +208,8 @@ __global__ void interp_backward(const int planes, const int H, const int W, cons
           const int w = c_lo + (i >> 5) * (32 * INTERP_COLS) + (i & 31);  // the first of its columns
           const int ncol = min(INTERP_COLS, (c_hi - w + 31) >> 5);
           if (ncol <= 0) continue;
-          const Dtype* col = dy + p * Ho * Wo + w;
-          Dtype sp[INTERP_COLS], sq[INTERP_COLS], carry[INTERP_COLS];
-#pragma unroll
-          for (int k = 0; k < INTERP_COLS; ++k) carry[k] = 0;
-          for (int g = g0; g < a1; ++g) {
-            interp_group_sums(col, ncol, Wo, g, copy, rstarts, rwp, rwq, sp, sq);
-#pragma unroll
-            for (int k = 0; k < INTERP_COLS; ++k) {
-              if (g >= a0 && k < ncol) T[(g - a0) * stride + INTERP_SLOT(w + 32 * k - c_lo)] = carry[k] + sp[k];
-              carry[k] = sq[k];
-            }
-          }
+          interp_tile_columns(dy + p * Ho * Wo + w, ncol, Wo, g0, a0, a1, copy, rpairs, rstarts, rwp, rwq,
+                              T + INTERP_SLOT(w - c_lo), stride);
         }
       }
       __syncthreads();

@@ -20,12 +20,13 @@ single-precision numbers as the CPU path) and kept on the device. Forward writes
 coalesced stores, each lane keeping its column's blends of the two source rows across the rows of
 a band. Backward is a gather, ``dx = Ah^T dy Aw`` per plane, through ``T = Ah^T dy`` held in shared
 memory only: one block per tile of bottom rows and columns (``backward_tiling``, chosen at reshape)
-streams the top diff once, coalesced, into its part of ``T`` (a thread per two top columns 32 apart:
-loads in flight per register are what the pass is bound by), then writes its bottom diffs from
-contiguous ranges of ``T``'s rows. H200, backward, % of copy bandwidth: DeepLab x8 fc8 70 -> 94,
-PSPNet conv6 75 -> 107, pool6 74 -> 72 (against the two global passes it replaced). Every bottom
-diff is written once, without atomics, deterministically (float32 may differ from the CPU in the
-last bits: another summation order).
+streams the top diff once, coalesced, into its part of ``T`` (a thread per two top columns 32 apart,
+their top rows in batches of 8 whatever the groups' lengths: loads in flight per register are what
+the pass is bound by), then writes its bottom diffs from contiguous ranges of ``T``'s rows. Backward,
+% of copy bandwidth, H100 / H200: DeepLab x8 fc8 84 / 87, PSPNet conv6 89 / 96, pool6 74 / 78 (the
+two global passes it replaced: 70, 75, 74 on the H200). Every bottom diff is written once, without
+atomics, deterministically (float32 may differ from the CPU in the last bits: another summation
+order).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ KERNELS = Path(__file__).with_suffix(".cu")
 WARPS_PER_BLOCK = 8
 FORWARD_ROWS_PER_TASK = 16  # INTERP_ROWS_PER_TASK in interp.cu
 TILE_BYTES = 32 * 1024  # backward: shared memory of a tile's part of T
-TILE_ROWS = 16  # backward: bottom rows a band aims at (each band reads one group of top rows twice)
+TILE_ROWS = 8  # backward: bottom rows a band aims at (each band reads one group of top rows twice)
 MIN_TILES = 1024  # backward: thinner bands below this many tiles (blocks to keep the GPU busy)
 MAX_THREADS = 1024
 COLS_PER_THREAD = 2  # INTERP_COLS in interp.cu: top columns per stage-1 thread of the backward
@@ -206,13 +207,13 @@ class InterpLayer(Layer):
         n, c, h, w = bottom[0].shape
         if bottom[0].count == 0:
             return
-        (_, rs, _, rwp, rwq), (_, cs, _, cwp, cwq) = self._axis_pointers()
+        (rp, rs, _, rwp, rwq), (_, cs, _, cwp, cwq) = self._axis_pointers()
         rows, bcols, cw, tiles, threads = self._tiling
         shared = rows * stored_row(cw) * np.dtype(self.dtype).itemsize
         k = backend.kernel(KERNELS, "interp_backward", self.dtype)
         threads = min(threads, k.max_threads // 32 * 32)  # fewer where its registers allow fewer
-        k(n * c, h, w, -self.pad_beg, self.hi, self.wi, self.ho, self.wo, int(self._copy), rows, bcols, cw, rs, rwp,
-          rwq, cs, cwp, cwq, top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), grid=min(tiles, MAX_BLOCKS),
+        k(n * c, h, w, -self.pad_beg, self.hi, self.wi, self.ho, self.wo, int(self._copy), rows, bcols, cw, rp, rs,
+          rwp, rwq, cs, cwp, cwq, top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), grid=min(tiles, MAX_BLOCKS),
           block=threads, shared=shared)
 
 

@@ -4,7 +4,7 @@
 of 32 threads runs each ``FOR_THREAD`` stage thread after thread over every tile. Device pointers are
 the host arrays' addresses. forward_gpu and backward_gpu then run as written (tables, tiling,
 pointer offsets, launch arguments) and must agree with the CPU path, with the default tiling,
-one-row bands, narrow column tiles and one-column chunks (conftest's INTERP_TILINGS). Marked slow
+one-row bands, narrow column tiles and one-column chunks (INTERP_TILINGS in tests/conftest.py). Marked slow
 (two compilations); run with ``python -m pytest -q tests/layers/test_interp_kernels_on_host.py``."""
 
 from __future__ import annotations
