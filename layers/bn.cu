@@ -1,5 +1,5 @@
-// BN (yjxiong / PSPNet / SegNet): per-channel coefficients y = a x + b and the element passes, one
-// thread per element. The per-channel sums come from math_functions (channel_moments, channel_dot).
+// BN (yjxiong / PSPNet / SegNet): per-channel coefficients y = a x + b and the element passes. The
+// per-channel sums come from math_functions (channel_moments, channel_dot).
 
 // a = slope * inv_std, b = bias - mu * a with inv_std = 1 / sqrt(var + eps) when normalize, else
 // (SegNet INFERENCE) a = slope, b = bias, mu = 0, inv_std = 1. With update the running values
@@ -22,31 +22,78 @@ __global__ void bn_coeffs(const int C, const Dtype* mu, const Dtype* var, const 
   }
 }
 
+// The element passes over units of W consecutive elements of a channel's row (W = 4: 128-bit loads
+// and stores for float; the caller picks W with math_functions.vec_width). n counts units.
+#include "vec.cuh"
+
+extern "C++" {
 // y = a[c] x + b[c]; with keep, x_hat = (x - mean[c]) * inv_std[c]. x and y may alias.
-__global__ void bn_affine(const int n, const int C, const int S, const Dtype* x, const Dtype* a,
-                          const Dtype* b, const Dtype* mean, const Dtype* inv_std, const int keep,
-                          Dtype* x_hat, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, n) {
-    const int c = (i / S) % C;
-    const Dtype v = x[i];
-    if (keep) x_hat[i] = (v - mean[c]) * inv_std[c];
-    y[i] = a[c] * v + b[c];
+template <int W>
+__device__ void bn_affine(const int n, const int C, const int S, const Dtype* x, const Dtype* a, const Dtype* b,
+                          const Dtype* mean, const Dtype* inv_std, const int keep, Dtype* x_hat, Dtype* y) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const int c = vchannel<W>(u, C, S);
+    Vec<W> v = vload<W>(x, u);
+    if (keep) {
+      const Dtype m = mean[c], r = inv_std[c];
+      Vec<W> h;
+#pragma unroll
+      for (int j = 0; j < W; ++j) h.v[j] = (v.v[j] - m) * r;
+      vstore<W>(x_hat, u, h);
+    }
+    const Dtype ac = a[c], bc = b[c];
+#pragma unroll
+    for (int j = 0; j < W; ++j) v.v[j] = ac * v.v[j] + bc;
+    vstore<W>(y, u, v);
   }
 }
 
 // Batch statistics: dx = a[c] (dy - sum_dy[c] / m - x_hat sum_dyx[c] / m); dy and dx may alias.
-__global__ void bn_backward_batch(const int n, const int C, const int S, const Dtype inv_m,
-                                  const Dtype* dy, const Dtype* x_hat, const Dtype* a,
-                                  const Dtype* sum_dy, const Dtype* sum_dyx, Dtype* dx) {
-  CUDA_KERNEL_LOOP(i, n) {
-    const int c = (i / S) % C;
-    dx[i] = a[c] * (dy[i] - sum_dy[c] * inv_m - x_hat[i] * sum_dyx[c] * inv_m);
+// x_hat is xs, or with normalize (xs the input) (xs - mean[c]) * inv_std[c] as bn_affine keeps it.
+template <int W>
+__device__ void bn_backward_batch(const int n, const int C, const int S, const Dtype inv_m, const Dtype* dy,
+                                  const Dtype* xs, const int normalize, const Dtype* mean, const Dtype* inv_std,
+                                  const Dtype* a, const Dtype* sum_dy, const Dtype* sum_dyx, Dtype* dx) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const int c = vchannel<W>(u, C, S);
+    const Dtype ac = a[c], p = sum_dy[c] * inv_m, q = sum_dyx[c] * inv_m;
+    const Dtype m = normalize ? mean[c] : Dtype(0), r = normalize ? inv_std[c] : Dtype(1);
+    Vec<W> d = vload<W>(dy, u);
+    const Vec<W> h = vload<W>(xs, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) d.v[j] = ac * (d.v[j] - p - (normalize ? (h.v[j] - m) * r : h.v[j]) * q);
+    vstore<W>(dx, u, d);
   }
 }
 
-__global__ void bn_backward_fixed(const int n, const int C, const int S, const Dtype* dy,
-                                  const Dtype* a, Dtype* dx) {
-  CUDA_KERNEL_LOOP(i, n) {
-    dx[i] = a[(i / S) % C] * dy[i];
+// Fixed statistics: dx = a[c] dy.
+template <int W>
+__device__ void bn_backward_fixed(const int n, const int C, const int S, const Dtype* dy, const Dtype* a, Dtype* dx) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const Dtype ac = a[vchannel<W>(u, C, S)];
+    Vec<W> d = vload<W>(dy, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) d.v[j] *= ac;
+    vstore<W>(dx, u, d);
   }
 }
+}  // extern "C++"
+
+#define BN_ENTRIES(W)                                                                                       \
+  __global__ void bn_affine_v##W(const int n, const int C, const int S, const Dtype* x, const Dtype* a,     \
+                                 const Dtype* b, const Dtype* mean, const Dtype* inv_std, const int keep,   \
+                                 Dtype* x_hat, Dtype* y) {                                                  \
+    bn_affine<W>(n, C, S, x, a, b, mean, inv_std, keep, x_hat, y);                                          \
+  }                                                                                                         \
+  __global__ void bn_backward_batch_v##W(const int n, const int C, const int S, const Dtype inv_m,          \
+                                         const Dtype* dy, const Dtype* xs, const int normalize,             \
+                                         const Dtype* mean, const Dtype* inv_std, const Dtype* a,           \
+                                         const Dtype* sum_dy, const Dtype* sum_dyx, Dtype* dx) {            \
+    bn_backward_batch<W>(n, C, S, inv_m, dy, xs, normalize, mean, inv_std, a, sum_dy, sum_dyx, dx);         \
+  }                                                                                                         \
+  __global__ void bn_backward_fixed_v##W(const int n, const int C, const int S, const Dtype* dy,            \
+                                         const Dtype* a, Dtype* dx) {                                       \
+    bn_backward_fixed<W>(n, C, S, dy, a, dx);                                                               \
+  }
+BN_ENTRIES(1)
+BN_ENTRIES(4)

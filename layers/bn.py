@@ -17,7 +17,9 @@ Two layouts, picked from the prototxt (SegNet's fields ``bn_mode`` / ``scale_fil
 
 Bottom (N, C, ...), top of its shape; in place allowed. Backward with batch statistics is the usual
 batch-norm gradient; with fixed statistics ``dx = dy · slope / sqrt(var + eps)``. Parameter gradients
-accumulate (slope: Σ dy · x̂, bias: Σ dy), except when frozen.
+accumulate (slope: Σ dy · x̂, bias: Σ dy), except when frozen. Forward keeps x̂ for backward only in
+place; otherwise backward normalizes its input again (on the GPU Σ dy · (x - mean) in one pass, then
+times 1 / std), so forward writes nothing but the top.
 """
 
 from __future__ import annotations
@@ -104,9 +106,10 @@ class BNLayer(Layer):
             top[0].reshape(x.shape)
         for t in top[1:]:
             t.reshape((1, self.channels, 1, 1))
-        # x_hat (x itself in SegNet's INFERENCE) is kept when backward may need it: batch statistics
-        # or learned parameters (in place the input is gone by then).
-        self.keep_x_hat = self.batch_stats or not self.frozen
+        # Backward needs x_hat (x itself in SegNet's INFERENCE) with batch statistics or learned
+        # parameters: kept by forward in place (the input is gone by then), else rebuilt from the input.
+        self.needs_x_hat = self.batch_stats or not self.frozen
+        self.keep_x_hat = self.needs_x_hat and top[0] is x
         self._x_hat.reshape(x.shape if self.keep_x_hat else ())
 
     # -- coefficients ------------------------------------------------------------------------
@@ -151,13 +154,17 @@ class BNLayer(Layer):
         top[0].mutable_cpu_data()[...] = y.reshape(top[0].shape)
 
     def _learn(self) -> tuple[bool, bool]:
-        """Whether slope and bias take gradients: never when frozen (x_hat is kept otherwise)."""
+        """Whether slope and bias take gradients: never when frozen (x_hat is at hand otherwise)."""
         return (not self.frozen and self.param_propagate_down[0], not self.frozen and self.param_propagate_down[1])
 
     def backward_cpu(self, top, propagate_down, bottom):
         dy = self._cview(top[0].cpu_diff())
         coef = self._coef.cpu_data()
-        x_hat = self._cview(self._x_hat.cpu_data()) if self.keep_x_hat else None
+        x_hat = None
+        if self.keep_x_hat:
+            x_hat = self._cview(self._x_hat.cpu_data())
+        elif self.needs_x_hat:
+            x_hat = (self._cview(bottom[0].cpu_data()) - coef[2][None, :, None]) * coef[3][None, :, None]
         sum_dy = dy.sum(axis=(0, 2))
         sum_dyx = (dy * x_hat).sum(axis=(0, 2)) if x_hat is not None else None
         learn = self._learn()
@@ -202,28 +209,37 @@ class BNLayer(Layer):
         else:
             rm, rv = self.blobs[2].gpu_data(), self.blobs[3].gpu_data()
             self._k("bn_coeffs")(c, rm, rv, slope, bias, self.eps, 1, 0, 0.0, bmean, bvar, a, b, mean, inv_std)
-        x_hat = self._x_hat.mutable_gpu_data() if self.keep_x_hat else top[0].mutable_gpu_data()
-        self._k("bn_affine")(bottom[0].count, c, s, bottom[0].gpu_data(), a, b, mean, inv_std,
-                             int(self.keep_x_hat), x_hat, top[0].mutable_gpu_data())
+        x, y = bottom[0].gpu_data(), top[0].mutable_gpu_data()
+        x_hat = self._x_hat.mutable_gpu_data() if self.keep_x_hat else y
+        w = gm.vec_width(s, self.dtype, x, x_hat, y)
+        self._k(f"bn_affine_v{w}")(bottom[0].count // w, c, s, x, a, b, mean, inv_std, int(self.keep_x_hat), x_hat, y)
 
     def backward_gpu(self, top, propagate_down, bottom):
         c, n, s = self.channels, self.num, self.spatial
         it = self.dtype.itemsize
         coef, stats = self._coef.gpu_data(), self._stats.mutable_gpu_data()
-        a = coef
+        a, mean, inv_std = coef, coef + 2 * c * it, coef + 3 * c * it
         sum_dy, sum_dyx = stats + 2 * c * it, stats + 3 * c * it
         dy = top[0].gpu_diff()
+        # x_hat's source: the kept x_hat, or the input normalized again on the fly
+        xs = self._x_hat.gpu_data() if self.keep_x_hat else bottom[0].gpu_data()
         learn = self._learn()
-        if self.batch_stats or any(learn):  # then x_hat is kept (batch statistics, or not frozen)
-            gm.channel_dot(n, c, s, dy, self._x_hat.gpu_data(), self.dtype, sum_a=sum_dy, dot=sum_dyx)
+        if self.batch_stats or any(learn):  # then x_hat is at hand (batch statistics, or not frozen)
+            if self.keep_x_hat:
+                gm.channel_dot(n, c, s, dy, xs, self.dtype, sum_a=sum_dy, dot=sum_dyx)
+            else:  # sum dy (x - mean), times inv_std
+                gm.channel_dot(n, c, s, dy, xs, self.dtype, sum_a=sum_dy, dot=sum_dyx, shift=mean)
+                gm.mul(c, sum_dyx, inv_std, sum_dyx, self.dtype)
             if learn[0]:
                 gm.add(c, self.blobs[0].gpu_diff(), sum_dyx, self.blobs[0].mutable_gpu_diff(), self.dtype)
             if learn[1]:
                 gm.add(c, self.blobs[1].gpu_diff(), sum_dy, self.blobs[1].mutable_gpu_diff(), self.dtype)
         if not propagate_down[0]:
             return
+        dx = bottom[0].mutable_gpu_diff()
+        w = gm.vec_width(s, self.dtype, dy, xs, dx)
         if self.batch_stats:
-            self._k("bn_backward_batch")(bottom[0].count, c, s, self.dtype.type(1.0 / (n * s)), dy,
-                                         self._x_hat.gpu_data(), a, sum_dy, sum_dyx, bottom[0].mutable_gpu_diff())
+            self._k(f"bn_backward_batch_v{w}")(bottom[0].count // w, c, s, self.dtype.type(1.0 / (n * s)), dy, xs,
+                                               int(not self.keep_x_hat), mean, inv_std, a, sum_dy, sum_dyx, dx)
         else:
-            self._k("bn_backward_fixed")(bottom[0].count, c, s, dy, a, bottom[0].mutable_gpu_diff())
+            self._k(f"bn_backward_fixed_v{w}")(bottom[0].count // w, c, s, dy, a, dx)

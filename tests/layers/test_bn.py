@@ -121,6 +121,28 @@ def test_in_place(mode):
     np.testing.assert_allclose(b.cpu_diff(), 0, atol=1e-12)  # a constant gradient is normalized away
 
 
+@pytest.mark.parametrize("x", [X, X.reshape(3, 4, 1, 10)[:2].repeat(2, axis=3)], ids=["scalar", "vec4"])
+@pytest.mark.parametrize("extra,phase", [("", ""), ("", "phase: TEST")])
+def test_in_place_backward_equals_out_of_place(mode, extra, phase, x):
+    """In place the layer keeps x_hat; out of place backward normalizes its input again: the
+    gradients (dx, slope, bias) agree (planes of 10 and 20 elements: the scalar and 4-wide GPU
+    kernels)."""
+    dy = np.random.default_rng(3).standard_normal(x.shape)
+    got = []
+    for in_place in (True, False):
+        layer = make_layer(YJ.format(extra=extra, phase=phase))
+        (b,) = blobs([x])
+        t = b if in_place else empty_blobs(1)[0]
+        layer.setup([b], [t])
+        set_params(layer, SLOPE, BIAS, RMEAN, RVAR)
+        layer.forward([b], [t])
+        t.mutable_cpu_diff()[...] = dy
+        layer.backward([t], [True], [b])
+        got.append([b.cpu_diff().copy(), layer.blobs[0].cpu_diff().copy(), layer.blobs[1].cpu_diff().copy()])
+    for kept, rebuilt in zip(*got):
+        np.testing.assert_allclose(kept, rebuilt, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("text", [
     YJ.format(extra="", phase=""),
     YJ.format(extra="", phase="phase: TEST"),
@@ -193,8 +215,10 @@ def test_load_segnet_caffemodel(tmp_path):
     ('type: "BN" bn_param { bn_mode: LEARN scale_filler { type: "uniform" } shift_filler { type: "uniform" } }', 3),
     ('type: "BN" bn_param { bn_mode: INFERENCE scale_filler { type: "uniform" } shift_filler { type: "uniform" } }', 1),
 ])
-def test_cpu_gpu_agree(text, ntop):
-    big = RNG.standard_normal((4, 5, 13, 11))
+@pytest.mark.parametrize("shape", [(4, 5, 13, 11), (3, 5, 12, 8)], ids=["scalar", "vec4"])
+def test_cpu_gpu_agree(text, ntop, shape):
+    """Planes of 143 elements take the scalar kernels, of 96 the 4-wide ones."""
+    big = RNG.standard_normal(shape)
     assert_cpu_gpu_agree(text, [big], ntop=ntop, rtol=1e-10, atol=1e-12)
     # float32: the slope/bias gradients reach 1e4 and are sums of 572 terms whose order differs between
     # the devices, so a small entry beside them agrees to ~1e-7 of that scale, not of its own
