@@ -1,6 +1,8 @@
 // BN (yjxiong / PSPNet / SegNet): per-channel coefficients y = a x + b and the element passes. The
 // per-channel sums come from math_functions (channel_moments, channel_dot).
 
+#include "vec.cuh"
+
 // a = slope * inv_std, b = bias - mu * a with inv_std = 1 / sqrt(var + eps) when normalize, else
 // (SegNet INFERENCE) a = slope, b = bias, mu = 0, inv_std = 1. With update the running values
 // become momentum * run + (1 - momentum) * batch.
@@ -24,8 +26,6 @@ __global__ void bn_coeffs(const int C, const Dtype* mu, const Dtype* var, const 
 
 // The element passes over units of W consecutive elements of a channel's row (W = 4: 128-bit loads
 // and stores for float; the caller picks W with math_functions.vec_width). n counts units.
-#include "vec.cuh"
-
 extern "C++" {
 // y = a[c] x + b[c]; with keep, x_hat = (x - mean[c]) * inv_std[c]. x and y may alias.
 template <int W>

@@ -148,10 +148,14 @@ class BNLayer(Layer):
         coef[1] = bias - mean * coef[0]
         coef[2], coef[3] = mean, inv_std
         if self.keep_x_hat:
-            self._x_hat.mutable_cpu_data()[...] = ((x - mean[None, :, None]) * inv_std[None, :, None]).reshape(
-                self._x_hat.shape)
+            self._x_hat.mutable_cpu_data()[...] = self._normalize_cpu(x).reshape(self._x_hat.shape)
         y = coef[0][None, :, None] * x + coef[1][None, :, None]
         top[0].mutable_cpu_data()[...] = y.reshape(top[0].shape)
+
+    def _normalize_cpu(self, x):
+        """x_hat of x (N, C, S): ``(x - mean[c]) * inv_std[c]`` with the last forward's coefficients."""
+        coef = self._coef.cpu_data()
+        return (x - coef[2][None, :, None]) * coef[3][None, :, None]
 
     def _learn(self) -> tuple[bool, bool]:
         """Whether slope and bias take gradients: never when frozen (x_hat is at hand otherwise)."""
@@ -164,7 +168,7 @@ class BNLayer(Layer):
         if self.keep_x_hat:
             x_hat = self._cview(self._x_hat.cpu_data())
         elif self.needs_x_hat:
-            x_hat = (self._cview(bottom[0].cpu_data()) - coef[2][None, :, None]) * coef[3][None, :, None]
+            x_hat = self._normalize_cpu(self._cview(bottom[0].cpu_data()))
         sum_dy = dy.sum(axis=(0, 2))
         sum_dyx = (dy * x_hat).sum(axis=(0, 2)) if x_hat is not None else None
         learn = self._learn()

@@ -125,7 +125,8 @@ __device__ __forceinline__ void interp_tile_columns(const Dtype* col, const int 
 #pragma unroll
     for (int j = 0; j < INTERP_ROW_BATCH; ++j) {
 #pragma unroll
-      for (int k = 0; k < INTERP_COLS; ++k) v[k][j] = hb + j < h1 && k < ncol ? col[(long long)(hb + j) * Wo + 32 * k] : Dtype(0);
+      for (int k = 0; k < INTERP_COLS; ++k)
+        v[k][j] = hb + j < h1 && k < ncol ? col[(long long)(hb + j) * Wo + 32 * k] : Dtype(0);
     }
 #pragma unroll
     for (int j = 0; j < INTERP_ROW_BATCH; ++j) {
@@ -184,9 +185,8 @@ __global__ void interp_backward(const int planes, const int H, const int W, cons
                                 const int Ho, const int Wo, const int copy, const int rows, const int bcols,
                                 const int cw, const int* __restrict__ rpairs, const int* __restrict__ rstarts,
                                 const Dtype* __restrict__ rwp, const Dtype* __restrict__ rwq,
-                                const int* __restrict__ cstarts,
-                                const Dtype* __restrict__ cwp, const Dtype* __restrict__ cwq,
-                                const Dtype* __restrict__ dy, Dtype* __restrict__ dx) {
+                                const int* __restrict__ cstarts, const Dtype* __restrict__ cwp,
+                                const Dtype* __restrict__ cwq, const Dtype* __restrict__ dy, Dtype* __restrict__ dx) {
   INTERP_SHARED(T);
   const int stride = INTERP_SLOT(cw - 1) + 1;
   const int bands = (Hi + rows - 1) / rows, ctiles = (Wi + bcols - 1) / bcols;

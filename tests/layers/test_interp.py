@@ -1,8 +1,8 @@
 """Interp: output sizes (zoom, shrink, both, height/width, cropping), aligned-corner bilinear values
 against a naive reference, the adjoint backward, gradients, the GPU sampling tables, CPU/GPU
 agreement (tables, the backward's tiles: default, one-row bands, narrow column tiles and chunks;
-capture in a CUDA graph), errors. The GPU kernels' index math is also run on the host: test_interp_kernels_on_host.py."""
-
+capture in a CUDA graph), errors. The GPU kernels' index math is also run on the host:
+test_interp_kernels_on_host.py."""
 
 import numpy as np
 import pytest
