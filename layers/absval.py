@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .neuron_layer import NeuronLayer
 
 
 @register_layer("AbsVal")
 class AbsValLayer(NeuronLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     allow_in_place = False
     gpu_forward = "y[i] = fabs(x[i])"
     gpu_backward = "dx[i] = dy[i] * Dtype((Dtype(0) < x[i]) - (x[i] < Dtype(0)))"

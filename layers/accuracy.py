@@ -18,7 +18,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 REDUCE_THREADS = 256
@@ -26,6 +26,7 @@ REDUCE_THREADS = 256
 
 @register_layer("Accuracy")
 class AccuracyLayer(Layer):
+    traits = Traits(graph_safe=True)
     exact_num_bottom_blobs = 2
     min_top_blobs = 1
     max_top_blobs = 2

@@ -28,7 +28,7 @@ from pycaffe_lite import bbox, common, io
 from pycaffe_lite.data.db import open_cursor
 from pycaffe_lite.data.transformer import decode_datum, load_mean_file
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 RP = caffe_pb2.ResizeParameter
@@ -61,10 +61,10 @@ def _hsv_to_bgr(hsv: np.ndarray) -> np.ndarray:
 
 @register_layer("AnnotatedData")
 class AnnotatedDataLayer(Layer):
+    traits = Traits()  # CPU code only (its GPU path runs it on host copies)
     exact_num_bottom_blobs = 0
     min_top_blobs = 1
     max_top_blobs = 2
-    graph_safe = False
 
     def layer_setup(self, bottom, top):
         dp = self.layer_param.data_param

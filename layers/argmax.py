@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("ArgMax")
 class ArgMaxLayer(Layer):
+    traits = Traits()  # CPU code only (its GPU path runs it on host copies)
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

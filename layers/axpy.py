@@ -15,7 +15,7 @@ import numpy as np
 
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 LONG_ROW = 1024  # rows longer than this get a block of 256 threads each in the backward
@@ -24,7 +24,7 @@ MAX_GRID = 65535 * 4
 
 @register_layer("Axpy")
 class AxpyLayer(Layer):
-    writes_all_bottom_diffs = True
+    traits = Traits(graph_safe=True, writes_all_bottom_diffs=True, backward_reads=('bottom',))
     exact_num_bottom_blobs = 3
     exact_num_top_blobs = 1
 

@@ -23,16 +23,16 @@ from pycaffe_lite import common
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import NORM_CHAIN, NORM_FOLD, Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("BatchNorm")
 class BatchNormLayer(Layer):
+    traits = Traits(graph_safe=True, regenerates_top=True, backward_reads=('top',), fuses=frozenset({NORM_FOLD, NORM_CHAIN}))
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
-    regenerates_top = True  # regenerate_top_into: the executor's recomputed Scale inputs
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.batch_norm_param
@@ -156,11 +156,9 @@ class BatchNormLayer(Layer):
     def backward_reads_data(self, top: bool, i: int) -> bool:
         return not self.use_global_stats  # on global statistics dx = dy / std, read from the forward's table
 
-    def heads_norm_chain(self) -> bool:
-        return True
-
-    def folds_into_convolution(self) -> bool:
-        return bool(self.use_global_stats)
+    def fuses_as(self, role, bottom=None) -> bool:
+        """Heads a norm chain always; folds into a convolution on global statistics."""
+        return super().fuses_as(role, bottom) and (role != NORM_FOLD or bool(self.use_global_stats))
 
     def fold_convolution(self, conv: Layer, scale: Layer | None, fused: Layer) -> None:
         """Write into ``fused`` (a convolution like ``conv`` with a bias term) the weight and bias of

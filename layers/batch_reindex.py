@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("BatchReindex")
 class BatchReindexLayer(Layer):
+    traits = Traits(graph_safe=True)
     exact_num_bottom_blobs = 2
     exact_num_top_blobs = 1
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 from pycaffe_lite import fillers
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("Bias")
 class BiasLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=())
     min_bottom_blobs = 1
     max_bottom_blobs = 2
     exact_num_top_blobs = 1

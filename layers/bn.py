@@ -32,7 +32,7 @@ from pycaffe_lite import common, fillers
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
@@ -41,6 +41,7 @@ SEGNET_EPS = 1e-9
 
 @register_layer("BN")
 class BNLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     exact_num_bottom_blobs = 1
     min_top_blobs = 1
     max_top_blobs = 3

@@ -10,12 +10,12 @@ import numpy as np
 
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("Concat")
 class ConcatLayer(Layer):
-    writes_all_bottom_diffs = True
+    traits = Traits(graph_safe=True, writes_all_bottom_diffs=True, backward_reads=())
     min_bottom_blobs = 1
     exact_num_top_blobs = 1
 

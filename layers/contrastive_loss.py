@@ -18,7 +18,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .loss_layer import LossLayer
 
@@ -28,6 +28,7 @@ EPSILON = 1e-4
 
 @register_layer("ContrastiveLoss")
 class ContrastiveLossLayer(LossLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     exact_num_bottom_blobs = 3
     label_bottoms = (2,)
 

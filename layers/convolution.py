@@ -38,7 +38,7 @@ from pycaffe_lite.conv import nd as conv_nd
 from pycaffe_lite.conv.geometry import Pair, geometry_nd, out_shape, out_shape_nd
 from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, create_layer, register_layer
+from pycaffe_lite.layer import CONVOLUTION, Layer, Traits, create_layer, register_layer
 from pycaffe_lite.memcheck import check_fits
 from pycaffe_lite.proto import caffe_pb2
 
@@ -112,12 +112,12 @@ class ConvolutionBase(Layer):
     checks, the weight/bias blobs, top shapes, and the GPU engine choice for the convolution the
     engines run (:meth:`engine_problem_dims`). Subclasses give the weight shape, the output size
     and their math."""
+    traits = Traits(graph_safe=True, pure_forward=True)
 
     min_bottom_blobs = 1
     min_top_blobs = 1
     equal_num_bottom_top_blobs = True
     engines_add_bias = True  # the engines' forward/weight passes handle this layer's bias
-    pure_forward = True
 
     def backward_reads_data(self, top: bool, i: int) -> bool:
         return not top  # the weight gradient reads the bottom; nothing reads the top
@@ -154,7 +154,7 @@ class ConvolutionBase(Layer):
             self.geo_nd = NDGeometry(g.kernel, g.pad, g.stride, g.dilation)
         self.num_spatial_axes = axes
         if axes > im2col_nd.MAX_AXES:
-            self.graph_safe = False  # its GPU passes run the CPU code on host copies
+            self.traits = self.traits.but(graph_safe=False)  # its GPU passes run the CPU code on host copies
         self.bias_term = p.bias_term
         self.channels = bottom[0].shape[self.axis]
         self.num_output, self.group = self.output_and_group(p)
@@ -345,6 +345,8 @@ class ConvolutionBase(Layer):
 
 @register_layer("Convolution")
 class ConvolutionLayer(ConvolutionBase):
+    traits = Traits(graph_safe=True, pure_forward=True, fuses=frozenset({CONVOLUTION}))
+
     def weight_shape(self) -> tuple[int, ...]:
         return (self.num_output, self.channels // self.group) + self.geo_nd.kernel
 
@@ -361,8 +363,8 @@ class ConvolutionLayer(ConvolutionBase):
     def engine_problem_dims(self) -> tuple[int, Pair, int]:
         return self.channels, self.in_hw, self.num_output
 
-    def fusable_convolution(self) -> bool:
-        return self.layer_param.convolution_param.axis == 1
+    def fuses_as(self, role, bottom=None) -> bool:
+        return super().fuses_as(role, bottom) and self.layer_param.convolution_param.axis == 1
 
     def folded_copy(self, bottom, top) -> Layer:
         """This convolution with a bias term and constant fillers, set up on ``bottom``/``top``: the

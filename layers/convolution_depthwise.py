@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import CONVOLUTION, Traits, register_layer
 
 from .depthwise_convolution import DepthwiseConvolutionLayer
 
@@ -22,6 +22,8 @@ log = logging.getLogger("pycaffe_lite")
 
 @register_layer("ConvolutionDepthwise")
 class ConvolutionDepthwiseLayer(DepthwiseConvolutionLayer):  # its engine choice too
+    traits = Traits(graph_safe=True, pure_forward=True, fuses=frozenset({CONVOLUTION}))
+
     def output_and_group(self, p: Any) -> tuple[int, int]:
         c = self.channels
         for name in ("num_output", "group"):

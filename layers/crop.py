@@ -13,13 +13,14 @@ import numpy as np
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("Crop")
 class CropLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=())
     exact_num_bottom_blobs = 2
     exact_num_top_blobs = 1
 

@@ -31,7 +31,7 @@ from pycaffe_lite import fillers
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend, blas
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
@@ -42,7 +42,7 @@ def _sigmoid(x):
 
 @register_layer("Lstm")
 class CtpnLstmLayer(Layer):
-    outside_effects = True  # its final state carries into the next forward: a re-run would advance it
+    traits = Traits(graph_safe=True, outside_effects=True)
     min_bottom_blobs = 1
     max_bottom_blobs = 2
     exact_num_top_blobs = 1

@@ -26,7 +26,7 @@ from pycaffe_lite.data.db import open_cursor
 from pycaffe_lite.data.device_cache import DeviceBatches
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import CaffeError, DataError
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 log = logging.getLogger("pycaffe_lite")
@@ -147,7 +147,7 @@ class _Prefetcher:
 
 @register_layer("Data")
 class DataLayer(Layer):
-    graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
+    traits = Traits()  # a host-side reader: runs plainly before a replayed graph
     exact_num_bottom_blobs = 0
     min_top_blobs = 1
     max_top_blobs = 2
@@ -216,7 +216,7 @@ class DataLayer(Layer):
         self._cache = DeviceBatches(data, labels if self.output_labels else None, self.batch_size, start[0],
                                     stride=self.batch_size + prefetcher.skip_after, where=self._where)
         self._host_copy = (data, labels)
-        self.graph_safe = True  # the gather reads its position from device memory: capturable
+        self.traits = self.traits.but(graph_safe=True)  # the gather reads its position from device memory: capturable
         log.info("%s: %d records (%.1f MB) cached on the device", self._where, count, nbytes / 1e6)
 
     def _install(self, prefetcher: _Prefetcher) -> None:

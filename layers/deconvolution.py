@@ -26,13 +26,14 @@ from pycaffe_lite.conv import engines as conv_engines
 from pycaffe_lite.conv import nd as conv_nd
 from pycaffe_lite.conv.geometry import Pair, deconv_out_shape, deconv_out_shape_nd
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .convolution import ConvolutionBase
 
 
 @register_layer("Deconvolution")
 class DeconvolutionLayer(ConvolutionBase):
+    traits = Traits(graph_safe=True, pure_forward=True)
     engines_add_bias = False  # the bias is on this layer's top: the engines' input channels
 
     def weight_shape(self) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pycaffe_lite.conv import engines as conv_engines
 from pycaffe_lite.conv.problem import ConvProblem
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import CONVOLUTION, Traits, register_layer
 
 from .convolution import ConvolutionLayer
 
@@ -29,6 +29,8 @@ def depthwise_candidates(engine: str, prob: ConvProblem) -> tuple[str, ...] | No
 
 @register_layer("DepthwiseConvolution")
 class DepthwiseConvolutionLayer(ConvolutionLayer):
+    traits = Traits(graph_safe=True, pure_forward=True, fuses=frozenset({CONVOLUTION}))
+
     def output_and_group(self, p: Any) -> tuple[int, int]:
         c = self.channels
         if p.HasField("group") and p.group != c:

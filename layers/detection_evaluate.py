@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pycaffe_lite import bbox
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 RP = caffe_pb2.ResizeParameter
@@ -42,9 +42,9 @@ def _pixel_iou(a, b):
 
 @register_layer("DetectionEvaluate")
 class DetectionEvaluateLayer(Layer):
+    traits = Traits()  # CPU code only (its GPU path runs it on host copies)
     exact_num_bottom_blobs = 2
     exact_num_top_blobs = 1
-    graph_safe = False
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.detection_evaluate_param

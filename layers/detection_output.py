@@ -28,16 +28,16 @@ import numpy as np
 from pycaffe_lite import bbox
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 log = logging.getLogger("pycaffe_lite")
 
 
 @register_layer("DetectionOutput")
 class DetectionOutputLayer(Layer):
+    traits = Traits()  # its output size depends on the data (host reads): never captured
     exact_num_bottom_blobs = 3
     exact_num_top_blobs = 1
-    graph_safe = False  # the top's size depends on the data
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.detection_output_param

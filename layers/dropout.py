@@ -19,7 +19,7 @@ from pycaffe_lite import common
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import CudaError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .neuron_layer import NeuronLayer
 
@@ -29,6 +29,7 @@ UINT_MAX = 2**32 - 1
 
 @register_layer("Dropout")
 class DropoutLayer(NeuronLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     gpu_forward = "y[i] = x[i] * scale"  # TEST; TRAIN draws in dropout.cu
     gpu_backward = "dx[i] = dy[i] * scale"  # TEST
     gpu_backward_train = "dx[i] = mask[i] != Dtype(0) ? dy[i] * scale : Dtype(0)"

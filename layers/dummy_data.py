@@ -8,13 +8,13 @@ Tops with a ``constant`` filler are filled once at set-up; the others are refill
 from __future__ import annotations
 
 from pycaffe_lite import fillers
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 
 @register_layer("DummyData")
 class DummyDataLayer(Layer):
-    graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
+    traits = Traits()  # a host-side reader: runs plainly before a replayed graph
     exact_num_bottom_blobs = 0
     min_top_blobs = 1
 

@@ -17,7 +17,7 @@ from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import SUM_RELU, Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
@@ -26,7 +26,7 @@ Op = caffe_pb2.EltwiseParameter
 
 @register_layer("Eltwise")
 class EltwiseLayer(Layer):
-    writes_all_bottom_diffs = True
+    traits = Traits(graph_safe=True, writes_all_bottom_diffs=True, backward_reads=(), fuses=frozenset({SUM_RELU}))
     min_bottom_blobs = 2
     exact_num_top_blobs = 1
 
@@ -134,8 +134,12 @@ class EltwiseLayer(Layer):
                 backend.kernel(KERNELS, "eltwise_max_backward", dt)(n, dy, self.mask.gpu_data(), i, dx)
 
     # -- GPU chain: SUM, the in-place ReLU after it and the Split after that (runtime/fusion.py) ----
-    def sum_relu_chain(self) -> bool:
-        return self.op == Op.SUM and len(self.coeffs) <= 4
+    def backward_reads(self) -> tuple[str, ...] | None:
+        """SUM reads no data; PROD the bottoms and the top; MAX its winner mask (top-sized)."""
+        return {Op.PROD: ("bottom", "top"), Op.MAX: ("top",)}.get(self.op, ())
+
+    def fuses_as(self, role, bottom=None) -> bool:
+        return super().fuses_as(role, bottom) and self.op == Op.SUM and len(self.coeffs) <= 4
 
     def chain_forward_relu_gpu(self, bottom, top) -> None:
         """``top = relu(Σ coeff_i·bottom_i)`` in one pass (the ReLU's negative_slope 0)."""

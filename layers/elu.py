@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .neuron_layer import NeuronLayer
 
 
 @register_layer("ELU")
 class ELULayer(NeuronLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom', 'top'))
     gpu_forward = "y[i] = x[i] > 0 ? x[i] : alpha * expm1(x[i])"
     gpu_backward = "dx[i] = x[i] > 0 ? dy[i] : dy[i] * (y[i] + alpha)"
 

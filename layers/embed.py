@@ -14,13 +14,14 @@ import numpy as np
 from pycaffe_lite import fillers
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("Embed")
 class EmbedLayer(Layer):
+    traits = Traits(graph_safe=True)
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .loss_layer import REDUCE_THREADS, LossLayer, reduce_blocks
 
@@ -22,6 +22,7 @@ KERNELS = Path(__file__).with_suffix(".cu")
 
 @register_layer("EuclideanLoss")
 class EuclideanLossLayer(LossLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     label_bottoms = ()  # both inputs may take a gradient
 
     def layer_setup(self, bottom, top):

@@ -11,13 +11,14 @@ import math
 
 import numpy as np
 
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .neuron_layer import NeuronLayer
 
 
 @register_layer("Exp")
 class ExpLayer(NeuronLayer):
+    traits = Traits(graph_safe=True, backward_reads=('top',))
     gpu_forward = "y[i] = outer_scale * exp(inner_scale * x[i])"
     gpu_backward = "dx[i] = dy[i] * y[i] * inner_scale"
 

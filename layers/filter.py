@@ -17,16 +17,16 @@ import numpy as np
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("Filter")
 class FilterLayer(Layer):
+    traits = Traits()  # its output size depends on the data (host reads): never captured
     min_bottom_blobs = 2
     min_top_blobs = 1
-    graph_safe = False  # the top shapes depend on the selector's values
 
     def allow_force_backward(self, bottom_index: int) -> bool:
         return bottom_index != len(self.layer_param.bottom) - 1

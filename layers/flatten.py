@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .view_layer import ViewLayer
 
 
 @register_layer("Flatten")
 class FlattenLayer(ViewLayer):
+    traits = Traits(graph_safe=True)
+
     def top_shape(self, b: Blob) -> tuple[int, ...]:
         p = self.layer_param.flatten_param
         try:

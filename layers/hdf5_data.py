@@ -21,7 +21,7 @@ import numpy as np
 
 from pycaffe_lite.data.order import Order
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.optional import require
 
 
@@ -41,7 +41,7 @@ def read_file_list(source: str, where: str) -> list[str]:
 
 @register_layer("HDF5Data")
 class HDF5DataLayer(Layer):
-    graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
+    traits = Traits()  # a host-side reader: runs plainly before a replayed graph
     exact_num_bottom_blobs = 0
     min_top_blobs = 1
 

@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.optional import require
 
 DATASET_NAMES = ("data", "label")
@@ -32,8 +32,7 @@ def legacy_shape(shape: tuple[int, ...]) -> tuple[int, ...] | None:
 
 @register_layer("HDF5Output")
 class HDF5OutputLayer(Layer):
-    graph_safe = False  # writes a host file every forward
-    outside_effects = True
+    traits = Traits(outside_effects=True)  # writes a host file every forward
     exact_num_bottom_blobs = 2
     exact_num_top_blobs = 0
 

@@ -15,7 +15,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 from .loss_layer import REDUCE_THREADS, LossLayer, reduce_blocks
@@ -26,6 +26,8 @@ _L2 = caffe_pb2.HingeLossParameter.L2
 
 @register_layer("HingeLoss")
 class HingeLossLayer(LossLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
+
     def layer_setup(self, bottom, top):
         super().layer_setup(bottom, top)
         self.squared = self.layer_param.hinge_loss_param.norm == _L2

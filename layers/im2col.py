@@ -19,12 +19,13 @@ import math
 from pycaffe_lite.conv import cpu_nd as cpu_conv_nd
 from pycaffe_lite.conv import im2col_nd
 from pycaffe_lite.conv.geometry import geometry_nd, out_shape_nd
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.memcheck import check_fits
 
 
 @register_layer("Im2col")
 class Im2colLayer(Layer):
+    traits = Traits(graph_safe=True)
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 
@@ -36,7 +37,7 @@ class Im2colLayer(Layer):
             raise self.error(f"bottom shape {bottom[0].shape} has no spatial axis after channel axis {self.axis}")
         self.kernel, self.pad, self.stride, self.dilation = geometry_nd(p, self.axes, self.error)
         if self.axes > im2col_nd.MAX_AXES:
-            self.graph_safe = False  # its GPU passes run the CPU code on host copies
+            self.traits = self.traits.but(graph_safe=False)  # its GPU passes run the CPU code on host copies
 
     def reshape(self, bottom, top):
         shape = bottom[0].shape

@@ -27,7 +27,7 @@ from pycaffe_lite.data.order import Order
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.io import resize
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.optional import require
 from pycaffe_lite.proto import caffe_pb2
 
@@ -82,7 +82,7 @@ def read_image(path: str, new_height: int, new_width: int, is_color: bool) -> np
 
 @register_layer("ImageData")
 class ImageDataLayer(Layer):
-    graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
+    traits = Traits()  # a host-side reader: runs plainly before a replayed graph
     exact_num_bottom_blobs = 0
     exact_num_top_blobs = 2
 

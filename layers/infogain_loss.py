@@ -20,7 +20,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import read_binary
 
@@ -39,6 +39,7 @@ def infogain_axis(param: caffe_pb2.InfogainLossParameter) -> int:
 class InfogainLossLayer(SoftmaxWithLossLayer):
     """SoftmaxWithLoss's softmax, label checks, reduction and normalization with H-weighted
     per-position losses and gradients."""
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
 
     exact_num_bottom_blobs = None
     min_bottom_blobs = 2

@@ -11,12 +11,13 @@ import numpy as np
 from pycaffe_lite import fillers
 from pycaffe_lite.gpu import blas
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.memcheck import check_fits
 
 
 @register_layer("InnerProduct")
 class InnerProductLayer(Layer):
+    traits = Traits(graph_safe=True)
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("Input")
 class InputLayer(Layer):
+    traits = Traits(graph_safe=True)
     exact_num_bottom_blobs = 0
     min_top_blobs = 1
 

@@ -38,7 +38,7 @@ import numpy as np
 from pycaffe_lite import common
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 WARPS_PER_BLOCK = 8
@@ -64,6 +64,7 @@ def interp_weights(n_in: int, n_out: int, dtype) -> tuple[np.ndarray, np.ndarray
 
 @register_layer("Interp")
 class InterpLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=())
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

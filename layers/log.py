@@ -10,13 +10,14 @@ import math
 
 import numpy as np
 
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .neuron_layer import NeuronLayer
 
 
 @register_layer("Log")
 class LogLayer(NeuronLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     gpu_forward = "y[i] = base_scale * log(shift + scale * x[i])"
     gpu_backward = "dx[i] = dy[i] * num_scale / (shift + scale * x[i])"
 

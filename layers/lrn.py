@@ -16,7 +16,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
@@ -41,6 +41,7 @@ def window_sum(a: np.ndarray, size: int, axes: tuple[int, ...]) -> np.ndarray:
 
 @register_layer("LRN")
 class LRNLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom', 'top'))
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
@@ -32,6 +32,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 @register_layer("LSTMUnit")
 class LSTMUnitLayer(Layer):
+    traits = Traits(graph_safe=True)
     exact_num_bottom_blobs = 3
     exact_num_top_blobs = 2
 

@@ -17,12 +17,12 @@ import warnings
 import numpy as np
 
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("MemoryData")
 class MemoryDataLayer(Layer):
-    graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
+    traits = Traits()  # a host-side reader: runs plainly before a replayed graph
     exact_num_bottom_blobs = 0
     exact_num_top_blobs = 2
 

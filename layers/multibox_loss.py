@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from pycaffe_lite import bbox
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 MB = caffe_pb2.MultiBoxLossParameter
@@ -39,10 +39,10 @@ FLT_MIN = np.finfo(np.float32).tiny
 
 @register_layer("MultiBoxLoss")
 class MultiBoxLossLayer(Layer):
+    traits = Traits()  # CPU code only (its GPU path runs it on host copies)
     exact_num_bottom_blobs = 4
     exact_num_top_blobs = 1
     is_loss = True
-    graph_safe = False
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.multibox_loss_param

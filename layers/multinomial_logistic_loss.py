@@ -15,7 +15,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .loss_layer import LOG_THRESHOLD, LossLayer
 
@@ -24,6 +24,8 @@ KERNELS = Path(__file__).with_suffix(".cu")
 
 @register_layer("MultinomialLogisticLoss")
 class MultinomialLogisticLossLayer(LossLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
+
     def layer_setup(self, bottom, top):
         super().layer_setup(bottom, top)
         self._loss = Blob((), self.dtype)  # GPU: per-sample losses

@@ -15,13 +15,14 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend, blas
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("MVN")
 class MVNLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom', 'top'))
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

@@ -20,7 +20,7 @@ from pycaffe_lite import fillers
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
@@ -29,6 +29,7 @@ THREADS = 256  # NORMALIZE_THREADS in normalize.cu
 
 @register_layer("Normalize")
 class NormalizeLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

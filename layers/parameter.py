@@ -6,11 +6,12 @@ shares its data and diff, so what consumers write into the top's diff is the par
 
 from __future__ import annotations
 
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("Parameter")
 class ParameterLayer(Layer):
+    traits = Traits(graph_safe=True)
     exact_num_bottom_blobs = 0
     exact_num_top_blobs = 1
 

@@ -30,7 +30,7 @@ from pycaffe_lite import common
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import RELU_MASK, Layer, Traits, register_layer
 from pycaffe_lite.memcheck import check_fits
 from pycaffe_lite.proto import caffe_pb2
 
@@ -55,6 +55,7 @@ def _window_slices(i: int, j: int, pooled: tuple[int, int], stride: tuple[int, i
 
 @register_layer("Pooling")
 class PoolingLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=('top',), fuses=frozenset({RELU_MASK}))
     use_blocked_backward = True  # False: always the generic gather (tests compare the two)
     use_quad_backward = True  # False: AVE's blocked backward never takes the 4-wide kernels
     exact_num_bottom_blobs = 1
@@ -312,8 +313,13 @@ class PoolingLayer(Layer):
             return
         self._backward_2d(top[0].gpu_diff(), top, bottom)
 
-    def masks_relu_backward(self) -> bool:
-        return self.method == PP.MAX and self.nd is None and len(self.layer_param.top) == 1
+    def backward_reads(self) -> tuple[str, ...] | None:
+        """MAX reads its argmax (top-sized); AVE and STOCHASTIC only the top diffs."""
+        return ("top",) if self.method == PP.MAX else ()
+
+    def fuses_as(self, role, bottom=None) -> bool:
+        return super().fuses_as(role, bottom) and self.method == PP.MAX and self.nd is None and len(
+            self.layer_param.top) == 1
 
     def backward_relu_gpu(self, top: list[Blob], bottom: list[Blob]) -> None:
         """Backward of a ReLU (negative_slope 0, in place on ``bottom[0]``) and this MAX pooling

@@ -91,7 +91,7 @@ class PoolingND:
     def __init__(self, layer: Layer, p: Any, axes: int, ceil_mode: bool, ntop: int):
         self.layer = layer
         if axes > GPU_AXES:
-            layer.graph_safe = False  # its GPU passes run the CPU code on host copies
+            layer.traits = layer.traits.but(graph_safe=False)  # its GPU passes run the CPU code on host copies
         self.method = p.pool
         self.axes = axes
         self.ceil_mode = ceil_mode

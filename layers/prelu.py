@@ -15,7 +15,7 @@ from pycaffe_lite import fillers
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 from .neuron_layer import NeuronLayer
@@ -25,6 +25,7 @@ SLOPE = "slope[(i / dim) % channels / div]"
 
 @register_layer("PReLU")
 class PReLULayer(NeuronLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     gpu_forward = f"y[i] = x[i] > 0 ? x[i] : x[i] * {SLOPE}"
     gpu_backward = f"dx[i] = x[i] > 0 ? dy[i] : dy[i] * {SLOPE}"
     gpu_slope_terms = "terms[i] = x[i] <= 0 ? dy[i] * x[i] : Dtype(0)"

@@ -19,14 +19,14 @@ import math
 
 import numpy as np
 
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("PriorBox")
 class PriorBoxLayer(Layer):
+    traits = Traits()  # CPU code only (its GPU path runs it on host copies)
     exact_num_bottom_blobs = 2
     exact_num_top_blobs = 1
-    graph_safe = False
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.prior_box_param

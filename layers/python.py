@@ -16,7 +16,7 @@ import importlib
 
 import numpy as np
 
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.python_layer import BlobVec
 
 _HOOKS = ("setup", "reshape", "forward", "backward")
@@ -24,8 +24,8 @@ _HOOKS = ("setup", "reshape", "forward", "backward")
 
 @register_layer("Python")
 class PythonLayer(Layer):
-    graph_safe = False  # host-side state changes every forward: never replayed from a CUDA graph
-    outside_effects = True  # user code
+    traits = Traits(outside_effects=True)  # user code
+
     def __init__(self, param, dtype=np.float32) -> None:
         super().__init__(param, dtype=dtype)
         pp = self.layer_param.python_param

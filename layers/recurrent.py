@@ -28,7 +28,7 @@ import numpy as np
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer
+from pycaffe_lite.layer import Layer, Traits
 from pycaffe_lite.net import Net
 from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.runtime.executor import runs_on_device  # lazily: the net machinery imports layers
@@ -38,8 +38,8 @@ log = logging.getLogger("pycaffe_lite")
 
 class RecurrentLayer(Layer):
     """Shared machinery; subclasses name the blobs and fill the unrolled net."""
+    traits = Traits(graph_safe=True, outside_effects=True)
 
-    outside_effects = True  # its final state carries into the next forward: a re-run would advance it
 
     # -- what a subclass provides ---------------------------------------------------------------
     def recurrent_input_names(self) -> list[str]:
@@ -176,7 +176,8 @@ class RecurrentLayer(Layer):
         for blob in self.recur_output_blobs:  # no gradient crosses batches
             blob.mutable_cpu_diff()[...] = 0
         self.debug_info = p.debug_info
-        self.graph_safe = not self.debug_info and all(runs_on_device(layer) for layer in self.inner_layers)
+        self.traits = self.traits.but(
+            graph_safe=not self.debug_info and all(runs_on_device(layer) for layer in self.inner_layers))
         self._zeroed_key: tuple | None = None
         log.info("layer '%s': unrolled %d time steps of %d streams into %d layers", self.name, self.T, self.N,
                  len(self.inner_layers))

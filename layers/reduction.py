@@ -15,7 +15,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend, blas
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
@@ -24,6 +24,7 @@ Op = caffe_pb2.ReductionParameter
 
 @register_layer("Reduction")
 class ReductionLayer(Layer):
+    traits = Traits(graph_safe=True)
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import RELU, Traits, register_layer
 
 from .neuron_layer import NeuronLayer
 
 
 @register_layer("ReLU")
 class ReLULayer(NeuronLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',), fuses=frozenset({RELU}))
     gpu_forward = "y[i] = x[i] > 0 ? x[i] : x[i] * negative_slope"
     gpu_backward = "dx[i] = dy[i] * (x[i] > 0 ? Dtype(1) : negative_slope)"
 
     def layer_setup(self, bottom, top):
         self.negative_slope = self.layer_param.relu_param.negative_slope
 
-    def relu_epilogue(self) -> bool:
-        return self.negative_slope == 0
+    def fuses_as(self, role, bottom=None) -> bool:
+        return super().fuses_as(role, bottom) and self.negative_slope == 0
 
     def gpu_scalars(self):
         return {"negative_slope": self.negative_slope}

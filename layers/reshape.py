@@ -12,13 +12,15 @@ import math
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .view_layer import ViewLayer
 
 
 @register_layer("Reshape")
 class ReshapeLayer(ViewLayer):
+    traits = Traits(graph_safe=True)
+
     def layer_setup(self, bottom, top):
         super().layer_setup(bottom, top)
         dims = list(self.layer_param.reshape_param.shape.dim)

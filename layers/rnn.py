@@ -11,7 +11,7 @@ W_ho (D, D), b_o (D,); weights from ``weight_filler``, biases from ``bias_filler
 
 from __future__ import annotations
 
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 from .recurrent import RecurrentLayer, add_layer, inner_product, sequence_layers
@@ -19,6 +19,8 @@ from .recurrent import RecurrentLayer, add_layer, inner_product, sequence_layers
 
 @register_layer("RNN")
 class RNNLayer(RecurrentLayer):
+    traits = Traits(graph_safe=True, outside_effects=True)
+
     def recurrent_input_names(self):
         return ["h_0"]
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
@@ -31,6 +31,7 @@ def c_round(v: np.ndarray) -> np.ndarray:
 
 @register_layer("ROIPooling")
 class ROIPoolingLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=('top',))
     exact_num_bottom_blobs = 2
     exact_num_top_blobs = 1
 

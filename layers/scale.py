@@ -13,7 +13,7 @@ from pycaffe_lite import fillers
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import AFFINE, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 from .bias import BiasLayer
@@ -22,9 +22,13 @@ from .bias import BiasLayer
 @register_layer("Scale")
 class ScaleLayer(BiasLayer):
 
-    def per_channel_affine(self, bottom: Blob) -> bool:
+    traits = Traits(graph_safe=True, saves_input_in_place=True, backward_reads=('bottom',), fuses=frozenset({AFFINE}))
+
+    def fuses_as(self, role, bottom=None) -> bool:
+        """A per-channel affine of ``bottom``: a scale blob on axis 1 over one axis."""
         p = self.layer_param.scale_param
-        return len(self.blobs) >= 1 and p.axis in (1, 1 - bottom.num_axes) and p.num_axes == 1
+        return (super().fuses_as(role, bottom) and bottom is not None and len(self.blobs) >= 1
+                and p.axis in (1, 1 - bottom.num_axes) and p.num_axes == 1)
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.scale_param
@@ -75,7 +79,6 @@ class ScaleLayer(BiasLayer):
     # The executor may set ``recompute_input`` inside whole training iterations
     # (memory_plan.recomputable_inputs): it writes this in-place layer's input into a device pointer on
     # demand (a BatchNorm re-normalizing its own intact input), so the GPU path keeps no saved copy.
-    saves_input_in_place = True  # _saved; the executor may set recompute_input, a chain input_from
 
     # -- CPU --------------------------------------------------------------------------------
     def forward_cpu(self, bottom, top):

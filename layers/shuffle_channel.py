@@ -12,11 +12,12 @@ and the pointers allow) in top order; group 1 is a copy.
 from __future__ import annotations
 
 from pycaffe_lite.gpu import permute
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("ShuffleChannel")
 class ShuffleChannelLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=())
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

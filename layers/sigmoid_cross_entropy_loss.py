@@ -17,7 +17,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .loss_layer import LossLayer, Norm
 
@@ -26,6 +26,7 @@ KERNELS = Path(__file__).with_suffix(".cu")
 
 @register_layer("SigmoidCrossEntropyLoss")
 class SigmoidCrossEntropyLossLayer(LossLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     default_normalization = Norm.BATCH_SIZE
     uses_ignore_label = True
 

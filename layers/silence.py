@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("Silence")
 class SilenceLayer(Layer):
+    traits = Traits(graph_safe=True)
     min_bottom_blobs = 1
     exact_num_top_blobs = 0
 

@@ -7,11 +7,12 @@ into len(top) equal parts (it must divide). Backward concatenates the top diffs.
 from __future__ import annotations
 
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("Slice")
 class SliceLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=())
     exact_num_bottom_blobs = 1
     min_top_blobs = 1
 

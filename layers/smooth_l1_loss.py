@@ -22,7 +22,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .loss_layer import REDUCE_THREADS, LossLayer, reduce_blocks
 
@@ -31,6 +31,7 @@ KERNELS = Path(__file__).with_suffix(".cu")
 
 @register_layer("SmoothL1Loss")
 class SmoothL1LossLayer(LossLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     exact_num_bottom_blobs = None
     min_bottom_blobs = 2
     max_bottom_blobs = 4

@@ -16,7 +16,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 from .loss_layer import LossLayer, Norm
@@ -28,6 +28,7 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # Caffe clamps probabilities at FLT_
 
 @register_layer("SoftmaxWithLoss")
 class SoftmaxWithLossLayer(LossLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom',))
     exact_num_top_blobs = None
     min_top_blobs = 1
     max_top_blobs = 2

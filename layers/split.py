@@ -5,11 +5,12 @@ the top diffs into the bottom diff. The Net inserts these automatically for blob
 from __future__ import annotations
 
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import SPLIT_SUM, Layer, Traits, register_layer
 
 
 @register_layer("Split")
 class SplitLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=(), fuses=frozenset({SPLIT_SUM}))
     exact_num_bottom_blobs = 1
     min_top_blobs = 1
 
@@ -20,8 +21,6 @@ class SplitLayer(Layer):
             t.reshape(bottom[0].shape)
             t.share_data(bottom[0])
 
-    def sums_top_diffs(self) -> bool:
-        return True
 
     def forward_cpu(self, bottom, top):
         """Nothing to do: the tops share the bottom's data."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, create_layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, create_layer, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 _SPP = caffe_pb2.SPPParameter
@@ -34,6 +34,7 @@ def level_geometry(level: int, height: int, width: int) -> tuple[tuple[int, int]
 
 @register_layer("SPP")
 class SPPLayer(Layer):
+    traits = Traits(graph_safe=True)
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

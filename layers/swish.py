@@ -9,13 +9,14 @@ from __future__ import annotations
 import numpy as np
 
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .neuron_layer import NeuronLayer
 
 
 @register_layer("Swish")
 class SwishLayer(NeuronLayer):
+    traits = Traits(graph_safe=True, backward_reads=('bottom', 'top'))
     gpu_forward = "s[i] = Dtype(0.5) * tanh(Dtype(0.5) * beta * x[i]) + Dtype(0.5); y[i] = x[i] * s[i]"
     gpu_backward = "dx[i] = dy[i] * (beta * y[i] + s[i] * (Dtype(1) - beta * y[i]))"
 

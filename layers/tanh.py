@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .neuron_layer import NeuronLayer
 
 
 @register_layer("TanH")
 class TanHLayer(NeuronLayer):
+    traits = Traits(graph_safe=True, backward_reads=('top',))
     gpu_forward = "y[i] = tanh(x[i])"
     gpu_backward = "dx[i] = dy[i] * (Dtype(1) - y[i] * y[i])"
 

@@ -6,13 +6,14 @@ the bottom gradient is an error.
 
 from __future__ import annotations
 
-from pycaffe_lite.layer import register_layer
+from pycaffe_lite.layer import Traits, register_layer
 
 from .neuron_layer import NeuronLayer
 
 
 @register_layer("Threshold")
 class ThresholdLayer(NeuronLayer):
+    traits = Traits(graph_safe=True, backward_reads=())
     gpu_forward = "y[i] = x[i] > threshold ? Dtype(1) : Dtype(0)"
 
     def layer_setup(self, bottom, top):

@@ -11,13 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 
 
 @register_layer("Tile")
 class TileLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=())
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

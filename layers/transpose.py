@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from pycaffe_lite.gpu import permute
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 
 @register_layer("Transpose")
 class TransposeLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=())
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

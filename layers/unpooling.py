@@ -32,7 +32,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
@@ -61,6 +61,7 @@ def _hw(p, name, default=None):
 
 @register_layer("Unpooling")
 class UnpoolingLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=())
     min_bottom_blobs = 1
     max_bottom_blobs = 3
     exact_num_top_blobs = 1
@@ -252,3 +253,4 @@ class UnpoolingLayer(Layer):
 @register_layer("UnPooling")
 class UnPoolingLayer(UnpoolingLayer):
     """The same layer under the other forks' spelling."""
+    traits = Traits(graph_safe=True, backward_reads=())

@@ -23,7 +23,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 
 KERNELS = Path(__file__).with_suffix(".cu")
 CELLS = 4  # output cells of one row per unpool_forward thread
@@ -32,6 +32,7 @@ FALLBACK_BLOCKS_PER_SM = 2  # grid of unpool_claim / unpool_write: all resident,
 
 @register_layer("Upsample")
 class UpsampleLayer(Layer):
+    traits = Traits(graph_safe=True, backward_reads=())
     min_bottom_blobs = 1
     max_bottom_blobs = 2
     exact_num_top_blobs = 1

@@ -32,7 +32,7 @@ import numpy as np
 from pycaffe_lite import common
 from pycaffe_lite.data.transformer import load_mean_file
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.layer import Layer, register_layer
+from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.optional import require
 
 
@@ -83,7 +83,7 @@ def read_window_file(source: str, root_folder: str, where: str):
 
 @register_layer("WindowData")
 class WindowDataLayer(Layer):
-    graph_safe = False  # random host-side batches every forward
+    traits = Traits()  # a host-side reader: runs plainly before a replayed graph
     exact_num_bottom_blobs = 0
     exact_num_top_blobs = 2
 

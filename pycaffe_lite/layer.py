@@ -10,9 +10,11 @@ into ``top[0]`` and reads its loss weight from ``top[0]``'s diff.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import importlib
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -24,6 +26,67 @@ from .memcheck import OutOfMemoryError, out_of_memory
 from .proto import caffe_pb2
 
 _REGISTRY: dict[str, type[Layer]] = {}
+
+# The fused passes a layer may take part in (``Traits.fuses``; runtime/fusion.py builds the chains).
+CONVOLUTION = "convolution"  # applies an in-place ReLU in its forward epilogue, takes folded affines (folded_copy)
+RELU = "relu"  # a ReLU (negative_slope 0) a convolution, sum or normalization before it may apply
+NORM_FOLD = "norm_fold"  # a fixed per-channel affine a convolution before it absorbs (fold_convolution)
+AFFINE = "affine"  # a per-channel scale (and shift) of its bottom that joins a fold or a norm chain
+NORM_CHAIN = "norm_chain"  # heads normalization -> affine -> ReLU as one pass each way (chain_*_gpu)
+RELU_MASK = "relu_mask"  # its backward applies the ReLU just before it from its own top (backward_relu_gpu)
+SUM_RELU = "sum_relu"  # a sum that runs with its in-place ReLU and the Split after (chain_*_relu_gpu)
+SPLIT_SUM = "split_sum"  # writes nothing forward; backward sums its tops' diffs into its bottom's
+FUSIONS = frozenset({CONVOLUTION, RELU, NORM_FOLD, AFFINE, NORM_CHAIN, RELU_MASK, SUM_RELU, SPLIT_SUM})
+BACKWARD_READS = frozenset({"bottom", "top"})
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a layer type declares to the runtime (executor, fusions, memory plans) and the tools, in
+    one value: ``Layer.traits``, set by each class (an instance may replace it, e.g. a Data layer
+    that caches on the GPU becomes capturable). The defaults are the safe answers.
+
+    - ``graph_safe``: its GPU work may be captured into a CUDA graph and replayed: device code only,
+      no host reads, no allocations per call, per-call scalars in device memory. Default False: a
+      layer is replayed only when it says so (data readers, Python layers, layers whose output
+      size depends on the data stay False; the executor runs them plainly around the replay).
+    - ``outside_effects``: it acts outside the net (user code, files, state carried to the next
+      forward): the runtime never repeats its forward behind the user's back.
+    - ``pure_forward``: its forward writes its tops from its bottoms and params alone, so a memory
+      plan may run it again to recompute a top.
+    - ``writes_all_bottom_diffs``: its backward overwrites the whole diff of every bottom it
+      propagates to, not only bottom 0's (gradient plans share only diffs known to be written).
+    - ``regenerates_top`` / ``saves_input_in_place``: it can write its last top again from its
+      unchanged bottom (``regenerate_top_into``) / in place, it keeps a copy of its input for
+      backward that such a producer may replace (``recompute_input``); memory plans pair them.
+    - ``backward_reads``: the data its backward reads at least ("bottom", "top": the blob or a
+      buffer of its size such as a mask), for ``time``'s byte counts; None: not declared (no rate).
+      :meth:`Layer.backward_reads` refines it by the layer's parameters.
+    - ``fuses``: the fused passes it may take part in (:data:`FUSIONS`); :meth:`Layer.fuses_as`
+      checks its parameters.
+    """
+
+    graph_safe: bool = False
+    outside_effects: bool = False
+    pure_forward: bool = False
+    writes_all_bottom_diffs: bool = False
+    regenerates_top: bool = False
+    saves_input_in_place: bool = False
+    backward_reads: tuple[str, ...] | None = None
+    fuses: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.fuses <= FUSIONS:
+            raise ValueError(f"unknown fusion roles {sorted(self.fuses - FUSIONS)} (known: {sorted(FUSIONS)})")
+        if self.backward_reads is not None and not set(self.backward_reads) <= BACKWARD_READS:
+            raise ValueError(f"backward_reads takes 'bottom' and 'top', got {self.backward_reads}")
+
+    def but(self, **changes) -> Traits:
+        """A copy with ``changes`` (for a subclass or an instance that differs)."""
+        return dataclasses.replace(self, **changes)
+
+
+GPU_TRAITS = Traits(graph_safe=True)  # device code only, nothing else to declare
 
 
 def register_layer(type_name: str):
@@ -81,25 +144,7 @@ class Layer:
     auto_top_blobs: ClassVar[bool] = False
     # A loss layer gets loss_weight 1 on its first top unless the prototxt says otherwise.
     is_loss: ClassVar[bool] = False
-    # Its GPU work may be captured into a CUDA graph and replayed: False for layers whose work
-    # depends on host-side state that changes between calls (data readers, random seeds).
-    graph_safe: bool = True  # a class default; an instance may change it (a Data layer caching on the GPU)
-    # It acts outside the net (calls user code, writes files): the runtime never repeats its forward
-    # behind the user's back (memory plans that re-run a forward stay off).
-    outside_effects: ClassVar[bool] = False
-    # It can write its last forward's top again from its unchanged bottom (``regenerate_top_into``),
-    # and ``saves_input_in_place``: in place, it keeps a copy of its input for backward that such a
-    # producer's regeneration can replace (``recompute_input``). Memory plans pair the two.
-    regenerates_top: ClassVar[bool] = False
-    saves_input_in_place: ClassVar[bool] = False
-    # Its backward overwrites the whole diff of every bottom it propagates to, not only bottom 0's
-    # (``writes_bottom_diff``): gradient memory plans share only diffs a backward is known to write,
-    # since Caffe leaves an unwritten diff as it was (an Unpooling's switch source, a mask, a shape
-    # reference) and a Split sums it.
-    writes_all_bottom_diffs: ClassVar[bool] = False
-    # Its forward writes its tops from its bottoms and params alone (no state, no randomness), so a
-    # memory plan can recompute a top by running it again (``forward_data.ForwardOnlyData``).
-    pure_forward: ClassVar[bool] = False
+    traits: Traits = Traits()  # what the runtime may assume (a class's declaration; see Traits)
     recompute_input: Callable[[int], None] | None = None  # set by the executor on such a layer
     # Set on such a layer by a fused chain that ran its forward (runtime/fusion.py's NormChain): the
     # blob holding its input (a BatchNorm's normalized values); the layer's own forward clears it.
@@ -272,7 +317,7 @@ class Layer:
     def backward_gpu(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         self.backward_cpu(top, propagate_down, bottom)
 
-    # -- what the runtime asks of a layer (fusions, memory plans); the defaults take no part ----
+    # -- what the runtime asks of a layer beyond its traits (fusions, memory plans) ----------------
     def held_blobs(self) -> list[Blob]:
         """Blobs whose memory this layer holds itself (params, internal state): never shared with
         other blobs by a memory plan. The default finds every Blob reachable from its attributes."""
@@ -299,58 +344,27 @@ class Layer:
         raise NotImplementedError(f"{self.type} cannot regenerate its top")
 
     def backward_reads_data(self, top: bool, i: int) -> bool:
-        """Whether backward reads the data of top (``top``) or bottom ``i``; memory plans let blobs
-        that no backward reads share memory in nets that run backward."""
+        """Whether backward reads the data of top (``top``) or bottom ``i``, as far as memory plans
+        may rely on it (blobs that no backward reads may share memory in nets that run backward);
+        default True, overridden where a layer knows (a convolution's top)."""
         return True
+
+    def backward_reads(self) -> tuple[str, ...] | None:
+        """``traits.backward_reads`` for this layer's parameters (Eltwise's and Pooling's operations)."""
+        return self.traits.backward_reads
 
     def writes_bottom_diff(self, i: int) -> bool:
         """Whether backward, asked to propagate to bottom ``i``, writes all of that bottom's diff."""
-        return i == 0 or self.writes_all_bottom_diffs
+        return i == 0 or self.traits.writes_all_bottom_diffs
 
-    def relu_epilogue(self) -> bool:
-        """A ReLU (negative_slope 0) that the convolution before it may apply in its epilogue."""
-        return False
-
-    def fusable_convolution(self) -> bool:
-        """A convolution that can apply an in-place ReLU in its forward (``compute_forward_relu``)
-        and take folded per-channel affines (``folded_copy``)."""
-        return False
-
-    def folds_into_convolution(self) -> bool:
-        """A fixed per-channel affine (BatchNorm on global statistics) a convolution before it may
-        absorb (``fold_convolution``)."""
-        return False
-
-    def per_channel_affine(self, bottom: Blob) -> bool:
-        """A per-channel scale (and shift) of ``bottom`` that may join a BatchNorm's fold or chain."""
-        return False
-
-    def masks_relu_backward(self) -> bool:
-        """A layer whose backward can apply the ReLU (negative_slope 0) in place on its bottom just
-        before it from its own top (``backward_relu_gpu``: MAX pooling, whose output is the ReLU
-        output it chose)."""
-        return False
-
-    def sum_relu_chain(self) -> bool:
-        """A sum that runs itself and a ReLU (negative_slope 0) in place on its top, and the
-        ``sums_top_diffs`` layer after that, as one pass each way on the GPU
-        (``chain_forward_relu_gpu``, ``chain_backward_relu_gpu``: Eltwise SUM of up to 4 bottoms)."""
-        return False
-
-    def sums_top_diffs(self) -> bool:
-        """A layer whose forward writes nothing (its tops share its bottom) and whose backward
-        assigns its bottom's diff the sum of its tops' diffs (Split)."""
-        return False
-
-    def heads_norm_chain(self) -> bool:
-        """A per-channel normalization that runs itself, a following ``per_channel_affine`` layer and
-        a ``relu_epilogue`` as one pass each way on the GPU (``chain_forward_gpu``,
-        ``chain_backward_gpu``, ``saved_normalized``: BatchNorm)."""
-        return False
+    def fuses_as(self, role: str, bottom: Blob | None = None) -> bool:
+        """Whether this layer, with its parameters (and ``bottom``, for :data:`AFFINE`), takes part in
+        fused passes as ``role`` (one of :data:`FUSIONS`, declared in ``traits.fuses``)."""
+        return role in self.traits.fuses
 
     def folded_copy(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> Layer:
         """A copy of this convolution with a bias term, set up on ``bottom``/``top``, whose blobs
-        ``fold_convolution`` fills (``fusable_convolution`` layers)."""
+        ``fold_convolution`` fills (layers that fuse as :data:`CONVOLUTION`)."""
         raise NotImplementedError(f"{self.type} cannot be folded")
 
     def fold_convolution(self, conv: Layer, scale: Layer | None, fused: Layer) -> None:

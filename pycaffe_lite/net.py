@@ -1,8 +1,9 @@
-"""Net: layers wired by blob names, built from a NetParameter (prototxt), as in Caffe's Net.
+"""Net: pycaffe's face of a built net (Caffe's ``Net`` as pycaffe scripts see it).
 
-Builds the graph (phase/stage filtering, Split insertion, in-place tops, loss weights, which
-layers need backward, shared params) and runs forward/backward over layer ranges. The
-pycaffe-style surface (``blobs``, ``params``, ``forward(**inputs)``...) is defined here too.
+:func:`~pycaffe_lite.net_builder.build_net` builds the :class:`~pycaffe_lite.net_graph.NetGraph`
+(filtering, splits, wiring, shared params) and an :class:`~pycaffe_lite.runtime.executor.Executor`
+runs it; ``Net`` is the thin view users' scripts hold: ``blobs``, ``params``, ``forward(**inputs)``,
+``backward``, the batch helpers, weights in and out, and Caffe's underscore names as views of the graph.
 """
 
 from __future__ import annotations
@@ -16,39 +17,20 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import common, memcheck
+from . import common
 from .blob import Blob
-from .errors import CaffeError, NetError, ShapeError, WeightsError
-from .layer import Layer, create_layer
+from .errors import CaffeError, NetError, ShapeError
+from .layer import Layer
+from .net_builder import build_net, check_tops_hold_values, in_file, load_net_param
 from .net_graph import NetGraph
 from .optional import require
-from .proto import caffe_pb2, hdf5_weights, protoio, upgrade
-from .proto.net_filter import filter_net, insert_splits
+from .proto import caffe_pb2, caffemodel, hdf5_weights, protoio
 from .runtime.executor import Executor
 from .vectors import BlobVec, IntVec
 
 log = logging.getLogger("pycaffe_lite")
 
-def load_net_param(source: str | os.PathLike | caffe_pb2.NetParameter) -> caffe_pb2.NetParameter:
-    """A NetParameter from a prototxt path or a message (copied), with legacy forms upgraded."""
-    if isinstance(source, caffe_pb2.NetParameter):
-        param = caffe_pb2.NetParameter()
-        param.CopyFrom(source)
-    else:
-        param = protoio.read_text(source, caffe_pb2.NetParameter())
-
-    upgrade.upgrade_net(param, source=str(source) if not isinstance(source, caffe_pb2.NetParameter) else "<NetParameter>")
-    return param
-
-
-
-def in_file(exc: CaffeError, source: str | None) -> CaffeError:
-    """``exc`` (same class and traceback) with its message prefixed by ``source``, the file whose
-    definition failed, unless it already names it."""
-    if not source or source in str(exc):
-        return exc
-    named = type(exc)(f"{source}: {exc}")
-    return named.with_traceback(exc.__traceback__)
+__all__ = ["Net", "in_file", "load_net_param"]
 
 
 def _num_items(arrays: dict[str, np.ndarray]) -> int:
@@ -158,69 +140,34 @@ class Net:
         if stages:
             del param.state.stage[:]
             param.state.stage.extend(stages)
-        self.dtype = np.dtype(dtype)
-        self.source = str(network) if not isinstance(network, caffe_pb2.NetParameter) else None
+        source = str(network) if not isinstance(network, caffe_pb2.NetParameter) else None
         try:
-            self._init(param)
+            graph = build_net(param, dtype)
         except CaffeError as exc:
-            raise in_file(exc, self.source) from None
+            raise in_file(exc, source) from None
+        self._view(graph, Executor(graph), source)
         if weights is not None:
             self.copy_from(weights)
 
-    # ------------------------------------------------------------------------------------------
-    # construction
-    def _init(self, in_param: caffe_pb2.NetParameter) -> None:
-        filtered = filter_net(in_param)
-        param = insert_splits(filtered)
-        self.param = param
-        self.graph = NetGraph(param.name, param.state.phase, self.dtype)
-        self._lr_explicit: dict[int, tuple[bool, bool]] = {}  # owner param -> lr/decay given?
+    @classmethod
+    def over(cls, graph: NetGraph, executor: Executor, source: str | None = None) -> Net:
+        """pycaffe's view of a built ``graph`` run by ``executor`` (what a Solver's ``net`` is)."""
+        net = cls.__new__(cls)
+        net._view(graph, executor, source)
+        return net
 
-        available: dict[str, int] = {}  # blobs produced and not yet consumed (net outputs at the end)
-        input_names = []
-        for layer_id, lp in enumerate(param.layer):
-            layer = self._add_layer(layer_id, lp)
-            bvec, bids, bneed, need_backward = self._wire_bottoms(lp, available)
-            tvec: list[Blob] = []
-            tids: list[int] = []
-            for ti, tname in enumerate(lp.top):
-                self._append_top(lp, ti, tname, tvec, tids, available)
-            if layer.auto_top_blobs:
-                for ti in range(len(lp.top), layer.auto_top_count()):
-                    self._append_top(lp, ti, f"(automatic) {lp.name}_{ti}", tvec, tids, available)
-            if lp.type == "Input":
-                input_names.extend(lp.top)
-            g = self.graph
-            g.bottom_vecs.append(bvec)
-            g.bottom_id_vecs.append(bids)
-            g.bottom_need_backward.append(bneed)
-            g.top_vecs.append(tvec)
-            g.top_id_vecs.append(tids)
-            layer.setup(bvec, tvec)  # its errors name the layer
-            self._check_tops_hold_values(layer_id)
-            self._adopt_param_specs(lp, layer)
-            for ti, tid in enumerate(tids):
-                while len(g.blob_loss_weights) <= tid:
-                    g.blob_loss_weights.append(0.0)
-                g.blob_loss_weights[tid] = layer.loss(ti)
-            need_backward |= self._wire_params(layer_id, lp, layer)
-            g.layer_need_backward.append(need_backward)
-            if need_backward:
-                for tid in tids:
-                    g.blob_need_backward[tid] = True
-
-        self._compute_backward_needs(param)
-        self.graph.input_blob_indices[:] = [self.graph.blob_name_to_idx[n] for n in input_names]
-        self.graph.output_blob_indices[:] = [self.graph.blob_name_to_idx[n] for n in available]
-        self.graph.inputs[:] = input_names
-        self.graph.outputs[:] = available
-        self._blob_dict = OrderedDict((n, self.graph.blobs[i]) for i, n in enumerate(self.graph.blob_names))
-        self._check_memory()
-        self.executor = Executor(self.graph)
+    def _view(self, graph: NetGraph, executor: Executor, source: str | None) -> None:
+        self.graph, self.executor, self.source = graph, executor, source
+        self.dtype = graph.dtype
+        assert graph.param is not None
+        self.param = graph.param
+        self._blob_dict = OrderedDict((n, graph.blobs[i]) for i, n in enumerate(graph.blob_names))
         self._debug_info = False
         self._debug_hooked = False
-        self.debug_info = bool(param.debug_info)
+        self.debug_info = bool(graph.param.debug_info)
 
+    # ------------------------------------------------------------------------------------------
+    # construction
     @property
     def debug_info(self) -> bool:
         """Caffe's ``debug_info`` (NetParameter field, or set here): after each layer's forward, log
@@ -260,227 +207,6 @@ class Net:
                 f"(NaN or infinite) of {values.size} in top '{bname}'"
                 + (f": {'; '.join(why)}" if why else " from finite inputs and params (overflow?)")
             )
-
-    def _check_memory(self) -> None:
-        """OutOfMemoryError (naming the net, the total and the largest blobs) when what the net will
-        surely hold exceeds the memory still free under the host's limits (cgroup, RLIMIT_AS) or
-        on the GPU: its params, and in a net that trains every blob's data and the params' diffs;
-        a net that only runs forward may share blob memory (memory_plan), so there only its
-        largest layer's bottoms and tops together count."""
-
-        seen: set[int] = set()
-        params: list[tuple[str, int]] = []
-        for (li, j), blob in zip(self.param_layer_indices, self.params_list):
-            if id(blob._data) not in seen:
-                seen.add(id(blob._data))
-                params.append((f"{self._layer_names[li]} param {j}", blob.count * blob.dtype.itemsize))
-        if any(self.layer_need_backward):
-            items = list(params) + [(f"{name} diff", n) for name, n in params]
-            for name, blob in zip(self._blob_names, self._blobs):
-                if id(blob._data) not in seen:
-                    seen.add(id(blob._data))
-                    items.append((name, blob.count * blob.dtype.itemsize))
-        else:
-            best: list[tuple[str, int]] = []
-            for i in range(len(self.layers)):
-                these, ids = [], set()
-                for bid in (*self.bottom_id_vecs[i], *self.top_id_vecs[i]):
-                    blob = self._blobs[bid]
-                    if id(blob._data) not in ids and id(blob._data) not in seen:
-                        ids.add(id(blob._data))
-                        these.append((self._blob_names[bid], blob.count * blob.dtype.itemsize))
-                if sum(n for _, n in these) > sum(n for _, n in best):
-                    best = these
-            items = params + best
-        # in GPU mode the blobs live on the device; the host surely holds only the params' values
-        memcheck.check_total(f"net '{self.name}'", items, "its blobs and params",
-                             device=common.mode() is common.Mode.GPU, host_items=params)
-
-    def _add_layer(self, layer_id: int, lp: caffe_pb2.LayerParameter) -> Layer:
-        """Create layer ``layer_id`` and record its name (duplicate names are Caffe's: accepted)."""
-        if lp.name in self._layer_names_index:  # accepted, as BVLC's Net::Init does
-            log.info("net '%s': layers %d and %d are both named '%s' (weights from a .caffemodel go to "
-                     "the first, from an HDF5 file to the last, as in BVLC)",
-                     self.name, self._first_layer_index(lp.name), layer_id, lp.name)
-        if not lp.HasField("phase"):
-            lp.phase = self.phase
-        layer = create_layer(lp, self.dtype)
-        self.graph.layers.append(layer)
-        self.graph.layer_names.append(lp.name)
-        self.graph.layer_names_index[lp.name] = layer_id  # the last layer of a name (BVLC's layer_names_index_)
-        if lp.propagate_down and len(lp.propagate_down) != len(lp.bottom):
-            raise NetError(
-                f"layer '{lp.name}': propagate_down has {len(lp.propagate_down)} entries, "
-                f"expected one per bottom ({len(lp.bottom)})"
-            )
-        return layer
-
-    def _wire_bottoms(self, lp: caffe_pb2.LayerParameter, available: dict[str, int]
-                      ) -> tuple[list[Blob], list[int], list[bool], bool]:
-        """The layer's bottom blobs, their ids, whether each needs a gradient, and whether any
-        bottom needs backward; each bottom is consumed from ``available``."""
-        g = self.graph
-        bvec, bids, bneed = [], [], []
-        need_backward = False
-        for bi, bname in enumerate(lp.bottom):
-            if bname not in g.blob_name_to_idx:
-                raise NetError(f"layer '{lp.name}' ({lp.type}): unknown bottom blob '{bname}'")
-            if bname not in available:
-                raise NetError(
-                    f"layer '{lp.name}' ({lp.type}): bottom blob '{bname}' was already consumed "
-                    "(insert_splits should have split it)"
-                )
-            bid = g.blob_name_to_idx[bname]
-            del available[bname]
-            prop = lp.propagate_down[bi] if lp.propagate_down else True
-            bvec.append(g.blobs[bid])
-            bids.append(bid)
-            bneed.append(g.blob_need_backward[bid] and prop)
-            need_backward |= g.blob_need_backward[bid]
-        return bvec, bids, bneed, need_backward
-
-    @staticmethod
-    def _adopt_param_specs(lp: caffe_pb2.LayerParameter, layer: Layer) -> None:
-        """Param specs a layer adds for itself in setup (BatchNorm's lr_mult 0) count, and so do the
-        ones it overrides (the forks' BN forces lr_mult 0 on its statistics, or on all four blobs
-        when frozen, whatever the prototxt says)."""
-        for i in range(min(len(lp.param), len(layer.layer_param.param))):
-            if lp.param[i] != layer.layer_param.param[i]:
-                lp.param[i].CopyFrom(layer.layer_param.param[i])
-        if len(layer.layer_param.param) > len(lp.param):
-            lp.param.extend(layer.layer_param.param[len(lp.param):])
-
-    def _wire_params(self, layer_id: int, lp: caffe_pb2.LayerParameter, layer: Layer) -> bool:
-        """Register the layer's param blobs (sharing by name, lr and decay multipliers); True when
-        one of them learns (so the layer needs backward)."""
-        if len(lp.param) > len(layer.blobs):
-            raise NetError(
-                f"layer '{lp.name}' ({lp.type}): {len(lp.param)} param specs but the layer has "
-                f"{len(layer.blobs)} param blobs"
-            )
-        learns = False
-        for pi in range(len(layer.blobs)):
-            spec = lp.param[pi] if pi < len(lp.param) else caffe_pb2.ParamSpec()
-            need = spec.lr_mult != 0
-            learns |= need
-            layer.param_propagate_down[pi] = need
-            self._append_param(layer_id, pi)
-        return learns
-
-    def _append_top(self, lp, ti, tname, tvec, tids, available) -> None:
-        if ti < len(lp.bottom) and lp.bottom[ti] == tname:  # in place
-            bid = self.graph.blob_name_to_idx[tname]
-            blob = self.graph.blobs[bid]
-        else:
-            if tname in self.graph.blob_name_to_idx:
-                raise NetError(
-                    f"layer '{lp.name}' ({lp.type}): top blob '{tname}' is already produced by "
-                    "another layer (duplicate top; in-place use needs the same name at the same "
-                    "bottom position)"
-                )
-            blob = Blob(dtype=self.dtype)
-            bid = len(self.graph.blobs)
-            self.graph.blobs.append(blob)
-            self.graph.blob_names.append(tname)
-            self.graph.blob_need_backward.append(False)
-            self.graph.blob_name_to_idx[tname] = bid
-        available[tname] = bid
-        tvec.append(blob)
-        tids.append(bid)
-
-    def _append_param(self, layer_id: int, param_id: int) -> None:
-        lp = self.param.layer[layer_id]
-        layer = self.graph.layers[layer_id]
-        spec = lp.param[param_id] if param_id < len(lp.param) else None
-        name = spec.name if spec is not None and spec.name else ""
-        net_param_id = len(self.graph.params_list)
-        blob = layer.blobs[param_id]
-        self.graph.params_list.append(blob)
-        self.graph.param_layer_indices.append((layer_id, param_id))
-        self.graph.param_display_names.append(name or str(param_id))
-        if not name or name not in self.graph.param_names_index:
-            if name:
-                self.graph.param_names_index[name] = net_param_id
-            self.graph.param_owners.append(-1)
-            self.graph.learnable_param_ids.append(len(self.graph.learnable_params))
-            self.graph.learnable_params.append(blob)
-            has_lr = spec is not None and spec.HasField("lr_mult")
-            has_decay = spec is not None and spec.HasField("decay_mult")
-            self.graph.params_lr.append(spec.lr_mult if spec is not None and has_lr else 1.0)
-            self.graph.params_weight_decay.append(spec.decay_mult if spec is not None and has_decay else 1.0)
-            self._lr_explicit[net_param_id] = (has_lr, has_decay)
-            return
-        assert spec is not None  # a shared name comes from a ParamSpec
-        owner_id = self.graph.param_names_index[name]
-        self.graph.param_owners.append(owner_id)
-        owner = self.graph.params_list[owner_id]
-        owner_layer, owner_pi = self.graph.param_layer_indices[owner_id]
-        mode = spec.share_mode
-        if mode == caffe_pb2.ParamSpec.PERMISSIVE:
-            if owner.count != blob.count:
-                raise ShapeError(
-                    f"layer '{lp.name}': shared param '{name}' has {blob.count} elements here but "
-                    f"{owner.count} in owner layer '{self.graph.layer_names[owner_layer]}'"
-                )
-        elif owner.shape != blob.shape:
-            raise ShapeError(
-                f"layer '{lp.name}': shared param '{name}' has shape {blob.shape} here but "
-                f"{owner.shape} in owner layer '{self.graph.layer_names[owner_layer]}' "
-                "(use share_mode PERMISSIVE to require only equal counts)"
-            )
-        learnable_id = self.graph.learnable_param_ids[owner_id]
-        self.graph.learnable_param_ids.append(learnable_id)
-        has_lr, has_decay = self._lr_explicit[owner_id]
-        if spec.HasField("lr_mult"):
-            if has_lr and self.graph.params_lr[learnable_id] != spec.lr_mult:
-                raise NetError(f"layer '{lp.name}': shared param '{name}' has mismatched lr_mult")
-            self.graph.params_lr[learnable_id] = spec.lr_mult
-            self._lr_explicit[owner_id] = (True, has_decay)
-        if spec.HasField("decay_mult"):
-            if has_decay and self.graph.params_weight_decay[learnable_id] != spec.decay_mult:
-                raise NetError(f"layer '{lp.name}': shared param '{name}' has mismatched decay_mult")
-            self.graph.params_weight_decay[learnable_id] = spec.decay_mult
-            self._lr_explicit[owner_id] = (self._lr_explicit[owner_id][0], True)
-        blob.share_data(owner)
-        blob.share_diff(owner)
-
-    def _compute_backward_needs(self, param: caffe_pb2.NetParameter) -> None:
-        """Caffe's pass from the last layer back: only layers that contribute to a loss backprop."""
-        under_loss: set[str] = set()
-        skip_backprop: set[str] = set()
-        for li in range(len(self.graph.layers) - 1, -1, -1):
-            layer = self.graph.layers[li]
-            lp = self.param.layer[li]
-            contributes = False
-            skip_propagate = True
-            for ti, tid in enumerate(self.graph.top_id_vecs[li]):
-                tname = self.graph.blob_names[tid]
-                if layer.loss(ti) or tname in under_loss:
-                    contributes = True
-                if tname not in skip_backprop:
-                    skip_propagate = False
-                if contributes and not skip_propagate:
-                    break
-            if self.graph.layer_need_backward[li] and skip_propagate:
-                self.graph.layer_need_backward[li] = False
-                self.graph.bottom_need_backward[li] = [False] * len(self.graph.bottom_need_backward[li])
-            if not contributes:
-                self.graph.layer_need_backward[li] = False
-            for bi, bname in enumerate(lp.bottom):
-                if contributes:
-                    under_loss.add(bname)
-                else:
-                    self.graph.bottom_need_backward[li][bi] = False
-                if not self.graph.bottom_need_backward[li][bi]:
-                    skip_backprop.add(bname)
-        if param.force_backward:
-            for li, layer in enumerate(self.graph.layers):
-                self.graph.layer_need_backward[li] = True
-                for bi, bid in enumerate(self.graph.bottom_id_vecs[li]):
-                    need = self.graph.bottom_need_backward[li][bi] or layer.allow_force_backward(bi)
-                    self.graph.bottom_need_backward[li][bi] = need
-                    self.graph.blob_need_backward[bid] = self.graph.blob_need_backward[bid] or need
-                layer.param_propagate_down = [True] * len(layer.blobs)
 
     # ------------------------------------------------------------------------------------------
     # running
@@ -533,24 +259,13 @@ class Net:
         return self.forward_from_to(0, len(self.graph.layers) - 1)
 
     def forward_backward(self) -> float:
-        loss = self.forward_prefilled()
-        self.backward_from_to(len(self.graph.layers) - 1, 0)
-        return loss
+        return self.executor.forward_backward()
 
     def reshape(self) -> None:
         """Propagate input shape changes through every layer."""
         for i, layer in enumerate(self.graph.layers):
             layer.reshape(self.graph.bottom_vecs[i], self.graph.top_vecs[i])
-            self._check_tops_hold_values(i)
-
-    def _check_tops_hold_values(self, layer_id: int) -> None:
-        """NetError naming the layer and blob when a top has a 0 dimension (BVLC's CHECK(data_)
-        refuses such blobs at their first use; the layers after would divide or reshape by 0)."""
-        for blob, tid in zip(self.graph.top_vecs[layer_id], self.graph.top_id_vecs[layer_id]):
-            if blob.count == 0:
-                layer = self.graph.layers[layer_id]
-                raise layer.error(f"top blob '{self.graph.blob_names[tid]}' has shape {blob.shape}: a dimension is 0, "
-                                  "so it holds no values")
+            check_tops_hold_values(self.graph, i)
 
     def clear_param_diffs(self) -> None:
         """Zero the gradients of every learnable param."""
@@ -805,17 +520,7 @@ class Net:
     # weights
     def to_proto(self, write_diff: bool = False) -> caffe_pb2.NetParameter:
         """The net definition with each layer's learned blobs, as a .caffemodel holds it."""
-        out = caffe_pb2.NetParameter()
-        out.name = self.name
-        for lp, layer in zip(self.param.layer, self.graph.layers):
-            if lp.type == "Split":
-                continue
-            entry = out.layer.add()
-            entry.CopyFrom(lp)
-            del entry.blobs[:]
-            for blob in layer.blobs:
-                blob.to_proto(write_diff, entry.blobs.add())
-        return out
+        return caffemodel.to_proto(self.graph, write_diff)
 
     def save(self, path: str | os.PathLike, write_diff: bool = False) -> None:
         """Write a binary .caffemodel (atomically)."""
@@ -824,59 +529,12 @@ class Net:
     def copy_trained_layers_from(self, param: caffe_pb2.NetParameter, source: str = "<weights>") -> list[str]:
         """Copy blobs layer by layer (matched by name); layers absent from ``param`` keep theirs.
         Returns the names of the net's layers with parameters that got none (logged as a warning)."""
-
-        upgrade.upgrade_net(param, source=source)
-        filled: set[int] = set()
-        for src in param.layer:
-            target = self._first_layer_index(src.name)  # with duplicate names: the first (BVLC)
-            if target is None:
-                continue
-            layer = self.layers[target]
-            if len(src.blobs) != len(layer.blobs):
-                raise WeightsError(
-                    f"{source}: layer '{src.name}' has {len(src.blobs)} blobs in the file but "
-                    f"{len(layer.blobs)} in the net"
-                )
-            for i, (proto, blob) in enumerate(zip(src.blobs, layer.blobs)):
-                try:
-                    blob.from_proto(proto, reshape=False, where=f"{source}: layer '{src.name}' param {i}")
-                except ShapeError as exc:
-                    raise WeightsError(f"cannot copy weights: {exc}") from None
-            filled.add(target)
-        missing = [n for i, (n, layer) in enumerate(zip(self._layer_names, self.layers)) if layer.blobs and i not in filled]
-        if missing:
-            import logging
-
-            logging.getLogger("pycaffe_lite").warning("%s: no weights for layer%s %s of net '%s' (they keep their initial values)",
-                        source, "s" if len(missing) > 1 else "", ", ".join(missing), self.name)
-        return missing
+        return caffemodel.copy_trained_layers(self.graph, param, source)
 
     def copy_from(self, path: str | os.PathLike, allow_missing: bool = True) -> list[str]:
-        """Load weights from a .caffemodel (binary NetParameter) or an HDF5 file (.h5).
-
-        An empty, truncated or non-caffemodel file is a WeightsError naming it. Returns the layers
-        with parameters that got no weights (a warning lists them); with ``allow_missing=False``
-        they are a WeightsError instead."""
-        path = str(path)
-        protoio.check_regular_file(path, "weights file", WeightsError)
-        if hdf5_weights.is_hdf5_file(path):  # by signature, as Caffe does
-            return hdf5_weights.load(self.graph, path, allow_missing)
-        try:
-            param = protoio.read_binary(path, caffe_pb2.NetParameter(), "caffemodel")
-        except Exception as exc:  # unreadable or corrupt file
-            raise WeightsError(str(exc)) from None
-        if not param.layer and not param.layers:
-            size = os.path.getsize(path) if os.path.exists(path) else 0
-            what = "an empty file" if size == 0 else f"{size} bytes holding no layers"
-            raise WeightsError(f"{path}: not a caffemodel ({what}; expected a binary NetParameter with weights)")
-        missing = self.copy_trained_layers_from(param, source=path)
-        if missing and not allow_missing:
-            raise WeightsError(
-                f"{path}: holds no weights for layer{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                f"of net '{self.name}' (truncated file, or weights of another net?); pass --allow-missing "
-                "(allow_missing=True) to run with their initial values"
-            )
-        return missing
+        """Load weights from a .caffemodel (binary NetParameter) or an HDF5 file (.h5)
+        (:func:`pycaffe_lite.proto.caffemodel.copy_from`)."""
+        return caffemodel.copy_from(self.graph, path, allow_missing)
 
     def to_onnx(self, path: str | os.PathLike | None, opset: int | None = None, dynamic_batch: bool = False,
                 input_shapes: dict[str, Sequence[int]] | None = None, fp16: bool = False, check: bool = True,
@@ -895,20 +553,4 @@ class Net:
 
     def share_with(self, other: Net) -> None:
         """Share the weights of ``other``'s same-named layers (Caffe's ShareTrainedLayersWith)."""
-        for src_name, src_layer in zip(other._layer_names, other.layers):
-            target = self._first_layer_index(src_name)  # with duplicate names: the first (BVLC)
-            if target is None:
-                continue
-            layer = self.layers[target]
-            if len(layer.blobs) != len(src_layer.blobs):
-                raise WeightsError(
-                    f"share_with: layer '{src_name}' has {len(src_layer.blobs)} blobs in the source "
-                    f"net, {len(layer.blobs)} here"
-                )
-            for i, (mine, theirs) in enumerate(zip(layer.blobs, src_layer.blobs)):
-                if mine.shape != theirs.shape:
-                    raise WeightsError(
-                        f"share_with: layer '{src_name}' param {i} has shape {theirs.shape} in the "
-                        f"source net, {mine.shape} here"
-                    )
-                mine.share_data(theirs)
+        caffemodel.share_trained_layers(self.graph, other.graph)

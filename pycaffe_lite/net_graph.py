@@ -1,7 +1,7 @@
 """The built net as a value: layers, blobs and their wiring, what needs backward, params.
 
-:class:`~pycaffe_lite.net.Net` builds it (filtering, splits, in-place tops, shared params) and
-keeps pycaffe's names (``net._blobs``, ``net._layer_names``, ``net.bottom_vecs``...) as views of
+:func:`~pycaffe_lite.net_builder.build_net` builds it (filtering, splits, in-place tops, shared
+params); :class:`~pycaffe_lite.net.Net` keeps pycaffe's names (``net._blobs``, ``net._layer_names``, ``net.bottom_vecs``...) as views of
 it; the runtime (executor, fusions, memory plans), weight files and snapshots read it. Indices:
 layer ``i`` reads ``bottom_vecs[i]`` (blob ids ``bottom_id_vecs[i]``) and writes ``top_vecs[i]``;
 blob ``b`` is ``blobs[b]`` named ``blob_names[b]``; every param blob of every layer is
@@ -11,11 +11,15 @@ blob ``b`` is ``blobs[b]`` named ``blob_names[b]``; every param blob of every la
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .blob import Blob
 from .layer import Layer
+
+if TYPE_CHECKING:
+    from .proto import caffe_pb2
 
 
 @dataclass
@@ -23,6 +27,7 @@ class NetGraph:
     name: str
     phase: int
     dtype: np.dtype
+    param: caffe_pb2.NetParameter | None = None  # the filtered, split definition it was built from
     layers: list[Layer] = field(default_factory=list)
     layer_names: list[str] = field(default_factory=list)
     layer_names_index: dict[str, int] = field(default_factory=dict)  # the first layer of each name

@@ -11,12 +11,12 @@ times, not launch times.
 Convolution, Deconvolution and InnerProduct lines also get achieved TFLOP/s and GB/s
 (:func:`conv_cost`). FLOPs are 2 x the multiply-adds of the dense (im2col-GEMM) convolution,
 padded taps included, bias excluded; backward counts the weight gradient and each propagated input
-gradient, each costing as much as the forward. Bandwidth-bound layers (the types of
-:data:`BACKWARD_READS`: BatchNorm, Scale, Eltwise, the element-wise neurons, Concat, Pooling,
-Softmax, LRN, Dropout, losses, ...) get GB/s (:func:`layer_bytes`). Bytes are the compulsory
+gradient, each costing as much as the forward. Bandwidth-bound layers (those whose
+``Traits.backward_reads`` is declared: BatchNorm, Scale, Eltwise, the element-wise neurons, Concat,
+Pooling, Softmax, LRN, Dropout, losses, ...) get GB/s (:func:`layer_bytes`). Bytes are the compulsory
 traffic, each blob touched once: forward reads bottoms (and weights, bias, other params) and writes
 tops; backward reads top diffs plus the data it needs (bottom data for the weight gradient,
-weights for input gradients; :data:`BACKWARD_READS` for the other layers), writes propagated
+weights for input gradients; ``Layer.backward_reads()`` for the other layers), writes propagated
 bottom diffs, and reads and writes the accumulated param diffs (counted twice). That is a lower
 bound, not what the kernels move.
 """
@@ -34,7 +34,6 @@ from .. import common
 from ..errors import PrototxtError
 from ..gpu import backend
 from ..net import Net
-from ..proto import caffe_pb2
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
 
 NAME = "time"
@@ -43,25 +42,7 @@ HELP = "benchmark the forward and backward time of a model, per layer"
 CONV_TYPES = ("Convolution", "Deconvolution")
 GEMM_TYPES = (*CONV_TYPES, "InnerProduct")  # layers with a FLOP count (conv_cost)
 
-# Data a bandwidth-bound layer's backward reads besides the top diffs: "bottom" (every bottom's
-# data, or a bottom-sized buffer such as Dropout's mask or a loss layer's probabilities) and/or
-# "top" (the tops' data, or a top-sized buffer such as MAX pooling's argmax). Eltwise SUM and AVE
-# pooling read none (see _backward_reads). Types absent here and in GEMM_TYPES get no rate.
-BACKWARD_READS: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(("ReLU", "PReLU", "Clip", "AbsVal", "BNLL", "Log", "Dropout", "Scale"), ("bottom",)),
-    **dict.fromkeys(("Sigmoid", "TanH", "Exp", "BatchNorm", "Softmax", "Pooling"), ("top",)),
-    **dict.fromkeys(("ELU", "Power", "Swish", "LRN", "MVN"), ("bottom", "top")),
-    **dict.fromkeys(("Threshold", "Bias", "Eltwise", "Concat", "Split", "Slice", "Crop", "Tile"), ()),
-    **dict.fromkeys(("SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "MultinomialLogisticLoss",
-                     "InfogainLoss", "HingeLoss", "ContrastiveLoss"), ("bottom",)),
-    # The forks' layers (docs/fork_layers.md)
-    **dict.fromkeys(("ReLU6", "Axpy", "BN", "SmoothL1Loss", "Normalize"), ("bottom",)),
-    **dict.fromkeys(("ShuffleChannel", "Interp", "Upsample", "Unpooling", "UnPooling", "Permute", "Reverse",
-                     "Transpose"), ()),
-    "ROIPooling": ("top",),  # the argmax
-}
 SHARING_FORWARD = ("Split",)  # forward shares the bottom's data with the tops: no traffic
-_ELT = caffe_pb2.EltwiseParameter
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -146,25 +127,15 @@ def conv_cost(layer, bottom: Sequence, top: Sequence,
     return ConvCost(fwd_flops, bwd_flops, float(fwd_elems * item), float(bwd_elems * item))
 
 
-def _backward_reads(layer) -> tuple[str, ...]:
-    """:data:`BACKWARD_READS` of the layer's type, with Eltwise and Pooling by their operation."""
-    if layer.type == "Eltwise":
-        op = layer.layer_param.eltwise_param.operation
-        return {_ELT.PROD: ("bottom", "top"), _ELT.MAX: ("top",)}.get(op, ())  # MAX: the winner mask
-    if layer.type == "Pooling" and layer.layer_param.pooling_param.pool != caffe_pb2.PoolingParameter.MAX:
-        return ()  # AVE: only the top diffs
-    return BACKWARD_READS[layer.type]
-
-
 def layer_bytes(layer, bottom: Sequence, top: Sequence,
                 propagate_down: Sequence[bool] | None = None) -> tuple[float, float] | None:
-    """Compulsory (forward, backward) bytes of a bandwidth-bound layer (a type of
-    :data:`BACKWARD_READS`), None for other layers. Forward: bottoms and params read, tops written
-    (nothing for :data:`SHARING_FORWARD` types). Backward: top diffs and :func:`_backward_reads`
-    data read, the diffs of the bottoms with ``propagate_down[i]`` (default all) written, params
+    """Compulsory (forward, backward) bytes of a bandwidth-bound layer (one that declares what its
+    backward reads: ``Layer.backward_reads()``), None for other layers. Forward: bottoms and params read, tops written
+    (nothing for :data:`SHARING_FORWARD` types). Backward: top diffs and the data ``backward_reads()`` names read, the diffs of the bottoms with ``propagate_down[i]`` (default all) written, params
     read when any bottom diff is computed, param diffs (``param_propagate_down``) read and written.
     """
-    if getattr(layer, "type", None) not in BACKWARD_READS:
+    reads = layer.backward_reads() if hasattr(layer, "backward_reads") else None
+    if reads is None:
         return None
     if propagate_down is None:
         propagate_down = [True] * len(bottom)
@@ -173,7 +144,6 @@ def layer_bytes(layer, bottom: Sequence, top: Sequence,
     n_top = sum(t.count for t in top)
     n_param = sum(b.count for b in layer.blobs)
     fwd = 0 if layer.type in SHARING_FORWARD else n_bottom + n_top + n_param
-    reads = _backward_reads(layer)
     bwd = n_top + n_bottom * ("bottom" in reads) + n_top * ("top" in reads)
     bwd += sum(b.count for b, p in zip(bottom, propagate_down) if p)
     bwd += n_param if any(propagate_down) else 0

@@ -71,7 +71,7 @@ def graphs_enabled() -> bool:
 def runs_on_device(layer: Layer) -> bool:
     """Declared capturable and really on the GPU (the inherited GPU path runs host code)."""
     cls = type(layer)
-    return layer.graph_safe and cls.forward_gpu is not Layer.forward_gpu and (
+    return layer.traits.graph_safe and cls.forward_gpu is not Layer.forward_gpu and (
         cls.backward_gpu is not Layer.backward_gpu or cls.backward_cpu is Layer.backward_cpu)
 
 
@@ -428,6 +428,13 @@ class Executor:
                 loss += self.losses(i, i)
         later = [i for i in self._loss_layers if start <= i <= end and i not in self._read_loss_early]
         return loss + sum(self.losses(i, i) for i in later)
+
+    def forward_backward(self) -> float:
+        """Forward through every layer, then backward through every layer; the weighted loss."""
+        last = len(self.net.layers) - 1
+        loss = self.forward(0, last)
+        self.backward(last, 0)
+        return loss
 
     def backward(self, start: int, end: int) -> None:
         """Backward through layers ``start`` down to ``end`` (inclusive, ``start >= end``)."""

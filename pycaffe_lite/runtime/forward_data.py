@@ -42,7 +42,7 @@ class ForwardOnlyData:
         self.watching = False
         self.disabled = False
         self.stale: set[int] = set()
-        self.candidates = set() if any(layer.outside_effects for layer in net.layers) else (
+        self.candidates = set() if any(layer.traits.outside_effects for layer in net.layers) else (
             forward_only_blobs(net) - set(exclude))
         self.slots: list = []
         self._slot_bytes: list[int] = []

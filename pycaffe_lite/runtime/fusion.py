@@ -34,9 +34,8 @@ those blobs may have been written since (``SyncedMemory.watched``: a host or dev
 graph replay writing it), outside captured graphs; a training iteration, whose update may change
 them inside its graph, folds inside it. A following in-place ReLU (negative_slope 0) joins as the
 epilogue. ``config.fusion`` off (``PYCAFFE_LITE_FUSION=0``) runs every
-layer as written. The layers declare their parts (:class:`~pycaffe_lite.layer.Layer`'s ``fusable_convolution``,
-``relu_epilogue``, ``folds_into_convolution``, ``per_channel_affine``, ``heads_norm_chain``): no layer is
-matched by its type.
+layer as written. The layers declare their parts (``traits.fuses``, checked against their parameters by
+:meth:`~pycaffe_lite.layer.Layer.fuses_as`): no layer is matched by its type.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from ..blob import Blob
 from ..config import config
-from ..layer import Layer
+from ..layer import AFFINE, CONVOLUTION, NORM_CHAIN, NORM_FOLD, RELU, RELU_MASK, SPLIT_SUM, SUM_RELU, Layer
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -139,7 +138,7 @@ class _NormHead(Protocol):  # BatchNormLayer's chain passes (layers/batch_norm.p
 
 @dataclass
 class NormChain:
-    """Layers ``first`` (a ``heads_norm_chain`` layer), ``first + 1`` (its per-channel Scale) and,
+    """Layers ``first`` (a layer fusing as ``NORM_CHAIN``), ``first + 1`` (its per-channel Scale) and,
     when ``relu``, ``last`` (a ReLU in place on the Scale's top) as one pass each way (GPU only)."""
 
     first: int
@@ -195,7 +194,7 @@ class _SumReLUHead(Protocol):  # EltwiseLayer's chain passes (layers/eltwise.py)
 
 @dataclass
 class SumReLU:
-    """Layers ``first`` (a ``sum_relu_chain`` sum), ``first + 1`` (a ReLU, negative_slope 0, in
+    """Layers ``first`` (a sum fusing as ``SUM_RELU``), ``first + 1`` (a ReLU, negative_slope 0, in
     place on its top) and, when ``split``, ``last = first + 2`` (the Split of that top) as one
     pass each way (GPU only). Backward writes what the layers leave: the top's diff (the ReLU's
     gradient) and the bottoms' diffs."""
@@ -233,7 +232,7 @@ class _ReLUMasker(Protocol):  # PoolingLayer's backward with the ReLU before it 
 class ReLUMaxPool:
     """Backward of layers ``first`` (a ReLU, negative_slope 0, in place) and ``last = first + 1``
     (a MAX pooling of its blob) as one pass (GPU only): the pooling's backward of its top
-    gradient masked by its top (:meth:`~pycaffe_lite.layer.Layer.masks_relu_backward`)."""
+    gradient masked by its top (it fuses as ``RELU_MASK``)."""
 
     first: int
     last: int
@@ -251,13 +250,13 @@ class ReLUMaxPool:
 
 def find_backward_fusions(net: NetGraph) -> list[ReLUMaxPool]:
     """Layer pairs whose backward runs as one (none when disabled): a ReLU (negative_slope 0) in
-    place on a blob that a ``masks_relu_backward`` layer reads next."""
+    place on a blob that a layer fusing as ``RELU_MASK`` reads next."""
     if not fusion_enabled():
         return []
     out = []
     for k in range(len(net.layers) - 1):
         if not (_relu_on(net, k, net.top_id_vecs[k][0] if net.top_id_vecs[k] else -1)
-                and _one_to_one(net, k + 1) and net.layers[k + 1].masks_relu_backward()):
+                and _one_to_one(net, k + 1) and net.layers[k + 1].fuses_as(RELU_MASK)):
             continue
         if net.bottom_id_vecs[k + 1] == net.top_id_vecs[k] and not _in_place(net, k + 1):
             out.append(ReLUMaxPool(k, k + 1, net.layers[k + 1], (net.bottom_vecs[k + 1], net.top_vecs[k + 1])))
@@ -270,7 +269,7 @@ def _in_place(net: NetGraph, i: int) -> bool:
 
 def _relu_on(net: NetGraph, k: int, blob_id: int) -> bool:
     """Layer ``k`` exists and is a ReLU epilogue (negative_slope 0), in place on blob ``blob_id``."""
-    return (k < len(net.layers) and net.layers[k].relu_epilogue() and len(net.bottom_id_vecs[k]) == 1
+    return (k < len(net.layers) and net.layers[k].fuses_as(RELU) and len(net.bottom_id_vecs[k]) == 1
             and _in_place(net, k) and net.bottom_id_vecs[k][0] == blob_id)
 
 
@@ -305,8 +304,7 @@ def _next_in_chain(net: NetGraph, k: int, blob_id: int, users: dict[int, list[in
 
 def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU | NormChain | SumReLU]:
     """The fusable chains of ``net`` in order (none when disabled). The layers say what they are
-    (``fusable_convolution``, ``relu_epilogue``, ``folds_into_convolution``, ``per_channel_affine``,
-    ``heads_norm_chain``, ``sum_relu_chain``, ``sums_top_diffs``)."""
+    (``Layer.fuses_as`` a role of ``layer.FUSIONS``)."""
     if not fusion_enabled():
         return []
     chains: list[ConvBNScale | ConvReLU | NormChain | SumReLU] = []
@@ -315,7 +313,7 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU | NormChain | Sum
     i = 0
     while i < len(layers) - 1:
         conv = layers[i]
-        if not (conv.fusable_convolution() and _one_to_one(net, i)):
+        if not (conv.fuses_as(CONVOLUTION) and _one_to_one(net, i)):
             i += 1
             continue
         out = net.top_id_vecs[i][0]
@@ -332,9 +330,9 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU | NormChain | Sum
     covered = {k for chain in chains for k in range(chain.first, chain.last + 1)}
     for k in range(len(layers) - 1):
         found: NormChain | SumReLU | None = None
-        if k not in covered and layers[k].heads_norm_chain():
+        if k not in covered and layers[k].fuses_as(NORM_CHAIN):
             found = _norm_chain(net, k)
-        elif k not in covered and layers[k].sum_relu_chain():
+        elif k not in covered and layers[k].fuses_as(SUM_RELU):
             found = _sum_relu(net, k)
         if found is not None and not covered & set(range(found.first, found.last + 1)):
             chains.append(found)
@@ -350,7 +348,7 @@ def _sum_relu(net: NetGraph, k: int) -> SumReLU | None:
     if top in net.bottom_id_vecs[k] or not _relu_on(net, k + 1, top):
         return None
     s = k + 2
-    split = (s < len(net.layers) and net.layers[s].sums_top_diffs() and net.bottom_id_vecs[s] == [top]
+    split = (s < len(net.layers) and net.layers[s].fuses_as(SPLIT_SUM) and net.bottom_id_vecs[s] == [top]
              and 2 <= len(net.top_id_vecs[s]) <= 4)
     last = s if split else k + 1
     return SumReLU(first=k, last=last, head=net.layers[k], members=net.layers[k:last + 1],
@@ -366,7 +364,7 @@ def _norm_chain(net: NetGraph, k: int) -> NormChain | None:
     norm_top = net.top_id_vecs[k][0]
     in_place = _in_place(net, k)
     if (net.bottom_id_vecs[s][0] != norm_top or _in_place(net, s) != in_place
-            or not layers[s].per_channel_affine(net.blobs[norm_top])):
+            or not layers[s].fuses_as(AFFINE, net.blobs[norm_top])):
         return None
     out = net.top_id_vecs[s][0]
     relu = _relu_on(net, s + 1, out)
@@ -383,13 +381,13 @@ def _conv_bn_scale(net: NetGraph, i: int, users: dict[int, list[int]] | None) ->
     out = net.top_id_vecs[i][0]
     bn_i = i + 1
     step = _next_in_chain(net, bn_i, out, users) if bn_i < len(layers) else None
-    if step is None or not layers[bn_i].folds_into_convolution():
+    if step is None or not layers[bn_i].fuses_as(NORM_FOLD):
         return None, i
     cur, skip = step
     skipped = {out} if skip else set()
     last, scale = bn_i, None
     nxt = _next_in_chain(net, bn_i + 1, cur, users)
-    if nxt is not None and layers[bn_i + 1].per_channel_affine(net.blobs[cur]):
+    if nxt is not None and layers[bn_i + 1].fuses_as(AFFINE, net.blobs[cur]):
         scale, last = layers[bn_i + 1], bn_i + 1
         skipped |= {cur} if nxt[1] else set()
         cur = nxt[0]

@@ -175,11 +175,11 @@ def recomputable_inputs(net: NetGraph) -> list[tuple[Layer, Layer, Blob]]:
     out = []
     tops = net.top_id_vecs
     for k, scale in enumerate(net.layers):
-        if not scale.saves_input_in_place or len(net.bottom_id_vecs[k]) != 1 or tops[k] != net.bottom_id_vecs[k]:
+        if not scale.traits.saves_input_in_place or len(net.bottom_id_vecs[k]) != 1 or tops[k] != net.bottom_id_vecs[k]:
             continue
         bid = tops[k][0]
         j = max((i for i in range(k) if bid in tops[i]), default=-1)
-        if j < 0 or not net.layers[j].regenerates_top or net.bottom_id_vecs[j][0] == bid:
+        if j < 0 or not net.layers[j].traits.regenerates_top or net.bottom_id_vecs[j][0] == bid:
             continue
         source = net.bottom_id_vecs[j][0]
         if any(source in tops[i] for i in range(j + 1, len(net.layers))):
@@ -246,7 +246,7 @@ def forward_only_blobs(net: NetGraph) -> set[int]:
     for b, uses in readers.items():
         producers = [k for k, as_top, _ in uses if as_top]
         if (b in never or len(producers) != 1 or memories[id(net.blobs[b].data_memory)] != 1
-                or not net.layers[producers[0]].pure_forward or len(net.top_id_vecs[producers[0]]) != 1
+                or not net.layers[producers[0]].traits.pure_forward or len(net.top_id_vecs[producers[0]]) != 1
                 or producers[0] in {k for k, as_top, _ in uses if not as_top}):
             continue
         if not any(net.layers[k].backward_reads_data(as_top, i) for k, as_top, i in uses):

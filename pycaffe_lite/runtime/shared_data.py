@@ -76,7 +76,7 @@ class SharedData:
         # outside the net.
         rewritten = {b for k, bottoms in enumerate(net.bottom_id_vecs) if bottoms for b in net.top_id_vecs[k]}
         self._can_share = not any(net.layer_need_backward) and not rewritten & self._sources and not any(
-            layer.outside_effects for layer in net.layers)
+            layer.traits.outside_effects for layer in net.layers)
         self._sources_replaced = False
         self._running = False
         self._ids = {id(blob): bid for bid, blob in enumerate(net.blobs)}

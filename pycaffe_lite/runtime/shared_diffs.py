@@ -82,7 +82,7 @@ class SharedDiffs:
         self._seed_buffers: list[tuple[SyncedMemory, object]] = []  # the range's seeds and their copies
         self._ranges: dict[tuple[int, int], BackwardRange] = {}
         self._ranges_shapes = -1
-        self._can_share = any(net.layer_need_backward) and not any(layer.outside_effects for layer in net.layers)
+        self._can_share = any(net.layer_need_backward) and not any(layer.traits.outside_effects for layer in net.layers)
         # What re-running the last backward needs
         self._last: tuple[int, int] | None = None
         self._why_not = "no backward ran"

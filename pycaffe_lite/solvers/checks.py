@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..net_graph import NetGraph
 from ..proto import caffe_pb2
 from .lr_policy import POLICIES, SolverConfigError
 
@@ -86,9 +87,9 @@ class NonFiniteLossError(SolverConfigError):
     """Training produced a NaN or infinite loss."""
 
 
-def first_nonfinite_layer(net) -> str | None:
+def first_nonfinite_layer(graph: NetGraph) -> str | None:
     """The first layer (in forward order) with a non-finite value in one of its tops."""
-    for name, layer_tops in zip(net.graph.layer_names, net.graph.top_vecs):
+    for name, layer_tops in zip(graph.layer_names, graph.top_vecs):
         for blob in layer_tops:
             if not np.all(np.isfinite(blob.cpu_data())):
                 return name
@@ -103,7 +104,7 @@ def nonfinite_loss_hook(solver) -> Callable[[int, float], None]:
     def hook(iteration: int, loss: float) -> None:
         if math.isfinite(loss) or not getattr(solver, "stop_on_nonfinite_loss", True):
             return
-        layer = first_nonfinite_layer(solver.net)
+        layer = first_nonfinite_layer(solver.graph)
         where = f"; first non-finite output: layer '{layer}'" if layer else ""
         raise NonFiniteLossError(
             f"iteration {iteration}: the loss is {loss}{where} (lower base_lr, check the data; "

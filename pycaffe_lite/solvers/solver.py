@@ -17,13 +17,12 @@ The compute mode is the process-wide one (``set_mode_cpu``/``set_mode_gpu``), as
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar, SupportsInt, cast
+from typing import ClassVar, cast
 
 import numpy as np
 
@@ -32,15 +31,18 @@ from ..bbox import mean_average_precision
 from ..blob import Blob
 from ..errors import CaffeError, PrototxtError, ShapeError, WeightsError
 from ..glog import ensure_console_log
-from ..gpu import backend, blas
-from ..net import Net, in_file
+from ..net import Net
+from ..net_builder import build_net, in_file
 from ..net_graph import NetGraph
 from ..optional import require
-from ..proto import caffe_pb2, hdf5_weights, protoio
+from ..proto import caffe_pb2, caffemodel, hdf5_weights, protoio
+from ..runtime.executor import Executor
 from . import checks as solver_checks
-from . import lr_policy, snapshot
+from . import snapshot
 from .iteration import PlainIteration, ReplayedIteration
 from .lr_policy import SolverConfigError
+from .rules import SGD, Rule
+from .update import Update
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -119,19 +121,20 @@ def check_state_file(path: str | os.PathLike, error: type[Exception]) -> None:
 
 
 class Solver:
-    """Base solver. Subclasses (``sgd_solvers``) define the update rule.
+    """Base solver. Subclasses (``sgd_solvers``) name the update rule (:mod:`.rules`).
 
     ``Solver(solver_file_or_param, dtype=np.float32, progress=None, solver_dir=None)``;
     ``progress``: True/False forces the tqdm progress bar on/off, None shows it only when stderr
     is a terminal; without the bar the solver logs Caffe's glog lines to stderr (installing
     :func:`~pycaffe_lite.glog.init_log`'s handler unless logging is already configured); ``solver_dir``: where relative net paths are also looked up (default: the
     solver file's folder). ``weights`` in the SolverParameter are loaded into every net.
-    Attributes: ``param``, ``net``, ``test_nets``, ``iter``, ``current_step``, ``history``.
+    Attributes: ``param``, ``net``, ``test_nets``, ``iter``, ``current_step``, ``history``; the
+    training step runs on ``graph`` (the train net's :class:`~pycaffe_lite.net_graph.NetGraph`) and
+    ``executor`` with ``update`` (:class:`~.update.Update`), not through pycaffe's ``net``.
     """
 
     type_name: ClassVar[str] = ""
-    # Number of history blobs per learnable param (AdaDelta and Adam keep two).
-    history_factor: ClassVar[int] = 1
+    rule: ClassVar[type[Rule]] = SGD
 
     def __init__(
         self,
@@ -149,15 +152,12 @@ class Solver:
         self.dtype = np.dtype(dtype)
         self.progress = progress
         self.iter = 0
-        self.current_step = 0
         self.smoothed_loss = 0.0
         self._losses: list[float] = []
         self._action_fn: Callable[[], str] | None = None
         self.callbacks: list[tuple[Callable[[], None] | None, Callable[[], None] | None]] = []
         self.requested_early_exit = False
         self._last_snapshot_iter: int | None = None
-        self._rate_device: SupportsInt | None = None  # device scalar the GPU update kernels read the rate from
-        self._plain, self._replayed = PlainIteration(self), ReplayedIteration(self)  # how an iteration runs
         self._bar = None  # step()'s progress bar
         self._start_iter = 0  # the iteration step() started at (the smoothed loss's window)
         # Called as hook(iter, loss) for each iteration, in order, once its loss is read back: right
@@ -173,15 +173,16 @@ class Solver:
             common.set_random_seed(self.param.random_seed)
         log.info("Initializing solver from parameters%s", f" ({self.source})" if self.source else "")
         self.net: Net = self._init_train_net()
+        self.graph, self.executor = self.net.graph, self.net.executor  # what the training step runs
         self.test_nets = self._init_test_nets()
         for spec in self.param.weights:
             self.load_weights(spec)
-        self.history: list[Blob] = [
-            Blob(p.shape, self.dtype) for _ in range(self.history_factor) for p in self.net.learnable_params
-        ]
-        for h in self.history:
-            h.mutable_cpu_data()[...] = 0
-        self.check_rule_param()
+        rule = self.rule(self.param, self.dtype)
+        rule.check(self.where)
+        self.update = Update(self.param, self.graph, rule, self.where)
+        # how an iteration runs (solvers/iteration.py): plainly, or replayed as one CUDA graph
+        self._plain = PlainIteration(self.executor, self.update, self.callbacks)
+        self._replayed = ReplayedIteration(self.executor, self.update, self.callbacks, type(self).__name__)
         log.info("Solver scaffolding done.")
 
     # ------------------------------------------------------------------------------------------
@@ -221,9 +222,6 @@ class Solver:
         if p.snapshot_prefix:
             snapshot.clean_leftovers(p.snapshot_prefix)  # temporary files and half pairs of killed runs
 
-    def check_rule_param(self) -> None:
-        """Hook for update-rule specific checks."""
-
     def _read_net(self, path: str) -> caffe_pb2.NetParameter:
         resolved = resolve_path(path, self._solver_dir)
         if not os.path.exists(resolved):
@@ -244,9 +242,10 @@ class Solver:
         param.CopyFrom(net_param)
         param.state.CopyFrom(state)
         try:
-            return Net(param, dtype=self.dtype)
+            graph = build_net(param, self.dtype)
         except CaffeError as exc:
             raise in_file(exc, source) from None
+        return Net.over(graph, Executor(graph))
 
     def _init_train_net(self) -> Net:
         p = self.param
@@ -316,7 +315,7 @@ class Solver:
             protoio.check_regular_file(name, "weights file", WeightsError)
             log.info("Finetuning from %s", name)
             for net in (self.net, *self.test_nets):
-                net.copy_from(name)
+                caffemodel.copy_from(net.graph, name)
 
     # ------------------------------------------------------------------------------------------
     # pycaffe extras
@@ -338,19 +337,27 @@ class Solver:
 
     def share_weights(self, net: Net) -> None:
         """Make ``net`` use this solver's train-net weights."""
-        net.share_with(self.net)
+        caffemodel.share_trained_layers(net.graph, self.graph)
 
     @property
     def learning_rate(self) -> float:
         """The rate the next update would use (does not advance multistep's counter)."""
-        return self._rate()[0]
+        return self.update.rate(self.iter)
 
-    def _rate(self) -> tuple[float, int]:
-        """:func:`lr_policy.learning_rate` now; its errors name the solver file."""
-        try:
-            return lr_policy.learning_rate(self.param, self.iter, self.current_step)
-        except SolverConfigError as exc:
-            raise SolverConfigError(f"{self.where}: {exc}") from None
+    @property
+    def history(self) -> list[Blob]:
+        """The update rule's history blobs (Caffe's layout: ``rule.history_factor`` sets of one per
+        learnable param)."""
+        return self.update.history
+
+    @property
+    def current_step(self) -> int:
+        """The step / multistep policies' counter (saved in the solverstate)."""
+        return self.update.current_step
+
+    @current_step.setter
+    def current_step(self, value: int) -> None:
+        self.update.current_step = value
 
     # ------------------------------------------------------------------------------------------
     # the loop
@@ -388,7 +395,7 @@ class Solver:
             from tqdm.contrib.logging import logging_redirect_tqdm
 
             with logging_redirect_tqdm(loggers=[log, logging.getLogger()]):
-                bar = tqdm(total=iters, desc=f"{self.net.name or 'train'}", unit="it", dynamic_ncols=True)
+                bar = tqdm(total=iters, desc=f"{self.graph.name or 'train'}", unit="it", dynamic_ncols=True)
                 try:
                     self._step(iters, bar)
                 finally:
@@ -397,13 +404,14 @@ class Solver:
             self._step(iters, None)
 
     def _step(self, iters: int, bar) -> None:
-        """Caffe's ``Solver::Step``: each iteration runs plainly or as one replayed CUDA graph
-        (:mod:`.iteration`), in Caffe's order: clear diffs, test, start callbacks, passes, display,
-        gradients-ready callbacks and update, snapshot."""
+        """Caffe's ``Solver::Step``. Each iteration runs plainly or as one replayed CUDA graph
+        (:mod:`.iteration`; both drive :attr:`executor` and :attr:`update`), in Caffe's order:
+        test, start callbacks, forward/backward, display, gradients-ready callbacks and update,
+        snapshot. A replayed iteration's loss reaches the smoothed loss when it is settled."""
         p = self.param
         self._bar, self._start_iter = bar, self.iter
         stop_iter = self.iter + int(iters)
-        self._replayed.reset()  # parameters may have changed since the last step()
+        self.update.reset()  # parameters may have changed since the last step()
         self._losses = []
         self.smoothed_loss = 0.0
         timer, iterations_last = time.perf_counter(), self.iter
@@ -411,10 +419,9 @@ class Solver:
             while self.iter < stop_iter:
                 iteration = self._replayed if self._replayed.possible() else self._plain
                 if iteration is self._plain:
-                    self._replayed.settle()
-                iteration.prepare()
+                    self._account(self._replayed.settle())
                 if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
-                    self._replayed.settle()
+                    self._account(self._replayed.settle())
                     self.test_all()
                     if self.requested_early_exit:
                         break
@@ -422,14 +429,14 @@ class Solver:
                     if on_start is not None:
                         on_start()
                 display = bool(p.display and self.iter % p.display == 0)
-                iteration.run(display)
+                self._account(iteration.forward_backward(self.iter, display))
                 if display:
                     lapse = time.perf_counter() - timer
                     log.info("Iteration %d (%g iter/s, %.3gs/%d iters), loss = %g", self.iter,
                              (self.iter - iterations_last) / (lapse or 1.0), lapse, p.display, self.smoothed_loss)
                     timer, iterations_last = time.perf_counter(), self.iter
-                    self._log_outputs(self.net, "Train", None)
-                iteration.finish()
+                    self._log_outputs(self.graph, "Train", None)
+                iteration.apply_update(self.iter)
                 self.iter += 1
                 request = self._requested_action()
                 if (p.snapshot and self.iter % p.snapshot == 0) or request == SNAPSHOT:
@@ -438,26 +445,23 @@ class Solver:
                     self.requested_early_exit = True
                     break
         finally:
-            self._replayed.settle()
+            self._account(self._replayed.settle())
 
-    def account_loss(self, it: int, loss: float) -> None:
-        """Smoothed loss, ``last_loss``, iteration hooks and the progress bar for iteration ``it``."""
-        self._update_smoothed_loss(loss, self._start_iter, it)
-        self.last_loss = loss
-        for hook in self.iteration_hooks:
-            hook(it, loss)
-        if self._bar is not None:
-            self._bar.update(1)
-            self._bar.set_postfix(loss=f"{self.smoothed_loss:.4g}", refresh=False)
-
-    def _replays_whole_iteration(self) -> bool:
-        """Whether the next iteration runs as one CUDA-graph replay (:class:`.iteration.ReplayedIteration`)."""
-        return self._replayed.possible()
+    def _account(self, losses: list[tuple[int, float]]) -> None:
+        """Smoothed loss, ``last_loss``, iteration hooks and the progress bar, per (iteration, loss)."""
+        for it, loss in losses:
+            self._update_smoothed_loss(loss, self._start_iter, it)
+            self.last_loss = loss
+            for hook in self.iteration_hooks:
+                hook(it, loss)
+            if self._bar is not None:
+                self._bar.update(1)
+                self._bar.set_postfix(loss=f"{self.smoothed_loss:.4g}", refresh=False)
 
     def solve(self, resume_file: str | os.PathLike | None = None) -> None:
         """Train to ``max_iter`` (optionally resuming from a .solverstate), as Caffe's Solve."""
         p = self.param
-        log.info("Solving %s", self.net.name)
+        log.info("Solving %s", self.graph.name)
         log.info("Learning Rate Policy: %s", p.lr_policy)
         self.requested_early_exit = False
         if resume_file:
@@ -471,7 +475,7 @@ class Solver:
             log.info("Optimization stopped early.")
             return
         if p.display and self.iter % p.display == 0:
-            loss = self.net.forward_prefilled()
+            loss = self.executor.forward(0, len(self.graph.layers) - 1)
             self._update_smoothed_loss(loss, start_iter)
             log.info("Iteration %d, loss = %g", self.iter, self.smoothed_loss)
         if p.test_interval and self.iter % p.test_interval == 0:
@@ -480,13 +484,12 @@ class Solver:
 
     # ------------------------------------------------------------------------------------------
     # testing
-    def _log_outputs(self, net: Net, kind: str, scores: list[float] | None) -> None:
+    def _log_outputs(self, graph: NetGraph, kind: str, scores: list[float] | None) -> None:
         """Log ``<kind> net output #i: name = value`` for every element of every output blob."""
         index = 0
-        weights = net.blob_loss_weights
-        for name in net.outputs:
-            values = net.blobs[name].cpu_data().ravel()
-            weight = weights[name]
+        for b, name in zip(graph.output_blob_indices, graph.outputs):
+            values = graph.blobs[b].cpu_data().ravel()
+            weight = graph.blob_loss_weights[b]
             for v in values:
                 value = float(v) if scores is None else scores[index]
                 extra = f" (* {weight:g} = {weight * value:g} loss)" if weight else ""
@@ -509,7 +512,9 @@ class Solver:
         p = self.param
         log.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
         net = self.test_nets[test_net_id]
-        net.share_with(self.net)
+        graph, executor = net.graph, net.executor
+        caffemodel.share_trained_layers(graph, self.graph)
+        outputs = list(zip(graph.outputs, (graph.blobs[b] for b in graph.output_blob_indices)))
         iters = p.test_iter[test_net_id]
         scores: list[float] = []
         loss = 0.0
@@ -517,7 +522,7 @@ class Solver:
             raise SolverConfigError(f"{self.where}: eval_type must be 'classification' or 'detection', "
                                     f"got '{p.eval_type}'")
         detection = p.eval_type == "detection"  # the SSD fork: outputs are DetectionEvaluate rows -> mAP
-        rows: dict[str, list] = {name: [] for name in net.outputs}
+        rows: dict[str, list] = {name: [] for name, _ in outputs}
         for i in range(iters):
             request = self._requested_action()
             if request == STOP:
@@ -525,14 +530,14 @@ class Solver:
                 break
             if request == SNAPSHOT:
                 self.snapshot()
-            iter_loss = net.forward_prefilled()
+            iter_loss = executor.forward(0, len(graph.layers) - 1)
             if p.test_compute_loss:
                 loss += iter_loss
             if detection:
-                for name in net.outputs:
-                    rows[name].append(net.blobs[name].cpu_data().copy())
+                for name, blob in outputs:
+                    rows[name].append(blob.cpu_data().copy())
                 continue
-            values = [float(v) for name in net.outputs for v in net.blobs[name].cpu_data().ravel()]
+            values = [float(v) for _, blob in outputs for v in blob.cpu_data().ravel()]
             if i == 0:
                 scores = values
             else:
@@ -545,11 +550,11 @@ class Solver:
         if detection:
             return self._test_detection(rows)
         means = [s / iters for s in scores] if iters else []
-        self._log_outputs(net, "Test", means)
+        self._log_outputs(graph, "Test", means)
         out: dict[str, list[float]] = {}
         index = 0
-        for name in net.outputs:
-            n = net.blobs[name].count
+        for name, blob in outputs:
+            n = blob.count
             out[name] = means[index:index + n]
             index += n
         return out
@@ -576,103 +581,8 @@ class Solver:
     # ------------------------------------------------------------------------------------------
     # the update
     def apply_update(self) -> None:
-        """Lr policy, clipping, normalization, regularization, update rule and ``data -= diff``."""
-        rate = self._next_rate()
-        if common.mode() is common.Mode.GPU:
-            self.clip_gradients(True)
-            self._set_device_rate(rate)
-            self.queue_gpu_updates()
-            return
-        p = self.param
-        self.clip_gradients(False)
-        scale = 1.0 / p.iter_size
-        for i, blob in enumerate(self.net.learnable_params):
-            lr_mult, local_decay = self._mults(i)
-            diff = blob.mutable_cpu_diff()
-            if p.iter_size != 1:
-                diff *= self.dtype.type(scale)
-            if local_decay:
-                data = blob.cpu_data()
-                reg_term = data if p.regularization_type == "L2" else np.sign(data)
-                diff += self.dtype.type(local_decay) * reg_term
-            self.update_cpu(i, diff, self.dtype.type(rate * lr_mult))
-            blob.mutable_cpu_data()[...] -= blob.cpu_diff()
-
-    def _next_rate(self) -> float:
-        """This iteration's learning rate (advances multistep's counter), logged at display."""
-        rate, self.current_step = self._rate()
-        self.log_rate(rate)
-        return rate
-
-    def log_rate(self, rate: float) -> None:
-        if self.param.display and self.iter % self.param.display == 0:
-            log.info("Iteration %d, lr = %g", self.iter, rate)
-
-    def _mults(self, i: int) -> tuple[float, float]:
-        """(lr_mult, weight_decay * decay_mult) of learnable param ``i``."""
-        lr_mult = self.net.params_lr[i]
-        decay_mult = self.net.params_weight_decay[i]
-        return (1.0 if lr_mult is None else lr_mult), self.param.weight_decay * (1.0 if decay_mult is None else decay_mult)
-
-    def device_rate(self, rate: float, it: int | None = None) -> float:
-        """The value the GPU update kernels read as the base rate at iteration ``it`` (default: the
-        current one; Adam folds its bias correction in)."""
-        return rate
-
-    def rate_slot(self) -> int:
-        """The device scalar the GPU update kernels read the base rate from."""
-        if self._rate_device is None:
-            self._rate_device = backend.alloc(self.dtype.itemsize)
-        return int(self._rate_device)
-
-    def _set_device_rate(self, rate: float) -> None:
-        backend.memcpy_htod(self.rate_slot(), np.array([self.device_rate(rate)], self.dtype))
-
-    def queue_gpu_updates(self) -> None:
-        """One fused kernel per learnable param; the rate comes from device memory (graph-safe)."""
-        p = self.param
-        scale = 1.0 / p.iter_size
-        rate_ptr = self.rate_slot()
-        for i, blob in enumerate(self.net.learnable_params):
-            lr_mult, local_decay = self._mults(i)
-            reg = 0 if not local_decay else (1 if p.regularization_type == "L2" else 2)
-            self.update_gpu(i, blob, rate_ptr, lr_mult, scale, local_decay, reg)
-
-    def clip_gradients(self, on_gpu: bool = False) -> None:
-        """Scale all param diffs by ``clip / ||g||`` when the global L2 norm exceeds ``clip_gradients``."""
-        clip = self.param.clip_gradients
-        if clip < 0:
-            return
-        params = self.net.learnable_params
-        if on_gpu:
-            sumsq = sum(blas.dot(b.count, b.gpu_diff(), b.gpu_diff(), self.dtype) for b in params)
-        else:
-            sumsq = sum(float(np.dot(d, d)) for d in (b.cpu_diff().ravel() for b in params))
-        norm = math.sqrt(sumsq)
-        if norm > clip:
-            factor = clip / norm
-            log.info(
-                "Gradient clipping: scaling down gradients (L2 norm %g > %g) by scale factor %g", norm, clip, factor
-            )
-            for b in params:
-                if on_gpu:
-                    blas.scal(b.count, factor, b.mutable_gpu_diff(), self.dtype)
-                else:
-                    b.mutable_cpu_diff()[...] *= self.dtype.type(factor)
-
-    def history_views(self, param_id: int) -> list[Blob]:
-        """The history blobs of learnable param ``param_id`` (``history_factor`` of them)."""
-        n = len(self.net.learnable_params)
-        return [self.history[param_id + k * n] for k in range(self.history_factor)]
-
-    def update_cpu(self, param_id: int, diff: np.ndarray, local_rate) -> None:
-        """Turn the regularized gradient ``diff`` into the update value, in place (numpy)."""
-        raise NotImplementedError(f"{type(self).__name__}.update_cpu")
-
-    def update_gpu(self, param_id: int, blob: Blob, rate_ptr: int, lr_mult: float, scale: float, decay: float,
-                   reg: int) -> None:
-        """Fused GPU step: ``g = g·scale + decay·{w | sign(w)}``, the rule, ``w -= update``."""
-        raise NotImplementedError(f"{type(self).__name__}.update_gpu")
+        """This iteration's update from the host (Caffe's ApplyUpdate; :meth:`.update.Update.apply`)."""
+        self.update.apply(self.iter)
 
     # ------------------------------------------------------------------------------------------
     # snapshots
@@ -694,14 +604,14 @@ class Solver:
             model, path = self.snapshot_filename(".caffemodel.h5"), self.snapshot_filename(".solverstate.h5")
             state.learned_net = model
             log.info("Snapshotting to HDF5 file %s", model)
-            net_bytes = hdf5_weights.to_bytes(self.net.graph, self.param.snapshot_diff, model)
+            net_bytes = hdf5_weights.to_bytes(self.graph, self.param.snapshot_diff, model)
             log.info("Snapshotting solver state to HDF5 file %s", path)
             state_bytes = hdf5_weights.state_to_bytes(state, [h.cpu_data() for h in self.history])
         else:
             model, path = self.snapshot_filename(".caffemodel"), self.snapshot_filename(".solverstate")
             state.learned_net = model
             log.info("Snapshotting to binary proto file %s", model)
-            net_bytes = self.net.to_proto(self.param.snapshot_diff).SerializeToString()
+            net_bytes = caffemodel.to_proto(self.graph, self.param.snapshot_diff).SerializeToString()
             for h in self.history:
                 h.to_proto(False, state.history.add())
             log.info("Snapshotting solver state to binary proto file %s", path)
@@ -712,7 +622,7 @@ class Solver:
 
     def _data_nets(self) -> dict[str, NetGraph]:
         """The nets whose data layers a snapshot records, by the names a solverstate gives them."""
-        return {"train": self.net.graph, **{f"test{i}": net.graph for i, net in enumerate(self.test_nets)}}
+        return {"train": self.graph, **{f"test{i}": net.graph for i, net in enumerate(self.test_nets)}}
 
     def restore(self, path: str | os.PathLike, allow_missing: bool = False) -> None:
         """Load a .solverstate or .solverstate.h5 (iteration, step counter, history) and its
@@ -750,7 +660,7 @@ class Solver:
             if not os.path.isfile(model):
                 raise WeightsError(f"{path}: learned_net '{state.learned_net}' not found")
             try:
-                self.net.copy_from(model, allow_missing=allow_missing)
+                caffemodel.copy_from(self.graph, model, allow_missing=allow_missing)
             except WeightsError as exc:
                 if "allow-missing" not in str(exc):
                     raise

@@ -208,7 +208,7 @@ def test_device_cache_serves_the_same_batches_and_replays(source, gpu_mode, tmp_
     cached = data_layer(path, batch=4, extra="cache_on_device: true", transform="scale: 0.5", dtype=np.float32)
     top = empty_blobs(2, np.float32)
     cached.setup([], top)
-    assert cached.graph_safe and cached._cache is not None
+    assert cached.traits.graph_safe and cached._cache is not None
     order = np.arange(4 * 5) % N
     for b in range(5):
         cached.forward([], top)

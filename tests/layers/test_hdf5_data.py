@@ -159,7 +159,7 @@ def test_errors_name_layer_and_file(tmp_path, monkeypatch):
 def test_graph_unsafe():
     from pycaffe_lite.layer import layer_class
 
-    assert layer_class("HDF5Data").graph_safe is False
+    assert layer_class("HDF5Data").traits.graph_safe is False
 
 
 def test_net_hdf5_data_feeds_inner_product(two_files, mode):

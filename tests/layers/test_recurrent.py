@@ -298,7 +298,7 @@ def test_debug_info_logs_the_unrolled_layers(caplog):
     layer = make_layer(text("RNN").replace("expose_hidden: false", "debug_info: true"))
     bottom, top = blobs([X, CONT]), empty_blobs(1)
     layer.setup(bottom, top)
-    assert layer.graph_safe is False  # its logging reads values on the host
+    assert layer.traits.graph_safe is False  # its logging reads values on the host
     with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
         layer.forward(bottom, top)
         top[0].mutable_cpu_diff()[...] = 1

@@ -73,7 +73,7 @@ def test_callback_object_and_graph_safety(monkeypatch):
     s.step(2)
     assert calls == ["start", "ready"] * 2
     monkeypatch.setattr(s.net.executor, "can_replay_iteration", lambda: True)
-    assert not s._replays_whole_iteration()  # a plain Python callback runs host code mid-way
+    assert not s._replayed.possible()  # a plain Python callback runs host code mid-way
 
     safe = solver()
     monkeypatch.setattr(safe.net.executor, "can_replay_iteration", lambda: True)
@@ -83,7 +83,7 @@ def test_callback_object_and_graph_safety(monkeypatch):
 
     noop.graph_safe = True
     safe.add_callback(noop, noop)
-    assert safe._replays_whole_iteration()
+    assert safe._replayed.possible()
 
 
 def test_hooks_keep_passes_out_of_graphs():

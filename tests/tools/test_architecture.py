@@ -56,7 +56,7 @@ MAY_IMPORT = {  # wing -> what of the package it may import besides itself
     "testing": CORE | {"gpu", "proto"},
     "runtime": CORE | {"python_layer", "gpu", "conv", "proto"},
     "layers": CORE | {"python_layer", "io", "net_spec", "gpu", "conv", "proto", "data"},  # net_spec: caffe.layers.X
-    "solvers": CORE | {"net", "gpu", "proto", "data"},
+    "solvers": CORE | {"net", "net_builder", "gpu", "proto", "data", "runtime"},  # drives the executor
     "parallel": CORE | {"net", "gpu", "proto", "solvers"},
     "onnx": CORE | {"io", "proto"},  # walks a built Net it is given; never imports net or the runtime
 }
@@ -89,6 +89,41 @@ def test_each_wing_imports_only_what_the_floor_plan_allows():
             continue  # the root's modules and a wing's __init__ are not wings' members
         for target in targets:
             if _place(target) not in MAY_IMPORT[wing] | {wing, ""} and (name, target) not in EXCEPTIONS:
+                wrong.add(f"{name} -> {target}")
+    assert not wrong, sorted(wrong)
+
+
+# -- the root's modules: Caffe's core at the bottom, the builder above it, pycaffe's face on top -------
+FACE = {"net", "io", "draw", "net_spec", "params", "classifier", "detector", "coord_map", "python_layer", "vectors",
+        "timer", "threads", "__main__"}
+ROOT_MAY_IMPORT = {
+    **{m: CORE | {"gpu", "python_layer"} for m in CORE},  # the schema too: proto.caffe_pb2 alone (below)
+    "net_builder": CORE | {"proto"},  # builds a NetGraph: parse, upgrade, filter, split, wire
+    **{m: CORE | FACE | {"net_builder", "gpu", "conv", "proto", "runtime", "layers", "onnx", "data"} for m in FACE},
+}
+ROOT_MAY_IMPORT["__main__"] = {"commands"}
+SCHEMA = "pycaffe_lite.proto.caffe_pb2"
+
+
+def test_every_root_module_is_placed_on_the_floor_plan():
+    root = {p.stem for p in (ROOT / "pycaffe_lite").glob("*.py")} - {"__init__"}
+    assert root == set(ROOT_MAY_IMPORT), sorted(root ^ set(ROOT_MAY_IMPORT))
+
+
+def test_root_modules_import_only_what_their_floor_allows():
+    """Core modules import core, the device runtime and the schema (never the file readers beside
+    it); the builder adds the file readers; pycaffe's face may use everything below the solvers."""
+    wrong = set()
+    for name, targets in _import_graph().items():
+        parts = name.split(".")
+        if parts[0] != "pycaffe_lite" or len(parts) != 2 or parts[1] not in ROOT_MAY_IMPORT:
+            continue
+        for target in targets:
+            place = _place(target)
+            if place == "proto" and parts[1] in CORE:
+                if target != SCHEMA:
+                    wrong.add(f"{name} -> {target}")
+            elif place not in ROOT_MAY_IMPORT[parts[1]] | {""} and not (place == "proto" and target == SCHEMA):
                 wrong.add(f"{name} -> {target}")
     assert not wrong, sorted(wrong)
 

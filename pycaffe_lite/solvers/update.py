@@ -1,0 +1,174 @@
+"""The update a training iteration applies: Caffe's ``SGDSolver::ApplyUpdate`` as an object.
+
+:class:`Update` holds what the update keeps across iterations: the lr policy's step counter
+(``current_step``), the rule's history blobs, the device slot the GPU kernels read the base rate
+from, and the device table of the next :attr:`Update.RATE_TABLE` rates that a replayed iteration
+advances on the device (one upload per table; a kernel in the replay moves the next entry into the
+slot). Per iteration, in Caffe's order: the policy's rate, gradient clipping, ``1/iter_size``,
+L1/L2 weight decay, the rule (:mod:`.rules`), ``data -= diff``.
+
+Two ways to apply it, one per kind of iteration (:mod:`.iteration`): :meth:`Update.apply` runs it
+from the host (numpy on the CPU; kernels queued on the GPU); :meth:`Update.schedule` before a
+replayed iteration and :meth:`Update.queue_replayed` inside its capture put everything on the device.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import SupportsInt
+
+import numpy as np
+
+from .. import common
+from ..blob import Blob
+from ..gpu import backend, blas
+from ..net_graph import NetGraph
+from ..proto import caffe_pb2
+from . import lr_policy
+from .lr_policy import SolverConfigError
+from .rules import Rule
+
+log = logging.getLogger("pycaffe_lite")
+
+
+class Update:
+    """The update of ``graph``'s learnable params by ``rule`` under the solver parameters ``param``."""
+
+    RATE_TABLE = 256
+
+    def __init__(self, param: caffe_pb2.SolverParameter, graph: NetGraph, rule: Rule, where: str) -> None:
+        self.param, self.graph, self.rule, self.where = param, graph, rule, where
+        self.dtype = rule.dtype
+        self.current_step = 0  # the step / multistep policies' counter (saved in the solverstate)
+        self.history: list[Blob] = [Blob(p.shape, self.dtype)
+                                    for _ in range(rule.history_factor) for p in graph.learnable_params]
+        for h in self.history:
+            h.mutable_cpu_data()[...] = 0
+        self._slot: SupportsInt | None = None  # device scalar: the base rate the update kernels read
+        self._table: tuple[int, list[tuple[float, int]]] | None = None  # (first iter, (rate, step)s)
+        self._device_table: tuple[SupportsInt, SupportsInt] | None = None  # (rates, cursor) on the device
+
+    # -- the rate ----------------------------------------------------------------------------------
+    def rate(self, it: int) -> float:
+        """The policy's rate at iteration ``it``, without advancing the step counter."""
+        return self._policy(it, self.current_step)[0]
+
+    def _policy(self, it: int, step: int) -> tuple[float, int]:
+        try:
+            return lr_policy.learning_rate(self.param, it, step)
+        except SolverConfigError as exc:
+            raise SolverConfigError(f"{self.where}: {exc}") from None
+
+    def _log_rate(self, it: int, rate: float) -> None:
+        if self.param.display and it % self.param.display == 0:
+            log.info("Iteration %d, lr = %g", it, rate)
+
+    def reset(self) -> None:
+        """Forget the rate table (the solver's parameters or counters may have changed)."""
+        self._table = None
+
+    def rate_slot(self) -> int:
+        """The device scalar the GPU update kernels read the base rate from (allocated once)."""
+        if self._slot is None:
+            self._slot = backend.alloc(self.dtype.itemsize)
+        return int(self._slot)
+
+    # -- applied from the host ---------------------------------------------------------------------
+    def apply(self, it: int) -> None:
+        """Iteration ``it``'s update: the rate (advancing the step counter), clipping, normalization,
+        regularization, the rule and ``data -= diff``; on the GPU the kernels are queued."""
+        rate, self.current_step = self._policy(it, self.current_step)
+        self._log_rate(it, rate)
+        if common.mode() is common.Mode.GPU:
+            self.clip_gradients(on_gpu=True)
+            backend.memcpy_htod(self.rate_slot(), np.array([self.rule.device_rate(rate, it)], self.dtype))
+            self.queue()
+            return
+        self.clip_gradients(on_gpu=False)
+        p, t = self.param, self.dtype.type
+        for i, blob in enumerate(self.graph.learnable_params):
+            lr_mult, local_decay = self.mults(i)
+            diff = blob.mutable_cpu_diff()
+            if p.iter_size != 1:
+                diff *= t(1.0 / p.iter_size)
+            if local_decay:
+                data = blob.cpu_data()
+                diff += t(local_decay) * (data if p.regularization_type == "L2" else np.sign(data))
+            self.rule.cpu(diff, [h.mutable_cpu_data() for h in self.history_views(i)], t(rate * lr_mult), it)
+            blob.mutable_cpu_data()[...] -= blob.cpu_diff()
+
+    def queue(self) -> None:
+        """One fused kernel per learnable param; the rate comes from :meth:`rate_slot` (graph-safe)."""
+        p = self.param
+        scale, rate_ptr = 1.0 / p.iter_size, self.rate_slot()
+        for i, blob in enumerate(self.graph.learnable_params):
+            lr_mult, local_decay = self.mults(i)
+            reg = 0 if not local_decay else (1 if p.regularization_type == "L2" else 2)
+            self.rule.gpu(blob, self.history_views(i), rate_ptr, lr_mult, scale, local_decay, reg)
+
+    def clip_gradients(self, on_gpu: bool) -> None:
+        """Scale all param diffs by ``clip / ||g||`` when the global L2 norm exceeds ``clip_gradients``
+        (the norm is read back to the host, so a replayed iteration never clips)."""
+        clip = self.param.clip_gradients
+        if clip < 0:
+            return
+        params = self.graph.learnable_params
+        if on_gpu:
+            sumsq = sum(blas.dot(b.count, b.gpu_diff(), b.gpu_diff(), self.dtype) for b in params)
+        else:
+            sumsq = sum(float(np.dot(d, d)) for d in (b.cpu_diff().ravel() for b in params))
+        norm = math.sqrt(sumsq)
+        if norm > clip:
+            factor = clip / norm
+            log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by scale factor %g",
+                     norm, clip, factor)
+            for b in params:
+                if on_gpu:
+                    blas.scal(b.count, factor, b.mutable_gpu_diff(), self.dtype)
+                else:
+                    b.mutable_cpu_diff()[...] *= self.dtype.type(factor)
+
+    # -- applied inside a replayed iteration -------------------------------------------------------
+    def schedule(self, it: int) -> None:
+        """Before replaying iteration ``it``: the device rate table covers it (computed and uploaded
+        when it does not), the step counter advances as :meth:`apply` would, and the rate is logged.
+        Also uploads history the host changed (a restored or user-edited solver state)."""
+        table = self._table
+        if table is None or not table[0] <= it < table[0] + len(table[1]):
+            steps, values, step = [], [], self.current_step
+            for j in range(self.RATE_TABLE):
+                rate, step = self._policy(it + j, step)
+                steps.append((rate, step))
+                values.append(self.rule.device_rate(rate, it + j))
+            self.rate_slot()  # allocated before any capture
+            if self._device_table is None:
+                self._device_table = (backend.alloc(self.RATE_TABLE * self.dtype.itemsize), backend.alloc(4))
+            backend.memcpy_htod(int(self._device_table[0]), np.array(values, self.dtype))
+            backend.memset_zero(int(self._device_table[1]), 4)
+            self._table = table = (it, steps)
+        rate, self.current_step = table[1][it - table[0]]
+        self._log_rate(it, rate)
+        for h in self.history:
+            h.gpu_data()
+
+    def queue_replayed(self) -> None:
+        """Inside the capture: the next table rate into the slot, then the fused updates."""
+        assert self._device_table is not None, "schedule() before queue_replayed()"
+        values, cursor = (int(a) for a in self._device_table)
+        backend.elementwise("next_rate", "const Dtype* table, int* cursor, Dtype* rate",
+                            "rate[0] = table[cursor[0]]; cursor[0] += 1", self.dtype)(1, values, cursor,
+                                                                                      self.rate_slot())
+        self.queue()
+
+    # -- per param ---------------------------------------------------------------------------------
+    def mults(self, i: int) -> tuple[float, float]:
+        """(lr_mult, weight_decay · decay_mult) of learnable param ``i``."""
+        lr_mult, decay_mult = self.graph.params_lr[i], self.graph.params_weight_decay[i]
+        return ((1.0 if lr_mult is None else lr_mult),
+                self.param.weight_decay * (1.0 if decay_mult is None else decay_mult))
+
+    def history_views(self, i: int) -> list[Blob]:
+        """The history blobs of learnable param ``i`` (``rule.history_factor`` of them)."""
+        n = len(self.graph.learnable_params)
+        return [self.history[i + k * n] for k in range(self.rule.history_factor)]
