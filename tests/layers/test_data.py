@@ -233,7 +233,7 @@ layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: 
     sp = caffe_pb2.SolverParameter(base_lr=0.01, lr_policy="fixed", max_iter=100, display=0, random_seed=1,
                                    net=str(net), snapshot_prefix=str(tmp_path / "s"))
     solver = caffe.get_solver(sp, progress=False)
-    assert solver._replays_whole_iteration()  # the data layer is inside the replayed iteration
+    assert solver._replayed.possible()  # the data layer is inside the replayed iteration
     solver.step(6)
     assert solver.net.executor.replays >= 4
     assert np.isfinite(solver.smoothed_loss)
