@@ -16,8 +16,8 @@ from pycaffe_lite.blob import Blob
 from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.net import load_net_param
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import read_text
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "mnist"

@@ -29,7 +29,7 @@ from pycaffe_lite.data.db import open_cursor
 from pycaffe_lite.data.transformer import decode_datum, load_mean_file
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.layer import Layer, Traits, register_layer
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 RP = caffe_pb2.ResizeParameter
 

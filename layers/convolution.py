@@ -40,7 +40,7 @@ from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import CONVOLUTION, Layer, Traits, create_layer, register_layer
 from pycaffe_lite.memcheck import check_fits
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 __all__ = ["ConvGeometry", "ConvolutionBase", "ConvolutionLayer", "NDGeometry", "conv_geometry",
            "conv_geometry_nd"]

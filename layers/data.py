@@ -27,7 +27,7 @@ from pycaffe_lite.data.device_cache import DeviceBatches
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import CaffeError, DataError
 from pycaffe_lite.layer import Layer, Traits, register_layer
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 log = logging.getLogger("pycaffe_lite")
 

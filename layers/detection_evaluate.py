@@ -22,7 +22,7 @@ import numpy as np
 
 from pycaffe_lite import bbox
 from pycaffe_lite.layer import Layer, Traits, register_layer
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 RP = caffe_pb2.ResizeParameter
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pycaffe_lite import fillers
 from pycaffe_lite.layer import Layer, Traits, register_layer
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 
 @register_layer("DummyData")

@@ -18,7 +18,7 @@ from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import SUM_RELU, Layer, Traits, register_layer
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
 Op = caffe_pb2.EltwiseParameter

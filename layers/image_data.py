@@ -29,7 +29,7 @@ from pycaffe_lite.errors import DataError
 from pycaffe_lite.io import resize
 from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.optional import require
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 

@@ -21,8 +21,8 @@ from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Traits, register_layer
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import read_binary
+from pycaffe_lite.schema import caffe_pb2
 
 from .loss_layer import LOG_THRESHOLD
 from .softmax_loss import SoftmaxWithLossLayer

@@ -31,7 +31,7 @@ from pycaffe_lite.blob import Blob
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Layer
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
 REDUCE_THREADS = 256  # must match LOSS_REDUCE_THREADS in loss_layer.cuh

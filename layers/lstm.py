@@ -12,7 +12,7 @@ W_hc (4D, D); weights from ``weight_filler``, the bias from ``bias_filler``.
 from __future__ import annotations
 
 from pycaffe_lite.layer import Traits, register_layer
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 from .recurrent import RecurrentLayer, add_layer, inner_product, sequence_layers
 

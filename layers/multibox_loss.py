@@ -31,7 +31,7 @@ import numpy as np
 
 from pycaffe_lite import bbox
 from pycaffe_lite.layer import Layer, Traits, register_layer
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 MB = caffe_pb2.MultiBoxLossParameter
 FLT_MIN = np.finfo(np.float32).tiny

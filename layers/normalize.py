@@ -21,7 +21,7 @@ from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, Traits, register_layer
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
 THREADS = 256  # NORMALIZE_THREADS in normalize.cu

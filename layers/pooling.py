@@ -32,7 +32,7 @@ from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import RELU_MASK, Layer, Traits, register_layer
 from pycaffe_lite.memcheck import check_fits
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 from .pooling_nd import PoolingND, pooled_size
 

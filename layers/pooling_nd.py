@@ -38,7 +38,7 @@ from pycaffe_lite.errors import CudaError
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Layer
 from pycaffe_lite.memcheck import check_fits
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
 PP = caffe_pb2.PoolingParameter

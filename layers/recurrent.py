@@ -30,8 +30,8 @@ from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, Traits
 from pycaffe_lite.net import Net
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.runtime.executor import runs_on_device  # lazily: the net machinery imports layers
+from pycaffe_lite.schema import caffe_pb2
 
 log = logging.getLogger("pycaffe_lite")
 

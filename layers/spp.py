@@ -17,7 +17,7 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, Traits, create_layer, register_layer
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 _SPP = caffe_pb2.SPPParameter
 MAX_PYRAMID_HEIGHT = 32

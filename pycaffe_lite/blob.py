@@ -16,7 +16,7 @@ import numpy as np
 from . import common, memcheck
 from .errors import ShapeError
 from .gpu import backend
-from .proto import caffe_pb2
+from .schema import caffe_pb2
 from .synced_memory import SyncedMemory
 
 MAX_BLOB_AXES = 32

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 
 from .optional import require
-from .proto import caffe_pb2
+from .schema import caffe_pb2
 
 LAYER_STYLE_DEFAULT = {"shape": "record", "fillcolor": "#6495ED", "style": "filled"}
 NEURON_LAYER_STYLE = {"shape": "record", "fillcolor": "#90EE90", "style": "filled"}

@@ -9,7 +9,7 @@ import numpy as np
 from . import common
 from .blob import Blob
 from .errors import NetError
-from .proto import caffe_pb2
+from .schema import caffe_pb2
 
 VarianceNorm = caffe_pb2.FillerParameter
 

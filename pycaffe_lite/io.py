@@ -15,7 +15,7 @@ import numpy as np
 from .errors import DataError
 from .memcheck import out_of_memory
 from .optional import require
-from .proto import caffe_pb2
+from .schema import caffe_pb2
 
 # ------------------------------------------------------------------------------------------
 # proto / datum / ndarray conversion

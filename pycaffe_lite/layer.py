@@ -23,7 +23,7 @@ from . import common, python_layer
 from .blob import Blob, weighted_sum
 from .errors import CaffeError, NetError, ShapeError, UnknownLayerError
 from .memcheck import OutOfMemoryError, out_of_memory
-from .proto import caffe_pb2
+from .schema import caffe_pb2
 
 _REGISTRY: dict[str, type[Layer]] = {}
 

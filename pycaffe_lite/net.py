@@ -24,8 +24,9 @@ from .layer import Layer
 from .net_builder import build_net, check_tops_hold_values, in_file, load_net_param
 from .net_graph import NetGraph
 from .optional import require
-from .proto import caffe_pb2, caffemodel, hdf5_weights, protoio
+from .proto import caffemodel, hdf5_weights, protoio
 from .runtime.executor import Executor
+from .schema import caffe_pb2
 from .vectors import BlobVec, IntVec
 
 log = logging.getLogger("pycaffe_lite")

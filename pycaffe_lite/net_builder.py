@@ -21,8 +21,9 @@ from .blob import Blob
 from .errors import CaffeError, NetError, ShapeError
 from .layer import Layer, create_layer
 from .net_graph import NetGraph
-from .proto import caffe_pb2, protoio, upgrade
+from .proto import protoio, upgrade
 from .proto.net_filter import filter_net, insert_splits
+from .schema import caffe_pb2
 
 log = logging.getLogger("pycaffe_lite")
 

@@ -19,7 +19,7 @@ from .blob import Blob
 from .layer import Layer
 
 if TYPE_CHECKING:
-    from .proto import caffe_pb2
+    from .schema import caffe_pb2
 
 
 @dataclass

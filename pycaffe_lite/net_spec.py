@@ -17,7 +17,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from .proto import caffe_pb2
+from .schema import caffe_pb2
 
 
 def param_name_dict() -> dict[str, str]:

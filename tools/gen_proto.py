@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate ``pycaffe_lite/proto/caffe_pb2.py`` (and its type stub ``caffe_pb2.pyi``, which
+"""Regenerate ``pycaffe_lite/schema/caffe_pb2.py`` (and its type stub ``caffe_pb2.pyi``, which
 mypy reads) from ``proto/caffe.proto``.
 
 Usage::
@@ -26,7 +26,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROTO_DIR = REPO_ROOT / "proto"
 PROTO_FILE = PROTO_DIR / "caffe.proto"
-OUT_FILE = REPO_ROOT / "pycaffe_lite" / "proto" / "caffe_pb2.py"
+OUT_FILE = REPO_ROOT / "pycaffe_lite" / "schema" / "caffe_pb2.py"
 
 # Oldest protobuf runtime declared in setup.cfg; gencode must not be newer.
 MIN_RUNTIME: tuple[int, int] = (6, 31)

@@ -77,7 +77,8 @@ def train(text: str, iters: int, gpu: int | None = None, out: Path | None = None
     """Train on ``text`` for ``iters`` iterations; returns the solver, the vocabulary and the
     per-iteration losses."""
     import pycaffe_lite as caffe
-    from pycaffe_lite.proto import caffe_pb2, protoio
+    from pycaffe_lite.proto import protoio
+    from pycaffe_lite.schema import caffe_pb2
     from pycaffe_lite.solvers.sgd_solvers import get_solver
 
     if gpu is not None:
@@ -121,7 +122,8 @@ def sample(solver, vocab: list[str], length: int, prime: str = "The ", temperatu
            seed: int = 1) -> str:
     """Generate ``length`` characters after ``prime`` with the sampling net, sharing the trained weights."""
     import pycaffe_lite as caffe
-    from pycaffe_lite.proto import caffe_pb2, protoio
+    from pycaffe_lite.proto import protoio
+    from pycaffe_lite.schema import caffe_pb2
 
     param = protoio.read_text(HERE / "char_lstm_deploy.prototxt", caffe_pb2.NetParameter())
     configure(param, len(vocab))
@@ -160,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.temperature <= 0:
         parser.error("--temperature must be positive")
 
-    from pycaffe_lite.proto import caffe_pb2, protoio
+    from pycaffe_lite.proto import protoio
+    from pycaffe_lite.schema import caffe_pb2
 
     text = read_text(args.text)
     iters = args.iters

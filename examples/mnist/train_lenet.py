@@ -40,7 +40,8 @@ def build_solver_param(out: Path, iters: int | None, test_batches: int, test_int
                        cache_on_device: bool = False):
     """Caffe's lenet_solver.prototxt with the net inlined and pointed at our LMDBs; with
     ``cache_on_device`` the Data layers keep MNIST in GPU memory (pycaffe-lite's extension)."""
-    from pycaffe_lite.proto import caffe_pb2, protoio
+    from pycaffe_lite.proto import protoio
+    from pycaffe_lite.schema import caffe_pb2
 
     sp = protoio.read_text(HERE / "lenet_solver.prototxt", caffe_pb2.SolverParameter())
     net = protoio.read_text(HERE / "lenet_train_test.prototxt", caffe_pb2.NetParameter())

@@ -37,7 +37,8 @@ from pathlib import Path
 from pycaffe_lite.net_spec import NetSpec
 from pycaffe_lite.net_spec import layers as L
 from pycaffe_lite.net_spec import params as P
-from pycaffe_lite.proto import caffe_pb2, protoio
+from pycaffe_lite.proto import protoio
+from pycaffe_lite.schema import caffe_pb2
 
 # lr/decay multipliers of the weights and biases in the BVLC reference nets.
 _WB = [dict(lr_mult=1, decay_mult=1), dict(lr_mult=2, decay_mult=0)]

@@ -27,7 +27,7 @@ from pathlib import Path
 from pycaffe_lite import layers as L
 from pycaffe_lite import params as P
 from pycaffe_lite.net_spec import NetSpec
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 MSRA = dict(type="msra")
 ZERO = dict(type="constant", value=0)

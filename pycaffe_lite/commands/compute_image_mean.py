@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import DataError
 from ..optional import require
-from ..proto import caffe_pb2, protoio
+from ..proto import protoio
+from ..schema import caffe_pb2
 from . import _tools
 from .gflags import Flag
 

@@ -28,7 +28,8 @@ from .. import io
 from ..data.db import LMDBWriter
 from ..errors import DataError
 from ..optional import require
-from ..proto import caffe_pb2, protoio
+from ..proto import protoio
+from ..schema import caffe_pb2
 from . import flag
 
 NAME = "convert_annoset"

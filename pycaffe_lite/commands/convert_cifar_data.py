@@ -15,7 +15,7 @@ import logging
 import os
 
 from ..errors import DataError
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from . import _tools
 
 NAME = "convert_cifar_data"

@@ -22,7 +22,7 @@ import numpy as np
 from .. import common
 from ..errors import DataError
 from ..optional import require
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from . import _tools
 from .gflags import Flag
 

@@ -12,7 +12,7 @@ import logging
 import numpy as np
 
 from .. import common
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from . import _tools
 from .gflags import Flag
 

@@ -17,7 +17,7 @@ import numpy as np
 from .. import common
 from ..errors import CaffeError, NetError
 from ..net import Net
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from . import _tools, use_device
 
 NAME = "extract_features"

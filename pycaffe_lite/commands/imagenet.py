@@ -21,8 +21,8 @@ import numpy as np
 from .. import io as caffe_io
 from ..classifier import Classifier
 from ..errors import CaffeError, DataError, NetError
-from ..proto import caffe_pb2
 from ..proto.protoio import check_regular_file, read_binary
+from ..schema import caffe_pb2
 
 
 @dataclass

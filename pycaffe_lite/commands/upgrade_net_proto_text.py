@@ -11,7 +11,8 @@ import argparse
 import logging
 
 from ..errors import CaffeError, PrototxtError
-from ..proto import caffe_pb2, protoio, upgrade
+from ..proto import protoio, upgrade
+from ..schema import caffe_pb2
 from . import _tools
 
 NAME = "upgrade_net_proto_text"

@@ -9,7 +9,8 @@ import argparse
 import logging
 
 from ..errors import CaffeError, PrototxtError
-from ..proto import caffe_pb2, protoio
+from ..proto import protoio
+from ..schema import caffe_pb2
 from ..solvers.solver import upgrade_solver_param
 from . import _tools
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from .db import check_backend, open_writer
 
 IMAGES_MAGIC = 2051

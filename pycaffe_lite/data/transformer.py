@@ -18,7 +18,8 @@ from .. import common
 from ..blob import proto_shape
 from ..errors import DataError, PrototxtError, ShapeError
 from ..optional import require
-from ..proto import caffe_pb2, protoio
+from ..proto import protoio
+from ..schema import caffe_pb2
 
 
 def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: bool = False,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from .graph import LayerContext
 from .registry import exports
 

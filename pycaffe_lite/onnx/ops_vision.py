@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from .graph import LayerContext
 from .registry import exports
 

@@ -14,7 +14,8 @@ import os
 
 from ..errors import ShapeError, WeightsError
 from ..net_graph import NetGraph
-from . import caffe_pb2, hdf5_weights, protoio, upgrade
+from ..schema import caffe_pb2
+from . import hdf5_weights, protoio, upgrade
 
 log = logging.getLogger("pycaffe_lite")
 

@@ -32,11 +32,11 @@ import numpy as np
 from ..durable import remove_stale_temps, write_temp
 from ..errors import WeightsError
 from ..optional import require
-from . import caffe_pb2
+from ..schema import caffe_pb2
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
-    from . import caffe_pb2
+    from ..schema import caffe_pb2
 
 log = logging.getLogger("pycaffe_lite")
 

@@ -5,7 +5,7 @@ phase/level/stage filtering, legacy net-level inputs, and Split insertion for sh
 from __future__ import annotations
 
 from ..errors import NetError
-from . import caffe_pb2
+from ..schema import caffe_pb2
 
 
 def state_meets_rule(state: caffe_pb2.NetState, rule: caffe_pb2.NetStateRule) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import NetError
-from . import caffe_pb2
+from ..schema import caffe_pb2
 from .net_filter import upgrade_net_inputs
 
 log = logging.getLogger("pycaffe_lite")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..net_graph import NetGraph
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from .lr_policy import POLICIES, SolverConfigError
 
 MAX_BASE_LR = 1e3  # far above any working rate; larger ones diverge at once

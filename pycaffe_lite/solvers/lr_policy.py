@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from ..errors import CaffeError
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 
 POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..blob import Blob
 from ..gpu import backend
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from .lr_policy import SolverConfigError
 
 KERNELS = Path(__file__).with_name("updates.cu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from . import rules
 from .lr_policy import SolverConfigError
 from .solver import Solver, load_solver_param

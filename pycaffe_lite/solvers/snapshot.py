@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from .. import common
 from ..durable import describe, fsync_dir, pid_alive, remove_stale_temps, write_temp, writer_alive
 from ..errors import WeightsError
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph

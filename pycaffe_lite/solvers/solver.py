@@ -35,8 +35,9 @@ from ..net import Net
 from ..net_builder import build_net, in_file
 from ..net_graph import NetGraph
 from ..optional import require
-from ..proto import caffe_pb2, caffemodel, hdf5_weights, protoio
+from ..proto import caffemodel, hdf5_weights, protoio
 from ..runtime.executor import Executor
+from ..schema import caffe_pb2
 from . import checks as solver_checks
 from . import snapshot
 from .iteration import PlainIteration, ReplayedIteration

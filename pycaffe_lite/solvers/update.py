@@ -24,7 +24,7 @@ from .. import common
 from ..blob import Blob
 from ..gpu import backend, blas
 from ..net_graph import NetGraph
-from ..proto import caffe_pb2
+from ..schema import caffe_pb2
 from . import lr_policy
 from .lr_policy import SolverConfigError
 from .rules import Rule

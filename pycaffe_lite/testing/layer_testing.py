@@ -10,8 +10,8 @@ import numpy as np
 from .. import common
 from ..blob import Blob
 from ..layer import Layer, create_layer
-from ..proto import caffe_pb2
 from ..proto.protoio import parse_text
+from ..schema import caffe_pb2
 
 
 def layer_param(text: str) -> caffe_pb2.LayerParameter:

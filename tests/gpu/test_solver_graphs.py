@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.schema import caffe_pb2
 
 pytestmark = pytest.mark.gpu
 

@@ -18,7 +18,7 @@ from google.protobuf import text_format
 
 import pycaffe_lite as caffe
 from pycaffe_lite import fillers
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 ZOO = Path(__file__).resolve().parents[2] / "examples" / "model_zoo"
 

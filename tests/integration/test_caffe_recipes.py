@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 cv2 = pytest.importorskip("cv2")

@@ -11,7 +11,7 @@ import pytest
 
 from pycaffe_lite import glog
 from pycaffe_lite.commands import caffe_cli
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 cv2 = pytest.importorskip("cv2")
 lmdb = pytest.importorskip("lmdb")

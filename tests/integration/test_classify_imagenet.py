@@ -12,8 +12,8 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite import io
 from pycaffe_lite.commands import cli
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text, write_text
+from pycaffe_lite.schema import caffe_pb2
 
 Image = pytest.importorskip("PIL.Image")
 

@@ -14,7 +14,7 @@ import pytest
 
 from pycaffe_lite import commands
 from pycaffe_lite.commands import cli
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,8 @@ import pycaffe_lite as caffe
 from pycaffe_lite.commands.digits import classify_digits
 from pycaffe_lite.data import mnist
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.proto import caffe_pb2, protoio
+from pycaffe_lite.proto import protoio
+from pycaffe_lite.schema import caffe_pb2
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mnist"
 DEPLOY = EXAMPLE / "lenet.prototxt"

@@ -14,7 +14,7 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.data import db, mnist
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers import snapshot
 from pycaffe_lite.solvers.lr_policy import SolverConfigError
 from pycaffe_lite.solvers.sgd_solvers import get_solver

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers import snapshot
 
 # A run: build the solver (which cleans leftovers), resume from the latest .solverstate, say
@@ -31,7 +31,7 @@ CHILD = textwrap.dedent("""
     import sys
     from pathlib import Path
     import pycaffe_lite as caffe
-    from pycaffe_lite.proto import caffe_pb2
+    from pycaffe_lite.schema import caffe_pb2
     from pycaffe_lite.solvers.sgd_solvers import get_solver
 
     folder = Path(sys.argv[1])

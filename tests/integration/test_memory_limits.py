@@ -121,7 +121,7 @@ def test_child_under_rlimit_as_refuses_a_too_large_batch():
         import pycaffe_lite as caffe
         from pycaffe_lite.errors import CaffeError
         from pycaffe_lite.proto.protoio import parse_text
-        from pycaffe_lite.proto import caffe_pb2
+        from pycaffe_lite.schema import caffe_pb2
         one = 'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: %d dim: 1000 dim: 1000 } } }'
         many = one % 100 + ''.join(
             'layer { name: "r%d" type: "ReLU" bottom: "%s" top: "r%d" }' % (i, "data" if i == 0 else "r%d" % (i - 1), i)
@@ -168,7 +168,7 @@ def test_child_in_a_memory_cgroup_refuses_a_too_large_batch():
         import pycaffe_lite as caffe
         from pycaffe_lite.errors import CaffeError
         from pycaffe_lite.proto.protoio import parse_text
-        from pycaffe_lite.proto import caffe_pb2
+        from pycaffe_lite.schema import caffe_pb2
         text = 'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1000 dim: 1000 dim: 1000 } } }'
         try:
             caffe.Net(parse_text(text, caffe_pb2.NetParameter()), caffe.TRAIN).forward()

@@ -11,7 +11,7 @@ import pytest
 
 from pycaffe_lite.data import mnist
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 lmdb = pytest.importorskip("lmdb")
 

@@ -18,7 +18,8 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.net import load_net_param
-from pycaffe_lite.proto import caffe_pb2, protoio
+from pycaffe_lite.proto import protoio
+from pycaffe_lite.schema import caffe_pb2
 
 ZOO_DIR = Path(__file__).resolve().parents[2] / "examples" / "model_zoo"
 sys.path.insert(0, str(ZOO_DIR))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pycaffe_lite.commands import cli
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers.lr_policy import SolverConfigError
 from pycaffe_lite.solvers.snapshot import PrefixLock, SnapshotLockError
 

@@ -13,7 +13,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.data.db import LMDBWriter
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 CIFAR = REPO / "examples" / "cifar10"

@@ -12,7 +12,7 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers.sgd_solvers import get_solver
 
 BODY = """

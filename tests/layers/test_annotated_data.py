@@ -10,7 +10,8 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.commands import convert_annoset
-from pycaffe_lite.proto import caffe_pb2, protoio
+from pycaffe_lite.proto import protoio
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers import sgd_solvers
 from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
 

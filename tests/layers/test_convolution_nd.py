@@ -272,8 +272,8 @@ def test_3d_net_trains_alike_on_cpu_and_gpu():
     """SGD steps of a 3-D net (N-D Convolution, DepthwiseConvolution, MAX/AVE pooling, Deconvolution) on both
     devices, the GPU ones through the executor's captured training iterations: same weights after."""
     import pycaffe_lite as caffe
-    from pycaffe_lite.proto import caffe_pb2
     from pycaffe_lite.proto.protoio import parse_text
+    from pycaffe_lite.schema import caffe_pb2
     from pycaffe_lite.solvers import sgd_solvers
 
     results = []

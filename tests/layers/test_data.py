@@ -12,8 +12,8 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.data.db import LMDBWriter
 from pycaffe_lite.errors import DataError
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
 
 pytest.importorskip("lmdb")

@@ -9,8 +9,8 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.testing.gradient_check import GradientChecker
 from pycaffe_lite.testing.layer_testing import assert_cpu_gpu_agree, blobs, empty_blobs, make_layer, run_layer
 

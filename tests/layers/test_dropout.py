@@ -248,8 +248,8 @@ def test_gpu_masks_are_the_philox_draws(gpu_mode, dtype):
 @pytest.mark.gpu
 def test_gpu_graph_replays_draw_fresh_masks(gpu_mode):
     """A net's Dropout range is captured as a CUDA graph; each replay advances the device counter."""
-    from pycaffe_lite.proto import caffe_pb2
     from pycaffe_lite.proto.protoio import parse_text
+    from pycaffe_lite.schema import caffe_pb2
 
     text = """layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 30 dim: 40 } } }
     layer { name: "drop" type: "Dropout" bottom: "data" top: "drop" dropout_param { dropout_ratio: 0.5 } }"""
@@ -271,8 +271,8 @@ def test_gpu_graph_replays_draw_fresh_masks(gpu_mode):
 
 @pytest.mark.parametrize("phase", ["TRAIN", "TEST"])
 def test_phase_comes_from_the_net(mode, phase):
-    from pycaffe_lite.proto import caffe_pb2
     from pycaffe_lite.proto.protoio import parse_text
+    from pycaffe_lite.schema import caffe_pb2
 
     text = """layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 40 dim: 50 } } }
     layer { name: "drop" type: "Dropout" bottom: "data" top: "data" dropout_param { dropout_ratio: 0.5 } }"""

@@ -7,8 +7,8 @@ import pytest
 
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import DataError, NetError
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.testing.layer_testing import blobs, make_layer
 
 h5py = pytest.importorskip("h5py")

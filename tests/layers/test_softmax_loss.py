@@ -170,8 +170,8 @@ def test_cpu_gpu_agree(dtype, text):
 
 
 def test_in_a_net_auto_top_and_no_label_gradient(mode):
-    from pycaffe_lite.proto import caffe_pb2
     from pycaffe_lite.proto.protoio import parse_text
+    from pycaffe_lite.schema import caffe_pb2
 
     text = """force_backward: true
     layer { name: "data" type: "Input" top: "data" top: "label"

@@ -96,7 +96,7 @@ def test_bn(layout):
 
     from pycaffe_lite import common
     from pycaffe_lite.net import Net
-    from pycaffe_lite.proto import caffe_pb2
+    from pycaffe_lite.schema import caffe_pb2
 
     phase, param = BN_LAYOUTS[layout]
     tops = 'top: "y" top: "m" top: "v"' if layout == "segnet_learn" else 'top: "y"'

@@ -18,7 +18,7 @@ from onnx_testing import export_and_check, make_net, randomize
 from pycaffe_lite import common
 from pycaffe_lite.commands.cli import main
 from pycaffe_lite.net import Net
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples" / "model_zoo"))

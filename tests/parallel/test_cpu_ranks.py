@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pycaffe_lite.parallel import nccl
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 pytest.importorskip("lmdb")
 pytestmark = pytest.mark.skipif(not nccl.available(), reason="the launcher needs NCCL to be installed")

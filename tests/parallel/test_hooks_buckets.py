@@ -6,8 +6,8 @@ import numpy as np
 
 import pycaffe_lite as caffe
 from pycaffe_lite.parallel.multi_gpu import bucket_layout, plan_buckets, ready_layers
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers import sgd_solvers
 
 NET = """

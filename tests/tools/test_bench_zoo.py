@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "zoo.py"
 

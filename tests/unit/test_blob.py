@@ -6,7 +6,7 @@ import pytest
 from pycaffe_lite import Blob
 from pycaffe_lite.blob import proto_shape
 from pycaffe_lite.errors import ShapeError
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.synced_memory import Head, SyncedMemory
 
 

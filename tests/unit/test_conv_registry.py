@@ -10,7 +10,7 @@ import pytest
 from pycaffe_lite.conv import engines as conv_engines
 from pycaffe_lite.conv import registry
 from pycaffe_lite.conv.problem import ConvProblem
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 BVLC_VALUES = ("DEFAULT", "CAFFE", "CUDNN")
 ENUM = caffe_pb2.ConvolutionParameter.Engine

@@ -11,8 +11,8 @@ import pytest
 from pycaffe_lite import TEST, TRAIN
 from pycaffe_lite.data.transformer import DataTransformer, decode_datum
 from pycaffe_lite.errors import DataError, ShapeError
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.schema import caffe_pb2
 
 
 def tparam(text: str) -> caffe_pb2.TransformationParameter:

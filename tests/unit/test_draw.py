@@ -11,7 +11,8 @@ from pycaffe_lite import draw
 from pycaffe_lite.net_spec import NetSpec
 from pycaffe_lite.net_spec import layers as L
 from pycaffe_lite.net_spec import params as P
-from pycaffe_lite.proto import caffe_pb2, protoio
+from pycaffe_lite.proto import protoio
+from pycaffe_lite.schema import caffe_pb2
 
 pydot = pytest.importorskip("pydot")
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz 'dot' not installed")

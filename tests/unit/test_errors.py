@@ -6,8 +6,8 @@ import pytest
 
 from pycaffe_lite import TEST, Net
 from pycaffe_lite.errors import NetError, ShapeError
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.testing.layer_testing import make_layer
 
 

@@ -8,7 +8,7 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite import Blob, fillers
 from pycaffe_lite.errors import NetError
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 
 def _fill(shape, dtype=np.float64, **kwargs):

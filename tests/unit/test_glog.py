@@ -12,8 +12,8 @@ import pytest
 
 from pycaffe_lite.commands import cli
 from pycaffe_lite.glog import LOG, init_log, log
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers.sgd_solvers import get_solver
 
 # glog: severity, mmdd, hh:mm:ss.uuuuuu, thread id (right-aligned in 5), file:line] message

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pycaffe_lite import io as cio
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 PIL = pytest.importorskip("PIL.Image")
 

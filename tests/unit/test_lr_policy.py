@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers.lr_policy import SolverConfigError, learning_rate
 
 

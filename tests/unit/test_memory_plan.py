@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
 from pycaffe_lite.runtime.memory_plan import shared_diff_slots
+from pycaffe_lite.schema import caffe_pb2
 
 NET = """
 layer { name: "data" type: "DummyData" top: "data" top: "label"

@@ -425,7 +425,8 @@ def test_reshape_propagates_input_shape(tmp_path):
 
 
 def test_net_from_net_parameter_and_dtype(tmp_path):
-    from pycaffe_lite.proto import caffe_pb2, protoio
+    from pycaffe_lite.proto import protoio
+    from pycaffe_lite.schema import caffe_pb2
 
     param = protoio.parse_text(CHAIN, caffe_pb2.NetParameter())
     net = caffe.Net(param, caffe.TEST)

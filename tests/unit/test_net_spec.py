@@ -10,7 +10,8 @@ from pycaffe_lite.net import Net
 from pycaffe_lite.net_spec import NetSpec, Top, assign_proto, param_name_dict, to_proto
 from pycaffe_lite.net_spec import layers as L
 from pycaffe_lite.net_spec import params as P
-from pycaffe_lite.proto import caffe_pb2, protoio
+from pycaffe_lite.proto import protoio
+from pycaffe_lite.schema import caffe_pb2
 
 
 def lenet(batch_size):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pb2, text_format
 
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO_ROOT / "proto"

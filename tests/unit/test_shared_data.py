@@ -13,9 +13,9 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.net import load_net_param
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
 from pycaffe_lite.runtime.memory_plan import shared_data_slots, source_blobs
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.synced_memory import SyncedMemory
 from pycaffe_lite.testing.nets import fill_weights
 

@@ -16,9 +16,9 @@ import pycaffe_lite as caffe
 from pycaffe_lite import common
 from pycaffe_lite.errors import NetError
 from pycaffe_lite.gpu import backend
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
 from pycaffe_lite.runtime.memory_plan import BackwardRange, shared_diff_slots
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.testing.nets import fill_weights
 
 

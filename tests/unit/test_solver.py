@@ -13,8 +13,8 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.errors import CaffeError, PrototxtError, WeightsError
 from pycaffe_lite.layer import Layer, layer_type_list, register_layer
-from pycaffe_lite.proto import caffe_pb2
 from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers import sgd_solvers
 from pycaffe_lite.solvers.lr_policy import SolverConfigError
 

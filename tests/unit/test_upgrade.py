@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.proto import caffe_pb2, protoio, upgrade
+from pycaffe_lite.proto import protoio, upgrade
+from pycaffe_lite.schema import caffe_pb2
 
 V1_LENET = """
 name: "LeNet"

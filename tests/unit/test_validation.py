@@ -12,7 +12,7 @@ import pycaffe_lite as caffe
 from pycaffe_lite import Blob, common, fillers, memcheck
 from pycaffe_lite.errors import CaffeError, NetError
 from pycaffe_lite.memcheck import OutOfMemoryError
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers.lr_policy import SolverConfigError
 from pycaffe_lite.testing.layer_testing import blobs, empty_blobs, make_layer
 

@@ -13,7 +13,7 @@ import pytest
 import pycaffe_lite as caffe
 from pycaffe_lite.commands import cli
 from pycaffe_lite.errors import WeightsError
-from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.schema import caffe_pb2
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mnist"
 DEPLOY = EXAMPLE / "lenet.prototxt"
