@@ -5,8 +5,6 @@ Classes and functions are pycaffe-lite's own objects; the vector classes (``Blob
 ``list`` subclasses from :mod:`pycaffe_lite.vectors`; ``net.params[name]`` is a ``BlobVec``.
 """
 
-from pycaffe_lite.schema.caffe_pb2 import LayerParameter, SolverParameter
-
 from pycaffe_lite import (
     NCCL,
     AdaDeltaSolver,
@@ -36,6 +34,7 @@ from pycaffe_lite import (
     solver_count,
     solver_rank,
 )
+from pycaffe_lite.schema.caffe_pb2 import LayerParameter, SolverParameter
 from pycaffe_lite.vectors import BlobVec, BoolVec, DtypeVec, IntVec, LayerVec, NetVec, RawBlobVec, StringVec
 
 __all__ = [

@@ -29,8 +29,9 @@ import numpy as np
 from pycaffe_lite.blob import Blob
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Layer, Traits
-from pycaffe_lite.net import Net
-from pycaffe_lite.runtime.executor import runs_on_device  # lazily: the net machinery imports layers
+from pycaffe_lite.net_builder import build_net, check_tops_hold_values
+from pycaffe_lite.net_graph import NetGraph
+from pycaffe_lite.runtime.executor import runs_on_device
 from pycaffe_lite.schema import caffe_pb2
 
 log = logging.getLogger("pycaffe_lite")
@@ -147,10 +148,12 @@ class RecurrentLayer(Layer):
         self._check_bottoms(bottom)
         p = self.layer_param.recurrent_param
         net_param, outputs, pseudo_losses = self._unrolled_param(bottom)
-        net = Net(net_param, phase=self.phase, dtype=self.dtype)
-        self.unrolled_net = net
+        net_param.state.phase = self.phase
+        net = build_net(net_param, self.dtype)
+        self.unrolled_net: NetGraph = net
         # BVLC's Net lets a layer's explicit propagate_down: true force a bottom's gradient
         # (the x and x_static transforms ask for one though their bottoms are net inputs).
+        assert net.param is not None
         for li, lp in enumerate(net.param.layer):
             for bi, want in enumerate(lp.propagate_down):
                 if want and net.layer_need_backward[li]:
@@ -160,7 +163,7 @@ class RecurrentLayer(Layer):
         if names[self.last_layer_index + 1:] != pseudo_losses:
             raise self.error(f"internal: unrolled net ends with {names[self.last_layer_index + 1:]}")
 
-        blobs = net.blobs
+        blobs = dict(zip(net.blob_names, net.blobs))
         self.x_input_blob = blobs["x"]
         self.cont_input_blob = blobs["cont"]
         self.x_static_input_blob = blobs["x_static"] if self.static_input else None
@@ -200,7 +203,10 @@ class RecurrentLayer(Layer):
             self.x_static_input_blob.reshape(bottom[2].shape)
         for blob, shape in zip(self.recur_input_blobs, self.recurrent_input_shapes()):
             blob.reshape(shape)
-        self.unrolled_net.reshape()
+        net = self.unrolled_net
+        for li, layer in enumerate(net.layers):
+            layer.reshape(net.bottom_vecs[li], net.top_vecs[li])
+            check_tops_hold_values(net, li)
         self.x_input_blob.share_data(x)
         self.x_input_blob.share_diff(x)
         self.cont_input_blob.share_data(cont)
@@ -228,7 +234,7 @@ class RecurrentLayer(Layer):
         """Diffs that backward reads but no layer writes (the final states, tops of layers that need no
         backward such as the copy of c_T) hold zeros, as BVLC's fresh blobs do."""
         net = self.unrolled_net
-        key = tuple(b.shape for b in net.blobs.values())
+        key = tuple(b.shape for b in net.blobs)
         if key == self._zeroed_key:
             return
         self._zeroed_key = key
@@ -237,7 +243,7 @@ class RecurrentLayer(Layer):
         outputs = {id(b) for b in self.output_blobs}
         for li in range(self.last_layer_index + 1):
             for bid in net.top_id_vecs[li]:
-                blob = net._blobs[bid]
+                blob = net.blobs[bid]
                 if bid not in written and id(blob) not in outputs:
                     blob.mutable_cpu_diff()[...] = 0
 
@@ -267,15 +273,15 @@ class RecurrentLayer(Layer):
         layer = net.layers[li]
         if what == "forward":
             for bid in net.top_id_vecs[li]:
-                data = net._blobs[bid].cpu_data()
-                log.info("    [Forward] Layer %s, top blob %s data: %g", layer.name, net._blob_names[bid],
+                data = net.blobs[bid].cpu_data()
+                log.info("    [Forward] Layer %s, top blob %s data: %g", layer.name, net.blob_names[bid],
                          float(np.abs(data).mean()) if data.size else 0.0)
         else:
             for bid, need in zip(net.bottom_id_vecs[li], net.bottom_need_backward[li]):
                 if need:
-                    diff = net._blobs[bid].cpu_diff()
+                    diff = net.blobs[bid].cpu_diff()
                     log.info("    [Backward] Layer %s, bottom blob %s diff: %g", layer.name,
-                             net._blob_names[bid], float(np.abs(diff).mean()) if diff.size else 0.0)
+                             net.blob_names[bid], float(np.abs(diff).mean()) if diff.size else 0.0)
 
     def _forward(self, top, gpu: bool) -> None:
         self._share_weights()

@@ -1,7 +1,8 @@
 """ONNX export that proves itself (``pycaffe-lite export_onnx``, :meth:`Net.to_onnx`).
 
-Needs the ``onnx`` extra (``pip install 'pycaffe-lite[onnx]'``: onnx and onnxruntime); nothing in
-the rest of the package imports this wing. Modules:
+Needs the ``onnx`` extra (``pip install 'pycaffe-lite[onnx]'``: onnx and onnxruntime); the rest of
+the package imports this wing only when asked to export (``Net.to_onnx`` and the ``export_onnx``
+command import it in the call). Modules:
 
 - :mod:`.registry`: ``@exports("Type")`` converter functions, one per Caffe layer type;
 - :mod:`.graph`: the graph builder and the per-layer context converters receive;

@@ -93,3 +93,15 @@ def test_traits_refuse_unknown_roles():
         Traits(fuses=frozenset({"conv"}))
     with pytest.raises(ValueError, match="backward_reads"):
         Traits(backward_reads=("bottoms",))
+
+
+def test_the_readme_names_every_layer_without_a_gpu_path():
+    """README.md and docs/architecture.md list the layer types whose GPU mode runs their CPU code."""
+    from pathlib import Path
+
+    cpu_only = sorted(t for t, cls in _registered() if cls.forward_gpu is Layer.forward_gpu)
+    root = Path(__file__).resolve().parents[2]
+    for doc in ("README.md", "docs/architecture.md"):
+        text = " ".join((root / doc).read_text().split())
+        listed = f"{', '.join(cpu_only[:-1])} and {cpu_only[-1]}"
+        assert listed in text, (doc, listed)
