@@ -118,6 +118,9 @@ class ConvolutionBase(Layer):
     min_top_blobs = 1
     equal_num_bottom_top_blobs = True
     engines_add_bias = True  # the engines' forward/weight passes handle this layer's bias
+    # the engine passes (conv.engines.PASSES) this layer's forward and backward run
+    forward_passes: tuple[str, ...] = ("forward",)
+    backward_passes: tuple[str, ...] = ("backward_weight", "backward_data")
 
     def backward_reads_data(self, top: bool, i: int) -> bool:
         return not top  # the weight gradient reads the bottom; nothing reads the top
@@ -265,14 +268,16 @@ class ConvolutionBase(Layer):
                                        g.dilation, self.dtype.str)
             self._choice = None
 
-    def engines(self) -> tuple[ConvProblem, conv_engines.Choice]:
-        """:attr:`problem` and the engine per pass for it: autotuned once per shape (cached across
-        layers), narrowed by the ``engine`` field (DEFAULT/CAFFE/CUDNN: any engine; pycaffe-lite's
-        values force theirs). Raises an error naming the layer and its geometry when the forced
-        engine cannot run it (checked before any GPU work)."""
+    def engines(self, passes: tuple[str, ...] = conv_engines.PASSES) -> tuple[ConvProblem, conv_engines.Choice]:
+        """:attr:`problem` and the engine per pass for it: autotuned once per shape and pass (cached
+        across layers; only ``passes``, the engine passes this layer's call runs, so a net that never
+        runs backward tunes no backward pass), narrowed by the ``engine`` field (DEFAULT/CAFFE/CUDNN:
+        any engine; pycaffe-lite's values force theirs). Raises an error naming the layer and its
+        geometry when the forced engine cannot run it (checked before any GPU work)."""
         prob = self.problem
         assert prob is not None, "reshape() builds the problem before any engine is chosen"
-        if self._choice is None or self._choice_tf32 != common.tf32_allowed():  # TF32 changes the engines
+        if (self._choice is None or self._choice_tf32 != common.tf32_allowed()  # TF32 changes the engines
+                or not self._choice.has(passes)):
             self._choice_tf32 = common.tf32_allowed()
             g = self.geo
             p = self.layer_param.convolution_param
@@ -283,7 +288,7 @@ class ConvolutionBase(Layer):
                     f"engine {engine} needs {conv_engines.ENGINES[candidates[0]].requirement}; this layer has "
                     f"kernel {g.kernel}, stride {g.stride}, dilation {g.dilation}, group {self.group}, pad {g.pad}, "
                     f"batch {prob.num} (bottom {self.bottom_shape}, top {self.top_shape})")
-            self._choice = conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates)
+            self._choice = conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates, passes)
         return prob, self._choice
 
     def engine_candidates(self, engine: str, prob: ConvProblem) -> tuple[str, ...]:
@@ -310,7 +315,7 @@ class ConvolutionBase(Layer):
             for i, (b, t) in enumerate(zip(bottom, top)):
                 self.backward_gpu_nd(w, dw, db, t.gpu_diff(), b, propagate_down[i])
             return
-        prob, choice = self.engines()
+        prob, choice = self.engines(self.backward_passes)
         w = self.blobs[0].gpu_data()
         dw, db = self._param_diffs(gpu=True)
         for i, (b, t) in enumerate(zip(bottom, top)):
@@ -329,7 +334,7 @@ class ConvolutionBase(Layer):
         dy, mask = t.mutable_gpu_diff(), t.gpu_data()
         dw, db = self._param_diffs(gpu=True)
         gm.relu_backward_channel_sum(n, c, t.count // max(n * c, 1), dy, mask, dy, db, self.dtype)
-        prob, choice = self.engines()
+        prob, choice = self.engines(self.backward_passes)
         self.backward_gpu_pair(prob, choice, self.blobs[0].gpu_data(), dw, None, dy, bottom[0], propagate_down[0])
 
     def backward_gpu_pair(self, prob: ConvProblem, choice: conv_engines.Choice, w: int, dw: int | None,
@@ -446,7 +451,7 @@ class ConvolutionLayer(ConvolutionBase):
     def forward_gpu(self, bottom, top, relu: bool = False):
         if self.nd:
             return self._forward_gpu_nd(bottom, top, relu)
-        prob, choice = self.engines()
+        prob, choice = self.engines(self.forward_passes)
         w = self.blobs[0].gpu_data()
         bias = self.blobs[1].gpu_data() if self.bias_term else None
         for b, t in zip(bottom, top):

@@ -35,6 +35,8 @@ from .convolution import ConvolutionBase
 class DeconvolutionLayer(ConvolutionBase):
     traits = Traits(graph_safe=True, pure_forward=True)
     engines_add_bias = False  # the bias is on this layer's top: the engines' input channels
+    forward_passes = ("backward_data",)  # the transposed convolution: the engines' passes swap
+    backward_passes = ("backward_weight", "forward")
 
     def weight_shape(self) -> tuple[int, ...]:
         return (self.channels, self.num_output // self.group) + self.geo_nd.kernel  # as Caffe stores it
@@ -126,7 +128,7 @@ class DeconvolutionLayer(ConvolutionBase):
     def forward_gpu(self, bottom, top):
         if self.nd:
             return self._forward_gpu_nd(bottom, top)
-        prob, choice = self.engines()
+        prob, choice = self.engines(self.forward_passes)
         w = self.blobs[0].gpu_data()
         for b, t in zip(bottom, top):
             y = t.mutable_gpu_data()

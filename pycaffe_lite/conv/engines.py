@@ -64,12 +64,17 @@ def field_candidates(field: str, layer: str = "") -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Choice:
-    """The engine picked for each pass, and the measured milliseconds per candidate and pass."""
+    """The engine picked for each pass ("" for a pass not tuned yet: :func:`choose` tunes only the
+    passes a layer runs), and the measured milliseconds per candidate and pass."""
 
     forward: str
     backward_data: str
     backward_weight: str
     timings: tuple = ()
+
+    def has(self, passes: tuple[str, ...] = PASSES) -> bool:
+        """Whether every pass of ``passes`` has its engine."""
+        return all(getattr(self, p) for p in passes)
 
 
 _choices: dict[tuple, Choice] = {}
@@ -106,7 +111,7 @@ def save_cache(path: str | os.PathLike) -> int:
     """Write the tuned choices to the autotune file ``path``, merged with the entries already there
     (:func:`.autotune_file.write`); returns the number of entries the file holds."""
     return autotune_file.write(path, {k: ((c.forward, c.backward_data, c.backward_weight), c.timings)
-                                      for k, c in _choices.items() if c.timings})
+                                      for k, c in _choices.items() if c.timings and c.has()})
 
 
 def _usable(key: autotune_file.Key, picks: autotune_file.Picks) -> bool:
@@ -214,9 +219,11 @@ def _graph_of(fn: Callable[[], None]) -> cuda_graph.CudaGraph | None:
     return recording.graph
 
 
-def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Choice:
+def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...], passes: tuple[str, ...] = PASSES) -> Choice:
     """The fastest supporting engine per pass among ``candidates`` (cached per shape; loaded from
-    and saved to the autotune file of :func:`cache_file` when one is set)."""
+    and saved to the autotune file of :func:`cache_file` when one is set). Only ``passes`` are tuned
+    if not cached yet (a net that never runs backward tunes its forward alone); the others keep ""
+    until a later call asks for them."""
     names = tuple(n for n in candidates if ENGINES[n].supports(prob))
     if not names:
         raise ValueError(f"no convolution engine among {candidates} supports {prob}")
@@ -224,7 +231,7 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
     save_to = path if path and _autoload(path) else None
     key = (prob, has_bias, names, blas.tf32_allowed(), _device(backend.state().device_id), _timing)
     choice = _choices.get(key)
-    if choice is not None and key not in _unreserved:
+    if choice is not None and key not in _unreserved and choice.has(passes):
         return choice
     tuned = False
     if choice is None and len(names) == 1:
@@ -232,22 +239,29 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...]) -> Ch
         fwd, bwd_data, bwd_weight = (only if p in ENGINES[only].passes else "gemm" for p in PASSES)
         choice = Choice(fwd, bwd_data, bwd_weight)
     else:
-        if choice is None:
-            choice, tuned = _tune(prob, has_bias, names), True
+        missing = tuple(p for p in PASSES if p in passes and (choice is None or not getattr(choice, p)))
+        if missing:
+            new = _tune(prob, has_bias, names, missing)
+            old = choice or Choice("", "", "")
+            fwd, bwd_data, bwd_weight = (getattr(new, p) or getattr(old, p) for p in PASSES)
+            choice = Choice(fwd, bwd_data, bwd_weight, old.timings + new.timings)
+            tuned = True
+        assert choice is not None  # every pass was cached
         # Keep room for the largest forward scratch chosen so far, so later forwards do not grow
         # the workspace (and re-key graphs); the tuning operands were full-size tensors: give them
         # back. Backward passes grow it when they first run (a net's first, uncaptured iteration),
         # so nets that never run backward (deploy) hold no backward scratch.
         global _scratch_peak
-        sizes = ENGINES[choice.forward].scratch(prob, "forward", has_bias)
-        _scratch_peak = max(_scratch_peak, backend.workspace_total(*sizes))
+        if choice.forward:
+            sizes = ENGINES[choice.forward].scratch(prob, "forward", has_bias)
+            _scratch_peak = max(_scratch_peak, backend.workspace_total(*sizes))
         if tuned:
             backend.release_workspace()
         if _scratch_peak:
             backend.workspace(_scratch_peak)
     _unreserved.discard(key)
     _choices[key] = choice
-    if tuned and save_to:
+    if tuned and save_to and choice.has():
         try:
             save_cache(save_to)
         except (CaffeError, OSError) as exc:
@@ -277,17 +291,19 @@ def run(prob: ConvProblem, choice: Choice, pass_: str, *args, relu: bool = False
     """Run ``pass_`` of ``prob`` with the engine ``choice`` picked for it. ``args``: forward
     ``(x, w, bias, y)``; backward_data ``(w, dy, dx)``; backward_weight ``(x, dy, dw, db)``
     (``bias``/``db`` may be None). ``relu`` (forward only): ReLU after the bias, fused where the
-    engine can."""
+    engine can. ``choice`` must have ``pass_`` (:func:`choose` with it among its passes)."""
+    assert getattr(choice, pass_), f"{pass_} was not tuned for {prob} (choose(..., passes) without it)"
     _call(ENGINES[getattr(choice, pass_)], prob, pass_, args, relu=relu)
 
 
-def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...]) -> Choice:
-    """Time every engine on every pass, on operands carved from the shared workspace."""
+def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...], passes: tuple[str, ...] = PASSES) -> Choice:
+    """Time every engine on each of ``passes``, on operands carved from the shared workspace; the
+    other passes are left "" in the result."""
     isz, dt = prob.itemsize, prob.np_dtype
     counts = (prob.num * prob.channels * prob.in_plane, prob.num * prob.num_output * prob.out_plane,
               prob.num_output * prob.kg, prob.num_output)
     operands = tuple(c * isz for c in counts for _ in range(2))  # x, dx, y, dy, w, dw, b, db
-    for pass_ in PASSES:  # grow the workspace to the largest need first, so the operands stay put
+    for pass_ in passes:  # grow the workspace to the largest need first, so the operands stay put
         for name in (n for n in names if pass_ in ENGINES[n].passes):
             backend.workspace(*operands, *ENGINES[name].scratch(prob, pass_, has_bias))
     x, dx, y, dy, w, dw, b, db = backend.workspace(*operands)
@@ -298,10 +314,11 @@ def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...]) -> Choice:
     args = {"forward": (x, w, bias, y), "backward_data": (w, dy, dx), "backward_weight": (x, dy, dw, dbias)}
     timings = []
     best: dict[str, tuple[float, str]] = {}
-    for pass_ in PASSES:
+    for pass_ in passes:
         for name in (n for n in names if pass_ in ENGINES[n].passes):
             ms = _time(functools.partial(_call, ENGINES[name], prob, pass_, args[pass_], operands))
             timings.append((pass_, name, ms))
             if pass_ not in best or ms < best[pass_][0]:
                 best[pass_] = (ms, name)
-    return Choice(best["forward"][1], best["backward_data"][1], best["backward_weight"][1], tuple(timings))
+    fwd, bwd_data, bwd_weight = (best[p][1] if p in best else "" for p in PASSES)
+    return Choice(fwd, bwd_data, bwd_weight, tuple(timings))

@@ -223,6 +223,36 @@ def test_autotune_times_every_candidate_and_caches():
     assert len(conv_engines.cached_choices()) == 1
 
 
+def test_a_forward_tunes_only_the_forward_pass():
+    """A net that never runs backward (deploy) times no backward pass; the first backward tunes
+    the rest and the layer then has every pass."""
+    from pycaffe_lite.conv import engines as conv_engines
+
+    conv_engines.clear_cache()
+    caffe.set_mode_gpu()
+    layer = make_layer(_text("num_output: 8 kernel_size: 3 pad: 1"), np.float32)
+    bottom, top = blobs([np.ones((4, 4, 10, 10))], np.float32), empty_blobs(1, np.float32)
+    layer.setup(bottom, top)
+    layer.forward(bottom, top)
+    (choice,) = conv_engines.cached_choices().values()
+    assert choice.forward and not choice.backward_data and not choice.backward_weight
+    assert {p for p, _, _ in choice.timings} == {"forward"}
+    top[0].mutable_cpu_diff()[...] = 1
+    layer.backward(top, [True], bottom)
+    (choice,) = conv_engines.cached_choices().values()
+    assert choice.has() and {p for p, _, _ in choice.timings} == set(conv_engines.PASSES)
+    np.testing.assert_allclose(bottom[0].cpu_diff(), _cpu_backward_data(layer, top), rtol=1e-4, atol=1e-4)
+
+
+def _cpu_backward_data(layer, top) -> np.ndarray:
+    """The data gradient of ``layer`` on the CPU, for ``top``'s diff."""
+    caffe.set_mode_cpu()
+    bottom = blobs([np.ones((4, 4, 10, 10))], np.float32)
+    layer.backward(top, [True], bottom)
+    caffe.set_mode_gpu()
+    return bottom[0].cpu_diff().copy()
+
+
 @pytest.mark.parametrize("engine,allowed", [("GEMM", {"gemm"}), ("WINOGRAD", {"winograd"}),
                                             ("IMPLICIT_GEMM", {"implicit-128x128", "implicit-64x128",
                                                                "implicit-32x64", "implicit-16x128",
