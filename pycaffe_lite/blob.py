@@ -28,12 +28,10 @@ def _readonly(view: np.ndarray) -> np.ndarray:
     return view
 
 
-_shapes_changed = [0]
-
-
 def shape_generation() -> int:
-    """Bumped whenever any blob changes shape (work recorded for the old shapes is stale)."""
-    return _shapes_changed[0]
+    """Bumped whenever any blob changes shape (work recorded for the old shapes is stale):
+    ``common.context().shape_generation``."""
+    return common.context().shape_generation
 
 
 class Blob:
@@ -70,7 +68,7 @@ class Blob:
             memcheck.check_fits("", f"a blob of shape {shape} ({self.dtype.name})", count, self.dtype.itemsize,
                                 limit=memcheck.host_memory_bytes() if gpu else None, device=gpu)
         if shape != self._shape:
-            _shapes_changed[0] += 1
+            common.context().shape_generation += 1
         self._shape = shape
         self._count = count
         if count > self._capacity:

@@ -1,8 +1,17 @@
-"""Process-wide state, as in Caffe's ``Caffe`` singleton: compute mode, device, random numbers."""
+"""Process-wide state in one object, as Caffe's ``Caffe`` singleton: :class:`Context`.
+
+``context()`` is what the process runs with (compute mode, device, random state, TF32, the
+multi-GPU ranks) and the counters that tell recorded work it is stale; the device's own state
+(CUDA context, stream, memory pool, workspace, per-device caches: cuBLAS handle, tables) is
+``context().device`` (:func:`pycaffe_lite.gpu.backend.state`). The functions below are pycaffe's
+names for its fields (``set_mode_gpu``, ``set_random_seed``, ...). Configuration that a user sets
+per block is :mod:`pycaffe_lite.config`, read through ``config``.
+"""
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,19 +29,49 @@ TRAIN = 0
 TEST = 1
 
 
-class _State:
-    def __init__(self) -> None:
-        self.mode = Mode.CPU
-        self.device_id = 0
-        self.seed: int | None = None
-        self.rng = np.random.default_rng()
-        # Bumped on every set_random_seed so device-side generators re-seed too.
-        self.seed_generation = 0
-        self.gpu_rng_counter = 0
-        self.solver_count, self.solver_rank, self.multiprocess = 1, 0, False
+@dataclass
+class Context:
+    """The process's Caffe state. Fields: ``mode``, ``device_id`` (the GPU that GPU mode uses),
+    ``seed`` / ``rng`` (numpy Generator) / ``gpu_rng_counter`` (the streams handed to device
+    generators), the multi-GPU ``solver_count`` / ``solver_rank`` / ``multiprocess``, and the
+    generation counters: ``seed_generation`` (bumped by every set_random_seed: device generators
+    recorded in graphs re-seed) and ``shape_generation`` (bumped whenever a blob changes shape:
+    work recorded for the old shapes is stale)."""
+
+    mode: Mode = Mode.CPU
+    device_id: int = 0
+    seed: int | None = None
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    seed_generation: int = 0
+    gpu_rng_counter: int = 0
+    shape_generation: int = 0
+    solver_count: int = 1
+    solver_rank: int = 0
+    multiprocess: bool = False
+
+    @property
+    def device(self) -> backend.DeviceState:
+        """The current device's state (starts it): stream, pool, workspace, per-device caches."""
+        return backend.state()
+
+    @property
+    def tf32(self) -> bool:
+        """Whether float32 GEMMs and convolutions may use TF32 tensor cores (:func:`set_allow_tf32`)."""
+        return blas.tf32_allowed()
+
+    def generation(self) -> tuple:
+        """What recorded GPU work (a captured graph) depends on besides its own inputs: the device's
+        allocation generation (pointers), the blobs' shapes, the random seed and TF32."""
+        alloc = backend.state().alloc_generation if self.mode is Mode.GPU else 0
+        return (alloc, self.shape_generation, self.seed_generation, self.tf32)
 
 
-_state = _State()
+_state = Context()
+
+
+def context() -> Context:
+    """The process's :class:`Context`."""
+    return _state
 
 
 def mode() -> Mode:

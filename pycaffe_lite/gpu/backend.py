@@ -45,7 +45,10 @@ PRELUDE = """typedef {ctype} Dtype;
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 
-class _State:
+class DeviceState:
+    """One device's state (``state()``; ``common.context().device``): CUDA context, stream, memory
+    pool, compiled modules, the workspace, the allocation generation and ``device_cache`` dicts."""
+
     def __init__(self, cuda, device_id: int) -> None:
         import pycuda.tools
 
@@ -80,7 +83,7 @@ class _State:
             pass
 
 
-_state: _State | None = None
+_state: DeviceState | None = None
 _selected_device = 0  # the device state() initialises on first use (set by common.set_device)
 
 
@@ -123,7 +126,7 @@ def init_device(device_id: int = 0) -> None:
     if old is not None:
         old.close()
     try:
-        _state = _State(cuda, device_id)
+        _state = DeviceState(cuda, device_id)
     except Exception as exc:
         if old is not None:  # keep the previous device usable
             old.context.push()
@@ -146,7 +149,7 @@ def device_cache(name: str) -> dict:
     return state().caches.setdefault(name, {})
 
 
-def state() -> _State:
+def state() -> DeviceState:
     if _state is None:
         init_device(_selected_device)
     assert _state is not None

@@ -253,9 +253,8 @@ class Executor:
         # So is whether each BatchNorm chain's backward runs as one (its last forward was the chain's).
         regenerated = tuple(scale.recompute_input is not None for _, scale, _, _ in self._recomputed())
         chained = tuple(chain.runs_backward() for chain in self._norm_chains.values())
-        return (tag, backend.state().alloc_generation, shape_generation(), common.seed_generation(),
-                common.tf32_allowed(), sharing_enabled(), regenerated, chained, self.shared_data.skipping,
-                len(self.shared_data.keep))
+        return (tag, common.context().generation(), sharing_enabled(), regenerated, chained,
+                self.shared_data.skipping, len(self.shared_data.keep))
 
     def _refold(self) -> None:
         """Write the folded parameters of the Convolution -> BatchNorm -> Scale chains when one of the

@@ -224,7 +224,7 @@ def save_extras(nets: Mapping[str, NetGraph], state: caffe_pb2.SolverState) -> N
             entry.net, entry.layer, entry.position, entry.key = net_id, name, int(position), bytes(key)
             entry.rng_state = rng_json
     state.rng_state = json.dumps({"generator": common.rng().bit_generator.state,
-                                  "gpu_rng_counter": common._state.gpu_rng_counter})
+                                  "gpu_rng_counter": common.context().gpu_rng_counter})
 
 
 def restore_extras(nets: Mapping[str, NetGraph], state: caffe_pb2.SolverState, path: str) -> None:
@@ -254,5 +254,5 @@ def restore_extras(nets: Mapping[str, NetGraph], state: caffe_pb2.SolverState, p
             gen.state = before
             raise WeightsError(f"{path}: corrupt random-state field (rng_state): {type(exc).__name__}: {exc}; the "
                                "file is damaged (resume from an earlier snapshot)") from None
-        common._state.gpu_rng_counter = counter
+        common.context().gpu_rng_counter = counter
 
