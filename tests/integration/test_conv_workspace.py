@@ -57,9 +57,16 @@ def test_caffenet_at_batch_999_builds_where_bvlc_fits(monkeypatch):
     columns at a time); whole-batch columns would not (conv1's alone are 4.1 GiB)."""
     caffe.set_mode_cpu()
     limit_host(monkeypatch, 4 * GiB)
+    checked = []
+    total = memcheck.check_total
+    monkeypatch.setattr(memcheck, "check_total", lambda where, items, *a, **k: checked.append(items) or
+                        total(where, items, *a, **k))
     net = caffe.Net(caffenet_like(999, 227, 4096), caffe.TEST)
     conv = [layer for layer in net.layers if layer.type == "Convolution"]
     assert len(conv) == 5
+    # the Net's check counts the largest layer's CPU scratch with the blobs and params
+    workspace = [n for name, n in checked[-1] if name.endswith("CPU workspace")]
+    assert workspace == [max(layer.host_workspace_bytes for layer in conv)]
     whole_conv1 = 999 * 3 * 11 * 11 * 55 * 55 * 4
     assert whole_conv1 > 4 * GiB
     for layer in conv:  # each counts one chunk: within the budget (all these images are far below it)
