@@ -16,6 +16,7 @@ class ContinuationIndicatorLayer(Layer):
     min_bottom_blobs = 0
     max_bottom_blobs = 1
     exact_num_top_blobs = 1
+    graph_safe = False  # computed on the host (as PriorBox): GPU mode copies it up
 
     def layer_setup(self, bottom, top):
         p = self.layer_param.continuation_indicator_param
@@ -35,9 +36,3 @@ class ContinuationIndicatorLayer(Layer):
         y = top[0].mutable_cpu_data()
         y[0] = 0
         y[1:] = 1
-
-    def backward_cpu(self, top, propagate_down, bottom):
-        """No gradient: the indicator does not depend on the bottom."""
-
-    def backward_gpu(self, top, propagate_down, bottom):
-        """No gradient: the indicator does not depend on the bottom."""
