@@ -78,3 +78,19 @@ def test_gpu_nd_and_deconvolution_agree_with_cpu():
     assert_cpu_gpu_agree(conv("num_output: 3 kernel_size: 2 stride: 2"), [rng.standard_normal((2, 2, 1, 1, 3))])
     assert_cpu_gpu_agree(conv("num_output: 3 kernel_size: 2 stride: 2 force_nd_im2col: true"),
                          [rng.standard_normal((2, 2, 1, 1))])
+
+
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+def test_pooling_keeps_bvlc_ceil_and_clipping(mode, pool):
+    """Pooling is BVLC's own rule (ceil, then a window starting in the high pad is dropped), with
+    windows clipped to the image; AVE divides by the window counted up to the padded edge."""
+    x = np.arange(6.0).reshape(1, 6, 1, 1)
+    _, _, top = run_layer(f'type: "Pooling" pooling_param {{ pool: {pool} kernel_size: 2 stride: 2 }}', [x])
+    np.testing.assert_array_equal(top[0].cpu_data(), x)  # ceil((1 - 2) / 2) + 1 = 1; the window holds one pixel
+    _, _, top = run_layer(f'type: "Pooling" pooling_param {{ pool: {pool} kernel_size: 3 stride: 2 pad: 1 }}',
+                          [np.ones((1, 1, 2, 2))])
+    want = np.ones((2, 2)) if pool == "MAX" else np.array([[4 / 9, 2 / 6], [2 / 6, 1 / 4]])
+    np.testing.assert_allclose(top[0].cpu_data()[0, 0], want, rtol=1e-12)
+    _, _, top = run_layer(f'type: "Pooling" pooling_param {{ pool: {pool} kernel_size: 2 stride: 2 pad: 1 }}',
+                          [np.ones((1, 1, 3, 3))])
+    assert top[0].shape == (1, 1, 2, 2)  # ceil((3 + 2 - 2) / 2) + 1 = 3, and (3 - 1) * 2 >= 3 + 1 drops one
