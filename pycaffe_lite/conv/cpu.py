@@ -171,11 +171,13 @@ def scratch_bytes(passes: Iterable[str], channels: int, image_hw: Pair, num_outp
 
 def images_per_chunk(num: int, fixed: int, per_image: int, budget: int | None = None) -> int:
     """How many of ``num`` images one chunk takes so that ``fixed + chunk*per_image`` bytes stay
-    within ``budget`` (default :data:`WORKSPACE_BYTES`); at least 1 (one image's buffers are needed)."""
+    within ``budget`` (default :data:`WORKSPACE_BYTES`); at least 1 (one image's buffers are needed).
+    The chunks are as even as their count allows (the last is never a small remainder)."""
     budget = WORKSPACE_BYTES if budget is None else budget
-    if per_image <= 0:
+    if per_image <= 0 or num <= 0:
         return max(num, 1)
-    return max(1, min(num, (budget - fixed) // per_image))
+    most = max(1, min(num, (budget - fixed) // per_image))
+    return -(-num // -(-num // most))  # as many chunks as needed, of even sizes (64 by 61: 32 + 32)
 
 
 def chunk_bytes(num: int, passes: Iterable[str], channels: int, image_hw: Pair, num_output: int, group: int,
