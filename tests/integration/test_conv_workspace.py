@@ -5,6 +5,8 @@ ones; N-D Deconvolution counts its own columns (top channels x kernel x bottom v
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -127,3 +129,19 @@ def test_nd_deconvolution_counts_its_own_columns(monkeypatch):
     want = np.einsum("ncdhw,cmijk->nmdihjwk", x, w).reshape(2, 8, 16, 16, 16) + net.params["up"][1].data[
         None, :, None, None, None]
     np.testing.assert_allclose(net.blobs["y"].data, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_model_zoo_alexnet_at_batch_1000_builds_under_4_gib(monkeypatch, tmp_path):
+    """The repository's AlexNet deploy file with its input batch set to 1000 (BVLC: about 0.2 GiB to
+    build, 5 GiB to run one image's columns at a time) builds under a 4 GiB host limit."""
+    zoo = Path(__file__).resolve().parents[2] / "examples" / "model_zoo" / "bvlc_alexnet_published_deploy.prototxt"
+    text = zoo.read_text()
+    assert "input_dim: 10\n" in text
+    path = tmp_path / "alexnet_1000.prototxt"
+    path.write_text(text.replace("input_dim: 10\n", "input_dim: 1000\n", 1))
+    caffe.set_mode_cpu()
+    limit_host(monkeypatch, 4 * GiB)
+    net = caffe.Net(str(path), caffe.TEST)
+    assert net.blobs["data"].shape == (1000, 3, 227, 227)
+    assert max(getattr(layer, "host_workspace_bytes", 0) for layer in net.layers) <= cpu_conv.WORKSPACE_BYTES
