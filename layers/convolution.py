@@ -232,7 +232,7 @@ class ConvolutionBase(Layer):
         self.problem_nd = self.engine_problem_nd()
         if common.mode() is common.Mode.CPU:  # cpu_conv_nd's buffers for one chunk of images
             prob = self.problem_nd
-            self.host_workspace_bytes = cpu_conv_nd.chunk_bytes(
+            self.host_workspace = cpu_conv_nd.chunk_buffers(
                 self.num, self.cpu_passes(), prob.channels, prob.in_shape, prob.num_output, self.group, g.kernel,
                 g.pad, g.stride, g.dilation, self.dtype.itemsize)
             self._check_workspace(prob.in_shape, prob.out_shape)
@@ -258,7 +258,7 @@ class ConvolutionBase(Layer):
         if have is None or have.num != self.num or (have.height, have.width) != hw:
             g = self.geo
             if common.mode() is common.Mode.CPU:  # cpu_conv's scratch for one chunk of images
-                self.host_workspace_bytes = cpu_conv.chunk_bytes(
+                self.host_workspace = cpu_conv.chunk_buffers(
                     self.num, self.cpu_passes(), c, hw, m, self.group, g.kernel, g.pad, g.stride, g.dilation,
                     self.dtype.itemsize)
                 self._check_workspace(hw, out_shape(hw[0], hw[1], g.kernel, g.pad, g.stride, g.dilation))
@@ -266,7 +266,14 @@ class ConvolutionBase(Layer):
                                        g.dilation, self.dtype.str)
             self._choice = None
 
-    host_workspace_bytes = 0  # host scratch the CPU passes allocate (one chunk of images), set by reshape
+    # host memory the CPU passes allocate for one chunk of images, by buffer (conv.cpu.chunk_buffers);
+    # set by reshape in CPU mode
+    host_workspace: dict[str, int] = {}
+
+    @property
+    def host_workspace_bytes(self) -> int:
+        """The total of :attr:`host_workspace`."""
+        return sum(self.host_workspace.values())
 
     def cpu_passes(self) -> tuple[str, ...]:
         """The CPU convolution passes (:data:`pycaffe_lite.conv.cpu.PASSES`) this layer runs: its

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import common, memcheck
 from .blob import Blob
+from .conv import cpu as cpu_conv
 from .errors import CaffeError, NetError, ShapeError, WeightsError
 from .layer import Layer, create_layer
 from .net_graph import NetGraph
@@ -292,10 +293,10 @@ class Net:
                 if sum(n for _, n in these) > sum(n for _, n in best):
                     best = these
             items = params + best
-        workspace = max(((getattr(layer, "host_workspace_bytes", 0), name)  # CPU convolutions' scratch
-                         for layer, name in zip(self.layers, self._layer_names)), default=(0, ""))
-        if workspace[0] and common.mode() is common.Mode.CPU:
-            items.append((f"{workspace[1]} CPU workspace", workspace[0]))
+        if common.mode() is common.Mode.CPU:  # the CPU convolutions' buffers (conv.cpu.held_bytes)
+            scratch = cpu_conv.held_bytes(getattr(layer, "host_workspace", {}) for layer in self.layers)
+            if scratch:
+                items.append(("CPU convolution scratch", scratch))
         # in GPU mode the blobs live on the device; the host surely holds only the params' values
         memcheck.check_total(f"net '{self.name}'", items, "its blobs and params",
                              device=common.mode() is common.Mode.GPU, host_items=params)

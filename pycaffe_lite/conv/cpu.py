@@ -141,32 +141,39 @@ def _extra(image_hw: Pair, kernel: Pair, pad: Pair, stride: Pair, dilation: Pair
 PASSES = ("forward", "weight", "data")  # the top, the weight (and bias) gradient, the bottom gradient
 
 
-def scratch_bytes(passes: Iterable[str], channels: int, image_hw: Pair, num_output: int, group: int, kernel: Pair,
-                  pad: Pair, stride: Pair, dilation: Pair, itemsize: int, layout: Layout | None = None,
-                  ) -> tuple[int, int]:
-    """(fixed, per image) bytes of host memory that :func:`forward` ("forward") and :func:`backward`
-    ("weight", "data") allocate for ``passes`` on one chunk of images: the named :func:`scratch`
-    buffers (each the largest the passes ask for; they stay allocated for reuse) and col2im's planes."""
-    passes = set(passes)
+def _parts(passes: set[str], channels: int, image_hw: Pair, num_output: int, group: int, kernel: Pair, pad: Pair,
+           stride: Pair, dilation: Pair, layout: Layout | None) -> tuple[dict[str, int], dict[str, int]]:
+    """(per image, fixed) element counts of what :func:`forward` / :func:`backward` allocate for
+    ``passes``, by name: ``scratch:<name>`` for the :func:`scratch` buffers (kept per thread for
+    reuse, so shared by every convolution), ``temporary`` for what is freed after the call."""
     h, w = image_hw
     out_hw = out_shape(h, w, kernel, pad, stride, dilation)
     layout = layout or layout_for(out_hw)
     extra = _extra(image_hw, kernel, pad, stride, dilation)
     plane = channels * (h + 2 * pad[0] + extra[0]) * (w + 2 * pad[1] + extra[1])
     p = out_hw[0] * out_hw[1]
-    cols = channels * kernel[0] * kernel[1] * p
-    top = num_output * p
     weights = num_output * (channels // group) * kernel[0] * kernel[1]
     copies_x = layout == "hwn" or any(pad) or any(extra)
     hwn = layout == "hwn"
-    per = {"x": plane if copies_x and passes & {"forward", "weight"} else 0,
-           "cols": cols if passes else 0,
-           "y": top if hwn and "forward" in passes else 0,
-           "dy": top if hwn and passes & {"weight", "data"} else 0,
-           "dwt": weights if not hwn and "weight" in passes else 0,
-           "planes": plane if "data" in passes else 0}
-    fixed = weights * (2 if hwn else 1) if "weight" in passes else 0  # dwt (hwn) and the summed copy
-    return fixed * itemsize, sum(per.values()) * itemsize
+    per = {"scratch:x": plane if copies_x and passes & {"forward", "weight"} else 0,
+           "scratch:cols": channels * kernel[0] * kernel[1] * p if passes else 0,
+           "scratch:y": num_output * p if hwn and "forward" in passes else 0,
+           "scratch:dy": num_output * p if hwn and passes & {"weight", "data"} else 0,
+           "scratch:dwt": weights if not hwn and "weight" in passes else 0,
+           "temporary": plane if "data" in passes else 0}  # col2im's planes
+    fixed = {"scratch:dwt": weights if hwn and "weight" in passes else 0,
+             "temporary": weights if "weight" in passes else 0}  # the summed weight gradient
+    return per, fixed
+
+
+def scratch_bytes(passes: Iterable[str], channels: int, image_hw: Pair, num_output: int, group: int, kernel: Pair,
+                  pad: Pair, stride: Pair, dilation: Pair, itemsize: int, layout: Layout | None = None,
+                  ) -> tuple[int, int]:
+    """(fixed, per image) bytes of host memory that :func:`forward` ("forward") and :func:`backward`
+    ("weight", "data") allocate for ``passes`` on one chunk of images: the named :func:`scratch`
+    buffers (each the largest the passes ask for; they stay allocated for reuse) and col2im's planes."""
+    per, fixed = _parts(set(passes), channels, image_hw, num_output, group, kernel, pad, stride, dilation, layout)
+    return sum(fixed.values()) * itemsize, sum(per.values()) * itemsize
 
 
 def images_per_chunk(num: int, fixed: int, per_image: int, budget: int | None = None) -> int:
@@ -180,13 +187,35 @@ def images_per_chunk(num: int, fixed: int, per_image: int, budget: int | None = 
     return -(-num // -(-num // most))  # as many chunks as needed, of even sizes (64 by 61: 32 + 32)
 
 
+def chunk_buffers(num: int, passes: Iterable[str], channels: int, image_hw: Pair, num_output: int, group: int,
+                  kernel: Pair, pad: Pair, stride: Pair, dilation: Pair, itemsize: int) -> dict[str, int]:
+    """Bytes by buffer name (see :func:`_parts`) that :func:`forward`/:func:`backward` allocate for
+    ``passes`` on a batch of ``num`` images: one chunk's worth (:func:`images_per_chunk`)."""
+    per, fixed = _parts(set(passes), channels, image_hw, num_output, group, kernel, pad, stride, dilation, None)
+    step = images_per_chunk(num, sum(fixed.values()) * itemsize, sum(per.values()) * itemsize)
+    return {name: (fixed.get(name, 0) + step * per.get(name, 0)) * itemsize for name in {*per, *fixed}}
+
+
 def chunk_bytes(num: int, passes: Iterable[str], channels: int, image_hw: Pair, num_output: int, group: int,
                 kernel: Pair, pad: Pair, stride: Pair, dilation: Pair, itemsize: int) -> int:
-    """Bytes of host scratch :func:`forward`/:func:`backward` allocate for ``passes`` on a batch of
-    ``num`` images (one chunk's worth: see :func:`images_per_chunk`): what a memory check counts."""
-    fixed, per = scratch_bytes(passes, channels, image_hw, num_output, group, kernel, pad, stride, dilation,
-                               itemsize)
-    return fixed + images_per_chunk(num, fixed, per) * per
+    """The total of :func:`chunk_buffers`: what one convolution's CPU passes allocate."""
+    return sum(chunk_buffers(num, passes, channels, image_hw, num_output, group, kernel, pad, stride, dilation,
+                             itemsize).values())
+
+
+def held_bytes(workspaces: Iterable[dict[str, int]]) -> int:
+    """Host memory the CPU convolutions of a net hold at most, from each one's :func:`chunk_buffers`
+    (or cpu_nd's): the ``scratch:`` buffers are shared by name and grow to the largest any of them
+    asks for, so those maxima add up; the temporaries of one call at a time come on top."""
+    shared: dict[str, int] = {}
+    temporary = 0
+    for parts in workspaces:
+        for name, n in parts.items():
+            if name.startswith("scratch:"):
+                shared[name] = max(shared.get(name, 0), n)
+            else:
+                temporary = max(temporary, n)
+    return sum(shared.values()) + temporary
 
 
 def forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, kernel: Pair, pad: Pair, stride: Pair,

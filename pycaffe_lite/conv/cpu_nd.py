@@ -72,6 +72,14 @@ def chunk_bytes(num: int, passes: Iterable[str], channels: int, spatial: Dims, n
     return fixed + cpu2d.images_per_chunk(num, fixed, per) * per
 
 
+def chunk_buffers(num: int, passes: Iterable[str], channels: int, spatial: Dims, num_output: int, group: int,
+                  kernel: Dims, pad: Dims, stride: Dims, dilation: Dims, itemsize: int) -> dict[str, int]:
+    """:func:`chunk_bytes` named as :func:`pycaffe_lite.conv.cpu.chunk_buffers` names its buffers:
+    all of it temporary (nothing is kept between calls)."""
+    return {"temporary": chunk_bytes(num, passes, channels, spatial, num_output, group, kernel, pad, stride,
+                                     dilation, itemsize)}
+
+
 def columns(x: np.ndarray, kernel: Dims, pad: Dims, stride: Dims, dilation: Dims) -> np.ndarray:
     """The columns ``(N, C*prod(K), prod(O))`` of the batch ``x`` (N, C, *S) (a new array)."""
     n, c = x.shape[:2]

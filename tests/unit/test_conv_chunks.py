@@ -116,3 +116,38 @@ def test_counted_scratch_is_what_the_passes_allocate(monkeypatch, nd):
         assert peak >= counted * 0.4, (budget, peak, counted)
         if budget < cpu_conv.WORKSPACE_BYTES:
             assert counted < budget + x[0].nbytes * 2 * int(np.prod(kernel)), "chunks stay near the budget"
+
+
+def test_held_bytes_of_two_convolutions_bounds_what_they_allocate():
+    """Two 2-D convolutions of different shapes one after the other (a net's layers): the scratch
+    buffers they share by name stay allocated at the larger of each, and held_bytes counts that."""
+    cases = [((6, 4, 30, 30), 8, (5, 5), (2, 2), (1, 1)),   # "nchw": large columns
+             ((6, 16, 8, 8), 32, (3, 3), (1, 1), (1, 1))]   # "hwn": its own y / dy buffers
+    arrays, parts = [], []
+    for shape, m, kernel, pad, stride in cases:
+        x, w, b, dy = make(shape, m, kernel, pad, stride, (1, 1), 1, False)
+        arrays.append((x, w, b, dy, (kernel, pad, stride, (1, 1))))
+        parts.append(cpu_conv.chunk_buffers(shape[0], cpu_conv.PASSES, shape[1], shape[2:], m, 1, kernel, pad,
+                                            stride, (1, 1), 8))
+    counted = cpu_conv.held_bytes(parts)
+    assert counted < sum(sum(p.values()) for p in parts)  # shared names are not counted twice
+    cpu_conv._workspace.buffers = {}
+
+    def passes():
+        for x, w, b, dy, geo in arrays:
+            out, dw, db, dx = np.empty(dy.shape), np.zeros(w.shape), np.zeros(b.shape), np.empty(x.shape)
+            cpu_conv.forward(x, w, b, *geo, 1, out)
+            cpu_conv.backward(x, w, dy, *geo, 1, dweight=dw, dbias=db, dx=dx)
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        passes()
+        held, peak = (v - base for v in tracemalloc.get_traced_memory())
+    finally:
+        tracemalloc.stop()
+    kept = sum(buf.nbytes for buf in cpu_conv._workspace.buffers.values())
+    assert held >= kept  # the scratch buffers are what stays allocated
+    assert kept == sum(max(p.get(k, 0) for p in parts) for k in {*parts[0], *parts[1]} if k.startswith("scratch:"))
+    assert peak <= counted * 1.05 + (256 << 10) + sum(a[3].nbytes + a[0].nbytes + a[1].nbytes for a in arrays)
