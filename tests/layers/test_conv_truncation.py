@@ -73,7 +73,7 @@ def test_gpu_engines_agree_with_cpu_on_overhanging_windows(engine, shape, body):
 
 
 @pytest.mark.gpu
-def test_gpu_nd_and_deconvolution_agree_with_cpu():
+def test_gpu_nd_path_agrees_with_cpu():
     rng = np.random.default_rng(3)
     assert_cpu_gpu_agree(conv("num_output: 3 kernel_size: 2 stride: 2"), [rng.standard_normal((2, 2, 1, 1, 3))])
     assert_cpu_gpu_agree(conv("num_output: 3 kernel_size: 2 stride: 2 force_nd_im2col: true"),
