@@ -232,11 +232,13 @@ class ConvolutionBase(Layer):
         for t in top:
             t.reshape(shape[:self.axis] + (self.num_output,) + self.out_nd)
         g = self.geo_nd
-        if common.mode() is common.Mode.CPU:  # cpu_conv_nd's columns of the whole batch
-            check_fits("", f"the columns of kernel {'x'.join(map(str, g.kernel))} over "
-                       f"{'x'.join(map(str, self.out_nd))} outputs", self.num * self.channels * int(np.prod(g.kernel))
-                       * int(np.prod(self.out_nd)) * 2, self.dtype.itemsize)
         self.problem_nd = self.engine_problem_nd()
+        if common.mode() is common.Mode.CPU:  # cpu_conv_nd's buffers for one chunk of images
+            prob = self.problem_nd
+            self.host_workspace = cpu_conv_nd.chunk_buffers(
+                self.num, self.cpu_passes(), prob.channels, prob.in_shape, prob.num_output, self.group, g.kernel,
+                g.pad, g.stride, g.dilation, self.dtype.itemsize)
+            self._check_workspace(prob.in_shape, prob.out_shape)
 
     def gpu_nd(self) -> bool:
         """The N-D GPU kernels take this layer's axes (else its GPU passes run the CPU code on host copies)."""
@@ -258,15 +260,37 @@ class ConvolutionBase(Layer):
         have = self.problem
         if have is None or have.num != self.num or (have.height, have.width) != hw:
             g = self.geo
-            if common.mode() is common.Mode.CPU:  # cpu_conv's scratch: the padded batch and its columns
-                ho, wo = out_shape(hw[0], hw[1], g.kernel, g.pad, g.stride, g.dilation)
-                padded = self.num * c * (hw[0] + 2 * g.pad[0]) * (hw[1] + 2 * g.pad[1])
-                check_fits("", f"the padded {hw[0]}x{hw[1]} input and its columns for kernel {g.kernel[0]}x"
-                           f"{g.kernel[1]} over {ho}x{wo} outputs", padded + self.num * c * g.kernel[0] * g.kernel[1]
-                           * ho * wo, self.dtype.itemsize)
+            if common.mode() is common.Mode.CPU:  # cpu_conv's scratch for one chunk of images
+                self.host_workspace = cpu_conv.chunk_buffers(
+                    self.num, self.cpu_passes(), c, hw, m, self.group, g.kernel, g.pad, g.stride, g.dilation,
+                    self.dtype.itemsize)
+                self._check_workspace(hw, out_shape(hw[0], hw[1], g.kernel, g.pad, g.stride, g.dilation))
             self.problem = ConvProblem(self.num, c, hw[0], hw[1], m, self.group, g.kernel, g.pad, g.stride,
                                        g.dilation, self.dtype.str)
             self._choice = None
+
+    # host memory the CPU passes allocate for one chunk of images, by buffer (conv.cpu.chunk_buffers);
+    # set by reshape in CPU mode
+    host_workspace: dict[str, int] = {}
+
+    @property
+    def host_workspace_bytes(self) -> int:
+        """The total of :attr:`host_workspace`."""
+        return sum(self.host_workspace.values())
+
+    def cpu_passes(self) -> tuple[str, ...]:
+        """The CPU convolution passes (:data:`pycaffe_lite.conv.cpu.PASSES`) this layer runs: its
+        forward's, and in the TRAIN phase its backward's too."""
+        forward = ("forward",)
+        if self.layer_param.phase != caffe_pb2.TRAIN:
+            return forward
+        return forward + ("weight", "data")
+
+    def _check_workspace(self, image: tuple[int, ...], out: tuple[int, ...]) -> None:
+        """Refuse (before allocating) when one chunk's CPU scratch (:attr:`host_workspace_bytes`) cannot fit."""
+        check_fits("", f"the CPU convolution buffers of one chunk of images (padded input, columns; kernel "
+                       f"{'x'.join(map(str, self.geo_nd.kernel))}, {'x'.join(map(str, image))} inputs, "
+                       f"{'x'.join(map(str, out))} outputs)", self.host_workspace_bytes, 1)
 
     def engines(self, passes: tuple[str, ...] = conv_engines.PASSES) -> tuple[ConvProblem, conv_engines.Choice]:
         """:attr:`problem` and the engine per pass for it: autotuned once per shape and pass (cached

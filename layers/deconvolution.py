@@ -27,6 +27,7 @@ from pycaffe_lite.conv import nd as conv_nd
 from pycaffe_lite.conv.geometry import Pair, deconv_out_shape, deconv_out_shape_nd
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import Traits, register_layer
+from pycaffe_lite.schema import caffe_pb2
 
 from .convolution import ConvolutionBase
 
@@ -52,6 +53,11 @@ class DeconvolutionLayer(ConvolutionBase):
                 f"is smaller than twice the pad {g.pad[0]}x{g.pad[1]}"
             )
         return out_hw
+
+    def cpu_passes(self) -> tuple[str, ...]:
+        """Forward is the transposed convolution's data pass; backward its weight pass and forward."""
+        forward = ("data",)
+        return forward + ("weight", "forward") if self.layer_param.phase == caffe_pb2.TRAIN else forward
 
     def engine_problem_dims(self) -> tuple[int, Pair, int]:
         return self.num_output, self.out_hw, self.channels  # top -> bottom

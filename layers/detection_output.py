@@ -14,6 +14,14 @@ with score > ``confidence_threshold``, the ``nms_param.top_k`` best of them, gre
 the ``keep_top_k`` highest-scoring ones over all classes stay (ties: lower class, then NMS order).
 The fork's file-saving options (``save_output_param``, ``visualize``) are accepted and ignored.
 
+``clip`` (OpenCV's SSD face detector): the decoded boxes are clamped to [0, 1] before NMS (and so in
+the top). ``use_polygon`` (TextBoxes++): 12 location values per prior and location class, the box's
+4 then 8 quadrilateral offsets ``(x1, y1, ..., x4, y4)``, each corner decoded against the prior's
+corner (top-left, top-right, bottom-right, bottom-left: ``x = corner_x + var[0]·dx·prior_width``,
+``y = corner_y + var[1]·dy·prior_height``; CENTER_SIZE with variances in the priors only, the one
+coding TextBoxes++ decodes); NMS runs on the boxes, and each top row has 15 values, the 7 above and
+the quadrilateral. These two run on the host in GPU mode.
+
 GPU: decoding and the selection run on the device (``bbox.cu``: one block per image and class
 for threshold, top_k and NMS, one block per image for keep_top_k); the host reads the kept
 counts once per batch to size the top. The result equals the CPU path's.
@@ -61,6 +69,13 @@ class DetectionOutputLayer(Layer):
         if not 0 < self.eta <= 1:
             raise self.error(f"nms_param.eta must be in (0, 1], got {self.eta}")
         self.top_k = p.nms_param.top_k if p.nms_param.HasField("top_k") else -1
+        self.clip = p.clip
+        self.use_polygon = p.use_polygon
+        if self.use_polygon and (self.code_type != bbox.CENTER_SIZE or self.variance_in_target):
+            raise self.error("use_polygon decodes quadrilaterals for code_type CENTER_SIZE with "
+                             "variance_encoded_in_target false only (as TextBoxes++)")
+        self.loc_values = 12 if self.use_polygon else 4
+        self.row = 15 if self.use_polygon else 7
         self._gpu_state: dict = {}
         self.scratch = Blob((), self.dtype)
 
@@ -72,23 +87,40 @@ class DetectionOutputLayer(Layer):
         if bottom[2].num_axes < 3 or bottom[2].shape[1] != 2 or bottom[2].shape[2] % 4:
             raise self.error(f"prior bottom must be (1, 2, P*4) as PriorBox writes, got {bottom[2].shape}")
         self.num_priors = bottom[2].shape[2] // 4
-        if bottom[0].count_range(1) != self.num_priors * self.num_loc_classes * 4:
+        per = self.loc_values
+        if bottom[0].count_range(1) != self.num_priors * self.num_loc_classes * per:
             raise self.error(f"location bottom {bottom[0].shape} has {bottom[0].count_range(1)} values per "
-                             f"image; {self.num_priors} priors x {self.num_loc_classes} location classes x 4 "
-                             f"needs {self.num_priors * self.num_loc_classes * 4}")
+                             f"image; {self.num_priors} priors x {self.num_loc_classes} location classes x {per} "
+                             f"needs {self.num_priors * self.num_loc_classes * per}"
+                             + ("" if self.use_polygon else
+                                " (12 per prior: TextBoxes++'s quadrilaterals need use_polygon: true)"
+                                if bottom[0].count_range(1) == self.num_priors * self.num_loc_classes * 12 else ""))
         if bottom[1].count_range(1) != self.num_priors * self.num_classes:
             raise self.error(f"confidence bottom {bottom[1].shape} has {bottom[1].count_range(1)} values per "
                              f"image; {self.num_priors} priors x {self.num_classes} classes needs "
                              f"{self.num_priors * self.num_classes}")
-        top[0].reshape((1, 1, 1, 7))
+        top[0].reshape((1, 1, 1, self.row))
 
     # -- the fork's algorithm on the host -----------------------------------------------------
-    def _decoded(self, bottom):
+    def _loc(self, bottom) -> np.ndarray:
         num = bottom[0].shape[0]
+        loc = bottom[0].cpu_data().reshape(num, self.num_priors, self.num_loc_classes, self.loc_values)
+        return np.moveaxis(loc, 2, 1)  # [N, L, P, 4 or 12]
+
+    def _decoded(self, bottom):
         prior = bottom[2].cpu_data().reshape(2, -1, 4)
-        loc = bottom[0].cpu_data().reshape(num, self.num_priors, self.num_loc_classes, 4)
-        loc = np.moveaxis(loc, 2, 1)  # [N, L, P, 4]
-        return bbox.decode(prior[0], prior[1], loc, self.code_type, self.variance_in_target)
+        return bbox.decode(prior[0], prior[1], self._loc(bottom)[..., :4], self.code_type, self.variance_in_target,
+                           clip_boxes=self.clip)
+
+    def _quads(self, bottom) -> np.ndarray:
+        """TextBoxes++'s quadrilaterals ``[N, L, P, 8]``: corner k of the prior plus its offset
+        scaled by the variance and the prior's size (corners clockwise from the top-left)."""
+        prior = bottom[2].cpu_data().reshape(2, -1, 4).astype(np.float64)
+        box, var = prior[0], prior[1]
+        pw, ph = box[:, 2] - box[:, 0], box[:, 3] - box[:, 1]
+        corners = box[:, [0, 1, 2, 1, 2, 3, 0, 3]]  # (x1, y1) top-left ... (x4, y4) bottom-left
+        scale = np.stack([var[:, 0] * pw, var[:, 1] * ph] * 4, axis=-1)
+        return (corners + self._loc(bottom)[..., 4:] * scale).astype(self.dtype)
 
     def select(self, boxes: np.ndarray, conf: np.ndarray) -> list[dict[int, list[int]]]:
         """Kept prior indices per image and label: boxes ``[N, L, P, 4]``, conf ``[N, P, C]``."""
@@ -114,33 +146,34 @@ class DetectionOutputLayer(Layer):
             results.append(indices)
         return results
 
-    def write_top(self, top, boxes, conf, results) -> None:
+    def write_top(self, top, boxes, conf, results, quads: np.ndarray | None = None) -> None:
         num = conf.shape[0]
         rows = []
         for i, indices in enumerate(results):
             for c in sorted(indices):
-                b = boxes[i, 0 if self.share_location else c]
+                loc = 0 if self.share_location else c
+                b = boxes[i, loc]
                 for j in indices[c]:
-                    rows.append([i, c, conf[i, j, c], *b[j]])
+                    rows.append([i, c, conf[i, j, c], *b[j]] + ([] if quads is None else list(quads[i, loc, j])))
         if not rows:
             log.info("layer '%s': no detections", self.name)
-            out = np.full((num, 7), -1.0)
+            out = np.full((num, self.row), -1.0)
             out[:, 0] = np.arange(num)
         else:
             out = np.asarray(rows, np.float64)
-        top[0].reshape((1, 1, len(out), 7))
+        top[0].reshape((1, 1, len(out), self.row))
         top[0].mutable_cpu_data()[...] = out.reshape(top[0].shape)
 
     def forward_cpu(self, bottom, top):
         num = bottom[0].shape[0]
         boxes = self._decoded(bottom)
         conf = bottom[1].cpu_data().reshape(num, self.num_priors, self.num_classes)
-        self.write_top(top, boxes, conf, self.select(boxes, conf))
+        self.write_top(top, boxes, conf, self.select(boxes, conf), self._quads(bottom) if self.use_polygon else None)
 
     # -- the same selection on the device (kernels in pycaffe_lite/bbox.cu) ------------------
     def forward_gpu(self, bottom, top):
         num, npri, ncls, nloc = bottom[0].shape[0], self.num_priors, self.num_classes, self.num_loc_classes
-        if num == 0 or npri == 0:
+        if num == 0 or npri == 0 or self.clip or self.use_polygon:  # the kernels decode SSD's 4 values unclipped
             self.forward_cpu(bottom, top)
             return
         dt, it = self.dtype, np.dtype(np.int32).itemsize

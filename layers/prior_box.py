@@ -10,6 +10,8 @@ seen yet followed by its inverse when ``flip``. As in the fork, min and max size
 to integers before use. Cell centres ``((w + offset)·step_w, (h + offset)·step_h)`` with the step
 from ``step`` / ``step_h``+``step_w`` or image size / feature size. ``clip`` clamps to [0, 1].
 Variance: one value for all four coordinates, four values, or the default 0.1.
+``denser_prior_boxes`` (TextBoxes++): each prior is followed by a copy moved down by half a cell, its
+centre at ``(h + 1)·step_h`` (2P priors per cell).
 The top depends only on shapes; GPU mode computes it on the host.
 """
 
@@ -63,6 +65,9 @@ class PriorBoxLayer(Layer):
         self.step_h, self.step_w = self._pair(p, "step", "step_h", "step_w", 0.0, ", ")
         self.offset = p.offset
         self.clip = p.clip
+        self.denser = p.denser_prior_boxes
+        if self.denser:
+            self.num_priors *= 2
 
     def _pair(self, p, single: str, h: str, w: str, default, sep: str) -> tuple:
         """The fork's ``single`` value or its ``h``/``w`` pair (not both), positive; ``default`` when
@@ -109,12 +114,16 @@ class PriorBoxLayer(Layer):
         wh = np.array(sizes, np.float64).astype(np.float32).astype(np.float64)
         cx = ((np.arange(layer_w) + self.offset) * step_w).astype(np.float32).astype(np.float64)
         cy = ((np.arange(layer_h) + self.offset) * step_h).astype(np.float32).astype(np.float64)
-        out = np.empty((layer_h, layer_w, len(sizes), 4))
-        out[..., 0] = (cx[None, :, None] - wh[None, None, :, 0] / 2) / img_w
-        out[..., 1] = (cy[:, None, None] - wh[None, None, :, 1] / 2) / img_h
-        out[..., 2] = (cx[None, :, None] + wh[None, None, :, 0] / 2) / img_w
-        out[..., 3] = (cy[:, None, None] + wh[None, None, :, 1] / 2) / img_h
-        return out
+        centres = [cy]
+        if self.denser:  # TextBoxes++: a second prior per size, half a cell lower
+            centres.append(((np.arange(layer_h) + 1.0) * step_h).astype(np.float32).astype(np.float64))
+        out = np.empty((layer_h, layer_w, len(sizes), len(centres), 4))
+        for k, ys in enumerate(centres):
+            out[..., k, 0] = (cx[None, :, None] - wh[None, None, :, 0] / 2) / img_w
+            out[..., k, 1] = (ys[:, None, None] - wh[None, None, :, 1] / 2) / img_h
+            out[..., k, 2] = (cx[None, :, None] + wh[None, None, :, 0] / 2) / img_w
+            out[..., k, 3] = (ys[:, None, None] + wh[None, None, :, 1] / 2) / img_h
+        return out.reshape(layer_h, layer_w, len(sizes) * len(centres), 4)
 
     def forward_cpu(self, bottom, top):
         h, w = bottom[0].shape[2:]

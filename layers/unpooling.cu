@@ -6,15 +6,16 @@
 // first cell clipped to the output.
 __global__ void unpool_switches(const int n, const int H, const int W, const int Ho, const int Wo,
                                 const int kh, const int kw, const int sh, const int sw,
-                                const int pdh, const int pdw, const int mode, const Dtype* ref,
-                                Dtype* idx) {
+                                const int pdh, const int pdw, const int mode, const int C, const int Cm,
+                                const Dtype* ref, Dtype* idx) {
   CUDA_KERNEL_LOOP(i, n) {
     const int pw = i % W;
     const int ph = (i / W) % H;
     const int plane = i / (W * H);
     const int hs = ph * sh - pdh, ws = pw * sw - pdw;
     if (mode == 0) {
-      idx[i] = ref[i];
+      // the mask has Cm >= C channels per image: plane (n, c) reads the mask's plane (n, c)
+      idx[i] = ref[((long long)(plane / C) * Cm + plane % C) * H * W + ph * W + pw];
     } else if (mode == 2) {
       const int uh = max(0, min(hs, Ho - 1)), uw = max(0, min(ws, Wo - 1));
       idx[i] = static_cast<Dtype>(uh * Wo + uw);

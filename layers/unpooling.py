@@ -7,7 +7,8 @@ AVE; forks whose Unpooling reuses that message). Bottom 0: values (N, C, H, W). 
 (ph, pw) owns the window starting at ``(ph · stride - pad, pw · stride - pad)`` of ``kernel`` size.
 
 - MAX puts each value at its switch: bottom 1 of the shape of bottom 0 is the pooling mask (flat
-  ``h · Wo + w``); bottom 1 of another shape is the pre-pooling input, from which the switches are
+  ``h · Wo + w``; a mask with more channels than the values, (N, C' > C, H, W), gives its first C
+  planes of each image, as DeconvNet's layer reads it); bottom 1 of another shape is the pre-pooling input, from which the switches are
   recomputed (each window's first maximum, as Caffe's MAX pooling); with no bottom 1, the window's
   first cell (clipped to the output). Other outputs are 0; if two values land on one cell, the CPU
   keeps the later in row-major order, on both devices. Backward gathers the top diff at the switches
@@ -112,13 +113,14 @@ class UnpoolingLayer(Layer):
         self.mode = "start"
         if len(bottom) > 1:
             b1 = bottom[1]
-            if b1.shape == x.shape:
-                self.mode = "mask"
+            if b1.shape == x.shape or (b1.num_axes == 4 and b1.shape[0] == n and b1.shape[1] > c
+                                       and b1.shape[2:] == (h, w)):
+                self.mode = "mask"  # more mask channels than values: the first C planes (DeconvNet)
             elif b1.num_axes == 4 and b1.shape[:2] == x.shape[:2]:
                 self.mode = "recompute"
             else:
-                raise self.error(f"bottom 1 must be the pooling mask (shape {x.shape}) or the pre-pooling input "
-                                 f"({n}, {c}, H, W), got {b1.shape}")
+                raise self.error(f"bottom 1 must be the pooling mask (shape {x.shape}, or ({n}, C >= {c}, {h}, {w}): "
+                                 f"its first {c} channels) or the pre-pooling input ({n}, {c}, H, W), got {b1.shape}")
         if self.method != MAX and self.mode != "start":
             self.mode = "start"  # AVE / TILE read no switches
         (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.pad
@@ -157,7 +159,7 @@ class UnpoolingLayer(Layer):
         n, c, h, w = x.shape
         ho, wo = self.out_hw
         if self.mode == "mask":
-            m = bottom[1].cpu_data().reshape(n * c, h * w).astype(np.int64)
+            m = bottom[1].cpu_data()[:, :c].reshape(n * c, h * w).astype(np.int64)
             if m.size and (m.min() < 0 or m.max() >= ho * wo):
                 raise self.error(f"mask index {int(m.max() if m.max() >= ho * wo else m.min())} lies outside the "
                                  f"{ho} x {wo} output")
@@ -230,7 +232,8 @@ class UnpoolingLayer(Layer):
             mode = {"mask": 0, "recompute": 1, "start": 2}[self.mode]
             ref = bottom[1].gpu_data() if len(bottom) > 1 else bottom[0].gpu_data()
             sw = self.switches.mutable_gpu_data()
-            backend.kernel(KERNELS, "unpool_switches", self.dtype)(bottom[0].count, *geo, mode, ref, sw)
+            c, cm = bottom[0].shape[1], bottom[1].shape[1] if self.mode == "mask" else bottom[0].shape[1]
+            backend.kernel(KERNELS, "unpool_switches", self.dtype)(bottom[0].count, *geo, mode, c, cm, ref, sw)
             S, T = geo[0] * geo[1], geo[2] * geo[3]
             gm.plane_scatter(bottom[0].count // S, S, T, bottom[0].gpu_data(), sw, y, self.dtype)
             return

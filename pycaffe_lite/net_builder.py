@@ -18,6 +18,7 @@ import numpy as np
 
 from . import common, memcheck
 from .blob import Blob
+from .conv import cpu as cpu_conv
 from .errors import CaffeError, NetError, ShapeError
 from .layer import Layer, create_layer
 from .net_graph import NetGraph
@@ -94,6 +95,10 @@ def check_memory(graph: NetGraph) -> None:
             if sum(n for _, n in these) > sum(n for _, n in best):
                 best = these
         items = params + best
+    if common.mode() is common.Mode.CPU:  # the CPU convolutions' buffers (conv.cpu.held_bytes)
+        scratch = cpu_conv.held_bytes(getattr(layer, "host_workspace", {}) for layer in graph.layers)
+        if scratch:
+            items.append(("CPU convolution scratch", scratch))
     # in GPU mode the blobs live on the device; the host surely holds only the params' values
     memcheck.check_total(f"net '{graph.name}'", items, "its blobs and params",
                          device=common.mode() is common.Mode.GPU, host_items=params)

@@ -172,6 +172,7 @@ def _caffe_usage() -> str:
     lines = ["caffe: command line brew", "usage: caffe <command> <args>", "", "commands:"]
     lines += [f"  {name:<14}{ACTION_HELP[name]}" for name in ("train", "test", "device_query", "time")]
     lines += ["", "tools (also their own commands):"] + [f"  {name}" for name in TOOLS]
+    lines += ["", "  bvlc-layout DIR [-force]: make DIR/build/tools/* and DIR/build/examples/*/*.bin run these"]
     lines += ["", "  Flags from tools/caffe.cpp:", usage(CAFFE_FLAGS.values())]
     return "\n".join(lines)
 
@@ -195,6 +196,10 @@ def run(argv: Sequence[str], program: str = "caffe") -> int:
     """Run ``program`` (``caffe`` or a tool's name) with ``argv`` (without the program name)."""
     argv = list(argv)
     name = program
+    if program == "caffe" and argv and argv[0] in ("bvlc-layout", "bvlc_layout"):
+        from . import cli  # pycaffe-lite's own command (argparse flags: DIR [--force])
+
+        return cli.main(["bvlc-layout", *argv[1:]])
     if program == "caffe":
         # gflags takes the flags out first: the action is the first positional argument, so flags may
         # also come before it (caffe -gpu 0 train -solver s.prototxt)

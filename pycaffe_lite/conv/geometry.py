@@ -16,13 +16,23 @@ Dims = tuple[int, ...]
 
 
 def conv_out_size(size: int, kernel: int, pad: int, stride: int, dilation: int = 1) -> int:
-    """Caffe's convolution output length: ``(size + 2*pad - (dilation*(kernel-1)+1)) // stride + 1``.
+    """BVLC's convolution output length: ``(size + 2*pad - (dilation*(kernel-1)+1)) / stride + 1``
+    with C++'s integer division, which truncates toward zero.
 
-    Returns 0 or less when the dilated kernel does not fit in the padded input.
+    So a window that overhangs the padded input by less than a stride still gives one output (kernel
+    2, stride 2 on a 1-pixel input: ``(1 - 2) / 2 + 1 = 1``); it reads zeros where the input is
+    missing (:func:`overhang`). Returns 0 or less when not even that window exists.
     """
     extent = dilation * (kernel - 1) + 1
     span = size + 2 * pad - extent
-    return span // stride + 1 if span >= 0 else 0
+    return (span // stride if span >= 0 else -(-span // stride)) + 1
+
+
+def overhang(size: int, kernel: int, pad: int, stride: int, dilation: int = 1) -> int:
+    """How far the last window of :func:`conv_out_size` reads past the high-side pad (0 unless the
+    truncating division kept a window that does not fit); those reads are zeros."""
+    out = conv_out_size(size, kernel, pad, stride, dilation)
+    return max(0, (out - 1) * stride + dilation * (kernel - 1) + 1 - (size + 2 * pad)) if out > 0 else 0
 
 
 def out_shape(height: int, width: int, kernel: Pair, pad: Pair, stride: Pair, dilation: Pair) -> Pair:

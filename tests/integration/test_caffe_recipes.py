@@ -1,19 +1,18 @@
 """BVLC's ImageNet and CIFAR-10 recipes end to end, with the command lines of BVLC's shell scripts
 (examples/imagenet/create_imagenet.sh, make_imagenet_mean.sh, train_caffenet.sh; examples/cifar10/
-create_cifar10.sh, train_quick.sh, train_full.sh with HDF5 snapshots; examples/siamese) in BVLC's folder layout: ``build/tools/caffe`` & co. are small
-wrappers that run pycaffe-lite's ``caffe`` command and tools. The data are tiny images and a tiny
+create_cifar10.sh, train_quick.sh, train_full.sh with HDF5 snapshots; examples/siamese) in BVLC's folder layout: ``build/tools/caffe`` & co. are the
+scripts of ``pycaffe-lite bvlc-layout``, running pycaffe-lite's ``caffe`` command and tools. The data are tiny images and a tiny
 fake CIFAR-10 written here; the nets and solvers are small ones in CaffeNet's / cifar10_quick's style.
 """
 
 import os
-import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from pycaffe_lite.commands import bvlc_layout
 from pycaffe_lite.schema import caffe_pb2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,13 +20,6 @@ cv2 = pytest.importorskip("cv2")
 pytest.importorskip("lmdb")
 
 pytestmark = pytest.mark.slow  # several processes each
-
-
-def _wrapper(path: Path, program: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; from pycaffe_lite.commands.caffe_cli import run; "
-                    f"sys.exit(run(sys.argv[1:], \"{program}\"))' \"$@\"\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
 def _bash(root: Path, script: str) -> subprocess.CompletedProcess:
@@ -39,9 +31,8 @@ def _bash(root: Path, script: str) -> subprocess.CompletedProcess:
 
 
 def _tools(root: Path) -> None:
-    for name in ("caffe", "convert_imageset", "compute_image_mean"):
-        _wrapper(root / "build/tools" / name, name)
-    _wrapper(root / "build/examples/cifar10/convert_cifar_data.bin", "convert_cifar_data")
+    """BVLC's build/ paths as ``pycaffe-lite bvlc-layout`` makes them."""
+    bvlc_layout.make_layout(root)
 
 
 CAFFENET_STYLE = """name: "TinyCaffeNet"
@@ -373,7 +364,6 @@ def test_siamese_recipe(tmp_path):
     pytest.importorskip("plyvel")
     root = tmp_path
     _tools(root)
-    _wrapper(root / "build/examples/siamese/convert_mnist_siamese_data.bin", "convert_mnist_siamese_data")
     rng = np.random.default_rng(3)
     (root / "data/mnist").mkdir(parents=True)
     _idx_files(root / "data/mnist/train-images-idx3-ubyte", root / "data/mnist/train-labels-idx1-ubyte", rng, 24)

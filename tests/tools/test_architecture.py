@@ -99,7 +99,7 @@ FACE = {"net", "io", "draw", "net_spec", "params", "classifier", "detector", "co
         "timer", "threads", "__main__"}
 ROOT_MAY_IMPORT = {
     **{m: CORE | {"gpu", "python_layer", "schema"} for m in CORE},  # never the file readers (proto/)
-    "net_builder": CORE | {"proto", "schema"},  # builds a NetGraph: parse, upgrade, filter, split, wire
+    "net_builder": CORE | {"proto", "schema", "conv"},  # builds a NetGraph (conv: the CPU scratch a net holds)
     **{m: CORE | FACE | {"net_builder", "schema", "gpu", "conv", "proto", "runtime", "layers", "onnx", "data"}
        for m in FACE},
 }

@@ -85,10 +85,13 @@ PROBLEMS = [  # channel-sliced and gathering tensor-core paths, dilation, depthw
     ConvProblem(2, 24, 9, 9, 40, 1, (3, 3), (1, 1), (1, 1), (2, 2), "<f4"),
     ConvProblem(2, 8, 8, 8, 8, 8, (3, 3), (1, 1), (2, 2), (1, 1), "<f4"),
     ConvProblem(3, 16, 12, 12, 32, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f8"),
+    # BVLC's truncating output size: (1 - 2) / 2 + 1 = 1 and (2 - 3) / 2 + 1 = 1, windows overhanging
+    ConvProblem(4, 8, 1, 1, 16, 1, (2, 2), (0, 0), (2, 2), (1, 1), "<f4"),
+    ConvProblem(2, 8, 2, 2, 8, 8, (3, 3), (0, 0), (2, 2), (1, 1), "<f4"),
 ]
 
 
-@pytest.mark.parametrize("prob", PROBLEMS, ids=lambda p: f"k{p.kernel[0]}g{p.group}d{p.dilation[0]}{p.dtype}")
+@pytest.mark.parametrize("prob", PROBLEMS, ids=lambda p: f"k{p.kernel[0]}g{p.group}d{p.dilation[0]}h{p.height}{p.dtype}")
 def test_every_engine_launches_what_its_kernels_declare(launches, prob):
     ran = set()
     for name, engine in registry.ENGINES.items():

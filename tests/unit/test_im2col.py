@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pycaffe_lite.blob import Blob
-from pycaffe_lite.conv.geometry import conv_out_size, deconv_out_shape, out_shape
+from pycaffe_lite.conv.geometry import conv_out_size, deconv_out_shape, out_shape, overhang
 
 # (shape, kernel, pad, stride, dilation)
 GEOMETRIES = [
@@ -40,7 +40,12 @@ def test_conv_out_size():
     assert conv_out_size(7, 3, 1, 2) == 4
     assert conv_out_size(9, 3, 2, 1, dilation=2) == 9
     assert conv_out_size(4, 5, 0, 1) == 0
-    assert conv_out_size(4, 3, 0, 1, dilation=3) == 0
+    assert conv_out_size(4, 3, 0, 1, dilation=3) == -2  # BVLC's (4 - 7) / 1 + 1: no output
+    # C++ division truncates toward zero: a window overhanging by less than a stride still counts
+    assert conv_out_size(1, 2, 0, 2) == 1 and overhang(1, 2, 0, 2) == 1
+    assert conv_out_size(2, 3, 0, 2) == 1 and overhang(2, 3, 0, 2) == 1
+    assert conv_out_size(1, 3, 0, 2) == 0  # (1 - 3) / 2 + 1 = 0
+    assert conv_out_size(3, 2, 0, 2) == 1 and overhang(3, 2, 0, 2) == 0  # floor and truncation agree
 
 
 def test_deconv_out_shape_inverts_out_shape():
