@@ -20,7 +20,7 @@ from . import common, memcheck
 from .blob import Blob
 from .errors import CaffeError, NetError, ShapeError, WeightsError
 from .layer import Layer, create_layer
-from .net_graph import NetGraph
+from .net_graph import NetGraph, warn_missing_weights
 from .optional import require
 from .proto import caffe_pb2, hdf5_weights, protoio, upgrade
 from .proto.net_filter import filter_net, insert_splits
@@ -79,6 +79,18 @@ def _check_array(arr: np.ndarray, what: str, dims: tuple[int, int, int], dtype: 
         raise ValueError(
             f"set_input_arrays: {what} has shape {arr.shape}; expected (N, {dims[0]}, {dims[1]}, {dims[2]})"
         )
+
+
+def _numeric(value: Any, what: str) -> np.ndarray:
+    """``value`` as an array of numbers (bool, int or float), or a NetError naming ``what``."""
+    try:
+        arr = np.asarray(value)
+    except ValueError as exc:  # ragged nested lists
+        raise NetError(f"{what}: not an array of numbers ({exc})") from None
+    if arr.dtype.kind not in "biuf":
+        raise NetError(f"{what}: holds {arr.dtype} values ({type(arr.flat[0]).__name__ if arr.size else 'none'}); "
+                       "expected numbers (convert them first, e.g. np.asarray(x, np.float32))")
+    return arr
 
 
 def _view(name: str) -> Any:
@@ -161,7 +173,8 @@ class Net:
         self.dtype = np.dtype(dtype)
         self.source = str(network) if not isinstance(network, caffe_pb2.NetParameter) else None
         try:
-            self._init(param)
+            with memcheck.net_build(f"net '{param.name}'"):  # blobs added up as made, before they are filled
+                self._init(param)
         except CaffeError as exc:
             raise in_file(exc, self.source) from None
         if weights is not None:
@@ -625,7 +638,7 @@ class Net:
             if name not in self.graph.inputs:
                 raise NetError(f"net '{self.name}': '{name}' is not an input blob (inputs: {self.graph.inputs})")
             blob = self._blob_dict[name]
-            value = np.asarray(value)
+            value = _numeric(value, f"net '{self.name}': input '{name}'")
             if value.shape != blob.shape:
                 raise ShapeError(
                     f"net '{self.name}': input '{name}' has shape {value.shape}, blob expects {blob.shape} "
@@ -639,7 +652,7 @@ class Net:
             if name not in self._blob_dict:
                 raise NetError(f"net '{self.name}': no blob named '{name}' to set a diff on")
             blob = self._blob_dict[name]
-            value = np.asarray(value)
+            value = _numeric(value, f"net '{self.name}': diff for '{name}'")
             if value.shape != blob.shape:
                 raise ShapeError(f"net '{self.name}': diff for '{name}' has shape {value.shape}, blob is {blob.shape}")
             blob.diff = value  # the setter: a whole new diff (a stale one needs no recomputation)
@@ -827,10 +840,14 @@ class Net:
 
         upgrade.upgrade_net(param, source=source)
         filled: set[int] = set()
+        targets: dict[str, int] = {}
+        copies: dict[str, int] = {}
         for src in param.layer:
             target = self._first_layer_index(src.name)  # with duplicate names: the first (BVLC)
             if target is None:
                 continue
+            targets[src.name] = target
+            copies[src.name] = copies.get(src.name, 0) + 1
             layer = self.layers[target]
             if len(src.blobs) != len(layer.blobs):
                 raise WeightsError(
@@ -844,11 +861,9 @@ class Net:
                     raise WeightsError(f"cannot copy weights: {exc}") from None
             filled.add(target)
         missing = [n for i, (n, layer) in enumerate(zip(self._layer_names, self.layers)) if layer.blobs and i not in filled]
-        if missing:
-            import logging
-
-            logging.getLogger("pycaffe_lite").warning("%s: no weights for layer%s %s of net '%s' (they keep their initial values)",
-                        source, "s" if len(missing) > 1 else "", ", ".join(missing), self.name)
+        warn_missing_weights(self.graph, source, missing, targets,
+                             "a .caffemodel's weights go to the first net layer of a name, as in BVLC",
+                             {name: n for name, n in copies.items() if n > 1})
         return missing
 
     def copy_from(self, path: str | os.PathLike, allow_missing: bool = True) -> list[str]:
