@@ -192,6 +192,7 @@ def test_python_dash_m(workdir):
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="POSIX signals")
+@pytest.mark.slow
 def test_sigint_writes_snapshot_then_exits(workdir):
     solver = write_solver(max_iter=10**7, display=0, test_interval=0, snapshot_prefix='"int/t"')
     # (the toy net's loss is unbounded below: --allow-nonfinite keeps a long run going)
