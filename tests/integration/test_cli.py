@@ -185,6 +185,7 @@ def _env():
     return env
 
 
+@pytest.mark.slow
 def test_python_dash_m(workdir):
     r = subprocess.run([sys.executable, "-m", "pycaffe_lite", "--help"], capture_output=True, text=True,
                        env=_env(), timeout=60)

@@ -158,6 +158,7 @@ def test_gradient(mode, kind, static):
                                       check_bottom=[0, 2] if static else [0])
 
 
+@pytest.mark.slow
 def test_gradient_expose_hidden(mode):
     caffe.set_random_seed(5)
     layer = make_layer(text("LSTM", expose=True))

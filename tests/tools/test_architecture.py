@@ -98,6 +98,7 @@ def test_each_wing_imports_only_what_the_floor_plan_allows():
     assert not wrong, sorted(wrong)
 
 
+@pytest.mark.slow
 def test_nothing_below_solvers_imports_them():
     below = {"gpu", "conv", "proto", "data", "testing", "runtime", "layers"} | CORE | {"net"}
     wrong = {f"{n} -> {t}" for n, ts in _import_graph().items() for t in ts

@@ -211,6 +211,7 @@ def test_param_diffs_accumulate_as_without_sharing(name, mode):
     _assert_diffs_equal(net, ref, list(net.blobs))
 
 
+@pytest.mark.slow
 def test_reading_params_and_data_keeps_stale_diffs_recomputable(mode):
     net, ref = _pair("resnet")
     x, g = _inputs(net)
@@ -353,6 +354,7 @@ def test_planned_diff_bytes_drop_for_a_mobilenet():
     assert alone > 0.8 * every and slots < 0.25 * alone, (slots, alone, every)
 
 
+@pytest.mark.slow
 def test_sharing_off_keeps_every_diff():
     net = _net(NETS["mobilenet"])
     with _plain():
