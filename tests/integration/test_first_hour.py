@@ -435,3 +435,25 @@ def test_readme_python_snippets_import_what_exists():
             for line in block.splitlines():
                 if re.match(r"\s*(from pycaffe_lite\S* import |import pycaffe_lite)", line):
                     exec(line.strip(), {})  # noqa: S102 (an import line of our own docs)
+
+
+@pytest.mark.slow  # runs DeepLab and SegNet (small) as the README says
+def test_segmentation_readme_commands_run_both_nets(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    spec = importlib.util.spec_from_file_location("segment_fh", REPO / "examples" / "segmentation" / "segment.py")
+    assert spec is not None and spec.loader is not None
+    segment = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(segment)
+    monkeypatch.chdir(tmp_path)
+    Image.fromarray(np.full((40, 50, 3), 120, np.uint8)).save("photo.jpg")
+    readme = (REPO / "examples" / "segmentation" / "README.md").read_text()
+    commands = re.findall(r"^\s+python examples/segmentation/segment\.py (.*)$", readme, re.M)
+    assert any("--arch segnet" in c and "--prototxt" not in c for c in commands)
+    for command in commands:
+        argv = command.split() + ["--size", "64", "--classes", "3"]
+        assert segment.main(argv) == 0
+        out = argv[argv.index("--out") + 1]
+        assert Image.open(out).size == (50, 40)
+    assert capsys.readouterr().out.count("wrote ") == len(commands)
