@@ -33,8 +33,10 @@ __global__ void bbox_decode(const int n, const int num_priors, const int num_loc
     } else if (code_type == 2) {
       const Dtype cx = bbox_mul(v[0], pw) + (pr[0] + pr[2]) / 2;
       const Dtype cy = bbox_mul(v[1], ph) + (pr[1] + pr[3]) / 2;
-      const Dtype w = bbox_mul(exp(v[2]), pw);
-      const Dtype h = bbox_mul(exp(v[3]), ph);
+      // exponents capped as bbox.decode caps them (log(max)/2 - 1: w*h stays finite)
+      const Dtype cap = sizeof(Dtype) == 4 ? Dtype(43.36142) : Dtype(353.891356446692);
+      const Dtype w = bbox_mul(exp(min(v[2], cap)), pw);
+      const Dtype h = bbox_mul(exp(min(v[3], cap)), ph);
       out[0] = cx - w / 2;
       out[1] = cy - h / 2;
       out[2] = cx + w / 2;

@@ -83,8 +83,11 @@ def decode(priors: np.ndarray, variances: np.ndarray, loc: np.ndarray, code_type
         pw, ph, pcx, pcy = _prior_geometry(priors)
         cx = t[..., 0] * pw + pcx
         cy = t[..., 1] * ph + pcy
-        w = np.exp(t[..., 2]) * pw
-        h = np.exp(t[..., 3]) * ph
+        # exponents capped where exp() stays finite and w*h cannot overflow (a box 10^18 times its
+        # prior's size; untrained nets predict such): same values below the cap, no inf/NaN above
+        cap = dt.type(np.log(np.finfo(dt).max) / 2 - 1) if dt.kind == "f" else None
+        w = np.exp(np.minimum(t[..., 2], cap) if cap is not None else t[..., 2]) * pw
+        h = np.exp(np.minimum(t[..., 3], cap) if cap is not None else t[..., 3]) * ph
         out = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)
     elif code_type == CORNER_SIZE:
         pw, ph, _, _ = _prior_geometry(priors)

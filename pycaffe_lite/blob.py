@@ -67,6 +67,8 @@ class Blob:
             gpu = common.mode() is common.Mode.GPU
             memcheck.check_fits("", f"a blob of shape {shape} ({self.dtype.name})", count, self.dtype.itemsize,
                                 limit=memcheck.host_memory_bytes() if gpu else None, device=gpu)
+            if not gpu:  # (a net being built adds up its params: memcheck.net_build)
+                memcheck.note_blob(shape, (count - self._capacity) * self.dtype.itemsize)
         if shape != self._shape:
             common.context().shape_generation += 1
         self._shape = shape

@@ -18,6 +18,7 @@ from typing import TextIO
 
 LOGGER_NAME = "pycaffe_lite"
 LOG = logging.getLogger(LOGGER_NAME)
+FILES_ONLY = "files_only"  # a LogRecord attribute: not on the console (see _ConsoleHandler.filter)
 GLOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.CRITICAL}
 
 
@@ -50,6 +51,11 @@ class _ConsoleHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value: TextIO) -> None:
         pass
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Records logged with ``extra={FILES_ONLY: True}`` (lines a command also prints to stdout)
+        go to the log files only, so the screen shows them once."""
+        return not getattr(record, FILES_ONLY, False) and bool(super().filter(record))
 
 
 def env_level() -> int:

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from . import common, python_layer
+from . import common, memcheck, python_layer
 from .blob import Blob, weighted_sum
 from .errors import CaffeError, NetError, ShapeError, UnknownLayerError
 from .memcheck import OutOfMemoryError, out_of_memory
@@ -373,7 +373,8 @@ class Layer:
 
     # -- helpers for subclasses -------------------------------------------------------------
     def make_param_blob(self, shape: Sequence[int]) -> Blob:
-        return Blob(shape, dtype=self.dtype)
+        with memcheck.param_of(self.layer_param.name):  # (named so if the net's blobs cannot fit)
+            return Blob(shape, dtype=self.dtype)
 
     def check_param_shapes(self, expected: Sequence[Sequence[int]]) -> None:
         """For layers created with embedded or copied blobs: check their shapes."""

@@ -16,6 +16,8 @@ allocated and the limits (:func:`out_of_memory`). Tests lower the limits by monk
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import CaffeError
@@ -186,8 +188,12 @@ def check_total(where: str, items: list[tuple[str, int]], what: str = "its blobs
         top = sorted(these, key=lambda item: -item[1])[:3]
         largest = ", ".join(f"'{name}' {human(n)}" for name, n in top)
         prefix = f"{where}: " if where else ""
+        params = sum(n for name, n in these if name.rpartition(" param ")[2].isdigit())  # (Net's labels)
+        advice = (f"the params alone need {human(params)}: make the largest layers smaller (num_output, kernel "
+                  "size); a smaller batch_size does not shrink them") if params * 2 >= need else \
+            "use a smaller batch_size"
         raise OutOfMemoryError(f"{prefix}{what} would need {human(need)}, more than the {human(have)} {words} "
-                               f"(largest: {largest}); use a smaller batch_size")
+                               f"(largest: {largest}); {advice}")
 
 
 def host_memory_bytes() -> int:
@@ -250,3 +256,59 @@ def check_fits(where: str, what: str, count: int, itemsize: int, limit: int | No
             prefix = f"{where}: " if where else ""
             raise OutOfMemoryError(f"{prefix}{what} would need {human(need)} ({int(count):,} values), more than "
                                    f"the {human(have)} {name}")
+
+
+# -- a net's build: its params counted against what was free when the build began ---------------
+class _Ledger:
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.budget, self.words = host_available()
+        self.items: list[tuple[str, int]] = []  # (what, bytes) of each param blob made so far
+
+
+_LEDGERS: list[_Ledger] = []
+_PARAM_OF: list[str] = []  # the layer whose param blob is being made (Layer.make_param_blob)
+
+
+@contextmanager
+def net_build(where: str) -> Iterator[None]:
+    """While a net is built (``Net``'s set-up), the param blobs its layers make on the host are
+    added up (:func:`note_blob`) and an OutOfMemoryError is raised *before* the param that takes
+    the total past what was free at the start, so weights that cannot fit are refused before they
+    are allocated and filled. (Params always take their memory; the other blobs are counted once
+    the net is built, when what a forward-only net can share is known.) Nested builds count
+    separately."""
+    _LEDGERS.append(_Ledger(where))
+    try:
+        yield
+    finally:
+        _LEDGERS.pop()
+
+
+@contextmanager
+def param_of(layer: str) -> Iterator[None]:
+    """Blobs made inside are the params of ``layer`` (counted and named by :func:`net_build`)."""
+    _PARAM_OF.append(layer)
+    try:
+        yield
+    finally:
+        _PARAM_OF.pop()
+
+
+def note_blob(shape: tuple[int, ...], nbytes: int) -> None:
+    """Count a new host param blob of ``nbytes`` in the net being built (if any); OutOfMemoryError
+    when the params so far exceed what was free, naming the largest, with the advice that fits:
+    the layers' sizes (a smaller batch_size does not shrink params)."""
+    if not _LEDGERS or not _PARAM_OF:
+        return
+    ledger = _LEDGERS[-1]
+    ledger.items.append((f"layer '{_PARAM_OF[-1]}' param {shape}", int(nbytes)))
+    need = sum(n for _, n in ledger.items)
+    if need <= ledger.budget:
+        return
+    top = [item for item in sorted(ledger.items, key=lambda item: -item[1])[:3] if item[1] * 100 >= need]
+    largest = ", ".join(f"{name} {human(n)}" for name, n in top)
+    raise OutOfMemoryError(f"{ledger.where}: its params alone would need {human(need)} or more, more than the "
+                           f"{human(ledger.budget)} {ledger.words} (largest: {largest}; refused before "
+                           "allocating them): make the largest layers smaller (num_output, kernel size) or use "
+                           "a machine with more memory; a smaller batch_size does not shrink params")

@@ -64,6 +64,18 @@ def _check_array(arr: np.ndarray, what: str, dims: tuple[int, int, int], dtype: 
         )
 
 
+def _numeric(value: Any, what: str) -> np.ndarray:
+    """``value`` as an array of numbers (bool, int or float), or a NetError naming ``what``."""
+    try:
+        arr = np.asarray(value)
+    except ValueError as exc:  # ragged nested lists
+        raise NetError(f"{what}: not an array of numbers ({exc})") from None
+    if arr.dtype.kind not in "biuf":
+        raise NetError(f"{what}: holds {arr.dtype} values ({type(arr.flat[0]).__name__ if arr.size else 'none'}); "
+                       "expected numbers (convert them first, e.g. np.asarray(x, np.float32))")
+    return arr
+
+
 def _view(name: str) -> Any:
     """A read-only attribute of :class:`Net` that is the field ``name`` of its :class:`NetGraph`."""
     return property(lambda self: getattr(self.graph, name), doc=f"``self.graph.{name}``")
@@ -341,7 +353,7 @@ class Net:
             if name not in self.graph.inputs:
                 raise NetError(f"net '{self.name}': '{name}' is not an input blob (inputs: {self.graph.inputs})")
             blob = self._blob_dict[name]
-            value = np.asarray(value)
+            value = _numeric(value, f"net '{self.name}': input '{name}'")
             if value.shape != blob.shape:
                 raise ShapeError(
                     f"net '{self.name}': input '{name}' has shape {value.shape}, blob expects {blob.shape} "
@@ -355,7 +367,7 @@ class Net:
             if name not in self._blob_dict:
                 raise NetError(f"net '{self.name}': no blob named '{name}' to set a diff on")
             blob = self._blob_dict[name]
-            value = np.asarray(value)
+            value = _numeric(value, f"net '{self.name}': diff for '{name}'")
             if value.shape != blob.shape:
                 raise ShapeError(f"net '{self.name}': diff for '{name}' has shape {value.shape}, blob is {blob.shape}")
             blob.diff = value  # the setter: a whole new diff (a stale one needs no recomputation)

@@ -50,8 +50,10 @@ def in_file(exc: CaffeError, source: str | None) -> CaffeError:
 
 
 def build_net(param: caffe_pb2.NetParameter, dtype: np.dtype | type = np.float32) -> NetGraph:
-    """The built graph of ``param`` (its ``state`` set: phase, level, stages); errors name layers."""
-    return _Builder(param, np.dtype(dtype)).build()
+    """The built graph of ``param`` (its ``state`` set: phase, level, stages); errors name layers.
+    The blobs are added up as they are made, before they are filled (``memcheck.net_build``)."""
+    with memcheck.net_build(f"net '{param.name}'"):
+        return _Builder(param, np.dtype(dtype)).build()
 
 
 def check_tops_hold_values(graph: NetGraph, layer_id: int) -> None:

@@ -55,3 +55,35 @@ class NetGraph:
     output_blob_indices: list[int] = field(default_factory=list)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+
+
+def warn_missing_weights(graph: NetGraph, source: str, missing: list[str], target: dict[str, int],
+                         rule: str, copies: dict[str, int] | None = None) -> None:
+    """The warning for the layers with params that a weights file left at their initial values.
+
+    ``target``: the layer each name's weights went to; ``rule``: which layer of a name that is, in
+    words (BVLC's rule of the file format). A layer that got none because another layer of its name
+    took them is explained as such, and ``copies`` (name -> how many layers of that name the file
+    holds, when more than one) says which of the file's copies stayed."""
+    import logging
+
+    log = logging.getLogger("pycaffe_lite")
+    for name, count in (copies or {}).items():
+        if name in target:
+            log.warning("%s: holds %d layers named '%s'; all were copied into net layer #%d, so the last one's "
+                        "values stay (%s)", source, count, name, target[name], rule)
+    seen: set[str] = set()
+    plain: list[str] = []
+    for name in missing:
+        if name in target and name not in seen:
+            seen.add(name)
+            others = [i for i, n in enumerate(graph.layer_names) if n == name and i != target[name]]
+            log.warning("%s: net '%s' has %d layers named '%s': the weights went to layer #%d only and layer%s "
+                        "#%s keep%s initial values (%s); give the layers distinct names", source, graph.name,
+                        len(others) + 1, name, target[name], "s" if len(others) > 1 else "",
+                        ", #".join(map(str, others)), "" if len(others) > 1 else "s its", rule)
+        elif name not in target:
+            plain.append(name)
+    if plain:
+        log.warning("%s: no weights for layer%s %s of net '%s' (they keep their initial values)",
+                    source, "s" if len(plain) > 1 else "", ", ".join(plain), graph.name)

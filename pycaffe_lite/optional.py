@@ -7,6 +7,8 @@ ImportError) naming the feature, the pip package and the pycaffe-lite extra that
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from collections.abc import Sequence
 from types import ModuleType
 
 from .errors import MissingDependencyError
@@ -19,6 +21,7 @@ PACKAGES: dict[str, tuple[str, str | None]] = {
     "PIL": ("Pillow", "data"),
     "cv2": ("opencv-python-headless", "data"),
     "pydot": ("pydot", "draw"),
+    "matplotlib": ("matplotlib", "data"),
     "tqdm": ("tqdm", None),
     "onnx": ("onnx", "onnx"),
     "onnxruntime": ("onnxruntime", "onnx"),
@@ -36,3 +39,18 @@ def require(module: str, feature: str, extra: str | None = None) -> ModuleType:
         extra = extra or default_extra
         hint = f"pip install {pip_name}" + (f" (or pip install 'pycaffe-lite[{extra}]')" if extra else "")
         raise MissingDependencyError(f"{feature} needs the '{pip_name}' package: {hint}") from None
+
+
+def require_all(modules: Sequence[str], feature: str) -> None:
+    """MissingDependencyError naming every module of ``modules`` that is not installed (looked up
+    without importing it) and the pip command that installs them, so a job can check its extras
+    before it starts its work."""
+    missing = [m for m in modules if importlib.util.find_spec(m.partition(".")[0]) is None]
+    if not missing:
+        return
+    pips = [PACKAGES.get(m.partition(".")[0], (m, None)) for m in missing]
+    extras = sorted({extra for _, extra in pips if extra})
+    names = ", ".join(f"'{pip}'" for pip, _ in pips)
+    hint = f"pip install {' '.join(pip for pip, _ in pips)}" + (
+        f" (or pip install 'pycaffe-lite[{','.join(extras)}]')" if extras else "")
+    raise MissingDependencyError(f"{feature} needs {names} (not installed): {hint}")

@@ -51,6 +51,19 @@ def pytest_report_header(config):
     return f"GPU tests: {'run' if reason is None else 'left out or skipped: ' + reason}"
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    """``-q`` hides the header: the line saying why GPU tests are left out is written anyway (by the
+    controller only, under pytest-xdist)."""
+    config = session.config
+    if config.get_verbosity() >= 0 or hasattr(config, "workerinput"):
+        return
+    reason = gpu_unavailable_reason()
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reason is not None and reporter is not None:
+        reporter.write_line(f"GPU tests: left out or skipped: {reason}")
+
+
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def mode(request):
     """Run the test once per device; restores CPU mode afterwards."""

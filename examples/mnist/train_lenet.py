@@ -8,14 +8,21 @@ the repository in ``examples/mnist/data`` (SHA-256 checked at load; no network n
 ``--data DIR`` or ``$MNIST_DIR`` name another folder holding them (a folder without them is an
 error). The run prints where the data came from and how many images it uses.
 
-Steps: convert to LMDB (``OUT/mnist_{train,test}_lmdb``), train with the solver (a progress bar;
-the test net runs every ``test_interval`` iterations), snapshot ``OUT/lenet_main_iter_K.caffemodel``,
-plot training loss and test accuracy to ``OUT/lenet_curves.png`` and print a one-line summary.
+Steps: check the extras it needs (``lmdb``, ``matplotlib``: one line naming what to install),
+convert to LMDB (``OUT/mnist_{train,test}_lmdb``), train with the solver (the test net runs every
+``test_interval`` iterations), snapshot ``OUT/lenet_main_iter_K.caffemodel``, plot training loss and
+test accuracy to ``OUT/lenet_curves.png`` and print a one-line summary.
+
+The screen: in a terminal, one progress bar (loss, last test accuracy) and nothing else but
+warnings, printed above it; Caffe's INFO log lines with ``--verbose``. When stderr is not a
+terminal (a file, a pipe, CI) or the terminal has no size, one plain line every ``--every``
+iterations instead of the bar. Errors are one line (``--debug``: with the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -125,19 +132,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-device-cache", action="store_true",
                         help="with --gpu: read batches from the LMDB on the host instead of keeping MNIST on the GPU")
-    parser.add_argument("--verbose", action="store_true", help="log the solver's messages (Caffe style)")
+    parser.add_argument("--verbose", action="store_true", help="also show the solver's log lines (Caffe style)")
+    parser.add_argument("--every", type=int, default=500, metavar="N",
+                        help="without a terminal: one progress line every N iterations (default 500)")
+    parser.add_argument("--debug", action="store_true", help="on an error, also print the traceback")
     args = parser.parse_args(argv)
-    from pycaffe_lite.errors import CaffeError
+    from pycaffe_lite.commands._errors import run_guarded
 
+    log = logging.getLogger("pycaffe_lite")
+    level, handlers = log.level, list(log.handlers)
+    try:  # no GPU or PyCUDA, bad data, a missing extra, disk problems: one line, no traceback
+        return run_guarded("train_lenet", lambda: _train(args),
+                           lambda message: print(f"error: {message}", file=sys.stderr), args.debug)
+    finally:  # (the logging set-up is this run's: a caller's stays as it was)
+        log.setLevel(level)
+        log.handlers[:] = handlers
+
+
+EXTRAS = ("lmdb", "matplotlib")  # the LMDBs and the plot (pycaffe-lite's 'data' extra)
+
+
+def check_extras() -> None:
+    """MissingDependencyError naming every extra this script needs that is not installed, before
+    any work (found without importing them)."""
+    from pycaffe_lite.optional import require_all
+
+    require_all(EXTRAS, "train_lenet.py")
+
+
+def terminal_width(stream) -> int:
+    """The width of the terminal ``stream`` writes to; 0 when it is not a terminal or has no size
+    (then a bar cannot be drawn: plain lines are printed instead)."""
     try:
-        return _train(args)
-    except CaffeError as exc:  # no GPU or PyCUDA, bad data, disk problems: one line, no traceback
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"error: {where}{exc.strerror or exc} (is --out {args.out} writable and not full?)", file=sys.stderr)
-        return 1
+        if not stream.isatty():
+            return 0
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 def _output_folder(path: str) -> Path:
@@ -168,8 +199,9 @@ def _train(args: argparse.Namespace) -> int:
     from pycaffe_lite.data import mnist
     from pycaffe_lite.solvers.sgd_solvers import get_solver
 
-    if args.verbose:
-        caffe.init_log(0)
+    # the solver's INFO lines only with --verbose; warnings always (above the bar, see below)
+    caffe.init_log(0 if args.verbose else 1)
+    check_extras()
     device = _use_device(caffe, args.gpu)  # before any work: no GPU or no PyCUDA is a one-line error
     out = _output_folder(args.out)
     (train_x, train_y), (test_x, test_y), description = find_mnist(args.data)
@@ -194,10 +226,12 @@ def _train(args: argparse.Namespace) -> int:
     losses: list[float] = []
     tests: list[tuple[int, float]] = []
     bar = None
-    if not args.no_progress:
+    every = max(1, args.every)
+    if not args.no_progress and terminal_width(sys.stderr) > 0:
         from tqdm import tqdm
 
         bar = tqdm(total=iters, desc=f"LeNet ({device})", unit="it", dynamic_ncols=True)
+    started = time.perf_counter()
 
     def record_loss(iteration: int, loss: float) -> None:
         losses.append(loss)
@@ -206,6 +240,11 @@ def _train(args: argparse.Namespace) -> int:
             if len(losses) % 20 == 0:
                 bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}",
                                 acc=f"{tests[-1][1]:.4f}" if tests else "-", refresh=False)
+        elif not args.no_progress and (iteration + 1) % every == 0:  # no terminal: a plain line now and then
+            rate = (iteration + 1) / max(time.perf_counter() - started, 1e-9)
+            acc = f"{tests[-1][1]:.4f}" if tests else "-"
+            print(f"iteration {iteration + 1}/{iters}: loss {np.mean(losses[-20:]):.4f}, test accuracy {acc}, "
+                  f"{rate:.1f} it/s", flush=True)
 
     def run_test() -> float:
         acc = float(solver.test(0)["accuracy"][0])
@@ -218,10 +257,17 @@ def _train(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     sp_interval = solver.param.test_interval
     solver.param.test_interval = 0  # testing is driven from here, to record the accuracy
+    from contextlib import nullcontext
+
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    # with the bar, log lines (warnings; all with --verbose) are written above it, not through it
+    above = logging_redirect_tqdm(loggers=[logging.getLogger("pycaffe_lite")]) if bar is not None else nullcontext()
     try:
-        while solver.iter < iters:
-            solver.step(min(iters, (solver.iter // interval + 1) * interval) - solver.iter)
-            run_test()
+        with above:
+            while solver.iter < iters:
+                solver.step(min(iters, (solver.iter // interval + 1) * interval) - solver.iter)
+                run_test()
     finally:
         if bar is not None:
             bar.close()

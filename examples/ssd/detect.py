@@ -7,8 +7,10 @@ Without ``--weights`` the net gets random weights (the boxes are then meaningles
 pipeline runs: resize, mean subtraction, forward, DetectionOutput, drawing). Without ``--image``
 a synthetic test image is used. ``--model`` takes any SSD deploy prototxt in the fork's layout
 (an Input of shape (1, 3, H, W) and a DetectionOutput top); otherwise ``--net`` builds one with
-``ssd_nets.py``. Boxes with a score of at least ``--threshold`` are drawn, labelled by class id
-(or by ``--labels``, a file with one class name per line, background first).
+``ssd_nets.py``. The ``--max-boxes`` best boxes with a score of at least ``--threshold`` are drawn,
+labelled by class id (or by ``--labels``, a file with one class name per line, background first);
+the net's DetectionOutput already dropped those below its ``confidence_threshold``. Random
+weights are announced with a warning line.
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--num-classes", type=int, default=21)
     ap.add_argument("--size", type=int, default=300)
     ap.add_argument("--width", type=float, default=1.0, help="channel width multiplier of a built net")
-    ap.add_argument("--threshold", type=float, default=0.3)
+    ap.add_argument("--threshold", type=float, default=0.3, help="draw boxes scoring at least this (default 0.3)")
+    ap.add_argument("--max-boxes", type=int, default=20, help="draw at most this many, the best first (default 20)")
     ap.add_argument("--labels", type=Path)
     ap.add_argument("--gpu", type=int, default=-1)
     ap.add_argument("--seed", type=int, default=1)
@@ -108,11 +111,25 @@ def main(argv=None) -> int:
         rgb = np.asarray(Image.open(args.image).convert("RGB"))
     else:
         rgb = synthetic_image()
+    if not args.weights:
+        print("warning: no --weights: the net has random weights, so its boxes and scores mean nothing (an "
+              f"untrained net is often sure of everything); drawing the {args.max_boxes} best only", file=sys.stderr)
     dets = detect(net, rgb)
     names = args.labels.read_text().split() if args.labels else None
-    drawn = draw(rgb, dets, args.out, args.threshold, names)
-    print(f"{len(dets)} detection rows, {drawn} drawn (score >= {args.threshold}) into {args.out}")
+    kept = dets[(dets[:, 1] >= 0) & (dets[:, 2] >= args.threshold)]
+    kept = kept[np.argsort(-kept[:, 2], kind="stable")[: args.max_boxes]]
+    drawn = draw(rgb, kept, args.out, args.threshold, names)
+    print(f"{len(dets)} detection rows (DetectionOutput's confidence_threshold {threshold_of(net):g}), {drawn} drawn "
+          f"(score >= {args.threshold}, the {args.max_boxes} best at most) into {args.out}")
     return 0
+
+
+def threshold_of(net: caffe.Net) -> float:
+    """The confidence_threshold of the net's DetectionOutput layer (the deploy file's own filter)."""
+    for layer in net.layers:
+        if layer.type == "DetectionOutput":
+            return float(layer.layer_param.detection_output_param.confidence_threshold)
+    return 0.0
 
 
 if __name__ == "__main__":

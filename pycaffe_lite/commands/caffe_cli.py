@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import glog
-from ..errors import CaffeError
 from ..version import __version__
+from ._errors import run_guarded
 from .gflags import GLOG_FLAGS, Flag, FlagError, Parsed, parse, usage
 
 log = logging.getLogger("pycaffe_lite")
@@ -30,6 +30,9 @@ CAFFE_FLAGS = {
     f.name: f for f in (
         Flag("gpu", str, "", "Optional; run in GPU mode on given device IDs separated by ','. "
              "Use '-gpu all' to run on all available GPUs."),
+        Flag("cpu", bool, False, "Optional; train on the CPU even when the solver says solver_mode: GPU "
+             "(pycaffe-lite's own; without -gpu, a solver's GPU mode falls back to the CPU with a warning "
+             "when no GPU can be used)"),
         Flag("solver", str, "", "The solver definition protocol buffer text file."),
         Flag("model", str, "", "The model definition protocol buffer text file."),
         Flag("phase", str, "", "Optional; network phase (TRAIN or TEST). Only used for 'time'."),
@@ -47,7 +50,7 @@ CAFFE_FLAGS = {
 }
 
 ACTION_FLAGS = {
-    "train": ("solver", "gpu", "snapshot", "weights", "level", "stage", "sigint_effect", "sighup_effect"),
+    "train": ("solver", "gpu", "cpu", "snapshot", "weights", "level", "stage", "sigint_effect", "sighup_effect"),
     "test": ("model", "weights", "iterations", "gpu", "level", "stage"),
     "time": ("model", "iterations", "gpu", "phase", "level", "stage"),
     "device_query": ("gpu",),
@@ -121,6 +124,8 @@ def _train(p: Parsed) -> int:
         argv += ["--snapshot", p.snapshot]
     if p.weights:
         argv += ["--weights", p.weights]
+    if p.cpu:
+        argv.append("--cpu")
     return _run_module("train", argv + _state_argv(p))
 
 
@@ -243,14 +248,9 @@ def run(argv: Sequence[str], program: str = "caffe") -> int:
         return 1
     for warning in p.warnings:
         log.warning(warning)
-    try:
-        return command.run(p)
-    except CaffeError as exc:
-        log.critical("%s: %s", where, exc)  # an F line, on stderr and in the files
-        return 1
-    except KeyboardInterrupt:
-        print(f"{where}: interrupted", file=sys.stderr)
-        return 130
+    try:  # an error: one F line, on stderr and in the files (the traceback too with -debug)
+        return run_guarded(where, lambda: command.run(p), lambda message: log.critical("%s: %s", where, message),
+                           p.debug)
     finally:
         glog.close_log_files()  # (flushed at every line; closed so that a caller's later logging stays out)
 

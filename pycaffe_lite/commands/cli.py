@@ -1,8 +1,9 @@
 """The ``pycaffe-lite`` command line (``python -m pycaffe_lite``), in the style of ``caffe``.
 
 Subcommands come from the modules of :mod:`pycaffe_lite.commands` (see its docstring for the
-contract), so new commands need no change here. User errors (any CaffeError) print one line,
-``pycaffe-lite <command>: error: <message>``, and exit with status 1; usage errors exit with 2.
+contract), so new commands need no change here. User errors (any CaffeError, OSError or ValueError)
+print one line, ``pycaffe-lite <command>: error: <message>``, and exit with status 1 (``--debug``
+or ``PYCAFFE_LITE_DEBUG=1`` adds the traceback: :mod:`._errors`); usage errors exit with 2.
 Logging goes to stderr in glog's layout; ``GLOG_minloglevel`` (0 INFO .. 3 FATAL) or ``--quiet``
 raise the threshold.
 """
@@ -14,9 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from .. import commands
-from ..errors import CaffeError
 from ..glog import env_level, init_log
 from ..version import __version__
+from ._errors import run_guarded
 
 PROG = "pycaffe-lite"
 
@@ -33,10 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--quiet", "-q", action="store_true", help="log warnings and errors only")
+    debug_help = "on an error, also print the Python traceback (also: PYCAFFE_LITE_DEBUG=1)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in commands.discover():
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
         p.set_defaults(_run=module.run)
     return parser
 
@@ -54,14 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     configure_logging(args.quiet)
-    try:
-        return int(args._run(args) or 0)
-    except CaffeError as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
-        return 130
+    return run_guarded(f"{PROG} {args.command}", lambda: args._run(args),
+                       lambda message: print(f"{PROG} {args.command}: error: {message}", file=sys.stderr), args.debug)
 
 
 if __name__ == "__main__":

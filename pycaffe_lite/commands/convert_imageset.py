@@ -42,14 +42,18 @@ GFLAGS = (
 POSITIONAL = ("root_folder", "list_file", "db_name")
 
 log = logging.getLogger("pycaffe_lite")
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # a Datum's label is an int32
 
 
 add_arguments, namespace = _tools.arguments(GFLAGS, POSITIONAL, USAGE)
 
 
 def read_list(path: str) -> list[tuple[str, int]]:
-    """``(path, label)`` pairs of a list file (label after the last space)."""
+    """``(path, label)`` pairs of a list file (label after the last space). A label must fit the
+    Datum's int32 (a DataError naming the line otherwise); negative labels are kept, as BVLC's
+    ``atoi`` keeps them, with one warning line counting them."""
     pairs = []
+    negative: list[int] = []
     try:
         with open(path) as f:
             lines = f.read().splitlines()
@@ -63,9 +67,19 @@ def read_list(path: str) -> list[tuple[str, int]]:
         if not space:
             raise DataError(f"{path}:{number}: expected 'path label', got {line!r}")
         try:
-            pairs.append((name, int(label)))
+            value = int(label)
         except ValueError:
             raise DataError(f"{path}:{number}: the label {label!r} is not an integer") from None
+        if not INT32_MIN <= value <= INT32_MAX:
+            raise DataError(f"{path}:{number}: the label {value} does not fit Datum's int32 label "
+                            f"({INT32_MIN} .. {INT32_MAX})")
+        if value < 0:
+            negative.append(number)
+        pairs.append((name, value))
+    if negative:  # BVLC's atoi keeps them; a loss layer refuses them unless they are its ignore_label
+        log.warning("%s: %d negative label%s (first on line %d): stored as given, as BVLC does; a loss layer "
+                    "accepts them only as its ignore_label", path, len(negative), "s" if len(negative) > 1 else "",
+                    negative[0])
     return pairs
 
 

@@ -6,6 +6,8 @@ layer). Needs the ``onnx`` extra."""
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from .. import common
 from ..errors import CaffeError
@@ -52,7 +54,21 @@ def _shapes(values: list[str], net) -> dict[str, list[int]]:
     return shapes
 
 
+def check_output(path: str) -> None:
+    """CaffeError before any work when ``--output`` cannot be written: a folder, a missing folder,
+    or a folder without write permission (the file itself is written whole or not at all)."""
+    out = Path(path)
+    if out.is_dir():
+        raise CaffeError(f"--output {out}: it is a folder (give a file name, such as {out / 'net.onnx'})")
+    if not out.parent.is_dir():
+        what = "does not exist (create it first)" if not out.parent.exists() else "is not a folder"
+        raise CaffeError(f"--output {out}: the folder {out.parent} {what}")
+    if not os.access(out.parent, os.W_OK):
+        raise CaffeError(f"--output {out}: the folder {out.parent} is not writable (choose another path)")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_output(args.output)
     require("onnx", feature="export_onnx", extra="onnx")
     from ..onnx import DEFAULT_OPSET, export_net
 

@@ -72,6 +72,8 @@ HELP_FLAGS = (
     Flag("help", bool, False, "show help on the flags and exit"),
     Flag("helpshort", bool, False, "show help on this command's flags and exit"),
     Flag("version", bool, False, "show the version and exit"),
+    Flag("debug", bool, False, "on an error, also print the Python traceback (also: PYCAFFE_LITE_DEBUG=1; "
+         "pycaffe-lite's own)"),
 )
 
 

@@ -1,7 +1,8 @@
 """``pycaffe-lite test --model M --weights W [--iterations K] [--gpu N]``: score a model.
 
 As ``caffe test``: runs K forward passes of the TEST-phase net, logs every output per batch, and
-prints each output averaged over the batches (with its weighted loss contribution) to stdout.
+prints each output averaged over the batches (with its weighted loss contribution) to stdout, and
+to the log files (``-log_dir``) but not the console log, so a terminal shows each line once.
 An output or loss that is not finite (NaN/Inf weights or inputs) is marked, logged as an error and
 makes the exit status 3.
 """
@@ -15,6 +16,7 @@ import os
 
 from .. import common
 from ..errors import PrototxtError, WeightsError
+from ..glog import FILES_ONLY
 from ..net import Net
 from ..proto.protoio import check_regular_file
 from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     for name, mean, weight in results:
         extra = f" (* {weight:g} = {weight * mean:g} loss)" if weight else ""
         flag_ = "" if math.isfinite(mean) else "  <- not a finite number"
-        log.info("%s = %g%s%s", name, mean, extra, flag_)  # in the log too, as caffe test (log files, parsers)
+        # in the log files too, as caffe test logs them (parsers read them there); on the screen once
+        log.info("%s = %g%s%s", name, mean, extra, flag_, extra={FILES_ONLY: True})
         print(f"{name} = {mean:g}{extra}{flag_}")
         if not math.isfinite(mean) and name not in bad:
             bad.append(name)

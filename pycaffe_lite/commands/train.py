@@ -1,7 +1,8 @@
 """``pycaffe-lite train --solver S [--weights W | --snapshot STATE] [--gpu N] [--no-progress]``.
 
 As ``caffe train``: the solver file's ``solver_mode: GPU`` (with ``device_id``) applies when no
-``--gpu`` is given. SIGINT (Ctrl-C) stops training after the current iteration and writes a
+``--gpu`` is given; where no GPU can be used it falls back to the CPU with one warning line
+(``--cpu`` trains on the CPU without it). SIGINT (Ctrl-C) stops training after the current iteration and writes a
 snapshot first (a second Ctrl-C aborts at once); SIGHUP writes a snapshot and continues. SIGTERM
 (what Slurm, Kubernetes and spot instances send before they preempt a job) writes a snapshot after
 the current iteration and ends the run, so it can be resumed with ``--snapshot``. The effects can be
@@ -141,12 +142,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         use_device(device, args.autotune_cache)
     except GPUUnavailableError as exc:
-        if not from_solver:
+        if not from_solver:  # --gpu N asked for it: an error
             raise
-        raise GPUUnavailableError(
-            f"{args.solver}: the solver says 'solver_mode: GPU' but {exc}; add --cpu to train on the CPU "
-            "(or set solver_mode: CPU)"
-        ) from None
+        # BVLC: without -gpu the solver's mode decides (and a CPU-only build fails); here a machine
+        # without a usable GPU trains on the CPU instead, with one line saying so
+        log.warning("%s says solver_mode: GPU, but %s: training on the CPU (--cpu says so without this "
+                    "warning; --gpu N insists on the GPU)", args.solver, str(exc).rstrip("."))
+        use_device(None, args.autotune_cache)
     if args.snapshot:
         check_state_file(args.snapshot, CaffeError)
     solver = solver_class(param.type)(param, progress=args.progress, solver_dir=solver_dir)

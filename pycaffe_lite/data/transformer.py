@@ -11,6 +11,7 @@ are the raw ``data`` bytes (uint8), else ``float_data``; ``encoded`` data is dec
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 
@@ -60,6 +61,20 @@ def _decode_image(data: bytes, force_color: bool, force_gray: bool, where: str) 
     return np.ascontiguousarray(arr)
 
 
+def _check_finite(message, where: str, path: str) -> None:
+    """DataError naming the field when a float of ``message`` (recursively) is NaN or infinite
+    (``scale: nan`` would make every value NaN without a word)."""
+    for field, value in message.ListFields():
+        name = f"{path}.{field.name}"
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        values = value if repeated else [value]
+        for v in values:
+            if field.type == field.TYPE_MESSAGE:
+                _check_finite(v, where, name)
+            elif isinstance(v, float) and not math.isfinite(v):
+                raise DataError(f"{where}: {name} is {v}; expected a finite number")
+
+
 class DataTransformer:
     """``DataTransformer(param, phase, dtype)``; ``transform(datum)`` -> ``(C, h, w)`` of ``dtype``.
 
@@ -81,6 +96,7 @@ class DataTransformer:
         self.where = where
         self.rng = rng if rng is not None else np.random.default_rng(common.rng().integers(1 << 63))
         p = self.param
+        _check_finite(p, where, "transform_param")
         if p.HasField("mean_file") and len(p.mean_value):
             raise DataError(f"{where}: cannot specify mean_file and mean_value at the same time")
         self.mean: np.ndarray | None = None

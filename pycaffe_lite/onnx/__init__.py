@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from .. import durable
 from .check import CheckResult, check, load_check_input, verify
 from .export import Exported, build, reshape_inputs
 from .graph import DEFAULT_OPSET, CheckError, ExportError
@@ -66,7 +67,7 @@ def export_net(net, path: str | os.PathLike | None, opset: int = DEFAULT_OPSET, 
             except onnx.checker.ValidationError as exc:
                 raise ExportError(f"net '{net.name}': onnx.checker rejects the export: {exc}") from None
         if path is not None:
-            onnx.save_model(exported.model, os.fspath(path))
+            durable.save_file(path, exported.model.SerializeToString(), "ONNX model")  # whole or absent
             log.info("Wrote %s (%d nodes, opset %d)", path, len(exported.model.graph.node), opset)
         for note in exported.notes:
             log.info("export note: %s", note)

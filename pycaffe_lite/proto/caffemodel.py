@@ -13,7 +13,7 @@ import logging
 import os
 
 from ..errors import ShapeError, WeightsError
-from ..net_graph import NetGraph
+from ..net_graph import NetGraph, warn_missing_weights
 from ..schema import caffe_pb2
 from . import hdf5_weights, protoio, upgrade
 
@@ -45,10 +45,14 @@ def copy_trained_layers(graph: NetGraph, param: caffe_pb2.NetParameter, source: 
     net's layers with parameters that got none (logged as a warning)."""
     upgrade.upgrade_net(param, source=source)
     filled: set[int] = set()
+    targets: dict[str, int] = {}
+    copies: dict[str, int] = {}
     for src in param.layer:
         target = _first_layer(graph, src.name)
         if target is None:
             continue
+        targets[src.name] = target
+        copies[src.name] = copies.get(src.name, 0) + 1
         layer = graph.layers[target]
         if len(src.blobs) != len(layer.blobs):
             raise WeightsError(f"{source}: layer '{src.name}' has {len(src.blobs)} blobs in the file but "
@@ -60,9 +64,9 @@ def copy_trained_layers(graph: NetGraph, param: caffe_pb2.NetParameter, source: 
                 raise WeightsError(f"cannot copy weights: {exc}") from None
         filled.add(target)
     missing = [n for i, (n, layer) in enumerate(zip(graph.layer_names, graph.layers)) if layer.blobs and i not in filled]
-    if missing:
-        log.warning("%s: no weights for layer%s %s of net '%s' (they keep their initial values)",
-                    source, "s" if len(missing) > 1 else "", ", ".join(missing), graph.name)
+    warn_missing_weights(graph, source, missing, targets,
+                         "a .caffemodel's weights go to the first net layer of a name, as in BVLC",
+                         {name: n for name, n in copies.items() if n > 1})
     return missing
 
 

@@ -152,7 +152,10 @@ def _fill_layer(net: NetGraph, li: int, lname: str, stored: dict[str, object], i
                 raise WeightsError(f"{filename}: layer '{lname}' lacks param {j} "
                                    f"(the file holds {len(stored)} of its {len(layer.blobs)})")
             continue  # shared params are stored under their owner
-        values = stored[key][()]  # type: ignore[index]
+        values = np.asarray(stored[key][()])  # type: ignore[index]
+        if values.dtype.kind not in "biuf":  # strings, objects, compounds: not weights
+            raise WeightsError(f"{filename}: layer '{lname}' param {j}: the dataset /data/{lname}/{key} holds "
+                               f"{values.dtype} values, not numbers (not a Caffe weights file, or a broken one)")
         if tuple(values.shape) != blob.shape:
             raise WeightsError(
                 f"{filename}: layer '{lname}' param {j}: shape mismatch: net has "
@@ -199,8 +202,11 @@ def load(net: NetGraph, filename: str | os.PathLike, allow_missing: bool = True)
             "(allow_missing=True) to run with their initial values"
         )
     if missing:
-        log.warning("%s: no weights for layer%s %s of net '%s' (they keep their initial values)",
-                    filename, "s" if len(missing) > 1 else "", ", ".join(missing), net.name)
+        from ..net_graph import warn_missing_weights
+
+        shown = {name: i for name, i in targets.items() if i in filled}
+        warn_missing_weights(net, filename, missing, shown,
+                             "an HDF5 file's weights go to the last net layer of a name, as in BVLC")
     return missing
 
 
@@ -271,5 +277,8 @@ def read_state(filename: str | os.PathLike) -> tuple[caffe_pb2.SolverState, list
         for i in range(len(stored)):
             if str(i) not in stored:
                 raise WeightsError(f"{filename}: history dataset {i} is missing")
-            history.append(np.asarray(stored[str(i)][()]))  # type: ignore[index]
+            values = np.asarray(stored[str(i)][()])  # type: ignore[index]
+            if values.dtype.kind not in "biuf":
+                raise WeightsError(f"{filename}: history dataset {i} holds {values.dtype} values, not numbers")
+            history.append(values)
     return state, history

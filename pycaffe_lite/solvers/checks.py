@@ -8,6 +8,7 @@ outside [0, 1), negative weight decay.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
@@ -33,6 +34,12 @@ def check_solver_param(p: caffe_pb2.SolverParameter, source: str = "solver") -> 
     for i, n in enumerate(p.test_iter):
         if n < 1:
             _fail(source, f"test_iter[{i}]", f"must be >= 1, got {n}")
+    if p.test_interval and not p.test_iter and not p.test_net and not p.test_net_param:
+        # BVLC makes one test net per test_iter (CHECKs their counts agree), so none here: no test runs
+        logging.getLogger("pycaffe_lite").warning(
+            "%s: test_interval: %d is set but no test_iter is given: no test net is made, so no test will run "
+            "(as in BVLC: one test_iter per test net); add test_iter: N (batches per test) to test",
+            source, p.test_interval)
     _check_policy(p, source, gamma, power)
 
 

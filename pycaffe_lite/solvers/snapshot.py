@@ -28,9 +28,10 @@ import glob
 import json
 import logging
 import os
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import common
 from ..durable import describe, fsync_dir, pid_alive, remove_stale_temps, write_temp, writer_alive
@@ -201,12 +202,48 @@ class PrefixLock:
         raise SnapshotLockError(f"{self.path}: could not take the snapshot lock (other runs keep taking it)")
 
     def release(self) -> None:
+        """Remove the lock file; one that cannot be removed (its folder turned read-only) is a
+        warning, never a second error: the next run takes it over as stale."""
         if not self.held:
             return
         self.held = False
         owner = self._owner()
         if owner is not None and owner[0] == os.getpid():
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("%s: cannot remove the snapshot lock (%s); the next run takes it over as stale "
+                            "(or remove it by hand)", self.path, describe(exc))
+
+
+# solvers of this process by snapshot prefix: the last one that trained with it
+_IN_PROCESS: dict[str, weakref.ref] = {}
+
+
+def claim_prefix(prefix: str, solver: Any, where: str) -> None:
+    """Record ``solver`` as the one of this process training with ``prefix``; SnapshotLockError
+    when another live Solver of this process used it and has not reached its ``max_iter`` (the two
+    would overwrite each other's snapshots; the prefix lock file only tells processes apart)."""
+    key = os.path.abspath(prefix)
+    ref = _IN_PROCESS.get(key)
+
+    def rival() -> Any:
+        other = ref() if ref is not None else None
+        busy = other is not None and other is not solver and other.iter < other.param.max_iter
+        return other if busy else None
+
+    if rival() is not None:
+        import gc
+
+        gc.collect()  # a solver that is only garbage (a notebook cell run again) does not count
+        other = rival()
+        if other is not None:
+            raise SnapshotLockError(
+                f"{where}: snapshot_prefix '{prefix}' is used by another Solver of this process ({other.where}, "
+                f"at iteration {other.iter} of {other.param.max_iter}); the two would overwrite each other's "
+                "snapshots. Give this solver another snapshot_prefix, or drop the other one (del it) first"
+            )
+    _IN_PROCESS[key] = weakref.ref(solver)
 
 
 # ----------------------------------------------------------------------------------------------

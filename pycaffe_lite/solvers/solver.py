@@ -121,6 +121,31 @@ def check_state_file(path: str | os.PathLike, error: type[Exception]) -> None:
     protoio.check_regular_file(path, "solver state file", error)
 
 
+def _read_binary_state(path: str) -> caffe_pb2.SolverState:
+    """A binary .solverstate; WeightsError for a corrupt file or one holding no solver state."""
+    try:
+        state = protoio.read_binary(path, caffe_pb2.SolverState(), "solverstate")
+    except PrototxtError as exc:
+        raise WeightsError(str(exc)) from None
+    if not state.learned_net and not state.history and not state.iter:
+        raise WeightsError(_not_a_state(path))
+    return state
+
+
+def _not_a_state(path: str) -> str:
+    """Why ``path`` (parsed as a SolverState without learned_net, history or iter) is refused."""
+    net = caffe_pb2.NetParameter()
+    try:
+        net.ParseFromString(Path(path).read_bytes())
+        weights = any(lp.blobs for lp in net.layer) or any(lp.blobs for lp in net.layers)
+    except Exception:  # not a NetParameter either
+        weights = False
+    if weights:
+        return (f"{path}: is a .caffemodel (weights of net '{net.name}'), not a solver state: pass it with "
+                "--weights to finetune from it, or resume from the .solverstate written beside it")
+    return f"{path}: holds no solver state (no learned_net, history or iteration): not a .solverstate file"
+
+
 class Solver:
     """Base solver. Subclasses (``sgd_solvers``) name the update rule (:mod:`.rules`).
 
@@ -383,6 +408,7 @@ class Solver:
         ``<snapshot_prefix>.lock`` file keeps other processes from training with the same prefix."""
         lock = None
         if self.param.snapshot_prefix and common.root_solver() and iters > 0:
+            snapshot.claim_prefix(self.param.snapshot_prefix, self, self.where)  # solvers of this process
             lock = snapshot.PrefixLock(self.param.snapshot_prefix).acquire()
         try:
             self._step_with_progress(iters)
@@ -638,13 +664,13 @@ class Solver:
         path = str(path)
         history: list[np.ndarray] | None = None
         check_state_file(path, WeightsError)
+        if os.path.getsize(path) == 0:
+            raise WeightsError(f"{path}: the solver state file is empty (a copy or snapshot cut short?); resume "
+                               "from another .solverstate")
         if path.endswith(".h5"):  # BVLC's rule: the name tells the format
             state, history = hdf5_weights.read_state(path)
         else:
-            try:
-                state = protoio.read_binary(path, caffe_pb2.SolverState(), "solverstate")
-            except PrototxtError as exc:
-                raise WeightsError(str(exc)) from None
+            state = _read_binary_state(path)
         stored = len(state.history) if history is None else len(history)
         if stored != len(self.history):
             raise WeightsError(

@@ -88,6 +88,7 @@ def test_small_net_build_peak(tmp_path, weight):
 
 
 @pytest.mark.parametrize("weight", ["gaussian", "xavier"])
+@pytest.mark.slow
 def test_float64_draws_exceed_the_bound(tmp_path, monkeypatch, weight):
     """The bound fails a filler that draws float64 and lets the copy into the blob convert."""
     monkeypatch.setattr(fillers, "_uniform", lambda rng, lo, hi, shape, dt, out=None: rng.uniform(lo, hi, shape))

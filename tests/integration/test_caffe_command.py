@@ -185,6 +185,7 @@ def test_minloglevel_and_logtostderr(job, capsys):
     assert not (job / "logs").exists() or not any((job / "logs").iterdir())  # -logtostderr: no files
 
 
+@pytest.mark.slow
 def test_console_script_subprocess(job):
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "pycaffe_lite.commands.caffe_cli", "train", "-solver", "solver.prototxt"],

@@ -185,6 +185,7 @@ def _env():
     return env
 
 
+@pytest.mark.slow
 def test_python_dash_m(workdir):
     r = subprocess.run([sys.executable, "-m", "pycaffe_lite", "--help"], capture_output=True, text=True,
                        env=_env(), timeout=60)
@@ -192,6 +193,7 @@ def test_python_dash_m(workdir):
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="POSIX signals")
+@pytest.mark.slow
 def test_sigint_writes_snapshot_then_exits(workdir):
     solver = write_solver(max_iter=10**7, display=0, test_interval=0, snapshot_prefix='"int/t"')
     # (the toy net's loss is unbounded below: --allow-nonfinite keeps a long run going)
@@ -226,10 +228,16 @@ def test_solver_mode_gpu_in_file_without_gpu(workdir, capsys):
 
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is present")
-    rc = cli.main(["train", "--solver", write_solver(solver_mode="GPU", device_id=0), "--no-progress"])
+    # the file's GPU mode without a GPU: trained on the CPU, with one warning line saying so
+    rc = cli.main(["train", "--solver", write_solver(solver_mode="GPU", device_id=0, max_iter=1), "--no-progress"])
     err = capsys.readouterr().err
-    assert rc == 1 and "train: error: " in err and "GPU" in err and "Traceback" not in err
-    assert "solver_mode: GPU" in err and "--cpu" in err
+    warnings = [line for line in err.splitlines() if line.startswith("W")]
+    assert rc == 0 and "Traceback" not in err and len(warnings) == 1
+    assert "solver_mode: GPU" in warnings[0] and "training on the CPU" in warnings[0] and "--cpu" in warnings[0]
+    # --gpu N asked for: an error
+    rc = cli.main(["train", "--solver", write_solver(max_iter=1), "--gpu", "0", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "train: error: " in err and "Traceback" not in err
     # --cpu overrides the file's GPU mode
     gpu_solver = write_solver(solver_mode="GPU", device_id=0, max_iter=1)
     assert cli.main(["train", "--solver", gpu_solver, "--cpu", "--no-progress"]) == 0

@@ -201,6 +201,7 @@ def test_detect_script_writes_png(tmp_path, capsys):
     assert Image.open(out).size == (320, 240)
 
 
+@pytest.mark.slow
 def test_train_script_runs_and_weights_load(tmp_path):
     train = _script("train")
     assert train.main(["--iters", "3", "--out", str(tmp_path), "--scale", "128"]) == 0

@@ -75,6 +75,7 @@ def test_bvlc_lenet_classifies_first_1000(bvlc_net, test_set):
     np.testing.assert_allclose(probs.sum(axis=1), 1, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_train_test_net_through_lmdb_matches_deploy(bvlc_net, caffe_fixtures, test_set, tmp_path):
     """lenet_train_test.prototxt (TEST phase: Data layer -> ... -> Accuracy) on an LMDB of the first
     1000 test images gives the accuracy of the deploy net on the same images."""

@@ -40,6 +40,7 @@ def test_prior_sizes_follow_the_ssd300_schedule():
     assert ssd_nets.scales(6, 20, 90, 300, 0.1) == ([30, 60, 111, 162, 213, 264], [60, 111, 162, 213, 264, 315])
 
 
+@pytest.mark.slow
 def test_detect_script_draws_png(tmp_path):
     # by path: other examples have a detect.py of their own
     spec = importlib.util.spec_from_file_location("ssd_detect", ROOT / "examples" / "ssd" / "detect.py")

@@ -187,6 +187,7 @@ def test_sigkill_while_snapshotting_80_tries(tmp_path):
     assert tally.kills == 80 and tally.tmp_left > 0  # some kills did land inside a write
 
 
+@pytest.mark.slow
 def test_kill_before_each_line_of_write_pair(tmp_path, monkeypatch):
     """After a kill anywhere in ``write_pair`` and the next clean-up, the pair under its final names
     is the new one, the older one (when no rename had begun), or absent; nothing else is left."""
@@ -260,6 +261,7 @@ def killed_build(path: Path) -> int:
 
 
 @pytest.mark.parametrize("older", [False, True])
+@pytest.mark.slow
 def test_killed_lmdb_build_leaves_no_half_database(tmp_path, older):
     pytest.importorskip("lmdb")
     import numpy as np

@@ -317,6 +317,7 @@ def _counts(name: str, net) -> tuple[int, int]:
     return total, learnable
 
 
+@pytest.mark.slow
 def test_parameter_counts(built):
     name, net = built
     total, learnable = _counts(name, net)
@@ -381,6 +382,7 @@ def _restore(net, old) -> None:
     net.reshape()
 
 
+@pytest.mark.slow
 def test_forward_cpu(built):
     name, net = built
     spec = SPECS[name]
@@ -437,6 +439,7 @@ def test_forward_gpu_matches_cpu(built):
         _restore(net, old)
 
 
+@pytest.mark.slow
 def test_example_prototxts_are_current():
     """examples/model_zoo holds the generator's current output."""
     folder = ZOO_DIR
@@ -447,6 +450,7 @@ def test_example_prototxts_are_current():
         assert parsed == build(), f"{path} is stale: run python examples/model_zoo/generate.py"
 
 
+@pytest.mark.slow
 def test_generate_script(tmp_path, capsys):
     import runpy
 
@@ -458,6 +462,7 @@ def test_generate_script(tmp_path, capsys):
     assert (tmp_path / "squeezenet_v1_1_deploy.prototxt").is_file()
 
 
+@pytest.mark.slow
 def test_published_prototxts_are_current():
     """examples/model_zoo also holds the published-style flavour of every net, current."""
     for name, build in model_zoo.MODELS.items():

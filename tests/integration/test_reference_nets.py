@@ -68,6 +68,7 @@ def _cifar_lmdb(path: Path, n: int, rng) -> None:
             w.put(b"%05d" % i, d.SerializeToString())
 
 
+@pytest.mark.slow
 def test_cifar10_quick_train_test_with_lmdb_and_mean(tmp_path):
     rng = np.random.default_rng(2)
     root = tmp_path / "examples" / "cifar10"

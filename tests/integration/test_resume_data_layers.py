@@ -135,6 +135,7 @@ def test_without_the_recorded_position_the_resume_differs(tmp_path, feed):
 
 
 @pytest.mark.parametrize("field", ["order", "transform"])
+@pytest.mark.slow
 def test_image_data_resume_needs_shuffle_and_transform_state(tmp_path, field):
     import json
 

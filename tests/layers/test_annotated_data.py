@@ -162,6 +162,7 @@ def test_convert_annoset_command_reads_voc_xml(tmp_path):
     assert b.difficult
 
 
+@pytest.mark.slow
 def test_ssd_trains_a_few_iterations(tmp_path):
     """A small SSD (examples/ssd's generator, tiny widths) on a 6-image annotated LMDB: loss finite and
     falling over a few SGD iterations."""

@@ -87,6 +87,7 @@ def test_weight_and_bias_shapes():
     assert len(layer.blobs) == 1
 
 
+@pytest.mark.slow
 def test_lenet_shape_matches_naive():
     layer, bottom, top = _run((64, 1, 28, 28), "num_output: 20 kernel_size: 5")
     assert top[0].shape == (64, 20, 24, 24)

@@ -134,6 +134,7 @@ GRAD_CONFIGS = [
 
 @pytest.mark.parametrize("kind", ["Convolution", "Deconvolution"])
 @pytest.mark.parametrize("shape,body", GRAD_CONFIGS)
+@pytest.mark.slow
 def test_gradient(mode, kind, shape, body):
     rng = np.random.default_rng(5)
     layer = make_layer(layer_text(kind, body))

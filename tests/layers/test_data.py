@@ -276,6 +276,7 @@ def test_leveldb_source_matches_lmdb_and_resumes(source, tmp_path):
     layer2.close()
 
 
+@pytest.mark.slow
 def test_lmdb_replaced_under_a_training_data_layer(source, tmp_path):
     """Copying another database over the one a Data layer reads stops the run with a DataError (in
     a child process: a SIGBUS there would not take the test run down)."""

@@ -146,6 +146,7 @@ def test_philox_reference_known_answers():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.slow
 def test_device_generator_matches_reference(tmp_path):
     """dropout.cu's generator (host-callable) built by nvcc and run on the host gives the reference draws."""
     rng = np.random.default_rng(0)

@@ -54,6 +54,7 @@ def test_forward_matches_naive(mode, shape, body, kernel, pad, stride, dilation)
 
 
 @pytest.mark.parametrize("shape,body", [(c[0], c[1]) for c in CASES])
+@pytest.mark.slow
 def test_gradient(mode, shape, body):
     layer = make_layer(text(body))
     bottom, top = blobs([np.random.default_rng(1).standard_normal(shape)]), empty_blobs(1)

@@ -107,6 +107,7 @@ def test_normalizations_and_terms(mode):
     "use_prior_for_matching: false",
     "bp_inside: true ignore_cross_boundary_bbox: true",
 ])
+@pytest.mark.slow
 def test_gradient(mode, extra):
     text = TEXT.format(ratio=2, extra=extra, loss="")
     if extra == "CORNER":

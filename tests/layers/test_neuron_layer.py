@@ -223,6 +223,7 @@ def test_every_launch_fits_its_signature(generated_sources):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.slow
 def test_generated_kernels_compile_with_nvcc(generated_sources, dtype, tmp_path):
     sources = [s for (s, dt) in generated_sources if dt == np.dtype(dtype).str]
     body = "\n".join(_unique_names(s, k) for k, s in enumerate(sources))
@@ -252,6 +253,7 @@ def host_device(generated_sources, tmp_path_factory):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", NEURONS, ids=[t[7:].split("'")[0] + str(i) for i, (t, *_) in enumerate(NEURONS)])
+@pytest.mark.slow
 def test_gpu_statements_on_the_host_agree_with_numpy(host_device, case, dtype):
     text, low, high, has_backward = case
     tol = {"rtol": 2e-5, "atol": 2e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-13}

@@ -171,6 +171,7 @@ GRAD_CASES = [
 
 @pytest.mark.parametrize("method", ["MAX", "AVE"])
 @pytest.mark.parametrize("shape,body", GRAD_CASES)
+@pytest.mark.slow
 def test_gradient(mode, method, shape, body):
     layer = make_layer(pool_text(f"pool: {method} {body}"))
     bottom, top = blobs([distinct_input(shape, seed=3)]), empty_blobs(1)

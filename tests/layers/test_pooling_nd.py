@@ -146,6 +146,7 @@ def test_pytorch_export_prototxt_with_ceil_mode_false_loads(tmp_path):
     ((1, 2, 5, 5, 4), "kernel_size_nd: 3 kernel_size_nd: 2 kernel_size_nd: 2 stride_nd: 2 stride_nd: 1 stride_nd: 2"),
     ((2, 3, 7), "kernel_size: 3 stride: 2 pad: 1"),
 ])
+@pytest.mark.slow
 def test_nd_gradient(mode, method, shape, body):
     rng = np.random.default_rng(4)
     x = rng.permutation(np.prod(shape)).reshape(shape) / 7.0  # distinct values: no MAX ties

@@ -148,6 +148,7 @@ def test_expose_hidden(mode):
 
 @pytest.mark.parametrize("kind", ["RNN", "LSTM"])
 @pytest.mark.parametrize("static", [False, True])
+@pytest.mark.slow
 def test_gradient(mode, kind, static):
     cont = np.array([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
     arrays = [X, cont] + ([XS] if static else [])
@@ -157,6 +158,7 @@ def test_gradient(mode, kind, static):
                                       check_bottom=[0, 2] if static else [0])
 
 
+@pytest.mark.slow
 def test_gradient_expose_hidden(mode):
     caffe.set_random_seed(5)
     layer = make_layer(text("LSTM", expose=True))
@@ -175,6 +177,7 @@ def test_batch_size_may_change_time_steps_may_not(mode):
         layer.forward(blobs([X[:2], CONT[:2]]), top)
 
 
+@pytest.mark.slow
 def test_errors():
     with pytest.raises(NetError, match="cont"):
         setup("LSTM", [X, CONT[:, :1]])

@@ -95,6 +95,7 @@ def test_reshape_rebuilds_pooling(mode):
 
 @pytest.mark.parametrize("pool", ["MAX", "AVE"])
 @pytest.mark.parametrize("shape,height", [((1, 2, 6, 6), 3), ((1, 2, 4, 6), 2), ((2, 1, 3, 4), 1)])
+@pytest.mark.slow
 def test_gradient(mode, shape, height, pool):
     x = np.random.default_rng(5).standard_normal(shape)
     layer = make_layer(spp_text(height, pool))

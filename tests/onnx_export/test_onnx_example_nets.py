@@ -38,6 +38,7 @@ def _spread_scores(net, factor=6.0):
 
 
 @pytest.mark.parametrize("fp16", [False, True])
+@pytest.mark.slow
 def test_ssdlite_small(fp16):
     """fp16: the weights stored as float16, PriorBox's computed priors kept float32."""
     net = _net(ssd_nets.ssdlite_mobilenet(num_classes=5, size=96, width=0.125))
@@ -49,6 +50,7 @@ def test_ssdlite_small(fp16):
     assert net.blobs["detection_out"].shape[2] > 1  # some detections, not the empty row
 
 
+@pytest.mark.slow
 def test_ssd300_vgg16_narrow():
     net = _net(ssd_nets.ssd300_vgg16(num_classes=5, size=300, width=0.0625))
     _spread_scores(net)

@@ -76,6 +76,7 @@ PUBLISHED = {  # the nets as published (weights as large as the real ones), at t
 
 
 @pytest.mark.parametrize("name", sorted(FAST))
+@pytest.mark.slow
 def test_zoo_fast(name):
     net = zoo_net(name, **FAST[name])
     report = export_and_check(net)
@@ -194,6 +195,7 @@ layers { name: "norm" type: LRN bottom: "pool" top: "norm" lrn_param { local_siz
     assert report.exported.inputs == {"data": (2, 3, 8, 8)}
 
 
+@pytest.mark.slow
 def test_dynamic_batch():
     net = zoo_net("mobilenet_v1", 32, batch=2)
     report = export_and_check(net, dynamic_batch=True)
@@ -236,6 +238,7 @@ def test_fp16_weights(tmp_path):
     assert np.array_equal(before, net.params["conv1"][0].data)  # the check restored the weights
 
 
+@pytest.mark.slow
 def test_fp16_with_folded_batchnorm():
     net = zoo_net("mobilenet_v2", 32)
     report = export_and_check(net, fp16=True, fold_bn=True)
@@ -314,6 +317,7 @@ def test_missing_onnx_names_the_extra(monkeypatch):
         net.to_onnx(None)
 
 
+@pytest.mark.slow
 def test_cli_does_not_import_onnx():
     import subprocess
 

@@ -24,6 +24,7 @@ def _rank(url, world, rank, out, die_after_meeting=False):
     r.close()
 
 
+@pytest.mark.slow
 def test_two_processes_exchange_the_unique_id():
     url = f"tcp://127.0.0.1:{free_port()}"
     out = CTX.Queue()
@@ -40,6 +41,7 @@ def test_two_processes_exchange_the_unique_id():
     assert all(everyone == ["rank0", "rank1", "rank2"] for _, _, everyone in results)
 
 
+@pytest.mark.slow
 def test_lost_peer_is_reported_within_seconds():
     url = f"tcp://127.0.0.1:{free_port()}"
     out = CTX.Queue()
@@ -58,6 +60,7 @@ def test_lost_peer_is_reported_within_seconds():
     r.close()
 
 
+@pytest.mark.slow
 def test_nobody_comes_bounded_wait():
     url = f"tcp://127.0.0.1:{free_port()}"
     start = time.monotonic()

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,10 +26,12 @@ def _tool(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_no_import_cycles():
     assert _tool("check_imports").find_cycles() == []
 
 
+@pytest.mark.slow
 def test_layer_modules_import_only_family_bases_and_caffes_hierarchy():
     bases = {"neuron_layer", "loss_layer", "view_layer"}
     allowed = {("deconvolution", "convolution"), ("scale", "bias"), ("softmax_loss", "softmax"),
@@ -82,6 +86,7 @@ def _place(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+@pytest.mark.slow
 def test_each_wing_imports_only_what_the_floor_plan_allows():
     wrong = set()
     for name, targets in _import_graph().items():
@@ -111,6 +116,7 @@ def test_every_root_module_is_placed_on_the_floor_plan():
     assert root == set(ROOT_MAY_IMPORT), sorted(root ^ set(ROOT_MAY_IMPORT))
 
 
+@pytest.mark.slow
 def test_root_modules_import_only_what_their_floor_allows():
     """Core modules import core, the device runtime and the schema (never the file readers in
     proto/); the builder adds the file readers; pycaffe's face may use everything below the solvers."""
@@ -123,6 +129,7 @@ def test_root_modules_import_only_what_their_floor_allows():
     assert not wrong, sorted(wrong)
 
 
+@pytest.mark.slow
 def test_nothing_below_solvers_imports_them():
     below = {"gpu", "conv", "proto", "data", "testing", "runtime", "layers"} | CORE | {"net"}
     wrong = {f"{n} -> {t}" for n, ts in _import_graph().items() for t in ts
@@ -149,6 +156,7 @@ def test_the_package_root_holds_at_most_30_modules():
     assert len(root) <= 30, sorted(root)
 
 
+@pytest.mark.slow
 def test_a_plain_clone_imports_from_source(tmp_path):
     """``PYTHONPATH=. python -c "import pycaffe_lite"`` in a clone that was never pip-installed: the
     package finds ``layers/`` beside it as ``pycaffe_lite.layers``."""

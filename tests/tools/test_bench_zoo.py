@@ -95,6 +95,7 @@ def test_modes(zoo):
         zoo.parse_args(["--mode", "nope"])
 
 
+@pytest.mark.slow
 def test_pycaffe_drive_reaches_the_input(zoo):
     """Our pycaffe-mode worker on a published file, in process: TEST net with force_backward,
     net.forward(); net.backward() gives a finite, nonzero data gradient."""

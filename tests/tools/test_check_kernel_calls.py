@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "check_kernels.py"
 
@@ -26,6 +28,7 @@ def run_calls(tmp_path: Path, source: str, name: str = "layer.py") -> subprocess
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_good_call_sites_pass(tmp_path):
     proc = run_calls(tmp_path, """
         from pathlib import Path
@@ -51,6 +54,7 @@ def test_good_call_sites_pass(tmp_path):
     assert "6 kernel call site(s) checked" in proc.stdout
 
 
+@pytest.mark.slow
 def test_unknown_names_files_and_argtypes_are_reported(tmp_path):
     proc = run_calls(tmp_path, """
         from pathlib import Path
@@ -85,6 +89,7 @@ def test_unknown_names_files_and_argtypes_are_reported(tmp_path):
     assert "7 problem(s)" not in out and "8 problem(s)" in out
 
 
+@pytest.mark.slow
 def test_runs_without_nvcc(tmp_path):
     (tmp_path / "bin").mkdir()
     env = {"PATH": str(tmp_path / "bin"), "NVCC": "no-such-nvcc"}

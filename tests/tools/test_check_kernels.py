@@ -28,6 +28,7 @@ def test_every_kernel_file_compiles():
     assert "pycaffe_lite/gpu/math_functions.cu [Dtype=double" in proc.stdout
 
 
+@pytest.mark.slow
 def test_broken_kernel_fails_with_file_and_message(tmp_path):
     good = tmp_path / "good.cu"
     good.write_text("__global__ void ok_kernel(const int n, Dtype* y) {\n"
@@ -45,6 +46,7 @@ def test_broken_kernel_fails_with_file_and_message(tmp_path):
     assert "2 of 4 compilations succeeded" in out
 
 
+@pytest.mark.slow
 def test_templates_are_rejected_like_sourcemodule(tmp_path):
     """SourceModule wraps files in extern "C", so a template must fail here too."""
     bad = tmp_path / "templ.cu"
@@ -53,12 +55,14 @@ def test_templates_are_rejected_like_sourcemodule(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_missing_path_is_a_clear_error(tmp_path):
     proc = run_tool("--paths", str(tmp_path / "nope.cu"))
     assert proc.returncode == 2
     assert "nope.cu" in proc.stderr
 
 
+@pytest.mark.slow
 def test_arch_option_is_passed_to_nvcc(tmp_path):
     good = tmp_path / "good.cu"
     good.write_text("__global__ void k(const int n, Dtype* y) { CUDA_KERNEL_LOOP(i, n) { y[i] = 0; } }\n")

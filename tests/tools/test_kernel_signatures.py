@@ -51,6 +51,7 @@ def test_check_args_names_kernel_and_argument():
         check_args(sig, (1.5, 1, 2, 0.5))
 
 
+@pytest.mark.slow
 def test_every_cu_file_parses():
     files = [p for p in ROOT.rglob("*.cu") if ".venv" not in p.parts and ".device" not in p.parts]
     assert files

@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from pycaffe_lite.gpu import backend
 
 PROBE = """
@@ -23,6 +25,7 @@ def _probe(key: str) -> int:
     return subprocess.run([sys.executable, "-c", PROBE, str(path)], timeout=60).returncode
 
 
+@pytest.mark.slow
 def test_another_process_cannot_compile_the_same_source_while_one_holds_the_lock():
     with backend._compile_lock("source a"):
         assert _probe("source a") == 3

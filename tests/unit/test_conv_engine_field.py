@@ -78,6 +78,7 @@ def _autotune_inputs(tmp_path, name: str, text: str, monkeypatch) -> dict[str, t
 
 
 @pytest.mark.parametrize("field", ["CAFFE", "CUDNN"])
+@pytest.mark.slow
 def test_published_engine_field_asks_the_autotune_what_the_plain_file_asks(tmp_path, monkeypatch, caplog, field):
     monkeypatch.setattr(conv_engines, "_noted_fields", set())
     plain = _autotune_inputs(tmp_path, "plain", mobilenet(None), monkeypatch)

@@ -419,6 +419,7 @@ DIRECT_CASES = [
 
 
 @pytest.mark.parametrize("shape,num_output,k,pad,stride", DIRECT_CASES)
+@pytest.mark.slow
 def test_emulated_direct_forward_matches_cpu_conv(mem, shape, num_output, k, pad, stride):
     n, c, h, w = shape
     prob = ConvProblem(n, c, h, w, num_output, 1, (k, k), (pad, pad), (stride, stride), (1, 1), "<f8")

@@ -59,6 +59,7 @@ def test_cpu_net_runs_without_pycuda(no_pycuda):
     np.testing.assert_array_equal(top[0].cpu_data(), [[0.0, 2.0]])
 
 
+@pytest.mark.slow
 def test_importing_the_package_never_imports_pycuda():
     code = textwrap.dedent(
         """

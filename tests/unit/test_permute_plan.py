@@ -145,6 +145,7 @@ def _random_cases(count: int):
         yield shape, tuple(int(o) for o in rng.permutation(len(shape)))
 
 
+@pytest.mark.slow
 def test_launch_arguments_move_every_element_once():
     kinds = set()
     extra = [((2, 3, 4, 24), (0, 2, 1, 3)), ((50, 3, 5), (0, 2, 1)), ((2, 16, 6, 7), (0, 2, 3, 1)),

@@ -135,6 +135,7 @@ def test_memory_a_layer_holds_itself_is_never_shared():
     np.testing.assert_array_equal(shared.forward(data=x)["fc"], ref.forward(data=x)["fc"])
 
 
+@pytest.mark.slow
 def test_vgg16_deploy_plan_needs_less_memory_than_its_blobs():
     param = load_net_param(ZOO / "vgg16_deploy.prototxt")
     param.layer[0].input_param.shape[0].dim[0] = 2
@@ -242,6 +243,7 @@ def test_input_written_through_a_kept_array_is_noticed():
         _ = net.blobs[net._blob_names[min(net.executor.shared_data.stale)]].data
 
 
+@pytest.mark.slow
 def test_weights_changed_through_params_then_stale_read_is_an_error():
     net = _net(VGG)
     net.forward(data=_input_values(net))
@@ -297,6 +299,7 @@ def test_reading_the_input_alone_keeps_the_rerun_possible(monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(NETS))
+@pytest.mark.slow
 def test_forward_blobs_are_kept_and_read_without_rerun(name, mode, monkeypatch):
     shared = _net(NETS[name])
     x = _input_values(shared)

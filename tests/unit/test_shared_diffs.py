@@ -137,6 +137,7 @@ def _assert_param_diffs_equal(net: caffe.Net, ref: caffe.Net) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(NETS))
+@pytest.mark.slow
 def test_plan_shares_only_diffs_never_live_together(name):
     net = _net(NETS[name])
     last = len(net.layers) - 1
@@ -158,6 +159,7 @@ def test_plan_shares_only_diffs_never_live_together(name):
 
 @pytest.mark.parametrize("order", ["forward", "reverse", "shuffled"])
 @pytest.mark.parametrize("name", sorted(NETS))
+@pytest.mark.slow
 def test_every_diff_after_backward_equals_unshared(name, order, mode):
     net, ref = _pair(name)
     for seed in (1, 2, 3):  # on the GPU: warm-up, capture, replay
@@ -176,6 +178,7 @@ def test_every_diff_after_backward_equals_unshared(name, order, mode):
     assert shared.disabled and not shared.slots and not shared.stale
 
 
+@pytest.mark.slow
 def test_unsharing_logs_one_line_naming_the_blob(caplog):
     net, _ = _pair("mobilenet")
     _pass(net, *_inputs(net))
@@ -188,6 +191,7 @@ def test_unsharing_logs_one_line_naming_the_blob(caplog):
 
 
 @pytest.mark.parametrize("name", sorted(NETS))
+@pytest.mark.slow
 def test_param_diffs_accumulate_as_without_sharing(name, mode):
     net, ref = _pair(name)
     for seed in (1, 2, 3):  # no clearing in between: param diffs accumulate, as in pycaffe
@@ -207,6 +211,7 @@ def test_param_diffs_accumulate_as_without_sharing(name, mode):
     _assert_diffs_equal(net, ref, list(net.blobs))
 
 
+@pytest.mark.slow
 def test_reading_params_and_data_keeps_stale_diffs_recomputable(mode):
     net, ref = _pair("resnet")
     x, g = _inputs(net)
@@ -219,6 +224,7 @@ def test_reading_params_and_data_keeps_stale_diffs_recomputable(mode):
 
 
 @pytest.mark.parametrize("change", ["input", "forward", "weights", "kept array"])
+@pytest.mark.slow
 def test_stale_diff_after_its_inputs_changed_raises(change, mode):
     net, _ = _pair("mobilenet")
     x, g = _inputs(net)
@@ -251,6 +257,7 @@ def test_stale_diff_after_its_inputs_changed_raises(change, mode):
     _assert_diffs_equal(net, ref, list(net.blobs))
 
 
+@pytest.mark.slow
 def test_output_diff_written_after_backward_does_not_change_the_recomputed_diffs(mode):
     net, ref = _pair("mobilenet")
     x, g = _inputs(net)
@@ -262,6 +269,7 @@ def test_output_diff_written_after_backward_does_not_change_the_recomputed_diffs
     _assert_diffs_equal(net, ref, [b for b in net.blobs if b != "prob"])
 
 
+@pytest.mark.slow
 def test_backward_diffs_returns_and_keeps_the_named_diffs(mode):
     net, ref = _pair("resnet")
     wanted = ["conv1", "res2a_branch2a", "pool5"]
@@ -281,6 +289,7 @@ def test_backward_diffs_returns_and_keeps_the_named_diffs(mode):
     assert not shared.disabled  # nothing stale was read
 
 
+@pytest.mark.slow
 def test_forward_backward_all_equals_unshared(mode):
     net, ref = _pair("mobilenet")
     rng = np.random.default_rng(7)
@@ -298,6 +307,7 @@ def test_forward_backward_all_equals_unshared(mode):
 
 
 @pytest.mark.parametrize("name,layer", [("mobilenet", "b2/dw/relu"), ("resnet", "res2a_relu")])
+@pytest.mark.slow
 def test_deep_dream_ranges(name, layer, mode):
     """forward(end=L); blobs[L].diff = g; backward(start=L); the data diff, then every diff."""
     net, ref = _pair(name)
@@ -316,6 +326,7 @@ def test_deep_dream_ranges(name, layer, mode):
     _assert_param_diffs_equal(net, ref)
 
 
+@pytest.mark.slow
 def test_ranges_mixed_with_full_passes(mode):
     """A full backward, then one from a middle layer: diffs it does not write keep their values."""
     net, ref = _pair("resnet")
@@ -332,6 +343,7 @@ def test_ranges_mixed_with_full_passes(mode):
     _assert_param_diffs_equal(net, ref)
 
 
+@pytest.mark.slow
 def test_planned_diff_bytes_drop_for_a_mobilenet():
     net = _net(NETS["mobilenet"])
     net.blobs["data"].reshape(16, 3, 32, 32)
@@ -342,6 +354,7 @@ def test_planned_diff_bytes_drop_for_a_mobilenet():
     assert alone > 0.8 * every and slots < 0.25 * alone, (slots, alone, every)
 
 
+@pytest.mark.slow
 def test_sharing_off_keeps_every_diff():
     net = _net(NETS["mobilenet"])
     with _plain():
@@ -349,6 +362,7 @@ def test_sharing_off_keeps_every_diff():
     assert not net.executor.shared_diffs.slots and not net.executor.shared_diffs.stale
 
 
+@pytest.mark.slow
 def test_cpu_training_with_shared_diffs_equals_without():
     """The solver's plain iteration (CPU) shares too; after it, stale diffs are gone for good."""
     text = NETS["resnet"].replace("force_backward: true", "") + (
@@ -374,6 +388,7 @@ def test_cpu_training_with_shared_diffs_equals_without():
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_regenerated_scale_inputs_must_not_change_before_backward(monkeypatch, mode):
     """On the GPU a Scale after a BatchNorm with its own top keeps no copy of its input (its
     backward regenerates it from the BatchNorm's input). On the CPU the layers save it anyway; the
@@ -400,6 +415,7 @@ def test_regenerated_scale_inputs_must_not_change_before_backward(monkeypatch, m
     _assert_diffs_equal(net, ref, ["data"])
 
 
+@pytest.mark.slow
 def test_the_plan_is_made_once_per_range_and_graphs_replay(mode):
     """Later passes reuse the slots (on the GPU: no allocation, so the captured graphs replay)."""
     net, ref = _pair("mobilenet")
@@ -426,6 +442,7 @@ def _alloc_generation() -> int:
 
 
 @pytest.mark.parametrize("how", ["kwargs", "setter"])
+@pytest.mark.slow
 def test_a_diff_set_whole_after_new_data_needs_no_recomputation(how, mode):
     """After a full pass and a new forward, a gradient set on a (stale) blob and a backward from
     there work; diffs that backward does not write are lost (their recomputation would need the
@@ -458,6 +475,7 @@ def test_a_diff_set_whole_after_new_data_needs_no_recomputation(how, mode):
     _assert_diffs_equal(net, ref, list(net.blobs))
 
 
+@pytest.mark.slow
 def test_per_layer_hooks_keep_every_diff(mode):
     net, _ = _pair("mobilenet")
     seen: list[int] = []

@@ -32,6 +32,7 @@ def test_set_and_read_blas_threads():
         threads.set_blas_threads(0)
 
 
+@pytest.mark.slow
 def test_import_applies_pycaffe_lite_threads():
     code = "import pycaffe_lite, pycaffe_lite.threads as t; print(t.blas_threads())"
     env = {"PYCAFFE_LITE_THREADS": "1", "PATH": "/usr/bin:/bin"}
