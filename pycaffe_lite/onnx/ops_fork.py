@@ -315,3 +315,21 @@ def recurrent(ctx: LayerContext) -> list[str]:
     for j, f in enumerate(finals[:len(ctx.out_names) - 1]):
         outs.append(ctx.op("Unsqueeze", [f, ctx.ints("axes0", [0])], ctx.out(j + 1)))
     return outs
+
+
+@exports("BReLU")
+def brelu(ctx: LayerContext) -> list[str]:
+    """DehazeNet's bounded ReLU ``min(max(x, minval), maxval)``: ONNX's Clip is the same formula
+    (maxval everywhere when minval > maxval, as ours)."""
+    p = ctx.lp.brelu_param
+    return [ctx.op("Clip", [ctx.bottoms[0], ctx.const("min", float(p.minval)), ctx.const("max", float(p.maxval))],
+                   ctx.out(0))]
+
+
+@exports("ContinuationIndicator")
+def continuation_indicator(ctx: LayerContext) -> list[str]:
+    """A T x N constant (0 at t = 0, 1 after): its values depend on ``time_step`` and ``batch_size`` only."""
+    p = ctx.lp.continuation_indicator_param
+    values = np.ones((int(p.time_step), int(p.batch_size)), np.float32)
+    values[0] = 0
+    return [ctx.op("Identity", [ctx.const("indicator", values, exact=True)], ctx.out(0))]
