@@ -18,7 +18,7 @@ import numpy as np
 
 from . import common, memcheck
 from .blob import Blob
-from .errors import CaffeError, NetError, ShapeError, WeightsError
+from .errors import CaffeError, NetError, PrototxtError, ShapeError, WeightsError
 from .layer import Layer, create_layer
 from .net_graph import NetGraph
 from .optional import require
@@ -840,7 +840,7 @@ class Net:
             for i, (proto, blob) in enumerate(zip(src.blobs, layer.blobs)):
                 try:
                     blob.from_proto(proto, reshape=False, where=f"{source}: layer '{src.name}' param {i}")
-                except ShapeError as exc:
+                except (ShapeError, PrototxtError) as exc:  # PrototxtError: a raw blob of no float type
                     raise WeightsError(f"cannot copy weights: {exc}") from None
             filled.add(target)
         missing = [n for i, (n, layer) in enumerate(zip(self._layer_names, self.layers)) if layer.blobs and i not in filled]
