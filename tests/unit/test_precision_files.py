@@ -336,3 +336,34 @@ def test_nvcaffe_style_train_prototxt_trains_in_fp32() -> None:
     solver.step(10)
     last = float(net.forward()["loss"])
     assert last < 0.5 * first, (first, last)
+
+
+def test_solver_resumes_from_fp16_raw_snapshot(tmp_path: Path) -> None:
+    """A snapshot whose caffemodel and solver-state history NVCaffe stored raw in FLOAT16 resumes:
+    weights and momentum history come back as the fp16 rounding of the fp32 ones."""
+    caffe.set_mode_cpu()
+    caffe.set_random_seed(8)
+    text = (f'net_param {{ {TRAIN} }} base_lr: 0.1 lr_policy: "fixed" momentum: 0.9 '
+            f'snapshot_prefix: "{tmp_path}/nv"')
+    solver = sgd_solvers.SGDSolver(parse_text(text, caffe_pb2.SolverParameter()), progress=False)
+    solver.step(2)
+    model_path, state_path = solver.snapshot()
+    model = caffe_pb2.NetParameter.FromString(Path(model_path).read_bytes())
+    blob_values.store_raw(model, caffe_pb2.FLOAT16)
+    Path(model_path).write_bytes(model.SerializeToString())
+    state = caffe_pb2.SolverState.FromString(Path(state_path).read_bytes())
+    for h in state.history:
+        values = blob_values.read_values(h)
+        assert values is not None
+        blob_values.write_values(h, values, raw_type=caffe_pb2.FLOAT16)
+    Path(state_path).write_bytes(state.SerializeToString())
+
+    resumed = sgd_solvers.SGDSolver(parse_text(text, caffe_pb2.SolverParameter()), progress=False)
+    resumed.restore(state_path)
+    assert resumed.iter == 2
+    half = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+    for want, got in zip(solver.net.learnable_params, resumed.net.learnable_params):
+        np.testing.assert_array_equal(got.data, half(want.data))
+    assert any(np.abs(h.data).max() > 0 for h in solver.history)
+    for want, got in zip(solver.history, resumed.history):
+        np.testing.assert_array_equal(got.data, half(want.data))
