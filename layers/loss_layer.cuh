@@ -1,29 +1,31 @@
 // Device helpers shared by the loss kernels (included by loss_layer.cu and the losses' .cu files):
 // the block reduction of the losses that fuse their per-item math with the first reduction stage,
 // and the class-label check. Blocks are LOSS_REDUCE_THREADS wide
-// (loss_layer.py: REDUCE_THREADS). Dtype comes from the backend prelude.
+// (loss_layer.py: REDUCE_THREADS). Dtype, Mtype and to_m come from the backend prelude.
 #ifndef LOSS_LAYER_CUH
 #define LOSS_LAYER_CUH
 
 #define LOSS_REDUCE_THREADS 256
 
-// Sum of v over the block, valid in thread 0; every thread of the block must call it.
-__device__ Dtype loss_block_sum(Dtype v, Dtype* smem) {
+// Sum of v over the block, valid in thread 0; every thread of the block must call it. The sum is
+// in Mtype (float for the half types), so is the shared memory smem.
+__device__ Mtype loss_block_sum(Mtype v, Mtype* smem) {
   smem[threadIdx.x] = v;
   __syncthreads();
   for (int step = LOSS_REDUCE_THREADS / 2; step > 0; step >>= 1) {
     if (threadIdx.x < step) smem[threadIdx.x] += smem[threadIdx.x + step];
     __syncthreads();
   }
-  const Dtype sum = smem[0];
+  const Mtype sum = smem[0];
   __syncthreads();  // smem may be reused by the caller's next reduction
   return sum;
 }
 
 // A label value as an int in *l when it is a finite number within int range (returns true); else
 // *l = -1 and false (a NaN or infinite label: never a class, never the ignore label).
-__device__ bool loss_label_int(const Dtype v, int* l) {
-  const bool ok = isfinite(v) && v > Dtype(-2147483648.0) && v < Dtype(2147483647.0);
+__device__ bool loss_label_int(const Dtype label, int* l) {
+  const Mtype v = to_m(label);
+  const bool ok = isfinite(v) && v > Mtype(-2147483648.0) && v < Mtype(2147483647.0);
   *l = ok ? static_cast<int>(v) : -1;
   return ok;
 }

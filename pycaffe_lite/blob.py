@@ -16,7 +16,7 @@ import numpy as np
 from . import common, memcheck
 from .errors import ShapeError
 from .gpu import backend
-from .schema import caffe_pb2
+from .schema import blob_values, caffe_pb2
 from .synced_memory import SyncedMemory
 
 MAX_BLOB_AXES = 32
@@ -243,32 +243,27 @@ class Blob:
                 f"{where}: shape mismatch: net has {self._shape}, file has {proto_shape(proto)}"
             )
         count = self._count
-        if len(proto.double_data) > 0:
-            values, dvalues = proto.double_data, proto.double_diff
-        else:
-            values, dvalues = proto.data, proto.diff
-        if len(values) != count:
-            raise ShapeError(
-                f"{where}: BlobProto holds {len(values)} values but shape {self._shape} needs {count}"
-            )
-        self.mutable_cpu_data()[...] = np.asarray(values, dtype=self.dtype).reshape(self._shape)
-        if len(dvalues) == count:
-            self.mutable_cpu_diff()[...] = np.asarray(dvalues, dtype=self.dtype).reshape(self._shape)
+        values = blob_values.read_values(proto, False, where)
+        n = 0 if values is None else values.size
+        if n != count:
+            raise ShapeError(f"{where}: BlobProto holds {n} values but shape {self._shape} needs {count}")
+        if values is not None:
+            self.mutable_cpu_data()[...] = values.astype(self.dtype, copy=False).reshape(self._shape)
+        dvalues = blob_values.read_values(proto, True, where)
+        if dvalues is not None and dvalues.size == count:
+            self.mutable_cpu_diff()[...] = dvalues.astype(self.dtype, copy=False).reshape(self._shape)
 
-    def to_proto(self, write_diff: bool = False, proto: caffe_pb2.BlobProto | None = None) -> caffe_pb2.BlobProto:
-        """Serialize into a BlobProto with a ``shape`` (float32 -> data, float64 -> double_data)."""
+    def to_proto(self, write_diff: bool = False, proto: caffe_pb2.BlobProto | None = None,
+                 raw_type: int | None = None) -> caffe_pb2.BlobProto:
+        """Serialize into a BlobProto with a ``shape`` (float32 -> data, float64 -> double_data, as
+        BVLC writes), or with ``raw_type`` (a ``caffe_pb2.Type``: FLOAT16, BFLOAT16...) as NVCaffe's
+        raw bytes of that type, rounded to nearest even."""
         proto = caffe_pb2.BlobProto() if proto is None else proto
         proto.Clear()
         proto.shape.dim.extend(self._shape)
-        data = self.cpu_data().ravel()
-        if self.dtype == np.float64:
-            proto.double_data.extend(data.tolist())
-            if write_diff:
-                proto.double_diff.extend(self.cpu_diff().ravel().tolist())
-        else:
-            proto.data.extend(data.tolist())
-            if write_diff:
-                proto.diff.extend(self.cpu_diff().ravel().tolist())
+        blob_values.write_values(proto, self.cpu_data(), False, raw_type)
+        if write_diff:
+            blob_values.write_values(proto, self.cpu_diff(), True, raw_type)
         return proto
 
     def __repr__(self) -> str:
@@ -281,7 +276,7 @@ def proto_shape(proto: caffe_pb2.BlobProto) -> tuple[int, ...]:
         return tuple(int(d) for d in proto.shape.dim)
     if proto.HasField("num") or proto.HasField("channels") or proto.HasField("height") or proto.HasField("width"):
         return (proto.num, proto.channels, proto.height, proto.width)
-    n = len(proto.double_data) or len(proto.data)
+    n = blob_values.value_count(proto)
     return (n,) if n else ()
 
 

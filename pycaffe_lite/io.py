@@ -15,19 +15,17 @@ import numpy as np
 from .errors import DataError
 from .memcheck import out_of_memory
 from .optional import require
-from .schema import caffe_pb2
+from .schema import blob_values, caffe_pb2
 
 # ------------------------------------------------------------------------------------------
 # proto / datum / ndarray conversion
 
 
 def blobproto_to_array(blob: caffe_pb2.BlobProto, return_diff: bool = False) -> np.ndarray:
-    """The data (or diff) of a BlobProto as an array of its shape (legacy 4-d fields or ``shape``)."""
-    if return_diff:
-        values = blob.double_diff if len(blob.double_diff) else blob.diff
-    else:
-        values = blob.double_data if len(blob.double_data) else blob.data
-    data = np.array(values)
+    """The data (or diff) of a BlobProto as a float64 array of its shape (legacy 4-d fields or
+    ``shape``), from whichever field holds it (NVCaffe's ``raw_data`` in fp16 or bf16 included)."""
+    values = blob_values.read_values(blob, return_diff, "BlobProto")
+    data = np.zeros(0) if values is None else values.astype(np.float64)
     if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
         shape: tuple[int, ...] = (blob.num, blob.channels, blob.height, blob.width)
     else:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Compile every CUDA kernel file with nvcc, for float and double, as the GPU backend would; with
+"""Compile every CUDA kernel file with nvcc, for float and double (or half, bfloat16), as the GPU backend would; with
 ``--calls``, check instead (no nvcc needed) that every Python call site names an existing kernel.
 
 Each ``.cu`` file is wrapped exactly as :class:`pycaffe_lite.gpu.backend.KernelModule` hands it to
-PyCUDA's ``SourceModule``: the backend ``PRELUDE`` (``Dtype`` and ``CUDA_KERNEL_LOOP``) followed by
+PyCUDA's ``SourceModule``: the backend ``prelude`` (``Dtype``, ``Mtype``, ``to_m``/``from_m``, ``CUDA_KERNEL_LOOP``) followed by
 the file, all inside ``extern "C" { ... }``, with the file's own folder and ``pycaffe_lite/gpu`` on
 the include path. A ``#line`` directive makes nvcc report errors against the original file.
 
@@ -21,6 +21,7 @@ Usage::
 
     python tools/check_kernels.py                   # pycaffe_lite/**/*.cu and layers/*.cu
     python tools/check_kernels.py --arch sm_80
+    python tools/check_kernels.py --dtype half --dtype bfloat16   # storage __half / __nv_bfloat16, math float
     python tools/check_kernels.py --paths layers/relu.cu some/dir
     python tools/check_kernels.py --calls           # pycaffe_lite/**/*.py and layers/*.py
     python tools/check_kernels.py --calls --paths layers/relu.py
@@ -47,11 +48,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from pycaffe_lite.gpu.backend import PRELUDE  # noqa: E402  (needs the repo on sys.path)
+import numpy as np  # noqa: E402
+
+from pycaffe_lite.gpu.backend import prelude  # noqa: E402  (needs the repo on sys.path)
 from pycaffe_lite.gpu.signatures import parse_signatures  # noqa: E402
 
 GPU_DIR = REPO_ROOT / "pycaffe_lite" / "gpu"
-DTYPES = ("float", "double")
+# --dtype name -> the storage dtype the backend compiles for (bfloat16: uint16 bit patterns)
+STORAGE = {"float": np.float32, "double": np.float64, "half": np.float16, "bfloat16": np.uint16}
+DTYPES = ("float", "double")  # the default; half and bfloat16 on request
 
 
 @dataclass
@@ -83,10 +88,10 @@ def collect(paths: list[str], pattern: str = "*.cu") -> list[Path]:
 
 
 def wrapped_source(path: Path, ctype: str) -> str:
-    """What ``SourceModule`` compiles: extern "C" { PRELUDE + file }."""
+    """What ``SourceModule`` compiles: extern "C" { prelude + file } (``ctype``: a key of STORAGE)."""
     source = path.read_text()
     line_path = str(path).replace("\\", "/").replace('"', '\\"')
-    body = PRELUDE.format(ctype=ctype) + f'#line 1 "{line_path}"\n' + source
+    body = prelude(STORAGE[ctype]) + f'#line 1 "{line_path}"\n' + source
     return 'extern "C" {\n' + body + "\n}\n"
 
 
@@ -406,8 +411,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=".cu (with --calls: .py) files or folders to check (default: the whole repo)")
     parser.add_argument("--jobs", "-j", type=int, default=2, help="parallel nvcc processes (default 2)")
     parser.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"), help="nvcc executable")
-    parser.add_argument("--dtype", choices=DTYPES, action="append",
-                        help="element type(s) to compile for (default: float and double)")
+    parser.add_argument("--dtype", choices=tuple(STORAGE), action="append",
+                        help="storage type(s) to compile for (default: float and double; half and bfloat16 "
+                        "compute in float)")
     parser.add_argument("--nvcc-flag", action="append", default=[], help="extra nvcc flag (repeatable)")
     parser.add_argument("--calls", action="store_true",
                         help="check Python call sites against the kernels' signatures instead (no nvcc)")

@@ -7,10 +7,11 @@
 #define CONV_EPI_BIAS 1
 #define CONV_EPI_RELU 2
 
-__device__ __forceinline__ Dtype conv_epilogue(Dtype v, const Dtype* bias, const int m, const int epilogue) {
-  if (epilogue & CONV_EPI_BIAS) v += bias[m];
-  if ((epilogue & CONV_EPI_RELU) && !(v > 0)) v *= Dtype(0);
-  return v;
+// v is the engine's accumulator (Mtype: float for the half types); the result is stored as Dtype.
+__device__ __forceinline__ Dtype conv_epilogue(Mtype v, const Dtype* bias, const int m, const int epilogue) {
+  if (epilogue & CONV_EPI_BIAS) v += to_m(bias[m]);
+  if ((epilogue & CONV_EPI_RELU) && !(v > 0)) v *= Mtype(0);
+  return from_m(v);
 }
 
 #endif  // CONV_EPILOGUE_CUH

@@ -20,7 +20,7 @@ from ..blob import proto_shape
 from ..errors import DataError, PrototxtError, ShapeError
 from ..optional import require
 from ..proto import protoio
-from ..schema import caffe_pb2
+from ..schema import blob_values, caffe_pb2
 
 
 def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: bool = False,
@@ -185,11 +185,15 @@ def load_mean_file(path: str, where: str = "DataTransformer") -> np.ndarray:
     except PrototxtError as exc:
         raise DataError(f"{where}: {exc}") from None
     shape = proto_shape(proto)
-    values = proto.double_data if len(proto.double_data) else proto.data
-    if int(np.prod(shape)) != len(values):
-        raise DataError(f"{where}: {path}: BlobProto holds {len(values)} values, its shape {shape} needs "
+    try:
+        values = blob_values.read_values(proto, False, f"{where}: {path}")
+    except (PrototxtError, ShapeError) as exc:
+        raise DataError(str(exc)) from None
+    n = 0 if values is None else values.size
+    if int(np.prod(shape)) != n:
+        raise DataError(f"{where}: {path}: BlobProto holds {n} values, its shape {shape} needs "
                         f"{int(np.prod(shape))}")
-    arr = np.asarray(values, dtype=np.float64).reshape(shape)
+    arr = (np.zeros(0) if values is None else values.astype(np.float64)).reshape(shape)
     while arr.ndim > 3 and arr.shape[0] == 1:
         arr = arr[0]
     if arr.ndim != 3:

@@ -2,8 +2,9 @@
 copy and cuBLAS call uses, a device memory pool, and a kernel cache (each ``.cu`` file compiled
 once per element type per process with PyCUDA's ``SourceModule``).
 
-Kernel files are CUDA C written against ``Dtype`` (float or double) and the grid-stride macro
-``CUDA_KERNEL_LOOP(i, n)``, both defined by :data:`PRELUDE`. Importing this module needs no GPU;
+Kernel files are CUDA C written against ``Dtype`` (the storage type: float or double; __half and
+__nv_bfloat16 compile too), ``Mtype`` (the math type: float for the half types, else Dtype) and the
+grid-stride macro ``CUDA_KERNEL_LOOP(i, n)``, all defined by :func:`prelude`. Importing this module needs no GPU;
 :func:`init_device` does, and raises :class:`GPUUnavailableError` naming what is missing.
 """
 
@@ -38,11 +39,36 @@ MAX_BLOCKS = 65535 * 4
 INT32_MAX = 2**31 - 1
 
 PRELUDE = """typedef {ctype} Dtype;
+typedef {mtype} Mtype;
+static __device__ __forceinline__ Mtype to_m(const Dtype x) {{ return {to_m}; }}
+static __device__ __forceinline__ Dtype from_m(const Mtype x) {{ return {from_m}; }}
 #define CUDA_KERNEL_LOOP(i, n) \\
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
 """
+"""What every kernel file is compiled after: the storage type ``Dtype``, the math type ``Mtype``
+(what sums and products accumulate in: float for the half types, else Dtype), ``to_m``/``from_m``
+between them (rounding to nearest even into a half type), and the grid-stride loop. Fill it with
+:func:`prelude`."""
 
-_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+# The headers of the half types, outside the extern "C" that wraps every kernel source (their C++).
+_HALF_HEADERS = 'extern "C++" {\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n}\n'
+
+# storage dtype -> (Dtype, Mtype, to_m(x), from_m(x), struct code of a Dtype scalar argument).
+# bfloat16 has no numpy dtype: its arrays are uint16 bit patterns (pycaffe_lite.precision).
+_KERNEL_TYPES: dict[np.dtype, tuple[str, str, str, str, str]] = {
+    np.dtype(np.float32): ("float", "float", "x", "x", "f"),
+    np.dtype(np.float64): ("double", "double", "x", "x", "d"),
+    np.dtype(np.float16): ("__half", "float", "__half2float(x)", "__float2half_rn(x)", "e"),
+    np.dtype(np.uint16): ("__nv_bfloat16", "float", "__bfloat162float(x)", "__float2bfloat16_rn(x)", "H"),
+}
+
+
+def prelude(dtype) -> str:
+    """:data:`PRELUDE` for kernels storing ``dtype`` (float32, float64, float16; uint16 stands for
+    bfloat16), the half types' headers first."""
+    ctype, mtype, to_m, from_m, _ = _KERNEL_TYPES[_dtype(dtype)]
+    text = PRELUDE.format(ctype=ctype, mtype=mtype, to_m=to_m, from_m=from_m)
+    return text if ctype == mtype else _HALF_HEADERS + text
 
 
 class DeviceState:
@@ -345,7 +371,7 @@ class Kernel:
         self.dtype = dtype
         self.where = where
         self._shared_allowed = 48 * 1024
-        function.prepare(signature.struct_codes("f" if dtype == np.float32 else "d"))
+        function.prepare(signature.struct_codes(_KERNEL_TYPES[dtype][4]))
 
     def check_args(self, *args) -> None:
         """Validate ``args`` against the signature (count, kinds, int ranges, non-null pointers)."""
@@ -447,7 +473,7 @@ class KernelModule:
         if extra:
             options += extra.split()
         try:
-            text = PRELUDE.format(ctype=_CTYPES[dtype]) + source
+            text = prelude(dtype) + source
             with _compile_lock(text + " ".join(options)):
                 self.module = SourceModule(text, options=options, include_dirs=include_dirs)
         except Exception as exc:
@@ -478,8 +504,8 @@ def _compiled(key: tuple, make) -> KernelModule:
 
 def _dtype(dtype) -> np.dtype:
     dtype = np.dtype(dtype)
-    if dtype not in _CTYPES:
-        raise CudaError(f"kernels are compiled for float32 and float64, not {dtype}")
+    if dtype not in _KERNEL_TYPES:
+        raise CudaError(f"kernels are compiled for float32 and float64 (and float16, bfloat16 as uint16), not {dtype}")
     return dtype
 
 

@@ -1,7 +1,7 @@
 // Vectorized access for kernels over an (outer, dim, inner) view: a unit of W consecutive
 // elements of one row (W divides inner; the pointers are aligned to W * sizeof(Dtype): the caller
 // checks both, see math_functions.vec_width). W == 4 gives 128-bit loads and stores for float.
-// Included after the backend prelude (Dtype).
+// Included after the backend prelude (Dtype; __half and __nv_bfloat16 too: W == 8 gives 128 bits).
 #pragma once
 
 extern "C++" {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ..errors import ShapeError, WeightsError
+from ..errors import PrototxtError, ShapeError, WeightsError
 from ..net_graph import NetGraph, warn_missing_weights
 from ..schema import caffe_pb2
 from . import hdf5_weights, protoio, upgrade
@@ -60,7 +60,7 @@ def copy_trained_layers(graph: NetGraph, param: caffe_pb2.NetParameter, source: 
         for i, (proto, blob) in enumerate(zip(src.blobs, layer.blobs)):
             try:
                 blob.from_proto(proto, reshape=False, where=f"{source}: layer '{src.name}' param {i}")
-            except ShapeError as exc:
+            except (ShapeError, PrototxtError) as exc:  # PrototxtError: a raw blob of no float type
                 raise WeightsError(f"cannot copy weights: {exc}") from None
         filled.add(target)
     missing = [n for i, (n, layer) in enumerate(zip(graph.layer_names, graph.layers)) if layer.blobs and i not in filled]

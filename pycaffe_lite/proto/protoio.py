@@ -11,6 +11,7 @@ from google.protobuf import text_format
 
 from ..durable import remove_stale_temps, temp_path
 from ..errors import PrototxtError
+from . import nvcaffe
 
 M = TypeVar("M", bound=pb_message.Message)
 
@@ -75,13 +76,17 @@ def read_text(path: str | os.PathLike, message: M) -> M:
 
 
 def read_binary(path: str | os.PathLike, message: M, what: str = "binary proto") -> M:
-    """Read a binary protobuf file (``.caffemodel``, ``.solverstate``, ``.binaryproto``)."""
+    """Read a binary protobuf file (``.caffemodel``, ``.solverstate``, ``.binaryproto``).
+
+    A NetParameter written by NVCaffe keeps its layers' precision types (``nvcaffe.move_layer_types``)."""
     path = Path(path)
     check_regular_file(path, what if "file" in what else f"{what} file")
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise PrototxtError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    if message.DESCRIPTOR.full_name == "caffe.NetParameter":
+        data = nvcaffe.move_layer_types(data)
     try:
         message.ParseFromString(data)
     except pb_message.DecodeError as exc:

@@ -7,10 +7,27 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DOUBLE: _ClassVar[Type]
+    FLOAT: _ClassVar[Type]
+    FLOAT16: _ClassVar[Type]
+    INT: _ClassVar[Type]
+    UINT: _ClassVar[Type]
+    BOOL: _ClassVar[Type]
+    BFLOAT16: _ClassVar[Type]
+
 class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRAIN: _ClassVar[Phase]
     TEST: _ClassVar[Phase]
+DOUBLE: Type
+FLOAT: Type
+FLOAT16: Type
+INT: Type
+UINT: Type
+BOOL: Type
+BFLOAT16: Type
 TRAIN: Phase
 TEST: Phase
 
@@ -21,12 +38,16 @@ class BlobShape(_message.Message):
     def __init__(self, dim: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlobProto(_message.Message):
-    __slots__ = ("shape", "data", "diff", "double_data", "double_diff", "num", "channels", "height", "width")
+    __slots__ = ("shape", "data", "diff", "double_data", "double_diff", "raw_data_type", "raw_diff_type", "raw_data", "raw_diff", "num", "channels", "height", "width")
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     DIFF_FIELD_NUMBER: _ClassVar[int]
     DOUBLE_DATA_FIELD_NUMBER: _ClassVar[int]
     DOUBLE_DIFF_FIELD_NUMBER: _ClassVar[int]
+    RAW_DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RAW_DIFF_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RAW_DATA_FIELD_NUMBER: _ClassVar[int]
+    RAW_DIFF_FIELD_NUMBER: _ClassVar[int]
     NUM_FIELD_NUMBER: _ClassVar[int]
     CHANNELS_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -36,11 +57,15 @@ class BlobProto(_message.Message):
     diff: _containers.RepeatedScalarFieldContainer[float]
     double_data: _containers.RepeatedScalarFieldContainer[float]
     double_diff: _containers.RepeatedScalarFieldContainer[float]
+    raw_data_type: Type
+    raw_diff_type: Type
+    raw_data: bytes
+    raw_diff: bytes
     num: int
     channels: int
     height: int
     width: int
-    def __init__(self, shape: _Optional[_Union[BlobShape, _Mapping]] = ..., data: _Optional[_Iterable[float]] = ..., diff: _Optional[_Iterable[float]] = ..., double_data: _Optional[_Iterable[float]] = ..., double_diff: _Optional[_Iterable[float]] = ..., num: _Optional[int] = ..., channels: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
+    def __init__(self, shape: _Optional[_Union[BlobShape, _Mapping]] = ..., data: _Optional[_Iterable[float]] = ..., diff: _Optional[_Iterable[float]] = ..., double_data: _Optional[_Iterable[float]] = ..., double_diff: _Optional[_Iterable[float]] = ..., raw_data_type: _Optional[_Union[Type, str]] = ..., raw_diff_type: _Optional[_Union[Type, str]] = ..., raw_data: _Optional[bytes] = ..., raw_diff: _Optional[bytes] = ..., num: _Optional[int] = ..., channels: _Optional[int] = ..., height: _Optional[int] = ..., width: _Optional[int] = ...) -> None: ...
 
 class BlobProtoVector(_message.Message):
     __slots__ = ("blobs",)
@@ -95,7 +120,7 @@ class FillerParameter(_message.Message):
     def __init__(self, type: _Optional[str] = ..., value: _Optional[float] = ..., min: _Optional[float] = ..., max: _Optional[float] = ..., mean: _Optional[float] = ..., std: _Optional[float] = ..., sparse: _Optional[int] = ..., variance_norm: _Optional[_Union[FillerParameter.VarianceNorm, str]] = ...) -> None: ...
 
 class NetParameter(_message.Message):
-    __slots__ = ("name", "input", "input_shape", "input_dim", "force_backward", "state", "debug_info", "layer", "layers")
+    __slots__ = ("name", "input", "input_shape", "input_dim", "force_backward", "state", "debug_info", "layer", "layers", "default_forward_type", "default_backward_type", "default_forward_math", "default_backward_math", "global_grad_scale", "global_grad_scale_adaptive")
     NAME_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     INPUT_SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +130,12 @@ class NetParameter(_message.Message):
     DEBUG_INFO_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FORWARD_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_BACKWARD_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FORWARD_MATH_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_BACKWARD_MATH_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_GRAD_SCALE_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_GRAD_SCALE_ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     name: str
     input: _containers.RepeatedScalarFieldContainer[str]
     input_shape: _containers.RepeatedCompositeFieldContainer[BlobShape]
@@ -114,10 +145,16 @@ class NetParameter(_message.Message):
     debug_info: bool
     layer: _containers.RepeatedCompositeFieldContainer[LayerParameter]
     layers: _containers.RepeatedCompositeFieldContainer[V1LayerParameter]
-    def __init__(self, name: _Optional[str] = ..., input: _Optional[_Iterable[str]] = ..., input_shape: _Optional[_Iterable[_Union[BlobShape, _Mapping]]] = ..., input_dim: _Optional[_Iterable[int]] = ..., force_backward: bool = ..., state: _Optional[_Union[NetState, _Mapping]] = ..., debug_info: bool = ..., layer: _Optional[_Iterable[_Union[LayerParameter, _Mapping]]] = ..., layers: _Optional[_Iterable[_Union[V1LayerParameter, _Mapping]]] = ...) -> None: ...
+    default_forward_type: Type
+    default_backward_type: Type
+    default_forward_math: Type
+    default_backward_math: Type
+    global_grad_scale: float
+    global_grad_scale_adaptive: bool
+    def __init__(self, name: _Optional[str] = ..., input: _Optional[_Iterable[str]] = ..., input_shape: _Optional[_Iterable[_Union[BlobShape, _Mapping]]] = ..., input_dim: _Optional[_Iterable[int]] = ..., force_backward: bool = ..., state: _Optional[_Union[NetState, _Mapping]] = ..., debug_info: bool = ..., layer: _Optional[_Iterable[_Union[LayerParameter, _Mapping]]] = ..., layers: _Optional[_Iterable[_Union[V1LayerParameter, _Mapping]]] = ..., default_forward_type: _Optional[_Union[Type, str]] = ..., default_backward_type: _Optional[_Union[Type, str]] = ..., default_forward_math: _Optional[_Union[Type, str]] = ..., default_backward_math: _Optional[_Union[Type, str]] = ..., global_grad_scale: _Optional[float] = ..., global_grad_scale_adaptive: bool = ...) -> None: ...
 
 class SolverParameter(_message.Message):
-    __slots__ = ("net", "net_param", "train_net", "test_net", "train_net_param", "test_net_param", "train_state", "test_state", "test_iter", "test_interval", "test_compute_loss", "test_initialization", "base_lr", "display", "average_loss", "max_iter", "iter_size", "lr_policy", "gamma", "power", "momentum", "weight_decay", "regularization_type", "stepsize", "stepvalue", "clip_gradients", "snapshot", "snapshot_prefix", "snapshot_diff", "snapshot_format", "solver_mode", "device_id", "random_seed", "type", "delta", "momentum2", "rms_decay", "debug_info", "snapshot_after_train", "solver_type", "layer_wise_reduce", "weights", "eval_type", "ap_version", "show_per_class_result", "plateau_winsize")
+    __slots__ = ("net", "net_param", "train_net", "test_net", "train_net_param", "test_net_param", "train_state", "test_state", "test_iter", "test_interval", "test_compute_loss", "test_initialization", "base_lr", "display", "average_loss", "max_iter", "iter_size", "lr_policy", "gamma", "power", "momentum", "weight_decay", "regularization_type", "stepsize", "stepvalue", "clip_gradients", "snapshot", "snapshot_prefix", "snapshot_diff", "snapshot_format", "solver_mode", "device_id", "random_seed", "type", "delta", "momentum2", "rms_decay", "debug_info", "snapshot_after_train", "solver_type", "layer_wise_reduce", "weights", "eval_type", "ap_version", "show_per_class_result", "plateau_winsize", "solver_data_type", "store_blobs_in_old_format")
     class SnapshotFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         HDF5: _ClassVar[SolverParameter.SnapshotFormat]
@@ -190,6 +227,8 @@ class SolverParameter(_message.Message):
     AP_VERSION_FIELD_NUMBER: _ClassVar[int]
     SHOW_PER_CLASS_RESULT_FIELD_NUMBER: _ClassVar[int]
     PLATEAU_WINSIZE_FIELD_NUMBER: _ClassVar[int]
+    SOLVER_DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    STORE_BLOBS_IN_OLD_FORMAT_FIELD_NUMBER: _ClassVar[int]
     net: str
     net_param: NetParameter
     train_net: str
@@ -236,7 +275,9 @@ class SolverParameter(_message.Message):
     ap_version: str
     show_per_class_result: bool
     plateau_winsize: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, net: _Optional[str] = ..., net_param: _Optional[_Union[NetParameter, _Mapping]] = ..., train_net: _Optional[str] = ..., test_net: _Optional[_Iterable[str]] = ..., train_net_param: _Optional[_Union[NetParameter, _Mapping]] = ..., test_net_param: _Optional[_Iterable[_Union[NetParameter, _Mapping]]] = ..., train_state: _Optional[_Union[NetState, _Mapping]] = ..., test_state: _Optional[_Iterable[_Union[NetState, _Mapping]]] = ..., test_iter: _Optional[_Iterable[int]] = ..., test_interval: _Optional[int] = ..., test_compute_loss: bool = ..., test_initialization: bool = ..., base_lr: _Optional[float] = ..., display: _Optional[int] = ..., average_loss: _Optional[int] = ..., max_iter: _Optional[int] = ..., iter_size: _Optional[int] = ..., lr_policy: _Optional[str] = ..., gamma: _Optional[float] = ..., power: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., regularization_type: _Optional[str] = ..., stepsize: _Optional[int] = ..., stepvalue: _Optional[_Iterable[int]] = ..., clip_gradients: _Optional[float] = ..., snapshot: _Optional[int] = ..., snapshot_prefix: _Optional[str] = ..., snapshot_diff: bool = ..., snapshot_format: _Optional[_Union[SolverParameter.SnapshotFormat, str]] = ..., solver_mode: _Optional[_Union[SolverParameter.SolverMode, str]] = ..., device_id: _Optional[int] = ..., random_seed: _Optional[int] = ..., type: _Optional[str] = ..., delta: _Optional[float] = ..., momentum2: _Optional[float] = ..., rms_decay: _Optional[float] = ..., debug_info: bool = ..., snapshot_after_train: bool = ..., solver_type: _Optional[_Union[SolverParameter.SolverType, str]] = ..., layer_wise_reduce: bool = ..., weights: _Optional[_Iterable[str]] = ..., eval_type: _Optional[str] = ..., ap_version: _Optional[str] = ..., show_per_class_result: bool = ..., plateau_winsize: _Optional[_Iterable[int]] = ...) -> None: ...
+    solver_data_type: Type
+    store_blobs_in_old_format: bool
+    def __init__(self, net: _Optional[str] = ..., net_param: _Optional[_Union[NetParameter, _Mapping]] = ..., train_net: _Optional[str] = ..., test_net: _Optional[_Iterable[str]] = ..., train_net_param: _Optional[_Union[NetParameter, _Mapping]] = ..., test_net_param: _Optional[_Iterable[_Union[NetParameter, _Mapping]]] = ..., train_state: _Optional[_Union[NetState, _Mapping]] = ..., test_state: _Optional[_Iterable[_Union[NetState, _Mapping]]] = ..., test_iter: _Optional[_Iterable[int]] = ..., test_interval: _Optional[int] = ..., test_compute_loss: bool = ..., test_initialization: bool = ..., base_lr: _Optional[float] = ..., display: _Optional[int] = ..., average_loss: _Optional[int] = ..., max_iter: _Optional[int] = ..., iter_size: _Optional[int] = ..., lr_policy: _Optional[str] = ..., gamma: _Optional[float] = ..., power: _Optional[float] = ..., momentum: _Optional[float] = ..., weight_decay: _Optional[float] = ..., regularization_type: _Optional[str] = ..., stepsize: _Optional[int] = ..., stepvalue: _Optional[_Iterable[int]] = ..., clip_gradients: _Optional[float] = ..., snapshot: _Optional[int] = ..., snapshot_prefix: _Optional[str] = ..., snapshot_diff: bool = ..., snapshot_format: _Optional[_Union[SolverParameter.SnapshotFormat, str]] = ..., solver_mode: _Optional[_Union[SolverParameter.SolverMode, str]] = ..., device_id: _Optional[int] = ..., random_seed: _Optional[int] = ..., type: _Optional[str] = ..., delta: _Optional[float] = ..., momentum2: _Optional[float] = ..., rms_decay: _Optional[float] = ..., debug_info: bool = ..., snapshot_after_train: bool = ..., solver_type: _Optional[_Union[SolverParameter.SolverType, str]] = ..., layer_wise_reduce: bool = ..., weights: _Optional[_Iterable[str]] = ..., eval_type: _Optional[str] = ..., ap_version: _Optional[str] = ..., show_per_class_result: bool = ..., plateau_winsize: _Optional[_Iterable[int]] = ..., solver_data_type: _Optional[_Union[Type, str]] = ..., store_blobs_in_old_format: bool = ...) -> None: ...
 
 class SolverState(_message.Message):
     __slots__ = ("iter", "learned_net", "history", "current_step", "minimum_loss", "iter_last_event", "data_state", "rng_state")
@@ -315,7 +356,7 @@ class ParamSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., share_mode: _Optional[_Union[ParamSpec.DimCheckMode, str]] = ..., lr_mult: _Optional[float] = ..., decay_mult: _Optional[float] = ...) -> None: ...
 
 class LayerParameter(_message.Message):
-    __slots__ = ("name", "type", "bottom", "top", "phase", "loss_weight", "param", "blobs", "propagate_down", "include", "exclude", "transform_param", "loss_param", "accuracy_param", "argmax_param", "batch_norm_param", "bias_param", "clip_param", "concat_param", "contrastive_loss_param", "convolution_param", "crop_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param", "elu_param", "embed_param", "exp_param", "flatten_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param", "image_data_param", "infogain_loss_param", "inner_product_param", "input_param", "log_param", "lrn_param", "memory_data_param", "mvn_param", "parameter_param", "pooling_param", "power_param", "prelu_param", "python_param", "recurrent_param", "reduction_param", "relu_param", "reshape_param", "scale_param", "sigmoid_param", "softmax_param", "spp_param", "slice_param", "swish_param", "tanh_param", "threshold_param", "tile_param", "window_data_param", "lstm_param", "transpose_param", "reverse_param", "annotated_data_param", "multibox_loss_param", "permute_param", "prior_box_param", "detection_output_param", "detection_evaluate_param", "norm_param", "video_data_param", "upsample_param", "bn_param", "shuffle_channel_param", "interp_param", "roi_pooling_param", "smooth_l1_loss_param", "unpooling_param", "brelu_param", "continuation_indicator_param")
+    __slots__ = ("name", "type", "bottom", "top", "phase", "loss_weight", "param", "blobs", "propagate_down", "include", "exclude", "transform_param", "loss_param", "accuracy_param", "argmax_param", "batch_norm_param", "bias_param", "clip_param", "concat_param", "contrastive_loss_param", "convolution_param", "crop_param", "data_param", "dropout_param", "dummy_data_param", "eltwise_param", "elu_param", "embed_param", "exp_param", "flatten_param", "hdf5_data_param", "hdf5_output_param", "hinge_loss_param", "image_data_param", "infogain_loss_param", "inner_product_param", "input_param", "log_param", "lrn_param", "memory_data_param", "mvn_param", "parameter_param", "pooling_param", "power_param", "prelu_param", "python_param", "recurrent_param", "reduction_param", "relu_param", "reshape_param", "scale_param", "sigmoid_param", "softmax_param", "spp_param", "slice_param", "swish_param", "tanh_param", "threshold_param", "tile_param", "window_data_param", "lstm_param", "transpose_param", "reverse_param", "annotated_data_param", "multibox_loss_param", "permute_param", "prior_box_param", "detection_output_param", "detection_evaluate_param", "norm_param", "video_data_param", "upsample_param", "bn_param", "shuffle_channel_param", "interp_param", "roi_pooling_param", "smooth_l1_loss_param", "unpooling_param", "brelu_param", "continuation_indicator_param", "forward_type", "backward_type", "forward_math", "backward_math")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     BOTTOM_FIELD_NUMBER: _ClassVar[int]
@@ -396,6 +437,10 @@ class LayerParameter(_message.Message):
     UNPOOLING_PARAM_FIELD_NUMBER: _ClassVar[int]
     BRELU_PARAM_FIELD_NUMBER: _ClassVar[int]
     CONTINUATION_INDICATOR_PARAM_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_TYPE_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_MATH_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_MATH_FIELD_NUMBER: _ClassVar[int]
     name: str
     type: str
     bottom: _containers.RepeatedScalarFieldContainer[str]
@@ -476,7 +521,11 @@ class LayerParameter(_message.Message):
     unpooling_param: UnpoolingParameter
     brelu_param: BReLUParameter
     continuation_indicator_param: ContinuationIndicatorParameter
-    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., bottom: _Optional[_Iterable[str]] = ..., top: _Optional[_Iterable[str]] = ..., phase: _Optional[_Union[Phase, str]] = ..., loss_weight: _Optional[_Iterable[float]] = ..., param: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., blobs: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., propagate_down: _Optional[_Iterable[bool]] = ..., include: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., exclude: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., transform_param: _Optional[_Union[TransformationParameter, _Mapping]] = ..., loss_param: _Optional[_Union[LossParameter, _Mapping]] = ..., accuracy_param: _Optional[_Union[AccuracyParameter, _Mapping]] = ..., argmax_param: _Optional[_Union[ArgMaxParameter, _Mapping]] = ..., batch_norm_param: _Optional[_Union[BatchNormParameter, _Mapping]] = ..., bias_param: _Optional[_Union[BiasParameter, _Mapping]] = ..., clip_param: _Optional[_Union[ClipParameter, _Mapping]] = ..., concat_param: _Optional[_Union[ConcatParameter, _Mapping]] = ..., contrastive_loss_param: _Optional[_Union[ContrastiveLossParameter, _Mapping]] = ..., convolution_param: _Optional[_Union[ConvolutionParameter, _Mapping]] = ..., crop_param: _Optional[_Union[CropParameter, _Mapping]] = ..., data_param: _Optional[_Union[DataParameter, _Mapping]] = ..., dropout_param: _Optional[_Union[DropoutParameter, _Mapping]] = ..., dummy_data_param: _Optional[_Union[DummyDataParameter, _Mapping]] = ..., eltwise_param: _Optional[_Union[EltwiseParameter, _Mapping]] = ..., elu_param: _Optional[_Union[ELUParameter, _Mapping]] = ..., embed_param: _Optional[_Union[EmbedParameter, _Mapping]] = ..., exp_param: _Optional[_Union[ExpParameter, _Mapping]] = ..., flatten_param: _Optional[_Union[FlattenParameter, _Mapping]] = ..., hdf5_data_param: _Optional[_Union[HDF5DataParameter, _Mapping]] = ..., hdf5_output_param: _Optional[_Union[HDF5OutputParameter, _Mapping]] = ..., hinge_loss_param: _Optional[_Union[HingeLossParameter, _Mapping]] = ..., image_data_param: _Optional[_Union[ImageDataParameter, _Mapping]] = ..., infogain_loss_param: _Optional[_Union[InfogainLossParameter, _Mapping]] = ..., inner_product_param: _Optional[_Union[InnerProductParameter, _Mapping]] = ..., input_param: _Optional[_Union[InputParameter, _Mapping]] = ..., log_param: _Optional[_Union[LogParameter, _Mapping]] = ..., lrn_param: _Optional[_Union[LRNParameter, _Mapping]] = ..., memory_data_param: _Optional[_Union[MemoryDataParameter, _Mapping]] = ..., mvn_param: _Optional[_Union[MVNParameter, _Mapping]] = ..., parameter_param: _Optional[_Union[ParameterParameter, _Mapping]] = ..., pooling_param: _Optional[_Union[PoolingParameter, _Mapping]] = ..., power_param: _Optional[_Union[PowerParameter, _Mapping]] = ..., prelu_param: _Optional[_Union[PReLUParameter, _Mapping]] = ..., python_param: _Optional[_Union[PythonParameter, _Mapping]] = ..., recurrent_param: _Optional[_Union[RecurrentParameter, _Mapping]] = ..., reduction_param: _Optional[_Union[ReductionParameter, _Mapping]] = ..., relu_param: _Optional[_Union[ReLUParameter, _Mapping]] = ..., reshape_param: _Optional[_Union[ReshapeParameter, _Mapping]] = ..., scale_param: _Optional[_Union[ScaleParameter, _Mapping]] = ..., sigmoid_param: _Optional[_Union[SigmoidParameter, _Mapping]] = ..., softmax_param: _Optional[_Union[SoftmaxParameter, _Mapping]] = ..., spp_param: _Optional[_Union[SPPParameter, _Mapping]] = ..., slice_param: _Optional[_Union[SliceParameter, _Mapping]] = ..., swish_param: _Optional[_Union[SwishParameter, _Mapping]] = ..., tanh_param: _Optional[_Union[TanHParameter, _Mapping]] = ..., threshold_param: _Optional[_Union[ThresholdParameter, _Mapping]] = ..., tile_param: _Optional[_Union[TileParameter, _Mapping]] = ..., window_data_param: _Optional[_Union[WindowDataParameter, _Mapping]] = ..., lstm_param: _Optional[_Union[LstmParameter, _Mapping]] = ..., transpose_param: _Optional[_Union[TransposeParameter, _Mapping]] = ..., reverse_param: _Optional[_Union[ReverseParameter, _Mapping]] = ..., annotated_data_param: _Optional[_Union[AnnotatedDataParameter, _Mapping]] = ..., multibox_loss_param: _Optional[_Union[MultiBoxLossParameter, _Mapping]] = ..., permute_param: _Optional[_Union[PermuteParameter, _Mapping]] = ..., prior_box_param: _Optional[_Union[PriorBoxParameter, _Mapping]] = ..., detection_output_param: _Optional[_Union[DetectionOutputParameter, _Mapping]] = ..., detection_evaluate_param: _Optional[_Union[DetectionEvaluateParameter, _Mapping]] = ..., norm_param: _Optional[_Union[NormalizeParameter, _Mapping]] = ..., video_data_param: _Optional[_Union[VideoDataParameter, _Mapping]] = ..., upsample_param: _Optional[_Union[UpsampleParameter, _Mapping]] = ..., bn_param: _Optional[_Union[BNParameter, _Mapping]] = ..., shuffle_channel_param: _Optional[_Union[ShuffleChannelParameter, _Mapping]] = ..., interp_param: _Optional[_Union[InterpParameter, _Mapping]] = ..., roi_pooling_param: _Optional[_Union[ROIPoolingParameter, _Mapping]] = ..., smooth_l1_loss_param: _Optional[_Union[SmoothL1LossParameter, _Mapping]] = ..., unpooling_param: _Optional[_Union[UnpoolingParameter, _Mapping]] = ..., brelu_param: _Optional[_Union[BReLUParameter, _Mapping]] = ..., continuation_indicator_param: _Optional[_Union[ContinuationIndicatorParameter, _Mapping]] = ...) -> None: ...
+    forward_type: Type
+    backward_type: Type
+    forward_math: Type
+    backward_math: Type
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., bottom: _Optional[_Iterable[str]] = ..., top: _Optional[_Iterable[str]] = ..., phase: _Optional[_Union[Phase, str]] = ..., loss_weight: _Optional[_Iterable[float]] = ..., param: _Optional[_Iterable[_Union[ParamSpec, _Mapping]]] = ..., blobs: _Optional[_Iterable[_Union[BlobProto, _Mapping]]] = ..., propagate_down: _Optional[_Iterable[bool]] = ..., include: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., exclude: _Optional[_Iterable[_Union[NetStateRule, _Mapping]]] = ..., transform_param: _Optional[_Union[TransformationParameter, _Mapping]] = ..., loss_param: _Optional[_Union[LossParameter, _Mapping]] = ..., accuracy_param: _Optional[_Union[AccuracyParameter, _Mapping]] = ..., argmax_param: _Optional[_Union[ArgMaxParameter, _Mapping]] = ..., batch_norm_param: _Optional[_Union[BatchNormParameter, _Mapping]] = ..., bias_param: _Optional[_Union[BiasParameter, _Mapping]] = ..., clip_param: _Optional[_Union[ClipParameter, _Mapping]] = ..., concat_param: _Optional[_Union[ConcatParameter, _Mapping]] = ..., contrastive_loss_param: _Optional[_Union[ContrastiveLossParameter, _Mapping]] = ..., convolution_param: _Optional[_Union[ConvolutionParameter, _Mapping]] = ..., crop_param: _Optional[_Union[CropParameter, _Mapping]] = ..., data_param: _Optional[_Union[DataParameter, _Mapping]] = ..., dropout_param: _Optional[_Union[DropoutParameter, _Mapping]] = ..., dummy_data_param: _Optional[_Union[DummyDataParameter, _Mapping]] = ..., eltwise_param: _Optional[_Union[EltwiseParameter, _Mapping]] = ..., elu_param: _Optional[_Union[ELUParameter, _Mapping]] = ..., embed_param: _Optional[_Union[EmbedParameter, _Mapping]] = ..., exp_param: _Optional[_Union[ExpParameter, _Mapping]] = ..., flatten_param: _Optional[_Union[FlattenParameter, _Mapping]] = ..., hdf5_data_param: _Optional[_Union[HDF5DataParameter, _Mapping]] = ..., hdf5_output_param: _Optional[_Union[HDF5OutputParameter, _Mapping]] = ..., hinge_loss_param: _Optional[_Union[HingeLossParameter, _Mapping]] = ..., image_data_param: _Optional[_Union[ImageDataParameter, _Mapping]] = ..., infogain_loss_param: _Optional[_Union[InfogainLossParameter, _Mapping]] = ..., inner_product_param: _Optional[_Union[InnerProductParameter, _Mapping]] = ..., input_param: _Optional[_Union[InputParameter, _Mapping]] = ..., log_param: _Optional[_Union[LogParameter, _Mapping]] = ..., lrn_param: _Optional[_Union[LRNParameter, _Mapping]] = ..., memory_data_param: _Optional[_Union[MemoryDataParameter, _Mapping]] = ..., mvn_param: _Optional[_Union[MVNParameter, _Mapping]] = ..., parameter_param: _Optional[_Union[ParameterParameter, _Mapping]] = ..., pooling_param: _Optional[_Union[PoolingParameter, _Mapping]] = ..., power_param: _Optional[_Union[PowerParameter, _Mapping]] = ..., prelu_param: _Optional[_Union[PReLUParameter, _Mapping]] = ..., python_param: _Optional[_Union[PythonParameter, _Mapping]] = ..., recurrent_param: _Optional[_Union[RecurrentParameter, _Mapping]] = ..., reduction_param: _Optional[_Union[ReductionParameter, _Mapping]] = ..., relu_param: _Optional[_Union[ReLUParameter, _Mapping]] = ..., reshape_param: _Optional[_Union[ReshapeParameter, _Mapping]] = ..., scale_param: _Optional[_Union[ScaleParameter, _Mapping]] = ..., sigmoid_param: _Optional[_Union[SigmoidParameter, _Mapping]] = ..., softmax_param: _Optional[_Union[SoftmaxParameter, _Mapping]] = ..., spp_param: _Optional[_Union[SPPParameter, _Mapping]] = ..., slice_param: _Optional[_Union[SliceParameter, _Mapping]] = ..., swish_param: _Optional[_Union[SwishParameter, _Mapping]] = ..., tanh_param: _Optional[_Union[TanHParameter, _Mapping]] = ..., threshold_param: _Optional[_Union[ThresholdParameter, _Mapping]] = ..., tile_param: _Optional[_Union[TileParameter, _Mapping]] = ..., window_data_param: _Optional[_Union[WindowDataParameter, _Mapping]] = ..., lstm_param: _Optional[_Union[LstmParameter, _Mapping]] = ..., transpose_param: _Optional[_Union[TransposeParameter, _Mapping]] = ..., reverse_param: _Optional[_Union[ReverseParameter, _Mapping]] = ..., annotated_data_param: _Optional[_Union[AnnotatedDataParameter, _Mapping]] = ..., multibox_loss_param: _Optional[_Union[MultiBoxLossParameter, _Mapping]] = ..., permute_param: _Optional[_Union[PermuteParameter, _Mapping]] = ..., prior_box_param: _Optional[_Union[PriorBoxParameter, _Mapping]] = ..., detection_output_param: _Optional[_Union[DetectionOutputParameter, _Mapping]] = ..., detection_evaluate_param: _Optional[_Union[DetectionEvaluateParameter, _Mapping]] = ..., norm_param: _Optional[_Union[NormalizeParameter, _Mapping]] = ..., video_data_param: _Optional[_Union[VideoDataParameter, _Mapping]] = ..., upsample_param: _Optional[_Union[UpsampleParameter, _Mapping]] = ..., bn_param: _Optional[_Union[BNParameter, _Mapping]] = ..., shuffle_channel_param: _Optional[_Union[ShuffleChannelParameter, _Mapping]] = ..., interp_param: _Optional[_Union[InterpParameter, _Mapping]] = ..., roi_pooling_param: _Optional[_Union[ROIPoolingParameter, _Mapping]] = ..., smooth_l1_loss_param: _Optional[_Union[SmoothL1LossParameter, _Mapping]] = ..., unpooling_param: _Optional[_Union[UnpoolingParameter, _Mapping]] = ..., brelu_param: _Optional[_Union[BReLUParameter, _Mapping]] = ..., continuation_indicator_param: _Optional[_Union[ContinuationIndicatorParameter, _Mapping]] = ..., forward_type: _Optional[_Union[Type, str]] = ..., backward_type: _Optional[_Union[Type, str]] = ..., forward_math: _Optional[_Union[Type, str]] = ..., backward_math: _Optional[_Union[Type, str]] = ...) -> None: ...
 
 class BReLUParameter(_message.Message):
     __slots__ = ("minval", "maxval")

@@ -158,9 +158,12 @@ def _compile(text: str, stem: str, flags: tuple[str, ...]) -> ctypes.CDLL:
 
 
 def library(source: str, dtype, shim: str, stem: str, flags: Sequence[str] = ()) -> ctypes.CDLL:
-    """``typedef <float|double> Dtype;`` + ``shim`` + ``source`` as a shared library, compiled once
-    per process for each (text, flags); ``stem`` names the build files."""
-    text = f"typedef {C_TYPES[np.dtype(dtype)][1]} Dtype;\n{shim}{source}"
+    """``typedef <float|double> Dtype;`` (and ``Mtype``, the same, with identity ``to_m``/``from_m``,
+    as the backend prelude has them) + ``shim`` + ``source`` as a shared library, compiled once per
+    process for each (text, flags); ``stem`` names the build files."""
+    text = (f"typedef {C_TYPES[np.dtype(dtype)][1]} Dtype;\ntypedef Dtype Mtype;\n"
+            "static inline Mtype to_m(const Dtype x) { return x; }\n"
+            f"static inline Dtype from_m(const Mtype x) {{ return x; }}\n{shim}{source}")
     return _compile(text, stem, tuple(flags))
 
 

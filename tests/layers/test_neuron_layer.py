@@ -228,7 +228,7 @@ def test_generated_kernels_compile_with_nvcc(generated_sources, dtype, tmp_path)
     sources = [s for (s, dt) in generated_sources if dt == np.dtype(dtype).str]
     body = "\n".join(_unique_names(s, k) for k, s in enumerate(sources))
     src = tmp_path / "neurons.cu"
-    src.write_text('extern "C" {\n' + backend.PRELUDE.format(ctype=_ctype(dtype)) + body + "\n}\n")
+    src.write_text('extern "C" {\n' + backend.prelude(dtype) + body + "\n}\n")
     proc = subprocess.run(["nvcc", "-c", "-arch=sm_90", "-O3", "-o", str(tmp_path / "neurons.o"), str(src)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

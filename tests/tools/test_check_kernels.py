@@ -71,3 +71,26 @@ def test_arch_option_is_passed_to_nvcc(tmp_path):
     assert "[Dtype=double, sm_80]" in proc.stdout
     bad_arch = run_tool("--paths", str(good), "--arch", "sm_not_an_arch", "--dtype", "float")
     assert bad_arch.returncode == 1
+
+
+def test_half_and_bfloat16_compile_with_a_float_math_type(tmp_path):
+    """--dtype half / bfloat16: Dtype is __half / __nv_bfloat16, Mtype float, to_m/from_m convert,
+    and the shared block sum (block_sum.cuh) sums in Mtype; float and double compile the same file."""
+    k = tmp_path / "mixed.cu"
+    k.write_text('#include "block_sum.cuh"\n'
+                 "__global__ void scale_sum(const int n, const Dtype* x, Dtype* y, float* out) {\n"
+                 "  Mtype s = 0, s2 = 0;\n"
+                 "  CUDA_KERNEL_LOOP(i, n) { const Mtype v = to_m(x[i]); y[i] = from_m(v * Mtype(2)); s += v; s2 += v * v; }\n"
+                 "  block_sum2(s, s2);\n"
+                 "  if (threadIdx.x == 0) out[blockIdx.x] = s + s2;\n}\n")
+    proc = run_tool("--paths", str(k), *[a for t in ("float", "double", "half", "bfloat16") for a in ("--dtype", t)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[Dtype=half, sm_90]" in proc.stdout and "[Dtype=bfloat16, sm_90]" in proc.stdout
+    assert "4 of 4 compilations succeeded" in proc.stdout
+    # a half kernel that sums in Dtype through the float block sum is refused
+    bad = tmp_path / "dtype_sum.cu"
+    bad.write_text('#include "block_sum.cuh"\n'
+                   "__global__ void dsum(const int n, const Dtype* x, Dtype* out) {\n"
+                   "  Dtype s = x[0], s2 = x[0];\n  block_sum2(s, s2);\n  out[0] = s;\n}\n")
+    proc = run_tool("--paths", str(bad), "--dtype", "float", "--dtype", "half")
+    assert proc.returncode == 1 and "1 of 2 compilations succeeded" in proc.stdout, proc.stdout + proc.stderr

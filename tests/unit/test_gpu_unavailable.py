@@ -164,6 +164,13 @@ def test_blas_rejects_non_float_dtypes():
 
 
 def test_prelude_defines_dtype_and_loop():
-    text = backend.PRELUDE.format(ctype="double")
-    assert text.startswith("typedef double Dtype;")
+    text = backend.prelude(np.float64)
+    assert text.startswith("typedef double Dtype;\ntypedef double Mtype;")
     assert "#define CUDA_KERNEL_LOOP(i, n)" in text
+
+
+@pytest.mark.parametrize(("dtype", "ctype"), [(np.float16, "__half"), (np.uint16, "__nv_bfloat16")])
+def test_half_prelude_stores_half_and_computes_in_float(dtype, ctype):
+    text = backend.prelude(dtype)
+    assert text.startswith('extern "C++" {\n#include <cuda_fp16.h>')
+    assert f"typedef {ctype} Dtype;\ntypedef float Mtype;" in text
