@@ -290,7 +290,8 @@ class ConvolutionBase(Layer):
         """Refuse (before allocating) when one chunk's CPU scratch (:attr:`host_workspace_bytes`) cannot fit."""
         check_fits("", f"the CPU convolution buffers of one chunk of images (padded input, columns; kernel "
                        f"{'x'.join(map(str, self.geo_nd.kernel))}, {'x'.join(map(str, image))} inputs, "
-                       f"{'x'.join(map(str, out))} outputs)", self.host_workspace_bytes, 1)
+                       f"{'x'.join(map(str, out))} outputs)",
+                   self.host_workspace_bytes // self.dtype.itemsize, self.dtype.itemsize)
 
     def engines(self, passes: tuple[str, ...] = conv_engines.PASSES) -> tuple[ConvProblem, conv_engines.Choice]:
         """:attr:`problem` and the engine per pass for it: autotuned once per shape and pass (cached

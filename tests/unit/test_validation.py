@@ -177,10 +177,11 @@ def test_solver_net_errors_name_the_net_file_and_a_missing_policy_the_solver(tmp
 
 @pytest.mark.parametrize("layer,match", [
     ('type: "Convolution" convolution_param { num_output: 1 kernel_size: 9 pad: 4 }',
-     r"layer 'l' \(Convolution\): the padded 28x28 input and its columns for kernel 9x9 over 28x28 outputs would "
-     r"need 63.3 MiB \(8,294,400 values\)"),
+     r"layer 'l' \(Convolution\): the CPU convolution buffers of one chunk of images \(padded input, columns; "
+     r"kernel 9x9, 28x28 inputs, 28x28 outputs\) would need 64.7 MiB \(8,475,840 values\)"),
     ('type: "Deconvolution" convolution_param { num_output: 64 kernel_size: 9 pad: 4 }',
-     r"layer 'l' \(Deconvolution\): the padded 28x28 input and its columns for kernel 9x9 over 28x28 outputs"),
+     r"layer 'l' \(Deconvolution\): the CPU convolution buffers of one chunk of images \(padded input, columns; "
+     r"kernel 9x9, 28x28 inputs, 28x28 outputs\) would need 72.1 MiB"),
     ('type: "Pooling" pooling_param { kernel_size: 14 stride: 1 }',
      r"layer 'l' \(Pooling\): kernel 14x14, stride 1x1 on a 28x28 input: the padded input and the stack of its "
      r"kernel windows would need 43.8 MiB"),
