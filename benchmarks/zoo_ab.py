@@ -5,7 +5,7 @@
 
 Each (mode, net) runs ``zoo.py``'s worker (our side only: one subprocess per measurement, as
 ``zoo.py`` isolates them) from the ``--before`` checkout and from the ``--after`` one, alternating
-which goes first from net to net so that a drift of the device's clocks does not favour one side.
+which goes first from net to net and mode to mode so that a drift of the device's clocks does not favour one side.
 The table gives both trees' median iteration ms, batch-1 forward ms and device memory, and the
 after / before ratios. A refactor that should not change speed passes when the ratios sit at 1.
 """
@@ -76,11 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| mode | net | before ms | after ms | after/before | b1 before | b1 after | b1 ratio | "
              "MiB before | MiB after |", "|---|---|---|---|---|---|---|---|---|---|"]
     failed = 0
-    k = 0
-    for mode in args.modes.split(","):
-        for net in args.nets.split(","):
-            order = ("before", "after") if k % 2 == 0 else ("after", "before")
-            k += 1
+    for mi, mode in enumerate(args.modes.split(",")):
+        for ni, net in enumerate(args.nets.split(",")):
+            order = ("before", "after") if (mi + ni) % 2 == 0 else ("after", "before")  # a checkerboard
             res = {}
             for side in order:
                 start = time.perf_counter()
