@@ -1,11 +1,15 @@
 """``pycaffe-lite export_onnx --model deploy.prototxt --weights w.caffemodel --output net.onnx``:
 write the net as ONNX, then run it in ONNX Runtime and compare every blob with pycaffe-lite's own
 forward (per-blob table on stdout; a mismatch exits with status 1 naming the first diverging
-layer). Needs the ``onnx`` extra."""
+layer; a reference that is not finite, inf or NaN in pycaffe-lite's own forward, exits with status
+3, "inconclusive"). Without ``--weights`` the layers' fillers give the weights, and normalization
+statistics are set to mean 0 / variance 1 so that the reference stays finite
+(:func:`pycaffe_lite.onnx.fill.unit_statistics`). Needs the ``onnx`` extra."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .. import common
 from ..errors import CaffeError
@@ -59,8 +63,13 @@ def run(args: argparse.Namespace) -> int:
     common.set_mode_cpu()
     phase = common.TEST if args.phase == "TEST" else common.TRAIN
     net = Net(args.model, phase=phase, level=args.level, stages=stages(args) or None)
+    fill_notes: list[str] = []
     if args.weights:
         net.copy_from(args.weights)
+    else:
+        from ..onnx.fill import unit_statistics
+
+        fill_notes = unit_statistics(net)
     report = export_net(
         net, args.output, opset=args.opset or DEFAULT_OPSET, dynamic_batch=args.dynamic_batch,
         input_shapes=_shapes(args.input_shape, net), fp16=args.fp16, random_check=not args.no_check,
@@ -70,14 +79,18 @@ def run(args: argparse.Namespace) -> int:
     ex = report.exported
     print(f"wrote {args.output}: {len(ex.model.graph.node)} nodes, opset {args.opset or DEFAULT_OPSET}, "
           f"inputs {', '.join(f'{k} {list(v)}' for k, v in ex.inputs.items())}, outputs {', '.join(ex.outputs)}")
-    for note in ex.notes:
+    for note in fill_notes + ex.notes:
         print(f"note: {note}")
     labels = ["random input"] + list(args.check_input)
     for label, result in zip(labels, report.checks):
         print(f"\ncheck on {label}:")
         print(result.table())
-    from ..onnx import verify
+    from ..onnx import InconclusiveCheck, verify
 
     for result in report.checks:
-        verify(result)  # a CaffeError: the CLI prints it and exits 1
+        try:
+            verify(result)  # a CaffeError: the CLI prints it and exits 1
+        except InconclusiveCheck as exc:
+            print(f"pycaffe-lite {NAME}: {exc}", file=sys.stderr)
+            return 3
     return 0

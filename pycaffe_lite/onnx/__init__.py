@@ -17,19 +17,31 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 
-from .check import CheckResult, check, load_check_input, verify
+from ..durable import describe, fsync_dir, temp_path
+from .check import (
+    INLINE_BYTES,
+    CheckResult,
+    InconclusiveCheck,
+    check,
+    initializer_bytes,
+    load_check_input,
+    verify,
+)
 from .export import Exported, build, reshape_inputs
 from .graph import DEFAULT_OPSET, CheckError, ExportError
 from .registry import CONVERTERS, exports, load_converters
 
 __all__ = ["CONVERTERS", "CheckError", "CheckResult", "DEFAULT_OPSET", "ExportError", "Exported", "ExportReport",
-           "build", "check", "export_net", "exports", "load_converters", "verify"]
+           "InconclusiveCheck", "build", "check", "export_net", "exports", "load_converters", "save_model", "verify"]
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -55,18 +67,32 @@ def export_net(net, path: str | os.PathLike | None, opset: int = DEFAULT_OPSET, 
     ``check_inputs``: {input: array} or a path for the first input, .npy or an image) runs ONNX
     Runtime against the net's forward and raises :class:`CheckError` naming the first diverging
     layer unless ``raise_on_mismatch`` is False.
+    ``raise_on_mismatch`` also raises :class:`InconclusiveCheck` when the reference is not finite.
+    A model whose weights exceed :data:`~.check.INLINE_BYTES` is written with its weights in
+    ``<path>.data`` beside it (:func:`save_model`).
     """
     old = reshape_inputs(net, input_shapes or {})
     try:
         exported = build(net, opset=opset, dynamic_batch=dynamic_batch, fp16=fp16, fold_bn=fold_bn)
-        if check_model:
-            try:
-                onnx.checker.check_model(exported.model, full_check=True)
-            except onnx.checker.ValidationError as exc:
-                raise ExportError(f"net '{net.name}': onnx.checker rejects the export: {exc}") from None
+        large = initializer_bytes(exported.model) > INLINE_BYTES
+        if check_model and not large:
+            _checker(net, exported.model)
+        folder = None
         if path is not None:
-            onnx.save_model(exported.model, os.fspath(path))
+            if save_model(exported.model, path):
+                folder = os.path.dirname(os.path.abspath(path))
             log.info("Wrote %s (%d nodes, opset %d)", path, len(exported.model.graph.node), opset)
+        if check_model and large:  # onnx.checker reads a model over 2 GB from its files only
+            if folder is not None:
+                _checker(net, os.fspath(path))
+            else:
+                with tempfile.TemporaryDirectory(prefix="pycaffe-lite-onnx-") as tmp:
+                    onnx.save_model(exported.model, os.path.join(tmp, "m.onnx"), save_as_external_data=True,
+                                    location="m.onnx.data", size_threshold=1024)
+                    try:
+                        _checker(net, os.path.join(tmp, "m.onnx"))
+                    finally:
+                        _load_weights(exported.model, tmp)
         for note in exported.notes:
             log.info("export note: %s", note)
         results = []
@@ -83,12 +109,57 @@ def export_net(net, path: str | os.PathLike | None, opset: int = DEFAULT_OPSET, 
                 feeds.update({k: rng.standard_normal(s).astype(np.float32)
                               for k, s in exported.inputs.items() if k != first})
                 feeds_list.append(feeds)
-        for item_feeds in feeds_list:
-            result = check(net, exported, item_feeds, seed=seed, tol=tol)
-            results.append(result)
-            if raise_on_mismatch:
-                verify(result)
+        try:
+            for item_feeds in feeds_list:
+                result = check(net, exported, item_feeds, seed=seed, tol=tol, folder=folder)
+                results.append(result)
+                if raise_on_mismatch:
+                    verify(result)
+        finally:
+            if folder is not None:  # the weights back in the proto (they were written to the data file)
+                _load_weights(exported.model, folder)
         return ExportReport(exported, results, None if path is None else os.fspath(path))
     finally:
         if old:
             reshape_inputs(net, old)
+
+
+def _checker(net, model: onnx.ModelProto | str) -> None:
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"net '{net.name}': onnx.checker rejects the export: {exc}") from None
+
+
+def _load_weights(model: onnx.ModelProto, folder: str) -> None:
+    """Read the weights of a model saved with external data back into its proto (inline again)."""
+    onnx.load_external_data_for_model(model, folder)
+    for t in model.graph.initializer:
+        t.data_location = onnx.TensorProto.DEFAULT
+        del t.external_data[:]
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> bool:
+    """Write ``model`` to ``path``, whole or not at all: into a temporary folder beside it, then
+    renamed. Weights over :data:`~.check.INLINE_BYTES` (protobuf cannot serialize 2 GB) go to
+    ``<name>.data`` beside the model (ONNX external data, one file), renamed before the model; the
+    model proto then references that file (its tensors' raw data cleared). Returns whether it did."""
+    final = Path(os.fspath(path)).absolute()
+    external = initializer_bytes(model) > INLINE_BYTES
+    tmp = temp_path(final)
+    tmp.mkdir()
+    try:
+        try:
+            if external:
+                onnx.save_model(model, str(tmp / final.name), save_as_external_data=True, all_tensors_to_one_file=True,
+                                location=final.name + ".data", size_threshold=1024)
+                os.replace(tmp / (final.name + ".data"), final.parent / (final.name + ".data"))
+            else:
+                onnx.save_model(model, str(tmp / final.name))
+            os.replace(tmp / final.name, final)
+        except OSError as exc:
+            raise ExportError(f"cannot write {final}: {describe(exc)}") from None
+        fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return external

@@ -6,14 +6,25 @@ intermediate value of an in-place chain is observed after its own layer. A blob 
 ``max |onnx - caffe| <= tol * max |caffe|`` (``tol`` 1e-5). With fp16 weights the reference runs on
 the weight blobs rounded to float16, as the export stores them (vectors stay float32), so the same
 1e-5 applies; with fp16 and folded BatchNorms the folded kernels are rounded after folding, and the
-tolerance is 2e-3.
+tolerance is 2e-3. A reference blob holding inf or NaN proves nothing either way: its row is
+``inconclusive``, and so is the whole check when such a blob comes before any mismatch.
+
+Memory: the check streams. The compared values are split into chunks of about
+:data:`CHUNK_BYTES`; per chunk ONNX Runtime runs once with just that chunk's values as outputs,
+then the Caffe forward runs once and each top is compared right after its layer, in place (no
+copy of the net's blobs is kept). A small net is one chunk: one run of each. A model whose weights
+exceed :data:`INLINE_BYTES` is handed to ONNX Runtime through external data files (the file the
+export wrote, or a temporary folder), never as one serialized protobuf (which cannot exceed 2 GB).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +38,16 @@ from .graph import CheckError, fp16_stored
 
 TOL_FP32 = 1e-5
 TOL_FP16_FOLDED = 2e-3
+CHUNK_BYTES = 256 * 2**20  # ONNX Runtime values fetched per run (one value may exceed it alone)
+INLINE_BYTES = 512 * 2**20  # larger weights reach ONNX Runtime as external data files
+_STEP = 1 << 22  # elements compared at a time (float64 temporaries of 32 MiB)
+# Layers whose forward depends on the previous forward: the check runs the net once (one chunk).
+STATEFUL_TYPES = frozenset({"RNN", "LSTM", "Python"})
+
+
+class InconclusiveCheck(CheckError):
+    """The reference (pycaffe-lite's forward) holds inf or NaN before any blob differs: the check
+    can neither pass nor fail the export."""
 
 
 @dataclass
@@ -36,7 +57,8 @@ class CheckRow:
     scale: float = 0.0  # max |caffe value|
     max_abs: float = 0.0
     rel: float = 0.0
-    verdict: str = ""  # "ok", "MISMATCH", "alias", "left out"
+    verdict: str = ""  # "ok", "ok (all 0)", "ok (alias)", "MISMATCH", "inconclusive", or why not compared
+    detail: str = ""  # inconclusive: the reference's non-finite counts
 
 
 @dataclass
@@ -50,28 +72,52 @@ class CheckResult:
         return [r for r in self.rows if r.verdict == "MISMATCH"]
 
     @property
+    def inconclusive(self) -> list[CheckRow]:
+        return [r for r in self.rows if r.verdict == "inconclusive"]
+
+    @property
+    def status(self) -> str:
+        """"PASS", "FAIL" (the first blob that is not ok differs) or "INCONCLUSIVE" (the first such
+        blob is non-finite in the reference; later mismatches may follow from its inf/NaN)."""
+        for r in self.rows:
+            if r.verdict == "MISMATCH":
+                return "FAIL"
+            if r.verdict == "inconclusive":
+                return "INCONCLUSIVE"
+        return "PASS"
+
+    @property
     def ok(self) -> bool:
-        return not self.failures
+        return self.status == "PASS"
 
     def table(self) -> str:
         head = ("layer", "type", "top", "onnx value", "shape", "max|caffe|", "max abs diff", "rel diff", "")
         lines = [head]
         for r in self.rows:
             shape = "x".join(map(str, r.shape)) if r.shape is not None else "-"
-            if r.verdict in ("ok", "MISMATCH", "ok (all 0)"):
+            if r.verdict in ("ok", "MISMATCH", "ok (all 0)", "ok (alias)"):
                 nums = (f"{r.scale:.4g}", f"{r.max_abs:.3g}", f"{r.rel:.3g}")
             else:
                 nums = ("-", "-", "-")
-            lines.append((r.row.layer, r.row.type, r.row.top, r.row.value or "-", shape, *nums, r.verdict))
+            verdict = f"{r.verdict} ({r.detail})" if r.detail else r.verdict
+            lines.append((r.row.layer, r.row.type, r.row.top, r.row.value or "-", shape, *nums, verdict))
         widths = [max(len(str(line[k])) for line in lines) for k in range(len(head))]
         out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
         zeros = [r for r in self.rows if r.verdict == "ok (all 0)"]
-        compared = [r for r in self.rows if r.verdict in ("ok", "MISMATCH")] + zeros
+        compared = [r for r in self.rows if r.verdict in ("ok", "ok (alias)", "MISMATCH", "ok (all 0)")]
         worst = max((r.rel for r in compared), default=0.0)
-        verdict = (f"PASS: {len(compared)} blobs agree within {self.tol:g} of their range (worst {worst:.3g})"
-                   if self.ok else
-                   f"FAIL: {len(self.failures)} of {len(compared)} blobs differ by more than {self.tol:g} of "
-                   f"their range; first diverging layer '{self.failures[0].row.layer}' ({self.failures[0].row.type})")
+        status = self.status
+        if status == "PASS":
+            verdict = f"PASS: {len(compared)} blobs agree within {self.tol:g} of their range (worst {worst:.3g})"
+        elif status == "FAIL":
+            f = self.failures[0]
+            verdict = (f"FAIL: {len(self.failures)} of {len(compared)} blobs differ by more than {self.tol:g} of "
+                       f"their range; first diverging layer '{f.row.layer}' ({f.row.type})")
+        else:
+            f = self.inconclusive[0]
+            verdict = (f"INCONCLUSIVE: {len(self.inconclusive)} reference blobs hold inf or NaN, the first "
+                       f"'{f.row.top}' of layer '{f.row.layer}' ({f.row.type}: {f.detail}); {len(self.failures)} "
+                       "compared blobs differ (load trained weights with --weights, or check another input)")
         if zeros:
             verdict += (f"\nWARNING: {len(zeros)} blobs are all 0 in both (no weights loaded?): "
                         "the check proves little for them")
@@ -104,9 +150,36 @@ def _embed_input_dim(net, name: str) -> int:
     return 0
 
 
-def caffe_values(net, feeds: Mapping[str, np.ndarray]) -> dict[tuple[int, int], np.ndarray]:
-    """Every top of every layer right after that layer's CPU forward, fusions off."""
-    captured: dict[tuple[int, int], np.ndarray] = {}
+@contextlib.contextmanager
+def _memory_data_fed(net, feeds: Mapping[str, np.ndarray]) -> Iterator[None]:
+    """MemoryData layers serve the check's arrays for one forward (their own arrays and read
+    position restored afterwards): their data top is a graph input like any other."""
+    saved = []
+    for i, layer in enumerate(net.layers):
+        if layer.type != "MemoryData":
+            continue
+        tops = net.top_names_of(i)
+        data = feeds.get(tops[0])
+        if data is None:
+            data = np.zeros(net.blobs[tops[0]].shape, np.float32)
+        labels = feeds.get(tops[1]) if len(tops) > 1 else None
+        if labels is None:
+            labels = np.zeros(layer.batch_size, np.float32)
+        saved.append((layer, layer._data, layer._labels, layer.n, layer.pos))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # transform_param is not applied to these arrays (as in Caffe)
+            layer.reset(np.ascontiguousarray(data, np.float32), np.ascontiguousarray(labels, np.float32),
+                        layer.batch_size)
+    try:
+        yield
+    finally:
+        for layer, data, labels, n, pos in saved:
+            layer._data, layer._labels, layer.n, layer.pos = data, labels, n, pos
+
+
+def caffe_forward(net, feeds: Mapping[str, np.ndarray], visit: Callable[[int, int, np.ndarray], None]) -> None:
+    """One CPU forward, fusions off, calling ``visit(layer index, top index, value)`` right after
+    each layer for each of its tops (the value is the net's blob: read it, do not keep it)."""
     feeding = {i for i in range(len(net.layers))  # the input and data layers (no bottoms)
                if not net.bottom_names_of(i) and set(net.top_names_of(i)) & set(feeds)}
 
@@ -114,7 +187,7 @@ def caffe_values(net, feeds: Mapping[str, np.ndarray]) -> dict[tuple[int, int], 
         for j, (name, blob) in enumerate(zip(net.top_names_of(i), net.top_vecs[i])):
             if i in feeding and name in feeds:
                 blob.mutable_cpu_data()[...] = feeds[name]
-            captured[(i, j)] = np.array(blob.cpu_data(), dtype=np.float32, copy=True)
+            visit(i, j, blob.cpu_data())
 
     ex = net.executor
     fusions, mode = ex.fusions, common.mode()
@@ -124,20 +197,21 @@ def caffe_values(net, feeds: Mapping[str, np.ndarray]) -> dict[tuple[int, int], 
     try:
         common.set_mode_cpu()
         for name, arr in feeds.items():
-            net.blobs[name].mutable_cpu_data()[...] = arr
-        net.forward_prefilled()
+            if name in net.blobs:
+                net.blobs[name].mutable_cpu_data()[...] = arr
+        with _memory_data_fed(net, feeds):
+            net.forward_prefilled()
     finally:
         hooks.remove(after)
         ex.fusions = fusions
         if mode is not common.Mode.CPU:
             common.set_mode_gpu()
-    return captured
 
 
 @contextlib.contextmanager
-def _fp16_weights(net) -> Iterator[None]:
+def _fp16_weights(net, on: bool) -> Iterator[None]:
     """The net's weight blobs rounded to float16 as the export stores them (:func:`fp16_stored`)."""
-    blobs = [b for layer in net.layers for b in layer.blobs if fp16_stored(b.shape)]
+    blobs = [b for layer in net.layers for b in layer.blobs if fp16_stored(b.shape)] if on else []
     saved = [np.array(b.cpu_data(), copy=True) for b in blobs]
     try:
         for b in blobs:
@@ -148,34 +222,96 @@ def _fp16_weights(net) -> Iterator[None]:
             b.mutable_cpu_data()[...] = s
 
 
-def onnx_values(exported: Exported, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run the model in ONNX Runtime (CPU) with every compared value added as a graph output."""
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's weights held in the protobuf itself (not in external data)."""
+    total = 0
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            total += len(t.raw_data) or int(np.prod(t.dims, dtype=np.int64)) * 4
+    return total
 
-    ort = require("onnxruntime", feature="checking an ONNX export", extra="onnx")
-    model = onnx.ModelProto()
-    model.CopyFrom(exported.model)
-    have = {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
-    extra = []
-    for r in exported.rows:
-        if r.value is not None and r.value not in have:
-            have.add(r.value)
-            extra.append(r.value)
-    model.graph.output.extend(onnx.helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, None) for v in extra)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    results = sess.run(names, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in feeds.items()
-                               if k in exported.inputs})
-    values = dict(zip(names, results))
-    values.update({k: np.asarray(v, np.float32) for k, v in feeds.items()})
-    return values
+
+def has_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+class OrtRunner:
+    """Runs ``model`` in ONNX Runtime (CPU) with chosen values as the outputs. ``folder``: where its
+    external data files lie (the model as the export wrote it); a model with more than
+    :data:`INLINE_BYTES` of weights held inline is moved to external data in a temporary folder for
+    the runner's life (and its weights loaded back into the proto when the runner closes)."""
+
+    def __init__(self, model: onnx.ModelProto, folder: str | None = None) -> None:
+        self.ort = require("onnxruntime", feature="checking an ONNX export", extra="onnx")
+        self.model, self.folder, self._tmp = model, folder, None
+        if not has_external_data(model) and initializer_bytes(model) > INLINE_BYTES:
+            self._tmp = tempfile.mkdtemp(prefix="pycaffe-lite-onnx-check-")
+            onnx.save_model(model, os.path.join(self._tmp, "model.onnx"), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
+            self.folder = self._tmp  # the proto now references that file (its raw data cleared)
+        elif has_external_data(model) and folder is None:
+            raise CheckError("the model's weights are in external data files: give their folder")
+
+    def run(self, names: list[str], feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The values ``names`` (graph values, not inputs) for ``feeds``."""
+        graph = self.model.graph
+        saved = list(graph.output)
+        del graph.output[:]
+        graph.output.extend(onnx.helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, None) for v in names)
+        try:
+            data = self.model.SerializeToString()
+        finally:
+            del graph.output[:]
+            graph.output.extend(saved)
+        opts = self.ort.SessionOptions()
+        opts.log_severity_level = 3
+        if self.folder is not None:
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", self.folder)
+        sess = self.ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        del data
+        inputs = {i.name for i in sess.get_inputs()}
+        results = sess.run(names, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in feeds.items()
+                                   if k in inputs})
+        return dict(zip(names, results))
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            onnx.load_external_data_for_model(self.model, self._tmp)
+            for t in self.model.graph.initializer:  # inline again, as before the runner
+                t.data_location = onnx.TensorProto.DEFAULT
+                del t.external_data[:]
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+
+def _chunks(net, rows: list[CheckRow], budget: int) -> list[list[CheckRow]]:
+    """The compared rows in groups whose distinct ONNX values hold about ``budget`` bytes."""
+    if any(layer.type in STATEFUL_TYPES for layer in net.layers):
+        return [rows] if rows else []
+    chunks: list[list[CheckRow]] = []
+    current: list[CheckRow] = []
+    values: set[str] = set()
+    size = 0
+    for cr in rows:
+        v = cr.row.value
+        if v not in values:
+            nbytes = int(net.top_vecs[cr.row.index][cr.row.top_index].count) * 4
+            if current and size + nbytes > budget:
+                chunks.append(current)
+                current, values, size = [], set(), 0
+            values.add(v)
+            size += nbytes
+        current.append(cr)
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
-          tol: float | None = None) -> CheckResult:
+          tol: float | None = None, folder: str | None = None, chunk_bytes: int = CHUNK_BYTES) -> CheckResult:
     """Compare ``exported`` (built from ``net`` at its current shapes) with the net's forward on
-    ``inputs`` (default: random) and return the per-blob table; :func:`verify` raises on mismatch."""
+    ``inputs`` (default: random) and return the per-blob table; :func:`verify` raises unless it
+    passed. ``folder``: where the model's external data files are (when it has any)."""
     feeds = dict(inputs) if inputs is not None else _rng_inputs(net, exported, seed)
     for name, shape in exported.inputs.items():
         if name not in feeds:
@@ -183,60 +319,98 @@ def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = Non
         if tuple(feeds[name].shape) != shape:
             raise CheckError(f"check input '{name}': shape {tuple(feeds[name].shape)}, the export expects {shape}")
     tol = tol if tol is not None else (TOL_FP16_FOLDED if exported.fp16 and exported.folded else TOL_FP32)
-    if exported.fp16:
-        with _fp16_weights(net):
-            ref = caffe_values(net, feeds)
-    else:
-        ref = caffe_values(net, feeds)
-    got = onnx_values(exported, feeds)
-    rows = []
-    seen: dict[str, str] = {}
-    for r in exported.rows:
-        cr = CheckRow(r)
-        if r.value is None:
-            cr.verdict = r.note or "left out"
-            rows.append(cr)
-            continue
-        a = ref[(r.index, r.top_index)]
-        cr.shape = tuple(a.shape)
-        b = got.get(r.value)
-        if b is None:
-            cr.verdict = "MISMATCH"
-            cr.max_abs = cr.rel = float("inf")
+    rows = [CheckRow(r) for r in exported.rows]
+    compared = []
+    for cr in rows:
+        if cr.row.value is None:
+            cr.verdict = cr.row.note or "left out"
         else:
-            _compare(cr, a, b, tol)
-        if r.value in seen and cr.verdict == "ok":
+            compared.append(cr)
+    runner = OrtRunner(exported.model, folder)
+    try:
+        for chunk in _chunks(net, compared, chunk_bytes):
+            wanted = [v for v in dict.fromkeys(cr.row.value for cr in chunk) if v not in exported.inputs]
+            got: dict[str, np.ndarray] = runner.run(wanted, feeds) if wanted else {}
+            got.update({k: np.asarray(feeds[k], np.float32) for k in exported.inputs})
+            _compare_chunk(net, feeds, chunk, got, tol, exported.fp16)
+            del got
+    finally:
+        runner.close()
+    seen: set[str] = set()
+    for cr in compared:
+        if cr.row.value in seen and cr.verdict == "ok":
             cr.verdict = "ok (alias)"
-        seen.setdefault(r.value, r.top)
-        rows.append(cr)
+        seen.add(str(cr.row.value))
+        if not cr.verdict:  # the forward never reached its layer
+            cr.verdict, cr.max_abs, cr.rel = "MISMATCH", float("inf"), float("inf")
     return CheckResult(rows, tol, feeds)
 
 
-def _compare(cr: CheckRow, a: np.ndarray, b: np.ndarray, tol: float) -> None:
-    if a.shape != b.shape:
+def _compare_chunk(net, feeds: Mapping[str, np.ndarray], chunk: list[CheckRow], got: Mapping[str, np.ndarray],
+                   tol: float, fp16: bool) -> None:
+    """One Caffe forward comparing each of ``chunk``'s tops right after its layer with ``got``."""
+    by_top: dict[tuple[int, int], list[CheckRow]] = {}
+    for cr in chunk:
+        by_top.setdefault((cr.row.index, cr.row.top_index), []).append(cr)
+
+    def visit(i: int, j: int, value: np.ndarray) -> None:
+        for cr in by_top.get((i, j), ()):
+            _compare(cr, value, got.get(str(cr.row.value)), tol)
+
+    with _fp16_weights(net, fp16):
+        caffe_forward(net, feeds, visit)
+
+
+def _compare(cr: CheckRow, a: np.ndarray, b: np.ndarray | None, tol: float) -> None:
+    """Fill ``cr`` from reference ``a`` and ONNX value ``b``, a slice at a time (float64)."""
+    cr.shape = tuple(a.shape)
+    if b is None or a.shape != b.shape:
         cr.verdict = "MISMATCH"
         cr.max_abs = cr.rel = float("inf")
-        cr.row.note = f"shape {b.shape} in ONNX"
+        cr.row.note = "missing in ONNX" if b is None else f"shape {b.shape} in ONNX"
         return
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    if (nan_a != nan_b).any():
-        cr.verdict = "MISMATCH"
-        cr.max_abs = cr.rel = float("nan")
+    fa, fb = a.reshape(-1), np.asarray(b).reshape(-1)
+    scale = max_abs = 0.0
+    n_nan = n_inf = 0
+    for s in range(0, fa.size, _STEP):
+        x = fa[s:s + _STEP].astype(np.float64)
+        y = fb[s:s + _STEP].astype(np.float64)
+        finite = np.isfinite(x)
+        if not finite.all():
+            nan = int(np.isnan(x).sum())
+            n_nan, n_inf = n_nan + nan, n_inf + int(x.size - finite.sum()) - nan
+            continue
+        if n_nan or n_inf:
+            continue
+        d = np.abs(x - y)
+        d[~np.isfinite(d)] = np.inf  # a NaN or inf in ONNX where the reference is finite
+        scale = max(scale, float(np.abs(x).max()))
+        max_abs = max(max_abs, float(d.max()))
+    if n_nan or n_inf:
+        cr.verdict = "inconclusive"
+        cr.detail = ", ".join(f"{n} {w}" for n, w in ((n_inf, "inf"), (n_nan, "NaN")) if n) + " in the reference"
         return
-    fa, fb = np.where(nan_a, 0, a).astype(np.float64), np.where(nan_b, 0, b).astype(np.float64)
-    cr.scale = float(np.abs(fa).max()) if fa.size else 0.0
-    cr.max_abs = float(np.abs(fa - fb).max()) if fa.size else 0.0
-    cr.rel = cr.max_abs / cr.scale if cr.scale > 0 else cr.max_abs
-    if cr.scale == 0 and cr.max_abs == 0:
+    cr.scale, cr.max_abs = scale, max_abs
+    cr.rel = max_abs / scale if scale > 0 else max_abs
+    if scale == 0 and max_abs == 0:
         cr.verdict = "ok (all 0)"  # agrees, but proves little (no weights loaded?)
         return
-    cr.verdict = "ok" if cr.max_abs <= tol * cr.scale else "MISMATCH"
+    cr.verdict = "ok" if max_abs <= tol * scale else "MISMATCH"
 
 
 def verify(result: CheckResult) -> None:
-    """Raise :class:`CheckError` naming the first diverging layer when the check failed."""
-    if result.ok:
+    """Raise :class:`CheckError` naming the first diverging layer when the check failed, and
+    :class:`InconclusiveCheck` naming the first non-finite reference blob when it was inconclusive."""
+    status = result.status
+    if status == "PASS":
         return
+    if status == "INCONCLUSIVE":
+        f = result.inconclusive[0]
+        raise InconclusiveCheck(
+            f"the check is inconclusive: pycaffe-lite's own forward is not finite from layer '{f.row.layer}' "
+            f"({f.row.type}), top '{f.row.top}' ({f.detail}), so ONNX Runtime's values prove nothing there; "
+            f"{len(result.inconclusive)} blob(s) non-finite, {len(result.failures)} compared blob(s) differ"
+        )
     f = result.failures[0]
     raise CheckError(
         f"ONNX Runtime disagrees with pycaffe-lite: first diverging layer '{f.row.layer}' ({f.row.type}), "
