@@ -28,11 +28,10 @@ import onnx
 
 from ..durable import describe, fsync_dir, temp_path
 from .check import (
-    INLINE_BYTES,
     CheckResult,
     InconclusiveCheck,
     check,
-    initializer_bytes,
+    needs_external_data,
     load_check_input,
     verify,
 )
@@ -74,7 +73,7 @@ def export_net(net, path: str | os.PathLike | None, opset: int = DEFAULT_OPSET, 
     old = reshape_inputs(net, input_shapes or {})
     try:
         exported = build(net, opset=opset, dynamic_batch=dynamic_batch, fp16=fp16, fold_bn=fold_bn)
-        large = initializer_bytes(exported.model) > INLINE_BYTES
+        large = needs_external_data(exported.model)
         if check_model and not large:
             _checker(net, exported.model)
         folder = None
@@ -145,7 +144,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> bool:
     ``<name>.data`` beside the model (ONNX external data, one file), renamed before the model; the
     model proto then references that file (its tensors' raw data cleared). Returns whether it did."""
     final = Path(os.fspath(path)).absolute()
-    external = initializer_bytes(model) > INLINE_BYTES
+    external = needs_external_data(model)
     tmp = temp_path(final)
     tmp.mkdir()
     try:

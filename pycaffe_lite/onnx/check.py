@@ -231,6 +231,11 @@ def initializer_bytes(model: onnx.ModelProto) -> int:
     return total
 
 
+def needs_external_data(model: onnx.ModelProto) -> bool:
+    """Whether the model's inline weights exceed :data:`INLINE_BYTES` (written and run as external data)."""
+    return initializer_bytes(model) > INLINE_BYTES
+
+
 def has_external_data(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
@@ -244,7 +249,7 @@ class OrtRunner:
     def __init__(self, model: onnx.ModelProto, folder: str | None = None) -> None:
         self.ort = require("onnxruntime", feature="checking an ONNX export", extra="onnx")
         self.model, self.folder, self._tmp = model, folder, None
-        if not has_external_data(model) and initializer_bytes(model) > INLINE_BYTES:
+        if not has_external_data(model) and needs_external_data(model):
             self._tmp = tempfile.mkdtemp(prefix="pycaffe-lite-onnx-check-")
             onnx.save_model(model, os.path.join(self._tmp, "model.onnx"), save_as_external_data=True,
                             all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
@@ -308,10 +313,11 @@ def _chunks(net, rows: list[CheckRow], budget: int) -> list[list[CheckRow]]:
 
 
 def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
-          tol: float | None = None, folder: str | None = None, chunk_bytes: int = CHUNK_BYTES) -> CheckResult:
+          tol: float | None = None, folder: str | None = None, chunk_bytes: int | None = None) -> CheckResult:
     """Compare ``exported`` (built from ``net`` at its current shapes) with the net's forward on
     ``inputs`` (default: random) and return the per-blob table; :func:`verify` raises unless it
-    passed. ``folder``: where the model's external data files are (when it has any)."""
+    passed. ``folder``: where the model's external data files are (when it has any);
+    ``chunk_bytes``: the values fetched per ONNX Runtime run (default :data:`CHUNK_BYTES`)."""
     feeds = dict(inputs) if inputs is not None else _rng_inputs(net, exported, seed)
     for name, shape in exported.inputs.items():
         if name not in feeds:
@@ -328,7 +334,7 @@ def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = Non
             compared.append(cr)
     runner = OrtRunner(exported.model, folder)
     try:
-        for chunk in _chunks(net, compared, chunk_bytes):
+        for chunk in _chunks(net, compared, chunk_bytes or CHUNK_BYTES):
             wanted = [v for v in dict.fromkeys(cr.row.value for cr in chunk) if v not in exported.inputs]
             got: dict[str, np.ndarray] = runner.run(wanted, feeds) if wanted else {}
             got.update({k: np.asarray(feeds[k], np.float32) for k in exported.inputs})
