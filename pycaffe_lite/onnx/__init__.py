@@ -31,8 +31,8 @@ from .check import (
     CheckResult,
     InconclusiveCheck,
     check,
-    needs_external_data,
     load_check_input,
+    needs_external_data,
     verify,
 )
 from .export import Exported, build, reshape_inputs
