@@ -82,7 +82,7 @@ def export_net(net, path: str | os.PathLike | None, opset: int = DEFAULT_OPSET, 
                 folder = os.path.dirname(os.path.abspath(path))
             log.info("Wrote %s (%d nodes, opset %d)", path, len(exported.model.graph.node), opset)
         if check_model and large:  # onnx.checker reads a model over 2 GB from its files only
-            if folder is not None:
+            if path is not None and folder is not None:
                 _checker(net, os.fspath(path))
             else:
                 with tempfile.TemporaryDirectory(prefix="pycaffe-lite-onnx-") as tmp:

@@ -298,7 +298,7 @@ def _chunks(net, rows: list[CheckRow], budget: int) -> list[list[CheckRow]]:
     values: set[str] = set()
     size = 0
     for cr in rows:
-        v = cr.row.value
+        v = str(cr.row.value)
         if v not in values:
             nbytes = int(net.top_vecs[cr.row.index][cr.row.top_index].count) * 4
             if current and size + nbytes > budget:
@@ -335,7 +335,7 @@ def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = Non
     runner = OrtRunner(exported.model, folder)
     try:
         for chunk in _chunks(net, compared, chunk_bytes or CHUNK_BYTES):
-            wanted = [v for v in dict.fromkeys(cr.row.value for cr in chunk) if v not in exported.inputs]
+            wanted = [v for v in dict.fromkeys(str(cr.row.value) for cr in chunk) if v not in exported.inputs]
             got: dict[str, np.ndarray] = runner.run(wanted, feeds) if wanted else {}
             got.update({k: np.asarray(feeds[k], np.float32) for k in exported.inputs})
             _compare_chunk(net, feeds, chunk, got, tol, exported.fp16)

@@ -95,9 +95,9 @@ def _stochastic_test(ctx: LayerContext, g: _PoolGeometry) -> str:
     x = ctx.bottoms[0]
     if any(after):
         x = ctx.op("Pad", [x, ctx.ints("pads", [0] * (2 + len(after)) + [0, 0, *after])], mode="constant")
-    attrs = dict(kernel_shape=list(g.kernel), strides=list(g.stride))
-    total = ctx.op("AveragePool", [x], **attrs)
-    squares = ctx.op("AveragePool", [ctx.op("Mul", [x, x])], **attrs)
+    k, st = list(g.kernel), list(g.stride)
+    total = ctx.op("AveragePool", [x], kernel_shape=k, strides=st)
+    squares = ctx.op("AveragePool", [ctx.op("Mul", [x, x])], kernel_shape=k, strides=st)
     zero = ctx.const("zero", 0.0)
     positive = ctx.op("Greater", [total, zero])
     safe = ctx.op("Where", [positive, total, ctx.const("one", 1.0)])
