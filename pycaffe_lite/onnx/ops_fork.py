@@ -231,9 +231,16 @@ def detection_output(ctx: LayerContext) -> list[str]:
     cand = ctx.op("Reshape", [cand, ctx.ints("cand_shape", [-1, top_k, 4])])
     vals = ctx.op("Reshape", [vals, ctx.ints("entry_k", [-1, top_k])])  # (N·C', k)
     idx = ctx.op("Reshape", [idx, ctx.ints("entry_k", [-1, top_k])])
-    sel = ctx.op("NonMaxSuppression", [cand, ctx.op("Unsqueeze", [vals, ctx.ints("axes1", [1])]),
+    # NMS ranks by position, not score: top_k - j for candidate j (TopK's order: the layer's, equal
+    # scores lower prior first) where the score passes the threshold, else -1 (below NMS's 0): equal
+    # scores are then taken in the layer's order whatever the runtime's NMS does with ties
+    rank = ctx.op("Sub", [ctx.const("k_f", float(top_k)),
+                          ctx.op("Cast", [ctx.op("Range", [i64("r0", 0), i64("k_i", top_k), i64("r1", 1)])], to=1)])
+    passing = ctx.op("Greater", [vals, ctx.const("score_thr", threshold)])
+    rank = ctx.op("Where", [passing, rank, ctx.const("below", -1.0)])
+    sel = ctx.op("NonMaxSuppression", [cand, ctx.op("Unsqueeze", [rank, ctx.ints("axes1", [1])]),
                                        ctx.ints("max_out", [top_k]), ctx.const("iou", float(nms.nms_threshold)),
-                                       ctx.const("score_thr", threshold)])
+                                       ctx.const("zero_thr", 0.0)])
     bj = ctx.op("Gather", [sel, ctx.ints("bj", [0, 2])], axis=1)  # (S, 2): entry, candidate
     entry = col(bj, 0)
     score = ctx.op("GatherND", [vals, bj])  # (S,)

@@ -161,3 +161,21 @@ def test_command_fills_statistics_and_exits_3_when_inconclusive(tmp_path, capsys
     captured = capsys.readouterr()
     assert code == 3, captured.out
     assert "INCONCLUSIVE" in captured.out and "inconclusive: pycaffe-lite's own forward is not finite" in captured.err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mobilenet_v2_deploy", "mobilenet_v1_deploy"])
+def test_command_example_without_weights(name, tmp_path, capsys):
+    """The shipped MobileNet deploy files without weights, batch dynamic. Before the statistics
+    were filled, v2's first ReLU6 (a Clip(0, 6)) differed by 2.3e-5 of its range (rounding carried
+    from a BatchNorm that multiplied its input by 316) and v1's BatchNorms overflowed to inf."""
+    from pathlib import Path
+
+    deploy = Path(__file__).resolve().parents[2] / "examples" / "model_zoo" / f"{name}.prototxt"
+    code = main(["export_onnx", "--model", str(deploy), "--output", str(tmp_path / "m.onnx"), "--dynamic-batch"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "PASS:" in out and "WARNING" not in out
+    if name == "mobilenet_v2_deploy":
+        relu1 = [line for line in out.splitlines() if line.startswith("relu1 ")]
+        assert relu1 and relu1[0].split()[1] == "Clip" and relu1[0].endswith(" ok")

@@ -97,3 +97,16 @@ def test_detection_output_keep_top_k_cuts_per_image():
     check_with(net, {"data": x}, dynamic_batch=True)
     out = net.blobs["det"].data[0, 0]
     assert np.array_equal(np.bincount(out[:, 0].astype(int), minlength=2), [3, 3]), out
+
+
+def test_detection_output_tied_scores_keep_the_layers_order():
+    """Every prior of an image with the same scores (confidence weights 0): NMS, keep_top_k and the
+    row order must break the ties as the layer does (lower prior, then lower class)."""
+    net = _net("center", 2)
+    net.params["conf"][0].data[...] = 0
+    bias = net.params["conf"][1].data
+    bias[...] = np.tile([0.0, 1.0, 1.0, 0.5], A)  # classes 1 and 2 tie too
+    x = np.random.default_rng(8).standard_normal((2, 3, 6, 6)).astype(np.float32) * 3
+    check_with(net, {"data": x}, dynamic_batch=True)
+    out = net.blobs["det"].data[0, 0]
+    assert len(set(out[:, 2].tolist())) <= 2 and out.shape[0] == 6  # tied scores, 3 rows per image
