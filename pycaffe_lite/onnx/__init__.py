@@ -56,7 +56,7 @@ def export_net(net, path: str | os.PathLike | None, opset: int = DEFAULT_OPSET, 
                input_shapes: Mapping[str, Sequence[int]] | None = None, fp16: bool = False,
                check_model: bool = True, check_inputs: Sequence[Mapping[str, np.ndarray] | str] = (),
                random_check: bool = True, seed: int = 0, tol: float | None = None,
-               raise_on_mismatch: bool = True, fold_bn: bool = False) -> ExportReport:
+               raise_on_mismatch: bool = True, fold_bn: bool = False, layer_recheck: bool = True) -> ExportReport:
     """Write ``net`` as ONNX to ``path`` (None: build only) and prove it.
 
     ``input_shapes``: {input: shape} to export at another shape (the net is reshaped for the export
@@ -65,7 +65,8 @@ def export_net(net, path: str | os.PathLike | None, opset: int = DEFAULT_OPSET, 
     ``check_model``: ``onnx.checker`` on the model. The check (``random_check`` and each of
     ``check_inputs``: {input: array} or a path for the first input, .npy or an image) runs ONNX
     Runtime against the net's forward and raises :class:`CheckError` naming the first diverging
-    layer unless ``raise_on_mismatch`` is False.
+    layer unless ``raise_on_mismatch`` is False. ``layer_recheck``: blobs that differ end to end are
+    compared once more with their layer's nodes run on our values of its bottoms (:mod:`.local`).
     ``raise_on_mismatch`` also raises :class:`InconclusiveCheck` when the reference is not finite.
     A model whose weights exceed :data:`~.check.INLINE_BYTES` is written with its weights in
     ``<path>.data`` beside it (:func:`save_model`).
@@ -110,7 +111,8 @@ def export_net(net, path: str | os.PathLike | None, opset: int = DEFAULT_OPSET, 
                 feeds_list.append(feeds)
         try:
             for item_feeds in feeds_list:
-                result = check(net, exported, item_feeds, seed=seed, tol=tol, folder=folder)
+                result = check(net, exported, item_feeds, seed=seed, tol=tol, folder=folder,
+                               layer_recheck=layer_recheck)
                 results.append(result)
                 if raise_on_mismatch:
                     verify(result)

@@ -57,8 +57,8 @@ class CheckRow:
     scale: float = 0.0  # max |caffe value|
     max_abs: float = 0.0
     rel: float = 0.0
-    verdict: str = ""  # "ok", "ok (all 0)", "ok (alias)", "MISMATCH", "inconclusive", or why not compared
-    detail: str = ""  # inconclusive: the reference's non-finite counts
+    verdict: str = ""  # "ok", "ok (all 0)", "ok (alias)", "ok (layer)", "MISMATCH", "inconclusive", or why not
+    detail: str = ""  # inconclusive: the reference's non-finite counts; rechecked: "layer alone <rel diff>"
 
 
 @dataclass
@@ -95,7 +95,7 @@ class CheckResult:
         lines = [head]
         for r in self.rows:
             shape = "x".join(map(str, r.shape)) if r.shape is not None else "-"
-            if r.verdict in ("ok", "MISMATCH", "ok (all 0)", "ok (alias)"):
+            if r.verdict in ("ok", "MISMATCH", "ok (all 0)", "ok (alias)", "ok (layer)"):
                 nums = (f"{r.scale:.4g}", f"{r.max_abs:.3g}", f"{r.rel:.3g}")
             else:
                 nums = ("-", "-", "-")
@@ -104,14 +104,20 @@ class CheckResult:
         widths = [max(len(str(line[k])) for line in lines) for k in range(len(head))]
         out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
         zeros = [r for r in self.rows if r.verdict == "ok (all 0)"]
+        layer = [r for r in self.rows if r.verdict == "ok (layer)"]
         compared = [r for r in self.rows if r.verdict in ("ok", "ok (alias)", "MISMATCH", "ok (all 0)")]
-        worst = max((r.rel for r in compared), default=0.0)
+        worst = max((r.rel for r in compared if r.verdict != "MISMATCH"), default=0.0)
         status = self.status
         if status == "PASS":
             verdict = f"PASS: {len(compared)} blobs agree within {self.tol:g} of their range (worst {worst:.3g})"
+            if layer:
+                drift = max(r.rel for r in layer)
+                alone = max(float(r.detail.split()[-1]) for r in layer)
+                verdict += (f"; {len(layer)} more agree within it layer by layer (their layer's nodes on our "
+                            f"values of its bottoms: worst {alone:.3g}; carried end to end up to {drift:.3g})")
         elif status == "FAIL":
             f = self.failures[0]
-            verdict = (f"FAIL: {len(self.failures)} of {len(compared)} blobs differ by more than {self.tol:g} of "
+            verdict = (f"FAIL: {len(self.failures)} of {len(compared) + len(layer)} blobs differ by more than {self.tol:g} of "
                        f"their range; first diverging layer '{f.row.layer}' ({f.row.type})")
         else:
             f = self.inconclusive[0]
@@ -126,9 +132,15 @@ class CheckResult:
 
 def _rng_inputs(net, exported: Exported, seed: int) -> dict[str, np.ndarray]:
     """Standard-normal inputs; an input that an Embed layer reads gets valid integer indices."""
+    return random_feeds(net, exported.inputs, seed)
+
+
+def random_feeds(net, shapes: Mapping[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    """{input: standard-normal array of its shape}; an input that an Embed layer reads gets valid
+    integer indices instead."""
     rng = np.random.default_rng(seed)
     feeds = {}
-    for name, shape in exported.inputs.items():
+    for name, shape in shapes.items():
         embed_dim = _embed_input_dim(net, name)
         if embed_dim:
             feeds[name] = rng.integers(0, embed_dim, size=shape).astype(np.float32)
@@ -177,9 +189,11 @@ def _memory_data_fed(net, feeds: Mapping[str, np.ndarray]) -> Iterator[None]:
             layer._data, layer._labels, layer.n, layer.pos = data, labels, n, pos
 
 
-def caffe_forward(net, feeds: Mapping[str, np.ndarray], visit: Callable[[int, int, np.ndarray], None]) -> None:
+def caffe_forward(net, feeds: Mapping[str, np.ndarray], visit: Callable[[int, int, np.ndarray], None],
+                  before: Callable[[int], None] | None = None) -> None:
     """One CPU forward, fusions off, calling ``visit(layer index, top index, value)`` right after
-    each layer for each of its tops (the value is the net's blob: read it, do not keep it)."""
+    each layer for each of its tops (the value is the net's blob: read it, do not keep it), and
+    ``before(layer index)`` before each layer when given."""
     feeding = {i for i in range(len(net.layers))  # the input and data layers (no bottoms)
                if not net.bottom_names_of(i) and set(net.top_names_of(i)) & set(feeds)}
 
@@ -192,8 +206,11 @@ def caffe_forward(net, feeds: Mapping[str, np.ndarray], visit: Callable[[int, in
     ex = net.executor
     fusions, mode = ex.fusions, common.mode()
     hooks = ex.hooks["after_forward"]
+    before_hooks = ex.hooks["before_forward"]
     ex.fusions = {}
     hooks.append(after)
+    if before is not None:
+        before_hooks.append(before)
     try:
         common.set_mode_cpu()
         for name, arr in feeds.items():
@@ -203,6 +220,8 @@ def caffe_forward(net, feeds: Mapping[str, np.ndarray], visit: Callable[[int, in
             net.forward_prefilled()
     finally:
         hooks.remove(after)
+        if before is not None:
+            before_hooks.remove(before)
         ex.fusions = fusions
         if mode is not common.Mode.CPU:
             common.set_mode_gpu()
@@ -268,16 +287,21 @@ class OrtRunner:
         finally:
             del graph.output[:]
             graph.output.extend(saved)
-        opts = self.ort.SessionOptions()
-        opts.log_severity_level = 3
-        if self.folder is not None:
-            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", self.folder)
-        sess = self.ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        sess = self.session(data)
         del data
         inputs = {i.name for i in sess.get_inputs()}
         results = sess.run(names, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in feeds.items()
                                    if k in inputs})
         return dict(zip(names, results))
+
+    def session(self, data: bytes):
+        """An ONNX Runtime CPU session of a serialized model whose external data (if any) lies in
+        the runner's folder."""
+        opts = self.ort.SessionOptions()
+        opts.log_severity_level = 3
+        if self.folder is not None:
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", self.folder)
+        return self.ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
 
     def close(self) -> None:
         if self._tmp is not None:
@@ -313,11 +337,15 @@ def _chunks(net, rows: list[CheckRow], budget: int) -> list[list[CheckRow]]:
 
 
 def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
-          tol: float | None = None, folder: str | None = None, chunk_bytes: int | None = None) -> CheckResult:
+          tol: float | None = None, folder: str | None = None, chunk_bytes: int | None = None,
+          layer_recheck: bool = True) -> CheckResult:
     """Compare ``exported`` (built from ``net`` at its current shapes) with the net's forward on
     ``inputs`` (default: random) and return the per-blob table; :func:`verify` raises unless it
     passed. ``folder``: where the model's external data files are (when it has any);
-    ``chunk_bytes``: the values fetched per ONNX Runtime run (default :data:`CHUNK_BYTES`)."""
+    ``chunk_bytes``: the values fetched per ONNX Runtime run (default :data:`CHUNK_BYTES`).
+    ``layer_recheck``: a blob that differs end to end is compared once more with its layer's ONNX
+    nodes run on our own values of the layer's bottoms (:mod:`.local`): within ``tol`` there, the
+    row is ``ok (layer)`` (the difference was carried in from the layers before it)."""
     feeds = dict(inputs) if inputs is not None else _rng_inputs(net, exported, seed)
     for name, shape in exported.inputs.items():
         if name not in feeds:
@@ -340,6 +368,11 @@ def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = Non
             got.update({k: np.asarray(feeds[k], np.float32) for k in exported.inputs})
             _compare_chunk(net, feeds, chunk, got, tol, exported.fp16)
             del got
+        if layer_recheck and any(cr.verdict == "MISMATCH" for cr in compared):
+            from .local import recheck_layers
+
+            with _fp16_weights(net, exported.fp16):
+                recheck_layers(net, exported, runner, feeds, compared, tol)
     finally:
         runner.close()
     seen: set[str] = set()
