@@ -89,3 +89,31 @@ def test_fill_statistics_normalizes_each_channel():
     np.testing.assert_allclose(y.var(axis=(0, 2, 3)), 1, rtol=1e-3)
     assert fill_statistics(net) == []  # set statistics are left alone
     assert export_net(net, None).checks[0].ok
+
+
+def test_mask_near_ties_pass_layer_by_layer(monkeypatch):
+    """A difference upstream within the tolerance (an AbsVal exported with 2.4e-7 added to the
+    first cell of every 2x2 window) flips each window's near tie (1 and the next float32): the
+    mask differs end to end by whole cells, yet MaxPool on our own input picks the same cells."""
+    load_converters()
+    bump = np.zeros((1, 1, 4, 4), np.float32)
+    bump[..., ::2, ::2] = 2.4e-7
+
+    def bumped(ctx):
+        return [ctx.op("Add", [ctx.op("Abs", [ctx.bottoms[0]]), ctx.const("bump", bump)], ctx.out(0))]
+
+    monkeypatch.setitem(CONVERTERS, "AbsVal", bumped)
+    net = make_net(INPUT.format(dims="dim: 1 dim: 1 dim: 4 dim: 4") + '''
+    layer { name: "abs" type: "AbsVal" bottom: "data" top: "a" }
+    layer { name: "pool" type: "Pooling" bottom: "a" top: "p" top: "mask" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+    ''')
+    x = np.full((1, 1, 4, 4), 1.0, np.float32)
+    x[..., 1::2, 1::2] = np.nextafter(np.float32(1), np.float32(2))  # the last cell of each window wins, barely
+    strict = export_net(net, None, check_inputs=[{"data": x}], random_check=False, raise_on_mismatch=False,
+                        layer_recheck=False).checks[0]
+    verdicts = {(r.row.layer, r.row.top): r.verdict for r in strict.rows}
+    assert verdicts[("abs", "a")] == "ok" and verdicts[("pool", "mask")] == "MISMATCH", strict.table()
+    assert np.all(net.blobs["mask"].data == [[[[5, 7], [13, 15]]]])
+    result = export_net(net, None, check_inputs=[{"data": x}], random_check=False).checks[0]
+    mask = [r for r in result.rows if r.row.top == "mask"][0]
+    assert mask.verdict == "ok (layer)" and mask.detail == "layer alone 0" and result.ok
