@@ -117,3 +117,17 @@ def test_mask_near_ties_pass_layer_by_layer(monkeypatch):
     result = export_net(net, None, check_inputs=[{"data": x}], random_check=False).checks[0]
     mask = [r for r in result.rows if r.row.top == "mask"][0]
     assert mask.verdict == "ok (layer)" and mask.detail == "layer alone 0" and result.ok
+
+
+def test_relu6_swish_sigmoid_alone():
+    """On inputs from -60 to 60 (ties at 0 and 6 included): ReLU6's Clip is exact, Sigmoid and
+    Swish (ONNX Runtime's Sigmoid against our 0.5·tanh(0.5·x) + 0.5) within 2e-7 of their range."""
+    body = "".join(f'layer {{ name: "{t.lower()}" type: "{t}" bottom: "data" top: "{t.lower()}" }}\n'
+                   for t in ("ReLU6", "Sigmoid", "Swish"))
+    body += 'layer { name: "swish2" type: "Swish" bottom: "data" top: "swish2" swish_param { beta: 2.5 } }\n'
+    net = make_net(INPUT.format(dims="dim: 1 dim: 1 dim: 201 dim: 601") + body)
+    x = np.linspace(-60, 60, 201 * 601, dtype=np.float32).reshape(1, 1, 201, 601)
+    x[0, 0, 0, :4] = [0, 6, -0.0, 6]
+    result = export_net(net, None, check_inputs=[{"data": x}], random_check=False, layer_recheck=False).checks[0]
+    rel = {r.row.layer: r.rel for r in result.rows}
+    assert rel["relu6"] == 0 and all(rel[k] < 2e-7 for k in ("sigmoid", "swish", "swish2")), result.table()
