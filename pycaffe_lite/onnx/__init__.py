@@ -8,7 +8,9 @@ the rest of the package imports this wing. Modules:
 - :mod:`.ops_vision`, :mod:`.ops_neuron`, :mod:`.ops_norm`, :mod:`.ops_shape`, :mod:`.ops_fork`,
   :mod:`.ops_landed`: the converters;
 - :mod:`.export`: walks a built Net and writes the model;
-- :mod:`.check`: runs the model in ONNX Runtime and compares every surviving Caffe top.
+- :mod:`.check`: runs the model in ONNX Runtime and compares every surviving Caffe top, streaming;
+- :mod:`.local`: rechecks a blob that differs end to end with its layer's nodes alone;
+- :mod:`.fill`: normalization statistics for a net checked without trained weights.
 
 See docs/onnx.md for the mapping table and how to read the check table.
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..durable import describe, fsync_dir, temp_path
+from ..durable import describe, fsync_dir, temp_path, write_temp
 from .check import (
     CheckResult,
     InconclusiveCheck,
@@ -141,26 +143,33 @@ def _load_weights(model: onnx.ModelProto, folder: str) -> None:
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> bool:
-    """Write ``model`` to ``path``, whole or not at all: into a temporary folder beside it, then
-    renamed. Weights over :data:`~.check.INLINE_BYTES` (protobuf cannot serialize 2 GB) go to
-    ``<name>.data`` beside the model (ONNX external data, one file), renamed before the model; the
-    model proto then references that file (its tensors' raw data cleared). Returns whether it did."""
+    """Write ``model`` to ``path``, whole or not at all: a fsynced temporary beside it, then renamed.
+    Weights over :data:`~.check.INLINE_BYTES` (protobuf cannot serialize 2 GB) go to
+    ``<name>.data`` beside the model (ONNX external data, one file), both written in a temporary
+    folder and renamed, the data file first; the model proto then references that file (its
+    tensors' raw data cleared). Returns whether the weights went to the data file."""
     final = Path(os.fspath(path)).absolute()
-    external = needs_external_data(model)
-    tmp = temp_path(final)
-    tmp.mkdir()
-    try:
+    if not needs_external_data(model):
         try:
-            if external:
-                onnx.save_model(model, str(tmp / final.name), save_as_external_data=True, all_tensors_to_one_file=True,
-                                location=final.name + ".data", size_threshold=1024)
-                os.replace(tmp / (final.name + ".data"), final.parent / (final.name + ".data"))
-            else:
-                onnx.save_model(model, str(tmp / final.name))
-            os.replace(tmp / final.name, final)
+            os.replace(write_temp(final, model.SerializeToString()), final)
         except OSError as exc:
             raise ExportError(f"cannot write {final}: {describe(exc)}") from None
         fsync_dir(final.parent)
+        return False
+    data = final.name + ".data"
+    tmp = temp_path(final)
+    try:
+        tmp.mkdir()
+        onnx.save_model(model, str(tmp / final.name), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data, size_threshold=1024)
+        for name in (data, final.name):
+            with open(tmp / name, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp / data, final.parent / data)
+        os.replace(tmp / final.name, final)
+    except OSError as exc:
+        raise ExportError(f"cannot write {final}: {describe(exc)}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return external
+    fsync_dir(final.parent)
+    return True

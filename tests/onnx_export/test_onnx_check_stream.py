@@ -179,3 +179,15 @@ def test_command_example_without_weights(name, tmp_path, capsys):
     if name == "mobilenet_v2_deploy":
         relu1 = [line for line in out.splitlines() if line.startswith("relu1 ")]
         assert relu1 and relu1[0].split()[1] == "Clip" and relu1[0].endswith(" ok")
+
+
+def test_unwritable_output_is_a_clear_error(tmp_path, monkeypatch):
+    from pycaffe_lite.onnx import ExportError
+
+    net = make_net(CONV_NET)
+    for inline in (True, False):
+        if not inline:
+            monkeypatch.setattr(CHECK, "INLINE_BYTES", 0)
+        with pytest.raises(ExportError, match=r"cannot write .*missing/net.onnx"):
+            export_net(net, tmp_path / "missing" / "net.onnx")
+    assert list(tmp_path.iterdir()) == []
