@@ -111,30 +111,3 @@ def write_temp(final: Path, data: bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return tmp
-
-
-def save_file(final: str | os.PathLike, data: bytes, what: str) -> None:
-    """Write ``data`` to ``final`` whole or not at all (a temporary file beside it, fsynced, then
-    renamed; on any error the temporary is removed and ``final`` is as before). ``what`` names
-    the file in errors: a CaffeError saying which file and why (a missing folder is not created)."""
-    from .errors import CaffeError
-
-    path = Path(final)
-    parent = path.parent
-    if not parent.is_dir():
-        why = "does not exist (create it first)" if not parent.exists() else "is not a folder"
-        raise CaffeError(f"{path}: cannot write the {what}: the folder {parent} {why}")
-    if path.is_dir():
-        raise CaffeError(f"{path}: cannot write the {what}: it is a folder (give a file name)")
-    remove_stale_temps(parent, lambda name: name == path.name)
-    try:
-        tmp = write_temp(path, data)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise CaffeError(f"{path}: cannot write the {what}: {describe(exc)} (nothing was written; check the "
-                         "folder's permissions and free space, or choose another path)") from None
-    fsync_dir(parent)

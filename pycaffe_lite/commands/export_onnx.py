@@ -1,12 +1,16 @@
 """``pycaffe-lite export_onnx --model deploy.prototxt --weights w.caffemodel --output net.onnx``:
 write the net as ONNX, then run it in ONNX Runtime and compare every blob with pycaffe-lite's own
 forward (per-blob table on stdout; a mismatch exits with status 1 naming the first diverging
-layer). Needs the ``onnx`` extra."""
+layer; a reference that is not finite, inf or NaN in pycaffe-lite's own forward, exits with status
+3, "inconclusive"). Without ``--weights`` the layers' fillers give the weights, and the statistics
+of BatchNorm / BN layers are measured on a random input so that the reference stays finite and in
+a trained net's ranges (:func:`pycaffe_lite.onnx.fill.fill_statistics`). Needs the ``onnx`` extra."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from .. import common
@@ -38,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flag(parser, "seed", type=int, default=0, help="seed of the random check input (default 0)")
     flag(parser, "tolerance", type=float, default=None,
          help="allowed max abs difference relative to each blob's range (default 1e-5; 2e-3 with --fp16 --fold-bn)")
+    flag(parser, "no-layer-recheck", action="store_true",
+         help="judge every blob end to end only (by default a blob that differs end to end is compared again "
+              "with its layer's ONNX nodes run on pycaffe-lite's values of the layer's bottoms)")
     flag(parser, "phase", choices=("TEST", "TRAIN"), default="TEST", help="net phase (default TEST)")
     add_net_state_arguments(parser)
 
@@ -75,25 +82,35 @@ def run(args: argparse.Namespace) -> int:
     common.set_mode_cpu()
     phase = common.TEST if args.phase == "TEST" else common.TRAIN
     net = Net(args.model, phase=phase, level=args.level, stages=stages(args) or None)
+    fill_notes: list[str] = []
     if args.weights:
         net.copy_from(args.weights)
+    else:
+        from ..onnx.fill import fill_statistics, unit_statistics
+
+        # measured on a random input (one forward); --no-check runs no forward at all: mean 0, variance 1
+        fill_notes = unit_statistics(net) if args.no_check else fill_statistics(net, seed=args.seed + 1)
     report = export_net(
         net, args.output, opset=args.opset or DEFAULT_OPSET, dynamic_batch=args.dynamic_batch,
         input_shapes=_shapes(args.input_shape, net), fp16=args.fp16, random_check=not args.no_check,
         check_inputs=[] if args.no_check else args.check_input, seed=args.seed, tol=args.tolerance,
-        raise_on_mismatch=False, fold_bn=args.fold_bn,
+        raise_on_mismatch=False, fold_bn=args.fold_bn, layer_recheck=not args.no_layer_recheck,
     )
     ex = report.exported
     print(f"wrote {args.output}: {len(ex.model.graph.node)} nodes, opset {args.opset or DEFAULT_OPSET}, "
           f"inputs {', '.join(f'{k} {list(v)}' for k, v in ex.inputs.items())}, outputs {', '.join(ex.outputs)}")
-    for note in ex.notes:
+    for note in fill_notes + ex.notes:
         print(f"note: {note}")
     labels = ["random input"] + list(args.check_input)
     for label, result in zip(labels, report.checks):
         print(f"\ncheck on {label}:")
         print(result.table())
-    from ..onnx import verify
+    from ..onnx import InconclusiveCheck, verify
 
     for result in report.checks:
-        verify(result)  # a CaffeError: the CLI prints it and exits 1
+        try:
+            verify(result)  # a CaffeError: the CLI prints it and exits 1
+        except InconclusiveCheck as exc:
+            print(f"pycaffe-lite {NAME}: {exc}", file=sys.stderr)
+            return 3
     return 0

@@ -6,7 +6,15 @@ intermediate value of an in-place chain is observed after its own layer. A blob 
 ``max |onnx - caffe| <= tol * max |caffe|`` (``tol`` 1e-5). With fp16 weights the reference runs on
 the weight blobs rounded to float16, as the export stores them (vectors stay float32), so the same
 1e-5 applies; with fp16 and folded BatchNorms the folded kernels are rounded after folding, and the
-tolerance is 2e-3.
+tolerance is 2e-3. A reference blob holding inf or NaN proves nothing either way: its row is
+``inconclusive``, and so is the whole check when such a blob comes before any mismatch.
+
+Memory: the check streams. The compared values are split into chunks of about
+:data:`CHUNK_BYTES`; per chunk ONNX Runtime runs once with just that chunk's values as outputs,
+then the Caffe forward runs once and each top is compared right after its layer, in place (no
+copy of the net's blobs is kept). A small net is one chunk: one run of each. A model whose weights
+exceed :data:`INLINE_BYTES` is handed to ONNX Runtime through external data files (the file the
+export wrote, or a temporary folder), never as one serialized protobuf (which cannot exceed 2 GB).
 """
 
 from __future__ import annotations
@@ -17,26 +25,25 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
-from .. import common
 from .. import io as caffe_io
-from ..optional import require
-from .export import BlobRow, Exported
+from .export import Exported
 from .graph import CheckError, fp16_stored
+from .runs import INLINE_BYTES, CheckRow, OrtRunner, caffe_forward, compare_value, needs_external_data
+
+__all__ = ["INLINE_BYTES", "CheckRow", "CheckResult", "InconclusiveCheck", "OrtRunner", "caffe_forward",
+           "check", "load_check_input", "needs_external_data", "random_feeds", "verify"]
 
 TOL_FP32 = 1e-5
 TOL_FP16_FOLDED = 2e-3
+CHUNK_BYTES = 256 * 2**20  # ONNX Runtime values fetched per run (one value may exceed it alone)
+# Layers whose forward depends on the previous forward: the check runs the net once (one chunk).
+STATEFUL_TYPES = frozenset({"RNN", "LSTM", "Python"})
 
 
-@dataclass
-class CheckRow:
-    row: BlobRow
-    shape: tuple[int, ...] | None = None
-    scale: float = 0.0  # max |caffe value|
-    max_abs: float = 0.0
-    rel: float = 0.0
-    verdict: str = ""  # "ok", "MISMATCH", "alias", "left out"
+class InconclusiveCheck(CheckError):
+    """The reference (pycaffe-lite's forward) holds inf or NaN before any blob differs: the check
+    can neither pass nor fail the export."""
 
 
 @dataclass
@@ -50,28 +57,58 @@ class CheckResult:
         return [r for r in self.rows if r.verdict == "MISMATCH"]
 
     @property
+    def inconclusive(self) -> list[CheckRow]:
+        return [r for r in self.rows if r.verdict == "inconclusive"]
+
+    @property
+    def status(self) -> str:
+        """"PASS", "FAIL" (the first blob that is not ok differs) or "INCONCLUSIVE" (the first such
+        blob is non-finite in the reference; later mismatches may follow from its inf/NaN)."""
+        for r in self.rows:
+            if r.verdict == "MISMATCH":
+                return "FAIL"
+            if r.verdict == "inconclusive":
+                return "INCONCLUSIVE"
+        return "PASS"
+
+    @property
     def ok(self) -> bool:
-        return not self.failures
+        return self.status == "PASS"
 
     def table(self) -> str:
         head = ("layer", "type", "top", "onnx value", "shape", "max|caffe|", "max abs diff", "rel diff", "")
         lines = [head]
         for r in self.rows:
             shape = "x".join(map(str, r.shape)) if r.shape is not None else "-"
-            if r.verdict in ("ok", "MISMATCH", "ok (all 0)"):
+            if r.verdict in ("ok", "MISMATCH", "ok (all 0)", "ok (alias)", "ok (layer)"):
                 nums = (f"{r.scale:.4g}", f"{r.max_abs:.3g}", f"{r.rel:.3g}")
             else:
                 nums = ("-", "-", "-")
-            lines.append((r.row.layer, r.row.type, r.row.top, r.row.value or "-", shape, *nums, r.verdict))
+            verdict = f"{r.verdict} ({r.detail})" if r.detail else r.verdict
+            lines.append((r.row.layer, r.row.type, r.row.top, r.row.value or "-", shape, *nums, verdict))
         widths = [max(len(str(line[k])) for line in lines) for k in range(len(head))]
         out = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
         zeros = [r for r in self.rows if r.verdict == "ok (all 0)"]
-        compared = [r for r in self.rows if r.verdict in ("ok", "MISMATCH")] + zeros
-        worst = max((r.rel for r in compared), default=0.0)
-        verdict = (f"PASS: {len(compared)} blobs agree within {self.tol:g} of their range (worst {worst:.3g})"
-                   if self.ok else
-                   f"FAIL: {len(self.failures)} of {len(compared)} blobs differ by more than {self.tol:g} of "
-                   f"their range; first diverging layer '{self.failures[0].row.layer}' ({self.failures[0].row.type})")
+        layer = [r for r in self.rows if r.verdict == "ok (layer)"]
+        compared = [r for r in self.rows if r.verdict in ("ok", "ok (alias)", "MISMATCH", "ok (all 0)")]
+        worst = max((r.rel for r in compared if r.verdict != "MISMATCH"), default=0.0)
+        status = self.status
+        if status == "PASS":
+            verdict = f"PASS: {len(compared)} blobs agree within {self.tol:g} of their range (worst {worst:.3g})"
+            if layer:
+                drift = max(r.rel for r in layer)
+                alone = max(float(r.detail.split()[-1]) for r in layer)
+                verdict += (f"; {len(layer)} more agree within it layer by layer (their layer's nodes on our "
+                            f"values of its bottoms: worst {alone:.3g}; carried end to end up to {drift:.3g})")
+        elif status == "FAIL":
+            f = self.failures[0]
+            verdict = (f"FAIL: {len(self.failures)} of {len(compared) + len(layer)} blobs differ by more than {self.tol:g} of "
+                       f"their range; first diverging layer '{f.row.layer}' ({f.row.type})")
+        else:
+            f = self.inconclusive[0]
+            verdict = (f"INCONCLUSIVE: {len(self.inconclusive)} reference blobs hold inf or NaN, the first "
+                       f"'{f.row.top}' of layer '{f.row.layer}' ({f.row.type}: {f.detail}); {len(self.failures)} "
+                       "compared blobs differ (load trained weights with --weights, or check another input)")
         if zeros:
             verdict += (f"\nWARNING: {len(zeros)} blobs are all 0 in both (no weights loaded?): "
                         "the check proves little for them")
@@ -80,9 +117,15 @@ class CheckResult:
 
 def _rng_inputs(net, exported: Exported, seed: int) -> dict[str, np.ndarray]:
     """Standard-normal inputs; an input that an Embed layer reads gets valid integer indices."""
+    return random_feeds(net, exported.inputs, seed)
+
+
+def random_feeds(net, shapes: Mapping[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    """{input: standard-normal array of its shape}; an input that an Embed layer reads gets valid
+    integer indices instead."""
     rng = np.random.default_rng(seed)
     feeds = {}
-    for name, shape in exported.inputs.items():
+    for name, shape in shapes.items():
         embed_dim = _embed_input_dim(net, name)
         if embed_dim:
             feeds[name] = rng.integers(0, embed_dim, size=shape).astype(np.float32)
@@ -104,40 +147,10 @@ def _embed_input_dim(net, name: str) -> int:
     return 0
 
 
-def caffe_values(net, feeds: Mapping[str, np.ndarray]) -> dict[tuple[int, int], np.ndarray]:
-    """Every top of every layer right after that layer's CPU forward, fusions off."""
-    captured: dict[tuple[int, int], np.ndarray] = {}
-    feeding = {i for i in range(len(net.layers))  # the input and data layers (no bottoms)
-               if not net.bottom_names_of(i) and set(net.top_names_of(i)) & set(feeds)}
-
-    def after(i: int) -> None:
-        for j, (name, blob) in enumerate(zip(net.top_names_of(i), net.top_vecs[i])):
-            if i in feeding and name in feeds:
-                blob.mutable_cpu_data()[...] = feeds[name]
-            captured[(i, j)] = np.array(blob.cpu_data(), dtype=np.float32, copy=True)
-
-    ex = net.executor
-    fusions, mode = ex.fusions, common.mode()
-    hooks = ex.hooks["after_forward"]
-    ex.fusions = {}
-    hooks.append(after)
-    try:
-        common.set_mode_cpu()
-        for name, arr in feeds.items():
-            net.blobs[name].mutable_cpu_data()[...] = arr
-        net.forward_prefilled()
-    finally:
-        hooks.remove(after)
-        ex.fusions = fusions
-        if mode is not common.Mode.CPU:
-            common.set_mode_gpu()
-    return captured
-
-
 @contextlib.contextmanager
-def _fp16_weights(net) -> Iterator[None]:
+def _fp16_weights(net, on: bool) -> Iterator[None]:
     """The net's weight blobs rounded to float16 as the export stores them (:func:`fp16_stored`)."""
-    blobs = [b for layer in net.layers for b in layer.blobs if fp16_stored(b.shape)]
+    blobs = [b for layer in net.layers for b in layer.blobs if fp16_stored(b.shape)] if on else []
     saved = [np.array(b.cpu_data(), copy=True) for b in blobs]
     try:
         for b in blobs:
@@ -148,34 +161,39 @@ def _fp16_weights(net) -> Iterator[None]:
             b.mutable_cpu_data()[...] = s
 
 
-def onnx_values(exported: Exported, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run the model in ONNX Runtime (CPU) with every compared value added as a graph output."""
-
-    ort = require("onnxruntime", feature="checking an ONNX export", extra="onnx")
-    model = onnx.ModelProto()
-    model.CopyFrom(exported.model)
-    have = {o.name for o in model.graph.output} | {i.name for i in model.graph.input}
-    extra = []
-    for r in exported.rows:
-        if r.value is not None and r.value not in have:
-            have.add(r.value)
-            extra.append(r.value)
-    model.graph.output.extend(onnx.helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, None) for v in extra)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    results = sess.run(names, {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in feeds.items()
-                               if k in exported.inputs})
-    values = dict(zip(names, results))
-    values.update({k: np.asarray(v, np.float32) for k, v in feeds.items()})
-    return values
+def _chunks(net, rows: list[CheckRow], budget: int) -> list[list[CheckRow]]:
+    """The compared rows in groups whose distinct ONNX values hold about ``budget`` bytes."""
+    if any(layer.type in STATEFUL_TYPES for layer in net.layers):
+        return [rows] if rows else []
+    chunks: list[list[CheckRow]] = []
+    current: list[CheckRow] = []
+    values: set[str] = set()
+    size = 0
+    for cr in rows:
+        v = str(cr.row.value)
+        if v not in values:
+            nbytes = int(net.top_vecs[cr.row.index][cr.row.top_index].count) * 4
+            if current and size + nbytes > budget:
+                chunks.append(current)
+                current, values, size = [], set(), 0
+            values.add(v)
+            size += nbytes
+        current.append(cr)
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
-          tol: float | None = None) -> CheckResult:
+          tol: float | None = None, folder: str | None = None, chunk_bytes: int | None = None,
+          layer_recheck: bool = True) -> CheckResult:
     """Compare ``exported`` (built from ``net`` at its current shapes) with the net's forward on
-    ``inputs`` (default: random) and return the per-blob table; :func:`verify` raises on mismatch."""
+    ``inputs`` (default: random) and return the per-blob table; :func:`verify` raises unless it
+    passed. ``folder``: where the model's external data files are (when it has any);
+    ``chunk_bytes``: the values fetched per ONNX Runtime run (default :data:`CHUNK_BYTES`).
+    ``layer_recheck``: a blob that differs end to end is compared once more with its layer's ONNX
+    nodes run on our own values of the layer's bottoms (:mod:`.local`): within ``tol`` there, the
+    row is ``ok (layer)`` (the difference was carried in from the layers before it)."""
     feeds = dict(inputs) if inputs is not None else _rng_inputs(net, exported, seed)
     for name, shape in exported.inputs.items():
         if name not in feeds:
@@ -183,60 +201,66 @@ def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = Non
         if tuple(feeds[name].shape) != shape:
             raise CheckError(f"check input '{name}': shape {tuple(feeds[name].shape)}, the export expects {shape}")
     tol = tol if tol is not None else (TOL_FP16_FOLDED if exported.fp16 and exported.folded else TOL_FP32)
-    if exported.fp16:
-        with _fp16_weights(net):
-            ref = caffe_values(net, feeds)
-    else:
-        ref = caffe_values(net, feeds)
-    got = onnx_values(exported, feeds)
-    rows = []
-    seen: dict[str, str] = {}
-    for r in exported.rows:
-        cr = CheckRow(r)
-        if r.value is None:
-            cr.verdict = r.note or "left out"
-            rows.append(cr)
-            continue
-        a = ref[(r.index, r.top_index)]
-        cr.shape = tuple(a.shape)
-        b = got.get(r.value)
-        if b is None:
-            cr.verdict = "MISMATCH"
-            cr.max_abs = cr.rel = float("inf")
+    rows = [CheckRow(r) for r in exported.rows]
+    compared = []
+    for cr in rows:
+        if cr.row.value is None:
+            cr.verdict = cr.row.note or "left out"
         else:
-            _compare(cr, a, b, tol)
-        if r.value in seen and cr.verdict == "ok":
+            compared.append(cr)
+    runner = OrtRunner(exported.model, folder)
+    try:
+        for chunk in _chunks(net, compared, chunk_bytes or CHUNK_BYTES):
+            wanted = [v for v in dict.fromkeys(str(cr.row.value) for cr in chunk) if v not in exported.inputs]
+            got: dict[str, np.ndarray] = runner.run(wanted, feeds) if wanted else {}
+            got.update({k: np.asarray(feeds[k], np.float32) for k in exported.inputs})
+            _compare_chunk(net, feeds, chunk, got, tol, exported.fp16)
+            del got
+        if layer_recheck and any(cr.verdict == "MISMATCH" for cr in compared):
+            from .local import recheck_layers
+
+            with _fp16_weights(net, exported.fp16):
+                recheck_layers(net, exported, runner, feeds, compared, tol)
+    finally:
+        runner.close()
+    seen: set[str] = set()
+    for cr in compared:
+        if cr.row.value in seen and cr.verdict == "ok":
             cr.verdict = "ok (alias)"
-        seen.setdefault(r.value, r.top)
-        rows.append(cr)
+        seen.add(str(cr.row.value))
+        if not cr.verdict:  # the forward never reached its layer
+            cr.verdict, cr.max_abs, cr.rel = "MISMATCH", float("inf"), float("inf")
     return CheckResult(rows, tol, feeds)
 
 
-def _compare(cr: CheckRow, a: np.ndarray, b: np.ndarray, tol: float) -> None:
-    if a.shape != b.shape:
-        cr.verdict = "MISMATCH"
-        cr.max_abs = cr.rel = float("inf")
-        cr.row.note = f"shape {b.shape} in ONNX"
-        return
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    if (nan_a != nan_b).any():
-        cr.verdict = "MISMATCH"
-        cr.max_abs = cr.rel = float("nan")
-        return
-    fa, fb = np.where(nan_a, 0, a).astype(np.float64), np.where(nan_b, 0, b).astype(np.float64)
-    cr.scale = float(np.abs(fa).max()) if fa.size else 0.0
-    cr.max_abs = float(np.abs(fa - fb).max()) if fa.size else 0.0
-    cr.rel = cr.max_abs / cr.scale if cr.scale > 0 else cr.max_abs
-    if cr.scale == 0 and cr.max_abs == 0:
-        cr.verdict = "ok (all 0)"  # agrees, but proves little (no weights loaded?)
-        return
-    cr.verdict = "ok" if cr.max_abs <= tol * cr.scale else "MISMATCH"
+def _compare_chunk(net, feeds: Mapping[str, np.ndarray], chunk: list[CheckRow], got: Mapping[str, np.ndarray],
+                   tol: float, fp16: bool) -> None:
+    """One Caffe forward comparing each of ``chunk``'s tops right after its layer with ``got``."""
+    by_top: dict[tuple[int, int], list[CheckRow]] = {}
+    for cr in chunk:
+        by_top.setdefault((cr.row.index, cr.row.top_index), []).append(cr)
+
+    def visit(i: int, j: int, value: np.ndarray) -> None:
+        for cr in by_top.get((i, j), ()):
+            compare_value(cr, value, got.get(str(cr.row.value)), tol)
+
+    with _fp16_weights(net, fp16):
+        caffe_forward(net, feeds, visit)
 
 
 def verify(result: CheckResult) -> None:
-    """Raise :class:`CheckError` naming the first diverging layer when the check failed."""
-    if result.ok:
+    """Raise :class:`CheckError` naming the first diverging layer when the check failed, and
+    :class:`InconclusiveCheck` naming the first non-finite reference blob when it was inconclusive."""
+    status = result.status
+    if status == "PASS":
         return
+    if status == "INCONCLUSIVE":
+        f = result.inconclusive[0]
+        raise InconclusiveCheck(
+            f"the check is inconclusive: pycaffe-lite's own forward is not finite from layer '{f.row.layer}' "
+            f"({f.row.type}), top '{f.row.top}' ({f.detail}), so ONNX Runtime's values prove nothing there; "
+            f"{len(result.inconclusive)} blob(s) non-finite, {len(result.failures)} compared blob(s) differ"
+        )
     f = result.failures[0]
     raise CheckError(
         f"ONNX Runtime disagrees with pycaffe-lite: first diverging layer '{f.row.layer}' ({f.row.type}), "

@@ -90,7 +90,8 @@ def convert(ctx: LayerContext, members: list) -> list[str]:
                        ctx.out(0), epsilon=float(head.eps))]
 
     attrs = _conv_common(ctx)
-    w = ctx.param(0) * A.reshape(-1, 1, 1, 1)
+    w = ctx.param(0)
+    w = w * A.reshape((-1,) + (1,) * (w.ndim - 1))
     b = (ctx.param(1).reshape(-1) if head.bias_term else np.zeros(c)) * A + B
     return [ctx.op("Conv", [ctx.bottoms[0], ctx.const("weight_folded", w), ctx.const("bias_folded", b)],
                    ctx.out(0), **attrs)]

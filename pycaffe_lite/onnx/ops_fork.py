@@ -132,98 +132,153 @@ def prior_box(ctx: LayerContext) -> list[str]:
     return [ctx.op("Identity", [ctx.const("priors", value, exact=True)], ctx.out(0))]  # never float16
 
 
-CORNER, CENTER_SIZE = 1, 2  # SSD's PriorBoxParameter.CodeType
+CORNER, CENTER_SIZE, CORNER_SIZE = 1, 2, 3  # SSD's PriorBoxParameter.CodeType
+
+
+def _decode(ctx: LayerContext, loc: str, prior: str, code: int, in_target: bool) -> str:
+    """The boxes ``(N, P, 4)`` from the location predictions ``(N, P, 4)`` and the priors
+    ``(2, P, 4)`` (boxes, variances), in the layer's order of operations (bbox.decode)."""
+
+    def part(x: str, axis: int, k: int) -> str:
+        return ctx.op("Slice", [x, ctx.ints("s", [k]), ctx.ints("e", [k + 1]), ctx.ints("a", [axis])])
+
+    pbox = ctx.op("Squeeze", [part(prior, 0, 0), ctx.ints("axes0", [0])])  # (P, 4)
+    pvar = ctx.op("Squeeze", [part(prior, 0, 1), ctx.ints("axes0", [0])])
+    t = loc if in_target else ctx.op("Mul", [loc, pvar])
+    if code == CORNER:
+        return ctx.op("Add", [pbox, t])
+    x0, y0, x1, y1 = (part(pbox, 1, k) for k in range(4))  # (P, 1) each
+    pw, ph = ctx.op("Sub", [x1, x0]), ctx.op("Sub", [y1, y0])
+    if code == CORNER_SIZE:
+        return ctx.op("Add", [pbox, ctx.op("Mul", [t, ctx.op("Concat", [pw, ph, pw, ph], axis=1)])])
+    two = ctx.const("two", 2.0)
+    pcx = ctx.op("Div", [ctx.op("Add", [x0, x1]), two])
+    pcy = ctx.op("Div", [ctx.op("Add", [y0, y1]), two])
+    t0, t1, t2, t3 = (part(t, 2, k) for k in range(4))  # (N, P, 1) each
+    cx = ctx.op("Add", [ctx.op("Mul", [t0, pw]), pcx])
+    cy = ctx.op("Add", [ctx.op("Mul", [t1, ph]), pcy])
+    hw = ctx.op("Div", [ctx.op("Mul", [ctx.op("Exp", [t2]), pw]), two])
+    hh = ctx.op("Div", [ctx.op("Mul", [ctx.op("Exp", [t3]), ph]), two])
+    return ctx.op("Concat", [ctx.op("Sub", [cx, hw]), ctx.op("Sub", [cy, hh]),
+                             ctx.op("Add", [cx, hw]), ctx.op("Add", [cy, hh])], axis=2)
+
+
+def _stable_order(ctx: LayerContext, key: str, largest: bool) -> str:
+    """The permutation sorting the 1-D ``key`` (ascending, or descending with ``largest``); equal
+    keys keep their order (ONNX Runtime's TopK ranks the lower index first on ties)."""
+    k = ctx.op("Shape", [key])
+    order = ctx.tmp("order")
+    ctx.ops("TopK", [key, k], [ctx.tmp("sorted"), order], axis=0, largest=int(largest), sorted=1)
+    return order
 
 
 @exports("DetectionOutput")
 def detection_output(ctx: LayerContext) -> list[str]:
-    """SSD's DetectionOutput (one image): decode the boxes, per class keep the ``top_k`` best scores
-    above ``confidence_threshold``, greedy NMS (``NonMaxSuppression`` with each class as its own
-    batch entry), then the ``keep_top_k`` best over all classes, ordered by label and then score,
-    as rows ``[image, label, score, xmin, ymin, xmax, ymax]`` in a (1, 1, rows, 7) top; no
-    detection gives one row ``[0, -1, ..., -1]``. The number of rows is data-dependent."""
+    """SSD's DetectionOutput at any batch, every image inside the graph at once: decode the boxes,
+    per image and class the ``top_k`` best scores (TopK), greedy NMS above ``confidence_threshold``
+    (``NonMaxSuppression``, each image and class its own batch entry), then per image the
+    ``keep_top_k`` best over all classes (ties: lower class, then NMS order), the rows ordered by
+    image, label, then score, as ``[image, label, score, xmin, ymin, xmax, ymax]`` in a
+    (1, 1, rows, 7) top; no detection in the whole batch gives one row ``[i, -1, ..., -1]`` per
+    image. The number of rows is data-dependent.
+
+    The orders are stable sorts (TopK over the whole vector): NMS's output, grouped by entry in
+    selection order, sorted by score (descending) and then by image, ranks each detection within
+    its image for ``keep_top_k``; the kept ones sorted by entry (image, class) give the layer's
+    row order."""
     p = ctx.lp.detection_output_param
     nms = p.nms_param
     loc_shape, conf_shape, prior_shape = ctx.bottom_shapes[:3]
-    if loc_shape[0] != 1 or ctx.dynamic_batch:
-        raise ctx.error("only batch 1 is exported (keep_top_k applies per image; export at batch 1)")
     if not p.share_location:
         raise ctx.error("share_location: false is not exported")
     if float(getattr(nms, "eta", 1.0)) != 1.0:
         raise ctx.error("adaptive NMS (eta < 1) has no ONNX equivalent")
     code = int(p.code_type)
-    if code not in (CORNER, CENTER_SIZE):
-        raise ctx.error(f"code_type {code}: only CORNER and CENTER_SIZE are exported")
+    if code not in (CORNER, CENTER_SIZE, CORNER_SIZE):
+        raise ctx.error(f"code_type {code}: only CORNER, CENTER_SIZE and CORNER_SIZE are exported")
     num_classes = int(p.num_classes)
     priors = int(np.prod(prior_shape[2:])) // 4
     classes = [c for c in range(num_classes) if c != int(p.background_label_id)]
+    nc = len(classes)
     top_k = int(nms.top_k) if nms.HasField("top_k") and int(nms.top_k) > -1 else priors
     top_k = min(top_k, priors)
+    keep_top_k = int(p.keep_top_k)
     # unset: every score passes (the layer's -FLT_MAX)
     threshold = float(p.confidence_threshold) if p.HasField("confidence_threshold") else float(np.finfo(np.float32).min)
+    if not classes or top_k == 0:
+        raise ctx.error("no class other than the background, or top_k 0: nothing to detect")
 
-    def cols(x: str) -> list[str]:  # the 4 columns of a (P, 4) value, each (P, 1)
-        return [ctx.op("Slice", [x, ctx.ints("s", [k]), ctx.ints("e", [k + 1]), ctx.ints("a", [1])]) for k in range(4)]
+    def i64(what: str, v: int) -> str:
+        return ctx.const(what, v, np.int64)
 
-    loc = ctx.op("Reshape", [ctx.bottoms[0], ctx.ints("loc_shape", [priors, 4])])
+    def col(x: str, k: int) -> str:  # column k of a (S, m) value, as (S,)
+        return ctx.op("Squeeze", [ctx.op("Slice", [x, ctx.ints("s", [k]), ctx.ints("e", [k + 1]), ctx.ints("a", [1])]),
+                                  ctx.ints("axes1", [1])])
+
+    loc = ctx.op("Reshape", [ctx.bottoms[0], ctx.ints("loc_shape", [-1, priors, 4])])
     prior = ctx.op("Reshape", [ctx.bottoms[2], ctx.ints("prior_shape", [2, priors, 4])])
-    pbox = ctx.op("Squeeze", [ctx.op("Slice", [prior, ctx.ints("s", [0]), ctx.ints("e", [1]), ctx.ints("a", [0])]),
-                              ctx.ints("axes0", [0])])
-    pvar = ctx.op("Squeeze", [ctx.op("Slice", [prior, ctx.ints("s", [1]), ctx.ints("e", [2]), ctx.ints("a", [0])]),
-                              ctx.ints("axes0", [0])])
-    lx = ctx.op("Mul", [loc, pvar]) if not p.variance_encoded_in_target else loc
-    l0, l1, l2, l3 = cols(lx)
-    x0, y0, x1, y1 = cols(pbox)
-    if code == CORNER:
-        box = ctx.op("Concat", [ctx.op("Add", [a, b]) for a, b in ((x0, l0), (y0, l1), (x1, l2), (y1, l3))], axis=1)
-    else:
-        half = ctx.const("half", 0.5)
-        pw, ph = ctx.op("Sub", [x1, x0]), ctx.op("Sub", [y1, y0])
-        pcx = ctx.op("Mul", [ctx.op("Add", [x0, x1]), half])
-        pcy = ctx.op("Mul", [ctx.op("Add", [y0, y1]), half])
-        cx = ctx.op("Add", [ctx.op("Mul", [l0, pw]), pcx])
-        cy = ctx.op("Add", [ctx.op("Mul", [l1, ph]), pcy])
-        hw = ctx.op("Mul", [ctx.op("Mul", [ctx.op("Exp", [l2]), pw]), half])
-        hh = ctx.op("Mul", [ctx.op("Mul", [ctx.op("Exp", [l3]), ph]), half])
-        box = ctx.op("Concat", [ctx.op("Sub", [cx, hw]), ctx.op("Sub", [cy, hh]),
-                                ctx.op("Add", [cx, hw]), ctx.op("Add", [cy, hh])], axis=1)
-    conf = ctx.op("Transpose", [ctx.op("Reshape", [ctx.bottoms[1], ctx.ints("conf_shape", [priors, num_classes])])],
-                  perm=[1, 0])
-    conf = ctx.op("Gather", [conf, ctx.ints("classes", classes)], axis=0)  # (C', P)
+    box = _decode(ctx, loc, prior, code, bool(p.variance_encoded_in_target))  # (N, P, 4)
+    images = ctx.op("Squeeze", [ctx.op("Slice", [ctx.op("Shape", [loc]), ctx.ints("s", [0]), ctx.ints("e", [1])]),
+                                ctx.ints("axes0", [0])])  # N, a scalar
+    conf = ctx.op("Reshape", [ctx.bottoms[1], ctx.ints("conf_shape", [-1, priors, num_classes])])
+    conf = ctx.op("Transpose", [conf], perm=[0, 2, 1])
+    conf = ctx.op("Gather", [conf, ctx.ints("classes", classes)], axis=1)  # (N, C', P)
     vals, idx = ctx.tmp("cand_scores"), ctx.tmp("cand_index")
-    ctx.ops("TopK", [conf, ctx.ints("top_k", [top_k])], [vals, idx], axis=1, largest=1, sorted=1)
-    cand = ctx.op("Gather", [box, idx], axis=0)  # (C', k, 4): (ymin/xmin order is irrelevant to IoU)
-    sel = ctx.op("NonMaxSuppression", [cand, ctx.op("Unsqueeze", [vals, ctx.ints("axes1", [1])]),
+    ctx.ops("TopK", [conf, ctx.ints("top_k", [top_k])], [vals, idx], axis=2, largest=1, sorted=1)
+    # the candidates' boxes, (N·C', k, 4): entry b = image · C' + class entry
+    flat_idx = ctx.op("Reshape", [idx, ctx.ints("nk1", [0, -1, 1])])  # (N, C'·k, 1)
+    cand = ctx.op("GatherND", [box, flat_idx], batch_dims=1)
+    cand = ctx.op("Reshape", [cand, ctx.ints("cand_shape", [-1, top_k, 4])])
+    vals = ctx.op("Reshape", [vals, ctx.ints("entry_k", [-1, top_k])])  # (N·C', k)
+    idx = ctx.op("Reshape", [idx, ctx.ints("entry_k", [-1, top_k])])
+    # NMS ranks by position, not score: top_k - j for candidate j (TopK's order: the layer's, equal
+    # scores lower prior first) where the score passes the threshold, else -1 (below NMS's 0): equal
+    # scores are then taken in the layer's order whatever the runtime's NMS does with ties
+    rank = ctx.op("Sub", [ctx.const("k_f", float(top_k)),
+                          ctx.op("Cast", [ctx.op("Range", [i64("r0", 0), i64("k_i", top_k), i64("r1", 1)])], to=1)])
+    passing = ctx.op("Greater", [vals, ctx.const("score_thr", threshold)])
+    rank = ctx.op("Where", [passing, rank, ctx.const("below", -1.0)])
+    sel = ctx.op("NonMaxSuppression", [cand, ctx.op("Unsqueeze", [rank, ctx.ints("axes1", [1])]),
                                        ctx.ints("max_out", [top_k]), ctx.const("iou", float(nms.nms_threshold)),
-                                       ctx.const("score_thr", threshold)])
-    bj = ctx.op("Gather", [sel, ctx.ints("bj", [0, 2])], axis=1)  # (S, 2): class entry, candidate
+                                       ctx.const("zero_thr", 0.0)])
+    bj = ctx.op("Gather", [sel, ctx.ints("bj", [0, 2])], axis=1)  # (S, 2): entry, candidate
+    entry = col(bj, 0)
+    score = ctx.op("GatherND", [vals, bj])  # (S,)
     prior_idx = ctx.op("GatherND", [idx, bj])
-    b = ctx.op("Squeeze", [ctx.op("Slice", [bj, ctx.ints("s", [0]), ctx.ints("e", [1]), ctx.ints("a", [1])]),
-                           ctx.ints("axes1", [1])])
-    label = ctx.op("Gather", [ctx.ints("labels", classes), b], axis=0)  # int64
-    # by score (descending), at most keep_top_k; then by label, stably: key = label * n + rank
-    sel_scores = ctx.op("GatherND", [vals, bj])
-    n = ctx.op("Shape", [sel_scores])
-    if int(p.keep_top_k) > -1:
-        n = ctx.op("Min", [n, ctx.ints("keep_top_k", [int(p.keep_top_k)])])
-    ranked = ctx.tmp("ranked")
-    score = ctx.tmp("sorted_scores")
-    ctx.ops("TopK", [sel_scores, n], [score, ranked], axis=0, largest=1, sorted=1)
-    prior_idx = ctx.op("Gather", [prior_idx, ranked], axis=0)
-    label = ctx.op("Gather", [label, ranked], axis=0)
-    n0 = ctx.op("Squeeze", [n, ctx.ints("axes0", [0])])
-    rank = ctx.op("Range", [ctx.const("r0", 0, np.int64), n0, ctx.const("r1", 1, np.int64)])
-    key = ctx.op("Add", [ctx.op("Mul", [label, n]), rank])
-    order = ctx.tmp("order")
-    ctx.ops("TopK", [key, n], [ctx.tmp("keys"), order], axis=0, largest=0, sorted=1)
-    label = ctx.op("Cast", [label], to=1)
-    rows = [ctx.op("Mul", [ctx.op("Gather", [label, order], axis=0), ctx.const("zero", 0.0)]),
-            ctx.op("Gather", [label, order], axis=0), ctx.op("Gather", [score, order], axis=0)]
-    rows = [ctx.op("Unsqueeze", [r, ctx.ints("axes1", [1])]) for r in rows]
-    rows.append(ctx.op("Gather", [box, ctx.op("Gather", [prior_idx, order], axis=0)], axis=0))
-    table = ctx.op("Concat", rows, axis=1)  # (S, 7)
-    empty = ctx.const("no_detection", np.array([[0, -1, -1, -1, -1, -1, -1]], np.float32))
-    n_rows = ctx.op("Max", [ctx.op("Shape", [score]), ctx.ints("one_row", [1])])
+    image = ctx.op("Div", [entry, i64("classes_n", nc)])
+    # keep_top_k per image: rank by score within the image (stable sorts: score, then image)
+    order = _stable_order(ctx, score, True)
+    order = ctx.op("Gather", [order, _stable_order(ctx, ctx.op("Gather", [image, order], axis=0), False)], axis=0)
+    if keep_top_k > -1:
+        img_sorted = ctx.op("Gather", [image, order], axis=0)
+        ids = ctx.op("Range", [i64("r0", 0), images, i64("r1", 1)])
+        hits = ctx.op("Equal", [ctx.op("Unsqueeze", [img_sorted, ctx.ints("axes1", [1])]),
+                                ctx.op("Unsqueeze", [ids, ctx.ints("axes0", [0])])])  # (S, N)
+        counts = ctx.op("ReduceSum", [ctx.op("Cast", [hits], to=7), ctx.ints("axes0", [0])], keepdims=0)
+        starts = ctx.op("CumSum", [counts, i64("axis0", 0)], exclusive=1)
+        n_sel = ctx.op("Squeeze", [ctx.op("Shape", [score]), ctx.ints("axes0", [0])])
+        pos = ctx.op("Range", [i64("r0", 0), n_sel, i64("r1", 1)])
+        rank = ctx.op("Sub", [pos, ctx.op("Gather", [starts, img_sorted], axis=0)])
+        order = ctx.op("Compress", [order, ctx.op("Less", [rank, i64("keep_top_k", keep_top_k)])], axis=0)
+    order = ctx.op("Gather", [order, _stable_order(ctx, ctx.op("Gather", [entry, order], axis=0), False)], axis=0)
+    entry = ctx.op("Gather", [entry, order], axis=0)
+    image = ctx.op("Gather", [image, order], axis=0)
+    label = ctx.op("Gather", [ctx.ints("labels", classes), ctx.op("Mod", [entry, i64("classes_n", nc)])], axis=0)
+    flat_prior = ctx.op("Add", [ctx.op("Mul", [image, i64("priors_n", priors)]),
+                                ctx.op("Gather", [prior_idx, order], axis=0)])
+    boxes = ctx.op("Gather", [ctx.op("Reshape", [box, ctx.ints("flat_box", [-1, 4])]), flat_prior], axis=0)
+    cols = [ctx.op("Cast", [image], to=1), ctx.op("Cast", [label], to=1), ctx.op("Gather", [score, order], axis=0)]
+    cols = [ctx.op("Unsqueeze", [c, ctx.ints("axes1", [1])]) for c in cols]
+    table = ctx.op("Concat", [*cols, boxes], axis=1)  # (D, 7)
+    # no detection in the whole batch: one row [i, -1, ..., -1] per image
+    ids = ctx.op("Cast", [ctx.op("Range", [i64("r0", 0), images, i64("r1", 1)])], to=1)
+    minus = ctx.op("Expand", [ctx.const("minus_one", np.full((1, 6), -1.0, np.float32)),
+                              ctx.op("Concat", [ctx.op("Unsqueeze", [images, ctx.ints("axes0", [0])]),
+                                                ctx.ints("six", [6])], axis=0)])
+    empty = ctx.op("Concat", [ctx.op("Unsqueeze", [ids, ctx.ints("axes1", [1])]), minus], axis=1)  # (N, 7)
+    d = ctx.op("Shape", [entry])
+    n_rows = ctx.op("Where", [ctx.op("Equal", [d, ctx.ints("zero1", [0])]),
+                              ctx.op("Unsqueeze", [images, ctx.ints("axes0", [0])]), d])
     table = ctx.op("Slice", [ctx.op("Concat", [table, empty], axis=0), ctx.ints("zero0", [0]), n_rows,
                              ctx.ints("axis0", [0])])
     return [ctx.op("Reshape", [table, ctx.ints("out_shape", [1, 1, -1, 7])], ctx.out(0))]

@@ -15,12 +15,15 @@ LRNP = caffe_pb2.LRNParameter
 
 
 def _conv_common(ctx: LayerContext) -> dict:
-    geo = ctx.layer.geo
+    """Conv / ConvTranspose attributes from the layer's geometry (2-D or N-D: one entry per
+    spatial axis; the 2-D path's ``geo`` and the N-D path's ``geo_nd`` agree for 2-D)."""
+    geo = ctx.layer.geo_nd
     if ctx.layer.axis != 1:
         raise ctx.error(f"channel axis {ctx.layer.axis}: ONNX convolutions take the channels at axis 1")
+    axes = len(geo.kernel)
     for s in ctx.bottom_shapes:
-        if len(s) != 4:
-            raise ctx.error(f"bottom shape {s}: only 2-D (N, C, H, W) convolutions are exported")
+        if len(s) != axes + 2:
+            raise ctx.error(f"bottom shape {s}: expected (N, C) and {axes} spatial axes")
     return dict(kernel_shape=list(geo.kernel), strides=list(geo.stride), dilations=list(geo.dilation),
                 pads=list(geo.pad) * 2, group=int(ctx.layer.group))
 
@@ -44,67 +47,103 @@ def deconvolution(ctx: LayerContext) -> list[str]:
     return [ctx.op("ConvTranspose", [x, *inputs], ctx.out(i), **attrs) for i, x in enumerate(ctx.bottoms)]
 
 
-def caffe_pool(ctx: LayerContext, x: str, ave: bool, in_hw: Sequence[int], kernel: Sequence[int],
-               stride: Sequence[int], pad: Sequence[int], pooled: Sequence[int], out: str | None) -> str:
-    """Pooling with Caffe's output size and divisor.
-
-    The pooled size (ceil rounding, last window dropped when it would start in the padding) is
-    given; the padding after the image is chosen so that ONNX's floor rule yields exactly that
-    size with every window inside the padded image. MAX: MaxPool with those explicit pads (padding
-    never wins). AVE: zeros padded explicitly, AveragePool without pads (divides by kh*kw), then a
-    constant (PH, PW) factor kh*kw / Caffe's divisor, the window area clipped to the image plus
-    its padding (counting the padding, not the overhang of the last, ceil-rounded window).
-    """
-    after = [max(0, (p - 1) * s + k - b - n) for p, s, k, b, n in zip(pooled, stride, kernel, pad, in_hw)]
+def _pad_after(ctx: LayerContext, in_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+               pad: Sequence[int], pooled: Sequence[int]) -> list[int]:
+    """Padding after the input so that ONNX's floor rule gives Caffe's pooled size, every window
+    inside the padded input."""
+    after = [max(0, (p - 1) * s + k - b - n) for p, s, k, b, n in zip(pooled, stride, kernel, pad, in_shape)]
     for k, b, a in zip(kernel, pad, after):
         if b >= k or a >= k:
             raise ctx.error(f"pooling window {k} with padding {b}/{a}: a window would hold no input")
+    return after
+
+
+def caffe_pool(ctx: LayerContext, x: str, ave: bool, in_hw: Sequence[int], kernel: Sequence[int],
+               stride: Sequence[int], pad: Sequence[int], pooled: Sequence[int], out: str | None) -> str:
+    """Pooling with Caffe's output size and divisor, over any number of spatial axes.
+
+    The pooled size (ceil rounding, last window dropped when it would start in the padding) is
+    given; the padding after the input is chosen so that ONNX's floor rule yields exactly that
+    size with every window inside the padded input. MAX: MaxPool with those explicit pads (padding
+    never wins). AVE: zeros padded explicitly, AveragePool without pads (divides by the kernel
+    volume), then a constant factor kernel volume / Caffe's divisor per output position, the
+    window clipped to the input plus its padding (counting the padding, not the overhang of the
+    last, ceil-rounded window).
+    """
+    after = _pad_after(ctx, in_hw, kernel, stride, pad, pooled)
     if not ave:
         return ctx.op("MaxPool", [x], out, kernel_shape=list(kernel), strides=list(stride),
                       pads=list(pad) + after)
     if any(pad) or any(after):
         pads = ctx.ints("pads", [0, 0, *pad, 0, 0, *after])
         x = ctx.op("Pad", [x, pads], mode="constant")
-    sizes = []
+    area = np.ones(())
     for p, s, k, b, n in zip(pooled, stride, kernel, pad, in_hw):
         start = np.arange(p) * s - b
-        sizes.append(np.minimum(start + k, n + b) - start)
-    area = sizes[0][:, None] * sizes[1][None, :]
-    factor = (kernel[0] * kernel[1]) / area
+        area = np.multiply.outer(area, np.minimum(start + k, n + b) - start)
+    factor = float(np.prod(kernel)) / area
     if np.all(factor == 1):
         return ctx.op("AveragePool", [x], out, kernel_shape=list(kernel), strides=list(stride))
     y = ctx.op("AveragePool", [x], kernel_shape=list(kernel), strides=list(stride))
     return ctx.op("Mul", [y, ctx.const("divisor_fix", factor.reshape(1, 1, *area.shape))], out)
 
 
+def _stochastic_test(ctx: LayerContext, g: _PoolGeometry) -> str:
+    """STOCHASTIC pooling in the TEST phase: each window's sum of squares over its sum (0 where the
+    sum is not positive); no padding, zeros past the end for ceil-rounded windows."""
+    after = _pad_after(ctx, g.in_shape, g.kernel, g.stride, g.pad, g.pooled)
+    x = ctx.bottoms[0]
+    if any(after):
+        x = ctx.op("Pad", [x, ctx.ints("pads", [0] * (2 + len(after)) + [0, 0, *after])], mode="constant")
+    k, st = list(g.kernel), list(g.stride)
+    total = ctx.op("AveragePool", [x], kernel_shape=k, strides=st)
+    squares = ctx.op("AveragePool", [ctx.op("Mul", [x, x])], kernel_shape=k, strides=st)
+    zero = ctx.const("zero", 0.0)
+    positive = ctx.op("Greater", [total, zero])
+    safe = ctx.op("Where", [positive, total, ctx.const("one", 1.0)])
+    return ctx.op("Where", [positive, ctx.op("Div", [squares, safe]), zero], ctx.out(0))
+
+
+class _PoolGeometry:
+    """The pooling layer's geometry, 2-D path or N-D path (``layer.nd``)."""
+
+    def __init__(self, layer) -> None:
+        src = layer.nd if layer.nd is not None else layer
+        self.method, self.global_pooling = src.method, bool(src.global_pooling)
+        self.in_shape = tuple(src.in_shape if layer.nd is not None else layer.in_hw)
+        self.kernel, self.stride = tuple(src.kernel), tuple(src.stride)
+        self.pad, self.pooled = tuple(src.pad), tuple(src.pooled)
+
+
 @exports("Pooling")
 def pooling(ctx: LayerContext) -> list[str]:
-    L = ctx.layer
-    ave = L.method == PP.AVE
+    g = _PoolGeometry(ctx.layer)
+    if len(g.kernel) > 3:
+        raise ctx.error(f"{len(g.kernel)} spatial axes: ONNX Runtime pools over 1 to 3 axes")
+    ave = g.method == PP.AVE
     x = ctx.bottoms[0]
     if len(ctx.out_names) > 1:
-        if ave or L.method != PP.MAX or L.global_pooling:
+        if g.method != PP.MAX or g.global_pooling:
             raise ctx.error("a mask top is exported for MAX pooling with a kernel (not global) only")
-        return max_pool_with_mask(ctx)
-    if L.global_pooling:
+        return max_pool_with_mask(ctx, g)
+    if g.method == PP.STOCHASTIC:
+        if ctx.layer.phase == caffe_pb2.TRAIN:  # samples at random: no ONNX equivalent
+            raise ctx.error("STOCHASTIC pooling samples in the TRAIN phase; only its TEST form is exported")
+        return [_stochastic_test(ctx, g)]
+    if g.global_pooling:
         return [ctx.op("GlobalAveragePool" if ave else "GlobalMaxPool", [x], ctx.out(0))]
-    return [caffe_pool(ctx, x, ave, L.in_hw, L.kernel, L.stride, L.pad, L.pooled, ctx.out(0))]
+    return [caffe_pool(ctx, x, ave, g.in_shape, g.kernel, g.stride, g.pad, g.pooled, ctx.out(0))]
 
 
-def max_pool_with_mask(ctx: LayerContext) -> list[str]:
+def max_pool_with_mask(ctx: LayerContext, g: _PoolGeometry) -> list[str]:
     """MAX pooling and its mask top (SegNet's unpooling switches): MaxPool's second output counts
-    over the whole (N, C, H, W) input, row-major, the first maximum of a window on ties, as Caffe;
-    modulo H·W it is Caffe's in-plane ``h · W + w``, as a float."""
-    L = ctx.layer
-    h, w = L.in_hw
-    after = [max(0, (p - 1) * s + k - b - n) for p, s, k, b, n in zip(L.pooled, L.stride, L.kernel, L.pad, L.in_hw)]
-    for k, b, a in zip(L.kernel, L.pad, after):
-        if b >= k or a >= k:
-            raise ctx.error(f"pooling window {k} with padding {b}/{a}: a window would hold no input")
+    over the whole (N, C, *spatial) input, row-major, the first maximum of a window on ties, as
+    Caffe; modulo the plane size it is Caffe's in-plane index (``h · W + w`` in 2-D), as a float."""
+    after = _pad_after(ctx, g.in_shape, g.kernel, g.stride, g.pad, g.pooled)
     ind = ctx.tmp("indices")
-    ctx.ops("MaxPool", [ctx.bottoms[0]], [ctx.out(0), ind], kernel_shape=list(L.kernel), strides=list(L.stride),
-            pads=list(L.pad) + after)
-    plane = ctx.op("Mod", [ind, ctx.const("plane", np.array(h * w), np.int64)])
+    ctx.ops("MaxPool", [ctx.bottoms[0]], [ctx.out(0), ind], kernel_shape=list(g.kernel), strides=list(g.stride),
+            pads=list(g.pad) + after)
+    plane = ctx.op("Mod", [ind, ctx.const("plane", np.array(int(np.prod(g.in_shape))), np.int64)])
     return [ctx.out(0), ctx.op("Cast", [plane], ctx.out(1), to=1)]
 
 

@@ -193,7 +193,7 @@ def test_export_onnx_output_folder_problems_are_one_line(onnx_job, capsys, monke
     monkeypatch.setattr(durable.os, "replace", full)
     assert cli.main(["export_onnx", "--model", "net.prototxt", "--output", "adir/net.onnx", "--no-check"]) == 1
     err = capsys.readouterr().err
-    assert len(error_lines(err)) == 1 and "adir/net.onnx: cannot write the ONNX model: No space left" in err
+    assert len(error_lines(err)) == 1 and "adir/net.onnx" in err and "No space left" in err, err
     assert list(Path("adir").iterdir()) == []
     # net.to_onnx writes the same way
     net = caffe.Net("net.prototxt", caffe.TEST)

@@ -85,10 +85,10 @@ def test_upsample_one_bottom():
 
 
 def ssd_head(code: str = "CENTER_SIZE", extra: str = "", keep: int = 5, classes: int = 4, loc_classes: int = 1,
-             bg: int = 0, nms: str = "nms_threshold: 0.45 top_k: 8") -> str:
+             bg: int = 0, nms: str = "nms_threshold: 0.45 top_k: 8", batch: int = 1) -> str:
     """A one-map SSD: loc and conf convolutions, PriorBox, Permute / Flatten, softmax, DetectionOutput."""
     a = 4  # priors per cell: min, max, ratio 2 and 1/2
-    return inputs(("data", (1, 3, 6, 6))) + f'''
+    return inputs(("data", (batch, 3, 6, 6))) + f'''
     layer {{ name: "feat" type: "Convolution" bottom: "data" top: "feat" convolution_param {{ num_output: 4 kernel_size: 3 stride: 2 pad: 1 }} }}
     layer {{ name: "loc" type: "Convolution" bottom: "feat" top: "loc" convolution_param {{ num_output: {4 * a * loc_classes} kernel_size: 1 }} }}
     layer {{ name: "loc_perm" type: "Permute" bottom: "loc" top: "loc_perm" permute_param {{ order: 0 order: 2 order: 3 order: 1 }} }}
@@ -141,6 +141,6 @@ def test_detection_output_errors():
     net = make_net(ssd_head(extra="share_location: false", loc_classes=4))
     with pytest.raises(ExportError, match=r"layer 'det' \(DetectionOutput\).*share_location"):
         export_and_check(net)
-    net = make_net(ssd_head())
-    with pytest.raises(ExportError, match=r"layer 'det' \(DetectionOutput\).*batch 1"):
+    net = make_net(ssd_head(nms="nms_threshold: 0.45 top_k: 8 eta: 0.9"))
+    with pytest.raises(ExportError, match=r"layer 'det' \(DetectionOutput\).*eta"):
         export_and_check(net, dynamic_batch=True)
