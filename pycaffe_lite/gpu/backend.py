@@ -40,8 +40,8 @@ INT32_MAX = 2**31 - 1
 
 PRELUDE = """typedef {ctype} Dtype;
 typedef {mtype} Mtype;
-static __device__ __forceinline__ Mtype to_m(const Dtype x) {{ return {to_m}; }}
-static __device__ __forceinline__ Dtype from_m(const Mtype x) {{ return {from_m}; }}
+static __device__ __forceinline__ __attribute__((unused)) Mtype to_m(const Dtype x) {{ return {to_m}; }}
+static __device__ __forceinline__ __attribute__((unused)) Dtype from_m(const Mtype x) {{ return {from_m}; }}
 #define CUDA_KERNEL_LOOP(i, n) \\
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
 """

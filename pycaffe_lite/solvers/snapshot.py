@@ -221,9 +221,11 @@ _IN_PROCESS: dict[str, weakref.ref] = {}
 
 
 def claim_prefix(prefix: str, solver: Any, where: str) -> None:
-    """Record ``solver`` as the one of this process training with ``prefix``; SnapshotLockError
-    when another live Solver of this process used it and has not reached its ``max_iter`` (the two
-    would overwrite each other's snapshots; the prefix lock file only tells processes apart)."""
+    """Record ``solver`` as the one of this process training with ``prefix``, with a warning when
+    another live Solver of this process used it and has not reached its ``max_iter``: the two
+    would overwrite each other's snapshots (the prefix lock file only tells processes apart). A
+    warning, not an error: comparing two solvers of one file, or resuming in the process that
+    wrote the snapshot, are what pycaffe scripts do."""
     key = os.path.abspath(prefix)
     ref = _IN_PROCESS.get(key)
 
@@ -238,11 +240,10 @@ def claim_prefix(prefix: str, solver: Any, where: str) -> None:
         gc.collect()  # a solver that is only garbage (a notebook cell run again) does not count
         other = rival()
         if other is not None:
-            raise SnapshotLockError(
-                f"{where}: snapshot_prefix '{prefix}' is used by another Solver of this process ({other.where}, "
-                f"at iteration {other.iter} of {other.param.max_iter}); the two would overwrite each other's "
-                "snapshots. Give this solver another snapshot_prefix, or drop the other one (del it) first"
-            )
+            log.warning(
+                "%s: snapshot_prefix '%s' is also used by another Solver of this process (%s, at iteration %d of "
+                "%d): their snapshots overwrite each other's. Give one of them another snapshot_prefix, or drop "
+                "the other one (del it) first", where, prefix, other.where, other.iter, other.param.max_iter)
     _IN_PROCESS[key] = weakref.ref(solver)
 
 

@@ -20,7 +20,6 @@ from pycaffe_lite import common, memcheck
 from pycaffe_lite.commands import caffe_cli, cli
 from pycaffe_lite.errors import CaffeError, DataError, GPUUnavailableError, NetError, WeightsError
 from pycaffe_lite.proto import caffe_pb2
-from pycaffe_lite.solvers import snapshot
 from pycaffe_lite.solvers.sgd_solvers import get_solver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -299,20 +298,21 @@ def test_forward_with_strings_names_the_input(job):
 
 
 # -- silent or misleading ----------------------------------------------------------------------
-def test_two_solvers_of_one_process_with_one_prefix_are_refused(job):
+def test_two_solvers_of_one_process_with_one_prefix_are_said(job, caplog):
+    """A warning, not an error: comparing two solvers of one file, or resuming in the process that
+    wrote the snapshot, are what pycaffe scripts do."""
     a = get_solver("solver.prototxt", progress=False)
     b = get_solver("solver.prototxt", progress=False)
     a.step(1)
-    with pytest.raises(snapshot.SnapshotLockError, match=r"used by another Solver of this process .*iteration 1 of 2"):
+    with caplog.at_level("WARNING", logger="pycaffe_lite"):
         b.step(1)
-    a.step(1)  # a reached max_iter: the prefix is free for b (a resume, a second run)
-    b.step(1)
-    del a
-    c = get_solver("solver.prototxt", progress=False)
-    with pytest.raises(snapshot.SnapshotLockError):
-        c.step(1)  # b is at 1 of 2
-    del b  # dropped: c may train
-    c.step(1)
+    said = [r.getMessage() for r in caplog.records if "also used by another Solver" in r.getMessage()]
+    assert len(said) == 1 and "iteration 1 of 2" in said[0] and "overwrite each other's" in said[0]
+    a.step(1)  # (said again: b is mid-run) a reached max_iter: nothing to say when b trains on
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pycaffe_lite"):
+        b.step(1)
+    assert not [r for r in caplog.records if "also used by another Solver" in r.getMessage()]
 
 
 @pytest.mark.parametrize("field", ["scale: nan", "scale: inf", "mean_value: 1 mean_value: -inf"])
