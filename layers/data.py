@@ -1,12 +1,23 @@
 """Data: batches of Datums read from an LMDB or a LevelDB (Caffe's DataLayer with its prefetch thread).
 
-``data_param { source batch_size backend rand_skip prefetch }`` (``backend``: LEVELDB, BVLC's
-default, or LMDB) and ``transform_param``.
+``data_param { source batch_size backend rand_skip prefetch workers }`` (``backend``: LEVELDB,
+BVLC's default, or LMDB) and ``transform_param``.
 Tops: ``data`` ``(batch_size, C, h, w)`` and optionally ``label`` ``(batch_size,)``. Records are
 read in key order and the read wraps to the first record after the last. A daemon thread decodes
 and transforms the next ``prefetch`` batches (default 4) into a queue while the net computes;
 ``forward`` copies the next ready batch into the tops (on the GPU path the host copy is synced to
-the device when the next layer reads it). ``read_state()`` / ``restore_read_state()`` give and set
+the device when the next layer reads it).
+
+With worker processes (``data_param.workers``, pycaffe-lite's field 1001; ``$PYCAFFE_LITE_DATA_WORKERS``
+overrides it; automatic by default: the usable cores less one for encoded records or batches of 1 MiB
+of pixels or more, none for small data such as MNIST), the prefetch thread only walks the cursor and
+draws the crop/mirror choices (so batches, labels and the random stream equal the single-thread
+path's), and the workers (:mod:`pycaffe_lite.data.workers`) read, decode and transform the records
+into shared memory. Every record must then have the shape of the first one. In GPU mode, uint8
+records (raw or encoded) stay uint8 in shared memory, are uploaded as bytes (page-locked) and
+transformed on the device by one kernel (``data.cu``) into the top, pixel for pixel as the host does.
+A worker's failure (a corrupt record, a crash) is raised by ``forward`` naming the record.
+``read_state()`` / ``restore_read_state()`` give and set
 the next record the net will see (kept in solver snapshots for an exact resume). ``close()`` (also run when the layer is collected)
 stops the thread and closes the database.
 """
@@ -19,10 +30,15 @@ import queue
 import threading
 import weakref
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from pycaffe_lite import common
-from pycaffe_lite.data.db import open_cursor
+from pycaffe_lite.data import workers as data_workers
+from pycaffe_lite.data.db import Cursor, close_inherited, open_cursor
 from pycaffe_lite.data.device_cache import DeviceBatches
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import CaffeError, DataError
@@ -30,6 +46,8 @@ from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.proto import caffe_pb2
 
 log = logging.getLogger("pycaffe_lite")
+
+KERNELS = Path(__file__).with_suffix(".cu")
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
@@ -127,6 +145,16 @@ class _Prefetcher:
                 if not self.thread.is_alive():
                     raise DataError(f"{self.where}: the prefetch thread is not running (layer closed?)") from None
 
+    def fill(self, top, gpu: bool) -> tuple[int, bytes, str]:
+        """Copy the next batch into the tops (the device copy syncs when read); where the next starts."""
+        data, labels, position = self.get()
+        top[0].reshape(data.shape)
+        top[0].mutable_cpu_data()[...] = data
+        if len(top) > 1:
+            top[1].reshape(labels.shape)
+            top[1].mutable_cpu_data()[...] = labels
+        return position
+
     def stop(self) -> None:
         """Stop the thread and drop the batches it prepared (the cursor stays open)."""
         self.stop_event.set()
@@ -139,6 +167,208 @@ class _Prefetcher:
             except queue.Empty:
                 pass
             self.thread.join(timeout=0.05)
+
+    def close(self) -> None:
+        self.stop()
+        self.cursor.close()
+
+
+@dataclass
+class _DatumJob:
+    """A worker's part for the Data layer: read a record (LMDB: by key; LevelDB: the parent sends
+    the value), parse the Datum, decode, check the shape, and write the item as uint8 (``raw``) or
+    transformed with the parent's draws; the label too."""
+
+    source: str
+    backend: str
+    param: bytes  # TransformationParameter
+    phase: int
+    dtype: str
+    where: str
+    shape: tuple[int, int, int]
+    raw: bool
+
+    def open(self) -> None:
+        tp = caffe_pb2.TransformationParameter.FromString(self.param)
+        self.transformer = DataTransformer(tp, self.phase, np.dtype(self.dtype), rng=np.random.default_rng(0),
+                                           where=self.where)
+        self.txn = None
+        if self.backend == "lmdb":
+            import lmdb
+
+            close_inherited()
+            path = Path(self.source)
+            self.env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, subdir=path.is_dir(),
+                                 max_readers=512)
+            self.txn = self.env.begin(buffers=True)
+
+    def load(self, ref: Any, batches: data_workers.SharedBatches, slot: int, i: int) -> None:
+        if self.txn is not None:
+            key, value = ref, self.txn.get(ref)
+            if value is None:
+                raise DataError(f"{self.where}: {self.source}: record {key!r} disappeared (was the database "
+                                "rewritten?)")
+        else:
+            key, value = ref
+        datum = caffe_pb2.Datum()
+        try:
+            datum.ParseFromString(value)
+        except Exception as exc:
+            raise DataError(f"{self.where}: {self.source}: record {bytes(key)!r} is not a Datum ({exc})") from None
+        try:
+            values = self.transformer.decode(datum)
+        except DataError as exc:
+            raise DataError(f"{exc} ({self.source}: record {bytes(key)!r})") from None
+        if values.shape != self.shape:
+            raise DataError(
+                f"{self.where}: {self.source}: record {bytes(key)!r} has shape {values.shape}, the first record "
+                f"read has {self.shape} (with data workers every record must match; workers: 0 reads batches "
+                "of different shapes)")
+        if self.raw:
+            batches.data[slot][i] = values
+        else:
+            h_off, w_off, mirror = batches.draws[slot][i]
+            self.transformer.apply(values, int(h_off), int(w_off), bool(mirror), out=batches.data[slot][i])
+        batches.labels[slot][i] = datum.label
+
+
+class _ParallelPrefetcher:
+    """The prefetch thread's role split: the loader's thread walks the cursor and draws the
+    transformer's random choices in the single-thread path's order; worker processes read,
+    decode and transform (or, ``raw``, only decode to uint8 for the device kernel)."""
+
+    def __init__(self, cursor, transformer: DataTransformer, batch_size: int, depth: int, dtype: np.dtype,
+                 where: str, workers: int, shape: tuple[int, int, int], raw: bool) -> None:
+        self.cursor = cursor
+        self.transformer = transformer
+        self.batch_size = batch_size
+        self.dtype = dtype
+        self.where = where
+        self.workers = workers
+        self.shape = shape
+        self.raw = raw
+        self.skip_after = 0
+        self.depth = max(2, depth)
+        self.loader: data_workers.ParallelLoader | None = None
+        self.lmdb = isinstance(cursor, Cursor)
+        self._registered: Any = None
+        self._held: tuple[int, Any] | None = None
+        self._device: dict[str, Any] = {}
+
+    def position(self) -> tuple[int, bytes, str]:
+        return self.cursor.index, bytes(self.cursor.key()), json.dumps(self.transformer.rng.bit_generator.state)
+
+    def _plan(self, slot: int) -> tuple[list, tuple[int, bytes, str]]:
+        assert self.loader is not None
+        draws = self.loader.batches.draws[slot]
+        refs: list = []
+        for i in range(self.batch_size):
+            key = bytes(self.cursor.key())
+            refs.append(key if self.lmdb else (key, bytes(self.cursor.value())))
+            draws[i] = self.transformer.draw(self.shape)
+            self.cursor.next()
+        for _ in range(self.skip_after):
+            self.cursor.next()
+        return refs, self.position()
+
+    def start(self) -> None:
+        out_shape = self.transformer.infer_shape(np.empty(self.shape, np.uint8)) if not self.raw else self.shape
+        item_dtype = np.dtype(np.uint8) if self.raw else self.dtype
+        layout = data_workers.BatchLayout(self.batch_size, tuple(out_shape), item_dtype.str)
+        job = _DatumJob(str(self.cursor.path), "lmdb" if self.lmdb else "leveldb",
+                        self.transformer.param.SerializeToString(), self.transformer.phase, self.dtype.str,
+                        self.where, self.shape, self.raw)
+        self.loader = data_workers.ParallelLoader(self.workers, job, layout, self.depth, self._plan, self.where)
+        self.loader.start()
+
+    def _release_held(self) -> None:
+        if self._held is not None and self.loader is not None:
+            slot, event = self._held
+            self._held = None
+            if event is not None:
+                event.synchronize()
+            self.loader.release(slot)
+
+    def fill(self, top, gpu: bool) -> tuple[int, bytes, str]:
+        """The next batch into the tops: on the device by the kernel (``gpu`` and uint8 items), else
+        on the host; where the next batch starts."""
+        assert self.loader is not None
+        slot, position = self.loader.get()
+        batches = self.loader.batches
+        data, labels, draws = batches.data[slot], batches.labels[slot], batches.draws[slot]
+        out_shape = (self.batch_size, *self.transformer.infer_shape(np.empty(self.shape, np.uint8)))
+        top[0].reshape(out_shape)
+        if len(top) > 1:
+            top[1].reshape((self.batch_size,))
+            top[1].mutable_cpu_data()[...] = labels
+        if gpu and self.raw:
+            self._release_held()
+            self._held = (slot, self._transform_on_device(data, draws, top[0]))
+            return position
+        try:
+            if self.raw:  # (a GPU-mode layer run on the CPU) the host transform, item by item
+                out = top[0].mutable_cpu_data()
+                for i in range(self.batch_size):
+                    self.transformer.apply(data[i], int(draws[i, 0]), int(draws[i, 1]), bool(draws[i, 2]), out=out[i])
+            else:
+                top[0].mutable_cpu_data()[...] = data
+        finally:
+            self.loader.release(slot)
+        return position
+
+    def _transform_on_device(self, data: np.ndarray, draws: np.ndarray, top) -> Any:
+        """Upload the uint8 batch and its draws; one kernel writes the transformed batch into ``top``.
+        Returns the upload's event (None when the copy was synchronous)."""
+        from pycaffe_lite.gpu import backend
+
+        dev = self._device
+        if not dev:
+            assert self.loader is not None
+            try:  # page-lock the shared batches: uploads run at the bus's rate, asynchronously
+                cuda = backend.state().cuda
+                self._registered = cuda.register_host_memory(self.loader.batches.whole)
+            except Exception as exc:  # (the driver may refuse: pageable copies then)
+                log.info("%s: shared batches not page-locked (%s): pageable uploads", self.where, exc)
+                self._registered = None
+            dev["data"] = backend.alloc(data.nbytes)
+            dev["draws"] = backend.alloc(draws.nbytes)
+            t = self.transformer
+            mean_kind, mean = 0, np.zeros(1, self.dtype)
+            if t.mean is not None:
+                full = t._mean_for(t.mean, self.shape)
+                if t.param.HasField("mean_file"):
+                    mean_kind, mean = 2, np.ascontiguousarray(full, self.dtype)
+                else:
+                    mean_kind, mean = 1, np.ascontiguousarray(full[:, 0, 0], self.dtype)
+            dev["mean"] = backend.alloc(mean.nbytes)
+            backend.memcpy_htod(int(dev["mean"]), mean)
+            dev["mean_kind"] = mean_kind
+            dev["kernel"] = backend.kernel(KERNELS, "data_transform_u8", self.dtype)
+        event = backend.memcpy_htod(int(dev["data"]), data, pinned=self._registered is not None)
+        backend.memcpy_htod(int(dev["draws"]), np.ascontiguousarray(draws))
+        c, h, w = self.shape
+        _, oh, ow = self.transformer.infer_shape(np.empty(self.shape, np.uint8))
+        scale = float(self.transformer.param.scale)
+        dev["kernel"](self.batch_size * c * oh * ow, int(dev["data"]), int(dev["draws"]), int(dev["mean"]),
+                      dev["mean_kind"], int(scale != 1), scale, c, h, w, oh, ow, top.mutable_gpu_data())
+        return event
+
+    def stop(self) -> None:
+        """Stop the workers, free the shared memory (the cursor stays open)."""
+        if self._held is not None:
+            try:
+                self._release_held()
+            except Exception:  # (the device context may be gone at exit)
+                pass
+        if self._registered is not None:
+            try:
+                self._registered.base.unregister()
+            except Exception:
+                pass
+            self._registered = None
+        self._device.clear()
+        if self.loader is not None:
+            self.loader.stop()
 
     def close(self) -> None:
         self.stop()
@@ -177,6 +407,8 @@ class DataLayer(Layer):
             prefetcher.skip_after = (ranks - 1) * self.batch_size
             first = prefetcher.read_datum()
             shape = self.transformer.infer_shape(first)
+            if not dp.cache_on_device:
+                prefetcher = self._parallel_or(prefetcher, first)
         except BaseException:
             cursor.close()
             raise
@@ -190,6 +422,26 @@ class DataLayer(Layer):
             self._cache_dataset(prefetcher)
         else:
             self._install(prefetcher)
+
+    def _parallel_or(self, prefetcher: _Prefetcher, first: caffe_pb2.Datum) -> _Prefetcher | _ParallelPrefetcher:
+        """A :class:`_ParallelPrefetcher` in place of ``prefetcher`` when workers are chosen
+        (``data_param.workers``, ``$PYCAFFE_LITE_DATA_WORKERS``, automatic for heavy data)."""
+        values = self.transformer.decode(first) if first.encoded else None
+        shape = values.shape if values is not None else (first.channels, first.height, first.width)
+        uint8 = bool(first.encoded or first.data)
+        batch_bytes = self.batch_size * int(np.prod(shape)) * (1 if uint8 else 4)
+        heavy = bool(first.encoded) or batch_bytes >= data_workers.HEAVY_BATCH_BYTES
+        workers = data_workers.worker_count(self.layer_param.data_param.workers, heavy)
+        if workers <= 0:
+            return prefetcher
+        raw = uint8 and common.mode() is common.Mode.GPU
+        parallel = _ParallelPrefetcher(prefetcher.cursor, self.transformer, self.batch_size,
+                                       self.layer_param.data_param.prefetch, self.dtype, self.where, workers,
+                                       tuple(int(d) for d in shape), raw)  # type: ignore[arg-type]
+        parallel.skip_after = prefetcher.skip_after
+        log.info("%s: %d data worker processes (%s)", self.where, workers,
+                 "uint8 batches, transformed on the device" if raw else "transformed in the workers")
+        return parallel
 
     def _cache_dataset(self, prefetcher: _Prefetcher) -> None:
         """Load every record (transformed) into device memory; batches are then gathered there."""
@@ -219,7 +471,7 @@ class DataLayer(Layer):
         self.graph_safe = True  # the gather reads its position from device memory: capturable
         log.info("%s: %d records (%.1f MB) cached on the device", self._where, count, nbytes / 1e6)
 
-    def _install(self, prefetcher: _Prefetcher) -> None:
+    def _install(self, prefetcher: _Prefetcher | _ParallelPrefetcher) -> None:
         self._prefetcher = prefetcher
         self._finalizer = weakref.finalize(self, prefetcher.close)
         prefetcher.start()
@@ -256,8 +508,13 @@ class DataLayer(Layer):
             old.cursor.close()
             raise DataError(f"{where or self._where}: cannot restore the read position: {exc}") from None
         self._next = (int(position), bytes(key), rng_state)
-        fresh = _Prefetcher(old.cursor, self.transformer, self.batch_size, self.layer_param.data_param.prefetch,
-                            self.dtype, self._where)
+        fresh: _Prefetcher | _ParallelPrefetcher
+        if isinstance(old, _ParallelPrefetcher):
+            fresh = _ParallelPrefetcher(old.cursor, self.transformer, self.batch_size, old.depth, self.dtype,
+                                        self._where, old.workers, old.shape, old.raw)
+        else:
+            fresh = _Prefetcher(old.cursor, self.transformer, self.batch_size, self.layer_param.data_param.prefetch,
+                                self.dtype, self._where)
         fresh.skip_after = old.skip_after  # multi-GPU: keep skipping the other ranks' batches
         self._install(fresh)
 
@@ -274,16 +531,11 @@ class DataLayer(Layer):
             if self.output_labels:
                 top[1].mutable_cpu_data()[...] = labels[idx]
             return
-        data, labels, self._next = self._prefetcher.get()
-        top[0].reshape(data.shape)
-        top[0].mutable_cpu_data()[...] = data
-        if self.output_labels:
-            top[1].reshape(labels.shape)
-            top[1].mutable_cpu_data()[...] = labels
+        self._next = self._prefetcher.fill(top, gpu=False)
 
     def forward_gpu(self, bottom, top):
-        if self._cache is None:  # the host batch is copied; the device copy syncs when read
-            self.forward_cpu(bottom, top)
+        if self._cache is None:  # the host batch is copied (the device copy syncs when read), or
+            self._next = self._prefetcher.fill(top, gpu=True)  # uint8 items transformed on the device
             return
         self._cache.next_batch(top[0].mutable_gpu_data(), top[1].mutable_gpu_data() if self.output_labels else None)
 

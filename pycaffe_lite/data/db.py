@@ -161,6 +161,20 @@ def _release(key: tuple[str, str]) -> None:
             entry[0].close()
 
 
+def close_inherited() -> None:
+    """In a forked child (a data worker): close the database handles inherited from the parent, so
+    the child may open its own (LMDB refuses a second handle on one file in a process; a handle must
+    not be used across fork). The parent's handles are untouched. (No lock: the child has one
+    thread, and a lock another thread of the parent held at the fork would never be released.)"""
+    entries = list(_ENVS.values())
+    _ENVS.clear()
+    for entry in entries:
+        try:
+            entry[0].close()
+        except Exception:
+            pass
+
+
 def _identity(path: str) -> tuple[int, int, int, int, int]:
     st = os.stat(path)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns

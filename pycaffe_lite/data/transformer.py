@@ -111,14 +111,22 @@ class DataTransformer:
         return c, h, w
 
     def transform(self, values: np.ndarray | caffe_pb2.Datum, out: np.ndarray | None = None) -> np.ndarray:
-        """Transform one ``(C, H, W)`` item (array or Datum) into ``out`` (allocated if None)."""
+        """Transform one ``(C, H, W)`` item (array or Datum) into ``out`` (allocated if None):
+        :meth:`draw` then :meth:`apply`."""
         if isinstance(values, caffe_pb2.Datum):
             values = self.decode(values)
         values = np.asarray(values)
-        if values.ndim != 3:
-            raise ShapeError(f"{self.where}: expected a (C, H, W) item, got shape {values.shape}")
-        c, h, w = values.shape
-        oc, oh, ow = self._out_shape(values.shape)
+        h_off, w_off, mirror = self.draw(values.shape)
+        return self.apply(values, h_off, w_off, mirror, out)
+
+    def draw(self, shape: tuple[int, ...]) -> tuple[int, int, bool]:
+        """The random choices :meth:`transform` makes for one item of ``shape`` ``(C, H, W)``, drawn
+        from :attr:`rng` in Caffe's order: row offset, column offset (TRAIN-phase crops), mirror
+        (when ``mirror`` is set). Returns ``(h_off, w_off, mirror)``."""
+        if len(shape) != 3:
+            raise ShapeError(f"{self.where}: expected a (C, H, W) item, got shape {tuple(shape)}")
+        _, h, w = (int(d) for d in shape)
+        _, oh, ow = self._out_shape(shape)
         p = self.param
         if p.crop_size:
             if self.phase == common.TRAIN:
@@ -129,6 +137,16 @@ class DataTransformer:
         else:
             h_off = w_off = 0
         mirror = bool(p.mirror) and bool(self.rng.integers(2))
+        return h_off, w_off, mirror
+
+    def apply(self, values: np.ndarray, h_off: int, w_off: int, mirror: bool,
+              out: np.ndarray | None = None) -> np.ndarray:
+        """The deterministic part of :meth:`transform`: crop at ``(h_off, w_off)``, subtract the
+        mean, scale, flip left-right if ``mirror``; into ``out`` (allocated if None)."""
+        if values.ndim != 3:
+            raise ShapeError(f"{self.where}: expected a (C, H, W) item, got shape {values.shape}")
+        oc, oh, ow = self._out_shape(values.shape)
+        p = self.param
         x = values[:, h_off : h_off + oh, w_off : w_off + ow].astype(self.dtype)
         if self.mean is not None:
             x -= self._mean_for(self.mean, values.shape)[:, h_off : h_off + oh, w_off : w_off + ow]
