@@ -407,6 +407,7 @@ class ParallelLoader:
                                 break
                     elif obj in sentinels:
                         proc = sentinels[obj]
+                        proc.join(1.0)
                         raise DataError(f"{self.where}: data worker process {proc.pid} {_death(proc)} while "
                                         "decoding records (out of memory? a crash in an image decoder?)")
                     else:

@@ -1,0 +1,354 @@
+"""Data layer with worker processes: the same batches as the single prefetch thread (order, labels,
+pixels, crop/mirror stream, rand_skip, resume, two ranks), the device kernel's pixels on the host,
+clean errors and nothing left behind (processes, /dev/shm segments) after errors and kills."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pycaffe_lite as caffe
+from pycaffe_lite import common
+from pycaffe_lite.config import using_config
+from pycaffe_lite.data import workers as data_workers
+from pycaffe_lite.data.db import LMDBWriter
+from pycaffe_lite.data.transformer import DataTransformer
+from pycaffe_lite.errors import DataError
+from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.proto.protoio import parse_text
+from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
+
+pytest.importorskip("lmdb")
+
+N, C, H, W = 23, 3, 9, 8
+TRANSFORM = "crop_size: 6 mirror: true mean_value: 10 mean_value: 20 mean_value: 30 scale: 0.25"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def raw_source(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, size=(N, C, H, W), dtype=np.uint8)
+    path = tmp_path_factory.mktemp("workers") / "raw"
+    with LMDBWriter(path) as w:
+        for i in range(N):
+            d = caffe_pb2.Datum(channels=C, height=H, width=W, data=images[i].tobytes(), label=7 * i)
+            w.put(b"%08d" % i, d.SerializeToString())
+    return path
+
+
+@pytest.fixture(scope="module")
+def encoded_source(tmp_path_factory):
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(4)
+    path = tmp_path_factory.mktemp("workers") / "jpeg"
+    with LMDBWriter(path) as w:
+        for i in range(N):
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, size=(H, W, 3), dtype=np.uint8)).save(buf, format="JPEG", quality=80)
+            d = caffe_pb2.Datum(data=buf.getvalue(), encoded=True, label=i)
+            w.put(b"%08d" % i, d.SerializeToString())
+    return path
+
+
+def layer_of(path, workers, batch=4, transform=TRANSFORM, extra="", dtype=np.float32, phase="TRAIN"):
+    return make_layer(f'type: "Data" phase: {phase} data_param {{ source: "{path}" batch_size: {batch} '
+                      f'backend: LMDB workers: {workers} {extra} }} transform_param {{ {transform} }}', dtype)
+
+
+def batches(layer, count, seed=11, setup=True):
+    """``count`` forwards: (data, labels, read_state after) each."""
+    top = empty_blobs(2, layer.dtype)
+    if setup:
+        caffe.set_random_seed(seed)
+        layer.setup([], top)
+    else:
+        top = layer._test_top
+    layer._test_top = top
+    out = []
+    for _ in range(count):
+        layer.forward([], top)
+        out.append((top[0].cpu_data().copy(), top[1].cpu_data().copy(), layer.read_state()))
+    return out
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for k, ((da, la, sa), (db, lb, sb)) in enumerate(zip(a, b)):
+        np.testing.assert_array_equal(la, lb, err_msg=f"batch {k} labels")
+        np.testing.assert_array_equal(da, db, err_msg=f"batch {k} pixels")
+        assert sa == sb, f"batch {k} read state"
+
+
+def shm_segments() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_raw_batches_equal_the_single_thread_path(raw_source, dtype):
+    extra = "rand_skip: 9"
+    single = layer_of(raw_source, 0, extra=extra, dtype=dtype)
+    parallel = layer_of(raw_source, 3, extra=extra, dtype=dtype)
+    a, b = batches(single, 9), batches(parallel, 9)  # 36 records: wraps past the last
+    assert_same(a, b)
+    assert type(parallel._prefetcher).__name__ == "_ParallelPrefetcher"
+    single.close()
+    parallel.close()
+
+
+def test_encoded_and_test_phase_batches_equal(encoded_source):
+    for phase in ("TRAIN", "TEST"):
+        a = batches(layer_of(encoded_source, 0, phase=phase), 7)
+        b = batches(layer_of(encoded_source, 2, phase=phase), 7)
+        assert_same(a, b)
+
+
+def test_float_data_and_leveldb(tmp_path):
+    rng = np.random.default_rng(5)
+    values = rng.normal(size=(N, 2, 5, 5)).astype(np.float32)
+    path = tmp_path / "float"
+    with LMDBWriter(path) as w:
+        for i in range(N):
+            w.put(b"%04d" % i, caffe_pb2.Datum(channels=2, height=5, width=5, float_data=values[i].ravel(),
+                                               label=i).SerializeToString())
+    t = "crop_size: 3 mirror: true scale: 2"
+    assert_same(batches(layer_of(path, 0, transform=t), 8), batches(layer_of(path, 2, transform=t), 8))
+    plyvel = pytest.importorskip("plyvel")
+    ldb = tmp_path / "leveldb"
+    db = plyvel.DB(str(ldb), create_if_missing=True)
+    for i in range(N):
+        db.put(b"%04d" % i, caffe_pb2.Datum(channels=2, height=5, width=5, float_data=values[i].ravel(),
+                                            label=i).SerializeToString())
+    db.close()
+
+    def leveldb_layer(workers):
+        return make_layer(f'type: "Data" phase: TRAIN data_param {{ source: "{ldb}" batch_size: 4 backend: LEVELDB '
+                          f"workers: {workers} }} transform_param {{ {t} }}", np.float32)
+
+    a = batches(leveldb_layer(0), 8)
+    b = batches(leveldb_layer(2), 8)
+    assert_same(a, b)
+
+
+def test_resume_reads_on_with_the_same_random_state(raw_source):
+    reference = batches(layer_of(raw_source, 0), 8)
+    first = layer_of(raw_source, 2)
+    head = batches(first, 3)
+    saved = first.read_state()
+    first.close()
+    resumed = layer_of(raw_source, 2)
+    batches(resumed, 1, seed=99)  # another seed: the restored state must decide what follows
+    resumed.restore_read_state(*saved)
+    tail = batches(resumed, 5, setup=False)
+    assert_same(reference, head + tail)
+    resumed.close()
+
+
+def test_two_ranks_read_interleaved_batches(raw_source):
+    try:
+        common.set_solver_count(2)
+        per_rank = {}
+        for rank in (0, 1):
+            common.set_solver_rank(rank)
+            per_rank[rank] = (batches(layer_of(raw_source, 0), 4), batches(layer_of(raw_source, 2), 4))
+    finally:
+        common.set_solver_count(1)
+        common.set_solver_rank(0)
+    for rank in (0, 1):
+        assert_same(*per_rank[rank])
+    labels0 = [lab for _, lab, _ in per_rank[0][1]]
+    labels1 = [lab for _, lab, _ in per_rank[1][1]]
+    np.testing.assert_array_equal(labels0[0], 7 * np.arange(4))
+    np.testing.assert_array_equal(labels1[0], 7 * np.arange(4, 8))
+    np.testing.assert_array_equal(labels0[1], 7 * np.arange(8, 12))
+
+
+def test_worker_count_rules(monkeypatch, raw_source):
+    with using_config(data_workers=None):
+        assert data_workers.worker_count(3, heavy=False) == 3
+        assert data_workers.worker_count(0, heavy=True) == 0
+        assert data_workers.worker_count(-1, heavy=False) == 0  # small data keeps the prefetch thread
+        monkeypatch.setattr(data_workers, "usable_cores", lambda: 6)
+        assert data_workers.worker_count(-1, heavy=True) == 5
+        monkeypatch.setattr(data_workers, "usable_cores", lambda: 1)
+        assert data_workers.worker_count(-1, heavy=True) == 0
+    with using_config(data_workers=2):
+        assert data_workers.worker_count(0, heavy=False) == 2  # the environment overrides the prototxt
+    assert 1 <= data_workers.usable_cores() <= (os.cpu_count() or 1)
+    small = layer_of(raw_source, -1, batch=2)  # 2 x 216 bytes: automatic mode keeps the thread
+    with using_config(data_workers=None):
+        small.setup([], empty_blobs(2))
+    assert type(small._prefetcher).__name__ == "_Prefetcher"
+    small.close()
+
+
+def test_cgroup_quota_caps_the_cores(monkeypatch, tmp_path):
+    real_read = Path.read_text
+    files = {"/proc/self/cgroup": "0::/job\n", "/sys/fs/cgroup/job/cpu.max": "250000 100000\n",
+             "/sys/fs/cgroup/cpu.max": "max 100000\n"}
+
+    def fake_read(self, *args, **kwargs):
+        if str(self) in files:
+            return files[str(self)]
+        if str(self).startswith(("/sys/fs/cgroup", "/proc/self/cgroup")):
+            raise FileNotFoundError(str(self))
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", fake_read)
+    assert data_workers._cgroup_cpu_limit() == 2.5
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert data_workers.usable_cores() == 3
+
+
+def test_corrupt_record_names_the_key_and_leaves_nothing(tmp_path):
+    path = tmp_path / "bad"
+    good = caffe_pb2.Datum(channels=1, height=4, width=4, data=bytes(16), label=1).SerializeToString()
+    with LMDBWriter(path) as w:
+        for i in range(12):
+            w.put(b"%04d" % i, b"\xff\x03junk" if i == 6 else good)
+    before = shm_segments()
+    layer = layer_of(path, 2, transform="")
+    top = empty_blobs(2)
+    layer.setup([], top)
+    pids = [p.pid for p in layer._prefetcher.loader.pool.procs]
+    name = layer._prefetcher.loader.batches.name
+    assert name in shm_segments()
+    layer.forward([], top)  # records 0-3
+    with pytest.raises(DataError, match=r"layer 'data' \(Data\): .*bad: record b'0006' is not a Datum"):
+        layer.forward([], top)
+    with pytest.raises(DataError, match="b'0006'"):  # and on, until the layer is closed
+        layer.forward([], top)
+    layer.close()
+    assert shm_segments() <= before
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_killed_worker_is_reported_and_cleaned_up(raw_source):
+    before = shm_segments()
+    layer = layer_of(raw_source, 2)
+    top = empty_blobs(2)
+    layer.setup([], top)
+    layer.forward([], top)
+    victim = layer._prefetcher.loader.pool.procs[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    with pytest.raises(DataError, match=rf"data worker process {victim.pid} killed by SIGKILL"):
+        for _ in range(20):  # batches decoded before the kill may still come
+            layer.forward([], top)
+    layer.close()
+    assert shm_segments() <= before
+    assert not [p for p in layer._prefetcher.loader.pool.procs if p.is_alive()]
+
+
+KILLED_RUN = """
+import sys, time
+import numpy as np
+from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
+layer = make_layer('type: "Data" phase: TRAIN data_param {{ source: "{path}" batch_size: 4 backend: LMDB '
+                   'workers: 2 }} transform_param {{ crop_size: 6 mirror: true }}', np.float32)
+top = empty_blobs(2)
+layer.setup([], top)
+layer.forward([], top)
+loader = layer._prefetcher.loader
+print(loader.batches.name, *[p.pid for p in loader.pool.procs], flush=True)
+while True:
+    layer.forward([], top)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_a_killed_run_leaves_no_processes_or_shared_memory(raw_source, tmp_path, sig):
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(KILLED_RUN.format(path=raw_source)))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, text=True)
+    try:
+        line = proc.stdout.readline().split()
+        assert line, proc.stderr.read()
+        name, pids = line[0], [int(p) for p in line[1:]]
+        assert name in shm_segments()
+        proc.send_signal(sig)
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and not _zombie(p)]
+        if not alive and name not in shm_segments():
+            break
+        time.sleep(0.1)
+    assert not alive, f"worker processes {alive} outlived the run ({signal.Signals(sig).name})"
+    assert name not in shm_segments(), f"/dev/shm/{name} outlived the run ({signal.Signals(sig).name})"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mean", ["mean_value", "mean_file", "none"])
+def test_device_kernel_gives_the_host_pixels(tmp_path, dtype, mean):
+    """data.cu built for the host: each item crop/mean/scale/mirror equals DataTransformer.apply."""
+    from pycaffe_lite.testing import host_kernels as hk
+
+    if hk.CXX is None:
+        pytest.skip("no C++ compiler for the host build of data.cu")
+    rng = np.random.default_rng(8)
+    num, c, h, w, crop = 5, 3, 11, 9, 7
+    items = rng.integers(0, 256, size=(num, c, h, w), dtype=np.uint8)
+    text = f"crop_size: {crop} mirror: true scale: 0.0078125"
+    if mean == "mean_value":
+        text += " mean_value: 104.5 mean_value: 117 mean_value: 123.25"
+    elif mean == "mean_file":
+        blob = caffe_pb2.BlobProto(num=1, channels=c, height=h, width=w,
+                                   data=rng.uniform(0, 255, size=c * h * w).astype(np.float32))
+        (tmp_path / "mean.binaryproto").write_bytes(blob.SerializeToString())
+        text += f' mean_file: "{tmp_path / "mean.binaryproto"}"'
+    tp = parse_text(text, caffe_pb2.TransformationParameter())
+    t = DataTransformer(tp, caffe.TRAIN, dtype, rng=np.random.default_rng(1))
+    draws = np.array([t.draw((c, h, w)) for _ in range(num)], np.int32)
+    expected = np.stack([t.apply(items[i], *draws[i]) for i in range(num)])
+    mean_kind, mean_arr = 0, np.zeros(1, dtype)
+    if t.mean is not None:
+        full = t._mean_for(t.mean, (c, h, w))
+        mean_kind, mean_arr = (2, np.ascontiguousarray(full, dtype)) if mean == "mean_file" else \
+            (1, np.ascontiguousarray(full[:, 0, 0], dtype))
+    lib, sigs = hk.serial_library(REPO / "layers" / "data.cu", dtype)
+    out = np.full((num, c, crop, crop), np.nan, dtype)
+    args = [out.size, items.ctypes.data, draws.ctypes.data, mean_arr.ctypes.data, mean_kind, 1, float(tp.scale),
+            c, h, w, crop, crop, out.ctypes.data]
+    sig = sigs["data_transform_u8"]
+    getattr(lib, sig.name)(*hk.kernel_args(sig, args, dtype))
+    np.testing.assert_array_equal(out, expected)
+    assert draws[:, 2].any() and not draws[:, 2].all()  # both flips taken
+
+
+@pytest.mark.gpu
+def test_gpu_uint8_path_gives_the_host_pixels(raw_source, encoded_source, gpu_mode):
+    """GPU mode: uint8 batches transformed by data.cu equal the single-thread host path."""
+    for source in (raw_source, encoded_source):
+        caffe.set_mode_cpu()
+        a = batches(layer_of(source, 0), 7)
+        caffe.set_mode_gpu()
+        layer = layer_of(source, 2)
+        b = batches(layer, 7)
+        assert layer._prefetcher.raw
+        assert_same(a, b)
+        layer.close()
