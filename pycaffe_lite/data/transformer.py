@@ -53,10 +53,12 @@ def _decode_image(data: bytes, force_color: bool, force_gray: bool, where: str) 
         raise DataError(f"{where}: cannot decode the encoded Datum image: {exc}") from None
     gray = force_gray or (not force_color and img.mode in ("L", "1", "I", "I;16", "F"))
     if gray:
-        arr = np.asarray(img.convert("L"), dtype=np.uint8)[None]
-    else:
-        arr = np.asarray(img.convert("RGB"), dtype=np.uint8)[:, :, ::-1].transpose(2, 0, 1)  # BGR, CHW
-    return np.ascontiguousarray(arr)
+        return np.ascontiguousarray(np.asarray(img.convert("L"), dtype=np.uint8)[None])
+    rgb = img if img.mode == "RGB" else img.convert("RGB")
+    arr = np.empty((3, rgb.height, rgb.width), np.uint8)  # BGR, CHW: Pillow's band split is the cheapest
+    for c, band in enumerate(reversed(rgb.split())):  # de-interleave (a third of a 256x256 JPEG's decode time)
+        arr[c] = np.asarray(band)
+    return arr
 
 
 class DataTransformer:
