@@ -73,11 +73,12 @@ def layer_rate(source: Path, workers: int, batch: int, crop: int, seconds: float
         "mean_value: 104 mean_value: 117 mean_value: 123 }", np.float32)
     top = empty_blobs(2, np.float32)
     layer.setup([], top)
-    sync = (lambda: None)
-    if gpu:
-        from pycaffe_lite.gpu import backend
+    def sync() -> None:
+        if gpu:
+            from pycaffe_lite.gpu import backend
 
-        sync = backend.synchronize
+            backend.synchronize()
+
     try:
         for _ in range(6):
             layer.forward([], top)

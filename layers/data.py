@@ -28,8 +28,8 @@ import json
 import logging
 import queue
 import threading
+import time
 import weakref
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,7 @@ class _Prefetcher:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"prefetch {where}", daemon=True)
         self.skip_after = 0  # records skipped after each batch (multi-GPU: the other ranks' batches)
+        self.waited = 0.0  # seconds the last fill waited for its batch
 
     def start(self) -> None:
         self.thread.start()
@@ -147,7 +148,9 @@ class _Prefetcher:
 
     def fill(self, top, gpu: bool) -> tuple[int, bytes, str]:
         """Copy the next batch into the tops (the device copy syncs when read); where the next starts."""
+        start = time.perf_counter()
         data, labels, position = self.get()
+        self.waited = time.perf_counter() - start
         top[0].reshape(data.shape)
         top[0].mutable_cpu_data()[...] = data
         if len(top) > 1:
@@ -248,6 +251,7 @@ class _ParallelPrefetcher:
         self.shape = shape
         self.raw = raw
         self.skip_after = 0
+        self.waited = 0.0
         self.depth = max(2, depth)
         self.loader: data_workers.ParallelLoader | None = None
         self.lmdb = isinstance(cursor, Cursor)
@@ -293,7 +297,9 @@ class _ParallelPrefetcher:
         """The next batch into the tops: on the device by the kernel (``gpu`` and uint8 items), else
         on the host; where the next batch starts."""
         assert self.loader is not None
+        start = time.perf_counter()
         slot, position = self.loader.get()
+        self.waited = time.perf_counter() - start
         batches = self.loader.batches
         data, labels, draws = batches.data[slot], batches.labels[slot], batches.draws[slot]
         out_shape = (self.batch_size, *self.transformer.infer_shape(np.empty(self.shape, np.uint8)))
@@ -416,6 +422,7 @@ class DataLayer(Layer):
         if self.output_labels:
             top[1].reshape((self.batch_size,))
         self._where = where
+        self._stats: list = [0, 0, 0.0]
         self._next = prefetcher.position()  # where the batch after the last one handed out starts
         self._cache: DeviceBatches | None = None
         if dp.cache_on_device and common.mode() is common.Mode.GPU:
@@ -531,11 +538,22 @@ class DataLayer(Layer):
             if self.output_labels:
                 top[1].mutable_cpu_data()[...] = labels[idx]
             return
-        self._next = self._prefetcher.fill(top, gpu=False)
+        self._fill(top, gpu=False)
+
+    def _fill(self, top, gpu: bool) -> None:
+        self._next = self._prefetcher.fill(top, gpu)
+        self._stats[0] += 1
+        self._stats[1] += self.batch_size
+        self._stats[2] += self._prefetcher.waited
+
+    def data_stats(self) -> tuple[int, int, float]:
+        """(batches, images, seconds waited for them) served by forward so far: how far the
+        readers ran behind the net (``pycaffe-lite time`` reports them)."""
+        return self._stats[0], self._stats[1], self._stats[2]
 
     def forward_gpu(self, bottom, top):
         if self._cache is None:  # the host batch is copied (the device copy syncs when read), or
-            self._next = self._prefetcher.fill(top, gpu=True)  # uint8 items transformed on the device
+            self._fill(top, gpu=True)  # uint8 items transformed on the device
             return
         self._cache.next_batch(top[0].mutable_gpu_data(), top[1].mutable_gpu_data() if self.output_labels else None)
 

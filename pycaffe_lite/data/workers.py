@@ -35,6 +35,7 @@ import queue
 import signal
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -164,6 +165,7 @@ class SharedBatches:
             self.shm = shared_memory.SharedMemory(name=name)
         self.name = self.shm.name
         self.owner = name is None
+        assert self.shm.buf is not None
         buf = np.frombuffer(self.shm.buf, np.uint8)
         d, lab, dr = layout._sizes()
         per = layout.slot_bytes
@@ -270,7 +272,9 @@ class WorkerPool:
                 proc = ctx.Process(target=_worker_main, name=f"pycaffe-lite data worker {k} ({where})",
                                    args=(child, parent_fds, batches, job),
                                    daemon=True)
-                proc.start()
+                with warnings.catch_warnings():  # (3.12 warns about fork with threads: the children
+                    warnings.simplefilter("ignore", DeprecationWarning)  # run only the decode loop)
+                    proc.start()
                 self.procs.append(proc)
         except BaseException:
             self.close()
@@ -326,6 +330,26 @@ def _death(proc) -> str:
     return f"exited with code {code}"
 
 
+class _Books:
+    """The loader thread's accounts: free slots, slots in plan order, answers still due per slot,
+    what each batch hands back, errors per slot, and whether planning goes on."""
+
+    def __init__(self, slots: int) -> None:
+        self.free = deque(range(slots))
+        self.order: deque[int] = deque()
+        self.pending: dict[int, int] = {}
+        self.infos: dict[int, Any] = {}
+        self.errors: dict[int, BaseException] = {}
+        self.planning = True
+
+    def flush(self, ready: queue.Queue) -> None:
+        """Queue the complete batches at the head of the plan order."""
+        while self.order and self.pending.get(self.order[0]) == 0:
+            slot = self.order.popleft()
+            ready.put((slot, self.infos.pop(slot), self.errors.pop(slot, None)))
+            del self.pending[slot]
+
+
 class ParallelLoader:
     """Plans batches in a thread of the parent and has ``pool`` fill them; :meth:`get` hands them
     out in plan order.
@@ -369,65 +393,61 @@ class ParallelLoader:
         self._wake()
 
     def _run(self) -> None:
-        free = deque(range(self.batches.slots))
-        order: deque[int] = deque()
-        pending: dict[int, int] = {}
-        infos: dict[int, Any] = {}
-        errors: dict[int, BaseException] = {}
-        planning = True
+        books = _Books(self.batches.slots)
         conns = self.pool.conns
-        owner = {c: k for k, c in enumerate(conns)}
         sentinels = {p.sentinel: p for p in self.pool.procs}
         try:
             while not self.stop_event.is_set():
-                while planning and free and not self.stop_event.is_set():
-                    slot = free.popleft()
-                    order.append(slot)
+                while books.planning and books.free and not self.stop_event.is_set():
+                    slot = books.free.popleft()
+                    books.order.append(slot)
                     try:
-                        refs, infos[slot] = self.plan(slot)
-                        pending[slot] = self.pool.submit(slot, refs)
+                        refs, books.infos[slot] = self.plan(slot)
+                        books.pending[slot] = self.pool.submit(slot, refs)
                     except BaseException as exc:  # the parent's part failed (database changed, ...)
-                        errors[slot], infos[slot], pending[slot] = exc, None, 0
-                        planning = False
-                while order and pending[order[0]] == 0:
-                    slot = order.popleft()
-                    self.ready.put((slot, infos.pop(slot), errors.pop(slot, None)))
-                    del pending[slot]
+                        books.errors[slot], books.infos[slot], books.pending[slot] = exc, None, 0
+                        books.planning = False
+                books.flush(self.ready)
                 for obj in connection.wait([*conns, *sentinels, self._wake_r], timeout=0.5):
                     if obj == self._wake_r:
-                        try:
-                            while os.read(self._wake_r, 4096):
-                                pass
-                        except BlockingIOError:
-                            pass
-                        while True:
-                            try:
-                                free.append(self.released.get_nowait())
-                            except queue.Empty:
-                                break
+                        self._take_released(books)
                     elif obj in sentinels:
                         proc = sentinels[obj]
                         proc.join(1.0)
                         raise DataError(f"{self.where}: data worker process {proc.pid} {_death(proc)} while "
                                         "decoding records (out of memory? a crash in an image decoder?)")
                     else:
-                        try:
-                            kind, slot, text = obj.recv()
-                        except (EOFError, OSError):
-                            proc = self.pool.procs[owner[obj]]
-                            proc.join(1.0)
-                            raise DataError(f"{self.where}: data worker process {proc.pid} {_death(proc)} "
-                                            "while decoding records") from None
-                        if kind == "fatal":
-                            raise DataError(f"{self.where}: a data worker could not start: {text}")
-                        pending[slot] -= 1
-                        if kind == "error" and slot not in errors:
-                            errors[slot] = DataError(text)
+                        self._answer(obj, books)
         except BaseException as exc:  # handed to the consumer after the batches before it
-            while order and pending.get(order[0]) == 0:
-                slot = order.popleft()
-                self.ready.put((slot, infos.pop(slot), errors.pop(slot, None)))
+            books.flush(self.ready)
             self.ready.put((-1, None, exc))
+
+    def _take_released(self, books: _Books) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                books.free.append(self.released.get_nowait())
+            except queue.Empty:
+                break
+
+    def _answer(self, conn, books: _Books) -> None:
+        """One worker's answer: a chunk of a slot done, or failed (the slot's first error is kept)."""
+        try:
+            kind, slot, text = conn.recv()
+        except (EOFError, OSError):
+            proc = self.pool.procs[self.pool.conns.index(conn)]
+            proc.join(1.0)
+            raise DataError(f"{self.where}: data worker process {proc.pid} {_death(proc)} while decoding "
+                            "records") from None
+        if kind == "fatal":
+            raise DataError(f"{self.where}: a data worker could not start: {text}")
+        books.pending[slot] -= 1
+        if kind == "error" and slot not in books.errors:
+            books.errors[slot] = DataError(text)
 
     def get(self) -> tuple[int, Any]:
         """``(slot, info)`` of the next batch; raises its error (and then every later call does)."""
