@@ -223,7 +223,7 @@ class _DatumJob:
         except DataError as exc:
             raise DataError(f"{exc} ({self.source}: record {bytes(key)!r})") from None
         if values.shape != self.shape:
-            raise DataError(
+            raise data_workers.ItemShapeError(
                 f"{self.where}: {self.source}: record {bytes(key)!r} has shape {values.shape}, the first record "
                 f"read has {self.shape} (with data workers every record must match; workers: 0 reads batches "
                 "of different shapes)")
@@ -391,6 +391,7 @@ class DataLayer(Layer):
     def layer_setup(self, bottom, top):
         dp = self.layer_param.data_param
         where = self.where
+        self._auto_workers = False
         if not dp.source:
             raise DataError(f"{where}: data_param.source is empty (expected the path of an LMDB or a LevelDB)")
         if dp.batch_size <= 0:
@@ -438,7 +439,9 @@ class DataLayer(Layer):
         uint8 = bool(first.encoded or first.data)
         batch_bytes = self.batch_size * int(np.prod(shape)) * (1 if uint8 else 4)
         heavy = bool(first.encoded) or batch_bytes >= data_workers.HEAVY_BATCH_BYTES
-        workers = data_workers.worker_count(self.layer_param.data_param.workers, heavy)
+        ranks = common.solver_count() if self.phase == common.TRAIN else 1
+        workers = data_workers.worker_count(self.layer_param.data_param.workers, heavy, ranks)
+        self._auto_workers = data_workers.automatic(self.layer_param.data_param.workers)
         if workers <= 0:
             return prefetcher
         raw = uint8 and common.mode() is common.Mode.GPU
@@ -501,6 +504,12 @@ class DataLayer(Layer):
                                 "the database does not match the snapshot")
             self._cache.seek(int(position) + shift)
             return
+        self._restart(position, key, rng_state, where, shift)
+
+    def _restart(self, position: int, key: bytes, rng_state: str, where: str, shift: int,
+                 thread_only: bool = False) -> None:
+        """New readers from ``position`` (+ ``shift`` records) with the transformer's random state
+        ``rng_state``; workers again if there were (unless ``thread_only``)."""
         old = self._prefetcher
         self._finalizer.detach()
         old.stop()
@@ -516,7 +525,7 @@ class DataLayer(Layer):
             raise DataError(f"{where or self._where}: cannot restore the read position: {exc}") from None
         self._next = (int(position), bytes(key), rng_state)
         fresh: _Prefetcher | _ParallelPrefetcher
-        if isinstance(old, _ParallelPrefetcher):
+        if isinstance(old, _ParallelPrefetcher) and not thread_only:
             fresh = _ParallelPrefetcher(old.cursor, self.transformer, self.batch_size, old.depth, self.dtype,
                                         self._where, old.workers, old.shape, old.raw)
         else:
@@ -541,7 +550,15 @@ class DataLayer(Layer):
         self._fill(top, gpu=False)
 
     def _fill(self, top, gpu: bool) -> None:
-        self._next = self._prefetcher.fill(top, gpu)
+        try:
+            self._next = self._prefetcher.fill(top, gpu)
+        except data_workers.ItemShapeError as exc:
+            if not self._auto_workers:
+                raise
+            log.warning("%s; the records' shapes differ, so this layer goes back to the prefetch thread "
+                        "(set data_param.workers: 0 to start there)", exc)
+            self._restart(*self._next, where="", shift=0, thread_only=True)
+            self._next = self._prefetcher.fill(top, gpu)
         self._stats[0] += 1
         self._stats[1] += self.batch_size
         self._stats[2] += self._prefetcher.waited

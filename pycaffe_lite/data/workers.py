@@ -106,18 +106,28 @@ def usable_cores() -> int:
     return max(1, n)
 
 
-def worker_count(prototxt_value: int, heavy: bool) -> int:
+class ItemShapeError(DataError):
+    """A record whose shape differs from the first one's (the workers' batches have one shape)."""
+
+
+def automatic(prototxt_value: int) -> bool:
+    """Whether the worker count is the automatic choice (no override, a negative prototxt value)."""
+    return config.data_workers is None and int(prototxt_value) < 0
+
+
+def worker_count(prototxt_value: int, heavy: bool, ranks: int = 1) -> int:
     """Worker processes for a data layer: ``$PYCAFFE_LITE_DATA_WORKERS`` (``config.data_workers``)
-    when set, else the prototxt's ``workers``; a negative value is automatic: the usable cores less
-    one (the parent plans and copies) when the data is ``heavy`` (encoded, or a batch holds
-    :data:`HEAVY_BATCH_BYTES` of pixels), else 0 (the single prefetch thread)."""
+    when set, else the prototxt's ``workers``; a negative value is automatic: when the data is
+    ``heavy`` (encoded, or a batch holds :data:`HEAVY_BATCH_BYTES` of pixels) the usable cores
+    shared by the ``ranks`` training processes of this host, less one for each (it plans and
+    copies), else 0 (the single prefetch thread)."""
     chosen = config.data_workers
     n = int(chosen) if chosen is not None else int(prototxt_value)
     if n >= 0:
         return n
     if not heavy or "fork" not in mp.get_all_start_methods():
         return 0
-    cores = usable_cores()
+    cores = usable_cores() // max(1, int(ranks))
     return cores - 1 if cores >= 2 else 0
 
 
@@ -245,6 +255,8 @@ def _worker_main(conn, close_fds: Sequence[int], batches: SharedBatches, job: Jo
             for k, ref in enumerate(refs):
                 job.load(ref, batches, slot, start + k)
             reply: tuple = ("done", slot, "")
+        except ItemShapeError as exc:
+            reply = ("shape", slot, str(exc))
         except CaffeError as exc:
             reply = ("error", slot, str(exc))
         except Exception as exc:
@@ -446,8 +458,8 @@ class ParallelLoader:
         if kind == "fatal":
             raise DataError(f"{self.where}: a data worker could not start: {text}")
         books.pending[slot] -= 1
-        if kind == "error" and slot not in books.errors:
-            books.errors[slot] = DataError(text)
+        if kind != "done" and slot not in books.errors:
+            books.errors[slot] = ItemShapeError(text) if kind == "shape" else DataError(text)
 
     def get(self) -> tuple[int, Any]:
         """``(slot, info)`` of the next batch; raises its error (and then every later call does)."""

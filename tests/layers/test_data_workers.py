@@ -352,3 +352,31 @@ def test_gpu_uint8_path_gives_the_host_pixels(raw_source, encoded_source, gpu_mo
         assert layer._prefetcher.raw
         assert_same(a, b)
         layer.close()
+
+
+def test_records_of_different_shapes(tmp_path, monkeypatch, caplog):
+    """Automatic workers go back to the prefetch thread at the first odd record (same batches);
+    chosen workers raise naming it."""
+    rng = np.random.default_rng(9)
+    path = tmp_path / "mixed"
+    shapes = [(3, 8, 8)] * 5 + [(3, 9, 7)] + [(3, 8, 8)] * 4
+    with LMDBWriter(path) as w:
+        for i, shape in enumerate(shapes):
+            img = rng.integers(0, 256, size=shape, dtype=np.uint8)
+            w.put(b"%02d" % i, caffe_pb2.Datum(channels=shape[0], height=shape[1], width=shape[2],
+                                               data=img.tobytes(), label=i).SerializeToString())
+    t = "crop_size: 5 mirror: true"
+    reference = batches(layer_of(path, 0, batch=1, transform=t), 14)
+    monkeypatch.setattr(data_workers, "HEAVY_BATCH_BYTES", 1)
+    monkeypatch.setattr(data_workers, "usable_cores", lambda: 3)
+    with using_config(data_workers=None):
+        auto = layer_of(path, -1, batch=1, transform=t)
+        got = batches(auto, 14)
+        assert type(auto._prefetcher).__name__ == "_Prefetcher"  # went back at record 5
+    assert "record b'05' has shape (3, 9, 7)" in caplog.text and "back to the prefetch thread" in caplog.text
+    assert_same(reference, got)
+    auto.close()
+    chosen = layer_of(path, 2, batch=1, transform=t)
+    with pytest.raises(data_workers.ItemShapeError, match=r"record b'05' has shape \(3, 9, 7\).*\(3, 8, 8\)"):
+        batches(chosen, 14)
+    chosen.close()
