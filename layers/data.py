@@ -557,7 +557,8 @@ class DataLayer(Layer):
                 raise
             log.warning("%s; the records' shapes differ, so this layer goes back to the prefetch thread "
                         "(set data_param.workers: 0 to start there)", exc)
-            self._restart(*self._next, where="", shift=0, thread_only=True)
+            position, key, rng_state = self._next
+            self._restart(position, key, rng_state, where="", shift=0, thread_only=True)
             self._next = self._prefetcher.fill(top, gpu)
         self._stats[0] += 1
         self._stats[1] += self.batch_size
