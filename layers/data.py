@@ -235,14 +235,15 @@ class _DatumJob:
         batches.labels[slot][i] = datum.label
 
 
-class _ParallelPrefetcher:
-    """The prefetch thread's role split: the loader's thread walks the cursor and draws the
-    transformer's random choices in the single-thread path's order; worker processes read,
-    decode and transform (or, ``raw``, only decode to uint8 for the device kernel)."""
+class ParallelBatches:
+    """Batches that worker processes fill (the data layers' parallel path): a subclass's ``plan``
+    (run by the loader's thread, or for a ``Deferred`` batch when its forward asks for it) picks
+    the records and draws the transformer's random choices in the single-thread path's order;
+    its ``job`` reads, decodes and transforms in the workers (or, ``raw``, only decodes to uint8 for
+    the device kernel). :meth:`fill` puts a batch into the tops."""
 
-    def __init__(self, cursor, transformer: DataTransformer, batch_size: int, depth: int, dtype: np.dtype,
-                 where: str, workers: int, shape: tuple[int, int, int], raw: bool) -> None:
-        self.cursor = cursor
+    def __init__(self, transformer: DataTransformer, batch_size: int, depth: int, dtype: np.dtype, where: str,
+                 workers: int, shape: tuple[int, int, int], raw: bool) -> None:
         self.transformer = transformer
         self.batch_size = batch_size
         self.dtype = dtype
@@ -250,39 +251,24 @@ class _ParallelPrefetcher:
         self.workers = workers
         self.shape = shape
         self.raw = raw
-        self.skip_after = 0
         self.waited = 0.0
         self.depth = max(2, depth)
         self.loader: data_workers.ParallelLoader | None = None
-        self.lmdb = isinstance(cursor, Cursor)
         self._registered: Any = None
         self._held: tuple[int, Any] | None = None
         self._device: dict[str, Any] = {}
 
-    def position(self) -> tuple[int, bytes, str]:
-        return self.cursor.index, bytes(self.cursor.key()), json.dumps(self.transformer.rng.bit_generator.state)
+    def job(self) -> data_workers.Job:
+        raise NotImplementedError
 
-    def _plan(self, slot: int) -> tuple[list, tuple[int, bytes, str]]:
-        assert self.loader is not None
-        draws = self.loader.batches.draws[slot]
-        refs: list = []
-        for i in range(self.batch_size):
-            key = bytes(self.cursor.key())
-            refs.append(key if self.lmdb else (key, bytes(self.cursor.value())))
-            draws[i] = self.transformer.draw(self.shape)
-            self.cursor.next()
-        for _ in range(self.skip_after):
-            self.cursor.next()
-        return refs, self.position()
+    def plan(self, slot: int, now: bool) -> tuple[list, Any]:
+        raise NotImplementedError
 
     def start(self) -> None:
         out_shape = self.transformer.infer_shape(np.empty(self.shape, np.uint8)) if not self.raw else self.shape
         item_dtype = np.dtype(np.uint8) if self.raw else self.dtype
         layout = data_workers.BatchLayout(self.batch_size, tuple(out_shape), item_dtype.str)
-        job = _DatumJob(str(self.cursor.path), "lmdb" if self.lmdb else "leveldb",
-                        self.transformer.param.SerializeToString(), self.transformer.phase, self.dtype.str,
-                        self.where, self.shape, self.raw)
-        self.loader = data_workers.ParallelLoader(self.workers, job, layout, self.depth, self._plan, self.where)
+        self.loader = data_workers.ParallelLoader(self.workers, self.job(), layout, self.depth, self.plan, self.where)
         self.loader.start()
 
     def _release_held(self) -> None:
@@ -375,6 +361,40 @@ class _ParallelPrefetcher:
         self._device.clear()
         if self.loader is not None:
             self.loader.stop()
+
+
+
+class _ParallelPrefetcher(ParallelBatches):
+    """The Data layer's parallel path: the loader's thread walks the cursor (and skips the other
+    ranks' batches); workers read records by key (LMDB) or get their bytes (LevelDB)."""
+
+    def __init__(self, cursor, transformer: DataTransformer, batch_size: int, depth: int, dtype: np.dtype,
+                 where: str, workers: int, shape: tuple[int, int, int], raw: bool) -> None:
+        super().__init__(transformer, batch_size, depth, dtype, where, workers, shape, raw)
+        self.cursor = cursor
+        self.skip_after = 0
+        self.lmdb = isinstance(cursor, Cursor)
+
+    def position(self) -> tuple[int, bytes, str]:
+        return self.cursor.index, bytes(self.cursor.key()), json.dumps(self.transformer.rng.bit_generator.state)
+
+    def job(self) -> data_workers.Job:
+        return _DatumJob(str(self.cursor.path), "lmdb" if self.lmdb else "leveldb",
+                         self.transformer.param.SerializeToString(), self.transformer.phase, self.dtype.str,
+                         self.where, self.shape, self.raw)
+
+    def plan(self, slot: int, now: bool) -> tuple[list, tuple[int, bytes, str]]:
+        assert self.loader is not None
+        draws = self.loader.batches.draws[slot]
+        refs: list = []
+        for i in range(self.batch_size):
+            key = bytes(self.cursor.key())
+            refs.append(key if self.lmdb else (key, bytes(self.cursor.value())))
+            draws[i] = self.transformer.draw(self.shape)
+            self.cursor.next()
+        for _ in range(self.skip_after):
+            self.cursor.next()
+        return refs, self.position()
 
     def close(self) -> None:
         self.stop()

@@ -342,6 +342,13 @@ def _death(proc) -> str:
     return f"exited with code {code}"
 
 
+class Deferred(Exception):  # noqa: N818 (a signal, not an error)
+    """Raised by a plan that must wait for the forward that asks for its batch (it draws from the
+    process-wide generator, whose draws must stay in the order the forwards make them). The plan
+    is called again with ``now=True`` once every batch before it was taken and the consumer waits
+    for this one."""
+
+
 class _Books:
     """The loader thread's accounts: free slots, slots in plan order, answers still due per slot,
     what each batch hands back, errors per slot, and whether planning goes on."""
@@ -353,6 +360,8 @@ class _Books:
         self.infos: dict[int, Any] = {}
         self.errors: dict[int, BaseException] = {}
         self.planning = True
+        self.seq = 0  # batches planned (or deferred) so far
+        self.deferred: tuple[int, int] | None = None  # (slot, sequence number) of a Deferred batch
 
     def flush(self, ready: queue.Queue) -> None:
         """Queue the complete batches at the head of the plan order."""
@@ -366,13 +375,13 @@ class ParallelLoader:
     """Plans batches in a thread of the parent and has ``pool`` fill them; :meth:`get` hands them
     out in plan order.
 
-    ``plan(slot)`` runs in the loader's thread (it owns the layer's cursor and random state while
-    the loader runs): it writes the slot's draws (and labels it knows) and returns ``(refs, info)``;
-    ``info`` comes back with the batch from :meth:`get`.
+    ``plan(slot, now)`` runs in the loader's thread (it owns the layer's cursor and random state
+    while the loader runs): it writes the slot's draws and returns ``(refs, info)``; ``info`` comes
+    back with the batch from :meth:`get`. It may raise :class:`Deferred` (``now`` False).
     """
 
     def __init__(self, n: int, job: Job, layout: BatchLayout, slots: int,
-                 plan: Callable[[int], tuple[Sequence[Any], Any]], where: str) -> None:
+                 plan: Callable[[int, bool], tuple[Sequence[Any], Any]], where: str) -> None:
         self.where = where
         self.plan = plan
         self.batches = SharedBatches(slots, layout, where=where)
@@ -387,6 +396,7 @@ class ParallelLoader:
         self.error: BaseException | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        self._asked = 0
         self.thread = threading.Thread(target=self._run, name=f"data loader {where}", daemon=True)
         self._closed = False
 
@@ -410,15 +420,14 @@ class ParallelLoader:
         sentinels = {p.sentinel: p for p in self.pool.procs}
         try:
             while not self.stop_event.is_set():
-                while books.planning and books.free and not self.stop_event.is_set():
+                if books.deferred is not None and self._asked > books.deferred[1]:
+                    slot, books.deferred = books.deferred[0], None
+                    self._plan(books, slot, now=True)
+                while books.planning and books.deferred is None and books.free and not self.stop_event.is_set():
                     slot = books.free.popleft()
                     books.order.append(slot)
-                    try:
-                        refs, books.infos[slot] = self.plan(slot)
-                        books.pending[slot] = self.pool.submit(slot, refs)
-                    except BaseException as exc:  # the parent's part failed (database changed, ...)
-                        books.errors[slot], books.infos[slot], books.pending[slot] = exc, None, 0
-                        books.planning = False
+                    books.seq += 1
+                    self._plan(books, slot, now=False)
                 books.flush(self.ready)
                 for obj in connection.wait([*conns, *sentinels, self._wake_r], timeout=0.5):
                     if obj == self._wake_r:
@@ -433,6 +442,16 @@ class ParallelLoader:
         except BaseException as exc:  # handed to the consumer after the batches before it
             books.flush(self.ready)
             self.ready.put((-1, None, exc))
+
+    def _plan(self, books: _Books, slot: int, now: bool) -> None:
+        try:
+            refs, books.infos[slot] = self.plan(slot, now)
+            books.pending[slot] = self.pool.submit(slot, refs)
+        except Deferred:
+            books.deferred, books.pending[slot] = (slot, books.seq - 1), -1
+        except BaseException as exc:  # the parent's part failed (database changed, ...)
+            books.errors[slot], books.infos[slot], books.pending[slot] = exc, None, 0
+            books.planning = False
 
     def _take_released(self, books: _Books) -> None:
         try:
@@ -463,6 +482,8 @@ class ParallelLoader:
 
     def get(self) -> tuple[int, Any]:
         """``(slot, info)`` of the next batch; raises its error (and then every later call does)."""
+        self._asked += 1  # (a Deferred batch is planned once its get has begun)
+        self._wake()
         while True:
             if self.error is not None:
                 raise _again(self.error)

@@ -801,7 +801,7 @@ class HingeLossParameter(_message.Message):
     def __init__(self, norm: _Optional[_Union[HingeLossParameter.Norm, str]] = ...) -> None: ...
 
 class ImageDataParameter(_message.Message):
-    __slots__ = ("source", "batch_size", "rand_skip", "shuffle", "new_height", "new_width", "is_color", "scale", "mean_file", "crop_size", "mirror", "root_folder")
+    __slots__ = ("source", "batch_size", "rand_skip", "shuffle", "new_height", "new_width", "is_color", "scale", "mean_file", "crop_size", "mirror", "root_folder", "workers")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     RAND_SKIP_FIELD_NUMBER: _ClassVar[int]
@@ -814,6 +814,7 @@ class ImageDataParameter(_message.Message):
     CROP_SIZE_FIELD_NUMBER: _ClassVar[int]
     MIRROR_FIELD_NUMBER: _ClassVar[int]
     ROOT_FOLDER_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     source: str
     batch_size: int
     rand_skip: int
@@ -826,7 +827,8 @@ class ImageDataParameter(_message.Message):
     crop_size: int
     mirror: bool
     root_folder: str
-    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., shuffle: bool = ..., new_height: _Optional[int] = ..., new_width: _Optional[int] = ..., is_color: bool = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., root_folder: _Optional[str] = ...) -> None: ...
+    workers: int
+    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., shuffle: bool = ..., new_height: _Optional[int] = ..., new_width: _Optional[int] = ..., is_color: bool = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., root_folder: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class InfogainLossParameter(_message.Message):
     __slots__ = ("source", "axis")

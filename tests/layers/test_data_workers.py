@@ -65,8 +65,8 @@ def layer_of(path, workers, batch=4, transform=TRANSFORM, extra="", dtype=np.flo
                       f'backend: LMDB workers: {workers} {extra} }} transform_param {{ {transform} }}', dtype)
 
 
-def batches(layer, count, seed=11, setup=True):
-    """``count`` forwards: (data, labels, read_state after) each."""
+def batches(layer, count, seed=11, setup=True, between=None):
+    """``count`` forwards: (data, labels, read_state after) each; ``between()`` after each."""
     top = empty_blobs(2, layer.dtype)
     if setup:
         caffe.set_random_seed(seed)
@@ -78,6 +78,8 @@ def batches(layer, count, seed=11, setup=True):
     for _ in range(count):
         layer.forward([], top)
         out.append((top[0].cpu_data().copy(), top[1].cpu_data().copy(), layer.read_state()))
+        if between is not None:
+            between()
     return out
 
 
@@ -380,3 +382,76 @@ def test_records_of_different_shapes(tmp_path, monkeypatch, caplog):
     with pytest.raises(data_workers.ItemShapeError, match=r"record b'05' has shape \(3, 9, 7\).*\(3, 8, 8\)"):
         batches(chosen, 14)
     chosen.close()
+
+
+@pytest.fixture(scope="module")
+def image_list(tmp_path_factory):
+    """7 PNG/JPEG files of different sizes and a list file naming them (one line twice)."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(12)
+    folder = tmp_path_factory.mktemp("images")
+    lines = []
+    for i in range(7):
+        h, w = 10 + i, 14 - i
+        name = f"img {i}.{'png' if i % 2 else 'jpg'}"
+        Image.fromarray(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)).save(folder / name)
+        lines.append(f"{name} {i}")
+    lines.append(lines[2])
+    (folder / "list.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def image_layer(folder, workers, shuffle=True, extra=""):
+    return make_layer(
+        f'type: "ImageData" phase: TRAIN image_data_param {{ source: "{folder / "list.txt"}" '
+        f'root_folder: "{folder}/" batch_size: 3 shuffle: {str(shuffle).lower()} new_height: 9 new_width: 8 '
+        f"workers: {workers} {extra} }} transform_param {{ crop_size: 6 mirror: true mean_value: 5 scale: 0.5 }}",
+        np.float32)
+
+
+def test_image_data_workers_equal_the_single_thread_path(image_list):
+    def dropout_like():  # another user of the process-wide generator between forwards
+        common.rng().random(5)
+
+    for shuffle in (True, False):
+        a = batches(image_layer(image_list, 0, shuffle), 9, between=dropout_like)  # 27 images: 3 passes over 8
+        layer = image_layer(image_list, 2, shuffle)
+        b = batches(layer, 9, between=dropout_like)
+        assert layer._parallel is not None
+        assert_same(a, b)
+        layer.close()
+
+
+def test_image_data_workers_resume(image_list):
+    reference = batches(image_layer(image_list, 0), 8)
+    first = image_layer(image_list, 2)
+    head = batches(first, 3)
+    saved = first.read_state()
+    generator = common.rng().bit_generator.state  # (a snapshot keeps it: later reshuffles draw from it)
+    first.close()
+    resumed = image_layer(image_list, 2)
+    batches(resumed, 2, seed=5)
+    resumed.restore_read_state(*saved)
+    common.rng().bit_generator.state = generator
+    tail = batches(resumed, 5, setup=False)
+    assert resumed._parallel is not None
+    assert_same(reference, head + tail)
+    resumed.close()
+
+
+def test_image_data_worker_error_names_the_file_and_line(image_list, tmp_path):
+    lines = (image_list / "list.txt").read_text().splitlines()
+    (tmp_path / "list.txt").write_text("\n".join([*lines[:4], "missing.png 1", *lines[4:]]) + "\n")
+    for name in os.listdir(image_list):
+        if name != "list.txt":
+            (tmp_path / name).write_bytes((image_list / name).read_bytes())
+    before = shm_segments()
+    layer = image_layer(tmp_path, 2, shuffle=False)
+    top = empty_blobs(2)
+    caffe.set_random_seed(1)
+    layer.setup([], top)
+    layer.forward([], top)
+    with pytest.raises(DataError, match=r"image file .*missing.png not found \(.*list.txt line 5\)"):
+        layer.forward([], top)
+    layer.close()
+    assert shm_segments() <= before
