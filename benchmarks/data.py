@@ -91,7 +91,8 @@ def layer_rate(source: Path, workers: int, batch: int, crop: int, seconds: float
         rate = done * batch / (time.perf_counter() - start)
         pre = layer._prefetcher
         path = "thread" if not hasattr(pre, "raw") else (
-            "workers, uint8 + device kernel" + (", page-locked" if pre._registered is not None else ", pageable")
+            "workers, uint8 + device kernel" + (", page-locked" if pre._registered is not None else
+                                                 f", pageable ({pre.register_error})")
             if pre.raw and gpu else "workers, host transform")
         return rate, path
     finally:

@@ -15,7 +15,7 @@ draws the crop/mirror choices (so batches, labels and the random stream equal th
 path's), and the workers (:mod:`pycaffe_lite.data.workers`) read, decode and transform the records
 into shared memory. Every record must then have the shape of the first one. In GPU mode, uint8
 records (raw or encoded) stay uint8 in shared memory, are uploaded as bytes (page-locked) and
-transformed on the device by one kernel (``data.cu``) into the top, pixel for pixel as the host does.
+transformed on the device by one kernel (``pycaffe_lite/data/transform.cu``) into the top, pixel for pixel as the host does.
 A worker's failure (a corrupt record, a crash) is raised by ``forward`` naming the record.
 ``read_state()`` / ``restore_read_state()`` give and set
 the next record the net will see (kept in solver snapshots for an exact resume). ``close()`` (also run when the layer is collected)
@@ -40,6 +40,7 @@ from pycaffe_lite import common
 from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.db import Cursor, close_inherited, open_cursor
 from pycaffe_lite.data.device_cache import DeviceBatches
+from pycaffe_lite.data.parallel import ParallelBatches
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import CaffeError, DataError
 from pycaffe_lite.layer import Layer, register_layer
@@ -47,7 +48,6 @@ from pycaffe_lite.proto import caffe_pb2
 
 log = logging.getLogger("pycaffe_lite")
 
-KERNELS = Path(__file__).with_suffix(".cu")
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
@@ -233,135 +233,6 @@ class _DatumJob:
             h_off, w_off, mirror = batches.draws[slot][i]
             self.transformer.apply(values, int(h_off), int(w_off), bool(mirror), out=batches.data[slot][i])
         batches.labels[slot][i] = datum.label
-
-
-class ParallelBatches:
-    """Batches that worker processes fill (the data layers' parallel path): a subclass's ``plan``
-    (run by the loader's thread, or for a ``Deferred`` batch when its forward asks for it) picks
-    the records and draws the transformer's random choices in the single-thread path's order;
-    its ``job`` reads, decodes and transforms in the workers (or, ``raw``, only decodes to uint8 for
-    the device kernel). :meth:`fill` puts a batch into the tops."""
-
-    def __init__(self, transformer: DataTransformer, batch_size: int, depth: int, dtype: np.dtype, where: str,
-                 workers: int, shape: tuple[int, int, int], raw: bool) -> None:
-        self.transformer = transformer
-        self.batch_size = batch_size
-        self.dtype = dtype
-        self.where = where
-        self.workers = workers
-        self.shape = shape
-        self.raw = raw
-        self.waited = 0.0
-        self.depth = max(2, depth)
-        self.loader: data_workers.ParallelLoader | None = None
-        self._registered: Any = None
-        self._held: tuple[int, Any] | None = None
-        self._device: dict[str, Any] = {}
-
-    def job(self) -> data_workers.Job:
-        raise NotImplementedError
-
-    def plan(self, slot: int, now: bool) -> tuple[list, Any]:
-        raise NotImplementedError
-
-    def start(self) -> None:
-        out_shape = self.transformer.infer_shape(np.empty(self.shape, np.uint8)) if not self.raw else self.shape
-        item_dtype = np.dtype(np.uint8) if self.raw else self.dtype
-        layout = data_workers.BatchLayout(self.batch_size, tuple(out_shape), item_dtype.str)
-        self.loader = data_workers.ParallelLoader(self.workers, self.job(), layout, self.depth, self.plan, self.where)
-        self.loader.start()
-
-    def _release_held(self) -> None:
-        if self._held is not None and self.loader is not None:
-            slot, event = self._held
-            self._held = None
-            if event is not None:
-                event.synchronize()
-            self.loader.release(slot)
-
-    def fill(self, top, gpu: bool) -> tuple[int, bytes, str]:
-        """The next batch into the tops: on the device by the kernel (``gpu`` and uint8 items), else
-        on the host; where the next batch starts."""
-        assert self.loader is not None
-        start = time.perf_counter()
-        slot, position = self.loader.get()
-        self.waited = time.perf_counter() - start
-        batches = self.loader.batches
-        data, labels, draws = batches.data[slot], batches.labels[slot], batches.draws[slot]
-        out_shape = (self.batch_size, *self.transformer.infer_shape(np.empty(self.shape, np.uint8)))
-        top[0].reshape(out_shape)
-        if len(top) > 1:
-            top[1].reshape((self.batch_size,))
-            top[1].mutable_cpu_data()[...] = labels
-        if gpu and self.raw:
-            self._release_held()
-            self._held = (slot, self._transform_on_device(data, draws, top[0]))
-            return position
-        try:
-            if self.raw:  # (a GPU-mode layer run on the CPU) the host transform, item by item
-                out = top[0].mutable_cpu_data()
-                for i in range(self.batch_size):
-                    self.transformer.apply(data[i], int(draws[i, 0]), int(draws[i, 1]), bool(draws[i, 2]), out=out[i])
-            else:
-                top[0].mutable_cpu_data()[...] = data
-        finally:
-            self.loader.release(slot)
-        return position
-
-    def _transform_on_device(self, data: np.ndarray, draws: np.ndarray, top) -> Any:
-        """Upload the uint8 batch and its draws; one kernel writes the transformed batch into ``top``.
-        Returns the upload's event (None when the copy was synchronous)."""
-        from pycaffe_lite.gpu import backend
-
-        dev = self._device
-        if not dev:
-            assert self.loader is not None
-            try:  # page-lock the shared batches: uploads run at the bus's rate, asynchronously
-                cuda = backend.state().cuda
-                self._registered = cuda.register_host_memory(self.loader.batches.whole)
-            except Exception as exc:  # (the driver may refuse: pageable copies then)
-                log.info("%s: shared batches not page-locked (%s): pageable uploads", self.where, exc)
-                self._registered = None
-            dev["data"] = backend.alloc(data.nbytes)
-            dev["draws"] = backend.alloc(draws.nbytes)
-            t = self.transformer
-            mean_kind, mean = 0, np.zeros(1, self.dtype)
-            if t.mean is not None:
-                full = t._mean_for(t.mean, self.shape)
-                if t.param.HasField("mean_file"):
-                    mean_kind, mean = 2, np.ascontiguousarray(full, self.dtype)
-                else:
-                    mean_kind, mean = 1, np.ascontiguousarray(full[:, 0, 0], self.dtype)
-            dev["mean"] = backend.alloc(mean.nbytes)
-            backend.memcpy_htod(int(dev["mean"]), mean)
-            dev["mean_kind"] = mean_kind
-            dev["kernel"] = backend.kernel(KERNELS, "data_transform_u8", self.dtype)
-        event = backend.memcpy_htod(int(dev["data"]), data, pinned=self._registered is not None)
-        backend.memcpy_htod(int(dev["draws"]), np.ascontiguousarray(draws))
-        c, h, w = self.shape
-        _, oh, ow = self.transformer.infer_shape(np.empty(self.shape, np.uint8))
-        scale = float(self.transformer.param.scale)
-        dev["kernel"](self.batch_size * c * oh * ow, int(dev["data"]), int(dev["draws"]), int(dev["mean"]),
-                      dev["mean_kind"], int(scale != 1), scale, c, h, w, oh, ow, top.mutable_gpu_data())
-        return event
-
-    def stop(self) -> None:
-        """Stop the workers, free the shared memory (the cursor stays open)."""
-        if self._held is not None:
-            try:
-                self._release_held()
-            except Exception:  # (the device context may be gone at exit)
-                pass
-        if self._registered is not None:
-            try:
-                self._registered.base.unregister()
-            except Exception:
-                pass
-            self._registered = None
-        self._device.clear()
-        if self.loader is not None:
-            self.loader.stop()
-
 
 
 class _ParallelPrefetcher(ParallelBatches):

@@ -18,8 +18,8 @@ With worker processes (``image_data_param.workers``, pycaffe-lite's field 1001, 
 ``$PYCAFFE_LITE_DATA_WORKERS``; automatic by default: the usable cores less one when
 ``new_height``/``new_width`` are set and a batch holds 1 MiB of pixels or more) the images are read,
 decoded, resized and transformed in the workers while a loader thread walks the list and draws the
-crop/mirror choices in the single-thread order (the Data layer's machinery, ``layers/data.py``:
-uint8 batches transformed on the device in GPU mode). Batches are the single-thread path's; a
+crop/mirror choices in the single-thread order (the Data layer's machinery,
+``pycaffe_lite/data/parallel.py``: uint8 batches transformed on the device in GPU mode). Batches are the single-thread path's; a
 batch that reaches the end of a shuffled list is planned in its own forward (the reshuffle draws
 from ``common.rng()`` in forward order), so the workers idle once an epoch. Every image must then
 have the first one's shape (always so with ``new_height``/``new_width``); a failure names the file
@@ -39,14 +39,13 @@ import numpy as np
 from pycaffe_lite import common
 from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.order import Order
+from pycaffe_lite.data.parallel import ParallelBatches
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.io import resize
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.optional import require
 from pycaffe_lite.proto import caffe_pb2
-
-from .data import ParallelBatches
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 

@@ -307,11 +307,11 @@ def test_a_killed_run_leaves_no_processes_or_shared_memory(raw_source, tmp_path,
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("mean", ["mean_value", "mean_file", "none"])
 def test_device_kernel_gives_the_host_pixels(tmp_path, dtype, mean):
-    """data.cu built for the host: each item crop/mean/scale/mirror equals DataTransformer.apply."""
+    """transform.cu built for the host: each item crop/mean/scale/mirror equals DataTransformer.apply."""
     from pycaffe_lite.testing import host_kernels as hk
 
     if hk.CXX is None:
-        pytest.skip("no C++ compiler for the host build of data.cu")
+        pytest.skip("no C++ compiler for the host build of transform.cu")
     rng = np.random.default_rng(8)
     num, c, h, w, crop = 5, 3, 11, 9, 7
     items = rng.integers(0, 256, size=(num, c, h, w), dtype=np.uint8)
@@ -332,7 +332,7 @@ def test_device_kernel_gives_the_host_pixels(tmp_path, dtype, mean):
         full = t._mean_for(t.mean, (c, h, w))
         mean_kind, mean_arr = (2, np.ascontiguousarray(full, dtype)) if mean == "mean_file" else \
             (1, np.ascontiguousarray(full[:, 0, 0], dtype))
-    lib, sigs = hk.serial_library(REPO / "layers" / "data.cu", dtype)
+    lib, sigs = hk.serial_library(REPO / "pycaffe_lite" / "data" / "transform.cu", dtype)
     out = np.full((num, c, crop, crop), np.nan, dtype)
     args = [out.size, items.ctypes.data, draws.ctypes.data, mean_arr.ctypes.data, mean_kind, 1, float(tp.scale),
             c, h, w, crop, crop, out.ctypes.data]
@@ -344,7 +344,7 @@ def test_device_kernel_gives_the_host_pixels(tmp_path, dtype, mean):
 
 @pytest.mark.gpu
 def test_gpu_uint8_path_gives_the_host_pixels(raw_source, encoded_source, gpu_mode):
-    """GPU mode: uint8 batches transformed by data.cu equal the single-thread host path."""
+    """GPU mode: uint8 batches transformed by transform.cu equal the single-thread host path."""
     for source in (raw_source, encoded_source):
         caffe.set_mode_cpu()
         a = batches(layer_of(source, 0), 7)

@@ -1,4 +1,4 @@
-// Data: a batch of uint8 (C, H, W) items (raw or decoded Datums, uploaded as bytes) transformed as
+// The data layers' device transform: a batch of uint8 (C, H, W) items (raw or decoded Datums, uploaded as bytes) transformed as
 // DataTransformer.apply does on the host, into Dtype (num, C, out_h, out_w): crop at the item's row and
 // column offsets, subtract the mean, multiply by scale, flip left-right when the item's mirror flag is
 // set. The same float operations in the same order as the host, so the pixels are identical.
