@@ -118,8 +118,11 @@ class DataTransformer:
         if isinstance(values, caffe_pb2.Datum):
             values = self.decode(values)
         values = np.asarray(values)
-        h_off, w_off, mirror = self.draw(values.shape)
-        return self.apply(values, h_off, w_off, mirror, out)
+        if values.ndim != 3:
+            raise ShapeError(f"{self.where}: expected a (C, H, W) item, got shape {values.shape}")
+        out_shape = self._out_shape(values.shape)
+        h_off, w_off, mirror = self._draw(values.shape, out_shape)
+        return self._apply(values, h_off, w_off, mirror, out_shape, out)
 
     def draw(self, shape: tuple[int, ...]) -> tuple[int, int, bool]:
         """The random choices :meth:`transform` makes for one item of ``shape`` ``(C, H, W)``, drawn
@@ -127,10 +130,12 @@ class DataTransformer:
         (when ``mirror`` is set). Returns ``(h_off, w_off, mirror)``."""
         if len(shape) != 3:
             raise ShapeError(f"{self.where}: expected a (C, H, W) item, got shape {tuple(shape)}")
-        _, h, w = (int(d) for d in shape)
-        _, oh, ow = self._out_shape(shape)
+        return self._draw(shape, self._out_shape(shape))
+
+    def _draw(self, shape: tuple[int, ...], out_shape: tuple[int, int, int]) -> tuple[int, int, bool]:
         p = self.param
         if p.crop_size:
+            h, w, oh, ow = int(shape[1]), int(shape[2]), out_shape[1], out_shape[2]
             if self.phase == common.TRAIN:
                 h_off = int(self.rng.integers(h - oh + 1))
                 w_off = int(self.rng.integers(w - ow + 1))
@@ -147,7 +152,11 @@ class DataTransformer:
         mean, scale, flip left-right if ``mirror``; into ``out`` (allocated if None)."""
         if values.ndim != 3:
             raise ShapeError(f"{self.where}: expected a (C, H, W) item, got shape {values.shape}")
-        oc, oh, ow = self._out_shape(values.shape)
+        return self._apply(values, h_off, w_off, mirror, self._out_shape(values.shape), out)
+
+    def _apply(self, values: np.ndarray, h_off: int, w_off: int, mirror: bool, out_shape: tuple[int, int, int],
+               out: np.ndarray | None) -> np.ndarray:
+        oc, oh, ow = out_shape
         p = self.param
         x = values[:, h_off : h_off + oh, w_off : w_off + ow].astype(self.dtype)
         if self.mean is not None:
@@ -158,8 +167,8 @@ class DataTransformer:
             x = x[:, :, ::-1]
         if out is None:
             return np.ascontiguousarray(x)
-        if out.shape != (oc, oh, ow):
-            raise ShapeError(f"{self.where}: output has shape {out.shape}, transform gives {(oc, oh, ow)}")
+        if out.shape != out_shape:
+            raise ShapeError(f"{self.where}: output has shape {out.shape}, transform gives {out_shape}")
         out[...] = x
         return out
 
