@@ -455,3 +455,29 @@ def test_image_data_worker_error_names_the_file_and_line(image_list, tmp_path):
         layer.forward([], top)
     layer.close()
     assert shm_segments() <= before
+
+
+def test_uint8_batches_transformed_on_the_host_when_run_on_the_cpu(raw_source, encoded_source):
+    """Uint8 batches (what GPU mode keeps for the device kernel) forwarded on the CPU are
+    transformed with the parent's draws on the host: the single-thread batches."""
+    for source in (raw_source, encoded_source):
+        a = batches(layer_of(source, 0), 7)
+        layer = layer_of(source, 2)
+        b = batches(layer, 2)
+        layer._prefetcher.raw = True  # restarting keeps the kind: uint8 batches from here on
+        layer.restore_read_state(*layer.read_state())
+        assert layer._prefetcher.raw and layer._prefetcher.loader.batches.layout.item_dtype == "|u1"
+        assert_same(a, b + batches(layer, 5, setup=False))
+        layer.close()
+
+
+@pytest.mark.gpu
+def test_gpu_image_data_uint8_path_gives_the_host_pixels(image_list, gpu_mode):
+    caffe.set_mode_cpu()
+    a = batches(image_layer(image_list, 0), 7)
+    caffe.set_mode_gpu()
+    layer = image_layer(image_list, 2)
+    b = batches(layer, 7)
+    assert layer._parallel is not None and layer._parallel.raw
+    assert_same(a, b)
+    layer.close()
