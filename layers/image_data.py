@@ -29,6 +29,7 @@ and its line.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import weakref
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ from pycaffe_lite.io import resize
 from pycaffe_lite.layer import Layer, register_layer
 from pycaffe_lite.optional import require
 from pycaffe_lite.proto import caffe_pb2
+
+log = logging.getLogger("pycaffe_lite")
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
@@ -143,12 +146,21 @@ class ImageDataLayer(Layer):
         ranks = common.solver_count() if self.phase == common.TRAIN else 1
         workers = data_workers.worker_count(p.workers, heavy, ranks)
         if workers > 0:
-            self._start_parallel(workers, tuple(int(d) for d in first.shape))
+            try:
+                self._start_parallel(workers, tuple(int(d) for d in first.shape))
+            except (OSError, DataError) as exc:  # /dev/shm too small, no more processes, ...
+                if not data_workers.automatic(p.workers):
+                    raise
+                log.warning("%s: no data workers (%s); reading on the calling thread", self.where, exc)
 
     def _start_parallel(self, workers: int, shape: tuple[int, int, int]) -> None:
         raw = common.mode() is common.Mode.GPU
         parallel = _ParallelImages(self, workers, shape, raw)
-        parallel.start()
+        try:
+            parallel.start()
+        except BaseException:
+            parallel.stop()
+            raise
         self._parallel = parallel
         self._finalizer = weakref.finalize(self, parallel.stop)
 

@@ -56,6 +56,9 @@ class ParallelBatches:
         raise NotImplementedError
 
     def start(self) -> None:
+        """Create the shared batches, fork the workers, start the loader (once)."""
+        if self.loader is not None:
+            return
         out_shape = self.transformer.infer_shape(np.empty(self.shape, np.uint8)) if not self.raw else self.shape
         item_dtype = np.dtype(np.uint8) if self.raw else self.dtype
         layout = data_workers.BatchLayout(self.batch_size, tuple(out_shape), item_dtype.str)

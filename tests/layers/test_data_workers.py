@@ -483,3 +483,22 @@ def test_gpu_image_data_uint8_path_gives_the_host_pixels(image_list, gpu_mode):
     assert layer._parallel is not None and layer._parallel.raw
     assert_same(a, b)
     layer.close()
+
+
+def test_too_little_shared_memory(raw_source, monkeypatch, caplog):
+    """Automatic workers fall back to the prefetch thread; chosen workers raise, naming /dev/shm."""
+    class Tiny:
+        f_bavail, f_frsize = 1, 4096
+
+    monkeypatch.setattr(data_workers.os, "statvfs", lambda path: Tiny())
+    monkeypatch.setattr(data_workers, "HEAVY_BATCH_BYTES", 1)
+    monkeypatch.setattr(data_workers, "usable_cores", lambda: 3)
+    with using_config(data_workers=None):
+        auto = layer_of(raw_source, -1)
+        assert_same(batches(layer_of(raw_source, 0), 3), batches(auto, 3))
+    assert type(auto._prefetcher).__name__ == "_Prefetcher"
+    assert "/dev/shm has 0 MiB free" in caplog.text and "reading with the prefetch thread" in caplog.text
+    auto.close()
+    with pytest.raises(DataError, match=r"layer 'data' \(Data\): the data workers' 4 batches need .* MiB of "
+                                        r"shared memory, /dev/shm has 0 MiB free"):
+        layer_of(raw_source, 2).setup([], empty_blobs(2))
