@@ -40,6 +40,7 @@ class ParallelBatches:
         self.where = where
         self.workers = workers
         self.shape = shape
+        self.out_shape = transformer._out_shape(shape)  # (C, h, w) of a transformed item
         self.raw = raw
         self.waited = 0.0
         self.depth = max(2, depth)
@@ -59,7 +60,7 @@ class ParallelBatches:
         """Create the shared batches, fork the workers, start the loader (once)."""
         if self.loader is not None:
             return
-        out_shape = self.transformer.infer_shape(np.empty(self.shape, np.uint8)) if not self.raw else self.shape
+        out_shape = self.shape if self.raw else self.out_shape
         item_dtype = np.dtype(np.uint8) if self.raw else self.dtype
         layout = data_workers.BatchLayout(self.batch_size, tuple(out_shape), item_dtype.str)
         self.loader = data_workers.ParallelLoader(self.workers, self.job(), layout, self.depth, self.plan, self.where)
@@ -82,8 +83,7 @@ class ParallelBatches:
         self.waited = time.perf_counter() - start
         batches = self.loader.batches
         data, labels, draws = batches.data[slot], batches.labels[slot], batches.draws[slot]
-        out_shape = (self.batch_size, *self.transformer.infer_shape(np.empty(self.shape, np.uint8)))
-        top[0].reshape(out_shape)
+        top[0].reshape((self.batch_size, *self.out_shape))
         if len(top) > 1:
             top[1].reshape((self.batch_size,))
             top[1].mutable_cpu_data()[...] = labels
@@ -134,7 +134,7 @@ class ParallelBatches:
         event = backend.memcpy_htod(int(dev["data"]), data, pinned=self._registered is not None)
         backend.memcpy_htod(int(dev["draws"]), np.ascontiguousarray(draws))
         c, h, w = self.shape
-        _, oh, ow = self.transformer.infer_shape(np.empty(self.shape, np.uint8))
+        _, oh, ow = self.out_shape
         scale = float(self.transformer.param.scale)
         dev["kernel"](self.batch_size * c * oh * ow, int(dev["data"]), int(dev["draws"]), int(dev["mean"]),
                       dev["mean_kind"], int(scale != 1), scale, c, h, w, oh, ow, top.mutable_gpu_data())
