@@ -502,3 +502,59 @@ def test_too_little_shared_memory(raw_source, monkeypatch, caplog):
     with pytest.raises(DataError, match=r"layer 'data' \(Data\): the data workers' 4 batches need .* MiB of "
                                         r"shared memory, /dev/shm has 0 MiB free"):
         layer_of(raw_source, 2).setup([], empty_blobs(2))
+
+
+SOLVER_NET = """
+layer { name: "d" type: "Data" top: "data" top: "label" include { phase: TRAIN }
+  data_param { source: "%(db)s" batch_size: 7 backend: LMDB }
+  transform_param { scale: 0.00390625 mirror: true crop_size: 24 } }
+layer { name: "d" type: "Data" top: "data" top: "label" include { phase: TEST }
+  data_param { source: "%(db)s" batch_size: 5 backend: LMDB }
+  transform_param { scale: 0.00390625 crop_size: 24 } }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+  inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.mark.slow
+def test_training_with_workers_resumes_bit_for_bit(tmp_path):
+    """Solver runs: the single thread for 13 iterations against workers (PYCAFFE_LITE_DATA_WORKERS)
+    for 6, a snapshot, and 7 more from it: the same weights."""
+    from pycaffe_lite.data import mnist
+    from pycaffe_lite.solvers.sgd_solvers import get_solver
+
+    images, labels = mnist.load_split(mnist.SHIPPED_DIR, "test")
+    mnist.write_lmdb(images[:45], labels[:45], tmp_path / "db")
+
+    def solver(folder, max_iter, snap=0):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "net.prototxt").write_text(SOLVER_NET % {"db": tmp_path / "db"})
+        sp = caffe_pb2.SolverParameter(net=str(folder / "net.prototxt"), base_lr=0.05, momentum=0.9,
+                                       lr_policy="fixed", max_iter=max_iter, snapshot=snap,
+                                       snapshot_prefix=str(folder / "t"), test_interval=4, random_seed=11,
+                                       display=0)
+        sp.test_iter.append(3)
+        return get_solver(sp, progress=False)
+
+    def close(s):
+        for net in (s.net, *s.test_nets):
+            for layer in net.layers:
+                if hasattr(layer, "close"):
+                    layer.close()
+
+    a = solver(tmp_path / "a", 13)
+    a.solve()
+    want = {k: [b.data.copy() for b in v] for k, v in a.net.params.items()}
+    close(a)
+    with using_config(data_workers=2):
+        b = solver(tmp_path / "b", 6, snap=6)
+        assert type(b.net.layers[0]._prefetcher).__name__ == "_ParallelPrefetcher"
+        b.solve()
+        close(b)
+        c = solver(tmp_path / "b", 13)
+        c.solve(str(tmp_path / "b" / "t_iter_6.solverstate"))
+    for name, blobs in want.items():
+        for w, got in zip(blobs, c.net.params[name]):
+            np.testing.assert_array_equal(got.data, w)
+    close(c)
