@@ -32,15 +32,17 @@ class ParallelBatches:
     its ``job`` reads, decodes and transforms in the workers (or, ``raw``, only decodes to uint8 for
     the device kernel). :meth:`fill` puts a batch into the tops."""
 
-    def __init__(self, transformer: DataTransformer, batch_size: int, depth: int, dtype: np.dtype, where: str,
-                 workers: int, shape: tuple[int, int, int], raw: bool) -> None:
-        self.transformer = transformer
+    def __init__(self, transformer: DataTransformer | None, batch_size: int, depth: int, dtype: np.dtype,
+                 where: str, workers: int, shape: tuple[int, int, int], raw: bool) -> None:
+        """``shape``: a record's ``(C, H, W)``; without a ``transformer`` the workers write items of
+        that shape ready for the top (``raw`` must then be False)."""
+        self.transformer: Any = transformer
         self.batch_size = batch_size
         self.dtype = dtype
         self.where = where
         self.workers = workers
         self.shape = shape
-        self.out_shape = transformer._out_shape(shape)  # (C, h, w) of a transformed item
+        self.out_shape = transformer._out_shape(shape) if transformer is not None else shape  # a top item's
         self.raw = raw
         self.waited = 0.0
         self.depth = max(2, depth)

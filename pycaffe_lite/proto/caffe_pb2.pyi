@@ -1159,7 +1159,7 @@ class ThresholdParameter(_message.Message):
     def __init__(self, threshold: _Optional[float] = ...) -> None: ...
 
 class WindowDataParameter(_message.Message):
-    __slots__ = ("source", "scale", "mean_file", "batch_size", "crop_size", "mirror", "fg_threshold", "bg_threshold", "fg_fraction", "context_pad", "crop_mode", "cache_images", "root_folder")
+    __slots__ = ("source", "scale", "mean_file", "batch_size", "crop_size", "mirror", "fg_threshold", "bg_threshold", "fg_fraction", "context_pad", "crop_mode", "cache_images", "root_folder", "workers")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     MEAN_FILE_FIELD_NUMBER: _ClassVar[int]
@@ -1173,6 +1173,7 @@ class WindowDataParameter(_message.Message):
     CROP_MODE_FIELD_NUMBER: _ClassVar[int]
     CACHE_IMAGES_FIELD_NUMBER: _ClassVar[int]
     ROOT_FOLDER_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     source: str
     scale: float
     mean_file: str
@@ -1186,7 +1187,8 @@ class WindowDataParameter(_message.Message):
     crop_mode: str
     cache_images: bool
     root_folder: str
-    def __init__(self, source: _Optional[str] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., batch_size: _Optional[int] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., fg_threshold: _Optional[float] = ..., bg_threshold: _Optional[float] = ..., fg_fraction: _Optional[float] = ..., context_pad: _Optional[int] = ..., crop_mode: _Optional[str] = ..., cache_images: bool = ..., root_folder: _Optional[str] = ...) -> None: ...
+    workers: int
+    def __init__(self, source: _Optional[str] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., batch_size: _Optional[int] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., fg_threshold: _Optional[float] = ..., bg_threshold: _Optional[float] = ..., fg_fraction: _Optional[float] = ..., context_pad: _Optional[int] = ..., crop_mode: _Optional[str] = ..., cache_images: bool = ..., root_folder: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class SPPParameter(_message.Message):
     __slots__ = ("pyramid_height", "pool", "engine")

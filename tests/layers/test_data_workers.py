@@ -558,3 +558,41 @@ def test_training_with_workers_resumes_bit_for_bit(tmp_path):
         for w, got in zip(blobs, c.net.params[name]):
             np.testing.assert_array_equal(got.data, w)
     close(c)
+
+
+def test_window_data_workers_equal_the_single_thread_path(tmp_path):
+    cv2 = pytest.importorskip("cv2")
+    rng = np.random.default_rng(2)
+    lines = []
+    for i, (h, w) in enumerate([(20, 24), (16, 18), (22, 15)]):
+        path = tmp_path / f"w{i}.png"
+        cv2.imwrite(str(path), rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        windows = [(1 + i, 0.8, 1, 2, w - 3, h - 4), (0, 0.1, 0, 0, w // 2, h // 2), (2, 0.9, 3, 1, w - 1, h - 1)]
+        lines += [f"# {i}", str(path), f"3 {h} {w}", str(len(windows))] + [" ".join(map(str, x)) for x in windows]
+    (tmp_path / "windows.txt").write_text("\n".join(lines) + "\n")
+
+    def window_layer(workers, source="windows.txt"):
+        return make_layer(
+            f'type: "WindowData" transform_param {{ crop_size: 10 mirror: true mean_value: 9 }} window_data_param '
+            f'{{ source: "{tmp_path / source}" batch_size: 8 fg_fraction: 0.25 context_pad: 2 scale: 0.5 '
+            f"workers: {workers} }}", np.float32)
+
+    def window_batches(layer, count):
+        caffe.set_random_seed(4)
+        top = empty_blobs(2)
+        layer.setup([], top)
+        out = []
+        for _ in range(count):
+            layer.forward([], top)
+            out.append((top[0].cpu_data().copy(), top[1].cpu_data().copy(), None))
+        return out
+
+    parallel = window_layer(2)
+    assert_same(window_batches(window_layer(0), 6), window_batches(parallel, 6))
+    assert parallel._parallel is not None
+    parallel.close()
+    (tmp_path / "missing.txt").write_text("\n".join(lines).replace(str(tmp_path / "w1.png"), "/nonexistent.png") + "\n")
+    broken = window_layer(2, "missing.txt")
+    with pytest.raises(DataError, match=r"image file /nonexistent.png not found"):
+        window_batches(broken, 6)
+    broken.close()
