@@ -10,16 +10,19 @@ the device when the next layer reads it).
 
 With worker processes (``data_param.workers``, pycaffe-lite's field 1001; ``$PYCAFFE_LITE_DATA_WORKERS``
 overrides it; automatic by default: the usable cores less one for encoded records or batches of 1 MiB
-of pixels or more, none for small data such as MNIST), the prefetch thread only walks the cursor and
+of pixels or more, none for small data such as MNIST), a loader thread only walks the cursor and
 draws the crop/mirror choices (so batches, labels and the random stream equal the single-thread
 path's), and the workers (:mod:`pycaffe_lite.data.workers`) read, decode and transform the records
-into shared memory. Every record must then have the shape of the first one. In GPU mode, uint8
-records (raw or encoded) stay uint8 in shared memory, are uploaded as bytes (page-locked) and
-transformed on the device by one kernel (``pycaffe_lite/data/transform.cu``) into the top, pixel for pixel as the host does.
-A worker's failure (a corrupt record, a crash) is raised by ``forward`` naming the record.
-``read_state()`` / ``restore_read_state()`` give and set
-the next record the net will see (kept in solver snapshots for an exact resume). ``close()`` (also run when the layer is collected)
-stops the thread and closes the database.
+into shared memory. Every record must then have the shape of the first one (automatic workers go
+back to the prefetch thread at the first that does not). In GPU mode, uint8 records (raw or
+encoded) stay uint8 in shared memory, are uploaded as bytes and transformed on the device by one
+kernel (``pycaffe_lite/data/transform.cu``) into the top, pixel for pixel as the host does. A
+worker's failure (a corrupt record, a crash) is raised by ``forward`` naming the record.
+
+``read_state()`` / ``restore_read_state()`` give and set the next record the net will see (kept in
+solver snapshots for an exact resume). ``data_stats()`` counts batches, images and the time waited
+for them. ``close()`` (also run when the layer is collected) stops the thread or the workers and
+closes the database.
 """
 
 from __future__ import annotations
