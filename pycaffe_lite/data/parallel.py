@@ -81,7 +81,7 @@ class ParallelBatches:
         on the host; where the next batch starts."""
         assert self.loader is not None
         start = time.perf_counter()
-        slot, position = self.loader.get()
+        slot, position, _ = self.loader.get()
         self.waited = time.perf_counter() - start
         batches = self.loader.batches
         data, labels, draws = batches.data[slot], batches.labels[slot], batches.draws[slot]

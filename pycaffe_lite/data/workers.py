@@ -47,6 +47,7 @@ import numpy as np
 
 from ..config import config
 from ..errors import CaffeError, DataError
+from . import db
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -211,9 +212,10 @@ class Job(Protocol):
     def open(self) -> None:
         """Per-process set-up in the worker (open the database, build the transformer)."""
 
-    def load(self, ref: Any, batches: SharedBatches, slot: int, i: int) -> None:
+    def load(self, ref: Any, batches: SharedBatches, slot: int, i: int) -> Any:
         """Read record ``ref`` and write item ``i`` of ``slot`` (data, and label when it has one);
-        raise with a message naming the record on failure."""
+        raise with a message naming the record on failure. What it returns (small, picklable: an
+        item's variable-length labels) comes back with the batch; None for nothing."""
 
 
 def _ignore_signals() -> None:
@@ -237,7 +239,7 @@ def _worker_main(conn, close_fds: Sequence[int], batches: SharedBatches, job: Jo
     try:
         job.open()
     except BaseException as exc:
-        conn.send(("fatal", -1, f"{type(exc).__name__}: {exc}"))
+        conn.send(("fatal", -1, f"{type(exc).__name__}: {exc}", 0, None))
         return
     while True:
         try:
@@ -252,15 +254,14 @@ def _worker_main(conn, close_fds: Sequence[int], batches: SharedBatches, job: Jo
             break
         slot, start, refs = msg
         try:
-            for k, ref in enumerate(refs):
-                job.load(ref, batches, slot, start + k)
-            reply: tuple = ("done", slot, "")
+            payloads = [job.load(ref, batches, slot, start + k) for k, ref in enumerate(refs)]
+            reply: tuple = ("done", slot, "", start, payloads if any(p is not None for p in payloads) else None)
         except ItemShapeError as exc:
-            reply = ("shape", slot, str(exc))
+            reply = ("shape", slot, str(exc), start, None)
         except CaffeError as exc:
-            reply = ("error", slot, str(exc))
+            reply = ("error", slot, str(exc), start, None)
         except Exception as exc:
-            reply = ("error", slot, f"{type(exc).__name__}: {exc}")
+            reply = ("error", slot, f"{type(exc).__name__}: {exc}", start, None)
         try:
             conn.send(reply)
         except (OSError, ValueError):
@@ -280,14 +281,8 @@ class WorkerPool:
         self.procs: list[Any] = []
         gc.freeze()  # the children never collect (and finalize) the parent's objects
         try:
-            for k, (_, child) in enumerate(pipes):
-                proc = ctx.Process(target=_worker_main, name=f"pycaffe-lite data worker {k} ({where})",
-                                   args=(child, parent_fds, batches, job),
-                                   daemon=True)
-                with warnings.catch_warnings():  # (3.12 warns about fork with threads: the children
-                    warnings.simplefilter("ignore", DeprecationWarning)  # run only the decode loop)
-                    proc.start()
-                self.procs.append(proc)
+            with db.quiesced():  # no database operation half done in another thread at the fork
+                self._start(ctx, pipes, parent_fds, job, where)
         except BaseException:
             self.close()
             raise
@@ -295,6 +290,15 @@ class WorkerPool:
             gc.unfreeze()
             for _, child in pipes:
                 child.close()
+
+    def _start(self, ctx, pipes, parent_fds: list[int], job: Job, where: str) -> None:
+        for k, (_, child) in enumerate(pipes):
+            proc = ctx.Process(target=_worker_main, name=f"pycaffe-lite data worker {k} ({where})",
+                               args=(child, parent_fds, self.batches, job), daemon=True)
+            with warnings.catch_warnings():  # (3.12 warns about fork with threads: the children
+                warnings.simplefilter("ignore", DeprecationWarning)  # run only the decode loop)
+                proc.start()
+            self.procs.append(proc)
 
     def submit(self, slot: int, refs: Sequence[Any]) -> int:
         """Send ``refs`` (item i of ``slot`` is ``refs[i]``) to the workers in contiguous chunks;
@@ -360,6 +364,7 @@ class _Books:
         self.infos: dict[int, Any] = {}
         self.errors: dict[int, BaseException] = {}
         self.planning = True
+        self.payloads: dict[int, dict[int, list]] = {}  # slot -> first item of a chunk -> what its items returned
         self.seq = 0  # batches planned (or deferred) so far
         self.deferred: tuple[int, int] | None = None  # (slot, sequence number) of a Deferred batch
 
@@ -367,7 +372,9 @@ class _Books:
         """Queue the complete batches at the head of the plan order."""
         while self.order and self.pending.get(self.order[0]) == 0:
             slot = self.order.popleft()
-            ready.put((slot, self.infos.pop(slot), self.errors.pop(slot, None)))
+            chunks = self.payloads.pop(slot, {})
+            payloads = [p for start in sorted(chunks) for p in chunks[start]] if chunks else None
+            ready.put((slot, self.infos.pop(slot), self.errors.pop(slot, None), payloads))
             del self.pending[slot]
 
 
@@ -441,7 +448,7 @@ class ParallelLoader:
                         self._answer(obj, books)
         except BaseException as exc:  # handed to the consumer after the batches before it
             books.flush(self.ready)
-            self.ready.put((-1, None, exc))
+            self.ready.put((-1, None, exc, None))
 
     def _plan(self, books: _Books, slot: int, now: bool) -> None:
         try:
@@ -468,7 +475,7 @@ class ParallelLoader:
     def _answer(self, conn, books: _Books) -> None:
         """One worker's answer: a chunk of a slot done, or failed (the slot's first error is kept)."""
         try:
-            kind, slot, text = conn.recv()
+            kind, slot, text, start, payloads = conn.recv()
         except (EOFError, OSError):
             proc = self.pool.procs[self.pool.conns.index(conn)]
             proc.join(1.0)
@@ -477,11 +484,15 @@ class ParallelLoader:
         if kind == "fatal":
             raise DataError(f"{self.where}: a data worker could not start: {text}")
         books.pending[slot] -= 1
+        if payloads is not None:
+            books.payloads.setdefault(slot, {})[start] = payloads
         if kind != "done" and slot not in books.errors:
             books.errors[slot] = ItemShapeError(text) if kind == "shape" else DataError(text)
 
-    def get(self) -> tuple[int, Any]:
-        """``(slot, info)`` of the next batch; raises its error (and then every later call does)."""
+    def get(self) -> tuple[int, Any, list | None]:
+        """``(slot, info, payloads)`` of the next batch (``payloads``: what the job's ``load``
+        returned per item, or None when it returned nothing); raises the batch's error (and then
+        every later call does)."""
         self._asked += 1  # (a Deferred batch is planned once its get has begun)
         self._wake()
         while True:
@@ -490,7 +501,7 @@ class ParallelLoader:
             if self.stop_event.is_set():
                 raise DataError(f"{self.where}: the data loader is not running (layer closed?)")
             try:
-                slot, info, err = self.ready.get(timeout=0.05)
+                slot, info, err, payloads = self.ready.get(timeout=0.05)
             except queue.Empty:
                 if not self.thread.is_alive():
                     raise DataError(f"{self.where}: the data loader thread is not running (layer closed?)") from None
@@ -499,7 +510,7 @@ class ParallelLoader:
                 self.error = err if isinstance(err, CaffeError) else DataError(f"{self.where}: data loader failed: "
                                                                                f"{err!r}")
                 raise _again(self.error)
-            return slot, info
+            return slot, info, payloads
 
     def stop(self) -> None:
         """Stop the thread and the workers; unlink the shared memory (idempotent)."""

@@ -596,3 +596,91 @@ def test_window_data_workers_equal_the_single_thread_path(tmp_path):
     with pytest.raises(DataError, match=r"image file /nonexistent.png not found"):
         window_batches(broken, 6)
     broken.close()
+
+
+def test_annotated_data_workers_equal_the_single_thread_path(tmp_path):
+    """SSD augmentation (distortion, expansion, batch samplers, resize, mirror) through workers:
+    the single-thread batches and label rows; a corrupt record is named."""
+    from pycaffe_lite.commands import convert_annoset
+
+    rng = np.random.default_rng(6)
+    items = []
+    for i in range(7):
+        boxes = [(1 + i % 2, 4.0, 2.0, 16.0, 12.0), (3, 20.0, 10.0, 30.0, 22.0, 1)]
+        items.append((f"img{i}.png", rng.integers(0, 256, (24, 32, 3), dtype=np.uint8), boxes[: 1 + i % 2]))
+    assert convert_annoset.write_annoset(tmp_path / "anno", items) == 7
+    aug = ("mean_value: 104 mean_value: 117 mean_value: 123 mirror: true "
+           "resize_param { prob: 1 resize_mode: WARP height: 20 width: 20 interp_mode: LINEAR interp_mode: NEAREST } "
+           "emit_constraint { emit_type: CENTER } "
+           "distort_param { brightness_prob: 0.5 brightness_delta: 32 contrast_prob: 0.5 contrast_lower: 0.5 "
+           "contrast_upper: 1.5 hue_prob: 0.5 hue_delta: 18 saturation_prob: 0.5 saturation_lower: 0.5 "
+           "saturation_upper: 1.5 random_order_prob: 0.2 } expand_param { prob: 0.5 max_expand_ratio: 2 }")
+    samplers = ("batch_sampler { max_sample: 1 max_trials: 1 } "
+                "batch_sampler { sampler { min_scale: 0.3 max_scale: 1 min_aspect_ratio: 0.5 max_aspect_ratio: 2 } "
+                "sample_constraint { min_jaccard_overlap: 0.3 } max_sample: 1 max_trials: 50 }")
+
+    def anno_layer(workers, source="anno"):
+        return make_layer(f"type: 'AnnotatedData' data_param {{ source: '{tmp_path / source}' batch_size: 3 "
+                          f"backend: LMDB workers: {workers} }} transform_param {{ {aug} }} "
+                          f"annotated_data_param {{ {samplers} }}", np.float32)
+
+    def anno_batches(layer, count):
+        caffe.set_random_seed(8)
+        top = empty_blobs(2, np.float32)
+        layer.setup([], top)
+        out = []
+        for _ in range(count):
+            layer.forward([], top)
+            out.append((top[0].cpu_data().copy(), top[1].cpu_data().copy(), None))
+        return out
+
+    parallel = anno_layer(2)
+    a, b = anno_batches(anno_layer(0), 5), anno_batches(parallel, 5)  # 15 items: wraps twice
+    assert parallel._parallel is not None
+    for (da, la, _), (db, lb, _) in zip(a, b):
+        np.testing.assert_array_equal(la, lb)
+        np.testing.assert_array_equal(da, db)
+    parallel.close()
+    from pycaffe_lite.data.db import open_cursor
+
+    with open_cursor(tmp_path / "anno", "lmdb") as cursor:
+        records = []
+        for _ in range(len(cursor)):
+            records.append((bytes(cursor.key()), bytes(cursor.value())))
+            cursor.next()
+    with LMDBWriter(tmp_path / "bad") as w:
+        for k, (key, value) in enumerate(records):
+            w.put(key, b"\xff\x03junk" if k == 4 else value)
+    broken = anno_layer(2, "bad")
+    with pytest.raises(DataError, match=rf"bad: record {records[4][0]!r} is not an AnnotatedDatum"):
+        anno_batches(broken, 3)
+    broken.close()
+
+
+def test_forking_while_another_reader_of_the_database_runs(raw_source):
+    """Workers forked while another layer's thread reads the same LMDB start and read (a fork in
+    the middle of a py-lmdb operation left the child's environment unclosable: a hang)."""
+    import threading
+
+    busy = layer_of(raw_source, 0, batch=1)
+    top = empty_blobs(2)
+    busy.setup([], top)
+    stop = threading.Event()
+
+    def consume():
+        while not stop.is_set():
+            busy.forward([], top)
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    try:
+        for _ in range(12):
+            layer = layer_of(raw_source, 2, batch=2)
+            out = empty_blobs(2)
+            layer.setup([], out)
+            layer.forward([], out)
+            layer.close()
+    finally:
+        stop.set()
+        reader.join()
+        busy.close()
