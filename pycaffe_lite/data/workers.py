@@ -51,6 +51,7 @@ from . import db
 
 log = logging.getLogger("pycaffe_lite")
 
+STALL_WARNING_S = 120.0  # a forward waiting this long for its batch logs a warning naming the workers
 HEAVY_BATCH_BYTES = 1 << 20  # automatic mode: workers when a batch holds this many pixel bytes (or is encoded)
 _ALIGN = 4096
 
@@ -495,7 +496,12 @@ class ParallelLoader:
         every later call does)."""
         self._asked += 1  # (a Deferred batch is planned once its get has begun)
         self._wake()
+        start, warned = time.monotonic(), False
         while True:
+            if not warned and time.monotonic() - start > STALL_WARNING_S:
+                warned = True
+                log.warning("%s: no batch from the data workers for %.0f s (processes %s still running)",
+                            self.where, STALL_WARNING_S, [p.pid for p in self.pool.procs if p.is_alive()])
             if self.error is not None:
                 raise _again(self.error)
             if self.stop_event.is_set():
