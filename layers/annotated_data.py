@@ -22,14 +22,24 @@ applied.
 
 from __future__ import annotations
 
+import logging
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from pycaffe_lite import bbox, common, io
-from pycaffe_lite.data.db import open_cursor
+from pycaffe_lite.data import workers as data_workers
+from pycaffe_lite.data.db import Cursor, close_inherited, open_cursor
+from pycaffe_lite.data.parallel import ParallelBatches
 from pycaffe_lite.data.transformer import decode_datum, load_mean_file
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.schema import caffe_pb2
+
+log = logging.getLogger("pycaffe_lite")
 
 RP = caffe_pb2.ResizeParameter
 
@@ -100,6 +110,22 @@ class AnnotatedDataLayer(Layer):
             h, w = self.tp.crop_h or h, self.tp.crop_w or w
         self.out_hw = (h, w)
         self.cursor.seek_to_first()
+        self._parallel: _ParallelAnnotated | None = None
+        heavy = self.batch_size * self.channels * h * w >= data_workers.HEAVY_BATCH_BYTES
+        ranks = common.solver_count() if self.phase == common.TRAIN else 1
+        workers = data_workers.worker_count(dp.workers, heavy, ranks)
+        if workers > 0:
+            parallel = _ParallelAnnotated(self, workers)
+            try:
+                parallel.start()
+            except (OSError, DataError) as exc:  # /dev/shm too small, no more processes, ...
+                parallel.stop()
+                if not data_workers.automatic(dp.workers):
+                    raise
+                log.warning("%s: no data workers (%s); reading on the calling thread", self.where, exc)
+            else:
+                self._parallel = parallel
+                self._finalizer = weakref.finalize(self, parallel.stop)
 
     def _check_augmentation(self) -> None:
         """The fork's CHECKs on sampler, distortion and expansion values, as project errors."""
@@ -128,12 +154,15 @@ class AnnotatedDataLayer(Layer):
 
     # -- records ----------------------------------------------------------------------------
     def _read(self) -> caffe_pb2.AnnotatedDatum:
+        return self.parse(self.cursor.value(), bytes(self.cursor.key()))
+
+    def parse(self, value, key: bytes) -> caffe_pb2.AnnotatedDatum:
         ad = caffe_pb2.AnnotatedDatum()
         try:
-            ad.ParseFromString(self.cursor.value())
+            ad.ParseFromString(value)
         except Exception as exc:
-            raise self.error(f"{self.cursor.path}: record {self.cursor.key()!r} is not an "
-                            f"AnnotatedDatum ({exc})", DataError) from None
+            raise self.error(f"{self.cursor.path}: record {key!r} is not an AnnotatedDatum ({exc})",
+                             DataError) from None
         return ad
 
     def _image(self, ad) -> np.ndarray:
@@ -151,9 +180,8 @@ class AnnotatedDataLayer(Layer):
         return out
 
     # -- augmentation -----------------------------------------------------------------------
-    def _distort(self, img):
+    def _distort(self, img, rng: np.random.Generator):
         d = self.tp.distort_param
-        rng = self.rng
 
         def brightness(x):
             if rng.uniform() < d.brightness_prob:
@@ -212,17 +240,17 @@ class AnnotatedDataLayer(Layer):
             out.append((label, inst, proj, diff))
         return out
 
-    def _expand(self, img, boxes):
+    def _expand(self, img, boxes, rng: np.random.Generator):
         e = self.tp.expand_param
-        if self.rng.uniform() > e.prob:
+        if rng.uniform() > e.prob:
             return img, boxes
-        ratio = self.rng.uniform(1, e.max_expand_ratio) if e.max_expand_ratio > 1 else 1.0
+        ratio = rng.uniform(1, e.max_expand_ratio) if e.max_expand_ratio > 1 else 1.0
         if abs(ratio - 1) < 1e-2:
             return img, boxes
         h, w = img.shape[:2]
         eh, ew = int(h * ratio), int(w * ratio)
-        y0 = int(np.floor(self.rng.uniform(0, eh - h)))
-        x0 = int(np.floor(self.rng.uniform(0, ew - w)))
+        y0 = int(np.floor(rng.uniform(0, eh - h)))
+        x0 = int(np.floor(rng.uniform(0, ew - w)))
         canvas = np.empty((eh, ew, img.shape[2]), np.float32)
         canvas[...] = self._mean_colour(img.shape[2])
         canvas[y0:y0 + h, x0:x0 + w] = img
@@ -236,12 +264,12 @@ class AnnotatedDataLayer(Layer):
         cw, ch = max(1, min(cw, w - x0)), max(1, min(ch, h - y0))
         return img[y0:y0 + ch, x0:x0 + cw], self._transform_boxes(boxes, window)
 
-    def _final(self, img, boxes):
+    def _final(self, img, boxes, rng: np.random.Generator):
         """Resize, crop, mirror, mean and scale: (C, H, W) float values and the boxes."""
         if self.tp.HasField("resize_param"):
             rp = self.tp.resize_param
             modes = list(rp.interp_mode) or [RP.LINEAR]  # the fork picks one of the listed modes at random
-            mode = modes[int(self.rng.integers(len(modes)))] if len(modes) > 1 else modes[0]
+            mode = modes[int(rng.integers(len(modes)))] if len(modes) > 1 else modes[0]
             order = 0 if mode == RP.NEAREST else 1  # nearest, else bilinear (AREA/CUBIC/LANCZOS4 too)
             img = io.resize(img, rp.height, rp.width, order).astype(np.float32)
         h, w = img.shape[:2]
@@ -250,14 +278,14 @@ class AnnotatedDataLayer(Layer):
             if oh > h or ow > w:
                 raise self.error(f"image of {h}x{w} is smaller than the crop {oh}x{ow}", DataError)
             if self.phase == caffe_pb2.TRAIN:
-                y0, x0 = int(self.rng.integers(h - oh + 1)), int(self.rng.integers(w - ow + 1))
+                y0, x0 = int(rng.integers(h - oh + 1)), int(rng.integers(w - ow + 1))
             else:
                 y0, x0 = (h - oh) // 2, (w - ow) // 2
             img = img[y0:y0 + oh, x0:x0 + ow]
             window = np.array([x0 / w, y0 / h, (x0 + ow) / w, (y0 + oh) / h], np.float32)
         else:
             window = np.array([0, 0, 1, 1], np.float32)
-        mirror = bool(self.tp.mirror and self.rng.integers(2))
+        mirror = bool(self.tp.mirror and rng.integers(2))
         boxes = self._transform_boxes(boxes, window, mirror)
         if mirror:
             img = img[:, ::-1]
@@ -272,37 +300,127 @@ class AnnotatedDataLayer(Layer):
             chw = chw - self._mean_colour(chw.shape[0]).reshape(-1, 1, 1)
         return chw * self.tp.scale, boxes
 
-    def load_item(self, ad):
+    def load_item(self, ad, rng: np.random.Generator):
+        """One record's (C, H, W) values and boxes, its random choices drawn from ``rng``."""
         img = self._image(ad)
         boxes = self._boxes(ad)
         if self.tp.HasField("distort_param"):
-            img = self._distort(img)
+            img = self._distort(img, rng)
         if self.tp.HasField("expand_param"):
-            img, boxes = self._expand(img, boxes)
+            img, boxes = self._expand(img, boxes, rng)
         if self.ap.batch_sampler:
             objects = np.array([b[2] for b in boxes], np.float32).reshape(-1, 4)
-            windows = bbox.generate_samples(self.rng, objects, self.ap.batch_sampler)
+            windows = bbox.generate_samples(rng, objects, self.ap.batch_sampler)
             if windows:
-                img, boxes = self._crop_window(img, boxes, windows[int(self.rng.integers(len(windows)))])
+                img, boxes = self._crop_window(img, boxes, windows[int(rng.integers(len(windows)))])
         if not self.tp.HasField("resize_param") and img.shape[:2] != self.out_hw and not (
                 self.tp.crop_size or self.tp.crop_h or self.tp.crop_w):
             raise self.error(f"image of {img.shape[:2]} differs from the batch's "
                             f"{self.out_hw}; give transform_param.resize_param to resize", DataError)
-        return self._final(img, boxes)
+        return self._final(img, boxes, rng)
 
-    def forward_cpu(self, bottom, top):
-        data = top[0].mutable_cpu_data()
-        rows = []
-        for i in range(self.batch_size):
-            ad = self._read()
-            values, boxes = self.load_item(ad)
-            if values.shape != data.shape[1:]:
-                raise self.error(f"record {self.cursor.key()!r} gives {values.shape}, "
-                                f"the batch is {data.shape[1:]}", DataError)
-            data[i] = values
-            rows += [[i, label, inst, *box, float(diff)] for label, inst, box, diff in boxes]
-            self.cursor.next()
+    def item_seed(self) -> int:
+        """The seed of the next item's generator: one draw of the layer's generator per item, so
+        that worker processes can make each item's choices and the batches stay the same."""
+        return int(self.rng.integers(2**63))
+
+    def write_item(self, ad, seed: int, key: bytes, out: np.ndarray, i: int) -> list[list[float]]:
+        """Item ``i`` of a batch into ``out`` (C, H, W); its label rows."""
+        values, boxes = self.load_item(ad, np.random.default_rng(seed))
+        if values.shape != out.shape:
+            raise self.error(f"record {key!r} gives {values.shape}, the batch is {out.shape}", DataError)
+        out[...] = values
+        return [[i, label, inst, *box, float(diff)] for label, inst, box, diff in boxes]
+
+    def _labels(self, top, rows) -> None:
         if len(top) > 1:
             out = np.asarray(rows, np.float64) if rows else np.full((1, 8), -1.0)
             top[1].reshape((1, 1, len(out), 8))
             top[1].mutable_cpu_data()[...] = out.reshape(top[1].shape)
+
+    def forward_cpu(self, bottom, top):
+        if self._parallel is not None:
+            self._parallel.fill_annotated(top)
+            return
+        data = top[0].mutable_cpu_data()
+        rows: list = []
+        for i in range(self.batch_size):
+            ad = self._read()
+            rows += self.write_item(ad, self.item_seed(), bytes(self.cursor.key()), data[i], i)
+            self.cursor.next()
+        self._labels(top, rows)
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (idempotent)."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+
+
+@dataclass
+class _AnnotatedJob:
+    """A worker's part: read the record (LMDB by key, or the bytes the parent sent), then the
+    layer's whole per-item pipeline (:meth:`AnnotatedDataLayer.write_item`) with the item's seed;
+    the label rows go back to the parent. ``layer`` is a weak reference to the parent's layer, of
+    which the forked worker holds a copy."""
+
+    layer: Any
+    source: str
+    lmdb: bool
+
+    def open(self) -> None:
+        self.txn = None
+        if self.lmdb:
+            import lmdb
+
+            close_inherited()
+            path = Path(self.source)
+            self.env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, subdir=path.is_dir(),
+                                 max_readers=512)
+            self.txn = self.env.begin(buffers=True)
+
+    def load(self, ref: Any, batches: data_workers.SharedBatches, slot: int, i: int) -> list:
+        layer = self.layer()
+        if self.txn is not None:
+            (key, seed), value = ref, self.txn.get(ref[0])
+            if value is None:
+                raise DataError(f"{layer.where}: {self.source}: record {key!r} disappeared (was the database "
+                                "rewritten?)")
+        else:
+            key, seed, value = ref
+        return layer.write_item(layer.parse(value, key), seed, key, batches.data[slot][i], i)
+
+
+class _ParallelAnnotated(ParallelBatches):
+    """AnnotatedData's parallel path: the loader's thread walks the cursor and draws each item's
+    seed; workers run the augmentation and return the label rows."""
+
+    def __init__(self, layer: AnnotatedDataLayer, workers: int) -> None:
+        shape = (layer.channels, *layer.out_hw)
+        super().__init__(None, layer.batch_size, 4, layer.dtype, layer.where, workers, shape, False)
+        self.layer = weakref.proxy(layer)
+        self.cursor = layer.cursor
+        self.lmdb = isinstance(layer.cursor, Cursor)
+        self._job = _AnnotatedJob(weakref.ref(layer), str(layer.cursor.path), self.lmdb)
+
+    def job(self) -> data_workers.Job:
+        return self._job
+
+    def plan(self, slot: int, now: bool) -> tuple[list, None]:
+        refs: list = []
+        for _ in range(self.batch_size):
+            key = bytes(self.cursor.key())
+            refs.append((key, self.layer.item_seed()) if self.lmdb else
+                        (key, self.layer.item_seed(), bytes(self.cursor.value())))
+            self.cursor.next()
+        return refs, None
+
+    def fill_annotated(self, top) -> None:
+        """The next batch's values into ``top[0]``, its label rows into ``top[1]``."""
+        assert self.loader is not None
+        slot, _, payloads = self.loader.get()
+        try:
+            top[0].mutable_cpu_data()[...] = self.loader.batches.data[slot]
+            self.layer._labels(top, [row for rows in payloads or [] for row in rows])
+        finally:
+            self.loader.release(slot)

@@ -1,14 +1,28 @@
 """Data: batches of Datums read from an LMDB or a LevelDB (Caffe's DataLayer with its prefetch thread).
 
-``data_param { source batch_size backend rand_skip prefetch }`` (``backend``: LEVELDB, BVLC's
-default, or LMDB) and ``transform_param``.
+``data_param { source batch_size backend rand_skip prefetch workers }`` (``backend``: LEVELDB,
+BVLC's default, or LMDB) and ``transform_param``.
 Tops: ``data`` ``(batch_size, C, h, w)`` and optionally ``label`` ``(batch_size,)``. Records are
 read in key order and the read wraps to the first record after the last. A daemon thread decodes
 and transforms the next ``prefetch`` batches (default 4) into a queue while the net computes;
 ``forward`` copies the next ready batch into the tops (on the GPU path the host copy is synced to
-the device when the next layer reads it). ``read_state()`` / ``restore_read_state()`` give and set
-the next record the net will see (kept in solver snapshots for an exact resume). ``close()`` (also run when the layer is collected)
-stops the thread and closes the database.
+the device when the next layer reads it).
+
+With worker processes (``data_param.workers``, pycaffe-lite's field 1001; ``$PYCAFFE_LITE_DATA_WORKERS``
+overrides it; automatic by default: the usable cores less one for encoded records or batches of 1 MiB
+of pixels or more, none for small data such as MNIST), a loader thread only walks the cursor and
+draws the crop/mirror choices (so batches, labels and the random stream equal the single-thread
+path's), and the workers (:mod:`pycaffe_lite.data.workers`) read, decode and transform the records
+into shared memory. Every record must then have the shape of the first one (automatic workers go
+back to the prefetch thread at the first that does not). In GPU mode, uint8 records (raw or
+encoded) stay uint8 in shared memory, are uploaded as bytes and transformed on the device by one
+kernel (``pycaffe_lite/data/transform.cu``) into the top, pixel for pixel as the host does. A
+worker's failure (a corrupt record, a crash) is raised by ``forward`` naming the record.
+
+``read_state()`` / ``restore_read_state()`` give and set the next record the net will see (kept in
+solver snapshots for an exact resume). ``data_stats()`` counts batches, images and the time waited
+for them. ``close()`` (also run when the layer is collected) stops the thread or the workers and
+closes the database.
 """
 
 from __future__ import annotations
@@ -17,19 +31,26 @@ import json
 import logging
 import queue
 import threading
+import time
 import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pycaffe_lite import common
-from pycaffe_lite.data.db import open_cursor
+from pycaffe_lite.data import workers as data_workers
+from pycaffe_lite.data.db import Cursor, close_inherited, open_cursor
 from pycaffe_lite.data.device_cache import DeviceBatches
+from pycaffe_lite.data.parallel import ParallelBatches
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import CaffeError, DataError
 from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.schema import caffe_pb2
 
 log = logging.getLogger("pycaffe_lite")
+
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
@@ -60,6 +81,7 @@ class _Prefetcher:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"prefetch {where}", daemon=True)
         self.skip_after = 0  # records skipped after each batch (multi-GPU: the other ranks' batches)
+        self.waited = 0.0  # seconds the last fill waited for its batch
 
     def start(self) -> None:
         self.thread.start()
@@ -127,6 +149,18 @@ class _Prefetcher:
                 if not self.thread.is_alive():
                     raise DataError(f"{self.where}: the prefetch thread is not running (layer closed?)") from None
 
+    def fill(self, top, gpu: bool) -> tuple[int, bytes, str]:
+        """Copy the next batch into the tops (the device copy syncs when read); where the next starts."""
+        start = time.perf_counter()
+        data, labels, position = self.get()
+        self.waited = time.perf_counter() - start
+        top[0].reshape(data.shape)
+        top[0].mutable_cpu_data()[...] = data
+        if len(top) > 1:
+            top[1].reshape(labels.shape)
+            top[1].mutable_cpu_data()[...] = labels
+        return position
+
     def stop(self) -> None:
         """Stop the thread and drop the batches it prepared (the cursor stays open)."""
         self.stop_event.set()
@@ -145,6 +179,102 @@ class _Prefetcher:
         self.cursor.close()
 
 
+@dataclass
+class _DatumJob:
+    """A worker's part for the Data layer: read a record (LMDB: by key; LevelDB: the parent sends
+    the value), parse the Datum, decode, check the shape, and write the item as uint8 (``raw``) or
+    transformed with the parent's draws; the label too."""
+
+    source: str
+    backend: str
+    param: bytes  # TransformationParameter
+    phase: int
+    dtype: str
+    where: str
+    shape: tuple[int, int, int]
+    raw: bool
+
+    def open(self) -> None:
+        tp = caffe_pb2.TransformationParameter.FromString(self.param)
+        self.transformer = DataTransformer(tp, self.phase, np.dtype(self.dtype), rng=np.random.default_rng(0),
+                                           where=self.where)
+        self.txn = None
+        if self.backend == "lmdb":
+            import lmdb
+
+            close_inherited()
+            path = Path(self.source)
+            self.env = lmdb.open(str(path), readonly=True, lock=False, readahead=False, subdir=path.is_dir(),
+                                 max_readers=512)
+            self.txn = self.env.begin(buffers=True)
+
+    def load(self, ref: Any, batches: data_workers.SharedBatches, slot: int, i: int) -> None:
+        if self.txn is not None:
+            key, value = ref, self.txn.get(ref)
+            if value is None:
+                raise DataError(f"{self.where}: {self.source}: record {key!r} disappeared (was the database "
+                                "rewritten?)")
+        else:
+            key, value = ref
+        datum = caffe_pb2.Datum()
+        try:
+            datum.ParseFromString(value)
+        except Exception as exc:
+            raise DataError(f"{self.where}: {self.source}: record {bytes(key)!r} is not a Datum ({exc})") from None
+        try:
+            values = self.transformer.decode(datum)
+        except DataError as exc:
+            raise DataError(f"{exc} ({self.source}: record {bytes(key)!r})") from None
+        if values.shape != self.shape:
+            raise data_workers.ItemShapeError(
+                f"{self.where}: {self.source}: record {bytes(key)!r} has shape {values.shape}, the first record "
+                f"read has {self.shape} (with data workers every record must match; workers: 0 reads batches "
+                "of different shapes)")
+        if self.raw:
+            batches.data[slot][i] = values
+        else:
+            h_off, w_off, mirror = batches.draws[slot][i]
+            self.transformer.apply(values, int(h_off), int(w_off), bool(mirror), out=batches.data[slot][i])
+        batches.labels[slot][i] = datum.label
+
+
+class _ParallelPrefetcher(ParallelBatches):
+    """The Data layer's parallel path: the loader's thread walks the cursor (and skips the other
+    ranks' batches); workers read records by key (LMDB) or get their bytes (LevelDB)."""
+
+    def __init__(self, cursor, transformer: DataTransformer, batch_size: int, depth: int, dtype: np.dtype,
+                 where: str, workers: int, shape: tuple[int, int, int], raw: bool) -> None:
+        super().__init__(transformer, batch_size, depth, dtype, where, workers, shape, raw)
+        self.cursor = cursor
+        self.skip_after = 0
+        self.lmdb = isinstance(cursor, Cursor)
+
+    def position(self) -> tuple[int, bytes, str]:
+        return self.cursor.index, bytes(self.cursor.key()), json.dumps(self.transformer.rng.bit_generator.state)
+
+    def job(self) -> data_workers.Job:
+        return _DatumJob(str(self.cursor.path), "lmdb" if self.lmdb else "leveldb",
+                         self.transformer.param.SerializeToString(), self.transformer.phase, self.dtype.str,
+                         self.where, self.shape, self.raw)
+
+    def plan(self, slot: int, now: bool) -> tuple[list, tuple[int, bytes, str]]:
+        assert self.loader is not None
+        draws = self.loader.batches.draws[slot]
+        refs: list = []
+        for i in range(self.batch_size):
+            key = bytes(self.cursor.key())
+            refs.append(key if self.lmdb else (key, bytes(self.cursor.value())))
+            draws[i] = self.transformer.draw(self.shape)
+            self.cursor.next()
+        for _ in range(self.skip_after):
+            self.cursor.next()
+        return refs, self.position()
+
+    def close(self) -> None:
+        self.stop()
+        self.cursor.close()
+
+
 @register_layer("Data")
 class DataLayer(Layer):
     traits = Traits()  # a host-side reader: runs plainly before a replayed graph
@@ -155,6 +285,7 @@ class DataLayer(Layer):
     def layer_setup(self, bottom, top):
         dp = self.layer_param.data_param
         where = self.where
+        self._auto_workers = False
         if not dp.source:
             raise DataError(f"{where}: data_param.source is empty (expected the path of an LMDB or a LevelDB)")
         if dp.batch_size <= 0:
@@ -177,6 +308,8 @@ class DataLayer(Layer):
             prefetcher.skip_after = (ranks - 1) * self.batch_size
             first = prefetcher.read_datum()
             shape = self.transformer.infer_shape(first)
+            if not dp.cache_on_device:
+                prefetcher = self._parallel_or(prefetcher, first)
         except BaseException:
             cursor.close()
             raise
@@ -184,12 +317,43 @@ class DataLayer(Layer):
         if self.output_labels:
             top[1].reshape((self.batch_size,))
         self._where = where
+        self._stats: list = [0, 0, 0.0]
         self._next = prefetcher.position()  # where the batch after the last one handed out starts
         self._cache: DeviceBatches | None = None
         if dp.cache_on_device and common.mode() is common.Mode.GPU:
             self._cache_dataset(prefetcher)
         else:
             self._install(prefetcher)
+
+    def _parallel_or(self, prefetcher: _Prefetcher, first: caffe_pb2.Datum) -> _Prefetcher | _ParallelPrefetcher:
+        """A :class:`_ParallelPrefetcher` in place of ``prefetcher`` when workers are chosen
+        (``data_param.workers``, ``$PYCAFFE_LITE_DATA_WORKERS``, automatic for heavy data)."""
+        values = self.transformer.decode(first) if first.encoded else None
+        shape = values.shape if values is not None else (first.channels, first.height, first.width)
+        uint8 = bool(first.encoded or first.data)
+        batch_bytes = self.batch_size * int(np.prod(shape)) * (1 if uint8 else 4)
+        heavy = bool(first.encoded) or batch_bytes >= data_workers.HEAVY_BATCH_BYTES
+        ranks = common.solver_count() if self.phase == common.TRAIN else 1
+        workers = data_workers.worker_count(self.layer_param.data_param.workers, heavy, ranks)
+        self._auto_workers = data_workers.automatic(self.layer_param.data_param.workers)
+        if workers <= 0:
+            return prefetcher
+        raw = uint8 and common.mode() is common.Mode.GPU
+        parallel = _ParallelPrefetcher(prefetcher.cursor, self.transformer, self.batch_size,
+                                       self.layer_param.data_param.prefetch, self.dtype, self.where, workers,
+                                       tuple(int(d) for d in shape), raw)  # type: ignore[arg-type]
+        parallel.skip_after = prefetcher.skip_after
+        try:
+            parallel.start()
+        except (OSError, DataError) as exc:  # /dev/shm too small, no more processes, ...
+            parallel.stop()
+            if not self._auto_workers:
+                raise
+            log.warning("%s: no data workers (%s); reading with the prefetch thread", self.where, exc)
+            return prefetcher
+        log.info("%s: %d data worker processes (%s)", self.where, workers,
+                 "uint8 batches, transformed on the device" if raw else "transformed in the workers")
+        return parallel
 
     def _cache_dataset(self, prefetcher: _Prefetcher) -> None:
         """Load every record (transformed) into device memory; batches are then gathered there."""
@@ -219,7 +383,7 @@ class DataLayer(Layer):
         self.traits = self.traits.but(graph_safe=True)  # the gather reads its position from device memory: capturable
         log.info("%s: %d records (%.1f MB) cached on the device", self._where, count, nbytes / 1e6)
 
-    def _install(self, prefetcher: _Prefetcher) -> None:
+    def _install(self, prefetcher: _Prefetcher | _ParallelPrefetcher) -> None:
         self._prefetcher = prefetcher
         self._finalizer = weakref.finalize(self, prefetcher.close)
         prefetcher.start()
@@ -242,6 +406,12 @@ class DataLayer(Layer):
                                 "the database does not match the snapshot")
             self._cache.seek(int(position) + shift)
             return
+        self._restart(position, key, rng_state, where, shift)
+
+    def _restart(self, position: int, key: bytes, rng_state: str, where: str, shift: int,
+                 thread_only: bool = False) -> None:
+        """New readers from ``position`` (+ ``shift`` records) with the transformer's random state
+        ``rng_state``; workers again if there were (unless ``thread_only``)."""
         old = self._prefetcher
         self._finalizer.detach()
         old.stop()
@@ -256,8 +426,13 @@ class DataLayer(Layer):
             old.cursor.close()
             raise DataError(f"{where or self._where}: cannot restore the read position: {exc}") from None
         self._next = (int(position), bytes(key), rng_state)
-        fresh = _Prefetcher(old.cursor, self.transformer, self.batch_size, self.layer_param.data_param.prefetch,
-                            self.dtype, self._where)
+        fresh: _Prefetcher | _ParallelPrefetcher
+        if isinstance(old, _ParallelPrefetcher) and not thread_only:
+            fresh = _ParallelPrefetcher(old.cursor, self.transformer, self.batch_size, old.depth, self.dtype,
+                                        self._where, old.workers, old.shape, old.raw)
+        else:
+            fresh = _Prefetcher(old.cursor, self.transformer, self.batch_size, self.layer_param.data_param.prefetch,
+                                self.dtype, self._where)
         fresh.skip_after = old.skip_after  # multi-GPU: keep skipping the other ranks' batches
         self._install(fresh)
 
@@ -274,16 +449,31 @@ class DataLayer(Layer):
             if self.output_labels:
                 top[1].mutable_cpu_data()[...] = labels[idx]
             return
-        data, labels, self._next = self._prefetcher.get()
-        top[0].reshape(data.shape)
-        top[0].mutable_cpu_data()[...] = data
-        if self.output_labels:
-            top[1].reshape(labels.shape)
-            top[1].mutable_cpu_data()[...] = labels
+        self._fill(top, gpu=False)
+
+    def _fill(self, top, gpu: bool) -> None:
+        try:
+            self._next = self._prefetcher.fill(top, gpu)
+        except data_workers.ItemShapeError as exc:
+            if not self._auto_workers:
+                raise
+            log.warning("%s; the records' shapes differ, so this layer goes back to the prefetch thread "
+                        "(set data_param.workers: 0 to start there)", exc)
+            position, key, rng_state = self._next
+            self._restart(position, key, rng_state, where="", shift=0, thread_only=True)
+            self._next = self._prefetcher.fill(top, gpu)
+        self._stats[0] += 1
+        self._stats[1] += self.batch_size
+        self._stats[2] += self._prefetcher.waited
+
+    def data_stats(self) -> tuple[int, int, float]:
+        """(batches, images, seconds waited for them) served by forward so far: how far the
+        readers ran behind the net (``pycaffe-lite time`` reports them)."""
+        return self._stats[0], self._stats[1], self._stats[2]
 
     def forward_gpu(self, bottom, top):
-        if self._cache is None:  # the host batch is copied; the device copy syncs when read
-            self.forward_cpu(bottom, top)
+        if self._cache is None:  # the host batch is copied (the device copy syncs when read), or
+            self._fill(top, gpu=True)  # uint8 items transformed on the device
             return
         self._cache.next_batch(top[0].mutable_gpu_data(), top[1].mutable_gpu_data() if self.output_labels else None)
 

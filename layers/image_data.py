@@ -13,23 +13,42 @@ after the last; with ``shuffle`` the list is shuffled at set-up and at every wra
 ``pycaffe_lite.common.rng()``. ``rand_skip`` skips a random number (< rand_skip) of lines at set-up.
 ``read_state()`` / ``restore_read_state()`` give and set the next line, the shuffled order and the
 crop/mirror random state (kept in solver snapshots for an exact resume).
+
+With worker processes (``image_data_param.workers``, pycaffe-lite's field 1001, or
+``$PYCAFFE_LITE_DATA_WORKERS``; automatic by default: the usable cores less one when
+``new_height``/``new_width`` are set and a batch holds 1 MiB of pixels or more) the images are read,
+decoded, resized and transformed in the workers while a loader thread walks the list and draws the
+crop/mirror choices in the single-thread order (the Data layer's machinery,
+``pycaffe_lite/data/parallel.py``: uint8 batches transformed on the device in GPU mode). Batches are the single-thread path's; a
+batch that reaches the end of a shuffled list is planned in its own forward (the reshuffle draws
+from ``common.rng()`` in forward order), so the workers idle once an epoch. Every image must then
+have the first one's shape (always so with ``new_height``/``new_width``); a failure names the file
+and its line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import weakref
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from pycaffe_lite import common
+from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.order import Order
+from pycaffe_lite.data.parallel import ParallelBatches
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.io import resize
 from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.optional import require
 from pycaffe_lite.schema import caffe_pb2
+
+log = logging.getLogger("pycaffe_lite")
 
 _LEGACY_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
@@ -116,9 +135,34 @@ class ImageDataLayer(Layer):
                 raise DataError(f"{self.where}: rand_skip drew {skip}, but {p.source} has only "
                                 f"{len(self.listed)} lines (not enough points to skip)")
             self.line_id = skip
-        shape = self.transformer.infer_shape(self._read(self.line_id))
+        first = self._read(self.line_id)
+        shape = self.transformer.infer_shape(first)
         top[0].reshape((self.batch_size, *shape))
         top[1].reshape((self.batch_size,))
+        self._parallel: _ParallelImages | None = None
+        self._stats: list = [0, 0, 0.0]
+        resized = self.new_height > 0 and self.new_width > 0
+        heavy = resized and self.batch_size * first.size >= data_workers.HEAVY_BATCH_BYTES
+        ranks = common.solver_count() if self.phase == common.TRAIN else 1
+        workers = data_workers.worker_count(p.workers, heavy, ranks)
+        if workers > 0:
+            try:
+                self._start_parallel(workers, tuple(int(d) for d in first.shape))
+            except (OSError, DataError) as exc:  # /dev/shm too small, no more processes, ...
+                if not data_workers.automatic(p.workers):
+                    raise
+                log.warning("%s: no data workers (%s); reading on the calling thread", self.where, exc)
+
+    def _start_parallel(self, workers: int, shape: tuple[int, int, int]) -> None:
+        raw = common.mode() is common.Mode.GPU
+        parallel = _ParallelImages(self, workers, shape, raw)
+        try:
+            parallel.start()
+        except BaseException:
+            parallel.stop()
+            raise
+        self._parallel = parallel
+        self._finalizer = weakref.finalize(self, parallel.stop)
 
     def _line(self, line_id: int) -> tuple[str, int, int]:
         """The ``line_id``-th line of the (shuffled) list: ``(path, label, line number)``."""
@@ -126,11 +170,21 @@ class ImageDataLayer(Layer):
 
     def read_state(self) -> tuple[int, bytes, str]:
         """(next line, its path, JSON of the shuffle and transform random states)."""
+        if self._parallel is not None:
+            return self._parallel.next
+        return self._state()
+
+    def _state(self) -> tuple[int, bytes, str]:
         rng = {"order": self.order.drawn_from, "transform": self.transformer.rng.bit_generator.state}
         return self.line_id, self._line(self.line_id)[0].encode(), json.dumps(rng)
 
     def restore_read_state(self, position: int, key: bytes, rng_state: str, where: str = "") -> None:
         """Continue from a state given by ``read_state``."""
+        parallel = self._parallel
+        if parallel is not None:  # the loader's thread plans ahead: stop it before changing the state
+            self._finalizer.detach()
+            parallel.stop()
+            self._parallel = None
         try:
             rng = json.loads(rng_state)
             self.order.redraw(rng["order"])
@@ -142,6 +196,8 @@ class ImageDataLayer(Layer):
                             f"the shuffled list is not {key.decode(errors='replace')!r} (was "
                             f"{self.layer_param.image_data_param.source} changed?)")
         self.line_id = int(position)
+        if parallel is not None:
+            self._start_parallel(parallel.workers, parallel.shape)
 
     def _read(self, line_id: int) -> np.ndarray:
         path, _, number = self._line(line_id)
@@ -159,6 +215,37 @@ class ImageDataLayer(Layer):
         """Tops take the shape of each batch's first image in forward."""
 
     def forward_cpu(self, bottom, top):
+        if self._parallel is not None:
+            self._parallel.next = self._parallel.fill(top, gpu=False)
+            self._count(self._parallel.waited)
+            return
+        self._single_thread_forward(top)
+        self._count(0.0)
+
+    def forward_gpu(self, bottom, top):
+        if self._parallel is not None:  # uint8 images transformed on the device
+            self._parallel.next = self._parallel.fill(top, gpu=True)
+            self._count(self._parallel.waited)
+            return
+        self._single_thread_forward(top)  # the device copy syncs when the next layer reads it
+        self._count(0.0)
+
+    def _count(self, waited: float) -> None:
+        self._stats[0] += 1
+        self._stats[1] += self.batch_size
+        self._stats[2] += waited
+
+    def data_stats(self) -> tuple[int, int, float]:
+        """(batches, images, seconds waited for them) served by forward so far."""
+        return self._stats[0], self._stats[1], self._stats[2]
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (idempotent)."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+
+    def _single_thread_forward(self, top) -> None:
         first = self._read(self.line_id)
         top[0].reshape((self.batch_size, *self.transformer.infer_shape(first)))
         top[1].reshape((self.batch_size,))
@@ -179,5 +266,80 @@ class ImageDataLayer(Layer):
                 if self.shuffle:
                     self.order.shuffle()
 
-    # The host batch is written into the tops; the device copy syncs when the next layer reads it.
-    forward_gpu = forward_cpu
+
+@dataclass
+class _ImageJob:
+    """A worker's part for ImageData: read, decode and resize one listed image, check its shape,
+    write it as uint8 (``raw``) or transformed with the parent's draws, and its label."""
+
+    root_folder: str
+    source: str
+    new_height: int
+    new_width: int
+    is_color: bool
+    param: bytes  # TransformationParameter
+    phase: int
+    dtype: str
+    where: str
+    shape: tuple[int, int, int]
+    raw: bool
+
+    def open(self) -> None:
+        tp = caffe_pb2.TransformationParameter.FromString(self.param)
+        self.transformer = DataTransformer(tp, self.phase, np.dtype(self.dtype), rng=np.random.default_rng(0),
+                                           where=self.where)
+
+    def load(self, ref: Any, batches: data_workers.SharedBatches, slot: int, i: int) -> None:
+        path, label, number = ref
+        full = self.root_folder + path
+        if not os.path.isfile(full):
+            raise DataError(f"{self.where}: image file {full} not found ({self.source} line {number})")
+        try:
+            img = read_image(full, self.new_height, self.new_width, self.is_color)
+        except Exception as exc:
+            raise DataError(f"{self.where}: could not load image {full} ({self.source} line {number}): {exc}") from None
+        if img.shape != self.shape:
+            raise data_workers.ItemShapeError(
+                f"{self.where}: image {full} (line {number}) has shape {img.shape}, the first image has "
+                f"{self.shape} (with data workers every image must match: set new_height/new_width, or "
+                "workers: 0)")
+        if self.raw:
+            batches.data[slot][i] = img
+        else:
+            h_off, w_off, mirror = batches.draws[slot][i]
+            self.transformer.apply(img, int(h_off), int(w_off), bool(mirror), out=batches.data[slot][i])
+        batches.labels[slot][i] = label
+
+
+class _ParallelImages(ParallelBatches):
+    """ImageData's parallel path: the loader's thread walks the (shuffled) list; a batch that
+    reaches its end under ``shuffle`` is :class:`~pycaffe_lite.data.workers.Deferred` to its forward."""
+
+    def __init__(self, layer: ImageDataLayer, workers: int, shape: tuple[int, int, int], raw: bool) -> None:
+        p = layer.layer_param.image_data_param
+        super().__init__(layer.transformer, layer.batch_size, 4, layer.dtype, layer.where, workers, shape, raw)
+        self._job = _ImageJob(layer.root_folder, p.source, layer.new_height, layer.new_width, layer.is_color,
+                              layer.transformer.param.SerializeToString(), layer.phase, layer.dtype.str,
+                              layer.where, shape, raw)
+        self.layer = weakref.proxy(layer)  # (the loader's thread must not keep the layer alive)
+        self.next = layer._state()
+
+    def job(self) -> data_workers.Job:
+        return self._job
+
+    def plan(self, slot: int, now: bool) -> tuple[list, tuple[int, bytes, str]]:
+        assert self.loader is not None
+        layer = self.layer
+        if layer.shuffle and not now and layer.line_id + self.batch_size >= len(layer.listed):
+            raise data_workers.Deferred
+        draws = self.loader.batches.draws[slot]
+        refs: list = []
+        for i in range(self.batch_size):
+            refs.append(layer._line(layer.line_id))
+            draws[i] = self.transformer.draw(self.shape)
+            layer.line_id += 1
+            if layer.line_id >= len(layer.listed):
+                layer.line_id = 0
+                if layer.shuffle:
+                    layer.order.shuffle()
+        return refs, layer._state()

@@ -20,20 +20,34 @@ OpenCV's bilinear resize, flipped left-right at random with ``mirror``, and writ
 ``transform_param``; ``scale``, ``context_pad``, ``crop_mode``, ``cache_images`` (keep the encoded
 files in memory) and ``root_folder`` from ``window_data_param``. Needs ``cv2``
 (``opencv-python-headless``, in the ``data`` extra).
+
+With worker processes (``window_data_param.workers``, pycaffe-lite's field 1001, or
+``$PYCAFFE_LITE_DATA_WORKERS``; automatic by default: the usable cores less one when a batch holds
+1 MiB of pixels or more) a loader thread draws each batch's windows and flips in the single-thread
+order and forked workers read, warp and write them into shared memory
+(``pycaffe_lite/data/parallel.py``); the batches are the single-thread path's.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import weakref
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from pycaffe_lite import common
+from pycaffe_lite.data import workers as data_workers
+from pycaffe_lite.data.parallel import ParallelBatches
 from pycaffe_lite.data.transformer import load_mean_file
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.layer import Layer, Traits, register_layer
 from pycaffe_lite.optional import require
+
+log = logging.getLogger("pycaffe_lite")
 
 
 def c_round(x: float) -> int:
@@ -125,6 +139,22 @@ class WindowDataLayer(Layer):
         self.channels = channels
         top[0].reshape((p.batch_size, channels, self.crop_size, self.crop_size))
         top[1].reshape((p.batch_size,))
+        self._parallel: _ParallelWindows | None = None
+        heavy = p.batch_size * channels * self.crop_size**2 >= data_workers.HEAVY_BATCH_BYTES
+        ranks = common.solver_count() if self.phase == common.TRAIN else 1
+        workers = data_workers.worker_count(p.workers, heavy, ranks)
+        if workers > 0:
+            parallel = _ParallelWindows(self, workers)
+            try:
+                parallel.start()
+            except (OSError, DataError) as exc:  # /dev/shm too small, no more processes, ...
+                parallel.stop()
+                if not data_workers.automatic(p.workers):
+                    raise
+                log.warning("%s: no data workers (%s); reading on the calling thread", self.where, exc)
+            else:
+                self._parallel = parallel
+                self._finalizer = weakref.finalize(self, parallel.stop)
 
     def _read_mean(self, tp, channels: int) -> None:
         """``transform_param``'s mean file (at least crop-sized) or mean values (one, or per channel)."""
@@ -211,33 +241,95 @@ class WindowDataLayer(Layer):
             warped = warped[:, ::-1]
         return warped.reshape(out_h, out_w, -1), pad_h, pad_w
 
-    def forward_cpu(self, bottom, top):
+    def _check_pools(self) -> None:
+        p = self.layer_param.window_data_param
+        if not self.fg or not self.bg:
+            raise DataError(f"{self.where}: {p.source} has {len(self.fg)} foreground and {len(self.bg)} background "
+                            "windows; batches need both (check fg_threshold and bg_threshold)")
+
+    def _batch_windows(self) -> list[tuple[Any, bool]]:
+        """The next batch's (window, mirror) pairs: background then foreground, drawn in BVLC's order."""
         p = self.layer_param.window_data_param
         mirror = self.layer_param.transform_param.mirror
         batch = p.batch_size
         num_fg = int(np.float32(batch) * np.float32(p.fg_fraction))
-        if not self.fg or not self.bg:
-            raise DataError(f"{self.where}: {p.source} has {len(self.fg)} foreground and {len(self.bg)} background "
-                            "windows; batches need both (check fg_threshold and bg_threshold)")
-        data = top[0].mutable_cpu_data()
-        labels = top[1].mutable_cpu_data()
-        data[...] = 0
-        scale = float(np.float32(p.scale))
-        item = 0
+        self._check_pools()
+        chosen = []
         for pool, count in ((self.bg, batch - num_fg), (self.fg, num_fg)):
             for _ in range(count):
                 window = pool[self._draw() % len(pool)]
                 do_mirror = bool(mirror) and self._draw() % 2 == 1
-                pixels, pad_h, pad_w = self.window_pixels(self._image(window[0]), window, do_mirror)
-                h, w = pixels.shape[:2]
-                values = pixels.transpose(2, 0, 1).astype(np.float64)
-                if self.mean is not None:
-                    off = (self.mean.shape[2] - self.crop_size) // 2
-                    values = values - self.mean[:, off + pad_h:off + pad_h + h, off + pad_w:off + pad_w + w]
-                elif self.mean_values is not None:
-                    values = values - self.mean_values[:, None, None]
-                data[item, :, pad_h:pad_h + h, pad_w:pad_w + w] = values * scale
-                labels[item] = window[1]
-                item += 1
+                chosen.append((window, do_mirror))
+        return chosen
+
+    def write_window(self, window, do_mirror: bool, out: np.ndarray) -> None:
+        """One item: the window's pixels, less the mean, times scale, into the zeroed ``out`` (C, crop, crop)."""
+        scale = float(np.float32(self.layer_param.window_data_param.scale))
+        pixels, pad_h, pad_w = self.window_pixels(self._image(window[0]), window, do_mirror)
+        h, w = pixels.shape[:2]
+        values = pixels.transpose(2, 0, 1).astype(np.float64)
+        if self.mean is not None:
+            off = (self.mean.shape[2] - self.crop_size) // 2
+            values = values - self.mean[:, off + pad_h:off + pad_h + h, off + pad_w:off + pad_w + w]
+        elif self.mean_values is not None:
+            values = values - self.mean_values[:, None, None]
+        out[:, pad_h:pad_h + h, pad_w:pad_w + w] = values * scale
+
+    def forward_cpu(self, bottom, top):
+        if self._parallel is not None:
+            self._parallel.fill(top, gpu=False)
+            return
+        chosen = self._batch_windows()  # (draws before reads, as BVLC's loop: reads draw nothing)
+        data = top[0].mutable_cpu_data()
+        labels = top[1].mutable_cpu_data()
+        data[...] = 0
+        for item, (window, do_mirror) in enumerate(chosen):
+            self.write_window(window, do_mirror, data[item])
+            labels[item] = window[1]
 
     forward_gpu = forward_cpu  # host batches; the device copy syncs when the next layer reads it
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (idempotent)."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+
+
+@dataclass
+class _WindowJob:
+    """A worker's part: the window's item (:meth:`WindowDataLayer.write_window`) and its label. The
+    worker reads the layer through ``layer``, a weak reference to the parent's layer, which the
+    forked worker holds a copy of."""
+
+    layer: Any
+
+    def open(self) -> None:
+        layer = self.layer()
+        if layer is None:
+            raise DataError("the WindowData layer is gone")
+        layer.cv2.setNumThreads(0)  # (OpenCV's thread pool does not survive fork: decode serially)
+
+    def load(self, ref: Any, batches: data_workers.SharedBatches, slot: int, i: int) -> None:
+        window, do_mirror = ref
+        out = batches.data[slot][i]
+        out[...] = 0
+        self.layer().write_window(window, do_mirror, out)
+        batches.labels[slot][i] = window[1]
+
+
+class _ParallelWindows(ParallelBatches):
+    """WindowData's parallel path: the loader's thread draws the windows and flips."""
+
+    def __init__(self, layer: WindowDataLayer, workers: int) -> None:
+        shape = (layer.channels, layer.crop_size, layer.crop_size)
+        super().__init__(None, layer.layer_param.window_data_param.batch_size, 4, layer.dtype, layer.where,
+                         workers, shape, False)
+        self.layer = weakref.proxy(layer)
+        self._job = _WindowJob(weakref.ref(layer))
+
+    def job(self) -> data_workers.Job:
+        return self._job
+
+    def plan(self, slot: int, now: bool) -> tuple[list, None]:
+        return self.layer._batch_windows(), None

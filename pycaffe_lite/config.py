@@ -20,6 +20,7 @@ Every setting, its environment variable (read when the package is imported) and 
 | ``nccl`` | ``PYCAFFE_LITE_NCCL`` | none | path of libnccl.so.2 (or its folder) |
 | ``nccl_timeout`` | ``PYCAFFE_LITE_NCCL_TIMEOUT`` | 600 | seconds ranks wait for each other at start |
 | ``action_interval`` | ``PYCAFFE_LITE_ACTION_INTERVAL`` | 10 | iterations between ranks' Ctrl-C/SIGHUP votes |
+| ``data_workers`` | ``PYCAFFE_LITE_DATA_WORKERS`` | none | decode processes per Data/ImageData/WindowData layer (0: the prefetch thread; overrides the prototxt's ``workers``) |
 
 ``PYCAFFE_LITE_THREADS`` (BLAS threads) is read by :mod:`pycaffe_lite.threads` before numpy's
 BLAS starts, so it is no setting here. Overrides are per thread; the environment is read once.
@@ -57,6 +58,7 @@ class Config:
     nccl: str | None = None
     nccl_timeout: float = 600.0
     action_interval: int = 10
+    data_workers: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Config:

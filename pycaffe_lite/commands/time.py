@@ -19,6 +19,9 @@ tops; backward reads top diffs plus the data it needs (bottom data for the weigh
 weights for input gradients; ``Layer.backward_reads()`` for the other layers), writes propagated
 bottom diffs, and reads and writes the accumulated param diffs (counted twice). That is a lower
 bound, not what the kernels move.
+
+Data layers with ``data_stats()`` (``Data``) add their images/s over their forward time and how
+long each forward waited for its batch (the readers running behind the net show as waiting).
 """
 
 from __future__ import annotations
@@ -171,6 +174,14 @@ def bandwidth_suffix(nbytes: float, seconds: float) -> str:
     return f" ({_num(nbytes / seconds / 1e9)} GB/s)"
 
 
+def data_suffix(before: tuple[int, int, float], after: tuple[int, int, float], seconds: float) -> str:
+    """`` (x img/s, waited y ms per batch for data)`` of a data layer between two ``data_stats()``."""
+    batches, images, waited = (a - b for a, b in zip(after, before))
+    if batches <= 0 or seconds <= 0:
+        return ""
+    return f" ({_num(images / seconds)} img/s, waited {waited / batches * 1e3:.3g} ms per batch for data)"
+
+
 def layer_rates(layer, bottom: Sequence, top: Sequence, propagate_down: Sequence[bool],
                 fwd_s: float, bwd_s: float) -> tuple[str, str]:
     """The forward and backward line suffixes of one layer: TFLOP/s and GB/s (:func:`conv_cost`),
@@ -211,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
     bwd = [0.0] * n
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", args.iterations)
+    data_before = {i: layer.data_stats() for i, layer in enumerate(net.layers) if hasattr(layer, "data_stats")}
     total_start = time.perf_counter()
     for it in range(args.iterations):
         iter_start = time.perf_counter()
@@ -238,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
         f_rate, b_rate = layer_rates(layer, net.bottom_vecs[i], net.top_vecs[i], net.bottom_need_backward[i], f_s, b_s)
         if layer.type in CONV_TYPES:
             conv_s += fwd[i] + bwd[i]
+        if i in data_before:
+            f_rate += data_suffix(data_before[i], layer.data_stats(), fwd[i])
         print(f"{names[i]:>{width}}\tforward: {f_s * 1e3:.5g} ms.{f_rate}")
         if net.layer_need_backward[i]:
             print(f"{names[i]:>{width}}\tbackward: {b_s * 1e3:.5g} ms.{b_rate}")

@@ -29,10 +29,12 @@ a rewrite read within those 64 records can still crash the reader).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..durable import default_mode, remove_stale_temps, temp_path
@@ -43,6 +45,10 @@ log = logging.getLogger("pycaffe_lite")
 
 _ENVS: dict[tuple[str, str], list] = {}  # (backend, realpath) -> [handle, reference count]
 _ENVS_LOCK = threading.Lock()
+# Held by every LMDB cursor operation and across the fork of data workers (quiesced), so that no
+# operation is half done in another thread when a worker process is forked: py-lmdb counts the
+# operations in flight on an environment, and a count copied mid-operation never drops in the child.
+_OPS_LOCK = threading.RLock()
 BACKENDS = ("lmdb", "leveldb")
 
 
@@ -161,6 +167,28 @@ def _release(key: tuple[str, str]) -> None:
             entry[0].close()
 
 
+@contextlib.contextmanager
+def quiesced() -> Iterator[None]:
+    """No database is opened, closed or read through a cursor of this module inside the block
+    (worker processes are forked inside it)."""
+    with _OPS_LOCK, _ENVS_LOCK:
+        yield
+
+
+def close_inherited() -> None:
+    """In a forked child (a data worker): close the LMDB handles inherited from the parent, so the
+    child may open its own (py-lmdb refuses a second handle on one file in a process; a handle must
+    not be used across fork). The parent's handles are untouched; it forks inside :func:`quiesced`,
+    so no operation was in flight. LevelDB handles are left alone (closing one waits for background
+    compactions, whose threads a forked child does not have). (No lock: the child has one thread.)"""
+    for key in [k for k in _ENVS if k[0] == "lmdb"]:
+        entry = _ENVS.pop(key)
+        try:
+            entry[0].close()
+        except Exception:
+            pass
+
+
 def _identity(path: str) -> tuple[int, int, int, int, int]:
     st = os.stat(path)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
@@ -233,9 +261,10 @@ class Cursor(_CursorBase):
             self.close()
             raise DataError(f"{self.path}: cannot read the LMDB database: {exc.strerror}") from None
         try:
-            self._txn = self._env.begin(buffers=False)
-            self._cursor = self._txn.cursor()
-            self._length = self._txn.stat()["entries"]
+            with _OPS_LOCK:
+                self._txn = self._env.begin(buffers=False)
+                self._cursor = self._txn.cursor()
+                self._length = self._txn.stat()["entries"]
         except _lmdb().Error as exc:
             self.close()
             raise DataError(f"{self.path}: unreadable LMDB database: {exc}") from None
@@ -267,25 +296,31 @@ class Cursor(_CursorBase):
 
     def seek_to_first(self) -> None:
         self.check_unchanged()
-        if not self._cursor.first():
-            raise DataError(f"{self.path}: the LMDB database is empty")
+        with _OPS_LOCK:
+            if not self._cursor.first():
+                raise DataError(f"{self.path}: the LMDB database is empty")
         self.index = 0
 
     def _set_key(self, key: bytes) -> bool:
         self.check_unchanged()
-        return bool(self._cursor.set_key(key))
+        with _OPS_LOCK:
+            return bool(self._cursor.set_key(key))
 
     def key(self) -> bytes:  # (the record's page was checked by next/seek)
-        return self._cursor.key()
+        with _OPS_LOCK:
+            return self._cursor.key()
 
     def value(self) -> bytes:
         self.check_unchanged()
-        return self._cursor.value()
+        with _OPS_LOCK:
+            return self._cursor.value()
 
     def next(self) -> bool:
         """Advance; at the end go back to the first record and return True (wrapped)."""
         self.check_unchanged()
-        if self._cursor.next():
+        with _OPS_LOCK:
+            moved = self._cursor.next()
+        if moved:
             self.index += 1
             return False
         self.seek_to_first()
@@ -295,11 +330,12 @@ class Cursor(_CursorBase):
         if self._closed:
             return
         self._closed = True
-        for name in ("_cursor", "_txn"):
-            obj = self.__dict__.pop(name, None)
-            if obj is not None and name == "_txn":
-                obj.abort()
-        _release(self._key)
+        with _OPS_LOCK:
+            for name in ("_cursor", "_txn"):
+                obj = self.__dict__.pop(name, None)
+                if obj is not None and name == "_txn":
+                    obj.abort()
+            _release(self._key)
 
 
 class LevelDBCursor(_CursorBase):

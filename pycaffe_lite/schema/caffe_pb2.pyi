@@ -728,7 +728,7 @@ class CropParameter(_message.Message):
     def __init__(self, axis: _Optional[int] = ..., offset: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DataParameter(_message.Message):
-    __slots__ = ("source", "batch_size", "rand_skip", "backend", "scale", "mean_file", "crop_size", "mirror", "force_encoded_color", "prefetch", "cache_on_device")
+    __slots__ = ("source", "batch_size", "rand_skip", "backend", "scale", "mean_file", "crop_size", "mirror", "force_encoded_color", "prefetch", "cache_on_device", "workers")
     class DB(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         LEVELDB: _ClassVar[DataParameter.DB]
@@ -746,6 +746,7 @@ class DataParameter(_message.Message):
     FORCE_ENCODED_COLOR_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
     CACHE_ON_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     source: str
     batch_size: int
     rand_skip: int
@@ -757,7 +758,8 @@ class DataParameter(_message.Message):
     force_encoded_color: bool
     prefetch: int
     cache_on_device: bool
-    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., backend: _Optional[_Union[DataParameter.DB, str]] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., force_encoded_color: bool = ..., prefetch: _Optional[int] = ..., cache_on_device: bool = ...) -> None: ...
+    workers: int
+    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., backend: _Optional[_Union[DataParameter.DB, str]] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., force_encoded_color: bool = ..., prefetch: _Optional[int] = ..., cache_on_device: bool = ..., workers: _Optional[int] = ...) -> None: ...
 
 class DropoutParameter(_message.Message):
     __slots__ = ("dropout_ratio", "scale_train")
@@ -868,7 +870,7 @@ class HingeLossParameter(_message.Message):
     def __init__(self, norm: _Optional[_Union[HingeLossParameter.Norm, str]] = ...) -> None: ...
 
 class ImageDataParameter(_message.Message):
-    __slots__ = ("source", "batch_size", "rand_skip", "shuffle", "new_height", "new_width", "is_color", "scale", "mean_file", "crop_size", "mirror", "root_folder")
+    __slots__ = ("source", "batch_size", "rand_skip", "shuffle", "new_height", "new_width", "is_color", "scale", "mean_file", "crop_size", "mirror", "root_folder", "workers")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     RAND_SKIP_FIELD_NUMBER: _ClassVar[int]
@@ -881,6 +883,7 @@ class ImageDataParameter(_message.Message):
     CROP_SIZE_FIELD_NUMBER: _ClassVar[int]
     MIRROR_FIELD_NUMBER: _ClassVar[int]
     ROOT_FOLDER_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     source: str
     batch_size: int
     rand_skip: int
@@ -893,7 +896,8 @@ class ImageDataParameter(_message.Message):
     crop_size: int
     mirror: bool
     root_folder: str
-    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., shuffle: bool = ..., new_height: _Optional[int] = ..., new_width: _Optional[int] = ..., is_color: bool = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., root_folder: _Optional[str] = ...) -> None: ...
+    workers: int
+    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., shuffle: bool = ..., new_height: _Optional[int] = ..., new_width: _Optional[int] = ..., is_color: bool = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., root_folder: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class InfogainLossParameter(_message.Message):
     __slots__ = ("source", "axis")
@@ -1224,7 +1228,7 @@ class ThresholdParameter(_message.Message):
     def __init__(self, threshold: _Optional[float] = ...) -> None: ...
 
 class WindowDataParameter(_message.Message):
-    __slots__ = ("source", "scale", "mean_file", "batch_size", "crop_size", "mirror", "fg_threshold", "bg_threshold", "fg_fraction", "context_pad", "crop_mode", "cache_images", "root_folder")
+    __slots__ = ("source", "scale", "mean_file", "batch_size", "crop_size", "mirror", "fg_threshold", "bg_threshold", "fg_fraction", "context_pad", "crop_mode", "cache_images", "root_folder", "workers")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     MEAN_FILE_FIELD_NUMBER: _ClassVar[int]
@@ -1238,6 +1242,7 @@ class WindowDataParameter(_message.Message):
     CROP_MODE_FIELD_NUMBER: _ClassVar[int]
     CACHE_IMAGES_FIELD_NUMBER: _ClassVar[int]
     ROOT_FOLDER_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     source: str
     scale: float
     mean_file: str
@@ -1251,7 +1256,8 @@ class WindowDataParameter(_message.Message):
     crop_mode: str
     cache_images: bool
     root_folder: str
-    def __init__(self, source: _Optional[str] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., batch_size: _Optional[int] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., fg_threshold: _Optional[float] = ..., bg_threshold: _Optional[float] = ..., fg_fraction: _Optional[float] = ..., context_pad: _Optional[int] = ..., crop_mode: _Optional[str] = ..., cache_images: bool = ..., root_folder: _Optional[str] = ...) -> None: ...
+    workers: int
+    def __init__(self, source: _Optional[str] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., batch_size: _Optional[int] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., fg_threshold: _Optional[float] = ..., bg_threshold: _Optional[float] = ..., fg_fraction: _Optional[float] = ..., context_pad: _Optional[int] = ..., crop_mode: _Optional[str] = ..., cache_images: bool = ..., root_folder: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class SPPParameter(_message.Message):
     __slots__ = ("pyramid_height", "pool", "engine")

@@ -389,3 +389,28 @@ def test_cli_prints_bandwidth_of_fork_layers(tmp_path, monkeypatch, capsys):
     for name in ("norm", "relu6", "shuffle", "interp", "rev", "perm"):
         for direction in ("forward", "backward"):
             assert GBS.search(lines[(name, direction)]), lines[(name, direction)]
+
+
+def test_cli_prints_the_data_layer_rate_and_wait(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("lmdb")
+    from pycaffe_lite.data.db import LMDBWriter
+    from pycaffe_lite.proto import caffe_pb2
+
+    monkeypatch.chdir(tmp_path)
+    with LMDBWriter(tmp_path / "db") as w:
+        for i in range(6):
+            w.put(b"%02d" % i, caffe_pb2.Datum(channels=1, height=4, width=4, data=bytes(range(16)),
+                                               label=i % 2).SerializeToString())
+    Path("d.prototxt").write_text(f"""
+layer {{ name: "data" type: "Data" top: "data" top: "label" data_param {{ source: "{tmp_path / 'db'}"
+        batch_size: 3 backend: LMDB }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param {{ num_output: 2 }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+""")
+    assert cli.main(["time", "--model", "d.prototxt", "--iterations", "4"]) == 0
+    line = _time_lines(capsys.readouterr().out)[("data", "forward")]
+    m = re.search(r": ([0-9.e+-]+) ms\. \(([0-9.e+-]+) img/s, waited ([0-9.e+-]+) ms per batch for data\)", line)
+    assert m, line
+    ms, rate, waited = (float(v) for v in m.groups())
+    assert rate == pytest.approx(3 / (ms * 1e-3), rel=2e-2)
+    assert 0 <= waited <= ms

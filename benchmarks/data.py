@@ -1,0 +1,184 @@
+"""The Data layer alone at ImageNet shapes: images/s from raw and encoded-JPEG LMDBs, by worker count.
+
+    python benchmarks/data.py [--gpu] [--records 1024] [--batch 256] [--size 256] [--crop 224]
+                              [--workers 0,4,8,15] [--kinds raw,jpeg] [--seconds 3] [--no-torch]
+
+Writes two LMDBs into a temporary folder: ``--records`` synthetic ``--size`` x ``--size`` colour
+images (smooth noise, so JPEG quality 90 gives ~23 kB a record, as ImageNet's resized images) as
+raw uint8 Datums and as encoded JPEG Datums (``convert_imageset -encoded``). For each kind and worker
+count (``data_param.workers``; 0 is the single prefetch thread) a TRAIN-phase Data layer with
+``crop_size``, ``mirror`` and three ``mean_value`` fills its float32 tops batch after batch; after a
+warm-up of a few batches the forwards of ``--seconds`` seconds (at least 3 batches) are timed, the
+device synchronized at the end in GPU mode (where uint8 batches are transformed on the device).
+Prints images/s per row. The peer, when PyTorch is importable: a ``DataLoader`` with one worker per
+usable core decoding the same JPEG bytes with PIL, random 224 crop and flip, batches of uint8
+tensors (``--no-torch`` leaves it out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pycaffe_lite as caffe  # noqa: E402
+from pycaffe_lite.data.db import LMDBWriter  # noqa: E402
+from pycaffe_lite.data.workers import usable_cores  # noqa: E402
+from pycaffe_lite.proto import caffe_pb2  # noqa: E402
+from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer  # noqa: E402
+
+
+def synthetic_images(count: int, size: int, seed: int = 0):
+    """``count`` (size, size, 3) uint8 RGB images: bicubic-upsampled 16x16 noise plus fine noise."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        low = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+        img = np.asarray(Image.fromarray(low).resize((size, size), Image.BICUBIC)).astype(np.int16)
+        yield np.clip(img + rng.integers(-12, 13, img.shape), 0, 255).astype(np.uint8)
+
+
+def write_lmdbs(folder: Path, count: int, size: int) -> tuple[Path, Path, float]:
+    """The raw and the JPEG LMDB of the same images; the JPEGs' mean size in bytes."""
+    from PIL import Image
+
+    raw, jpeg = folder / "raw_lmdb", folder / "jpeg_lmdb"
+    sizes = []
+    with LMDBWriter(raw, map_size=1 << 34) as wr, LMDBWriter(jpeg, map_size=1 << 32) as wj:
+        for i, rgb in enumerate(synthetic_images(count, size)):
+            key = b"%08d" % i
+            bgr = np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))
+            wr.put(key, caffe_pb2.Datum(channels=3, height=size, width=size, data=bgr.tobytes(),
+                                        label=i % 1000).SerializeToString())
+            buf = io.BytesIO()
+            Image.fromarray(rgb).save(buf, format="JPEG", quality=90)
+            sizes.append(len(buf.getvalue()))
+            wj.put(key, caffe_pb2.Datum(data=buf.getvalue(), encoded=True, label=i % 1000).SerializeToString())
+    return raw, jpeg, float(np.mean(sizes))
+
+
+def layer_rate(source: Path, workers: int, batch: int, crop: int, seconds: float, gpu: bool) -> tuple[float, str]:
+    """Images/s of a Data layer's forwards (after a warm-up), and how the batches travel."""
+    layer = make_layer(
+        f'type: "Data" phase: TRAIN data_param {{ source: "{source}" batch_size: {batch} backend: LMDB '
+        f"workers: {workers} prefetch: 4 }} transform_param {{ crop_size: {crop} mirror: true "
+        "mean_value: 104 mean_value: 117 mean_value: 123 }", np.float32)
+    top = empty_blobs(2, np.float32)
+    layer.setup([], top)
+    def sync() -> None:
+        if gpu:
+            from pycaffe_lite.gpu import backend
+
+            backend.synchronize()
+
+    try:
+        for _ in range(6):
+            layer.forward([], top)
+        sync()
+        start, done = time.perf_counter(), 0
+        while done < 3 or time.perf_counter() - start < seconds:
+            layer.forward([], top)
+            done += 1
+        sync()
+        rate = done * batch / (time.perf_counter() - start)
+        pre = layer._prefetcher
+        path = "thread" if not hasattr(pre, "raw") else (
+            "workers, uint8 + device kernel" + (", page-locked" if pre._registered is not None else
+                                                 f", pageable ({pre.register_error})")
+            if pre.raw and gpu else "workers, host transform")
+        return rate, path
+    finally:
+        layer.close()
+
+
+def torch_rate(source: Path, batch: int, crop: int, seconds: float) -> float | None:
+    """Images/s of a PyTorch DataLoader (PIL decode, random crop + flip) over the JPEG records."""
+    try:
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+    except ImportError:
+        return None
+    import lmdb
+    from PIL import Image
+
+    env = lmdb.open(str(source), readonly=True, lock=False)
+    with env.begin() as txn:
+        records = [bytes(v) for _, v in txn.cursor()]
+    env.close()
+
+    class Jpegs(Dataset):
+        def __len__(self) -> int:
+            return 1 << 30
+
+        def __getitem__(self, i: int):
+            datum = caffe_pb2.Datum.FromString(records[i % len(records)])
+            img = Image.open(io.BytesIO(datum.data)).convert("RGB")
+            w, h = img.size
+            rng = np.random.default_rng(i)
+            x, y = int(rng.integers(w - crop + 1)), int(rng.integers(h - crop + 1))
+            img = img.crop((x, y, x + crop, y + crop))
+            if rng.integers(2):
+                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            return torch.from_numpy(np.asarray(img).transpose(2, 0, 1).copy()), datum.label
+
+    loader = DataLoader(Jpegs(), batch_size=batch, num_workers=usable_cores(), persistent_workers=True,
+                        prefetch_factor=4)
+    it = iter(loader)
+    for _ in range(6):
+        next(it)
+    start, done = time.perf_counter(), 0
+    while done < 3 or time.perf_counter() - start < seconds:
+        next(it)
+        done += 1
+    rate = done * batch / (time.perf_counter() - start)
+    del it, loader
+    return rate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpu", action="store_true", help="GPU mode (uint8 batches transformed on the device)")
+    ap.add_argument("--records", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--crop", type=int, default=224)
+    ap.add_argument("--workers", default="", help="comma-separated worker counts (default: 0, cores/2, cores-1)")
+    ap.add_argument("--kinds", default="raw,jpeg")
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--no-torch", action="store_true")
+    args = ap.parse_args()
+    cores = usable_cores()
+    counts = [int(w) for w in args.workers.split(",")] if args.workers else sorted({0, max(1, cores // 2),
+                                                                                     max(1, cores - 1)})
+    if args.gpu:
+        caffe.set_mode_gpu()
+    print(f"usable cores {cores}; mode {'GPU' if args.gpu else 'CPU'}; batch {args.batch}, {args.size}x{args.size} "
+          f"-> crop {args.crop}, mirror, mean values; {args.records} records", flush=True)
+    with tempfile.TemporaryDirectory(prefix="pycaffe-lite-data-bench-") as tmp:
+        t0 = time.perf_counter()
+        raw, jpeg, jpeg_bytes = write_lmdbs(Path(tmp), args.records, args.size)
+        print(f"LMDBs written in {time.perf_counter() - t0:.1f} s; JPEG records {jpeg_bytes / 1000:.1f} kB on average",
+              flush=True)
+        print(f"{'source':8} {'workers':>7} {'img/s':>10}  path")
+        for kind in args.kinds.split(","):
+            source = raw if kind == "raw" else jpeg
+            for n in counts:
+                rate, path = layer_rate(source, n, args.batch, args.crop, args.seconds, args.gpu)
+                print(f"{kind:8} {n:7d} {rate:10.0f}  {path}", flush=True)
+        if not args.no_torch:
+            rate = torch_rate(jpeg, args.batch, args.crop, args.seconds)
+            if rate is not None:
+                print(f"PyTorch DataLoader, {cores} workers, PIL decode + random crop + flip (jpeg): {rate:.0f} img/s",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
