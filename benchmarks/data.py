@@ -2,6 +2,7 @@
 
     python benchmarks/data.py [--gpu] [--records 1024] [--batch 256] [--size 256] [--crop 224]
                               [--workers 0,4,8,15] [--kinds raw,jpeg] [--seconds 3] [--no-torch]
+                              [--train [--tf32] [--iters 10]]
 
 Writes two LMDBs into a temporary folder: ``--records`` synthetic ``--size`` x ``--size`` colour
 images (smooth noise, so JPEG quality 90 gives ~23 kB a record, as ImageNet's resized images) as
@@ -13,6 +14,12 @@ device synchronized at the end in GPU mode (where uint8 batches are transformed 
 Prints images/s per row. The peer, when PyTorch is importable: a ``DataLoader`` with one worker per
 usable core decoding the same JPEG bytes with PIL, random 224 crop and flip, batches of uint8
 tensors (``--no-torch`` leaves it out).
+
+``--train``: instead, ResNet-50 training iterations (the model zoo's deploy file as a training net,
+Solver SGD, random He-normal weights) fed by a Data layer from each LMDB (automatic workers) against
+the same net fed by an Input layer of random values (synthetic input: what ``zoo.py`` times), with
+``--tf32`` allowed or not; the mean time of ``--iters`` iterations after three, the device
+synchronized at both ends. Neither net computes the data gradient (a Caffe training net does not).
 """
 
 from __future__ import annotations
@@ -143,6 +150,54 @@ def torch_rate(source: Path, batch: int, crop: int, seconds: float) -> float | N
     return rate
 
 
+def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool) -> float:
+    """Mean ms of a ResNet-50 training iteration fed from the LMDB ``source`` (None: synthetic input)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import ours
+
+    param = ours.zoo_param(Path(__file__).resolve().parents[1] / "examples" / "model_zoo" / "resnet50_deploy.prototxt",
+                           batch, train=True)
+    param.force_backward = False
+    first = param.layer[0]
+    if source is None:
+        first.input_param.shape[0].dim[:] = [batch, 3, crop, crop]
+    else:
+        data = caffe_pb2.LayerParameter(name="data", type="Data", top=["data", "label"])
+        data.data_param.source, data.data_param.batch_size = str(source), batch
+        data.data_param.backend = caffe_pb2.DataParameter.LMDB
+        data.transform_param.crop_size, data.transform_param.mirror = crop, True
+        data.transform_param.mean_value.extend([104, 117, 123])
+        first.CopyFrom(data)
+    sp = caffe_pb2.SolverParameter(net_param=param, base_lr=0.001, momentum=0.9, lr_policy="fixed", max_iter=10**6,
+                                   display=0, snapshot_after_train=False, random_seed=1)
+    solver = caffe.get_solver(sp, progress=False)
+    solver.stop_on_nonfinite_loss = False
+    ours.randomize_params(solver.net)
+    if source is None:
+        rng = np.random.default_rng(0)
+        solver.net.blobs["data"].data[...] = rng.normal(0, 50, solver.net.blobs["data"].shape)
+        solver.net.blobs["label"].data[...] = rng.integers(0, 1000, batch)
+
+    def sync() -> None:
+        if gpu:
+            from pycaffe_lite.gpu import backend
+
+            backend.synchronize()
+
+    try:
+        solver.step(3)
+        sync()
+        start = time.perf_counter()
+        solver.step(iters)
+        sync()
+        return (time.perf_counter() - start) / iters * 1e3
+    finally:
+        for layer in solver.net.layers:
+            close = getattr(layer, "close", None)
+            if close is not None:
+                close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", action="store_true", help="GPU mode (uint8 batches transformed on the device)")
@@ -154,6 +209,9 @@ def main() -> None:
     ap.add_argument("--kinds", default="raw,jpeg")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--train", action="store_true", help="time ResNet-50 training from the LMDBs and synthetic")
+    ap.add_argument("--tf32", action="store_true", help="with --train: allow TF32")
+    ap.add_argument("--iters", type=int, default=10, help="with --train: timed iterations")
     args = ap.parse_args()
     cores = usable_cores()
     counts = [int(w) for w in args.workers.split(",")] if args.workers else sorted({0, max(1, cores // 2),
@@ -167,6 +225,17 @@ def main() -> None:
         raw, jpeg, jpeg_bytes = write_lmdbs(Path(tmp), args.records, args.size)
         print(f"LMDBs written in {time.perf_counter() - t0:.1f} s; JPEG records {jpeg_bytes / 1000:.1f} kB on average",
               flush=True)
+        if args.train:
+            if args.tf32:
+                caffe.set_allow_tf32(True)
+            base = train_ms(None, args.batch, args.crop, args.iters, args.gpu)
+            print(f"ResNet-50 training, batch {args.batch}, {'TF32' if args.tf32 else 'fp32'}: synthetic input "
+                  f"{base:.1f} ms ({args.batch / base * 1e3:.0f} img/s)", flush=True)
+            for kind in args.kinds.split(","):
+                ms = train_ms(raw if kind == "raw" else jpeg, args.batch, args.crop, args.iters, args.gpu)
+                print(f"  from the {kind} LMDB: {ms:.1f} ms ({args.batch / ms * 1e3:.0f} img/s, "
+                      f"{base / ms * 100:.1f} % of the synthetic rate)", flush=True)
+            return
         print(f"{'source':8} {'workers':>7} {'img/s':>10}  path")
         for kind in args.kinds.split(","):
             source = raw if kind == "raw" else jpeg
