@@ -164,6 +164,9 @@ class Layer:
     # Set on such a layer by a fused chain that ran its forward (runtime/fusion.py's NormChain): the
     # blob holding its input (a BatchNorm's normalized values); the layer's own forward clears it.
     input_from: Blob | None = None
+    # Loss scaling (docs/precision.md): a layer with a loss seeds its gradient times this factor
+    # (set by the solver's Update from the net's global_grad_scale; 1 leaves Caffe's behaviour).
+    loss_seed_scale: float = 1.0
 
     def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32,
                  precision: LayerPrecision | None = None) -> None:
@@ -374,6 +377,8 @@ class Layer:
 
     def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         """Gradients for the bottoms flagged in ``propagate_down`` and for the params."""
+        if self._float_view is None and self.loss_seed_scale != 1.0 and self.has_loss:
+            self._float_view = MathView(self)  # (the scaled seed goes into copies of the tops' diffs)
         if self._float_view is not None:
             self._float_view.backward(top, propagate_down, bottom)
             return
@@ -577,12 +582,16 @@ class MathView:
 
     def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         layer = self.layer
-        b, t, p = self._bottoms(bottom), self._tops(bottom, top), self._params()
+        scale = layer.loss_seed_scale if layer.has_loss else 1.0
+        b, p = self._bottoms(bottom), self._params()
+        t = self._tops(bottom, top) if scale == 1.0 else [self._copy(x, True) for x in top]
         for i, (real, copy) in enumerate(zip(bottom, b)):
             self._load(real, copy, True, True, layer.top_dtype if self._rounds(i) else None)
-        for real, copy in zip(top, t):
+        for k, (real, copy) in enumerate(zip(top, t)):
             if real not in bottom:
                 self._load(real, copy, True, True)
+            if scale != 1.0 and layer.loss(k):
+                copy.mutable_cpu_diff()[...] *= copy.dtype.type(scale)  # the seed, scaled
         for real, copy in zip(layer.blobs, p):
             self._load(real, copy, True, True)
         held, layer.blobs = layer.blobs, p
