@@ -193,7 +193,7 @@ class Layer:
     def _take_precision(self, precision: LayerPrecision) -> None:
         """Storage types from ``precision`` (a half one): a layer declaring ``traits.half`` stores
         tops in its forward/backward types (tops no gradient flows through stay float32: a loss
-        layer's, as losses accumulate in float32, and a metric's, a layer without a backward) and
+        layer's, as losses accumulate in float32, and a metric's, whose first bottom takes no gradient) and
         params too (not running statistics: BatchNorm's stay float32); either way its host code
         computes in float32."""
         self.dtype = np.dtype(np.float32)
@@ -202,7 +202,7 @@ class Layer:
             self.half_note = f"{self.where} runs in float32: no half path"
             return
         ftype, btype = storage_dtype(precision.forward_type), storage_dtype(precision.backward_type)
-        if not self.is_loss and type(self).backward_cpu is not Layer.backward_cpu:
+        if not self.is_loss and self.allow_force_backward(0):
             self.top_dtype, self.top_diff_dtype = ftype, btype
         if precision.statistics_type is None:
             self.param_dtype, self.param_diff_dtype = ftype, btype

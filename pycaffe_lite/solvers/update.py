@@ -280,6 +280,7 @@ class Update:
         """Before replaying iteration ``it``: the device rate table covers it (computed and uploaded
         when it does not), the step counter advances as :meth:`apply` would, and the rate is logged.
         Also uploads history the host changed (a restored or user-edited solver state)."""
+        self._host_only()
         table = self._table
         if table is None or not table[0] <= it < table[0] + len(table[1]):
             steps, values, step = [], [], self.current_step
