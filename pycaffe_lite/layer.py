@@ -377,7 +377,8 @@ class Layer:
 
     def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         """Gradients for the bottoms flagged in ``propagate_down`` and for the params."""
-        if self._float_view is None and self.loss_seed_scale != 1.0 and self.has_loss:
+        if (self._float_view is None and self.loss_seed_scale != 1.0 and self.has_loss
+                and common.mode() is common.Mode.CPU):  # (loss scaling is host code for now)
             self._float_view = MathView(self)  # (the scaled seed goes into copies of the tops' diffs)
         if self._float_view is not None:
             self._float_view.backward(top, propagate_down, bottom)
@@ -582,7 +583,7 @@ class MathView:
 
     def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         layer = self.layer
-        scale = layer.loss_seed_scale if layer.has_loss else 1.0
+        scale = layer.loss_seed_scale if layer.has_loss and common.mode() is common.Mode.CPU else 1.0
         b, p = self._bottoms(bottom), self._params()
         t = self._tops(bottom, top) if scale == 1.0 else [self._copy(x, True) for x in top]
         for i, (real, copy) in enumerate(zip(bottom, b)):

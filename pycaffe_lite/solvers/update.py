@@ -77,6 +77,7 @@ class Update:
                 raise SolverConfigError(f"{where}: net '{graph.name}': global_grad_scale {self.loss_scale} "
                                         "(expected a positive finite number)")
         self._finite_run = 0  # finite iterations since the scale last changed
+        self._gpu_scaling_said = False
         self._seed_scale()
         self._slot: SupportsInt | None = None  # device scalar: the base rate the update kernels read
         self._table: tuple[int, list[tuple[float, int]]] | None = None  # (first iter, (rate, step)s)
@@ -120,9 +121,15 @@ class Update:
                 layer.loss_seed_scale = self.loss_scale
 
     def _host_only(self) -> None:
-        if self.scaling or any(m is not None for m in self.masters):
-            raise SolverConfigError(f"{self.where}: half-precision params and loss scaling update on the host only "
-                                    "for now (CPU mode; docs/precision.md)")
+        """GPU mode: half params are refused (their update is host code for now); loss scaling,
+        which float32/float64 gradients do not need, is not applied there (said once)."""
+        if any(m is not None for m in self.masters):
+            raise SolverConfigError(f"{self.where}: half-precision params update on the host only for now "
+                                    "(CPU mode; docs/precision.md)")
+        if self.scaling and not self._gpu_scaling_said:
+            self._gpu_scaling_said = True
+            log.info("%s: global_grad_scale is not applied in GPU mode yet (loss scaling is host code; "
+                     "float32 gradients need none)", self.where)
 
     def target(self, i: int) -> Blob:
         """The blob the rule updates for learnable param ``i``: its master copy, or the param."""
@@ -153,7 +160,7 @@ class Update:
         replaced by their master weights in BVLC's float32 ``data`` (training resumes from them
         exactly, and BVLC reads the file)."""
         self.sync_masters()
-        layers = {}
+        layers: dict[str, caffe_pb2.LayerParameter] = {}
         for lp in net.layer:
             layers.setdefault(lp.name, lp)
         for k, name, j in self._master_entries():
@@ -169,7 +176,7 @@ class Update:
         if not entries or hdf5_weights.is_hdf5_file(path):
             return
         net = protoio.read_binary(path, caffe_pb2.NetParameter(), "caffemodel")
-        layers = {}
+        layers: dict[str, caffe_pb2.LayerParameter] = {}
         for lp in net.layer:
             layers.setdefault(lp.name, lp)
         for k, name, j in entries:

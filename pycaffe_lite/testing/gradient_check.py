@@ -10,6 +10,7 @@ within ``kink_range`` of ``kink`` (e.g. ReLU at 0) are skipped, as Caffe does. U
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -156,7 +157,7 @@ class HalfReferenceCheck:
             self.reference_check.check(ref, blobs(inputs), empty_blobs(ntop),
                                        check_bottom=[i for i, p in enumerate(prop) if p])
         net = caffe_pb2.NetParameter()
-        net.default_forward_type = net.default_backward_type = storage
+        net.default_forward_type = net.default_backward_type = cast("caffe_pb2.Type", storage)
         half = make_layer(text, np.float32)
         prec = layer_precision(net, half.layer_param)
         from ..layer import create_layer
@@ -205,7 +206,7 @@ class HalfReferenceCheck:
                      if j >= len(half.param_propagate_down) or half.param_propagate_down[j]]
         ratios: dict[str, float] = {}
         for label, got, want in compared:
-            bound = self.factor * u * max(float(np.abs(want).max(initial=0.0)), np.finfo(np.float32).tiny)
+            bound = self.factor * u * max(float(np.abs(want).max(initial=0.0)), float(np.finfo(np.float32).tiny))
             err = float(np.abs(got.astype(np.float64) - want).max(initial=0.0))
             ratios[label] = err / bound
             if not np.isfinite(err) or err > bound:

@@ -178,8 +178,8 @@ def test_adaptive_loss_scale_overflow_skips_and_halves(digits, caplog, monkeypat
     assert any((p.cpu_data() != b).any() for b, p in zip(before, solver.net.learnable_params))
 
 
-def test_loss_scaling_is_refused_on_the_gpu_path(digits, monkeypatch):
-    """Half params and loss scaling update on the host only: the GPU update says so clearly."""
+def test_half_params_are_refused_on_the_gpu_path(digits, monkeypatch):
+    """Half params update on the host only: the GPU update says so clearly."""
     from pycaffe_lite import common
     from pycaffe_lite.solvers.lr_policy import SolverConfigError
     solver = _solver("FLOAT16", batch=16)
