@@ -219,8 +219,9 @@ class Blob:
 
     @data.setter
     def data(self, value) -> None:
+        """``blob.data = values``: float values, stored rounded to the storage type (bfloat16 too)."""
         self._user_access("set_data")
-        self.mutable_cpu_data()[...] = value
+        store_math(self.mutable_cpu_data(), np.asarray(value))
 
     @property
     def diff(self) -> np.ndarray:
@@ -231,7 +232,7 @@ class Blob:
     @diff.setter
     def diff(self, value) -> None:
         self._user_access("set_diff")
-        self.mutable_cpu_diff()[...] = value
+        store_math(self.mutable_cpu_diff(), np.asarray(value))
 
     # -- device access (pointers) -----------------------------------------------------------
     def gpu_data(self) -> int:

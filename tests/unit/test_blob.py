@@ -343,3 +343,11 @@ def test_share_checks_data_and_diff_types_apart():
     b.share_data(a)
     with pytest.raises(ShapeError, match="float32"):
         b.share_diff(a)
+
+
+def test_pycaffe_setters_store_float_values_in_half_storage():
+    b = Blob((3,), "bfloat16")
+    b.data = [1.0, -2.5, 3.0]  # values, not bit patterns
+    np.testing.assert_array_equal(b.math_data(), [1.0, -2.5, 3.0])
+    b.diff = 0.5
+    np.testing.assert_array_equal(b.math_diff(), 0.5)
