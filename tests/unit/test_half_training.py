@@ -186,3 +186,22 @@ def test_half_params_are_refused_on_the_gpu_path(digits, monkeypatch):
     monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
     with pytest.raises(SolverConfigError, match="host only"):
         solver.update.apply(0)
+
+
+@pytest.mark.parametrize("type_name", ["FLOAT16", "BFLOAT16"])
+def test_half_net_hdf5_weights_round_trip(type_name, tmp_path):
+    """A half net's params saved to HDF5 (fp16 as float16 datasets, bf16 as float32) load back
+    bit for bit."""
+    h5py = pytest.importorskip("h5py")
+    solver = _solver(type_name, batch=4)
+    net = solver.net
+    path = tmp_path / "w.h5"
+    net.save_hdf5(path)
+    with h5py.File(path, "r") as f:
+        assert f["data"]["ip1"]["0"].dtype == (np.float16 if type_name == "FLOAT16" else np.float32)
+    other = _solver(type_name, batch=4)
+    for p in other.net.learnable_params:
+        p.data = 0
+    other.net.copy_from(path)
+    for a, b in zip(net.learnable_params, other.net.learnable_params):
+        np.testing.assert_array_equal(b.cpu_data(), a.cpu_data())
