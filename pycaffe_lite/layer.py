@@ -533,7 +533,8 @@ class MathView:
             copy.reshape(real.shape)
         if data:
             values = to_math(real.cpu_data())
-            copy.mutable_cpu_data()[...] = values if through is None else _round_through(values, through)
+            rounded = through is not None and through != real.dtype  # (values stored in it need none)
+            copy.mutable_cpu_data()[...] = _round_through(values, through) if rounded else values
         if diff:
             copy.mutable_cpu_diff()[...] = to_math(real.cpu_diff())
 

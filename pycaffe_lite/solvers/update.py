@@ -61,11 +61,12 @@ class Update:
         self.masters: list[Blob | None] = [None] * len(graph.learnable_params)
         self._versions: list[int] = [-1] * len(graph.learnable_params)  # param data versions masters saw
         if any(p.dtype != self.dtype for p in graph.learnable_params):
-            data_type = param.solver_data_type if param.HasField("solver_data_type") else precision.FLOAT
+            data_type = (param.solver_data_type if param.HasField("solver_data_type")
+                         else precision.type_of_dtype(self.dtype))
             if precision.storage_dtype(data_type) != self.dtype:
                 raise SolverConfigError(f"{where}: solver_data_type {precision.type_name(data_type)}: master weights and "
                                         f"history of half params are kept in the net's {self.dtype.name} "
-                                        "(expected FLOAT for a float32 net)")
+                                        "(expected FLOAT for a float32 net, DOUBLE for a float64 one)")
             for i, p in enumerate(graph.learnable_params):
                 if p.dtype != self.dtype:
                     self.masters[i] = Blob(p.shape, self.dtype)
