@@ -205,3 +205,59 @@ def test_half_net_hdf5_weights_round_trip(type_name, tmp_path):
     other.net.copy_from(path)
     for a, b in zip(net.learnable_params, other.net.learnable_params):
         np.testing.assert_array_equal(b.cpu_data(), a.cpu_data())
+
+
+MIXED = """
+name: "mixed" default_forward_type: FLOAT16 default_backward_type: FLOAT16
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "lrn" type: "LRN" bottom: "conv" top: "lrn" }
+layer { name: "relu" type: "ReLU" bottom: "lrn" top: "lrn" }
+layer { name: "ip" type: "InnerProduct" bottom: "lrn" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+"""
+
+
+def test_undeclared_layer_runs_in_float32_and_neighbours_convert(caplog, monkeypatch):
+    """LRN (no half path) in an fp16 net: one log line at build, an fp32 top; blobs keep their
+    producer's type (an in-place fp16 ReLU on it leaves it fp32); the memory check counts fp16
+    params and blobs at two bytes; the net's results match the float32 net's within fp16's
+    rounding."""
+    from pycaffe_lite import memcheck
+    caplog.set_level(logging.INFO, logger="pycaffe_lite")
+    totals = {}
+
+    def record(where, items, *args, **kwargs):
+        totals[where] = dict(items)
+
+    monkeypatch.setattr(memcheck, "check_total", record)
+    caffe.set_mode_cpu()
+    caffe.set_random_seed(5)
+    param = parse_text(MIXED, caffe_pb2.NetParameter())
+    param.force_backward = True
+    half = caffe.Net(param, caffe.TRAIN)
+    assert caplog.text.count("layer 'lrn' (LRN) runs in float32: no half path") == 1
+    dtypes = {name: b.dtype for name, b in half.blobs.items()}
+    assert dtypes == {"data": np.float32, "conv": np.float16, "lrn": np.float32, "ip": np.float16}
+    assert half.params["conv"][0].dtype == np.float16 and half.params["ip"][0].dtype == np.float16
+    items = totals["net 'mixed'"]
+    assert items["conv param 0"] == 4 * 3 * 3 * 3 * 2 and items["conv"] == 2 * 4 * 6 * 6 * 2
+    assert items["lrn"] == 2 * 4 * 6 * 6 * 4
+    param.ClearField("default_forward_type")
+    param.ClearField("default_backward_type")
+    single = caffe.Net(param, caffe.TRAIN)
+    for name in ("conv", "ip"):
+        for a, b in zip(single.params[name], half.params[name]):
+            a.data[...] = b.math_data()
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 3, 8, 8)).astype(np.float16).astype(np.float32)
+    single.forward(data=x)
+    half.forward(data=x)
+    want, got = single.blobs["ip"].data, half.blobs["ip"].math_data()
+    np.testing.assert_allclose(got, want, atol=8 * 2.0 ** -11 * np.abs(want).max())
+    half.blobs["ip"].diff = 1
+    single.blobs["ip"].diff[...] = 1
+    half.backward()
+    single.backward()
+    want, got = single.blobs["data"].diff, half.blobs["data"].math_diff()
+    np.testing.assert_allclose(got, want, atol=16 * 2.0 ** -11 * np.abs(want).max())
