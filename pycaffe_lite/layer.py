@@ -533,8 +533,9 @@ class MathView:
             copy.reshape(real.shape)
         if data:
             values = to_math(real.cpu_data())
-            rounded = through is not None and through != real.dtype  # (values stored in it need none)
-            copy.mutable_cpu_data()[...] = _round_through(values, through) if rounded else values
+            if through is not None and through != real.dtype:  # (values stored in it need no rounding)
+                values = _round_through(values, through)
+            copy.mutable_cpu_data()[...] = values
         if diff:
             copy.mutable_cpu_diff()[...] = to_math(real.cpu_diff())
 
