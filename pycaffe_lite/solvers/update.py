@@ -60,6 +60,7 @@ class Update:
         # fp32 master weights of params stored in half (None where the param is the rule's dtype)
         self.masters: list[Blob | None] = [None] * len(graph.learnable_params)
         self._versions: list[int] = [-1] * len(graph.learnable_params)  # param data versions masters saw
+        self._stored: list[np.ndarray | None] = [None] * len(graph.learnable_params)  # bits last stored
         if any(p.dtype != self.dtype for p in graph.learnable_params):
             data_type = (param.solver_data_type if param.HasField("solver_data_type")
                          else precision.type_of_dtype(self.dtype))
@@ -139,12 +140,19 @@ class Update:
 
     def sync_masters(self) -> None:
         """Masters take the values of params written since the update last stored them (weights
-        loaded or set by the user); a new master starts from its param."""
+        loaded or set by the user); a new master starts from its param. A param only asked for
+        for writing (pycaffe's ``blob.data``, to read it) whose bits are what the update stored
+        keeps its master."""
         for i, master in enumerate(self.masters):
             p = self.graph.learnable_params[i]
-            if master is not None and p.data_memory.version != self._versions[i]:
+            if master is None or p.data_memory.version == self._versions[i]:
+                continue
+            bits = p.cpu_data().reshape(-1).view(np.uint16)
+            stored = self._stored[i]
+            if stored is None or not np.array_equal(bits, stored):
                 master.mutable_cpu_data()[...] = p.math_data()
-                self._versions[i] = p.data_memory.version
+                self._stored[i] = bits.copy()
+            self._versions[i] = p.data_memory.version
 
     def _master_entries(self) -> list[tuple[int, str, int]]:
         """(learnable index, layer name, blob index) of every param with a master."""
@@ -195,6 +203,7 @@ class Update:
                 p.set_math_data(master.cpu_data())
                 p.set_math_diff(master.cpu_diff())  # (the update value, as Caffe leaves in the diff)
                 self._versions[i] = p.data_memory.version
+                self._stored[i] = p.cpu_data().reshape(-1).view(np.uint16).copy()
 
     def _unscale(self, it: int) -> bool:
         """Divide the gradients (masters' diffs or params') by the loss scale; adaptive: False (and

@@ -111,6 +111,20 @@ def test_master_weights_keep_updates_below_half_resolution(digits, tmp_path):
         moved_master += int((master.cpu_data() != start[i]).sum())
         moved_param += int((p.math_data() != start[i]).sum())
     assert moved_master > 10 * max(moved_param, 1), (moved_master, moved_param)
+    # pycaffe's .data (a writable view) to read the params keeps the masters; writing them resets
+    masters = [m.cpu_data().copy() for m in update.masters if m is not None]
+    _ = [p.data for p in solver.net.learnable_params]
+    update.sync_masters()
+    for want, m in zip(masters, update.masters):
+        assert m is not None
+        np.testing.assert_array_equal(m.cpu_data(), want)
+    first = solver.net.learnable_params[0]
+    first.data = first.math_data() + 1
+    update.sync_masters()
+    assert update.masters[0] is not None
+    np.testing.assert_array_equal(update.masters[0].cpu_data(), first.math_data())
+    first.data = masters[0].astype(np.float16)  # (back to the master's rounding; master reset to it)
+    update.masters[0].mutable_cpu_data()[...] = masters[0]
     model, state = solver.snapshot()
     saved = caffe_pb2.NetParameter.FromString(Path(model).read_bytes())
     ip1 = next(lp for lp in saved.layer if lp.name == "ip1")
