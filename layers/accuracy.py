@@ -26,7 +26,7 @@ REDUCE_THREADS = 256
 
 @register_layer("Accuracy")
 class AccuracyLayer(Layer):
-    traits = Traits(graph_safe=True)
+    traits = Traits(half=True, graph_safe=True)
     exact_num_bottom_blobs = 2
     min_top_blobs = 1
     max_top_blobs = 2

@@ -30,7 +30,7 @@ KERNELS = Path(__file__).with_suffix(".cu")
 
 @register_layer("BatchNorm")
 class BatchNormLayer(Layer):
-    traits = Traits(graph_safe=True, regenerates_top=True, backward_reads=('top',), fuses=frozenset({NORM_FOLD, NORM_CHAIN}))
+    traits = Traits(half=True, graph_safe=True, regenerates_top=True, backward_reads=('top',), fuses=frozenset({NORM_FOLD, NORM_CHAIN}))
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

@@ -112,7 +112,7 @@ class ConvolutionBase(Layer):
     checks, the weight/bias blobs, top shapes, and the GPU engine choice for the convolution the
     engines run (:meth:`engine_problem_dims`). Subclasses give the weight shape, the output size
     and their math."""
-    traits = Traits(graph_safe=True, pure_forward=True)
+    traits = Traits(half=True, graph_safe=True, pure_forward=True)
 
     min_bottom_blobs = 1
     min_top_blobs = 1
@@ -375,7 +375,7 @@ class ConvolutionBase(Layer):
 
 @register_layer("Convolution")
 class ConvolutionLayer(ConvolutionBase):
-    traits = Traits(graph_safe=True, pure_forward=True, fuses=frozenset({CONVOLUTION}))
+    traits = Traits(half=True, graph_safe=True, pure_forward=True, fuses=frozenset({CONVOLUTION}))
 
     def weight_shape(self) -> tuple[int, ...]:
         return (self.num_output, self.channels // self.group) + self.geo_nd.kernel

@@ -55,7 +55,7 @@ def _window_slices(i: int, j: int, pooled: tuple[int, int], stride: tuple[int, i
 
 @register_layer("Pooling")
 class PoolingLayer(Layer):
-    traits = Traits(graph_safe=True, backward_reads=('top',), fuses=frozenset({RELU_MASK}))
+    traits = Traits(half=True, graph_safe=True, backward_reads=('top',), fuses=frozenset({RELU_MASK}))
     use_blocked_backward = True  # False: always the generic gather (tests compare the two)
     use_quad_backward = True  # False: AVE's blocked backward never takes the 4-wide kernels
     exact_num_bottom_blobs = 1

@@ -28,7 +28,7 @@ FLT_MIN = float(np.finfo(np.float32).tiny)  # Caffe clamps probabilities at FLT_
 
 @register_layer("SoftmaxWithLoss")
 class SoftmaxWithLossLayer(LossLayer):
-    traits = Traits(graph_safe=True, backward_reads=('bottom',))
+    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom',))
     exact_num_top_blobs = None
     min_top_blobs = 1
     max_top_blobs = 2

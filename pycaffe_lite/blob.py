@@ -4,6 +4,12 @@ Shapes follow Caffe: any number of axes, with the legacy 4-d accessors ``num``, 
 ``height``, ``width``. ``data`` and ``diff`` (pycaffe names) are writable numpy views of the host
 copies and make the host side newest; layer code reads through ``cpu_data()`` / ``gpu_data()`` and
 writes through the ``mutable_*`` variants, as in Caffe.
+
+Storage types (docs/precision.md): data and diff each have one, float32 or float64 as in Caffe, or
+a half type: float16 (numpy's), bfloat16 held as uint16 bit patterns (``dtype="bfloat16"`` or
+``np.uint16``). ``cpu_data()`` & co. return the storage arrays; :meth:`Blob.math_data` /
+:meth:`Blob.set_math_data` (and the diff's) read float32 (float64 for float64 blobs) values and
+store them back rounded to nearest, ties to even.
 """
 
 from __future__ import annotations
@@ -13,13 +19,46 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import common, memcheck
+from . import common, memcheck, precision
 from .errors import ShapeError
 from .gpu import backend
 from .schema import blob_values, caffe_pb2
 from .synced_memory import SyncedMemory
 
 MAX_BLOB_AXES = 32
+#: Storage dtypes a Blob takes (uint16: bfloat16 bit patterns).
+STORAGE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), np.dtype(np.uint16))
+
+
+def storage_dtype(dtype: np.dtype | type | str) -> np.dtype:
+    """The host storage dtype for ``dtype`` ("bfloat16" -> uint16 bit patterns); TypeError for one
+    that is no float storage."""
+    dt = np.dtype(np.uint16) if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16") else np.dtype(dtype)
+    if dt not in STORAGE_DTYPES:
+        raise TypeError(f"Blob dtype must be float32, float64, float16 or bfloat16 (uint16 bits), got {dt}")
+    return dt
+
+
+def math_dtype(dtype: np.dtype) -> np.dtype:
+    """What values stored in ``dtype`` are computed in: float32 for the half types, else itself."""
+    return np.dtype(np.float32) if dtype in (np.float16, np.uint16) else np.dtype(dtype)
+
+
+def to_math(values: np.ndarray) -> np.ndarray:
+    """Storage array -> its math values (float32 for float16 and bfloat16 bits; others as they are)."""
+    if values.dtype == np.uint16:
+        return precision.bfloat16_to_float32(values)
+    if values.dtype == np.float16:
+        return values.astype(np.float32)
+    return values
+
+
+def store_math(out: np.ndarray, values: np.ndarray) -> None:
+    """Write float ``values`` into storage array ``out``, rounded to nearest, ties to even."""
+    if out.dtype == np.uint16:
+        out[...] = precision.float32_to_bfloat16(np.broadcast_to(values, out.shape))
+    else:
+        out[...] = values
 
 
 def _readonly(view: np.ndarray) -> np.ndarray:
@@ -35,17 +74,18 @@ def shape_generation() -> int:
 
 
 class Blob:
-    """Data and diff of one named value in a net. ``Blob(shape, dtype=np.float32)``."""
+    """Data and diff of one named value in a net. ``Blob(shape, dtype=np.float32, diff_dtype=None)``:
+    ``dtype`` stores the data, ``diff_dtype`` (default: ``dtype``) the diff."""
 
-    def __init__(self, shape: Sequence[int] = (), dtype: np.dtype | type = np.float32) -> None:
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.float32, np.float64):
-            raise TypeError(f"Blob dtype must be float32 or float64, got {self.dtype}")
+    def __init__(self, shape: Sequence[int] = (), dtype: np.dtype | type | str = np.float32,
+                 diff_dtype: np.dtype | type | str | None = None) -> None:
+        self.dtype = storage_dtype(dtype)
+        self.diff_dtype = self.dtype if diff_dtype is None else storage_dtype(diff_dtype)
         self._shape: tuple[int, ...] = ()
         self._count = 0
         self._capacity = 0
         self._data = SyncedMemory(0, self.dtype)  # (allocates nothing; reshape sizes it)
-        self._diff = SyncedMemory(0, self.dtype)
+        self._diff = SyncedMemory(0, self.diff_dtype)
         # told of user access through the data/diff properties: on_access(blob, what), what is "data"
         # or "diff" (the getters: the user may read or write) or "set_data"/"set_diff" (the setters)
         self.on_access: Callable[[Blob, str], None] | None = None
@@ -76,7 +116,7 @@ class Blob:
         if count > self._capacity:
             self._capacity = count
             self._data = SyncedMemory(count, self.dtype)
-            self._diff = SyncedMemory(count, self.dtype)
+            self._diff = SyncedMemory(count, self.diff_dtype)
 
     def reshape_like(self, other: Blob) -> None:
         self.reshape(other.shape)
@@ -135,6 +175,36 @@ class Blob:
     def mutable_cpu_diff(self) -> np.ndarray:
         return self._view(self._diff.mutable_cpu())
 
+    # -- math views (storage <-> the values computed with) ------------------------------------
+    @property
+    def data_type(self) -> int:
+        """``caffe_pb2.Type`` of the data storage (FLOAT, DOUBLE, FLOAT16, BFLOAT16)."""
+        return precision.type_of_dtype(self.dtype)
+
+    @property
+    def diff_type(self) -> int:
+        return precision.type_of_dtype(self.diff_dtype)
+
+    @property
+    def is_half(self) -> bool:
+        """Whether data or diff is stored in a half type."""
+        return math_dtype(self.dtype) != self.dtype or math_dtype(self.diff_dtype) != self.diff_dtype
+
+    def math_data(self) -> np.ndarray:
+        """The data as math values: float32 for half storage (a new array), else the read-only
+        storage view itself."""
+        return to_math(self.cpu_data())
+
+    def math_diff(self) -> np.ndarray:
+        return to_math(self.cpu_diff())
+
+    def set_math_data(self, values: np.ndarray) -> None:
+        """Store ``values`` (broadcast to the shape) as the data, rounded to the storage type."""
+        store_math(self.mutable_cpu_data(), values)
+
+    def set_math_diff(self, values: np.ndarray) -> None:
+        store_math(self.mutable_cpu_diff(), values)
+
     # pycaffe's properties are the user's access: a net that shares memory between blobs is told
     # (``on_access``, see shared_data.SharedData and SharedDiffs); layers use the methods above.
     def _user_access(self, what: str) -> None:
@@ -149,8 +219,9 @@ class Blob:
 
     @data.setter
     def data(self, value) -> None:
+        """``blob.data = values``: float values, stored rounded to the storage type (bfloat16 too)."""
         self._user_access("set_data")
-        self.mutable_cpu_data()[...] = value
+        store_math(self.mutable_cpu_data(), np.asarray(value))
 
     @property
     def diff(self) -> np.ndarray:
@@ -161,7 +232,7 @@ class Blob:
     @diff.setter
     def diff(self, value) -> None:
         self._user_access("set_diff")
-        self.mutable_cpu_diff()[...] = value
+        store_math(self.mutable_cpu_diff(), np.asarray(value))
 
     # -- device access (pointers) -----------------------------------------------------------
     def gpu_data(self) -> int:
@@ -209,14 +280,15 @@ class Blob:
         self._capacity = min(self._capacity, other._capacity) if self._capacity else other._capacity
 
     def share_diff(self, other: Blob) -> None:
-        self._check_share(other)
+        self._check_share(other, diff=True)
         self._diff = other._diff
 
-    def _check_share(self, other: Blob) -> None:
-        if other.count != self.count or other.dtype != self.dtype:
+    def _check_share(self, other: Blob, diff: bool = False) -> None:
+        mine, theirs = (self.diff_dtype, other.diff_dtype) if diff else (self.dtype, other.dtype)
+        if other.count != self.count or mine != theirs:
             raise ShapeError(
-                f"cannot share memory between blobs of shape {self._shape} ({self.dtype}) and "
-                f"{other.shape} ({other.dtype})"
+                f"cannot share memory between blobs of shape {self._shape} ({mine}) and "
+                f"{other.shape} ({theirs})"
             )
 
     # -- protobuf ---------------------------------------------------------------------------
@@ -248,26 +320,50 @@ class Blob:
         if n != count:
             raise ShapeError(f"{where}: BlobProto holds {n} values but shape {self._shape} needs {count}")
         if values is not None:
-            self.mutable_cpu_data()[...] = values.astype(self.dtype, copy=False).reshape(self._shape)
+            _store_read(self.mutable_cpu_data(), values.reshape(self._shape))
         dvalues = blob_values.read_values(proto, True, where)
         if dvalues is not None and dvalues.size == count:
-            self.mutable_cpu_diff()[...] = dvalues.astype(self.dtype, copy=False).reshape(self._shape)
+            _store_read(self.mutable_cpu_diff(), dvalues.reshape(self._shape))
 
     def to_proto(self, write_diff: bool = False, proto: caffe_pb2.BlobProto | None = None,
-                 raw_type: int | None = None) -> caffe_pb2.BlobProto:
+                 raw_type: int | None = None, old_format: bool = False) -> caffe_pb2.BlobProto:
         """Serialize into a BlobProto with a ``shape`` (float32 -> data, float64 -> double_data, as
         BVLC writes), or with ``raw_type`` (a ``caffe_pb2.Type``: FLOAT16, BFLOAT16...) as NVCaffe's
-        raw bytes of that type, rounded to nearest even."""
+        raw bytes of that type, rounded to nearest even. A half blob without ``raw_type`` goes raw
+        in its own storage type (two bytes a value), or with ``old_format`` as float32 ``data``
+        that BVLC reads (``blob_values.snapshot_raw_type``)."""
         proto = caffe_pb2.BlobProto() if proto is None else proto
         proto.Clear()
         proto.shape.dim.extend(self._shape)
-        blob_values.write_values(proto, self.cpu_data(), False, raw_type)
-        if write_diff:
-            blob_values.write_values(proto, self.cpu_diff(), True, raw_type)
+        for diff, values, vtype in ((False, self.cpu_data(), self.data_type),
+                                    (True, self.cpu_diff(), self.diff_type)):
+            if diff and not write_diff:
+                continue
+            rtype = raw_type if raw_type is not None else blob_values.snapshot_raw_type(vtype, old_format)
+            if values.dtype == np.uint16 and rtype == caffe_pb2.BFLOAT16:  # the bits as they are
+                proto_field = "raw_diff" if diff else "raw_data"
+                setattr(proto, f"{proto_field}_type", rtype)
+                setattr(proto, proto_field, np.ascontiguousarray(values, "<u2").tobytes())
+                continue
+            blob_values.write_values(proto, to_math(values), diff, rtype)
         return proto
 
     def __repr__(self) -> str:
-        return f"Blob(shape={self._shape}, dtype={self.dtype.name})"
+        diff = "" if self.diff_dtype == self.dtype else f", diff_dtype={_dtype_name(self.diff_dtype)}"
+        return f"Blob(shape={self._shape}, dtype={_dtype_name(self.dtype)}{diff})"
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return "bfloat16" if dtype == np.uint16 else dtype.name
+
+
+def _store_read(out: np.ndarray, values: np.ndarray) -> None:
+    """Values read from a file (float64, float32 or float16) into storage ``out``: one rounding
+    (float64 into bfloat16 rounds through float32)."""
+    if out.dtype == np.uint16:
+        out[...] = precision.float32_to_bfloat16(values)
+    else:
+        out[...] = values.astype(out.dtype, copy=False)
 
 
 def proto_shape(proto: caffe_pb2.BlobProto) -> tuple[int, ...]:
@@ -309,5 +405,5 @@ def weighted_sum(tops: Sequence[Blob]) -> float:
     for b in tops:
         data = values.get(id(b))
         data = b.cpu_data().ravel() if data is None else data
-        total_loss += float(np.vdot(data, b.cpu_diff().ravel()))
+        total_loss += float(np.vdot(to_math(data), to_math(b.cpu_diff().ravel())))
     return total_loss

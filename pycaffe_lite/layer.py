@@ -20,9 +20,10 @@ from typing import ClassVar
 import numpy as np
 
 from . import common, memcheck, python_layer
-from .blob import Blob, weighted_sum
+from .blob import Blob, to_math, weighted_sum
 from .errors import CaffeError, NetError, ShapeError, UnknownLayerError
 from .memcheck import OutOfMemoryError, out_of_memory
+from .precision import LayerPrecision, storage_dtype
 from .schema import caffe_pb2
 
 _REGISTRY: dict[str, type[Layer]] = {}
@@ -64,6 +65,10 @@ class Traits:
       :meth:`Layer.backward_reads` refines it by the layer's parameters.
     - ``fuses``: the fused passes it may take part in (:data:`FUSIONS`); :meth:`Layer.fuses_as`
       checks its parameters.
+    - ``half``: it may store its tops and params in float16 / bfloat16 (docs/precision.md): its
+      code is dtype-generic, so on the host it runs in float32 on converted copies and its
+      results are rounded to the storage type. Default False: a half net runs it in float32 with
+      a cast (AMP's rule) and the builder says so once.
     """
 
     graph_safe: bool = False
@@ -74,6 +79,7 @@ class Traits:
     saves_input_in_place: bool = False
     backward_reads: tuple[str, ...] | None = None
     fuses: frozenset[str] = frozenset()
+    half: bool = False
 
     def __post_init__(self) -> None:
         if not self.fuses <= FUSIONS:
@@ -123,10 +129,19 @@ def layer_class(type_name: str, where: str = "") -> type[Layer]:
         ) from None
 
 
-def create_layer(param: caffe_pb2.LayerParameter, dtype: np.dtype | type = np.float32) -> Layer:
-    """Instantiate the registered layer for ``param.type``."""
+def create_layer(param: caffe_pb2.LayerParameter, dtype: np.dtype | type = np.float32,
+                 precision: LayerPrecision | None = None) -> Layer:
+    """Instantiate the registered layer for ``param.type``; ``precision`` (from
+    ``precision.layer_precision``) gives its storage types where it is half (else ``dtype`` is)."""
     cls = layer_class(param.type, where=f"layer '{param.name}'")
-    return cls(param, dtype=dtype)
+    if precision is None or not precision.is_half:
+        return cls(param, dtype=dtype)  # (exactly as before precision existed)
+    if not cls.traits.half:  # AMP's rule: float32 with a cast (its __init__ need not know precision)
+        layer = cls(param, dtype=np.float32)
+        layer.precision = precision
+        layer.half_note = f"{layer.where} runs in float32: no half path"
+        return layer
+    return cls(param, dtype=dtype, precision=precision)
 
 
 class Layer:
@@ -149,11 +164,23 @@ class Layer:
     # Set on such a layer by a fused chain that ran its forward (runtime/fusion.py's NormChain): the
     # blob holding its input (a BatchNorm's normalized values); the layer's own forward clears it.
     input_from: Blob | None = None
+    # Loss scaling (docs/precision.md): a layer with a loss seeds its gradient times this factor
+    # (set by the solver's Update from the net's global_grad_scale; 1 leaves Caffe's behaviour).
+    loss_seed_scale: float = 1.0
 
-    def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32) -> None:
+    def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32,
+                 precision: LayerPrecision | None = None) -> None:
         self.layer_param = caffe_pb2.LayerParameter()
         self.layer_param.CopyFrom(param)
-        self.dtype = np.dtype(dtype)
+        self.dtype = np.dtype(dtype)  # what its code computes in (and stores, unless half below)
+        # Storage of the tops it makes (data, diff) and of its params: ``dtype`` unless half.
+        self.top_dtype, self.top_diff_dtype = self.dtype, self.dtype
+        self.param_dtype, self.param_diff_dtype = self.dtype, self.dtype
+        self.precision = precision
+        self.half_note: str | None = None  # why a half net runs it in float32 (the builder logs it)
+        self._float_view: MathView | None = None
+        if precision is not None and precision.is_half:
+            self._take_precision(precision)
         self.phase = param.phase
         self.blobs: list[Blob] = []
         for proto in param.blobs:  # weights embedded in the layer definition
@@ -162,6 +189,29 @@ class Layer:
             self.blobs.append(blob)
         self.param_propagate_down: list[bool] = []
         self._loss_weights: list[float] = []
+
+    def _take_precision(self, precision: LayerPrecision) -> None:
+        """Storage types from ``precision`` (a half one): a layer declaring ``traits.half`` stores
+        tops in its forward/backward types (tops no gradient flows through stay float32: a loss
+        layer's, as losses accumulate in float32, and a metric's, whose first bottom takes no gradient) and
+        params too (not running statistics: BatchNorm's stay float32); either way its host code
+        computes in float32."""
+        self.dtype = np.dtype(np.float32)
+        self.top_dtype = self.top_diff_dtype = self.param_dtype = self.param_diff_dtype = self.dtype
+        if not self.traits.half:
+            self.half_note = f"{self.where} runs in float32: no half path"
+            return
+        ftype, btype = storage_dtype(precision.forward_type), storage_dtype(precision.backward_type)
+        if not self.is_loss and self.allow_force_backward(0):
+            self.top_dtype, self.top_diff_dtype = ftype, btype
+        if precision.statistics_type is None:
+            self.param_dtype, self.param_diff_dtype = ftype, btype
+
+    @property
+    def stores_half(self) -> bool:
+        """Whether it computes in float32 on values stored in a half type (its inputs that can carry
+        a gradient are rounded to its forward storage type first, as a conversion would)."""
+        return self.precision is not None and self.precision.is_half and self.traits.half
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -183,18 +233,45 @@ class Layer:
 
     # -- set-up -----------------------------------------------------------------------------
     def setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
-        """Caffe's SetUp: check counts, layer_setup, reshape, then record loss weights."""
+        """Caffe's SetUp: check counts, layer_setup, reshape, then record loss weights. Where a
+        blob's storage differs from :attr:`dtype` (half nets) the layer sets up on float copies
+        (:class:`MathView`) and its params are then stored in :attr:`param_dtype`."""
         self.check_blob_counts(bottom, top)
+        view = self.math_view(bottom, top)
+        b, t = (bottom, top) if view is None else view.setup(bottom, top)
         try:
-            self.layer_setup(bottom, top)
+            self.layer_setup(b, t)
             if len(self.param_propagate_down) != len(self.blobs):
                 self.param_propagate_down = [True] * len(self.blobs)
-            self.reshape(bottom, top)
+            self.reshape(b, t)
         except CaffeError as exc:  # from Blob methods, fillers... which do not know the layer
             raise self.error(str(exc), type(exc)).with_traceback(exc.__traceback__) from None
         except MemoryError as exc:  # (fillers, tables a layer builds in numpy)
             raise self._out_of_memory(exc, "set-up", bottom) from None
+        if view is not None:
+            self._store_params()
+            view.shape_tops(top)
         self.set_loss_weights(top)
+
+    def _store_params(self) -> None:
+        """Params made in :attr:`dtype` by ``layer_setup`` -> blobs of :attr:`param_dtype` holding
+        their values rounded to nearest even (half params)."""
+        for i, p in enumerate(self.blobs):
+            if p.dtype != self.param_dtype or p.diff_dtype != self.param_diff_dtype:
+                stored = Blob(p.shape, self.param_dtype, self.param_diff_dtype)
+                stored.set_math_data(p.cpu_data())
+                self.blobs[i] = stored
+
+    def math_view(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> MathView | None:
+        """The layer's conversion blobs when it must run on float copies (a blob it touches is
+        stored in another type than :attr:`dtype`, or it stores half), else None (every float32 or
+        float64 net: the layer runs on its blobs as it always did)."""
+        if self._float_view is None:
+            m = self.dtype
+            if not self.stores_half and all(b.dtype == m and b.diff_dtype == m for b in (*bottom, *top, *self.blobs)):
+                return None
+            self._float_view = MathView(self)
+        return self._float_view
 
     def layer_setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         """Read parameters and create param blobs (called once)."""
@@ -242,7 +319,7 @@ class Layer:
         self._loss_weights = weights + [0.0] * (len(top) - len(weights))
         for blob, w in zip(top, self._loss_weights):
             if w != 0:
-                blob.mutable_cpu_diff()[...] = w
+                blob.set_math_diff(np.asarray(w))
 
     @property
     def has_loss(self) -> bool:
@@ -259,6 +336,10 @@ class Layer:
 
     def compute_forward(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         """Reshape and run the forward pass for the current mode, without reading the loss back."""
+        view = self.math_view(bottom, top) if self._float_view is not None or self.precision is not None else None
+        if view is not None:
+            view.forward(bottom, top)
+            return
         self.checked_reshape(bottom, top)
         try:
             if common.mode() is common.Mode.GPU:
@@ -296,6 +377,15 @@ class Layer:
 
     def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         """Gradients for the bottoms flagged in ``propagate_down`` and for the params."""
+        if (self._float_view is None and self.loss_seed_scale != 1.0 and self.has_loss
+                and common.mode() is common.Mode.CPU):  # (loss scaling is host code for now)
+            self._float_view = MathView(self)  # (the scaled seed goes into copies of the tops' diffs)
+        if self._float_view is not None:
+            self._float_view.backward(top, propagate_down, bottom)
+            return
+        self._run_backward(top, propagate_down, bottom)
+
+    def _run_backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         try:
             if common.mode() is common.Mode.GPU:
                 self.backward_gpu(top, propagate_down, bottom)
@@ -383,3 +473,142 @@ class Layer:
                 raise self.error(
                     f"param blob {i} has shape {blob.shape}, expected {tuple(shape)}"
                 )
+
+
+def _round_through(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``values`` (float32) as they come back from storage ``dtype`` (rounded to nearest even)."""
+    if dtype == np.uint16:
+        from .precision import bfloat16_to_float32, float32_to_bfloat16
+        return bfloat16_to_float32(float32_to_bfloat16(values))
+    if dtype == np.float16:
+        return values.astype(np.float16).astype(np.float32)
+    return values
+
+
+class MathView:
+    """A layer's conversion blobs: float copies (in the layer's :attr:`Layer.dtype`) of the blobs it
+    touches that are stored in another type (half tops and params, half inputs of a float32
+    layer), so that its dtype-generic code runs unchanged. Per pass: inputs converted in (those
+    that can carry a gradient rounded to the layer's half storage first, as a conversion to its
+    storage type would), the layer's own methods on the copies, outputs stored back rounded to
+    nearest even (tops through the layer's storage type, then the blob's). A blob already stored
+    in the layer's dtype is used as it is unless it must be rounded. The copies are the layer's
+    own, outside the net's blob list (memory plans never see them)."""
+
+    def __init__(self, layer: Layer) -> None:
+        self.layer = layer
+        self.copies: dict[int, tuple[Blob, Blob]] = {}  # id(blob) -> (the blob, its float copy)
+
+    def _copy(self, real: Blob, rounded: bool) -> Blob:
+        m = self.layer.dtype
+        if not rounded and real.dtype == m and real.diff_dtype == m:
+            return real
+        have = self.copies.get(id(real))
+        if have is None or have[0] is not real:
+            have = self.copies[id(real)] = (real, Blob((), m))
+        return have[1]
+
+    def _rounds(self, i: int) -> bool:
+        """Whether bottom ``i``'s values are rounded to the layer's storage type (labels are not)."""
+        return self.layer.stores_half and self.layer.allow_force_backward(i)
+
+    def _bottoms(self, bottom: Sequence[Blob]) -> list[Blob]:
+        return [self._copy(b, self._rounds(i)) for i, b in enumerate(bottom)]
+
+    def _tops(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> list[Blob]:
+        out = []
+        for t in top:  # an in-place top is its bottom's copy
+            i = next((i for i, b in enumerate(bottom) if b is t), None)
+            out.append(self._copy(t, i is not None and self._rounds(i)) if i is not None else
+                       self._copy(t, self.layer.stores_half))
+        return out
+
+    def _params(self) -> list[Blob]:
+        return [self._copy(p, False) for p in self.layer.blobs]
+
+    def _load(self, real: Blob, copy: Blob, data: bool, diff: bool, through: np.dtype | None = None) -> None:
+        if copy is real:
+            return
+        if copy.shape != real.shape:
+            copy.reshape(real.shape)
+        if data:
+            values = to_math(real.cpu_data())
+            if through is not None and through != real.dtype:  # (values stored in it need no rounding)
+                values = _round_through(values, through)
+            copy.mutable_cpu_data()[...] = values
+        if diff:
+            copy.mutable_cpu_diff()[...] = to_math(real.cpu_diff())
+
+    def setup(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> tuple[list[Blob], list[Blob]]:
+        """Float copies of ``bottom`` (values converted in) and ``top`` for ``layer_setup``."""
+        b = self._bottoms(bottom)
+        for i, (real, copy) in enumerate(zip(bottom, b)):
+            self._load(real, copy, True, False, self.layer.top_dtype if self._rounds(i) else None)
+        return b, self._tops(bottom, top)
+
+    def shape_tops(self, top: Sequence[Blob]) -> None:
+        """Each top shaped like its float copy (after the layer's reshape of the copies)."""
+        for real, copy in zip(top, self._known(top)):
+            if real is not copy and real.shape != copy.shape:
+                real.reshape(copy.shape)
+
+    def _known(self, blobs: Sequence[Blob]) -> list[Blob]:
+        return [self.copies[id(b)][1] if id(b) in self.copies and self.copies[id(b)][0] is b else b for b in blobs]
+
+    def forward(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
+        layer = self.layer
+        b, t, p = self._bottoms(bottom), self._tops(bottom, top), self._params()
+        for i, (real, copy) in enumerate(zip(bottom, b)):
+            self._load(real, copy, True, False, layer.top_dtype if self._rounds(i) else None)
+        versions = []
+        for real, copy in zip(layer.blobs, p):
+            self._load(real, copy, True, False)
+            versions.append(copy.data_memory.version)
+        layer.checked_reshape(b, t)
+        self.shape_tops(top)
+        held, layer.blobs = layer.blobs, p
+        try:
+            if common.mode() is common.Mode.GPU:
+                layer.forward_gpu(b, t)
+            else:
+                layer.forward_cpu(b, t)
+        except MemoryError as exc:
+            raise layer._out_of_memory(exc, "forward", bottom) from None
+        finally:
+            layer.blobs = held
+        for real, copy in zip(top, t):
+            if copy is not real:
+                real.set_math_data(_round_through(copy.cpu_data(), layer.top_dtype))
+        for real, copy, v in zip(held, p, versions):  # (BatchNorm-like state a forward updates)
+            if copy is not real and copy.data_memory.version != v:
+                real.set_math_data(copy.cpu_data())
+
+    def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
+        layer = self.layer
+        scale = layer.loss_seed_scale if layer.has_loss and common.mode() is common.Mode.CPU else 1.0
+        b, p = self._bottoms(bottom), self._params()
+        t = self._tops(bottom, top) if scale == 1.0 else [self._copy(x, True) for x in top]
+        for i, (real, copy) in enumerate(zip(bottom, b)):
+            self._load(real, copy, True, True, layer.top_dtype if self._rounds(i) else None)
+        for k, (real, copy) in enumerate(zip(top, t)):
+            if real not in bottom:
+                self._load(real, copy, True, True)
+            if scale != 1.0 and layer.loss(k):
+                copy.mutable_cpu_diff()[...] *= copy.dtype.type(scale)  # the seed, scaled
+        for real, copy in zip(layer.blobs, p):
+            self._load(real, copy, True, True)
+        held, layer.blobs = layer.blobs, p
+        try:
+            layer._run_backward(t, propagate_down, b)
+        finally:
+            layer.blobs = held
+        for real, copy, down in zip(bottom, b, propagate_down):
+            if down and copy is not real:
+                real.set_math_diff(_round_through(copy.cpu_diff(), layer.top_diff_dtype))
+        for j, (real, copy) in enumerate(zip(held, p)):
+            if copy is not real and (j >= len(layer.param_propagate_down) or layer.param_propagate_down[j]):
+                real.set_math_diff(copy.cpu_diff())
+
+    def nbytes(self) -> int:
+        """Bytes the float copies hold (data and diff), for the net's memory check."""
+        return sum(c.count * (c.dtype.itemsize + c.diff_dtype.itemsize) for _, c in self.copies.values())

@@ -16,7 +16,7 @@ from typing import cast
 
 import numpy as np
 
-from . import common, memcheck
+from . import common, memcheck, precision
 from .blob import Blob
 from .conv import cpu as cpu_conv
 from .errors import CaffeError, NetError, ShapeError
@@ -75,12 +75,16 @@ def check_memory(graph: NetGraph) -> None:
 
     seen: set[int] = set()
     params: list[tuple[str, int]] = []
+    diffs: list[tuple[str, int]] = []  # (each counted at its own item size: half nets)
     for (li, j), blob in zip(graph.param_layer_indices, graph.params_list):
         if id(blob._data) not in seen:
             seen.add(id(blob._data))
             params.append((f"{graph.layer_names[li]} param {j}", blob.count * blob.dtype.itemsize))
+            diffs.append((f"{graph.layer_names[li]} param {j} diff", blob.count * blob.diff_dtype.itemsize))
+    views = [(f"{layer.name} float copies", layer._float_view.nbytes()) for layer in graph.layers
+             if layer._float_view is not None and layer._float_view.nbytes()]
     if any(graph.layer_need_backward):
-        items = list(params) + [(f"{name} diff", n) for name, n in params]
+        items = list(params) + diffs + views
         for name, blob in zip(graph.blob_names, graph.blobs):
             if id(blob._data) not in seen:
                 seen.add(id(blob._data))
@@ -96,7 +100,7 @@ def check_memory(graph: NetGraph) -> None:
                     these.append((graph.blob_names[bid], blob.count * blob.dtype.itemsize))
             if sum(n for _, n in these) > sum(n for _, n in best):
                 best = these
-        items = params + best
+        items = params + best + views
     if common.mode() is common.Mode.CPU:  # the CPU convolutions' buffers (conv.cpu.held_bytes)
         scratch = cpu_conv.held_bytes(getattr(layer, "host_workspace", {}) for layer in graph.layers)
         if scratch:
@@ -114,6 +118,8 @@ class _Builder:
         self.param = param = insert_splits(filter_net(in_param))
         self.graph = NetGraph(param.name, param.state.phase, dtype, param=param)
         self._lr_explicit: dict[int, tuple[bool, bool]] = {}  # owner param -> lr/decay given?
+        # docs/precision.md: each layer's types by NVCaffe's rule (float32/float64 nets: no half)
+        self._fallback = precision.DOUBLE if dtype == np.float64 else precision.FLOAT
 
     def build(self) -> NetGraph:
         param = self.param
@@ -126,10 +132,10 @@ class _Builder:
             tvec: list[Blob] = []
             tids: list[int] = []
             for ti, tname in enumerate(lp.top):
-                self._append_top(lp, ti, tname, tvec, tids, available)
+                self._append_top(lp, ti, tname, tvec, tids, available, layer)
             if layer.auto_top_blobs:
                 for ti in range(len(lp.top), layer.auto_top_count()):
-                    self._append_top(lp, ti, f"(automatic) {lp.name}_{ti}", tvec, tids, available)
+                    self._append_top(lp, ti, f"(automatic) {lp.name}_{ti}", tvec, tids, available, layer)
             if lp.type == "Input":
                 input_names.extend(lp.top)
             g = self.graph
@@ -139,6 +145,9 @@ class _Builder:
             g.top_vecs.append(tvec)
             g.top_id_vecs.append(tids)
             layer.setup(bvec, tvec)  # its errors name the layer
+            if layer._float_view is not None:  # it runs on float copies of half blobs (docs/precision.md)
+                layer.traits = layer.traits.but(graph_safe=False, fuses=frozenset(), regenerates_top=False,
+                                                saves_input_in_place=False)
             check_tops_hold_values(self.graph, layer_id)
             self._adopt_param_specs(lp, layer)
             for ti, tid in enumerate(tids):
@@ -167,7 +176,11 @@ class _Builder:
                      self.graph.name, self.graph.layer_names.index(lp.name), layer_id, lp.name)
         if not lp.HasField("phase"):
             lp.phase = cast("caffe_pb2.Phase", self.graph.phase)
-        layer = create_layer(lp, self.dtype)
+        prec = precision.layer_precision(self.param, lp, self._fallback)
+        layer = create_layer(lp, self.dtype, prec)
+        for note in (prec.note, layer.half_note):
+            if note:
+                log.info("%s", note)
         self.graph.layers.append(layer)
         self.graph.layer_names.append(lp.name)
         self.graph.layer_names_index[lp.name] = layer_id  # the last layer of a name (BVLC's layer_names_index_)
@@ -230,7 +243,7 @@ class _Builder:
             self._append_param(layer_id, pi)
         return learns
 
-    def _append_top(self, lp, ti, tname, tvec, tids, available) -> None:
+    def _append_top(self, lp, ti, tname, tvec, tids, available, layer: Layer) -> None:
         if ti < len(lp.bottom) and lp.bottom[ti] == tname:  # in place
             bid = self.graph.blob_name_to_idx[tname]
             blob = self.graph.blobs[bid]
@@ -241,7 +254,7 @@ class _Builder:
                     "another layer (duplicate top; in-place use needs the same name at the same "
                     "bottom position)"
                 )
-            blob = Blob(dtype=self.dtype)
+            blob = Blob(dtype=layer.top_dtype, diff_dtype=layer.top_diff_dtype)  # (the net's dtype unless half)
             bid = len(self.graph.blobs)
             self.graph.blobs.append(blob)
             self.graph.blob_names.append(tname)

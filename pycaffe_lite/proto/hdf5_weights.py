@@ -91,9 +91,12 @@ def to_bytes(net: NetGraph, write_diff: bool = False, filename: str = "<hdf5>") 
             for j, blob in enumerate(layer.blobs):
                 try:
                     if net.param_owners[ids[(li, j)]] == -1:  # only owners hold data, as in Caffe
-                        groups[0].create_dataset(str(j), data=blob.cpu_data())
+                        # (float16 params as float16 datasets; bfloat16, which HDF5 lacks, as float32)
+                        groups[0].create_dataset(str(j), data=blob.math_data() if blob.dtype == np.uint16
+                                                 else blob.cpu_data())
                     if write_diff:  # diffs of every param, shared or not
-                        groups[1].create_dataset(str(j), data=blob.cpu_diff())
+                        groups[1].create_dataset(str(j), data=blob.math_diff() if blob.diff_dtype == np.uint16
+                                                 else blob.cpu_diff())
                 except ValueError as exc:  # a name clash inside the file
                     raise WeightsError(f"{filename}: cannot store layer '{name}' param {j}: {exc}") from None
     return buf.getvalue()
@@ -161,7 +164,7 @@ def _fill_layer(net: NetGraph, li: int, lname: str, stored: dict[str, object], i
                 f"{filename}: layer '{lname}' param {j}: shape mismatch: net has "
                 f"{blob.shape}, file has {tuple(values.shape)}"
             )
-        blob.mutable_cpu_data()[...] = values
+        blob.set_math_data(values)  # (rounded into a half param's storage)
     return True
 
 

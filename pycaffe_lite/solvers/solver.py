@@ -371,6 +371,12 @@ class Solver:
         return self.update.rate(self.iter)
 
     @property
+    def loss_scale(self) -> float:
+        """The factor loss layers seed gradients with (the net's ``global_grad_scale``; adaptive:
+        halved on a non-finite gradient, doubled after a finite stretch; docs/precision.md)."""
+        return self.update.loss_scale
+
+    @property
     def history(self) -> list[Blob]:
         """The update rule's history blobs (Caffe's layout: ``rule.history_factor`` sets of one per
         learnable param)."""
@@ -638,7 +644,9 @@ class Solver:
             model, path = self.snapshot_filename(".caffemodel"), self.snapshot_filename(".solverstate")
             state.learned_net = model
             log.info("Snapshotting to binary proto file %s", model)
-            net_bytes = caffemodel.to_proto(self.graph, self.param.snapshot_diff).SerializeToString()
+            net_param = caffemodel.to_proto(self.graph, self.param.snapshot_diff)
+            self.update.write_masters(net_param)  # half params: their float32 master weights
+            net_bytes = net_param.SerializeToString()
             for h in self.history:
                 h.to_proto(False, state.history.add())
             log.info("Snapshotting solver state to binary proto file %s", path)
@@ -688,6 +696,7 @@ class Solver:
                 raise WeightsError(f"{path}: learned_net '{state.learned_net}' not found")
             try:
                 caffemodel.copy_from(self.graph, model, allow_missing=allow_missing)
+                self.update.read_masters(model)
             except WeightsError as exc:
                 if "allow-missing" not in str(exc):
                     raise

@@ -7,6 +7,14 @@ advances on the device (one upload per table; a kernel in the replay moves the n
 slot). Per iteration, in Caffe's order: the policy's rate, gradient clipping, ``1/iter_size``,
 L1/L2 weight decay, the rule (:mod:`.rules`), ``data -= diff``.
 
+Half precision (docs/precision.md): a learnable param stored in float16/bfloat16 gets a master copy
+in the rule's dtype (``solver_data_type``, float32); the gradient is converted into it, the update
+runs on it and the param gets the result rounded to nearest even. Loss scaling (the net's
+``global_grad_scale``, ``global_grad_scale_adaptive``): loss layers seed their gradient times
+:attr:`Update.loss_scale` (``Layer.loss_seed_scale``) and the update divides it out first; adaptive, a
+non-finite gradient skips the step and halves the scale, and :attr:`Update.GROWTH_INTERVAL` finite
+iterations double it. Both are host (CPU mode) code for now.
+
 Two ways to apply it, one per kind of iteration (:mod:`.iteration`): :meth:`Update.apply` runs it
 from the host (numpy on the CPU; kernels queued on the GPU); :meth:`Update.schedule` before a
 replayed iteration and :meth:`Update.queue_replayed` inside its capture put everything on the device.
@@ -20,11 +28,12 @@ from typing import SupportsInt
 
 import numpy as np
 
-from .. import common
+from .. import common, precision
 from ..blob import Blob
 from ..gpu import backend, blas
 from ..net_graph import NetGraph
-from ..schema import caffe_pb2
+from ..proto import hdf5_weights, protoio
+from ..schema import blob_values, caffe_pb2
 from . import lr_policy
 from .lr_policy import SolverConfigError
 from .rules import Rule
@@ -36,6 +45,9 @@ class Update:
     """The update of ``graph``'s learnable params by ``rule`` under the solver parameters ``param``."""
 
     RATE_TABLE = 256
+    #: Finite iterations after which an adaptive loss scale doubles (PyTorch AMP's GradScaler
+    #: growth_interval; NVCaffe's adaptive scale has no such counter, see docs/precision.md).
+    GROWTH_INTERVAL = 2000
 
     def __init__(self, param: caffe_pb2.SolverParameter, graph: NetGraph, rule: Rule, where: str) -> None:
         self.param, self.graph, self.rule, self.where = param, graph, rule, where
@@ -45,6 +57,30 @@ class Update:
                                     for _ in range(rule.history_factor) for p in graph.learnable_params]
         for h in self.history:
             h.mutable_cpu_data()[...] = 0
+        # fp32 master weights of params stored in half (None where the param is the rule's dtype)
+        self.masters: list[Blob | None] = [None] * len(graph.learnable_params)
+        self._versions: list[int] = [-1] * len(graph.learnable_params)  # param data versions masters saw
+        self._stored: list[np.ndarray | None] = [None] * len(graph.learnable_params)  # bits last stored
+        if any(p.dtype != self.dtype for p in graph.learnable_params):
+            data_type = (param.solver_data_type if param.HasField("solver_data_type")
+                         else precision.type_of_dtype(self.dtype))
+            if precision.storage_dtype(data_type) != self.dtype:
+                raise SolverConfigError(f"{where}: solver_data_type {precision.type_name(data_type)}: master weights and "
+                                        f"history of half params are kept in the net's {self.dtype.name} "
+                                        "(expected FLOAT for a float32 net, DOUBLE for a float64 one)")
+            for i, p in enumerate(graph.learnable_params):
+                if p.dtype != self.dtype:
+                    self.masters[i] = Blob(p.shape, self.dtype)
+        net = graph.param
+        self.scale_adaptive = bool(net is not None and net.global_grad_scale_adaptive)
+        self.loss_scale = float(net.global_grad_scale) if net is not None else 1.0
+        if self.scale_adaptive or self.loss_scale != 1.0:  # NVCaffe's global_grad_scale_enabled
+            if not math.isfinite(self.loss_scale) or self.loss_scale <= 0:
+                raise SolverConfigError(f"{where}: net '{graph.name}': global_grad_scale {self.loss_scale} "
+                                        "(expected a positive finite number)")
+        self._finite_run = 0  # finite iterations since the scale last changed
+        self._gpu_scaling_said = False
+        self._seed_scale()
         self._slot: SupportsInt | None = None  # device scalar: the base rate the update kernels read
         self._table: tuple[int, list[tuple[float, int]]] | None = None  # (first iter, (rate, step)s)
         self._device_table: tuple[SupportsInt, SupportsInt] | None = None  # (rates, cursor) on the device
@@ -74,6 +110,124 @@ class Update:
             self._slot = backend.alloc(self.dtype.itemsize)
         return int(self._slot)
 
+    # -- half precision: master weights and loss scaling -------------------------------------------
+    @property
+    def scaling(self) -> bool:
+        """Whether loss scaling is on (a scale other than 1, or adaptive)."""
+        return self.scale_adaptive or self.loss_scale != 1.0
+
+    def _seed_scale(self) -> None:
+        """Tell the net's loss layers the factor to seed their gradients with."""
+        for layer in self.graph.layers:
+            if layer.has_loss:
+                layer.loss_seed_scale = self.loss_scale
+
+    def _host_only(self) -> None:
+        """GPU mode: half params are refused (their update is host code for now); loss scaling,
+        which float32/float64 gradients do not need, is not applied there (said once)."""
+        if any(m is not None for m in self.masters):
+            raise SolverConfigError(f"{self.where}: half-precision params update on the host only for now "
+                                    "(CPU mode; docs/precision.md)")
+        if self.scaling and not self._gpu_scaling_said:
+            self._gpu_scaling_said = True
+            log.info("%s: global_grad_scale is not applied in GPU mode yet (loss scaling is host code; "
+                     "float32 gradients need none)", self.where)
+
+    def target(self, i: int) -> Blob:
+        """The blob the rule updates for learnable param ``i``: its master copy, or the param."""
+        master = self.masters[i]
+        return self.graph.learnable_params[i] if master is None else master
+
+    def sync_masters(self) -> None:
+        """Masters take the values of params written since the update last stored them (weights
+        loaded or set by the user); a new master starts from its param. A param only asked for
+        for writing (pycaffe's ``blob.data``, to read it) whose bits are what the update stored
+        keeps its master."""
+        for i, master in enumerate(self.masters):
+            p = self.graph.learnable_params[i]
+            if master is None or p.data_memory.version == self._versions[i]:
+                continue
+            bits = p.cpu_data().reshape(-1).view(np.uint16)
+            stored = self._stored[i]
+            if stored is None or not np.array_equal(bits, stored):
+                master.mutable_cpu_data()[...] = p.math_data()
+                self._stored[i] = bits.copy()
+            self._versions[i] = p.data_memory.version
+
+    def _master_entries(self) -> list[tuple[int, str, int]]:
+        """(learnable index, layer name, blob index) of every param with a master."""
+        out = []
+        g = self.graph
+        for nid, (li, j) in enumerate(g.param_layer_indices):
+            k = g.learnable_param_ids[nid]
+            if g.param_owners[nid] == -1 and self.masters[k] is not None:
+                out.append((k, g.layer_names[li], j))
+        return out
+
+    def write_masters(self, net: caffe_pb2.NetParameter) -> None:
+        """A snapshot's weights (``net``, a .caffemodel's NetParameter): half params' values
+        replaced by their master weights in BVLC's float32 ``data`` (training resumes from them
+        exactly, and BVLC reads the file)."""
+        self.sync_masters()
+        layers: dict[str, caffe_pb2.LayerParameter] = {}
+        for lp in net.layer:
+            layers.setdefault(lp.name, lp)
+        for k, name, j in self._master_entries():
+            master = self.masters[k]
+            if name in layers and j < len(layers[name].blobs) and master is not None:
+                blob_values.write_values(layers[name].blobs[j], master.cpu_data())
+
+    def read_masters(self, path: str) -> None:
+        """After a snapshot's weights were loaded into the net: masters take the file's values
+        unrounded (a .caffemodel; an HDF5 file or a blob stored in half gives the params' values)."""
+        self.sync_masters()
+        entries = self._master_entries()
+        if not entries or hdf5_weights.is_hdf5_file(path):
+            return
+        net = protoio.read_binary(path, caffe_pb2.NetParameter(), "caffemodel")
+        layers: dict[str, caffe_pb2.LayerParameter] = {}
+        for lp in net.layer:
+            layers.setdefault(lp.name, lp)
+        for k, name, j in entries:
+            master = self.masters[k]
+            if name not in layers or j >= len(layers[name].blobs) or master is None:
+                continue
+            values = blob_values.read_values(layers[name].blobs[j], False, f"{path}: layer '{name}' param {j}")
+            if values is not None and values.size == master.count:
+                master.mutable_cpu_data()[...] = values.reshape(master.shape)
+
+    def _store_masters(self) -> None:
+        for i, master in enumerate(self.masters):
+            if master is not None:
+                p = self.graph.learnable_params[i]
+                p.set_math_data(master.cpu_data())
+                p.set_math_diff(master.cpu_diff())  # (the update value, as Caffe leaves in the diff)
+                self._versions[i] = p.data_memory.version
+                self._stored[i] = p.cpu_data().reshape(-1).view(np.uint16).copy()
+
+    def _unscale(self, it: int) -> bool:
+        """Divide the gradients (masters' diffs or params') by the loss scale; adaptive: False (and
+        the scale halved) when one is not finite, and the scale doubled after a finite stretch."""
+        targets = [self.target(i) for i in range(len(self.masters))]
+        if self.scale_adaptive and not all(np.isfinite(t.cpu_diff()).all() for t in targets):
+            old, self.loss_scale = self.loss_scale, self.loss_scale / 2
+            self._finite_run = 0
+            log.info("Iteration %d: non-finite gradient, step skipped; loss scale %g -> %g", it, old, self.loss_scale)
+            self._seed_scale()
+            return False
+        inv = self.dtype.type(1.0 / self.loss_scale)
+        for t in targets:
+            t.mutable_cpu_diff()[...] *= inv
+        if self.scale_adaptive:
+            self._finite_run += 1
+            if self._finite_run >= self.GROWTH_INTERVAL:
+                old, self.loss_scale = self.loss_scale, self.loss_scale * 2
+                self._finite_run = 0
+                log.info("Iteration %d: %d finite iterations; loss scale %g -> %g", it, self.GROWTH_INTERVAL, old,
+                         self.loss_scale)
+                self._seed_scale()
+        return True
+
     # -- applied from the host ---------------------------------------------------------------------
     def apply(self, it: int) -> None:
         """Iteration ``it``'s update: the rate (advancing the step counter), clipping, normalization,
@@ -81,13 +235,21 @@ class Update:
         rate, self.current_step = self._policy(it, self.current_step)
         self._log_rate(it, rate)
         if common.mode() is common.Mode.GPU:
+            self._host_only()
             self.clip_gradients(on_gpu=True)
             backend.memcpy_htod(self.rate_slot(), np.array([self.rule.device_rate(rate, it)], self.dtype))
             self.queue()
             return
+        self.sync_masters()
+        for i, master in enumerate(self.masters):
+            if master is not None:
+                master.mutable_cpu_diff()[...] = self.graph.learnable_params[i].math_diff()
+        if self.scaling and not self._unscale(it):
+            return
         self.clip_gradients(on_gpu=False)
         p, t = self.param, self.dtype.type
-        for i, blob in enumerate(self.graph.learnable_params):
+        for i in range(len(self.masters)):
+            blob = self.target(i)
             lr_mult, local_decay = self.mults(i)
             diff = blob.mutable_cpu_diff()
             if p.iter_size != 1:
@@ -97,6 +259,7 @@ class Update:
                 diff += t(local_decay) * (data if p.regularization_type == "L2" else np.sign(data))
             self.rule.cpu(diff, [h.mutable_cpu_data() for h in self.history_views(i)], t(rate * lr_mult), it)
             blob.mutable_cpu_data()[...] -= blob.cpu_diff()
+        self._store_masters()
 
     def queue(self) -> None:
         """One fused kernel per learnable param; the rate comes from :meth:`rate_slot` (graph-safe)."""
@@ -113,7 +276,7 @@ class Update:
         clip = self.param.clip_gradients
         if clip < 0:
             return
-        params = self.graph.learnable_params
+        params = [self.target(i) for i in range(len(self.masters))]
         if on_gpu:
             sumsq = sum(blas.dot(b.count, b.gpu_diff(), b.gpu_diff(), self.dtype) for b in params)
         else:
@@ -134,6 +297,7 @@ class Update:
         """Before replaying iteration ``it``: the device rate table covers it (computed and uploaded
         when it does not), the step counter advances as :meth:`apply` would, and the rate is logged.
         Also uploads history the host changed (a restored or user-edited solver state)."""
+        self._host_only()
         table = self._table
         if table is None or not table[0] <= it < table[0] + len(table[1]):
             steps, values, step = [], [], self.current_step
@@ -154,6 +318,7 @@ class Update:
 
     def queue_replayed(self) -> None:
         """Inside the capture: the next table rate into the slot, then the fused updates."""
+        self._host_only()
         assert self._device_table is not None, "schedule() before queue_replayed()"
         values, cursor = (int(a) for a in self._device_table)
         backend.elementwise("next_rate", "const Dtype* table, int* cursor, Dtype* rate",

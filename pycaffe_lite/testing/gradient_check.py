@@ -10,6 +10,7 @@ within ``kink_range`` of ``kink`` (e.g. ReLU at 0) are skipped, as Caffe does. U
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -111,3 +112,105 @@ class GradientChecker:
                 f"{layer!r}: {len(failures)} of {checked} gradient elements disagree: {shown}"
             )
         return checked
+
+
+# -- half storage against a float64 reference (docs/precision.md) -----------------------------------
+#: Unit roundoff (half an ulp at 1) of each storage type.
+UNIT_ROUNDOFF = {np.dtype(np.float16): 2.0 ** -11, np.dtype(np.uint16): 2.0 ** -8, np.dtype(np.float32): 2.0 ** -24}
+
+
+class HalfReferenceCheck:
+    """A layer stored in float16 or bfloat16 (``storage``: ``caffe_pb2.FLOAT16`` / ``BFLOAT16``)
+    against the same layer in float64, on the same values: inputs, params and top gradients
+    representable in the half type, so the two differ only by what half storage does (the
+    rounding of the half layer's outputs and of values it stores between passes) and by float32
+    math. Compared: tops, bottom diffs and param diffs, each within ``factor · u · max|reference|``
+    (u: the format's unit roundoff; a norm-wise bound, as one rounding per stored value gives u
+    relative to each value). The float64 layer is first checked numerically by
+    :class:`GradientChecker` (``reference_check``), so the reference is right."""
+
+    def __init__(self, factor: float = 2.0, seed: int = 1701, reference_check: GradientChecker | None = None) -> None:
+        self.factor, self.seed = factor, seed
+        self.reference_check = reference_check
+
+    def check(self, text: str, arrays: Sequence[np.ndarray], storage: int, ntop: int = 1,
+              propagate: Sequence[bool] | None = None) -> dict[str, float]:
+        """Run both layers; returns each compared array's error over its bound (all <= 1), and
+        raises GradientCheckError naming the first array past it."""
+        from ..precision import layer_precision, storage_dtype
+        from ..schema import caffe_pb2
+        from .layer_testing import blobs, empty_blobs, make_layer
+
+        half_dtype = storage_dtype(storage)
+        u = UNIT_ROUNDOFF[half_dtype]
+
+        def representable(a: np.ndarray) -> np.ndarray:
+            probe = Blob(np.shape(a), half_dtype)
+            probe.set_math_data(np.asarray(a, np.float32))
+            return probe.math_data().astype(np.float64)
+
+        inputs = [representable(a) for a in arrays]
+        ref = make_layer(text, np.float64)
+        prop = (list(propagate) if propagate is not None else
+                [ref.allow_force_backward(i) for i in range(len(inputs))])
+        if self.reference_check is not None:
+            self.reference_check.check(ref, blobs(inputs), empty_blobs(ntop),
+                                       check_bottom=[i for i, p in enumerate(prop) if p])
+        net = caffe_pb2.NetParameter()
+        net.default_forward_type = net.default_backward_type = cast("caffe_pb2.Type", storage)
+        half = make_layer(text, np.float32)
+        prec = layer_precision(net, half.layer_param)
+        from ..layer import create_layer
+        half = create_layer(half.layer_param, np.float32, prec)
+        ref = make_layer(text, np.float64)
+        if not half.stores_half:
+            raise GradientCheckError(f"{half!r} does not store half (traits.half is False)")
+        hb = []
+        for a in inputs:
+            b = Blob(a.shape, half_dtype if a.dtype.kind == "f" else np.float32)
+            b.set_math_data(a.astype(np.float32))
+            hb.append(b)
+        # labels: bottoms the layer never differentiates stay float32, as data layers' tops do
+        for i, a in enumerate(inputs):
+            if not half.allow_force_backward(i):
+                hb[i] = Blob(a.shape, np.float32)
+                hb[i].mutable_cpu_data()[...] = a
+        ht = [Blob((), half.top_dtype, half.top_diff_dtype) for _ in range(ntop)]
+        rb, rt = blobs(inputs), empty_blobs(ntop)
+        common.set_random_seed(self.seed)
+        half.setup(hb, ht)
+        common.set_random_seed(self.seed)
+        ref.setup(rb, rt)
+        for hp, rp in zip(half.blobs, ref.blobs):  # the same (half-representable) params
+            rp.mutable_cpu_data()[...] = hp.math_data()
+        common.set_random_seed(self.seed)
+        half.forward(hb, ht)
+        common.set_random_seed(self.seed)
+        ref.forward(rb, rt)
+        rng = np.random.default_rng(self.seed)
+        for h, r, k in zip(ht, rt, range(ntop)):
+            w = representable(rng.uniform(-1, 1, r.shape))
+            if half.loss(k):
+                w = np.full(r.shape, half.loss(k))
+            h.set_math_diff(w.astype(np.float32))
+            r.mutable_cpu_diff()[...] = w
+        for p in (*half.blobs, *ref.blobs):
+            p.set_math_diff(np.zeros(p.shape, np.float32))
+        half.backward(ht, prop, hb)
+        ref.backward(rt, prop, rb)
+        compared = [(f"top {k}", h.math_data(), r.cpu_data()) for k, (h, r) in enumerate(zip(ht, rt))]
+        compared += [(f"bottom {i} diff", h.math_diff(), r.cpu_diff())
+                     for i, (h, r, p) in enumerate(zip(hb, rb, prop)) if p]
+        compared += [(f"param {j} diff", h.math_diff(), r.cpu_diff())
+                     for j, (h, r) in enumerate(zip(half.blobs, ref.blobs))
+                     if j >= len(half.param_propagate_down) or half.param_propagate_down[j]]
+        ratios: dict[str, float] = {}
+        for label, got, want in compared:
+            bound = self.factor * u * max(float(np.abs(want).max(initial=0.0)), float(np.finfo(np.float32).tiny))
+            err = float(np.abs(got.astype(np.float64) - want).max(initial=0.0))
+            ratios[label] = err / bound
+            if not np.isfinite(err) or err > bound:
+                raise GradientCheckError(f"{half!r} in {half_dtype.name if half_dtype != np.uint16 else 'bfloat16'}: "
+                                         f"{label} differs from float64 by {err:.3g} > {bound:.3g} "
+                                         f"({self.factor:g} u max|ref|, u = {u:.3g})")
+        return ratios

@@ -34,7 +34,7 @@ def test_reshape_forms_and_errors():
         b.reshape(2, -1)
     with pytest.raises(ShapeError, match="axes"):
         b.reshape((1,) * 33)
-    with pytest.raises(TypeError, match="float32 or float64"):
+    with pytest.raises(TypeError, match="float32, float64, float16 or bfloat16"):
         Blob((2,), np.int32)
 
 
@@ -275,3 +275,79 @@ def test_gpu_shared_blobs_see_device_writes(gpu_mode):
     b.share_data(a)
     gm.set(4, 1.25, a.mutable_gpu_data(), np.float32)
     np.testing.assert_array_equal(b.data, 1.25)
+
+
+# -- half storage (docs/precision.md) --------------------------------------------------------------
+def test_half_blob_storage_types_and_item_sizes():
+    h = Blob((2, 3), np.float16)
+    b = Blob((2, 3), "bfloat16", diff_dtype=np.float32)
+    assert h.dtype == np.float16 and h.diff_dtype == np.float16
+    assert b.dtype == np.uint16 and b.diff_dtype == np.float32
+    assert h.data_memory.nbytes == 12 and b.data_memory.nbytes == 12 and b.diff_memory.nbytes == 24
+    assert b.data_type == caffe_pb2.BFLOAT16 and b.diff_type == caffe_pb2.FLOAT and b.is_half
+    assert not Blob((2,)).is_half and repr(b) == "Blob(shape=(2, 3), dtype=bfloat16, diff_dtype=float32)"
+    assert h.cpu_data().dtype == np.float16 and b.cpu_data().dtype == np.uint16
+
+
+@pytest.mark.parametrize("dtype, eps", [(np.float16, 2.0 ** -11), ("bfloat16", 2.0 ** -8)])
+def test_half_math_views_round_to_nearest_even(dtype, eps):
+    b = Blob((5,), dtype)
+    values = np.array([1.0, 1.0 + eps, 1.0 + 3 * eps, -2.5, 1e-3], np.float32)  # two exact ties
+    b.set_math_data(values)
+    got = b.math_data()
+    assert got.dtype == np.float32
+    # ties to even: 1+eps -> 1, 1+3eps -> 1+4eps
+    np.testing.assert_array_equal(got[:4], [1.0, 1.0, 1.0 + 4 * eps, -2.5])
+    assert abs(got[4] - 1e-3) <= 1e-3 * eps
+    b.set_math_diff(np.float32(0.5))  # broadcast
+    np.testing.assert_array_equal(b.math_diff(), 0.5)
+
+
+def test_float_blobs_math_views_are_the_storage():
+    b = Blob((3,), np.float64)
+    b.data[...] = [1, 2, 3]
+    assert b.math_data().dtype == np.float64
+    np.testing.assert_array_equal(b.math_data(), [1, 2, 3])
+
+
+@pytest.mark.parametrize("dtype, raw", [(np.float16, caffe_pb2.FLOAT16), ("bfloat16", caffe_pb2.BFLOAT16)])
+def test_half_blob_proto_round_trip_raw_and_old_format(dtype, raw):
+    b = Blob((2, 2), dtype)
+    b.set_math_data(np.array([[0.1, -3.0], [1e4, 7.25]], np.float32))
+    b.set_math_diff(np.array([[1, 2], [3, 4]], np.float32))
+    proto = b.to_proto(write_diff=True)
+    assert proto.raw_data_type == raw and len(proto.raw_data) == 8 and not len(proto.data)
+    assert proto.raw_diff_type == raw
+    c = Blob((), dtype)
+    c.from_proto(proto)
+    np.testing.assert_array_equal(c.cpu_data(), b.cpu_data())  # bit for bit
+    np.testing.assert_array_equal(c.cpu_diff(), b.cpu_diff())
+    old = b.to_proto(old_format=True)
+    assert len(old.data) == 4 and not old.HasField("raw_data")
+    np.testing.assert_array_equal(np.asarray(old.data, np.float32).reshape(2, 2), b.math_data())
+    f = Blob((), np.float32)  # a float32 blob reads the half file exactly
+    f.from_proto(proto)
+    np.testing.assert_array_equal(f.cpu_data(), b.math_data())
+
+
+def test_float32_proto_unchanged_by_half_support():
+    b = Blob((3,))
+    b.data[...] = [0.1, 0.2, 0.3]
+    proto = b.to_proto()
+    assert list(proto.data) == [float(np.float32(v)) for v in (0.1, 0.2, 0.3)] and not proto.HasField("raw_data")
+
+
+def test_share_checks_data_and_diff_types_apart():
+    a = Blob((4,), np.float16, diff_dtype=np.float32)
+    b = Blob((4,), np.float16)
+    b.share_data(a)
+    with pytest.raises(ShapeError, match="float32"):
+        b.share_diff(a)
+
+
+def test_pycaffe_setters_store_float_values_in_half_storage():
+    b = Blob((3,), "bfloat16")
+    b.data = [1.0, -2.5, 3.0]  # values, not bit patterns
+    np.testing.assert_array_equal(b.math_data(), [1.0, -2.5, 3.0])
+    b.diff = 0.5
+    np.testing.assert_array_equal(b.math_diff(), 0.5)
