@@ -230,12 +230,7 @@ class _DatumJob:
                 f"{self.where}: {self.source}: record {bytes(key)!r} has shape {values.shape}, the first record "
                 f"read has {self.shape} (with data workers every record must match; workers: 0 reads batches "
                 "of different shapes)")
-        if self.raw:
-            batches.data[slot][i] = values
-        else:
-            h_off, w_off, mirror = batches.draws[slot][i]
-            self.transformer.apply(values, int(h_off), int(w_off), bool(mirror), out=batches.data[slot][i])
-        batches.labels[slot][i] = datum.label
+        data_workers.store_item(batches, slot, i, values, datum.label, self.raw, self.transformer)
 
 
 class _ParallelPrefetcher(ParallelBatches):

@@ -303,12 +303,7 @@ class _ImageJob:
                 f"{self.where}: image {full} (line {number}) has shape {img.shape}, the first image has "
                 f"{self.shape} (with data workers every image must match: set new_height/new_width, or "
                 "workers: 0)")
-        if self.raw:
-            batches.data[slot][i] = img
-        else:
-            h_off, w_off, mirror = batches.draws[slot][i]
-            self.transformer.apply(img, int(h_off), int(w_off), bool(mirror), out=batches.data[slot][i])
-        batches.labels[slot][i] = label
+        data_workers.store_item(batches, slot, i, img, label, self.raw, self.transformer)
 
 
 class _ParallelImages(ParallelBatches):

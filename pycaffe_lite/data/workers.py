@@ -219,6 +219,18 @@ class Job(Protocol):
         item's variable-length labels) comes back with the batch; None for nothing."""
 
 
+def store_item(batches: SharedBatches, slot: int, i: int, item: np.ndarray, label: float, raw: bool,
+               transformer: Any) -> None:
+    """Write item ``i`` of batch ``slot`` (a job's last step): the decoded uint8 ``item`` as it is
+    (``raw``: the device transforms it) or transformed with the draws the loader made for it."""
+    if raw:
+        batches.data[slot][i] = item
+    else:
+        h_off, w_off, mirror = batches.draws[slot][i]
+        transformer.apply(item, int(h_off), int(w_off), bool(mirror), out=batches.data[slot][i])
+    batches.labels[slot][i] = label
+
+
 def _ignore_signals() -> None:
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         sig = getattr(signal, name, None)
