@@ -107,14 +107,13 @@ class ParallelBatches:
     def _transform_on_device(self, data: np.ndarray, draws: np.ndarray, top) -> Any:
         """Upload the uint8 batch and its draws; one kernel writes the transformed batch into ``top``.
         Returns the upload's event (None when the copy was synchronous)."""
-        from pycaffe_lite.gpu import backend
+        from pycaffe_lite.gpu import backend, driver
 
         dev = self._device
         if not dev:
             assert self.loader is not None
             try:  # page-lock the shared batches: uploads run at the bus's rate, asynchronously
-                cuda = backend.state().cuda
-                self._registered = cuda.register_host_memory(self.loader.batches.whole)
+                self._registered = driver.register_host(self.loader.batches.whole)
             except Exception as exc:  # (the driver may refuse: pageable copies then)
                 log.info("%s: shared batches not page-locked (%s): pageable uploads", self.where, exc)
                 self._registered = None
@@ -151,8 +150,8 @@ class ParallelBatches:
                 pass
         if self._registered is not None:
             try:
-                self._registered.base.unregister()
-            except Exception:
+                self._registered()
+            except Exception:  # (the device context may be gone at exit)
                 pass
             self._registered = None
         self._device.clear()

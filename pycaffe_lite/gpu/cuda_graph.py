@@ -13,39 +13,12 @@ import contextlib
 import ctypes
 import gc
 
-from ..errors import CudaError
 from . import backend
+from .driver import check as _check
+from .driver import lib as _driver
+from .driver import loaded as _driver_loaded
 
 _CAPTURE_MODE_THREAD_LOCAL = 1
-_lib = None
-
-
-def _driver():
-    global _lib
-    if _lib is None:
-        try:
-            _lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as exc:
-            raise CudaError(f"CUDA graphs need the driver library libcuda.so.1: {exc}") from None
-        vp = ctypes.c_void_p
-        _lib.cuStreamBeginCapture_v2.argtypes = [vp, ctypes.c_int]
-        _lib.cuStreamEndCapture.argtypes = [vp, ctypes.POINTER(vp)]
-        _lib.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_ulonglong]
-        _lib.cuGraphLaunch.argtypes = [vp, vp]
-        _lib.cuGraphExecDestroy.argtypes = [vp]
-        _lib.cuGraphDestroy.argtypes = [vp]
-        _lib.cuGraphGetNodes.argtypes = [vp, ctypes.POINTER(vp), ctypes.POINTER(ctypes.c_size_t)]
-        _lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-    return _lib
-
-
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        name = ctypes.c_char_p()
-        _driver().cuGetErrorName(status, ctypes.byref(name))
-        raise CudaError(f"{what} failed: {name.value.decode() if name.value else status}")
-
-
 class CudaGraph:
     """An instantiated graph; ``launch()`` queues one replay on the backend stream."""
 
@@ -62,7 +35,7 @@ class CudaGraph:
         _check(_driver().cuGraphLaunch(self._exec, ctypes.c_void_p(backend.stream().handle)), "cuGraphLaunch")
 
     def __del__(self) -> None:
-        if _lib is None:
+        if not _driver_loaded():
             return
         handles = (self._exec, self._graph)
         try:

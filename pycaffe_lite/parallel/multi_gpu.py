@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, SupportsInt
 from .. import common
 from ..config import config
 from ..errors import CaffeError
-from ..gpu import backend, cuda_graph
+from ..gpu import backend, driver
 from . import nccl
 
 if TYPE_CHECKING:
@@ -213,7 +213,7 @@ class _Watchdog:
         import numpy as np
 
         self.owner = owner
-        self.lib = cuda_graph._driver()
+        self.lib = driver.lib()
         self.lib.cuEventQuery.argtypes = [ctypes.c_void_p]
         self.lib.cuEventCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         self.lib.cuEventRecordWithFlags.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]

@@ -246,3 +246,28 @@ def test_resident_blocks_follow_shared_memory_and_threads(kernel_file):
     assert k.resident_blocks(1024) == threads // 1024 and k.resident_blocks(256) == threads // 256
     k.allow_shared(100 * 1024)
     assert k.resident_blocks(256, 100 * 1024) == max(1, smem // (101 * 1024)) < threads // 256
+
+
+def test_a_shared_memory_segment_is_page_locked_and_uploads_from_it(gpu_mode):
+    """driver.register_host page-locks memory the process did not allocate through CUDA (the data
+    workers' shared batches); an asynchronous upload from it gives the values."""
+    from multiprocessing import shared_memory
+
+    from pycaffe_lite.gpu import backend, driver
+
+    shm = shared_memory.SharedMemory(create=True, size=3 * 4096 + 100)
+    try:
+        host = np.frombuffer(shm.buf, np.uint8)[100:100 + 2 * 4096].view(np.float32)
+        host[...] = np.arange(host.size, dtype=np.float32)
+        unregister = driver.register_host(host)
+        dev = backend.alloc(host.nbytes)
+        event = backend.memcpy_htod(int(dev), host, pinned=True)
+        back = np.empty_like(host)
+        backend.memcpy_dtoh(back, int(dev))
+        assert event is not None
+        np.testing.assert_array_equal(back, host)
+        unregister()
+        del host
+    finally:
+        shm.close()
+        shm.unlink()
