@@ -1,5 +1,5 @@
-// Accuracy on (outer, channels, inner) scores and (outer, inner) labels. Dtype and
-// CUDA_KERNEL_LOOP come from the backend prelude.
+// Accuracy on (outer, channels, inner) scores and (outer, inner) labels. Dtype, Mtype, to_m, from_m
+// and CUDA_KERNEL_LOOP come from the backend prelude; comparisons and sums are in Mtype.
 
 // Per position p = (o, s): valid[p] = 0 for ignored labels, else 1; correct[p] = 1 when fewer than
 // top_k other classes score >= the true class, NaN for a label outside [0, channels) or not a
@@ -11,8 +11,8 @@ __global__ void accuracy_forward(const int n, const Dtype* scores, const Dtype* 
                                  Dtype* valid) {
   CUDA_KERNEL_LOOP(p, n) {
     const int o = p / inner, s = p - o * inner;
-    const Dtype lf = label[p];
-    const bool label_ok = isfinite(lf) && lf > Dtype(-2147483648.0) && lf < Dtype(2147483647.0);
+    const Mtype lf = to_m(label[p]);
+    const bool label_ok = isfinite(lf) && lf > Mtype(-2147483648.0) && lf < Mtype(2147483647.0);
     const int l = label_ok ? static_cast<int>(lf) : -1;
     if (label_ok && has_ignore && l == ignore_label) {
       correct[p] = 0;
@@ -22,11 +22,11 @@ __global__ void accuracy_forward(const int n, const Dtype* scores, const Dtype* 
       valid[p] = 1;
     } else {
       const Dtype* row = scores + o * channels * inner + s;
-      const Dtype t = row[l * inner];
+      const Mtype t = to_m(row[l * inner]);
       int better = -1;  // the true class counts itself
       bool finite = true;
       for (int c = 0; c < channels; ++c) {
-        const Dtype v = row[c * inner];
+        const Mtype v = to_m(row[c * inner]);
         better += (v >= t);
         finite = finite && isfinite(v);
       }
@@ -42,16 +42,16 @@ __global__ void accuracy_forward(const int n, const Dtype* scores, const Dtype* 
 #define ACCURACY_THREADS 256
 __global__ void accuracy_reduce(const int n, const Dtype* correct, const Dtype* valid,
                                 const int per_class, const Dtype* label, Dtype* out) {
-  __shared__ Dtype sa[ACCURACY_THREADS];
-  __shared__ Dtype sn[ACCURACY_THREADS];
+  __shared__ Mtype sa[ACCURACY_THREADS];
+  __shared__ Mtype sn[ACCURACY_THREADS];
   const int cls = blockIdx.x;
-  Dtype a = 0, m = 0;
+  Mtype a = 0, m = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const Dtype lf = label[i];  // (a NaN or huge label belongs to no class; its position counts in the total)
-    const bool in_range = isfinite(lf) && lf > Dtype(-2147483648.0) && lf < Dtype(2147483647.0);
+    const Mtype lf = to_m(label[i]);  // (a NaN or huge label belongs to no class; its position counts in the total)
+    const bool in_range = isfinite(lf) && lf > Mtype(-2147483648.0) && lf < Mtype(2147483647.0);
     if (per_class < 0 || (in_range && static_cast<int>(lf) == cls)) {
-      a += correct[i];
-      m += valid[i];
+      a += to_m(correct[i]);
+      m += to_m(valid[i]);
     }
   }
   sa[threadIdx.x] = a;
@@ -64,5 +64,5 @@ __global__ void accuracy_reduce(const int n, const Dtype* correct, const Dtype* 
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[cls] = sn[0] > 0 ? sa[0] / sn[0] : Dtype(0);
+  if (threadIdx.x == 0) out[cls] = from_m(sn[0] > 0 ? sa[0] / sn[0] : Mtype(0));
 }

@@ -1,16 +1,17 @@
-// Axpy: top = a[r] * x + y over rows r = (num, channel) of S elements each.
+// Axpy: top = a[r] * x + y over rows r = (num, channel) of S elements each. Products and sums in
+// Mtype (to_m / from_m from the backend prelude), so is the shared memory of the row sums.
 
 __global__ void axpy_forward(const int n, const int S, const Dtype* a, const Dtype* x,
                              const Dtype* y, Dtype* out) {
   CUDA_KERNEL_LOOP(i, n) {
-    out[i] = a[i / S] * x[i] + y[i];
+    out[i] = from_m(to_m(a[i / S]) * to_m(x[i]) + to_m(y[i]));
   }
 }
 
 __global__ void axpy_x_backward(const int n, const int S, const Dtype* a, const Dtype* dtop,
                                 Dtype* dx) {
   CUDA_KERNEL_LOOP(i, n) {
-    dx[i] = a[i / S] * dtop[i];
+    dx[i] = from_m(to_m(a[i / S]) * to_m(dtop[i]));
   }
 }
 
@@ -22,34 +23,34 @@ __global__ void axpy_x_backward(const int n, const int S, const Dtype* a, const 
 __global__ void axpy_backward(const int rows, const int S, const int do_da, const int do_dx, const int do_dy,
                               const Dtype* a, const Dtype* x, const Dtype* dtop, Dtype* da, Dtype* dx,
                               Dtype* dy) {
-  __shared__ Dtype part[32];
+  __shared__ Mtype part[32];
   for (int r0 = blockIdx.x * blockDim.y; r0 < rows; r0 += gridDim.x * blockDim.y) {
     const int r = r0 + threadIdx.y;
     const bool live = r < rows;
-    Dtype acc = 0;
+    Mtype acc = 0;
     if (live) {
       const long long base = (long long)r * S;
-      const Dtype ar = do_dx ? a[r] : Dtype(0);
+      const Mtype ar = do_dx ? to_m(a[r]) : Mtype(0);
 #pragma unroll 4
       for (int s = threadIdx.x; s < S; s += blockDim.x) {
         const Dtype g = dtop[base + s];
-        if (do_da) acc += g * x[base + s];
-        if (do_dx) dx[base + s] = ar * g;
+        if (do_da) acc += to_m(g) * to_m(x[base + s]);
+        if (do_dx) dx[base + s] = from_m(ar * to_m(g));
         if (do_dy) dy[base + s] = g;
       }
     }
     if (!do_da) continue;
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (blockDim.x == 32) {
-      if (threadIdx.x == 0 && live) da[r] = acc;
+      if (threadIdx.x == 0 && live) da[r] = from_m(acc);
       continue;
     }
     if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
     __syncthreads();
     if (threadIdx.x == 0 && live) {
-      Dtype t = 0;
+      Mtype t = 0;
       for (int w = 0; w < (int)blockDim.x / 32; ++w) t += part[w];
-      da[r] = t;
+      da[r] = from_m(t);
     }
     __syncthreads();
   }

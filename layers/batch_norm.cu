@@ -11,16 +11,18 @@
 //             global statistics: dx = dz * g * r (written by the reducing pass itself)
 // the same arithmetic, in the same order, as the layers' own passes where they are exact
 // (forward; the global-statistics backward), and the batch formula with xh in place of x - mean.
+// Arithmetic and sums are in Mtype (to_m / from_m from the backend prelude); what a layer's own pass
+// would store (xh, the scaled value) is rounded to Dtype where that pass would store it.
 #include "block_sum.cuh"
 #include "vec.cuh"
 
 // Global statistics: mean = f * run_mean, var = f * run_var with f = 1 / run_s (0 when run_s == 0).
 __global__ void bn_global_stats(const int C, const Dtype* run_mean, const Dtype* run_var,
                                 const Dtype* run_s, const Dtype eps, Dtype* mean, Dtype* inv_std) {
-  const Dtype f = run_s[0] == Dtype(0) ? Dtype(0) : Dtype(1) / run_s[0];
+  const Mtype f = to_m(run_s[0]) == Mtype(0) ? Mtype(0) : Mtype(1) / to_m(run_s[0]);
   CUDA_KERNEL_LOOP(c, C) {
-    mean[c] = f * run_mean[c];
-    inv_std[c] = Dtype(1) / sqrt(f * run_var[c] + eps);
+    mean[c] = from_m(f * to_m(run_mean[c]));
+    inv_std[c] = from_m(Mtype(1) / sqrt(f * to_m(run_var[c]) + Mtype(eps)));
   }
 }
 
@@ -30,10 +32,10 @@ __global__ void bn_batch_stats(const int C, const Dtype maf, const Dtype corr, c
                                const Dtype* mean, const Dtype* var, Dtype* run_mean,
                                Dtype* run_var, Dtype* run_s, Dtype* inv_std) {
   CUDA_KERNEL_LOOP(c, C) {
-    if (c == 0) run_s[0] = maf * run_s[0] + Dtype(1);
-    run_mean[c] = mean[c] + maf * run_mean[c];
-    run_var[c] = corr * var[c] + maf * run_var[c];
-    inv_std[c] = Dtype(1) / sqrt(var[c] + eps);
+    if (c == 0) run_s[0] = from_m(Mtype(maf) * to_m(run_s[0]) + Mtype(1));
+    run_mean[c] = from_m(to_m(mean[c]) + Mtype(maf) * to_m(run_mean[c]));
+    run_var[c] = from_m(Mtype(corr) * to_m(var[c]) + Mtype(maf) * to_m(run_var[c]));
+    inv_std[c] = from_m(Mtype(1) / sqrt(to_m(var[c]) + Mtype(eps)));
   }
 }
 
@@ -44,10 +46,10 @@ __device__ void bn_normalize(const int n, const int C, const int S, const Dtype*
                              const Dtype* mean, const Dtype* inv_std, Dtype* y) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
-    const Dtype m = mean[c], r = inv_std[c];
+    const Mtype m = to_m(mean[c]), r = to_m(inv_std[c]);
     Vec<W> v = vload<W>(x, u);
 #pragma unroll
-    for (int j = 0; j < W; ++j) v.v[j] = (v.v[j] - m) * r;
+    for (int j = 0; j < W; ++j) v.v[j] = from_m((to_m(v.v[j]) - m) * r);
     vstore<W>(y, u, v);
   }
 }
@@ -61,11 +63,11 @@ __device__ void bn_backward(const int n, const int C, const int S, const Dtype* 
                             const Dtype* mean_dy, const Dtype* mean_dyxc, Dtype* dx) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
-    const Dtype m = mean[c], r = inv_std[c], a = mean_dy[c], b = r * r * mean_dyxc[c];
+    const Mtype m = to_m(mean[c]), r = to_m(inv_std[c]), a = to_m(mean_dy[c]), b = r * r * to_m(mean_dyxc[c]);
     Vec<W> g = vload<W>(dy, u);
     const Vec<W> v = vload<W>(x, u);
 #pragma unroll
-    for (int j = 0; j < W; ++j) g.v[j] = (g.v[j] - a - (v.v[j] - m) * b) * r;
+    for (int j = 0; j < W; ++j) g.v[j] = from_m((to_m(g.v[j]) - a - (to_m(v.v[j]) - m) * b) * r);
     vstore<W>(dx, u, g);
   }
 }
@@ -78,18 +80,18 @@ __device__ void bn_chain_forward(const int n, const int C, const int S, const Dt
                                  const int has_b, const int relu, Dtype* xhat, Dtype* y) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
-    const Dtype m = mean[c], r = inv_std[c];
-    const Dtype g = has_s ? gamma[c] : Dtype(1), b = has_b ? beta[c] : Dtype(0);
+    const Mtype m = to_m(mean[c]), r = to_m(inv_std[c]);
+    const Mtype g = has_s ? to_m(gamma[c]) : Mtype(1), b = has_b ? to_m(beta[c]) : Mtype(0);
     Vec<W> v = vload<W>(x, u);
 #pragma unroll
-    for (int j = 0; j < W; ++j) v.v[j] = (v.v[j] - m) * r;
+    for (int j = 0; j < W; ++j) v.v[j] = from_m((to_m(v.v[j]) - m) * r);
     vstore<W>(xhat, u, v);
     if (has_s || has_b || relu) {
 #pragma unroll
       for (int j = 0; j < W; ++j) {
-        if (has_s) v.v[j] = v.v[j] * g + b;
-        else if (has_b) v.v[j] = v.v[j] + b;
-        if (relu && !(v.v[j] > 0)) v.v[j] *= Dtype(0);
+        if (has_s) v.v[j] = from_m(to_m(v.v[j]) * g + b);
+        else if (has_b) v.v[j] = from_m(to_m(v.v[j]) + b);
+        if (relu && !(to_m(v.v[j]) > 0)) v.v[j] = from_m(to_m(v.v[j]) * Mtype(0));
       }
     }
     vstore<W>(y, u, v);
@@ -103,7 +105,7 @@ __device__ __forceinline__ Vec<W> bn_chain_dz(const Dtype* dy, const Dtype* y, c
   if (relu) {
     const Vec<W> m = vload<W>(y, u);
 #pragma unroll
-    for (int j = 0; j < W; ++j) d.v[j] = d.v[j] * (m.v[j] > 0 ? Dtype(1) : Dtype(0));
+    for (int j = 0; j < W; ++j) d.v[j] = from_m(to_m(d.v[j]) * (to_m(m.v[j]) > 0 ? Mtype(1) : Mtype(0)));
   }
   return d;
 }
@@ -121,8 +123,8 @@ __device__ void bn_chain_reduce(const int chunks, const int num, const int C, co
   const int units = num * (S / W);
   const int per = (units + chunks - 1) / chunks;
   const int end = min(units, (chunk + 1) * per);
-  const Dtype g = has_s ? gamma[c] : Dtype(1), r = write_dx ? inv_std[c] : Dtype(0);
-  Dtype s0 = 0, s1 = 0;
+  const Mtype g = has_s ? to_m(gamma[c]) : Mtype(1), r = write_dx ? to_m(inv_std[c]) : Mtype(0);
+  Mtype s0 = 0, s1 = 0;
   for (int u = chunk * per + threadIdx.x; u < end; u += blockDim.x) {
     const int e = u * W, o = e / S;
     const int unit = ((o * C + c) * S + (e - o * S)) / W;
@@ -130,19 +132,19 @@ __device__ void bn_chain_reduce(const int chunks, const int num, const int C, co
     const Vec<W> xh = vload<W>(xhat, unit);
 #pragma unroll
     for (int j = 0; j < W; ++j) {
-      s0 += d.v[j];
-      s1 += d.v[j] * xh.v[j];
+      s0 += to_m(d.v[j]);
+      s1 += to_m(d.v[j]) * to_m(xh.v[j]);
     }
     if (write_dx) {
 #pragma unroll
-      for (int j = 0; j < W; ++j) d.v[j] = d.v[j] * g * r;
+      for (int j = 0; j < W; ++j) d.v[j] = from_m(to_m(d.v[j]) * g * r);
       vstore<W>(dx, unit, d);
     }
   }
   block_sum2(s0, s1);
   if (threadIdx.x == 0) {
-    part[c * chunks + chunk] = s0;
-    part[(C + c) * chunks + chunk] = s1;
+    part[c * chunks + chunk] = from_m(s0);
+    part[(C + c) * chunks + chunk] = from_m(s1);
   }
 }
 
@@ -154,11 +156,11 @@ __device__ void bn_chain_backward(const int n, const int C, const int S, const D
                                   const Dtype* b, Dtype* dx) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
-    const Dtype k = coef[c], ac = a[c], bc = b[c];
+    const Mtype k = to_m(coef[c]), ac = to_m(a[c]), bc = to_m(b[c]);
     Vec<W> d = bn_chain_dz<W>(dy, y, relu, u);
     const Vec<W> xh = vload<W>(xhat, u);
 #pragma unroll
-    for (int j = 0; j < W; ++j) d.v[j] = k * (d.v[j] - ac - xh.v[j] * bc);
+    for (int j = 0; j < W; ++j) d.v[j] = from_m(k * (to_m(d.v[j]) - ac - to_m(xh.v[j]) * bc));
     vstore<W>(dx, u, d);
   }
 }
@@ -172,17 +174,17 @@ __global__ void bn_chain_finish(const int C, const int chunks, const Dtype* part
                                 const Dtype inv_m, const Dtype* gamma, const int has_s, const Dtype* inv_std,
                                 Dtype* coef, Dtype* a, Dtype* b) {
   CUDA_KERNEL_LOOP(c, C) {
-    Dtype s0 = 0, s1 = 0;
+    Mtype s0 = 0, s1 = 0;
     for (int k = 0; k < chunks; ++k) {
-      s0 += part[c * chunks + k];
-      s1 += part[(C + c) * chunks + k];
+      s0 += to_m(part[c * chunks + k]);
+      s1 += to_m(part[(C + c) * chunks + k]);
     }
-    if (want_gamma) gamma_diff[c] = s1 + gamma_diff[c];
-    if (want_beta) beta_diff[c] = s0 + beta_diff[c];
+    if (want_gamma) gamma_diff[c] = from_m(s1 + to_m(gamma_diff[c]));
+    if (want_beta) beta_diff[c] = from_m(s0 + to_m(beta_diff[c]));
     if (batch) {
-      coef[c] = (has_s ? gamma[c] : Dtype(1)) * inv_std[c];
-      a[c] = s0 * inv_m;
-      b[c] = s1 * inv_m;
+      coef[c] = from_m((has_s ? to_m(gamma[c]) : Mtype(1)) * to_m(inv_std[c]));
+      a[c] = from_m(s0 * Mtype(inv_m));
+      b[c] = from_m(s1 * Mtype(inv_m));
     }
   }
 }

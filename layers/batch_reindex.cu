@@ -17,12 +17,12 @@ __global__ void batch_reindex_backward(const int n, const int inner, const int m
   CUDA_KERNEL_LOOP(i, n) {
     const int r = i / inner;
     const int k = i - r * inner;
-    Dtype sum = 0;
+    Mtype sum = 0;  // in Mtype (to_m / from_m from the backend prelude)
     for (int j = 0; j < m; ++j) {
       if (static_cast<int>(permut[j]) == r) {
-        sum += top_diff[j * inner + k];
+        sum += to_m(top_diff[j * inner + k]);
       }
     }
-    bottom_diff[i] = sum;
+    bottom_diff[i] = from_m(sum);
   }
 }

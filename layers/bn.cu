@@ -11,16 +11,16 @@ __global__ void bn_coeffs(const int C, const Dtype* mu, const Dtype* var, const 
                           const Dtype momentum, Dtype* run_mean, Dtype* run_var, Dtype* a, Dtype* b,
                           Dtype* mean_out, Dtype* inv_std_out) {
   CUDA_KERNEL_LOOP(c, C) {
-    const Dtype m = normalize ? mu[c] : Dtype(0);
-    const Dtype r = normalize ? Dtype(1) / sqrt(var[c] + eps) : Dtype(1);
+    const Mtype m = to_m(normalize ? mu[c] : Dtype(0));
+    const Mtype r = normalize ? Mtype(1) / sqrt(to_m(var[c]) + to_m(eps)) : Mtype(1);
     if (update) {
-      run_mean[c] = momentum * run_mean[c] + (Dtype(1) - momentum) * mu[c];
-      run_var[c] = momentum * run_var[c] + (Dtype(1) - momentum) * var[c];
+      run_mean[c] = from_m(Mtype(momentum) * to_m(run_mean[c]) + (Mtype(1) - Mtype(momentum)) * to_m(mu[c]));
+      run_var[c] = from_m(Mtype(momentum) * to_m(run_var[c]) + (Mtype(1) - Mtype(momentum)) * to_m(var[c]));
     }
-    a[c] = slope[c] * r;
-    b[c] = bias[c] - m * a[c];
-    mean_out[c] = m;
-    inv_std_out[c] = r;
+    a[c] = from_m(to_m(slope[c]) * r);
+    b[c] = from_m(to_m(bias[c]) - m * to_m(a[c]));
+    mean_out[c] = from_m(m);
+    inv_std_out[c] = from_m(r);
   }
 }
 
@@ -35,15 +35,15 @@ __device__ void bn_affine(const int n, const int C, const int S, const Dtype* x,
     const int c = vchannel<W>(u, C, S);
     Vec<W> v = vload<W>(x, u);
     if (keep) {
-      const Dtype m = mean[c], r = inv_std[c];
+      const Mtype m = to_m(mean[c]), r = to_m(inv_std[c]);
       Vec<W> h;
 #pragma unroll
-      for (int j = 0; j < W; ++j) h.v[j] = (v.v[j] - m) * r;
+      for (int j = 0; j < W; ++j) h.v[j] = from_m((to_m(v.v[j]) - m) * r);
       vstore<W>(x_hat, u, h);
     }
-    const Dtype ac = a[c], bc = b[c];
+    const Mtype ac = to_m(a[c]), bc = to_m(b[c]);
 #pragma unroll
-    for (int j = 0; j < W; ++j) v.v[j] = ac * v.v[j] + bc;
+    for (int j = 0; j < W; ++j) v.v[j] = from_m(ac * to_m(v.v[j]) + bc);
     vstore<W>(y, u, v);
   }
 }
@@ -56,12 +56,15 @@ __device__ void bn_backward_batch(const int n, const int C, const int S, const D
                                   const Dtype* a, const Dtype* sum_dy, const Dtype* sum_dyx, Dtype* dx) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
-    const Dtype ac = a[c], p = sum_dy[c] * inv_m, q = sum_dyx[c] * inv_m;
-    const Dtype m = normalize ? mean[c] : Dtype(0), r = normalize ? inv_std[c] : Dtype(1);
+    const Mtype ac = to_m(a[c]), p = to_m(sum_dy[c]) * to_m(inv_m), q = to_m(sum_dyx[c]) * to_m(inv_m);
+    const Mtype m = normalize ? to_m(mean[c]) : Mtype(0), r = normalize ? to_m(inv_std[c]) : Mtype(1);
     Vec<W> d = vload<W>(dy, u);
     const Vec<W> h = vload<W>(xs, u);
 #pragma unroll
-    for (int j = 0; j < W; ++j) d.v[j] = ac * (d.v[j] - p - (normalize ? (h.v[j] - m) * r : h.v[j]) * q);
+    for (int j = 0; j < W; ++j) {
+      const Mtype hj = to_m(h.v[j]);
+      d.v[j] = from_m(ac * (to_m(d.v[j]) - p - (normalize ? (hj - m) * r : hj) * q));
+    }
     vstore<W>(dx, u, d);
   }
 }
@@ -70,10 +73,10 @@ __device__ void bn_backward_batch(const int n, const int C, const int S, const D
 template <int W>
 __device__ void bn_backward_fixed(const int n, const int C, const int S, const Dtype* dy, const Dtype* a, Dtype* dx) {
   CUDA_KERNEL_LOOP(u, n) {
-    const Dtype ac = a[vchannel<W>(u, C, S)];
+    const Mtype ac = to_m(a[vchannel<W>(u, C, S)]);
     Vec<W> d = vload<W>(dy, u);
 #pragma unroll
-    for (int j = 0; j < W; ++j) d.v[j] *= ac;
+    for (int j = 0; j < W; ++j) d.v[j] = from_m(to_m(d.v[j]) * ac);
     vstore<W>(dx, u, d);
   }
 }

@@ -1,5 +1,5 @@
 // ContrastiveLoss on feature pairs a, b (num, channels) and num similarity labels.
-// Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+// Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from the backend prelude; math in Mtype.
 
 #define CONTRASTIVE_EPSILON 1e-4
 
@@ -9,21 +9,21 @@ __global__ void contrastive_forward(const int num, const int channels, const Dty
                                     const Dtype* y, const Dtype margin, const int legacy, Dtype* diff,
                                     Dtype* dist_sq, Dtype* loss) {
   CUDA_KERNEL_LOOP(n, num) {
-    Dtype s = 0;
+    Mtype s = 0;
     for (int c = 0; c < channels; ++c) {
       const int i = n * channels + c;
-      const Dtype v = a[i] - b[i];
-      diff[i] = v;
+      const Mtype v = to_m(a[i]) - to_m(b[i]);
+      diff[i] = from_m(v);
       s += v * v;
     }
-    dist_sq[n] = s;
-    if (static_cast<int>(y[n]) != 0) {
-      loss[n] = s;
+    dist_sq[n] = from_m(s);
+    if (static_cast<int>(to_m(y[n])) != 0) {
+      loss[n] = from_m(s);
     } else if (legacy) {
-      loss[n] = max(margin - s, Dtype(0));
+      loss[n] = from_m(max(to_m(margin) - s, Mtype(0)));
     } else {
-      const Dtype m = max(margin - sqrt(s), Dtype(0));
-      loss[n] = m * m;
+      const Mtype m = max(to_m(margin) - sqrt(s), Mtype(0));
+      loss[n] = from_m(m * m);
     }
   }
 }
@@ -34,22 +34,22 @@ __global__ void contrastive_backward(const int count, const int channels, const 
                                      const Dtype* dist_sq, const Dtype* y, const Dtype margin,
                                      const int legacy, const Dtype sign, const Dtype* top_diff,
                                      const Dtype* norm, Dtype* dx) {
-  const Dtype alpha = sign * top_diff[0] / norm[0];
+  const Mtype alpha = to_m(sign) * to_m(top_diff[0]) / to_m(norm[0]);
   CUDA_KERNEL_LOOP(i, count) {
     const int n = i / channels;
-    if (static_cast<int>(y[n]) != 0) {
-      dx[i] = alpha * diff[i];
+    if (static_cast<int>(to_m(y[n])) != 0) {
+      dx[i] = from_m(alpha * to_m(diff[i]));
     } else {
-      Dtype mdist, beta;
+      Mtype mdist, beta;
       if (legacy) {
-        mdist = margin - dist_sq[n];
+        mdist = to_m(margin) - to_m(dist_sq[n]);
         beta = -alpha;
       } else {
-        const Dtype dist = sqrt(dist_sq[n]);
-        mdist = margin - dist;
-        beta = -alpha * mdist / (dist + Dtype(CONTRASTIVE_EPSILON));
+        const Mtype dist = sqrt(to_m(dist_sq[n]));
+        mdist = to_m(margin) - dist;
+        beta = -alpha * mdist / (dist + Mtype(CONTRASTIVE_EPSILON));
       }
-      dx[i] = mdist > Dtype(0) ? beta * diff[i] : Dtype(0);
+      dx[i] = from_m(mdist > Mtype(0) ? beta * to_m(diff[i]) : Mtype(0));
     }
   }
 }

@@ -1,8 +1,9 @@
 // CTPN's Lstm: one time step over N streams of H hidden units; gates in the order i, f, o, g.
-// cl (the continuation of a stream at this step) is clip[row] with a clip bottom, else t > 0.
+// cl (the continuation of a stream at this step) is clip[row] with a clip bottom, else t > 0. Math in Mtype
+// (to_m / from_m from the backend prelude).
 
-__device__ __forceinline__ Dtype ctpn_sigmoid(const Dtype x) {
-  return Dtype(0.5) * tanh(Dtype(0.5) * x) + Dtype(0.5);
+__device__ __forceinline__ Mtype ctpn_sigmoid(const Mtype x) {
+  return Mtype(0.5) * tanh(Mtype(0.5) * x) + Mtype(0.5);
 }
 
 // gate (N, 4H) holds W_i x + b on entry and the activated gates on exit.
@@ -12,25 +13,25 @@ __global__ void ctpn_lstm_forward_step(const int n, const int H, const int has_c
   CUDA_KERNEL_LOOP(idx, n) {
     const int row = idx / H;
     const int d = idx - row * H;
-    const Dtype cl = has_clip ? clip[row] : Dtype(t > 0 ? 1 : 0);
+    const Mtype cl = has_clip ? to_m(clip[row]) : Mtype(t > 0 ? 1 : 0);
     Dtype* g4 = gate + 4 * H * row;
     const Dtype* r4 = h_to_gate + 4 * H * row;
-    const Dtype i = ctpn_sigmoid(g4[d] + cl * r4[d]);
-    const Dtype f = ctpn_sigmoid(g4[H + d] + cl * r4[H + d]);
-    const Dtype o = ctpn_sigmoid(g4[2 * H + d] + cl * r4[2 * H + d]);
-    const Dtype g = tanh(g4[3 * H + d] + cl * r4[3 * H + d]);
-    g4[d] = i;
-    g4[H + d] = f;
-    g4[2 * H + d] = o;
-    g4[3 * H + d] = g;
-    const Dtype cv = cl * f * c_prev[idx] + i * g;
-    c[idx] = cv;
-    h[idx] = o * tanh(cv);
+    const Mtype i = ctpn_sigmoid(to_m(g4[d]) + cl * to_m(r4[d]));
+    const Mtype f = ctpn_sigmoid(to_m(g4[H + d]) + cl * to_m(r4[H + d]));
+    const Mtype o = ctpn_sigmoid(to_m(g4[2 * H + d]) + cl * to_m(r4[2 * H + d]));
+    const Mtype g = tanh(to_m(g4[3 * H + d]) + cl * to_m(r4[3 * H + d]));
+    g4[d] = from_m(i);
+    g4[H + d] = from_m(f);
+    g4[2 * H + d] = from_m(o);
+    g4[3 * H + d] = from_m(g);
+    const Mtype cv = cl * f * to_m(c_prev[idx]) + i * g;
+    c[idx] = from_m(cv);
+    h[idx] = from_m(o * tanh(cv));
   }
 }
 
-__device__ __forceinline__ Dtype ctpn_bound(const Dtype v, const Dtype limit) {
-  return limit > Dtype(0) ? fmin(fmax(v, -limit), limit) : v;
+__device__ __forceinline__ Dtype ctpn_bound(const Mtype v, const Mtype limit) {
+  return from_m(limit > Mtype(0) ? fmin(fmax(v, -limit), limit) : v);
 }
 
 // dh = top_diff + dh_carry; dc = dc_carry + dh o (1 - tanh(c)^2); writes the gate-input diffs
@@ -42,21 +43,22 @@ __global__ void ctpn_lstm_backward_step(const int n, const int H, const int has_
   CUDA_KERNEL_LOOP(idx, n) {
     const int row = idx / H;
     const int d = idx - row * H;
-    const Dtype cl = has_clip ? clip[row] : Dtype(t > 0 ? 1 : 0);
+    const Mtype cl = has_clip ? to_m(clip[row]) : Mtype(t > 0 ? 1 : 0);
     const Dtype* g4 = gate + 4 * H * row;
-    const Dtype i = g4[d];
-    const Dtype f = g4[H + d];
-    const Dtype o = g4[2 * H + d];
-    const Dtype g = g4[3 * H + d];
-    const Dtype tanh_c = tanh(c[idx]);
-    const Dtype dh = top_diff[idx] + dh_carry[idx];
-    const Dtype dc = dc_carry[idx] + dh * o * (Dtype(1) - tanh_c * tanh_c);
-    dc_carry[idx] = cl * dc * f;
+    const Mtype i = to_m(g4[d]);
+    const Mtype f = to_m(g4[H + d]);
+    const Mtype o = to_m(g4[2 * H + d]);
+    const Mtype g = to_m(g4[3 * H + d]);
+    const Mtype tanh_c = tanh(to_m(c[idx]));
+    const Mtype dh = to_m(top_diff[idx]) + to_m(dh_carry[idx]);
+    const Mtype dc = to_m(dc_carry[idx]) + dh * o * (Mtype(1) - tanh_c * tanh_c);
+    dc_carry[idx] = from_m(cl * dc * f);
     Dtype* d4 = gate_diff + 4 * H * row;
-    d4[d] = ctpn_bound(dc * g * i * (Dtype(1) - i), limit);
-    d4[H + d] = ctpn_bound(cl * dc * c_prev[idx] * f * (Dtype(1) - f), limit);
-    d4[2 * H + d] = ctpn_bound(dh * tanh_c * o * (Dtype(1) - o), limit);
-    d4[3 * H + d] = ctpn_bound(dc * i * (Dtype(1) - g * g), limit);
+    const Mtype lim = to_m(limit);
+    d4[d] = ctpn_bound(dc * g * i * (Mtype(1) - i), lim);
+    d4[H + d] = ctpn_bound(cl * dc * to_m(c_prev[idx]) * f * (Mtype(1) - f), lim);
+    d4[2 * H + d] = ctpn_bound(dh * tanh_c * o * (Mtype(1) - o), lim);
+    d4[3 * H + d] = ctpn_bound(dc * i * (Mtype(1) - g * g), lim);
   }
 }
 
@@ -64,8 +66,8 @@ __global__ void ctpn_lstm_backward_step(const int n, const int H, const int has_
 __global__ void ctpn_lstm_mask_rows(const int n, const int H, const int has_clip, const Dtype* clip,
                                     const int t, Dtype* x) {
   CUDA_KERNEL_LOOP(idx, n) {
-    const Dtype cl = has_clip ? clip[idx / H] : Dtype(t > 0 ? 1 : 0);
-    x[idx] *= cl;
+    const Mtype cl = has_clip ? to_m(clip[idx / H]) : Mtype(t > 0 ? 1 : 0);
+    x[idx] = from_m(to_m(x[idx]) * cl);
   }
 }
 
@@ -75,7 +77,7 @@ __global__ void ctpn_lstm_masked_prev(const int n, const int NH, const int H, co
   CUDA_KERNEL_LOOP(idx, n) {
     const int t = idx / NH;
     const int rest = idx - t * NH;
-    const Dtype cl = has_clip ? clip[t * (NH / H) + rest / H] : Dtype(t > 0 ? 1 : 0);
-    prev[idx] = cl * (t > 0 ? h[idx - NH] : h0[rest]);
+    const Mtype cl = has_clip ? to_m(clip[t * (NH / H) + rest / H]) : Mtype(t > 0 ? 1 : 0);
+    prev[idx] = from_m(cl * to_m(t > 0 ? h[idx - NH] : h0[rest]));
   }
 }

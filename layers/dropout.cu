@@ -34,7 +34,7 @@ __global__ void dropout_forward_train(const int n, const Dtype* x, const unsigne
   CUDA_KERNEL_LOOP(i, n) {
     const bool keep = philox4x32_10(static_cast<unsigned int>(i), off, 0U, 0U, seed, stream) > thres;
     mask[i] = keep ? Dtype(1) : Dtype(0);
-    y[i] = keep ? x[i] * scale : Dtype(0);
+    y[i] = keep ? from_m(to_m(x[i]) * Mtype(scale)) : Dtype(0);  // the product in Mtype
   }
 }
 

@@ -1,4 +1,5 @@
-// Eltwise MAX. The mask holds, per element, the index of the winning bottom (as a Dtype).
+// Eltwise MAX. The mask holds, per element, the index of the winning bottom (as a Dtype). Comparisons
+// and arithmetic are in Mtype (to_m / from_m from the backend prelude).
 
 // Folds bottom b (index idx + 1) into the running max a. With idx == 0, a is bottom 0 and the
 // mask starts here; afterwards a is the top itself (a == top is allowed: each thread reads its
@@ -9,14 +10,14 @@ __global__ void eltwise_max_forward(const int n, const Dtype* a, const Dtype* b,
     const Dtype va = a[i];
     const Dtype vb = b[i];
     if (idx == 0) {
-      if (va > vb) {
+      if (to_m(va) > to_m(vb)) {
         top[i] = va;
         mask[i] = 0;
       } else {
         top[i] = vb;
         mask[i] = 1;
       }
-    } else if (vb > va) {
+    } else if (to_m(vb) > to_m(va)) {
       top[i] = vb;
       mask[i] = (Dtype)(idx + 1);
     }
@@ -26,7 +27,7 @@ __global__ void eltwise_max_forward(const int n, const Dtype* a, const Dtype* b,
 __global__ void eltwise_max_backward(const int n, const Dtype* top_diff, const Dtype* mask,
                                      const int idx, Dtype* bottom_diff) {
   CUDA_KERNEL_LOOP(i, n) {
-    bottom_diff[i] = ((int)mask[i] == idx) ? top_diff[i] : (Dtype)0;
+    bottom_diff[i] = ((int)to_m(mask[i]) == idx) ? top_diff[i] : (Dtype)0;
   }
 }
 
@@ -47,32 +48,35 @@ __device__ void eltwise_sum_relu_backward(const int n, const int m, const Dtype*
                                           const Dtype c2, const Dtype c3, Dtype* d0, Dtype* d1, Dtype* d2,
                                           Dtype* d3) {
   const Dtype* src[3] = {s1, s2, s3};
-  const Dtype co[4] = {c0, c1, c2, c3};
+  const Mtype co[4] = {to_m(c0), to_m(c1), to_m(c2), to_m(c3)};
   Dtype* dst[4] = {d0, d1, d2, d3};
   CUDA_KERNEL_LOOP(u, n) {
     Vec<W> g = vload<W>(s0, u);
-    if (m > 1) {
+    if (m > 1) {  // the Split's sum in Mtype, stored as Dtype before ReLU's product (as unfused)
+      Mtype gm[W];
 #pragma unroll
-      for (int j = 0; j < W; ++j) g.v[j] *= Dtype(1);
+      for (int j = 0; j < W; ++j) gm[j] = to_m(g.v[j]) * Mtype(1);
 #pragma unroll
       for (int r = 0; r < 3; ++r) {
         if (r + 1 < m) {
           const Vec<W> v = vload<W>(src[r], u);
 #pragma unroll
-          for (int j = 0; j < W; ++j) g.v[j] += Dtype(1) * v.v[j];
+          for (int j = 0; j < W; ++j) gm[j] += Mtype(1) * to_m(v.v[j]);
         }
       }
+#pragma unroll
+      for (int j = 0; j < W; ++j) g.v[j] = from_m(gm[j]);
     }
     const Vec<W> mask = vload<W>(y, u);
 #pragma unroll
-    for (int j = 0; j < W; ++j) g.v[j] = g.v[j] * (mask.v[j] > 0 ? Dtype(1) : Dtype(0));
+    for (int j = 0; j < W; ++j) g.v[j] = from_m(to_m(g.v[j]) * (to_m(mask.v[j]) > 0 ? Mtype(1) : Mtype(0)));
     vstore<W>(t, u, g);
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
       if (b < nb && (prop >> b & 1)) {
         Vec<W> d;
 #pragma unroll
-        for (int j = 0; j < W; ++j) d.v[j] = co[b] * g.v[j];
+        for (int j = 0; j < W; ++j) d.v[j] = from_m(co[b] * to_m(g.v[j]));
         vstore<W>(dst[b], u, d);
       }
     }
@@ -84,7 +88,7 @@ __device__ void eltwise_sum_relu_backward(const int n, const int m, const Dtype*
   __global__ void eltwise_sum_relu_v##W(const int n, const int k, const Dtype* a0, const Dtype* a1, \
                                         const Dtype* a2, const Dtype* a3, const Dtype c0,           \
                                         const Dtype c1, const Dtype c2, const Dtype c3, Dtype* y) {  \
-    weighted_sum<W, true>(n, k, a0, a1, a2, a3, c0, c1, c2, c3, y);                                   \
+    weighted_sum<W, true>(n, k, a0, a1, a2, a3, to_m(c0), to_m(c1), to_m(c2), to_m(c3), y);           \
   }                                                                                                 \
   __global__ void eltwise_sum_relu_backward_v##W(                                                   \
       const int n, const int m, const Dtype* s0, const Dtype* s1, const Dtype* s2, const Dtype* s3, \

@@ -1,5 +1,6 @@
 // InfogainLoss on (outer, channels, inner) probabilities, (outer, inner) labels and a
-// (channels, channels) infogain matrix H. Dtype and CUDA_KERNEL_LOOP come from the prelude.
+// (channels, channels) infogain matrix H. Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from
+// the prelude; the sums and logarithms are in Mtype.
 #include "loss_layer.cuh"
 
 #define INFOGAIN_LOG_THRESHOLD 1e-20f
@@ -16,11 +17,11 @@ __global__ void infogain_forward(const int n, const Dtype* prob, const Dtype* la
     if (l >= 0) {
       const Dtype* row = h + l * channels;
       const Dtype* q = prob + o * channels * inner + s;
-      Dtype acc = 0;
+      Mtype acc = 0;
       for (int c = 0; c < channels; ++c) {
-        acc -= row[c] * log(max(q[c * inner], Dtype(INFOGAIN_LOG_THRESHOLD)));
+        acc -= to_m(row[c]) * log(max(to_m(q[c * inner]), Mtype(INFOGAIN_LOG_THRESHOLD)));
       }
-      loss[p] = acc;
+      loss[p] = from_m(acc);
     }
   }
 }
@@ -28,11 +29,11 @@ __global__ void infogain_forward(const int n, const Dtype* prob, const Dtype* la
 // sums[r] = sum_c H[r, c], one thread per row.
 __global__ void infogain_row_sums(const int channels, const Dtype* h, Dtype* sums) {
   CUDA_KERNEL_LOOP(r, channels) {
-    Dtype acc = 0;
+    Mtype acc = 0;
     for (int c = 0; c < channels; ++c) {
-      acc += h[r * channels + c];
+      acc += to_m(h[r * channels + c]);
     }
-    sums[r] = acc;
+    sums[r] = from_m(acc);
   }
 }
 
@@ -49,7 +50,8 @@ __global__ void infogain_backward(const int count, const Dtype* prob, const Dtyp
     } else if (e.l < 0 || e.l >= channels) {
       dx[i] = Dtype(__int_as_float(0x7fffffff));
     } else {
-      dx[i] = (prob[i] * sums[e.l] - h[e.l * channels + e.c]) * (top_diff[0] / norm[0]);
+      dx[i] = from_m((to_m(prob[i]) * to_m(sums[e.l]) - to_m(h[e.l * channels + e.c])) *
+                     (to_m(top_diff[0]) / to_m(norm[0])));
     }
   }
 }

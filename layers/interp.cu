@@ -8,6 +8,9 @@
 //   lam[n_out]        Dtype the upper weight
 //   wp[n_out], wq[n_out] Dtype the output's weight on lo(o) and on lo(o) + 1 (the adjoint's)
 //
+// Blends and sums are in Mtype (to_m / from_m from the backend prelude), so is T in shared memory
+// (interp.py sizes it by the math type).
+//
 // Each lane's part of the forward lies inside FOR_LANE, so that a host build can run a warp's lanes
 // one after another (tests/layers/test_interp_kernels_on_host.py).
 
@@ -43,21 +46,21 @@ __global__ void interp_forward(const int planes, const int H, const int W, const
         const Dtype* src = x + (long long)p * H * W + (long long)off * W + off;
         Dtype* dst = y + (long long)p * Ho * Wo + w;
         const int c0 = cpairs[2 * w], c1 = cpairs[2 * w + 1];
-        const Dtype wl = clam[w];
+        const Mtype wl = to_m(clam[w]);
         if (copy) {
           for (int h = h0; h < h1; ++h) dst[(long long)h * Wo] = src[(long long)h * W + c0];
         } else {
           int ra = -1, rb = -1;  // source rows whose blends U, L hold
-          Dtype U = 0, L = 0;
+          Mtype U = 0, L = 0;
           for (int h = h0; h < h1; ++h) {
             const int ta = rpairs[2 * h], tb = rpairs[2 * h + 1];
-            const Dtype hl = rlam[h];
+            const Mtype hl = to_m(rlam[h]);
             if (ta != ra) {  // warp-uniform branches
               if (ta == rb) {
                 U = L;
               } else {
                 const Dtype* s = src + (long long)ta * W;
-                U = (Dtype(1) - wl) * s[c0] + wl * s[c1];
+                U = (Mtype(1) - wl) * to_m(s[c0]) + wl * to_m(s[c1]);
               }
               ra = ta;
             }
@@ -66,11 +69,11 @@ __global__ void interp_forward(const int planes, const int H, const int W, const
                 L = U;
               } else {
                 const Dtype* s = src + (long long)tb * W;
-                L = (Dtype(1) - wl) * s[c0] + wl * s[c1];
+                L = (Mtype(1) - wl) * to_m(s[c0]) + wl * to_m(s[c1]);
               }
               rb = tb;
             }
-            dst[(long long)h * Wo] = (Dtype(1) - hl) * U + hl * L;
+            dst[(long long)h * Wo] = from_m((Mtype(1) - hl) * U + hl * L);
           }
         }
       }
@@ -105,8 +108,8 @@ __device__ __forceinline__ void interp_tile_columns(const Dtype* col, const int 
                                                     const int a0, const int a1, const int copy,
                                                     const int* __restrict__ rpairs, const int* __restrict__ rstarts,
                                                     const Dtype* __restrict__ rwp, const Dtype* __restrict__ rwq,
-                                                    Dtype* Tcol, const int stride) {
-  Dtype sp[INTERP_COLS], sq[INTERP_COLS], carry[INTERP_COLS];
+                                                    Mtype* Tcol, const int stride) {
+  Mtype sp[INTERP_COLS], sq[INTERP_COLS], carry[INTERP_COLS];
 #pragma unroll
   for (int k = 0; k < INTERP_COLS; ++k) sp[k] = sq[k] = carry[k] = 0;
   int g = g0;
@@ -121,19 +124,19 @@ __device__ __forceinline__ void interp_tile_columns(const Dtype* col, const int 
   };
   const int h1 = rstarts[a1];
   for (int hb = rstarts[g0]; hb < h1; hb += INTERP_ROW_BATCH) {
-    Dtype v[INTERP_COLS][INTERP_ROW_BATCH];
+    Mtype v[INTERP_COLS][INTERP_ROW_BATCH];
 #pragma unroll
     for (int j = 0; j < INTERP_ROW_BATCH; ++j) {
 #pragma unroll
       for (int k = 0; k < INTERP_COLS; ++k)
-        v[k][j] = hb + j < h1 && k < ncol ? col[(long long)(hb + j) * Wo + 32 * k] : Dtype(0);
+        v[k][j] = hb + j < h1 && k < ncol ? to_m(col[(long long)(hb + j) * Wo + 32 * k]) : Mtype(0);
     }
 #pragma unroll
     for (int j = 0; j < INTERP_ROW_BATCH; ++j) {
       const int h = hb + j;
       if (h < h1) {
         while (g < rpairs[2 * h]) close();
-        const Dtype wp = copy ? Dtype(1) : rwp[h], wq = copy ? Dtype(0) : rwq[h];
+        const Mtype wp = copy ? Mtype(1) : to_m(rwp[h]), wq = copy ? Mtype(0) : to_m(rwq[h]);
 #pragma unroll
         for (int k = 0; k < INTERP_COLS; ++k) {
           sp[k] += wp * v[k][j];
@@ -147,15 +150,15 @@ __device__ __forceinline__ void interp_tile_columns(const Dtype* col, const int 
 
 // Stage 2 for bottom column bc of the window (0 <= bc < Wi): its part from the top columns
 // [c_lo, c_hi), whose T values Trow holds (T[a][w] at INTERP_SLOT(w - c_lo)).
-__device__ __forceinline__ Dtype interp_col_sum(const Dtype* Trow, const int c_lo, const int c_hi, const int bc,
+__device__ __forceinline__ Mtype interp_col_sum(const Mtype* Trow, const int c_lo, const int c_hi, const int bc,
                                                 const int copy, const int* __restrict__ cstarts,
                                                 const Dtype* __restrict__ cwp, const Dtype* __restrict__ cwq) {
   const int w0 = cstarts[bc], w1 = cstarts[bc + 1];
-  if (copy) return (w0 >= c_lo && w0 < c_hi) ? Trow[INTERP_SLOT(w0 - c_lo)] : Dtype(0);
-  Dtype sp = 0, sq = 0;
-  for (int w = max(w0, c_lo); w < min(w1, c_hi); ++w) sp += cwp[w] * Trow[INTERP_SLOT(w - c_lo)];
+  if (copy) return (w0 >= c_lo && w0 < c_hi) ? Trow[INTERP_SLOT(w0 - c_lo)] : Mtype(0);
+  Mtype sp = 0, sq = 0;
+  for (int w = max(w0, c_lo); w < min(w1, c_hi); ++w) sp += to_m(cwp[w]) * Trow[INTERP_SLOT(w - c_lo)];
   if (bc > 0) {
-    for (int w = max(cstarts[bc - 1], c_lo); w < min(w0, c_hi); ++w) sq += cwq[w] * Trow[INTERP_SLOT(w - c_lo)];
+    for (int w = max(cstarts[bc - 1], c_lo); w < min(w0, c_hi); ++w) sq += to_m(cwq[w]) * Trow[INTERP_SLOT(w - c_lo)];
   }
   return sp + sq;
 }
@@ -166,7 +169,7 @@ __device__ __forceinline__ Dtype interp_col_sum(const Dtype* Trow, const int c_l
 #define FOR_THREAD(tid) for (int tid = threadIdx.x, thread_once_ = 1; thread_once_; thread_once_ = 0)
 #endif
 #ifndef INTERP_SHARED
-#define INTERP_SHARED(name) extern __shared__ Dtype name[]
+#define INTERP_SHARED(name) extern __shared__ Mtype name[]
 #endif
 
 // One block per tile (grid-stride over tiles): plane p, bottom rows a0 .. a1 - 1 (a band of `rows`)
@@ -219,8 +222,8 @@ __global__ void interp_backward(const int planes, const int H, const int W, cons
           const int a = r - off, bc = c - off;
           Dtype* out = dx + (p * H + r) * W + c;
           if (a >= 0 && a < Hi && bc >= 0 && bc < Wi) {
-            const Dtype s = interp_col_sum(T + (a - a0) * stride, c_lo, c_hi, bc, copy, cstarts, cwp, cwq);
-            *out = ch ? *out + s : s;
+            const Mtype s = interp_col_sum(T + (a - a0) * stride, c_lo, c_hi, bc, copy, cstarts, cwp, cwq);
+            *out = from_m(ch ? to_m(*out) + s : s);
           } else if (ch == 0) {
             *out = 0;
           }

@@ -107,7 +107,7 @@ class InterpLayer(Layer):
         self.hi, self.wi, self.ho, self.wo = hi, wi, ho, wo
         top[0].reshape((n, c, ho, wo))
         self._build_tables()
-        self._tiling = backward_tiling(hi, wi, self._col_starts, n * c, np.dtype(self.dtype).itemsize, self._copy)
+        self._tiling = backward_tiling(hi, wi, self._col_starts, n * c, math_itemsize(self.dtype), self._copy)
 
     def _crop(self, a):
         o = -self.pad_beg
@@ -210,7 +210,7 @@ class InterpLayer(Layer):
             return
         (rp, rs, _, rwp, rwq), (_, cs, _, cwp, cwq) = self._axis_pointers()
         rows, bcols, cw, tiles, threads = self._tiling
-        shared = rows * stored_row(cw) * np.dtype(self.dtype).itemsize
+        shared = rows * stored_row(cw) * math_itemsize(self.dtype)
         k = backend.kernel(KERNELS, "interp_backward", self.dtype)
         threads = min(threads, k.max_threads // 32 * 32)  # fewer where its registers allow fewer
         k(n * c, h, w, -self.pad_beg, self.hi, self.wi, self.ho, self.wo, int(self._copy), rows, bcols, cw, rp, rs,
@@ -230,6 +230,13 @@ def axis_tables(n_in: int, n_out: int, dtype) -> tuple[np.ndarray, ...]:
     wp = np.where(step == 0, (one - lam) + lam, one - lam).astype(dtype)
     wq = np.where(step == 0, 0, lam).astype(dtype)
     return pairs, starts, lam, wp, wq
+
+
+def math_itemsize(dtype) -> int:
+    """Bytes of one element of T in shared memory: the kernels' math type (Mtype), float for the
+    2-byte storage types (float16, bfloat16 as uint16), else the storage type itself."""
+    size = np.dtype(dtype).itemsize
+    return 4 if size == 2 else size
 
 
 def backward_tiling(hi: int, wi: int, col_starts: np.ndarray, planes: int, itemsize: int,

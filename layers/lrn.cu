@@ -1,14 +1,15 @@
 // LRN on an (N, C, H, W) array, one thread per element; windows of odd `size` centred on the
-// element, zero beyond the edges. Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+// element, zero beyond the edges. Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from the
+// backend prelude; window sums and powers are in Mtype.
 
 extern "C++" {
 // Sum of f(q) over the element indices q of element i's window: the channels [c - pre, c + pre]
 // (ACROSS) or the size x size spatial window of its plane (WITHIN).
 template <bool ACROSS, class F>
-__device__ Dtype window_sum(const int i, const int channels, const int height, const int width,
+__device__ Mtype window_sum(const int i, const int channels, const int height, const int width,
                             const int size, const F f) {
   const int pre = (size - 1) / 2, hw = height * width;
-  Dtype acc = 0;
+  Mtype acc = 0;
   if (ACROSS) {
     const int s = i % hw, c = (i / hw) % channels;
     const int base = (i / (hw * channels)) * channels * hw + s;
@@ -23,12 +24,12 @@ __device__ Dtype window_sum(const int i, const int channels, const int height, c
 
 struct Squares {  // x^2: the forward's window terms
   const Dtype* x;
-  __device__ Dtype operator()(const int q) const { return x[q] * x[q]; }
+  __device__ Mtype operator()(const int q) const { return to_m(x[q]) * to_m(x[q]); }
 };
 
 struct Ratios {  // dy * y / scale: the backward's window terms
   const Dtype *dy, *y, *scale;
-  __device__ Dtype operator()(const int q) const { return dy[q] * y[q] / scale[q]; }
+  __device__ Mtype operator()(const int q) const { return to_m(dy[q]) * to_m(y[q]) / to_m(scale[q]); }
 };
 }  // extern "C++"
 
@@ -39,7 +40,7 @@ struct Ratios {  // dy * y / scale: the backward's window terms
                        Dtype* scale) {                                                          \
     const Squares f = {x};                                                                      \
     CUDA_KERNEL_LOOP(i, count) {                                                                \
-      scale[i] = base + coeff * window_sum<ACROSS>(i, channels, height, width, size, f);       \
+      scale[i] = from_m(to_m(base) + to_m(coeff) * window_sum<ACROSS>(i, channels, height, width, size, f)); \
     }                                                                                           \
   }
 
@@ -51,8 +52,8 @@ struct Ratios {  // dy * y / scale: the backward's window terms
                        const Dtype ratio, Dtype* dx) {                                          \
     const Ratios f = {dy, y, scale};                                                            \
     CUDA_KERNEL_LOOP(i, count) {                                                                \
-      dx[i] = dy[i] * pow(scale[i], neg_beta) -                                                 \
-              ratio * x[i] * window_sum<ACROSS>(i, channels, height, width, size, f);          \
+      dx[i] = from_m(to_m(dy[i]) * pow(to_m(scale[i]), to_m(neg_beta)) -                        \
+                     to_m(ratio) * to_m(x[i]) * window_sum<ACROSS>(i, channels, height, width, size, f)); \
     }                                                                                           \
   }
 
@@ -64,5 +65,5 @@ LRN_DIFF(lrn_diff_within, false)
 // y = x * scale^neg_beta
 __global__ void lrn_output(const int count, const Dtype* x, const Dtype* scale,
                            const Dtype neg_beta, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, count) { y[i] = x[i] * pow(scale[i], neg_beta); }
+  CUDA_KERNEL_LOOP(i, count) { y[i] = from_m(to_m(x[i]) * pow(to_m(scale[i]), to_m(neg_beta))); }
 }

@@ -1,5 +1,5 @@
 // MultinomialLogisticLoss on (num, dim) probabilities and num labels.
-// Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+// Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from the backend prelude; logs in Mtype.
 #include "loss_layer.cuh"
 
 #define MLL_LOG_THRESHOLD 1e-20f
@@ -16,7 +16,7 @@ __global__ void mll_forward(const int num, const Dtype* prob, const Dtype* label
       status[1] = 1;
       status[2] = label[n];
     } else {
-      loss[n] = -log(max(prob[n * dim + l], Dtype(MLL_LOG_THRESHOLD)));
+      loss[n] = from_m(-log(max(to_m(prob[n * dim + l]), Mtype(MLL_LOG_THRESHOLD))));
     }
   }
 }
@@ -30,7 +30,7 @@ __global__ void mll_backward(const int count, const Dtype* prob, const Dtype* la
     int l;
     loss_label_int(label[n], &l);
     if (j == l) {
-      dx[i] = -top_diff[0] / norm[0] / max(prob[i], Dtype(MLL_LOG_THRESHOLD));
+      dx[i] = from_m(-to_m(top_diff[0]) / to_m(norm[0]) / max(to_m(prob[i]), Mtype(MLL_LOG_THRESHOLD)));
     } else {
       dx[i] = 0;
     }

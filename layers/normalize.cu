@@ -1,6 +1,8 @@
 // Normalize (SSD fork): L2 normalization with a learned scale.
 // Element i of an (N, C, S) blob (S = spatial size, dim = C*S) has channel c = (i / S) % C and
 // belongs to the norm group g = i / dim (across_spatial) or (i / dim) * S + i % S (per position).
+// Sums, norms and products are in Mtype (to_m / from_m from the backend prelude), so are the
+// shared-memory sums.
 #define NORMALIZE_THREADS 256
 
 __device__ __forceinline__ int normalize_group(const int i, const int dim, const int spatial,
@@ -8,18 +10,18 @@ __device__ __forceinline__ int normalize_group(const int i, const int dim, const
   return across ? i / dim : (i / dim) * spatial + i % spatial;
 }
 
-__device__ __forceinline__ Dtype normalize_scale(const Dtype* scale, const int i, const int channels,
+__device__ __forceinline__ Mtype normalize_scale(const Dtype* scale, const int i, const int channels,
                                                  const int spatial, const int shared) {
-  return shared ? scale[0] : scale[(i / spatial) % channels];
+  return to_m(shared ? scale[0] : scale[(i / spatial) % channels]);
 }
 
 // across_spatial: one block per sample; norm[n] = sqrt(sum x^2 + eps).
 __global__ void normalize_norm_across(const int dim, const Dtype eps, const Dtype* x, Dtype* norm) {
-  __shared__ Dtype smem[NORMALIZE_THREADS];
+  __shared__ Mtype smem[NORMALIZE_THREADS];
   const Dtype* p = x + (size_t)blockIdx.x * dim;
-  Dtype acc = 0;
+  Mtype acc = 0;
   for (int j = threadIdx.x; j < dim; j += blockDim.x) {
-    acc += p[j] * p[j];
+    acc += to_m(p[j]) * to_m(p[j]);
   }
   smem[threadIdx.x] = acc;
   __syncthreads();
@@ -27,26 +29,26 @@ __global__ void normalize_norm_across(const int dim, const Dtype eps, const Dtyp
     if (threadIdx.x < w) smem[threadIdx.x] += smem[threadIdx.x + w];
     __syncthreads();
   }
-  if (threadIdx.x == 0) norm[blockIdx.x] = sqrt(smem[0] + eps);
+  if (threadIdx.x == 0) norm[blockIdx.x] = from_m(sqrt(smem[0] + to_m(eps)));
 }
 
 __global__ void normalize_forward(const int n, const int dim, const int channels, const int spatial,
                                   const int across, const int shared, const Dtype* x, const Dtype* norm,
                                   const Dtype* scale, Dtype* y) {
   CUDA_KERNEL_LOOP(i, n) {
-    y[i] = x[i] / norm[normalize_group(i, dim, spatial, across)] *
-           normalize_scale(scale, i, channels, spatial, shared);
+    y[i] = from_m(to_m(x[i]) / to_m(norm[normalize_group(i, dim, spatial, across)]) *
+                  normalize_scale(scale, i, channels, spatial, shared));
   }
 }
 
 // across_spatial backward: one block per sample; t[n] = sum_j s_j dy_j x_j.
 __global__ void normalize_dot_across(const int dim, const int channels, const int spatial, const int shared,
                                      const Dtype* x, const Dtype* dy, const Dtype* scale, Dtype* t) {
-  __shared__ Dtype smem[NORMALIZE_THREADS];
+  __shared__ Mtype smem[NORMALIZE_THREADS];
   const size_t base = (size_t)blockIdx.x * dim;
-  Dtype acc = 0;
+  Mtype acc = 0;
   for (int j = threadIdx.x; j < dim; j += blockDim.x) {
-    acc += normalize_scale(scale, j, channels, spatial, shared) * dy[base + j] * x[base + j];
+    acc += normalize_scale(scale, j, channels, spatial, shared) * to_m(dy[base + j]) * to_m(x[base + j]);
   }
   smem[threadIdx.x] = acc;
   __syncthreads();
@@ -54,7 +56,7 @@ __global__ void normalize_dot_across(const int dim, const int channels, const in
     if (threadIdx.x < w) smem[threadIdx.x] += smem[threadIdx.x + w];
     __syncthreads();
   }
-  if (threadIdx.x == 0) t[blockIdx.x] = smem[0];
+  if (threadIdx.x == 0) t[blockIdx.x] = from_m(smem[0]);
 }
 
 // dx_i = s_i dy_i / norm - x_i t / norm^3 (exact derivative of y = s x / norm).
@@ -63,8 +65,9 @@ __global__ void normalize_backward(const int n, const int dim, const int channel
                                    const Dtype* norm, const Dtype* t, const Dtype* scale, Dtype* dx) {
   CUDA_KERNEL_LOOP(i, n) {
     const int g = normalize_group(i, dim, spatial, across);
-    const Dtype r = norm[g];
-    dx[i] = normalize_scale(scale, i, channels, spatial, shared) * dy[i] / r - x[i] * t[g] / (r * r * r);
+    const Mtype r = to_m(norm[g]);
+    dx[i] = from_m(normalize_scale(scale, i, channels, spatial, shared) * to_m(dy[i]) / r -
+                   to_m(x[i]) * to_m(t[g]) / (r * r * r));
   }
 }
 
@@ -72,7 +75,7 @@ __global__ void normalize_backward(const int n, const int dim, const int channel
 __global__ void normalize_scale_terms(const int n, const int dim, const int spatial, const int across,
                                       const Dtype* x, const Dtype* dy, const Dtype* norm, Dtype* terms) {
   CUDA_KERNEL_LOOP(i, n) {
-    terms[i] = dy[i] * x[i] / norm[normalize_group(i, dim, spatial, across)];
+    terms[i] = from_m(to_m(dy[i]) * to_m(x[i]) / to_m(norm[normalize_group(i, dim, spatial, across)]));
   }
 }
 
@@ -84,7 +87,7 @@ __global__ void normalize_scale_terms(const int n, const int dim, const int spat
 
 // Sum of v over threadIdx.y for each threadIdx.x (part: NORMALIZE_THREADS values); every thread of
 // the column gets the result. Begins and ends with a barrier, so part may be reused at once.
-__device__ __forceinline__ Dtype normalize_column_sum(Dtype v, Dtype* part) {
+__device__ __forceinline__ Mtype normalize_column_sum(Mtype v, Mtype* part) {
   const int x = threadIdx.x, tx = blockDim.x;
   __syncthreads();
   part[threadIdx.y * tx + x] = v;
@@ -93,7 +96,7 @@ __device__ __forceinline__ Dtype normalize_column_sum(Dtype v, Dtype* part) {
     if (threadIdx.y < w) part[threadIdx.y * tx + x] += part[(threadIdx.y + w) * tx + x];
     __syncthreads();
   }
-  const Dtype out = part[x];
+  const Mtype out = part[x];
   __syncthreads();
   return out;
 }
@@ -102,26 +105,26 @@ __device__ __forceinline__ Dtype normalize_column_sum(Dtype v, Dtype* part) {
 __global__ void normalize_pixels_forward(const int channels, const int spatial, const int tiles,
                                          const int shared, const Dtype eps, const Dtype* x,
                                          const Dtype* scale, Dtype* norm, Dtype* y) {
-  __shared__ Dtype part[NORMALIZE_THREADS];
+  __shared__ Mtype part[NORMALIZE_THREADS];
   const int n = blockIdx.x / tiles;
   const int p = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
   const bool live = p < spatial;
   const size_t base = (size_t)n * channels * spatial + p;
-  Dtype acc = 0;
+  Mtype acc = 0;
   if (live) {
 #pragma unroll 4
     for (int c = threadIdx.y; c < channels; c += blockDim.y) {
-      const Dtype v = x[base + (size_t)c * spatial];
+      const Mtype v = to_m(x[base + (size_t)c * spatial]);
       acc += v * v;
     }
   }
-  const Dtype r = sqrt(eps + normalize_column_sum(acc, part));
+  const Mtype r = sqrt(to_m(eps) + normalize_column_sum(acc, part));
   if (!live) return;
-  if (threadIdx.y == 0) norm[(size_t)n * spatial + p] = r;
+  if (threadIdx.y == 0) norm[(size_t)n * spatial + p] = from_m(r);
 #pragma unroll 4
   for (int c = threadIdx.y; c < channels; c += blockDim.y) {
     const size_t i = base + (size_t)c * spatial;
-    y[i] = x[i] / r * (shared ? scale[0] : scale[c]);
+    y[i] = from_m(to_m(x[i]) / r * to_m(shared ? scale[0] : scale[c]));
   }
 }
 
@@ -133,14 +136,14 @@ __global__ void normalize_pixels_backward(const int channels, const int spatial,
                                           const int shared, const int do_dx, const int do_scale,
                                           const Dtype* x, const Dtype* dy, const Dtype* norm,
                                           const Dtype* scale, Dtype* dots, Dtype* partial, Dtype* dx) {
-  __shared__ Dtype part[NORMALIZE_THREADS];
+  __shared__ Mtype part[NORMALIZE_THREADS];
   const int n = blockIdx.x / tiles;
   const int p = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
   const bool live = p < spatial;
   const size_t base = (size_t)n * channels * spatial + p;
   const size_t g = (size_t)n * spatial + p;
-  const Dtype r = live ? norm[g] : Dtype(1);
-  Dtype t = 0;
+  const Mtype r = live ? to_m(norm[g]) : Mtype(1);
+  Mtype t = 0;
   if (do_scale) {
     // Four channel steps at a time: their loads are issued together and their four butterflies
     // interleave (the loop is uniform over the block, so whole warps shuffle). t keeps the
@@ -148,15 +151,15 @@ __global__ void normalize_pixels_backward(const int channels, const int spatial,
     Dtype* prow = partial + (size_t)blockIdx.x * channels;
     const int ty = blockDim.y;
     for (int c0 = threadIdx.y; c0 - (int)threadIdx.y < channels; c0 += 4 * ty) {
-      Dtype term[4];
+      Mtype term[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int c = c0 + k * ty;
-        Dtype d = 0;
+        Mtype d = 0;
         if (live && c < channels) {
           const size_t i = base + (size_t)c * spatial;
-          d = dy[i] * x[i];
-          t += (shared ? scale[0] : scale[c]) * d;
+          d = to_m(dy[i]) * to_m(x[i]);
+          t += to_m(shared ? scale[0] : scale[c]) * d;
         }
         term[k] = d / r;
       }
@@ -167,7 +170,7 @@ __global__ void normalize_pixels_backward(const int channels, const int spatial,
       if (threadIdx.x == 0) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          if (c0 + k * ty < channels) prow[c0 + k * ty] = term[k];
+          if (c0 + k * ty < channels) prow[c0 + k * ty] = from_m(term[k]);
         }
       }
     }
@@ -175,19 +178,19 @@ __global__ void normalize_pixels_backward(const int channels, const int spatial,
 #pragma unroll 4
     for (int c = threadIdx.y; c < channels; c += blockDim.y) {
       const size_t i = base + (size_t)c * spatial;
-      t += (shared ? scale[0] : scale[c]) * dy[i] * x[i];
+      t += to_m(shared ? scale[0] : scale[c]) * to_m(dy[i]) * to_m(x[i]);
     }
   }
   if (!do_dx) return;
   t = normalize_column_sum(t, part);
   if (!live) return;
-  if (threadIdx.y == 0) dots[g] = t;
+  if (threadIdx.y == 0) dots[g] = from_m(t);
   // Reciprocals instead of two divisions per element (a few ulps from the CPU's s dy / r - x t / r^3).
-  const Dtype rinv = Dtype(1) / r;
-  const Dtype tr3 = t / (r * r * r);
+  const Mtype rinv = Mtype(1) / r;
+  const Mtype tr3 = t / (r * r * r);
 #pragma unroll 4
   for (int c = threadIdx.y; c < channels; c += blockDim.y) {
     const size_t i = base + (size_t)c * spatial;
-    dx[i] = (shared ? scale[0] : scale[c]) * dy[i] * rinv - x[i] * tr3;
+    dx[i] = from_m(to_m(shared ? scale[0] : scale[c]) * to_m(dy[i]) * rinv - to_m(x[i]) * tr3);
   }
 }

@@ -2,10 +2,11 @@
 // Top window (ph, pw) covers rows [ph*stride_h - pad_h, +kernel_h) and the same for columns.
 // MAX reads only the part inside the image; AVE sums that part and divides by the window area
 // clipped to the padded image (height + pad_h, width + pad_w), as Caffe does.
-// Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+// Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from the backend prelude; maxima, sums and
+// quotients are in Mtype.
 #include "vec.cuh"
 
-#define POOL_LOWEST ((Dtype)-3.402823466e+38f)  // -FLT_MAX: the value of a window with no input
+#define POOL_LOWEST ((Mtype)-3.402823466e+38f)  // -FLT_MAX: the value of a window with no input
 
 #define POOL_GEOMETRY_ARGS                                                                   \
   const int height, const int width, const int pooled_h, const int pooled_w,                 \
@@ -38,17 +39,17 @@ __global__ void max_pool_forward(const int count, const Dtype* bottom, POOL_GEOM
     const PoolWindow win = pool_window(index, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
                                        stride_h, stride_w, pad_h, pad_w);
     const Dtype* x = bottom + win.plane * height * width;
-    Dtype best = POOL_LOWEST;
+    Mtype best = POOL_LOWEST;
     int arg = -1;
     for (int h = win.hstart; h < win.hend; ++h) {
       for (int w = win.wstart; w < win.wend; ++w) {
-        if (x[h * width + w] > best) {
-          best = x[h * width + w];
+        if (to_m(x[h * width + w]) > best) {
+          best = to_m(x[h * width + w]);
           arg = h * width + w;
         }
       }
     }
-    top[index] = best;
+    top[index] = from_m(best);
     mask[index] = arg;
   }
 }
@@ -68,15 +69,15 @@ __global__ void ave_pool_forward(const int count, const Dtype* bottom, POOL_GEOM
     const PoolWindow win = pool_window(index, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
                                        stride_h, stride_w, pad_h, pad_w);
     const Dtype* x = bottom + win.plane * height * width;
-    Dtype sum = 0;
+    Mtype sum = 0;
     for (int h = win.hstart; h < win.hend; ++h) {
       for (int w = win.wstart; w < win.wend; ++w) {
-        sum += x[h * width + w];
+        sum += to_m(x[h * width + w]);
       }
     }
     const int size = ave_pool_size(win.ph, win.pw, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
                                    stride_h, stride_w, pad_h, pad_w);
-    top[index] = (win.hstart < win.hend && win.wstart < win.wend) ? sum / size : Dtype(0);
+    top[index] = from_m((win.hstart < win.hend && win.wstart < win.wend) ? sum / size : Mtype(0));
   }
 }
 
@@ -106,7 +107,7 @@ __device__ void pool_backward(const int count, const int planes, const Dtype* to
     const int pwend = min((w + pad_w) / stride_w + 1, pooled_w);
     const int target = h * width + w;
     const int top0 = plane0 * top_plane;
-    Dtype grad[POOL_BACKWARD_PLANES];
+    Mtype grad[POOL_BACKWARD_PLANES];
 #pragma unroll
     for (int k = 0; k < POOL_BACKWARD_PLANES; ++k) grad[k] = 0;
     for (int ph = phstart; ph < phend; ++ph) {
@@ -115,21 +116,21 @@ __device__ void pool_backward(const int count, const int planes, const Dtype* to
         if (MAX) {
 #pragma unroll
           for (int k = 0; k < POOL_BACKWARD_PLANES; ++k) {
-            if (k < nplanes && mask[t + k * top_plane] == target) grad[k] += top_diff[t + k * top_plane];
+            if (k < nplanes && mask[t + k * top_plane] == target) grad[k] += to_m(top_diff[t + k * top_plane]);
           }
         } else {
-          const Dtype size = ave_pool_size(ph, pw, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
+          const Mtype size = ave_pool_size(ph, pw, height, width, pooled_h, pooled_w, kernel_h, kernel_w,
                                            stride_h, stride_w, pad_h, pad_w);
 #pragma unroll
           for (int k = 0; k < POOL_BACKWARD_PLANES; ++k) {
-            if (k < nplanes) grad[k] += top_diff[t + k * top_plane] / size;
+            if (k < nplanes) grad[k] += to_m(top_diff[t + k * top_plane]) / size;
           }
         }
       }
     }
 #pragma unroll
     for (int k = 0; k < POOL_BACKWARD_PLANES; ++k) {
-      if (k < nplanes) bottom_diff[(plane0 + k) * bottom_plane + target] = grad[k];
+      if (k < nplanes) bottom_diff[(plane0 + k) * bottom_plane + target] = from_m(grad[k]);
     }
   }
 }
@@ -162,14 +163,14 @@ __global__ void ave_pool_backward(const int count, const int planes, const Dtype
 // but the clipped edge windows) by a multiply with inv_area = RN(1 / area) and Markstein's
 // residual correction (two FMAs), which yields the correctly rounded quotient when neither
 // underflow nor overflow occurs (checked exhaustively for every float significand and divisors
-// 1..64 on the host); tiny, huge and non-finite x, and the other sizes, divide.
-__device__ __forceinline__ Dtype pool_ave_div(const Dtype x, const int size, const int area, const Dtype inv_area) {
-  const Dtype lo = sizeof(Dtype) == 4 ? Dtype(1e-25) : Dtype(1e-280);
-  const Dtype hi = sizeof(Dtype) == 4 ? Dtype(1e30) : Dtype(1e300);
-  const Dtype a = fabs(x);
-  if (size != area || !(a >= lo && a <= hi)) return x / (Dtype)size;
-  const Dtype q = x * inv_area;
-  const Dtype r = fma(-q, (Dtype)area, x);
+// 1..64 on the host); tiny, huge and non-finite x, and the other sizes, divide. In Mtype.
+__device__ __forceinline__ Mtype pool_ave_div(const Mtype x, const int size, const int area, const Mtype inv_area) {
+  const Mtype lo = sizeof(Mtype) == 4 ? Mtype(1e-25) : Mtype(1e-280);
+  const Mtype hi = sizeof(Mtype) == 4 ? Mtype(1e30) : Mtype(1e300);
+  const Mtype a = fabs(x);
+  if (size != area || !(a >= lo && a <= hi)) return x / (Mtype)size;
+  const Mtype q = x * inv_area;
+  const Mtype r = fma(-q, (Mtype)area, x);
   return fma(r, inv_area, q);
 }
 
@@ -177,7 +178,7 @@ extern "C++" {
 template <bool MAX, int S, int WD>
 __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, const int* mask,
                                       POOL_GEOMETRY_ARGS, const int blocks_h, const int blocks_w,
-                                      const Dtype inv_area, Dtype* bottom_diff) {
+                                      const Mtype inv_area, Dtype* bottom_diff) {
   const int top_plane = pooled_h * pooled_w;
   CUDA_KERNEL_LOOP(index, count) {
     const int bw = index % blocks_w;
@@ -192,7 +193,7 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
       const int left = (bw - WD + 1 + b) * S - pad_w;
       cols[b] = min(left + kernel_w, width + pad_w) - left;
     }
-    Dtype grad[S][S];
+    Mtype grad[S][S];
 #pragma unroll
     for (int i = 0; i < S; ++i)
 #pragma unroll
@@ -211,7 +212,7 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
         if (MAX) {
           // a pixel outside the image may alias another's index: it is never written
           const int arg = mask[t];
-          const Dtype d = top_diff[t];
+          const Mtype d = to_m(top_diff[t]);
 #pragma unroll
           for (int i = 0; i < S; ++i)
 #pragma unroll
@@ -221,7 +222,7 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
           // ave_pool_size's value; window (ph, pw) covers pixel (h0 + i, w0 + j) iff
           // 0 <= h0 + i - top = (WD - 1 - a) * S + i < kernel_h (and the same for columns): the
           // same for every block, so the tests are uniform and need no pixel coordinates
-          const Dtype d = pool_ave_div(top_diff[t], rows * cols[b], kernel_h * kernel_w, inv_area);
+          const Mtype d = pool_ave_div(to_m(top_diff[t]), rows * cols[b], kernel_h * kernel_w, inv_area);
 #pragma unroll
           for (int i = 0; i < S; ++i)
 #pragma unroll
@@ -236,7 +237,7 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
 #pragma unroll
       for (int j = 0; j < S; ++j)
         if (h0 + i >= 0 && h0 + i < height && w0 + j >= 0 && w0 + j < width)
-          dx[(h0 + i) * width + w0 + j] = grad[i][j];
+          dx[(h0 + i) * width + w0 + j] = from_m(grad[i][j]);
   }
 }
 }  // extern "C++"
@@ -254,7 +255,7 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
                                                  const int blocks_w, Dtype* bottom_diff) {          \
     pool_backward_blocked<true, S, WD>(count, top_diff, mask, height, width, pooled_h, pooled_w,   \
                                        kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,       \
-                                       blocks_h, blocks_w, Dtype(0), bottom_diff);                 \
+                                       blocks_h, blocks_w, Mtype(0), bottom_diff);                 \
   }                                                                                                \
   __global__ void POOL_AVE_BOUNDS ave_pool_backward_s##S##_w##WD(const int count, const Dtype* top_diff,           \
                                                  POOL_GEOMETRY_ARGS, const int blocks_h,           \
@@ -262,7 +263,7 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
                                                  Dtype* bottom_diff) {                             \
     pool_backward_blocked<false, S, WD>(count, top_diff, nullptr, height, width, pooled_h, pooled_w, \
                                         kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,      \
-                                        blocks_h, blocks_w, inv_area, bottom_diff);                \
+                                        blocks_h, blocks_w, Mtype(inv_area), bottom_diff);         \
   }
 
 POOL_BACKWARD_BLOCKED(2, 1)  // 2x2 stride 2 (VGG, LeNet)
@@ -282,7 +283,7 @@ POOL_BACKWARD_BLOCKED(1, 3)  // 3x3 stride 1 (GoogLeNet's inception pools)
 extern "C++" {
 template <int S, int WD, int NW, int R>
 __device__ void ave_pool_backward_quad(const int count, const Dtype* top_diff, POOL_GEOMETRY_ARGS,
-                                       const int strips, const Dtype inv_area, Dtype* bottom_diff) {
+                                       const int strips, const Mtype inv_area, Dtype* bottom_diff) {
   const int quads = width >> 2, area = kernel_h * kernel_w;
   CUDA_KERNEL_LOOP(index, count) {
     const int q = index % quads;
@@ -293,7 +294,7 @@ __device__ void ave_pool_backward_quad(const int count, const Dtype* top_diff, P
     const int h0 = bh0 * S - pad_h, c0 = 4 * q;
     const int pw0 = c0 + pad_w < kernel_w ? 0 : (c0 + pad_w - kernel_w) / S + 1;
     const Dtype* dy = top_diff + plane * pooled_h * pooled_w;
-    Dtype grad[R * S][4];
+    Mtype grad[R * S][4];
 #pragma unroll
     for (int y = 0; y < R * S; ++y)
 #pragma unroll
@@ -310,7 +311,7 @@ __device__ void ave_pool_backward_quad(const int count, const Dtype* top_diff, P
         const int left = pw * S - pad_w;
         if (pw >= pooled_w || left > c0 + 3) continue;
         const int cols = min(left + kernel_w, width + pad_w) - left;
-        const Dtype d = pool_ave_div(dy[ph * pooled_w + pw], rows * cols, area, inv_area);
+        const Mtype d = pool_ave_div(to_m(dy[ph * pooled_w + pw]), rows * cols, area, inv_area);
 #pragma unroll
         for (int y = 0; y < R * S; ++y) {
           const int oy = (WD - 1 - a) * S + y;  // pixel row h0 + y in the window: h0 + y - top
@@ -327,7 +328,7 @@ __device__ void ave_pool_backward_quad(const int count, const Dtype* top_diff, P
       if (h0 + y < 0 || h0 + y >= height) continue;
       Vec<4> v;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) v.v[j] = grad[y][j];
+      for (int j = 0; j < 4; ++j) v.v[j] = from_m(grad[y][j]);
       vstore<4>(dx + (h0 + y) * width, 0, v);
     }
   }
@@ -340,7 +341,7 @@ __device__ void ave_pool_backward_quad(const int count, const Dtype* top_diff, P
       const Dtype inv_area, Dtype* bottom_diff) {                                                   \
     ave_pool_backward_quad<S, WD, NW, R>(count, top_diff, height, width, pooled_h, pooled_w,        \
                                          kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,      \
-                                         strips, inv_area, bottom_diff);                            \
+                                         strips, Mtype(inv_area), bottom_diff);                     \
   }
 
 // R timed on an H200 (2026-11-26, AVE backward, R = 1 / 2): 2x2/2 at 32x256x56x56 34.9 / 40.5 us;

@@ -5,9 +5,10 @@
 // that part by the window volume clipped to the padded input; STOCHASTIC (no padding) picks at TRAIN
 // the first element whose running sum reaches u * window sum (u uniform in [0, 1)) and at TEST gives
 // sum(x^2) / sum(x) (0 when the sum is not positive). Indices are flat within a plane:
-// (i0 * d1 + i1) * d2 + i2. Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+// (i0 * d1 + i1) * d2 + i2. Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from the backend
+// prelude; maxima, sums and quotients are in Mtype.
 
-#define ND_POOL_LOWEST ((Dtype)-3.402823466e+38f)
+#define ND_POOL_LOWEST ((Mtype)-3.402823466e+38f)
 
 #define ND_POOL_ARGS                                                                              \
   const int d0, const int d1, const int d2, const int q0, const int q1, const int q2, const int k0, \
@@ -40,18 +41,18 @@ __global__ void nd_max_pool_forward(const int count, const Dtype* bottom, ND_POO
   CUDA_KERNEL_LOOP(index, count) {
     const NdWindow w = nd_window(index, d0, d1, d2, q0, q1, q2, k0, k1, k2, s0, s1, s2, p0, p1, p2);
     const Dtype* x = bottom + w.plane * d0 * d1 * d2;
-    Dtype best = ND_POOL_LOWEST;
+    Mtype best = ND_POOL_LOWEST;
     int arg = -1;
     for (int i0 = w.b0; i0 < w.e0; ++i0)
       for (int i1 = w.b1; i1 < w.e1; ++i1)
         for (int i2 = w.b2; i2 < w.e2; ++i2) {
           const int at = (i0 * d1 + i1) * d2 + i2;
-          if (x[at] > best) {
-            best = x[at];
+          if (to_m(x[at]) > best) {
+            best = to_m(x[at]);
             arg = at;
           }
         }
-    top[index] = best;
+    top[index] = from_m(best);
     mask[index] = arg;
   }
 }
@@ -60,11 +61,11 @@ __global__ void nd_ave_pool_forward(const int count, const Dtype* bottom, ND_POO
   CUDA_KERNEL_LOOP(index, count) {
     const NdWindow w = nd_window(index, d0, d1, d2, q0, q1, q2, k0, k1, k2, s0, s1, s2, p0, p1, p2);
     const Dtype* x = bottom + w.plane * d0 * d1 * d2;
-    Dtype sum = 0;
+    Mtype sum = 0;
     for (int i0 = w.b0; i0 < w.e0; ++i0)
       for (int i1 = w.b1; i1 < w.e1; ++i1)
-        for (int i2 = w.b2; i2 < w.e2; ++i2) sum += x[(i0 * d1 + i1) * d2 + i2];
-    top[index] = sum / w.size;
+        for (int i2 = w.b2; i2 < w.e2; ++i2) sum += to_m(x[(i0 * d1 + i1) * d2 + i2]);
+    top[index] = from_m(sum / w.size);
   }
 }
 
@@ -100,20 +101,20 @@ __global__ void nd_sto_pool_forward_train(const int count, const Dtype* bottom, 
   CUDA_KERNEL_LOOP(index, count) {
     const NdWindow w = nd_window(index, d0, d1, d2, q0, q1, q2, k0, k1, k2, s0, s1, s2, p0, p1, p2);
     const Dtype* x = bottom + w.plane * d0 * d1 * d2;
-    Dtype total = 0;
+    Mtype total = 0;
     for (int i0 = w.b0; i0 < w.e0; ++i0)
       for (int i1 = w.b1; i1 < w.e1; ++i1)
-        for (int i2 = w.b2; i2 < w.e2; ++i2) total += x[(i0 * d1 + i1) * d2 + i2];
+        for (int i2 = w.b2; i2 < w.e2; ++i2) total += to_m(x[(i0 * d1 + i1) * d2 + i2]);
     const float u = nd_philox(static_cast<unsigned int>(index), off, seed, stream) * 2.3283064365386963e-10f;
     const float thres = u * total;
-    Dtype run = 0;
+    Mtype run = 0;
     int pick = ((w.e0 - 1) * d1 + (w.e1 - 1)) * d2 + (w.e2 - 1);
     bool found = false;
     for (int i0 = w.b0; i0 < w.e0 && !found; ++i0)
       for (int i1 = w.b1; i1 < w.e1 && !found; ++i1)
         for (int i2 = w.b2; i2 < w.e2 && !found; ++i2) {
           const int at = (i0 * d1 + i1) * d2 + i2;
-          run += x[at];
+          run += to_m(x[at]);
           if (run >= thres) {
             pick = at;
             found = true;
@@ -130,15 +131,15 @@ __global__ void nd_sto_pool_forward_test(const int count, const Dtype* bottom, N
   CUDA_KERNEL_LOOP(index, count) {
     const NdWindow w = nd_window(index, d0, d1, d2, q0, q1, q2, k0, k1, k2, s0, s1, s2, p0, p1, p2);
     const Dtype* x = bottom + w.plane * d0 * d1 * d2;
-    Dtype sum = 0, squares = 0;
+    Mtype sum = 0, squares = 0;
     for (int i0 = w.b0; i0 < w.e0; ++i0)
       for (int i1 = w.b1; i1 < w.e1; ++i1)
         for (int i2 = w.b2; i2 < w.e2; ++i2) {
-          const Dtype v = x[(i0 * d1 + i1) * d2 + i2];
+          const Mtype v = to_m(x[(i0 * d1 + i1) * d2 + i2]);
           sum += v;
           squares += v * v;
         }
-    top[index] = sum > Dtype(0) ? squares / sum : Dtype(0);
+    top[index] = from_m(sum > Mtype(0) ? squares / sum : Mtype(0));
   }
 }
 
@@ -164,14 +165,14 @@ __global__ void nd_routed_pool_backward(const int count, const Dtype* top_diff, 
     nd_cover(i1, d1, q1, k1, s1, p1, &l1, &h1);
     nd_cover(i2, d2, q2, k2, s2, p2, &l2, &h2);
     const int base = plane * q0 * q1 * q2;
-    Dtype g = 0;
+    Mtype g = 0;
     for (int x0 = l0; x0 < h0; ++x0)
       for (int x1 = l1; x1 < h1; ++x1)
         for (int x2 = l2; x2 < h2; ++x2) {
           const int t = base + (x0 * q1 + x1) * q2 + x2;
-          if (idx[t] == at) g += top_diff[t];
+          if (idx[t] == at) g += to_m(top_diff[t]);
         }
-    bottom_diff[index] = g;
+    bottom_diff[index] = from_m(g);
   }
 }
 
@@ -186,7 +187,7 @@ __global__ void nd_ave_pool_backward(const int count, const Dtype* top_diff, ND_
     nd_cover(i1, d1, q1, k1, s1, p1, &l1, &h1);
     nd_cover(i2, d2, q2, k2, s2, p2, &l2, &h2);
     const int base = plane * q0 * q1 * q2;
-    Dtype g = 0;
+    Mtype g = 0;
     for (int x0 = l0; x0 < h0; ++x0) {
       const int a0 = x0 * s0 - p0;
       const int z0 = min(a0 + k0, d0 + p0) - a0;
@@ -196,11 +197,11 @@ __global__ void nd_ave_pool_backward(const int count, const Dtype* top_diff, ND_
         for (int x2 = l2; x2 < h2; ++x2) {
           const int a2 = x2 * s2 - p2;
           const int z2 = min(a2 + k2, d2 + p2) - a2;
-          g += top_diff[base + (x0 * q1 + x1) * q2 + x2] / (z0 * z1 * z2);
+          g += to_m(top_diff[base + (x0 * q1 + x1) * q2 + x2]) / (z0 * z1 * z2);
         }
       }
     }
-    bottom_diff[index] = g;
+    bottom_diff[index] = from_m(g);
   }
 }
 

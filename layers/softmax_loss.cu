@@ -1,5 +1,5 @@
 // SoftmaxWithLoss on (outer, channels, inner) probabilities and (outer, inner) labels.
-// Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+// Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from the backend prelude; math in Mtype.
 #include "loss_layer.cuh"
 
 #define SOFTMAX_LOSS_FLT_MIN 1.17549435e-38f
@@ -13,8 +13,8 @@ __global__ void softmax_loss_forward(const int n, const Dtype* prob, const Dtype
     const int o = p / inner, s = p - o * inner;
     const int l = loss_class_label(p, label, channels, has_ignore, ignore_label, loss, valid, status);
     if (l >= 0) {
-      const Dtype q = prob[(o * channels + l) * inner + s];
-      loss[p] = -log(max(q, Dtype(SOFTMAX_LOSS_FLT_MIN)));
+      const Mtype q = to_m(prob[(o * channels + l) * inner + s]);
+      loss[p] = from_m(-log(max(q, Mtype(SOFTMAX_LOSS_FLT_MIN))));
     }
   }
 }
@@ -29,7 +29,7 @@ __global__ void softmax_loss_backward(const int count, const Dtype* prob, const 
     if (e.ignored) {
       dx[i] = 0;
     } else {
-      dx[i] = (prob[i] - (e.c == e.l ? Dtype(1) : Dtype(0))) * (top_diff[0] / norm[0]);
+      dx[i] = from_m((to_m(prob[i]) - (e.c == e.l ? Mtype(1) : Mtype(0))) * (to_m(top_diff[0]) / to_m(norm[0])));
     }
   }
 }

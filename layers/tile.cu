@@ -16,10 +16,10 @@ __global__ void tile_backward(const int n, const int inner, const int tiles, con
     const int d = i % inner;
     const int o = i / inner;
     const Dtype* src = dy + o * tiles * inner + d;
-    Dtype acc = 0;
+    Mtype acc = 0;  // the sum in Mtype (to_m / from_m from the backend prelude)
     for (int t = 0; t < tiles; ++t) {
-      acc += src[t * inner];
+      acc += to_m(src[t * inner]);
     }
-    dx[i] = acc;
+    dx[i] = from_m(acc);
   }
 }

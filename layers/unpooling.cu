@@ -63,17 +63,17 @@ __global__ void unpool_window_forward(const int n, const int H, const int W, con
     const int pw0 = w < kw ? 0 : (w - kw) / sw + 1;
     const int pw1 = min(w / sw + 1, W);
     const Dtype* src = x + (long long)plane * H * W;
-    Dtype acc = 0;
+    Mtype acc = 0;  // sums in Mtype (to_m / from_m from the backend prelude)
     for (int ph = ph0; ph < ph1; ++ph) {
       for (int pw = pw0; pw < pw1; ++pw) {
-        Dtype v = src[ph * W + pw];
+        Mtype v = to_m(src[ph * W + pw]);
         if (average) {
           v /= unpool_span(ph * sh - pdh, kh, Ho, pdh) * unpool_span(pw * sw - pdw, kw, Wo, pdw);
         }
         acc += v;
       }
     }
-    y[i] = acc;
+    y[i] = from_m(acc);
   }
 }
 
@@ -90,11 +90,11 @@ __global__ void unpool_window_backward(const int n, const int H, const int W, co
     const int h0 = max(hs, 0), w0 = max(ws, 0);
     const int h1 = min(hs + kh, Ho), w1 = min(ws + kw, Wo);
     const Dtype* src = dy + (long long)plane * Ho * Wo;
-    Dtype acc = 0;
+    Mtype acc = 0;
     for (int h = h0; h < h1; ++h) {
-      for (int w = w0; w < w1; ++w) acc += src[h * Wo + w];
+      for (int w = w0; w < w1; ++w) acc += to_m(src[h * Wo + w]);
     }
     if (average) acc /= unpool_span(hs, kh, Ho, pdh) * unpool_span(ws, kw, Wo, pdw);
-    dx[i] = acc;
+    dx[i] = from_m(acc);
   }
 }

@@ -21,11 +21,11 @@ __global__ void upsample_nearest_backward(const int n, const int H, const int W,
     const int p = i / (W * H);
     const int Wo = W * sw;
     const Dtype* src = dy + ((long long)p * H * sh + h * sh) * Wo + w * sw;
-    Dtype acc = 0;
+    Mtype acc = 0;  // the sum in Mtype (to_m / from_m from the backend prelude)
     for (int a = 0; a < sh; ++a) {
-      for (int b = 0; b < sw; ++b) acc += src[a * Wo + b];
+      for (int b = 0; b < sw; ++b) acc += to_m(src[a * Wo + b]);
     }
-    dx[i] = acc;
+    dx[i] = from_m(acc);
   }
 }
 

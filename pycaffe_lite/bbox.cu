@@ -1,5 +1,6 @@
 // SSD box maths on the device (pycaffe_lite/bbox.py has the host twins and the semantics).
 // Boxes are (xmin, ymin, xmax, ymax). Code types: 1 CORNER, 2 CENTER_SIZE, 3 CORNER_SIZE.
+// Coordinates, areas and scores are compared and computed in Mtype (to_m / from_m: the prelude).
 #define BBOX_THREADS 256
 
 // Products rounded on their own (no fused multiply-add), so the device computes what the host's
@@ -21,43 +22,44 @@ __global__ void bbox_decode(const int n, const int num_priors, const int num_loc
     const Dtype* pr = prior + p * 4;
     const Dtype* var = prior + num_priors * 4 + p * 4;
     const Dtype* t = loc + (size_t)i * 4;
-    Dtype v[4];
+    Mtype v[4];
     for (int k = 0; k < 4; ++k) {
-      v[k] = variance_in_target ? t[k] : bbox_mul(t[k], var[k]);
+      v[k] = variance_in_target ? to_m(t[k]) : bbox_mul(to_m(t[k]), to_m(var[k]));
     }
     Dtype* out = decoded + ((size_t)(img * num_loc_classes + c) * num_priors + p) * 4;
-    const Dtype pw = pr[2] - pr[0];
-    const Dtype ph = pr[3] - pr[1];
+    const Mtype pw = to_m(pr[2]) - to_m(pr[0]);
+    const Mtype ph = to_m(pr[3]) - to_m(pr[1]);
     if (code_type == 1) {
-      for (int k = 0; k < 4; ++k) out[k] = pr[k] + v[k];
+      for (int k = 0; k < 4; ++k) out[k] = from_m(to_m(pr[k]) + v[k]);
     } else if (code_type == 2) {
-      const Dtype cx = bbox_mul(v[0], pw) + (pr[0] + pr[2]) / 2;
-      const Dtype cy = bbox_mul(v[1], ph) + (pr[1] + pr[3]) / 2;
-      // exponents capped as bbox.decode caps them (log(max)/2 - 1: w*h stays finite)
-      const Dtype cap = sizeof(Dtype) == 4 ? Dtype(43.36142) : Dtype(353.891356446692);
-      const Dtype w = bbox_mul(exp(min(v[2], cap)), pw);
-      const Dtype h = bbox_mul(exp(min(v[3], cap)), ph);
-      out[0] = cx - w / 2;
-      out[1] = cy - h / 2;
-      out[2] = cx + w / 2;
-      out[3] = cy + h / 2;
+      const Mtype cx = bbox_mul(v[0], pw) + (to_m(pr[0]) + to_m(pr[2])) / 2;
+      const Mtype cy = bbox_mul(v[1], ph) + (to_m(pr[1]) + to_m(pr[3])) / 2;
+      // exponents capped as bbox.decode caps them (log(max)/2 - 1: w*h stays finite in Mtype)
+      const Mtype cap = sizeof(Mtype) == 4 ? Mtype(43.36142) : Mtype(353.891356446692);
+      const Mtype w = bbox_mul(exp(min(v[2], cap)), pw);
+      const Mtype h = bbox_mul(exp(min(v[3], cap)), ph);
+      out[0] = from_m(cx - w / 2);
+      out[1] = from_m(cy - h / 2);
+      out[2] = from_m(cx + w / 2);
+      out[3] = from_m(cy + h / 2);
     } else {
-      out[0] = pr[0] + bbox_mul(v[0], pw);
-      out[1] = pr[1] + bbox_mul(v[1], ph);
-      out[2] = pr[2] + bbox_mul(v[2], pw);
-      out[3] = pr[3] + bbox_mul(v[3], ph);
+      out[0] = from_m(to_m(pr[0]) + bbox_mul(v[0], pw));
+      out[1] = from_m(to_m(pr[1]) + bbox_mul(v[1], ph));
+      out[2] = from_m(to_m(pr[2]) + bbox_mul(v[2], pw));
+      out[3] = from_m(to_m(pr[3]) + bbox_mul(v[3], ph));
     }
   }
 }
 
-__device__ Dtype bbox_iou(const Dtype* a, const Dtype* b) {
-  const Dtype iw = min(a[2], b[2]) - max(a[0], b[0]);
-  const Dtype ih = min(a[3], b[3]) - max(a[1], b[1]);
+__device__ Mtype bbox_iou(const Dtype* a, const Dtype* b) {
+  const Mtype iw = min(to_m(a[2]), to_m(b[2])) - max(to_m(a[0]), to_m(b[0]));
+  const Mtype ih = min(to_m(a[3]), to_m(b[3])) - max(to_m(a[1]), to_m(b[1]));
   if (!(iw > 0 && ih > 0)) return 0;
-  const Dtype inter = bbox_mul(iw, ih);
-  const Dtype wa = a[2] - a[0], ha = a[3] - a[1], wb = b[2] - b[0], hb = b[3] - b[1];
-  const Dtype sa = (wa < 0 || ha < 0) ? Dtype(0) : bbox_mul(wa, ha);
-  const Dtype sb = (wb < 0 || hb < 0) ? Dtype(0) : bbox_mul(wb, hb);
+  const Mtype inter = bbox_mul(iw, ih);
+  const Mtype wa = to_m(a[2]) - to_m(a[0]), ha = to_m(a[3]) - to_m(a[1]), wb = to_m(b[2]) - to_m(b[0]),
+              hb = to_m(b[3]) - to_m(b[1]);
+  const Mtype sa = (wa < 0 || ha < 0) ? Mtype(0) : bbox_mul(wa, ha);
+  const Mtype sb = (wb < 0 || hb < 0) ? Mtype(0) : bbox_mul(wb, hb);
   return inter / (sa + sb - inter);
 }
 
@@ -82,7 +84,7 @@ __global__ void bbox_nms(const int num_priors, const int num_classes, const int 
   }
   const Dtype* score = conf + (size_t)img * num_priors * num_classes + c;  // score(p) = score[p * C]
   for (int p = threadIdx.x; p < num_priors; p += blockDim.x) {
-    if (score[(size_t)p * num_classes] > score_threshold) {
+    if (to_m(score[(size_t)p * num_classes]) > Mtype(score_threshold)) {
       cand[base + atomicAdd(&s_count, 1)] = p;
     }
   }
@@ -91,11 +93,11 @@ __global__ void bbox_nms(const int num_priors, const int num_classes, const int 
   // rank sort into kept[] (stable descending by score)
   for (int k = threadIdx.x; k < total; k += blockDim.x) {
     const int pk = cand[base + k];
-    const Dtype sk = score[(size_t)pk * num_classes];
+    const Mtype sk = to_m(score[(size_t)pk * num_classes]);
     int rank = 0;
     for (int j = 0; j < total; ++j) {
       const int pj = cand[base + j];
-      const Dtype sj = score[(size_t)pj * num_classes];
+      const Mtype sj = to_m(score[(size_t)pj * num_classes]);
       rank += (sj > sk || (sj == sk && pj < pk)) ? 1 : 0;
     }
     kept[base + rank] = pk;
@@ -163,10 +165,10 @@ __global__ void bbox_keep_top_k(const int num_priors, const int num_classes, con
     const int key = ent_key[base + e];
     bool sel = all;
     if (!all) {
-      const Dtype s = ent_score[base + e];
+      const Mtype s = to_m(ent_score[base + e]);
       int rank = 0;
       for (int j = 0; j < total && rank < keep_top_k; ++j) {
-        const Dtype sj = ent_score[base + j];
+        const Mtype sj = to_m(ent_score[base + j]);
         rank += (sj > s || (sj == s && ent_key[base + j] < key)) ? 1 : 0;
       }
       sel = rank < keep_top_k;
@@ -192,8 +194,8 @@ __global__ void bbox_write_rows(const int num_priors, const int num_classes, con
   for (int m = 0; m < count; ++m) {
     if (!mask[base + m]) continue;
     const int p = kept[base + m];
-    row[0] = img;
-    row[1] = c;
+    row[0] = from_m(Mtype(img));
+    row[1] = from_m(Mtype(c));
     row[2] = conf[((size_t)img * num_priors + p) * num_classes + c];
     for (int k = 0; k < 4; ++k) row[3 + k] = boxes[(size_t)p * 4 + k];
     row += 7;

@@ -5,7 +5,8 @@
 // (kernel, stride and dilation from the arguments; the k3 variants ignore the kernel size, stride and
 // dilation arguments). The k3 forward, k3s1 data gradient and k3 weight gradient give each thread a
 // row vector of DW_V outputs (input pixels) along W: the input row segment they share is loaded once
-// into registers. Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+// into registers. Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from the backend prelude: sums,
+// the shared-memory reductions and the register rows are in Mtype.
 #include "epilogue.cuh"
 
 #define DW_THREADS 256  // block size of dw_backward_weight_*
@@ -38,13 +39,13 @@ __device__ __forceinline__ void dw_forward_body(const int count, const Dtype* __
     const Dtype* xp = x + (plane / mult) * height * width;
     const Dtype* wp = w + m * kh * kw;
     const int h0 = oh * sh - pad_h, w0 = ow * sw - pad_w;
-    Dtype sum = 0;
+    Mtype sum = 0;
     for (int i = 0; i < kh; ++i) {
       const int ih = h0 + i * dil_h;
       if (ih < 0 || ih >= height) continue;
       for (int j = 0; j < kw; ++j) {
         const int iw = w0 + j * dil_w;
-        if (iw >= 0 && iw < width) sum += wp[i * kw + j] * xp[ih * width + iw];
+        if (iw >= 0 && iw < width) sum += to_m(wp[i * kw + j]) * to_m(xp[ih * width + iw]);
       }
     }
     y[index] = conv_epilogue(sum, bias, m, epilogue);
@@ -66,7 +67,7 @@ __device__ __forceinline__ void dw_backward_data_body(const int count, const Dty
     const int ih = t % height;
     const int plane = t / height;  // n * C + c
     const int c = plane % channels;
-    Dtype sum = 0;
+    Mtype sum = 0;
     for (int r = 0; r < mult; ++r) {
       const Dtype* dyp = dy + (plane * mult + r) * out_plane;  // output plane n * M + c * mult + r
       const Dtype* wp = w + (c * mult + r) * kh * kw;
@@ -81,11 +82,11 @@ __device__ __forceinline__ void dw_backward_data_body(const int count, const Dty
           const int tw = iw + pad_w - j * dil_w;
           if (tw < 0 || tw % sw) continue;
           const int ow = tw / sw;
-          if (ow < width_out) sum += wp[i * kw + j] * dyp[oh * width_out + ow];
+          if (ow < width_out) sum += to_m(wp[i * kw + j]) * to_m(dyp[oh * width_out + ow]);
         }
       }
     }
-    dx[index] = sum;
+    dx[index] = from_m(sum);
   }
 }
 
@@ -93,7 +94,7 @@ __device__ __forceinline__ void dw_backward_data_body(const int count, const Dty
 // tap t0 + u, thread T the bias sum (when has_bias and t0 == 0): with chunks == 1 added straight into
 // dw[m, tap] / db[m], else stored in part[(m * chunks + s) * (taps + 1) + tap] (tap == taps: bias).
 template <int T>
-__device__ __forceinline__ void dw_reduce_store(const Dtype* acc, Dtype* red, const int t0, const int taps,
+__device__ __forceinline__ void dw_reduce_store(const Mtype* acc, Mtype* red, const int t0, const int taps,
                                                 const int has_bias, const int chunks, const int m, const int s,
                                                 Dtype* part, Dtype* dw, Dtype* db) {
   const int tid = threadIdx.x;
@@ -109,10 +110,10 @@ __device__ __forceinline__ void dw_reduce_store(const Dtype* acc, Dtype* red, co
   }
   if (tid <= T && (tid < T || (t0 == 0 && has_bias))) {
     const int tap = tid < T ? t0 + tid : taps;
-    const Dtype v = red[tid * DW_THREADS];
-    if (chunks > 1) part[(m * chunks + s) * (taps + 1) + tap] = v;
-    else if (tap < taps) dw[m * taps + tap] += v;
-    else db[m] += v;
+    const Mtype v = red[tid * DW_THREADS];
+    if (chunks > 1) part[(m * chunks + s) * (taps + 1) + tap] = from_m(v);
+    else if (tap < taps) dw[m * taps + tap] = from_m(to_m(dw[m * taps + tap]) + v);
+    else db[m] = from_m(to_m(db[m]) + v);
   }
   __syncthreads();  // red is reused by the next sweep
 }
@@ -126,7 +127,7 @@ __device__ __forceinline__ void dw_backward_weight_body(const Dtype* __restrict_
                                                         const int has_bias, Dtype* __restrict__ part,
                                                         Dtype* __restrict__ dw, Dtype* __restrict__ db,
                                                         DW_GEOMETRY_PARAMS) {
-  __shared__ Dtype red[2 * DW_THREADS];
+  __shared__ Mtype red[2 * DW_THREADS];
   const int kw = kernel_w, taps = kernel_h * kernel_w, num_output = channels * mult;
   const int m = blockIdx.x / chunks, s = blockIdx.x - m * chunks;
   const int out_plane = height_out * width_out, total = num * out_plane;
@@ -134,27 +135,27 @@ __device__ __forceinline__ void dw_backward_weight_body(const Dtype* __restrict_
   const int tid = threadIdx.x;
   for (int tap = 0; tap < taps; ++tap) {
     const int i = tap / kw, j = tap - i * kw;
-    Dtype acc[2] = {0, 0};  // tap, bias
+    Mtype acc[2] = {0, 0};  // tap, bias
     for (int e = e0 + tid; e < e1; e += DW_THREADS) {
       const int n = e / out_plane, p = e - n * out_plane;
       const int oh = p / width_out, ow = p - oh * width_out;
-      const Dtype g = dy[(n * num_output + m) * out_plane + p];
+      const Mtype g = to_m(dy[(n * num_output + m) * out_plane + p]);
       const int ih = oh * stride_h - pad_h + i * dil_h, iw = ow * stride_w - pad_w + j * dil_w;
       acc[1] += g;
       if (ih >= 0 && ih < height && iw >= 0 && iw < width)
-        acc[0] += g * x[((n * channels + m / mult) * height + ih) * width + iw];
+        acc[0] += g * to_m(x[((n * channels + m / mult) * height + ih) * width + iw]);
     }
     dw_reduce_store<1>(acc, red, tap, taps, has_bias, chunks, m, s, part, dw, db);
   }
 }
 
 // ---- row-vector kernels: 3x3, stride S, no dilation; DW_V outputs along W per thread ----------------
-// Input columns w0 .. w0 + SPAN - 1 of row ih (zero outside the image) into r.
+// Input columns w0 .. w0 + SPAN - 1 of row ih (zero outside the image) into r, as Mtype.
 template <int SPAN>
 __device__ __forceinline__ void dw_load_row(const Dtype* __restrict__ row, const int w0, const int width,
-                                            Dtype* r) {
+                                            Mtype* r) {
 #pragma unroll
-  for (int u = 0; u < SPAN; ++u) r[u] = (w0 + u >= 0 && w0 + u < width) ? row[w0 + u] : Dtype(0);
+  for (int u = 0; u < SPAN; ++u) r[u] = (w0 + u >= 0 && w0 + u < width) ? to_m(row[w0 + u]) : Mtype(0);
 }
 
 // index over (n, m, oh, q): outputs ow = q * DW_V + v, v < DW_V, of row oh.
@@ -171,18 +172,18 @@ __device__ __forceinline__ void dw_forward_rows(const int count, const Dtype* __
     const int plane = t / height_out;  // n * M + m
     const int m = plane % num_output;
     const Dtype* xp = x + (plane / mult) * height * width;
-    Dtype k[9];
+    Mtype k[9];
 #pragma unroll
-    for (int u = 0; u < 9; ++u) k[u] = w[m * 9 + u];
+    for (int u = 0; u < 9; ++u) k[u] = to_m(w[m * 9 + u]);
     const int ow0 = q * DW_V, h0 = oh * S - pad_h, w0 = ow0 * S - pad_w;
-    Dtype sum[DW_V];
+    Mtype sum[DW_V];
 #pragma unroll
     for (int v = 0; v < DW_V; ++v) sum[v] = 0;
 #pragma unroll
     for (int i = 0; i < 3; ++i) {
       const int ih = h0 + i;
       if (ih < 0 || ih >= height) continue;
-      Dtype r[SPAN];
+      Mtype r[SPAN];
       dw_load_row<SPAN>(xp + ih * width, w0, width, r);
 #pragma unroll
       for (int v = 0; v < DW_V; ++v)
@@ -210,7 +211,7 @@ __device__ __forceinline__ void dw_backward_data_rows(const int count, const Dty
     const int plane = t / height;  // n * C + c
     const int c = plane % channels;
     const int iw0 = q * DW_V, w0 = iw0 + pad_w - 2;  // dy column of r[0]
-    Dtype sum[DW_V];
+    Mtype sum[DW_V];
 #pragma unroll
     for (int v = 0; v < DW_V; ++v) sum[v] = 0;
     for (int rr = 0; rr < mult; ++rr) {
@@ -220,18 +221,18 @@ __device__ __forceinline__ void dw_backward_data_rows(const int count, const Dty
       for (int i = 0; i < 3; ++i) {
         const int oh = ih + pad_h - i;
         if (oh < 0 || oh >= height_out) continue;
-        Dtype r[SPAN];
+        Mtype r[SPAN];
         dw_load_row<SPAN>(dyp + oh * width_out, w0, width_out, r);
 #pragma unroll
         for (int v = 0; v < DW_V; ++v)
 #pragma unroll
-          for (int j = 0; j < 3; ++j) sum[v] += k[i * 3 + j] * r[v + 2 - j];  // ow = iw + pad_w - j
+          for (int j = 0; j < 3; ++j) sum[v] += to_m(k[i * 3 + j]) * r[v + 2 - j];  // ow = iw + pad_w - j
       }
     }
     Dtype* dxp = dx + (plane * height + ih) * width;
 #pragma unroll
     for (int v = 0; v < DW_V; ++v)
-      if (iw0 + v < width) dxp[iw0 + v] = sum[v];
+      if (iw0 + v < width) dxp[iw0 + v] = from_m(sum[v]);
   }
 }
 
@@ -244,11 +245,11 @@ __device__ __forceinline__ void dw_backward_weight_rows(const Dtype* __restrict_
                                                         Dtype* __restrict__ dw, Dtype* __restrict__ db,
                                                         DW_GEOMETRY_PARAMS) {
   constexpr int SPAN = (DW_V - 1) * S + 3;
-  __shared__ Dtype red[10 * DW_THREADS];
+  __shared__ Mtype red[10 * DW_THREADS];
   const int num_output = channels * mult, quads = (width_out + DW_V - 1) / DW_V;
   const int m = blockIdx.x / chunks, s = blockIdx.x - m * chunks;
   const int total = num * height_out * quads, e0 = s * chunk, e1 = min(total, e0 + chunk);
-  Dtype acc[10];
+  Mtype acc[10];
 #pragma unroll
   for (int u = 0; u < 10; ++u) acc[u] = 0;
   for (int e = e0 + threadIdx.x; e < e1; e += DW_THREADS) {
@@ -257,10 +258,10 @@ __device__ __forceinline__ void dw_backward_weight_rows(const Dtype* __restrict_
     const int oh = t % height_out, n = t / height_out;
     const int ow0 = q * DW_V;
     const Dtype* dyp = dy + ((n * num_output + m) * height_out + oh) * width_out;
-    Dtype g[DW_V];
+    Mtype g[DW_V];
 #pragma unroll
     for (int v = 0; v < DW_V; ++v) {
-      g[v] = ow0 + v < width_out ? dyp[ow0 + v] : Dtype(0);
+      g[v] = ow0 + v < width_out ? to_m(dyp[ow0 + v]) : Mtype(0);
       acc[9] += g[v];
     }
     const Dtype* xp = x + (n * channels + m / mult) * height * width;
@@ -269,7 +270,7 @@ __device__ __forceinline__ void dw_backward_weight_rows(const Dtype* __restrict_
     for (int i = 0; i < 3; ++i) {
       const int ih = h0 + i;
       if (ih < 0 || ih >= height) continue;
-      Dtype r[SPAN];
+      Mtype r[SPAN];
       dw_load_row<SPAN>(xp + ih * width, w0, width, r);
 #pragma unroll
       for (int j = 0; j < 3; ++j)
@@ -311,9 +312,9 @@ __global__ void dw_reduce_weight(const int count, const Dtype* part, const int c
     const int u = index % (taps + 1), m = index / (taps + 1);
     if (u == taps && !has_bias) continue;
     const Dtype* p = part + m * chunks * (taps + 1) + u;
-    Dtype sum = 0;
-    for (int s = 0; s < chunks; ++s) sum += p[s * (taps + 1)];
-    if (u < taps) dw[m * taps + u] += sum;
-    else db[m] += sum;
+    Mtype sum = 0;
+    for (int s = 0; s < chunks; ++s) sum += to_m(p[s * (taps + 1)]);
+    if (u < taps) dw[m * taps + u] = from_m(to_m(dw[m * taps + u]) + sum);
+    else db[m] = from_m(to_m(db[m]) + sum);
   }
 }

@@ -4,7 +4,8 @@
 // one image: thread (tx, ty) the outputs (oh0 + ty + 8r, ow0 + tx), r = 0, 1, for the DC_TM channels
 // (2 * DC_TM accumulators). Input channels are walked CK at a time: their input patch
 // ((16-1)*S + K)^2 (zero outside the image) and the DC_TM x CK x K x K filter taps go to shared memory.
-// Grid: (tiles along W * tiles along H, ceil(M / DC_TM), num). Dtype comes from the backend prelude.
+// Grid: (tiles along W * tiles along H, ceil(M / DC_TM), num). Dtype, Mtype, to_m come from the backend
+// prelude; the tiles hold Dtype, the accumulators are Mtype.
 #include "epilogue.cuh"
 
 #define DC_TILE 16
@@ -29,7 +30,7 @@ __device__ __forceinline__ void dc_forward_body(const Dtype* __restrict__ x, con
   const int m0 = blockIdx.y * DC_TM, n = blockIdx.z;
   const int h0 = oh0 * S - pad_h, w0 = ow0 * S - pad_w;  // image position of patch (0, 0)
   const Dtype* xn = x + n * channels * height * width;
-  Dtype acc[2][DC_TM];
+  Mtype acc[2][DC_TM];
 #pragma unroll
   for (int t = 0; t < DC_TM; ++t) acc[0][t] = acc[1][t] = 0;
   for (int c0 = 0; c0 < channels; c0 += CK) {
@@ -51,10 +52,10 @@ __device__ __forceinline__ void dc_forward_body(const Dtype* __restrict__ x, con
       for (int i = 0; i < K; ++i) {
 #pragma unroll
         for (int j = 0; j < K; ++j) {
-          const Dtype x0 = xs[cl][ty * S + i][tx * S + j], x1 = xs[cl][(ty + 8) * S + i][tx * S + j];
+          const Mtype x0 = to_m(xs[cl][ty * S + i][tx * S + j]), x1 = to_m(xs[cl][(ty + 8) * S + i][tx * S + j]);
 #pragma unroll
           for (int t = 0; t < DC_TM; ++t) {
-            const Dtype wv = ws[t][cl][i * K + j];
+            const Mtype wv = to_m(ws[t][cl][i * K + j]);
             acc[0][t] += wv * x0;
             acc[1][t] += wv * x1;
           }

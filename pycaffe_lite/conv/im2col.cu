@@ -3,7 +3,7 @@
 // height_col*width_col): row r = (c*kernel_h + i)*kernel_w + j holds, for every image n and
 // output pixel (y, x), the input pixel (y*stride_h - pad_h + i*dilation_h,
 // x*stride_w - pad_w + j*dilation_w) of channel c, or zero outside the image.
-// Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+// Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from the backend prelude (col2im sums in Mtype).
 
 // One thread per (c, n, y, x), in that order (x fastest): writes its kernel_h*kernel_w entries.
 __global__ void im2col_batch(const int count, const Dtype* data_im, const int num, const int channels,
@@ -50,7 +50,7 @@ __global__ void col2im_batch(const int count, const Dtype* data_col, const int n
     const int h = (index / width) % height;
     const int c = (index / (width * height)) % channels;
     const int n = index / (width * height * channels);
-    Dtype sum = 0;
+    Mtype sum = 0;
     for (int i = 0; i < kernel_h; ++i) {
       const int hs = h + pad_h - i * dilation_h;  // = y * stride_h for the output row y that reads h
       if (hs < 0 || hs % stride_h != 0) continue;
@@ -62,10 +62,10 @@ __global__ void col2im_batch(const int count, const Dtype* data_col, const int n
         const int x = ws / stride_w;
         if (x >= width_col) continue;
         const int row = (c * kernel_h + i) * kernel_w + j;
-        sum += data_col[row * row_stride + n * spatial_col + y * width_col + x];
+        sum += to_m(data_col[row * row_stride + n * spatial_col + y * width_col + x]);
       }
     }
-    data_im[index] = sum;
+    data_im[index] = from_m(sum);
   }
 }
 

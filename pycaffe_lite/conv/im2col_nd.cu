@@ -55,7 +55,7 @@ __global__ void col2im_nd3(const int count, const Dtype* col, const int d0, cons
     const int i0 = (index / (d1 * d2)) % d0;
     const int nc = index / (d0 * d1 * d2);
     const Dtype* src = col + nc * kernel_size * slab;
-    Dtype sum = 0;
+    Mtype sum = 0;  // in Mtype (to_m / from_m from the backend prelude)
     for (int a = 0; a < k0; ++a) {
       const int t0 = i0 + p0 - a * l0;  // = x0 * s0 for the output x0 that reads i0
       if (t0 < 0 || t0 % s0 != 0) continue;
@@ -68,10 +68,10 @@ __global__ void col2im_nd3(const int count, const Dtype* col, const int d0, cons
           const int t2 = i2 + p2 - e * l2;
           if (t2 < 0 || t2 % s2 != 0 || t2 / s2 >= o2) continue;
           const int row = (a * k1 + b) * k2 + e;
-          sum += src[row * slab + (x0 * o1 + t1 / s1) * o2 + t2 / s2];
+          sum += to_m(src[row * slab + (x0 * o1 + t1 / s1) * o2 + t2 / s2]);
         }
       }
     }
-    im[index] = accumulate ? im[index] + sum : sum;
+    im[index] = from_m(accumulate ? to_m(im[index]) + sum : sum);
   }
 }

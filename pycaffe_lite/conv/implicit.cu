@@ -9,7 +9,8 @@
 // give each k or kk its offsets (int4, see conv_implicit.py), so the inner loops never divide.
 // The GEMM core keeps a BM x BN tile per 256-thread block, TM x TN outputs per thread spread with
 // stride (BM/TM, BN/TN) to avoid shared-memory bank conflicts, and prefetches the next BK slice
-// into registers while the current one is multiplied. Dtype comes from the backend prelude.
+// into registers while the current one is multiplied. Dtype, Mtype, to_m, from_m come from the backend
+// prelude: the tiles hold Dtype, the accumulators are Mtype.
 
 // The geometry parameters of every entry point (conv_implicit_ops.cuh passes them on as
 // IG_GEOMETRY_ARGS).
@@ -59,11 +60,11 @@ __device__ __forceinline__ void igemm_core(const Op& op, const int m0, const int
   for (int e = 0; e < B_STATES; ++e) bs[e] = op.b_state(n0 + b_col[e]);
 
   Dtype ra[A_PER], rb[B_PER];
-  Dtype acc[TM][TN];
+  Mtype acc[TM][TN];
 #pragma unroll
   for (int i = 0; i < TM; ++i)
 #pragma unroll
-    for (int j = 0; j < TN; ++j) acc[i][j] = Dtype(0);
+    for (int j = 0; j < TN; ++j) acc[i][j] = Mtype(0);
 
   const int tm = tid / (BN / TN), tn = tid % (BN / TN);
   if (k_begin < k_end) {
@@ -87,11 +88,11 @@ __device__ __forceinline__ void igemm_core(const Op& op, const int m0, const int
     }
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
-      Dtype fa[TM], fb[TN];
+      Mtype fa[TM], fb[TN];
 #pragma unroll
-      for (int i = 0; i < TM; ++i) fa[i] = As[kk][tm + i * (BM / TM)];
+      for (int i = 0; i < TM; ++i) fa[i] = to_m(As[kk][tm + i * (BM / TM)]);
 #pragma unroll
-      for (int j = 0; j < TN; ++j) fb[j] = Bs[kk][tn + j * (BN / TN)];
+      for (int j = 0; j < TN; ++j) fb[j] = to_m(Bs[kk][tn + j * (BN / TN)]);
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -163,9 +164,9 @@ __global__ void ig_reduce_weight(const int count, const Dtype* ws, const int spl
     const int gm = index / cols;  // g * mg + m
     const int g = gm / mg, m = gm - g * mg;
     const Dtype* p = ws + ((long long)g * splits * mg + m) * cols + k;
-    Dtype sum = 0;
-    for (int s = 0; s < splits; ++s) sum += p[(long long)s * mg * cols];
-    if (k < kg) dw[gm * kg + k] += sum;
-    else db[gm] += sum;
+    Mtype sum = 0;
+    for (int s = 0; s < splits; ++s) sum += to_m(p[(long long)s * mg * cols]);
+    if (k < kg) dw[gm * kg + k] = from_m(to_m(dw[gm * kg + k]) + sum);
+    else db[gm] = from_m(to_m(db[gm]) + sum);
   }
 }

@@ -6,7 +6,7 @@
 //   store(row, col, value): the bounds-checked epilogue write.
 // k_begin / k_end: the contraction range the block runs. The ig_*_op functions below set an Op
 // up for group g (and split s) from the entry points' arguments.
-// Included after the backend prelude (Dtype).
+// Included after the backend prelude (Dtype; store takes the Mtype accumulator, from_m stores it).
 #pragma once
 #include "epilogue.cuh"
 
@@ -38,7 +38,7 @@ struct FwdOp {
     const int iy = s.iy0 + t.y, ix = s.ix0 + t.z;
     return ((unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W) ? s.base[t.x + s.iy0 * W + s.ix0] : Dtype(0);
   }
-  __device__ void store(int m, int col, Dtype v) const {
+  __device__ void store(int m, int col, Mtype v) const {
     if (m >= Mg || col >= ncols) return;
     const int n = col / P, p = col - n * P;
     y[(long long)n * mp + m * P + p] = conv_epilogue(v, bias, m, epilogue);
@@ -74,10 +74,10 @@ struct BwdDataOp {
     if (sw != 1) { if (ox % sw) return Dtype(0); ox /= sw; }
     return (oy < Ho && ox < Wo) ? s.base[t.y + oy * Wo + ox] : Dtype(0);
   }
-  __device__ void store(int c, int col, Dtype v) const {
+  __device__ void store(int c, int col, Mtype v) const {
     if (c >= Cg || col >= ncols) return;
     const int n = col / HW, q = col - n * HW;
-    dx[(long long)n * chw + c * HW + q] = v;
+    dx[(long long)n * chw + c * HW + q] = from_m(v);
   }
 };
 
@@ -110,8 +110,8 @@ struct BwdWeightOp {
     return ((unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W)
                ? x[(long long)n * chw + s.t.x + iy0 * W + ix0] : Dtype(0);
   }
-  __device__ void store(int m, int k, Dtype v) const {
-    if (m < Mg && k < ncols) ws[m * ncols + k] = v;
+  __device__ void store(int m, int k, Mtype v) const {
+    if (m < Mg && k < ncols) ws[m * ncols + k] = from_m(v);
   }
 };
 

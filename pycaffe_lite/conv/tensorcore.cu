@@ -361,7 +361,7 @@ template <int BM, int BN> struct FwdSliced {
     tcs_load_cols<BN>(Bs, ok ? b_img + (long long)at.c0 * HW + iy * W + ix : x, HW, ok);
     at.next(cslices * TCS_BK, kw);
   }
-  __device__ void store(int m, int col, Dtype v) const {
+  __device__ void store(int m, int col, Mtype v) const {
     if (m >= Mg || col >= ncols) return;
     const int n = col / P, p = col - n * P;
     y[(long long)n * mp + m * P + p] = conv_epilogue(v, bias, m, epilogue);
@@ -400,10 +400,10 @@ template <int BM, int BN> struct BwdDataSliced {
     ok = ok && oy < Ho && ox < Wo;
     tcs_load_cols<BN>(Bs, ok ? b_img + (long long)mb * P + oy * Wo + ox : dy, P, ok);
   }
-  __device__ void store(int c, int col, Dtype v) const {
+  __device__ void store(int c, int col, Mtype v) const {
     if (c >= Cg || col >= ncols) return;
     const int n = col / HW, q = col - n * HW;
-    dx[(long long)n * chw + c * HW + q] = v;
+    dx[(long long)n * chw + c * HW + q] = from_m(v);
   }
 };
 
@@ -456,10 +456,10 @@ template <int BM, int BN> struct BwdWeightSliced {
       if (++oy == Ho) oy = 0, ++n;
     }
   }
-  __device__ void store(int m, int col, Dtype v) const {
+  __device__ void store(int m, int col, Mtype v) const {
     if (m >= Mg || col >= Kg) return;
     const int tap = col / Cg, c = col - tap * Cg;
-    ws[m * Kg + c * khkw + tap] = v;
+    ws[m * Kg + c * khkw + tap] = from_m(v);
   }
 };
 

@@ -8,16 +8,17 @@
 //     output  Mo[xi][m][t] = sum_c U[xi][m][c] V[xi][c][t]
 // The weight gradient uses the adjoints: dMo = A dY A^T per tile, dU[xi] = dMo[xi] V[xi]^T,
 // dW = G^T dU G; there the tiles are stored in blocks so that the long sum over tiles splits into
-// one batched GEMM over (xi, block) plus a reduction over blocks. Dtype and CUDA_KERNEL_LOOP come from the backend prelude.
+// one batched GEMM over (xi, block) plus a reduction over blocks. Dtype, Mtype, to_m, from_m and
+// CUDA_KERNEL_LOOP come from the backend prelude: the transforms are computed in Mtype.
 #include "epilogue.cuh"
 
 // 1-D transforms of four values (in place in the caller's registers).
-__device__ __forceinline__ void wino_bt4(Dtype& a, Dtype& b, Dtype& c, Dtype& d) {  // B^T
-  const Dtype t0 = a - c, t1 = b + c, t2 = c - b, t3 = b - d;
+__device__ __forceinline__ void wino_bt4(Mtype& a, Mtype& b, Mtype& c, Mtype& d) {  // B^T
+  const Mtype t0 = a - c, t1 = b + c, t2 = c - b, t3 = b - d;
   a = t0; b = t1; c = t2; d = t3;
 }
 
-__device__ __forceinline__ void wino_a4(const Dtype y0, const Dtype y1, Dtype* m) {  // A (adjoint of A^T)
+__device__ __forceinline__ void wino_a4(const Mtype y0, const Mtype y1, Mtype* m) {  // A (adjoint of A^T)
   m[0] = y0; m[1] = y0 + y1; m[2] = y0 - y1; m[3] = -y1;
 }
 
@@ -28,23 +29,23 @@ __global__ void winograd_filter(const int count, const Dtype* w, const int num_o
   CUDA_KERNEL_LOOP(index, count) {  // index = m * channels + c
     const int m = index / channels, c = index - m * channels;
     const Dtype* g = w + index * 9;
-    Dtype k[3][3];
+    Mtype k[3][3];
     for (int i = 0; i < 3; ++i)
-      for (int j = 0; j < 3; ++j) k[i][j] = flip ? g[(2 - i) * 3 + (2 - j)] : g[i * 3 + j];
-    Dtype t[4][3];  // G k
+      for (int j = 0; j < 3; ++j) k[i][j] = to_m(flip ? g[(2 - i) * 3 + (2 - j)] : g[i * 3 + j]);
+    Mtype t[4][3];  // G k
     for (int j = 0; j < 3; ++j) {
       t[0][j] = k[0][j];
-      t[1][j] = Dtype(0.5) * (k[0][j] + k[1][j] + k[2][j]);
-      t[2][j] = Dtype(0.5) * (k[0][j] - k[1][j] + k[2][j]);
+      t[1][j] = Mtype(0.5) * (k[0][j] + k[1][j] + k[2][j]);
+      t[2][j] = Mtype(0.5) * (k[0][j] - k[1][j] + k[2][j]);
       t[3][j] = k[2][j];
     }
     const int stride = num_output * channels;  // elements per xi plane
     const int at = flip ? c * num_output + m : m * channels + c;
     for (int i = 0; i < 4; ++i) {  // (G k) G^T
-      u[(i * 4 + 0) * stride + at] = t[i][0];
-      u[(i * 4 + 1) * stride + at] = Dtype(0.5) * (t[i][0] + t[i][1] + t[i][2]);
-      u[(i * 4 + 2) * stride + at] = Dtype(0.5) * (t[i][0] - t[i][1] + t[i][2]);
-      u[(i * 4 + 3) * stride + at] = t[i][2];
+      u[(i * 4 + 0) * stride + at] = from_m(t[i][0]);
+      u[(i * 4 + 1) * stride + at] = from_m(Mtype(0.5) * (t[i][0] + t[i][1] + t[i][2]));
+      u[(i * 4 + 2) * stride + at] = from_m(Mtype(0.5) * (t[i][0] - t[i][1] + t[i][2]));
+      u[(i * 4 + 3) * stride + at] = from_m(t[i][2]);
     }
   }
 }
@@ -54,19 +55,22 @@ __global__ void winograd_filter_grad(const int count, const Dtype* du, const int
                                      const int channels, Dtype* dw) {
   CUDA_KERNEL_LOOP(index, count) {  // index = m * channels + c
     const int stride = num_output * channels;
-    Dtype v[4][4];
-    for (int xi = 0; xi < 16; ++xi) v[xi / 4][xi % 4] = du[xi * stride + index];
-    Dtype t[3][4];  // G^T v
+    Mtype v[4][4];
+    for (int xi = 0; xi < 16; ++xi) v[xi / 4][xi % 4] = to_m(du[xi * stride + index]);
+    Mtype t[3][4];  // G^T v
     for (int j = 0; j < 4; ++j) {
-      t[0][j] = v[0][j] + Dtype(0.5) * (v[1][j] + v[2][j]);
-      t[1][j] = Dtype(0.5) * (v[1][j] - v[2][j]);
-      t[2][j] = Dtype(0.5) * (v[1][j] + v[2][j]) + v[3][j];
+      t[0][j] = v[0][j] + Mtype(0.5) * (v[1][j] + v[2][j]);
+      t[1][j] = Mtype(0.5) * (v[1][j] - v[2][j]);
+      t[2][j] = Mtype(0.5) * (v[1][j] + v[2][j]) + v[3][j];
     }
     Dtype* g = dw + index * 9;
     for (int i = 0; i < 3; ++i) {  // (G^T v) G
-      g[i * 3 + 0] += t[i][0] + Dtype(0.5) * (t[i][1] + t[i][2]);
-      g[i * 3 + 1] += Dtype(0.5) * (t[i][1] - t[i][2]);
-      g[i * 3 + 2] += Dtype(0.5) * (t[i][1] + t[i][2]) + t[i][3];
+      const Mtype e0 = t[i][0] + Mtype(0.5) * (t[i][1] + t[i][2]);
+      g[i * 3 + 0] = from_m(to_m(g[i * 3 + 0]) + e0);
+      const Mtype e1 = Mtype(0.5) * (t[i][1] - t[i][2]);
+      g[i * 3 + 1] = from_m(to_m(g[i * 3 + 1]) + e1);
+      const Mtype e2 = Mtype(0.5) * (t[i][1] + t[i][2]) + t[i][3];
+      g[i * 3 + 2] = from_m(to_m(g[i * 3 + 2]) + e2);
     }
   }
 }
@@ -90,18 +94,18 @@ __global__ void winograd_input(const int count, const Dtype* x, const int channe
     const int tx = t % tiles_w, ty = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
     const Dtype* plane = x + ((long long)n * channels + c) * height * width;
     const int y0 = 2 * ty - pad_h, x0 = 2 * tx - pad_w;
-    Dtype d[4][4];
+    Mtype d[4][4];
     for (int i = 0; i < 4; ++i) {
       const int yy = y0 + i;
       const bool row_ok = yy >= 0 && yy < height;
       for (int j = 0; j < 4; ++j) {
         const int xx = x0 + j;
-        d[i][j] = (row_ok && xx >= 0 && xx < width) ? plane[yy * width + xx] : Dtype(0);
+        d[i][j] = (row_ok && xx >= 0 && xx < width) ? to_m(plane[yy * width + xx]) : Mtype(0);
       }
     }
     for (int j = 0; j < 4; ++j) wino_bt4(d[0][j], d[1][j], d[2][j], d[3][j]);  // B^T d
     for (int i = 0; i < 4; ++i) wino_bt4(d[i][0], d[i][1], d[i][2], d[i][3]);  // (B^T d) B
-    for (int xi = 0; xi < 16; ++xi) out[(long long)xi * count] = d[xi / 4][xi % 4];
+    for (int xi = 0; xi < 16; ++xi) out[(long long)xi * count] = from_m(d[xi / 4][xi % 4]);
   }
 }
 
@@ -114,9 +118,9 @@ __global__ void winograd_output(const int count, const Dtype* mo, const int num_
     const int m = index / num_tiles, t = index - m * num_tiles;
     const int tx = t % tiles_w, ty = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
     const long long plane_stride = (long long)num_output * num_tiles;
-    Dtype v[4][4];
-    for (int xi = 0; xi < 16; ++xi) v[xi / 4][xi % 4] = mo[xi * plane_stride + index];
-    Dtype r[2][4];  // A^T v
+    Mtype v[4][4];
+    for (int xi = 0; xi < 16; ++xi) v[xi / 4][xi % 4] = to_m(mo[xi * plane_stride + index]);
+    Mtype r[2][4];  // A^T v
     for (int j = 0; j < 4; ++j) {
       r[0][j] = v[0][j] + v[1][j] + v[2][j];
       r[1][j] = v[1][j] - v[2][j] - v[3][j];
@@ -149,19 +153,19 @@ __global__ void winograd_output_grad(const int count, const Dtype* dy, const int
     }
     const int tx = t % tiles_w, ty = (t / tiles_w) % tiles_h, n = t / (tiles_w * tiles_h);
     const Dtype* plane = dy + ((long long)n * num_output + m) * height_out * width_out;
-    Dtype g[2][2];
+    Mtype g[2][2];
     for (int i = 0; i < 2; ++i)
       for (int j = 0; j < 2; ++j) {
         const int yy = 2 * ty + i, xx = 2 * tx + j;
-        g[i][j] = (yy < height_out && xx < width_out) ? plane[yy * width_out + xx] : Dtype(0);
+        g[i][j] = (yy < height_out && xx < width_out) ? to_m(plane[yy * width_out + xx]) : Mtype(0);
       }
-    Dtype c0[4], c1[4];  // A g: columns j = 0, 1 expanded to 4 rows
+    Mtype c0[4], c1[4];  // A g: columns j = 0, 1 expanded to 4 rows
     wino_a4(g[0][0], g[1][0], c0);
     wino_a4(g[0][1], g[1][1], c1);
     for (int i = 0; i < 4; ++i) {  // (A g) A^T
-      Dtype row[4];
+      Mtype row[4];
       wino_a4(c0[i], c1[i], row);
-      for (int j = 0; j < 4; ++j) out[(long long)(i * 4 + j) * count] = row[j];
+      for (int j = 0; j < 4; ++j) out[(long long)(i * 4 + j) * count] = from_m(row[j]);
     }
   }
 }

@@ -1,6 +1,7 @@
 // Shared kernels that are more than one statement (math_functions.py generates the one-statement
 // element-wise ones): per-channel affine maps and sums of several inputs, vectorized by W
-// (vec.cuh), and per-channel reductions over an (outer, dim, inner) view. Dtype: the prelude.
+// (vec.cuh), and per-channel reductions over an (outer, dim, inner) view. Dtype, Mtype, to_m, from_m:
+// the prelude; arithmetic and sums are in Mtype, stored values in Dtype.
 #include "block_sum.cuh"
 #include "vec.cuh"
 #include "weighted_sum.cuh"
@@ -13,12 +14,13 @@ __device__ void channel_affine(const int n, const int dim, const int inner, cons
                                const Dtype* s, const Dtype* b, Dtype* y) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, dim, inner);
-    const Dtype sc = HAS_S ? s[c] : Dtype(1), bc = HAS_B ? b[c] : Dtype(0);
+    const Mtype sc = HAS_S ? to_m(s[c]) : Mtype(1), bc = HAS_B ? to_m(b[c]) : Mtype(0);
     Vec<W> v = vload<W>(x, u);
 #pragma unroll
     for (int j = 0; j < W; ++j) {
-      v.v[j] = HAS_S ? v.v[j] * sc + bc : v.v[j] + bc;
-      if (RELU && !(v.v[j] > 0)) v.v[j] *= Dtype(0);
+      Mtype m = HAS_S ? to_m(v.v[j]) * sc + bc : to_m(v.v[j]) + bc;
+      if (RELU && !(m > 0)) m *= Mtype(0);
+      v.v[j] = from_m(m);
     }
     vstore<W>(y, u, v);
   }
@@ -55,9 +57,9 @@ __device__ void channel_reduce(const int chunks, const int outer, const int dim,
   const int units = outer * (inner / W);  // of this channel
   const int per = (units + chunks - 1) / chunks;
   const int end = min(units, (chunk + 1) * per);
-  const Dtype k = OP == OP_MOMENTS ? a[c * inner] : OP == OP_DOT_SHIFT ? shift[c] : Dtype(0);
-  const Dtype qc = OP == OP_DOT_DX ? q[c] : Dtype(0);
-  Dtype s0 = 0, s1 = 0;
+  const Mtype k = OP == OP_MOMENTS ? to_m(a[c * inner]) : OP == OP_DOT_SHIFT ? to_m(shift[c]) : Mtype(0);
+  const Mtype qc = OP == OP_DOT_DX ? to_m(q[c]) : Mtype(0);
+  Mtype s0 = 0, s1 = 0;
   for (int u = chunk * per + threadIdx.x; u < end; u += blockDim.x) {
     const int e = u * W, o = e / inner;
     const int unit = ((o * dim + c) * inner + (e - o * inner)) / W;
@@ -67,24 +69,24 @@ __device__ void channel_reduce(const int chunks, const int outer, const int dim,
 #pragma unroll
     for (int j = 0; j < W; ++j) {
       if (OP == OP_MOMENTS) {
-        const Dtype d = va.v[j] - k;
+        const Mtype d = to_m(va.v[j]) - k;
         s0 += d;
         s1 += d * d;
       } else if (OP == OP_RELU_SUM) {
-        va.v[j] = va.v[j] * (vb.v[j] > 0 ? Dtype(1) : Dtype(0));
-        s0 += va.v[j];
+        va.v[j] = from_m(to_m(va.v[j]) * (to_m(vb.v[j]) > 0 ? Mtype(1) : Mtype(0)));
+        s0 += to_m(va.v[j]);
       } else {
-        s0 += va.v[j];
-        if (OP >= OP_DOT) s1 += va.v[j] * (vb.v[j] - k);
-        if (OP == OP_DOT_DX) va.v[j] *= qc;
+        s0 += to_m(va.v[j]);
+        if (OP >= OP_DOT) s1 += to_m(va.v[j]) * (to_m(vb.v[j]) - k);
+        if (OP == OP_DOT_DX) va.v[j] = from_m(to_m(va.v[j]) * qc);
       }
     }
     if (OP == OP_DOT_DX || OP == OP_RELU_SUM) vstore<W>(y, unit, va);
   }
   block_sum2(s0, s1);
   if (threadIdx.x == 0) {
-    part[c * chunks + chunk] = s0;
-    part[(dim + c) * chunks + chunk] = s1;
+    part[c * chunks + chunk] = from_m(s0);
+    part[(dim + c) * chunks + chunk] = from_m(s1);
   }
 }
 }  // extern "C++"
@@ -108,7 +110,7 @@ AFFINE(affine_b_relu, 4, false, true, true)
                                     const Dtype* a1, const Dtype* a2, const Dtype* a3,       \
                                     const Dtype c0, const Dtype c1, const Dtype c2,          \
                                     const Dtype c3, Dtype* y) {                              \
-    weighted_sum<W>(n, k, a0, a1, a2, a3, c0, c1, c2, c3, y);                                \
+    weighted_sum<W>(n, k, a0, a1, a2, a3, Mtype(c0), Mtype(c1), Mtype(c2), Mtype(c3), y);    \
   }
 WSUM(1)
 WSUM(4)
@@ -147,13 +149,13 @@ __global__ void reduce_finish(const int dim, const int chunks, const Dtype* part
                               const int which, Dtype* out0, const Dtype beta0, Dtype* out1,
                               const Dtype beta1) {
   CUDA_KERNEL_LOOP(c, dim) {
-    Dtype s0 = 0, s1 = 0;
+    Mtype s0 = 0, s1 = 0;
     for (int k = 0; k < chunks; ++k) {
-      s0 += part[c * chunks + k];
-      s1 += part[(dim + c) * chunks + k];
+      s0 += to_m(part[c * chunks + k]);
+      s1 += to_m(part[(dim + c) * chunks + k]);
     }
-    if (which & 1) out0[c] = alpha * s0 + (beta0 == Dtype(0) ? Dtype(0) : beta0 * out0[c]);
-    if (which & 2) out1[c] = alpha * s1 + (beta1 == Dtype(0) ? Dtype(0) : beta1 * out1[c]);
+    if (which & 1) out0[c] = from_m(Mtype(alpha) * s0 + (Mtype(beta0) == Mtype(0) ? Mtype(0) : Mtype(beta0) * to_m(out0[c])));
+    if (which & 2) out1[c] = from_m(Mtype(alpha) * s1 + (Mtype(beta1) == Mtype(0) ? Mtype(0) : Mtype(beta1) * to_m(out1[c])));
   }
 }
 
@@ -162,14 +164,14 @@ __global__ void reduce_finish(const int dim, const int chunks, const Dtype* part
 __global__ void moments_finish(const int dim, const int chunks, const int m, const int inner,
                                const Dtype* x, const Dtype* part, Dtype* mean, Dtype* var) {
   CUDA_KERNEL_LOOP(c, dim) {
-    Dtype s0 = 0, s1 = 0;
+    Mtype s0 = 0, s1 = 0;
     for (int k = 0; k < chunks; ++k) {
-      s0 += part[c * chunks + k];
-      s1 += part[(dim + c) * chunks + k];
+      s0 += to_m(part[c * chunks + k]);
+      s1 += to_m(part[(dim + c) * chunks + k]);
     }
-    const Dtype d = s0 / m;
-    mean[c] = x[c * inner] + d;
-    var[c] = max(s1 / m - d * d, Dtype(0));
+    const Mtype d = s0 / m;
+    mean[c] = from_m(to_m(x[c * inner]) + d);
+    var[c] = from_m(max(s1 / m - d * d, Mtype(0)));
   }
 }
 
@@ -178,7 +180,7 @@ __global__ void moments_finish(const int dim, const int chunks, const int m, con
 // last (highest source index) wins, as a CPU loop in order leaves it: claim, then write.
 __global__ void plane_scatter_claim(const int n, const int S, const int T, const Dtype* idx, int* winner) {
   CUDA_KERNEL_LOOP(i, n) {
-    const int k = static_cast<int>(idx[i]);
+    const int k = static_cast<int>(to_m(idx[i]));
     if (k >= 0 && k < T) atomicMax(winner + (long long)(i / S) * T + k, i + 1);
   }
 }
@@ -186,7 +188,7 @@ __global__ void plane_scatter_claim(const int n, const int S, const int T, const
 __global__ void plane_scatter(const int n, const int S, const int T, const Dtype* x, const Dtype* idx,
                               const int* winner, Dtype* y) {
   CUDA_KERNEL_LOOP(i, n) {
-    const int k = static_cast<int>(idx[i]);
+    const int k = static_cast<int>(to_m(idx[i]));
     const long long cell = (long long)(i / S) * T + k;
     if (k >= 0 && k < T && winner[cell] == i + 1) y[cell] = x[i];
   }
@@ -195,7 +197,7 @@ __global__ void plane_scatter(const int n, const int S, const int T, const Dtype
 __global__ void plane_gather(const int n, const int S, const int T, const Dtype* y, const Dtype* idx,
                              Dtype* x) {
   CUDA_KERNEL_LOOP(i, n) {
-    const int k = static_cast<int>(idx[i]);
+    const int k = static_cast<int>(to_m(idx[i]));
     x[i] = (k >= 0 && k < T) ? y[(long long)(i / S) * T + k] : Dtype(0);
   }
 }

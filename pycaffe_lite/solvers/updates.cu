@@ -1,17 +1,18 @@
-// Fused solver updates, one kernel per rule (Dtype and CUDA_KERNEL_LOOP come from the prelude).
+// Fused solver updates, one kernel per rule (Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from
+// the prelude; the arithmetic is in Mtype, scalar arguments are converted with Mtype(...)).
 // The rate is read from device memory (rate_ptr[0], set by the solver each iteration) times the
 // param's lr_mult, so the kernels can be replayed from a CUDA graph. Per element i, in place:
 //   g = g[i] * scale + decay * (reg == 1 ? w[i] : reg == 2 ? sign(w[i]) : 0)   (1/iter_size, L2/L1)
 //   update = rule(g, history...)       (history updated in place, as Caffe keeps it)
 //   g[i] = update; w[i] -= update      (Caffe's diff holds the update, then Blob::Update)
 
-__device__ __forceinline__ Dtype regularized_grad(const Dtype g, const Dtype w, const Dtype scale,
-                                                  const Dtype decay, const int reg) {
-  Dtype out = g * scale;
+__device__ __forceinline__ Mtype regularized_grad(const Mtype g, const Mtype w, const Mtype scale,
+                                                  const Mtype decay, const int reg) {
+  Mtype out = g * scale;
   if (reg == 1) {
     out += decay * w;
   } else if (reg == 2) {
-    out += decay * (Dtype((Dtype(0) < w)) - Dtype((w < Dtype(0))));
+    out += decay * (Mtype((Mtype(0) < w)) - Mtype((w < Mtype(0))));
   }
   return out;
 }
@@ -20,13 +21,13 @@ __device__ __forceinline__ Dtype regularized_grad(const Dtype g, const Dtype w, 
 __global__ void sgd_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                            const Dtype decay, const int reg, const Dtype momentum,
                            const Dtype* rate_ptr, const Dtype lr_mult) {
-  const Dtype rate = rate_ptr[0] * lr_mult;
+  const Mtype rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
-    const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
-    const Dtype hi = momentum * h[i] + rate * gi;
-    h[i] = hi;
-    g[i] = hi;
-    w[i] -= hi;
+    const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
+    const Mtype hi = Mtype(momentum) * to_m(h[i]) + rate * gi;
+    h[i] = from_m(hi);
+    g[i] = from_m(hi);
+    w[i] = from_m(to_m(w[i]) - hi);
   }
 }
 
@@ -34,15 +35,15 @@ __global__ void sgd_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtyp
 __global__ void nesterov_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                                 const Dtype decay, const int reg, const Dtype momentum,
                                 const Dtype* rate_ptr, const Dtype lr_mult) {
-  const Dtype rate = rate_ptr[0] * lr_mult;
+  const Mtype rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
-    const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
-    const Dtype old_h = h[i];
-    const Dtype new_h = momentum * old_h + rate * gi;
-    h[i] = new_h;
-    const Dtype u = (Dtype(1) + momentum) * new_h - momentum * old_h;
-    g[i] = u;
-    w[i] -= u;
+    const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
+    const Mtype old_h = to_m(h[i]);
+    const Mtype new_h = Mtype(momentum) * old_h + rate * gi;
+    h[i] = from_m(new_h);
+    const Mtype u = (Mtype(1) + Mtype(momentum)) * new_h - Mtype(momentum) * old_h;
+    g[i] = from_m(u);
+    w[i] = from_m(to_m(w[i]) - u);
   }
 }
 
@@ -50,14 +51,14 @@ __global__ void nesterov_update(const int n, Dtype* w, Dtype* g, Dtype* h, const
 __global__ void adagrad_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                                const Dtype decay, const int reg, const Dtype delta,
                                const Dtype* rate_ptr, const Dtype lr_mult) {
-  const Dtype rate = rate_ptr[0] * lr_mult;
+  const Mtype rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
-    const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
-    const Dtype hi = h[i] + gi * gi;
-    h[i] = hi;
-    const Dtype u = rate * (gi / (sqrt(hi) + delta));
-    g[i] = u;
-    w[i] -= u;
+    const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
+    const Mtype hi = to_m(h[i]) + gi * gi;
+    h[i] = from_m(hi);
+    const Mtype u = rate * (gi / (sqrt(hi) + Mtype(delta)));
+    g[i] = from_m(u);
+    w[i] = from_m(to_m(w[i]) - u);
   }
 }
 
@@ -65,14 +66,14 @@ __global__ void adagrad_update(const int n, Dtype* w, Dtype* g, Dtype* h, const 
 __global__ void rmsprop_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                                const Dtype decay, const int reg, const Dtype rms_decay,
                                const Dtype delta, const Dtype* rate_ptr, const Dtype lr_mult) {
-  const Dtype rate = rate_ptr[0] * lr_mult;
+  const Mtype rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
-    const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
-    const Dtype hi = rms_decay * h[i] + (Dtype(1) - rms_decay) * gi * gi;
-    h[i] = hi;
-    const Dtype u = rate * (gi / (sqrt(hi) + delta));
-    g[i] = u;
-    w[i] -= u;
+    const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
+    const Mtype hi = Mtype(rms_decay) * to_m(h[i]) + (Mtype(1) - Mtype(rms_decay)) * gi * gi;
+    h[i] = from_m(hi);
+    const Mtype u = rate * (gi / (sqrt(hi) + Mtype(delta)));
+    g[i] = from_m(u);
+    w[i] = from_m(to_m(w[i]) - u);
   }
 }
 
@@ -81,16 +82,16 @@ __global__ void rmsprop_update(const int n, Dtype* w, Dtype* g, Dtype* h, const 
 __global__ void adadelta_update(const int n, Dtype* w, Dtype* g, Dtype* h, Dtype* h2,
                                 const Dtype scale, const Dtype decay, const int reg,
                                 const Dtype momentum, const Dtype delta, const Dtype* rate_ptr, const Dtype lr_mult) {
-  const Dtype rate = rate_ptr[0] * lr_mult;
+  const Mtype rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
-    const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
-    const Dtype hi = momentum * h[i] + (Dtype(1) - momentum) * gi * gi;
-    h[i] = hi;
-    const Dtype si = gi * sqrt((h2[i] + delta) / (hi + delta));
-    h2[i] = momentum * h2[i] + (Dtype(1) - momentum) * si * si;
-    const Dtype u = rate * si;
-    g[i] = u;
-    w[i] -= u;
+    const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
+    const Mtype hi = Mtype(momentum) * to_m(h[i]) + (Mtype(1) - Mtype(momentum)) * gi * gi;
+    h[i] = from_m(hi);
+    const Mtype si = gi * sqrt((to_m(h2[i]) + Mtype(delta)) / (hi + Mtype(delta)));
+    h2[i] = from_m(Mtype(momentum) * to_m(h2[i]) + (Mtype(1) - Mtype(momentum)) * si * si);
+    const Mtype u = rate * si;
+    g[i] = from_m(u);
+    w[i] = from_m(to_m(w[i]) - u);
   }
 }
 
@@ -99,15 +100,15 @@ __global__ void adadelta_update(const int n, Dtype* w, Dtype* g, Dtype* h, Dtype
 __global__ void adam_update(const int n, Dtype* w, Dtype* g, Dtype* m, Dtype* v,
                             const Dtype scale, const Dtype decay, const int reg, const Dtype beta1,
                             const Dtype beta2, const Dtype eps_hat, const Dtype* rate_ptr, const Dtype lr_mult) {
-  const Dtype corrected_rate = rate_ptr[0] * lr_mult;
+  const Mtype corrected_rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
-    const Dtype gi = regularized_grad(g[i], w[i], scale, decay, reg);
-    const Dtype mi = beta1 * m[i] + (Dtype(1) - beta1) * gi;
-    const Dtype vi = beta2 * v[i] + (Dtype(1) - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const Dtype u = corrected_rate * (mi / (sqrt(vi) + eps_hat));
-    g[i] = u;
-    w[i] -= u;
+    const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
+    const Mtype mi = Mtype(beta1) * to_m(m[i]) + (Mtype(1) - Mtype(beta1)) * gi;
+    const Mtype vi = Mtype(beta2) * to_m(v[i]) + (Mtype(1) - Mtype(beta2)) * gi * gi;
+    m[i] = from_m(mi);
+    v[i] = from_m(vi);
+    const Mtype u = corrected_rate * (mi / (sqrt(vi) + Mtype(eps_hat)));
+    g[i] = from_m(u);
+    w[i] = from_m(to_m(w[i]) - u);
   }
 }

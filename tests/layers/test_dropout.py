@@ -153,7 +153,10 @@ def test_device_generator_matches_reference(tmp_path):
     cases = rng.integers(0, 2**32, (6, 6), dtype=np.uint64)
     calls = "".join(f'  printf("%u\\n", philox4x32_10({", ".join(f"{int(v)}U" for v in row)}));\n' for row in cases)
     src = tmp_path / "philox.cu"
-    src.write_text(f'typedef float Dtype;\n#define CUDA_KERNEL_LOOP(i, n) for (int i = 0; i < (n); ++i)\n'
+    src.write_text(f'typedef float Dtype;\ntypedef float Mtype;\n'
+                   f'static __device__ Mtype to_m(const Dtype x) {{ return x; }}\n'
+                   f'static __device__ Dtype from_m(const Mtype x) {{ return x; }}\n'
+                   f'#define CUDA_KERNEL_LOOP(i, n) for (int i = 0; i < (n); ++i)\n'
                    f'#include <cstdio>\nextern "C" {{\n#include "{DROPOUT_CU}"\n}}\nint main() {{\n{calls}}}\n')
     subprocess.run(["nvcc", "-arch=sm_90", "-o", str(tmp_path / "philox"), str(src)], check=True,
                    capture_output=True)

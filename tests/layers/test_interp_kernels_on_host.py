@@ -26,7 +26,7 @@ ONE_WARP = """struct Dim3 { unsigned x, y, z; };
 static const Dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, gridDim = {1, 1, 1}, blockDim = {32, 1, 1};
 #define FOR_LANE(lane) for (int lane = 0; lane < 32; ++lane)
 #define FOR_THREAD(tid) for (int tid = 0; tid < 32; ++tid)
-#define INTERP_SHARED(name) static Dtype name[1 << 14]
+#define INTERP_SHARED(name) static Mtype name[1 << 14]
 static inline void __syncthreads() {}
 """
 

@@ -52,6 +52,9 @@ SHAPE = (2, 3, 4, 5)
 DTYPES = (np.float32, np.float64)
 HOST_PRELUDE = """#include <math.h>
 typedef {ctype} Dtype;
+typedef Dtype Mtype;
+static inline Mtype to_m(const Dtype x) {{ return x; }}
+static inline Dtype from_m(const Mtype x) {{ return x; }}
 #define __global__
 #define __device__
 #define __host__

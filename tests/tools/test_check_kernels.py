@@ -94,3 +94,20 @@ def test_half_and_bfloat16_compile_with_a_float_math_type(tmp_path):
                    "  Dtype s = x[0], s2 = x[0];\n  block_sum2(s, s2);\n  out[0] = s;\n}\n")
     proc = run_tool("--paths", str(bad), "--dtype", "float", "--dtype", "half")
     assert proc.returncode == 1 and "1 of 2 compilations succeeded" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow  # about 5 minutes on two cores: 2 compilations per kernel file
+def test_every_kernel_file_compiles_for_half_and_bfloat16():
+    """Every .cu of the package (pycaffe_lite/**, layers/) builds with Dtype __half and __nv_bfloat16
+    (Mtype float), as tools/check_kernels.py --dtype half --dtype bfloat16 compiles it."""
+    files = sorted(set((REPO / "pycaffe_lite").rglob("*.cu")) | set((REPO / "layers").glob("*.cu")))
+    proc = subprocess.run([sys.executable, str(TOOL), "--dtype", "half", "--dtype", "bfloat16"],
+                          capture_output=True, text=True, timeout=1800)
+    out = proc.stdout + proc.stderr
+    failed = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert proc.returncode == 0 and not failed, "\n".join(failed) or out
+    total = 2 * len(files)
+    assert f"{total} of {total} compilations succeeded" in out
+    for f in files:
+        name = f.relative_to(REPO).as_posix()
+        assert f"{name} [Dtype=half, sm_90]" in out and f"{name} [Dtype=bfloat16, sm_90]" in out, name

@@ -37,6 +37,9 @@ using std::min; using std::max;
 #define __forceinline__ inline
 #define CUDA_KERNEL_LOOP(i, n) for (int i = 0; i < (n); ++i)
 typedef double Dtype;
+typedef double Mtype;
+static inline Mtype to_m(const Dtype x) { return x; }
+static inline Dtype from_m(const Mtype x) { return x; }
 """
 CTYPES = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "uint": ctypes.c_uint, "scalar": ctypes.c_double,
           "float": ctypes.c_float, "double": ctypes.c_double}
