@@ -43,7 +43,7 @@ from pycaffe_lite import common
 from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.db import Cursor, close_inherited, open_cursor
 from pycaffe_lite.data.device_cache import DeviceBatches
-from pycaffe_lite.data.parallel import ParallelBatches
+from pycaffe_lite.data.parallel import ParallelBatches, TransformingJob
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import CaffeError, DataError
 from pycaffe_lite.layer import Layer, Traits, register_layer
@@ -180,7 +180,7 @@ class _Prefetcher:
 
 
 @dataclass
-class _DatumJob:
+class _DatumJob(TransformingJob):
     """A worker's part for the Data layer: read a record (LMDB: by key; LevelDB: the parent sends
     the value), parse the Datum, decode, check the shape, and write the item as uint8 (``raw``) or
     transformed with the parent's draws; the label too."""
@@ -195,9 +195,7 @@ class _DatumJob:
     raw: bool
 
     def open(self) -> None:
-        tp = caffe_pb2.TransformationParameter.FromString(self.param)
-        self.transformer = DataTransformer(tp, self.phase, np.dtype(self.dtype), rng=np.random.default_rng(0),
-                                           where=self.where)
+        super().open()
         self.txn = None
         if self.backend == "lmdb":
             import lmdb

@@ -40,7 +40,7 @@ import numpy as np
 from pycaffe_lite import common
 from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.order import Order
-from pycaffe_lite.data.parallel import ParallelBatches
+from pycaffe_lite.data.parallel import ParallelBatches, TransformingJob
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.io import resize
@@ -268,7 +268,7 @@ class ImageDataLayer(Layer):
 
 
 @dataclass
-class _ImageJob:
+class _ImageJob(TransformingJob):
     """A worker's part for ImageData: read, decode and resize one listed image, check its shape,
     write it as uint8 (``raw``) or transformed with the parent's draws, and its label."""
 
@@ -283,11 +283,6 @@ class _ImageJob:
     where: str
     shape: tuple[int, int, int]
     raw: bool
-
-    def open(self) -> None:
-        tp = caffe_pb2.TransformationParameter.FromString(self.param)
-        self.transformer = DataTransformer(tp, self.phase, np.dtype(self.dtype), rng=np.random.default_rng(0),
-                                           where=self.where)
 
     def load(self, ref: Any, batches: data_workers.SharedBatches, slot: int, i: int) -> None:
         path, label, number = ref

@@ -17,12 +17,29 @@ from typing import Any
 
 import numpy as np
 
+from ..schema import caffe_pb2
 from . import workers as data_workers
 from .transformer import DataTransformer
 
 log = logging.getLogger("pycaffe_lite")
 
 KERNELS = Path(__file__).with_name("transform.cu")
+
+
+class TransformingJob:
+    """What the Data and ImageData jobs share (their dataclasses declare the fields ``param`` (a
+    serialized TransformationParameter), ``phase``, ``dtype``, ``where``, ``shape`` and ``raw``):
+    the worker's transformer, made when the worker opens the job."""
+
+    param: bytes
+    phase: int
+    dtype: str
+    where: str
+
+    def open(self) -> None:
+        tp = caffe_pb2.TransformationParameter.FromString(self.param)
+        self.transformer = DataTransformer(tp, self.phase, np.dtype(self.dtype), rng=np.random.default_rng(0),
+                                           where=self.where)
 
 
 class ParallelBatches:
