@@ -43,6 +43,7 @@ from .common import (
     set_solver_rank,
     solver_count,
     solver_rank,
+    thread_context,
 )
 from .config import config, using_config
 from .conv.engines import load_cache as load_autotune
@@ -86,7 +87,7 @@ __all__ = [
     "layer_type_list", "layers", "load_autotune", "log", "params", "proto", "register_layer", "save_autotune",
     "set_allow_tf32", "set_device", "set_mode_cpu",
     "set_mode_gpu", "set_multiprocess", "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count",
-    "solver_rank", "to_proto", "using_config",
+    "solver_rank", "thread_context", "to_proto", "using_config",
 ]
 
 from . import threads as _threads  # noqa: E402

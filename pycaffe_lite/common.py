@@ -1,16 +1,22 @@
-"""Process-wide state in one object, as Caffe's ``Caffe`` singleton: :class:`Context`.
+"""Caffe's ``Caffe`` singleton as one object: :class:`Context`.
 
-``context()`` is what the process runs with (compute mode, device, random state, TF32, the
-multi-GPU ranks) and the counters that tell recorded work it is stale; the device's own state
-(CUDA context, stream, memory pool, workspace, per-device caches: cuBLAS handle, tables) is
-``context().device`` (:func:`pycaffe_lite.gpu.backend.state`). The functions below are pycaffe's
-names for its fields (``set_mode_gpu``, ``set_random_seed``, ...). Configuration that a user sets
-per block is :mod:`pycaffe_lite.config`, read through ``config``.
+``context()`` is what this thread runs with: compute mode, device, random state, TF32, the
+multi-GPU ranks, and the counters that tell recorded work it is stale. A thread shares the
+process's context unless it enters :func:`thread_context` (a copy of its own, as BVLC's threads
+copy their parent's state). The device's own state (CUDA context, stream, memory pool, workspace,
+per-device caches: cuBLAS handle, tables) is ``context().device``
+(:func:`pycaffe_lite.gpu.backend.state`), one device per process. The functions below are
+pycaffe's names for the context's fields (``set_mode_gpu``, ``set_random_seed``, ...).
+Configuration that a user sets per block is :mod:`pycaffe_lite.config`, read through ``config``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import enum
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,68 +72,93 @@ class Context:
         return (alloc, self.shape_generation, self.seed_generation, self.tf32)
 
 
-_state = Context()
+_process = Context()
+_threads = threading.local()  # .context: a thread's own Context (thread_context)
 
 
 def context() -> Context:
-    """The process's :class:`Context`."""
-    return _state
+    """This thread's :class:`Context`: its own inside :func:`thread_context`, else the process's."""
+    return getattr(_threads, "context", None) or _process
+
+
+@contextlib.contextmanager
+def thread_context(**changes) -> Iterator[Context]:
+    """Give this thread a Context of its own for the block, as BVLC's threads get their own Caffe
+    state copied from the thread that starts them: a copy of the current one (mode, device, seed,
+    ranks) with ``changes`` applied, and a random generator of its own seeded from the current one's
+    stream, so ``set_mode_*``, ``set_random_seed`` and ``rng()`` inside touch no other thread. The
+    device state stays the process's (one device per process, Caffe's multi-GPU way): a device id
+    other than the one already started is refused."""
+    current = context()
+    own = dataclasses.replace(current, rng=np.random.default_rng(current.rng.integers(2**63)), **changes)
+    if own.device_id != current.device_id and backend.started() and own.mode is Mode.GPU:
+        raise GPUUnavailableError(f"thread_context: device {own.device_id} differs from the process's device "
+                                  f"{current.device_id}; use one process per GPU (pycaffe-lite train --gpu 0,1)")
+    outer = getattr(_threads, "context", None)
+    _threads.context = own
+    try:
+        yield own
+    finally:
+        _threads.context = outer
 
 
 def mode() -> Mode:
     """The current compute mode."""
-    return _state.mode
+    return context().mode
 
 
 def set_mode_cpu() -> None:
     """Run layers on the CPU (numpy)."""
-    _state.mode = Mode.CPU
+    context().mode = Mode.CPU
 
 
 def set_mode_gpu() -> None:
     """Run layers on the GPU; raises GPUUnavailableError naming what is missing."""
-    backend.init_device(_state.device_id)  # importing backend needs no GPU; this call does
-    _state.mode = Mode.GPU
+    backend.init_device(context().device_id)  # importing backend needs no GPU; this call does
+    context().mode = Mode.GPU
 
 
 def set_device(device_id: int) -> None:
     """Choose the GPU used by GPU mode (takes effect now if GPU mode is on)."""
     if int(device_id) < 0:
         raise GPUUnavailableError(f"set_device: device id must be >= 0, got {device_id}")
-    _state.device_id = int(device_id)
-    if _state.mode is Mode.GPU:
-        backend.init_device(_state.device_id)
+    ctx = context()
+    ctx.device_id = int(device_id)
+    if ctx.mode is Mode.GPU:
+        backend.init_device(ctx.device_id)
     else:
-        backend.select_device(_state.device_id)
+        backend.select_device(ctx.device_id)
 
 
 def device_id() -> int:
-    return _state.device_id
+    return context().device_id
 
 
 def set_random_seed(seed: int) -> None:
     """Seed every random generator (fillers, dropout on both devices, data shuffling)."""
-    _state.seed = int(seed)
-    _state.rng = np.random.default_rng(int(seed))
-    _state.seed_generation += 1
-    _state.gpu_rng_counter = 0
+    ctx = context()
+    ctx.seed = int(seed)
+    ctx.rng = np.random.default_rng(int(seed))
+    ctx.seed_generation += 1
+    ctx.gpu_rng_counter = 0
 
 
 def rng() -> np.random.Generator:
-    """The process-wide numpy generator."""
-    return _state.rng
+    """This thread's context's numpy generator (the process's, outside :func:`thread_context`)."""
+    return context().rng
 
 
 def seed_generation() -> int:
     """How many times set_random_seed has run: device generators re-seed when it changes."""
-    return _state.seed_generation
+    return context().seed_generation
 
 
 def next_gpu_seed() -> tuple[int, int]:
     """A (seed, counter) pair for a counter-based device generator; each call gives a new stream."""
-    seed = _state.seed if _state.seed is not None else 0x5EED
-    _state.gpu_rng_counter += 1
-    return seed & 0xFFFFFFFF, _state.gpu_rng_counter & 0xFFFFFFFF
+    ctx = context()
+    seed = ctx.seed if ctx.seed is not None else 0x5EED
+    ctx.gpu_rng_counter += 1
+    return seed & 0xFFFFFFFF, ctx.gpu_rng_counter & 0xFFFFFFFF
 
 
 def set_allow_tf32(allow: bool) -> None:
@@ -135,7 +166,7 @@ def set_allow_tf32(allow: bool) -> None:
 
     Off by default, as results then differ from float32 arithmetic; needs GPU mode.
     """
-    if _state.mode is not Mode.GPU:
+    if context().mode is not Mode.GPU:
         raise GPUUnavailableError("set_allow_tf32 needs GPU mode (call set_mode_gpu() first)")
     blas.set_allow_tf32(bool(allow))
 
@@ -149,34 +180,34 @@ def tf32_allowed() -> bool:
 # -- multi-GPU training (Caffe's solver_count / solver_rank / multiprocess) -----------------------
 def solver_count() -> int:
     """How many solvers (ranks, one per GPU) train together; 1 without multi-GPU training."""
-    return _state.solver_count
+    return context().solver_count
 
 
 def set_solver_count(count: int) -> None:
     if int(count) < 1:
         raise ValueError(f"set_solver_count: expected >= 1, got {count}")
-    _state.solver_count = int(count)
+    context().solver_count = int(count)
 
 
 def solver_rank() -> int:
     """This process's rank among :func:`solver_count` solvers (0: the root, which logs, tests, snapshots)."""
-    return _state.solver_rank
+    return context().solver_rank
 
 
 def set_solver_rank(rank: int) -> None:
     if int(rank) < 0:
         raise ValueError(f"set_solver_rank: expected >= 0, got {rank}")
-    _state.solver_rank = int(rank)
+    context().solver_rank = int(rank)
 
 
 def root_solver() -> bool:
-    return _state.solver_rank == 0
+    return context().solver_rank == 0
 
 
 def multiprocess() -> bool:
-    return _state.multiprocess
+    return context().multiprocess
 
 
 def set_multiprocess(value: bool) -> None:
     """Mark this process as one of several training processes (pycaffe's set_multiprocess)."""
-    _state.multiprocess = bool(value)
+    context().multiprocess = bool(value)

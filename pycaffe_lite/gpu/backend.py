@@ -168,6 +168,11 @@ def _shutdown() -> None:
         _state = None
 
 
+def started() -> bool:
+    """Whether a device has been started in this process (``state()`` would not start one)."""
+    return _state is not None
+
+
 def device_cache(name: str) -> dict:
     """A dict kept with the current device's state, for what a module caches per device (buffers,
     tables, library handles): dropped with the device's context, whose allocations it may hold.

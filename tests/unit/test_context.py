@@ -31,3 +31,44 @@ def test_a_reshape_moves_the_shape_generation_and_the_graph_key():
     assert shape_generation() == start + 1 and ctx.generation() != key
     common.set_random_seed(3)
     assert ctx.generation()[2] == ctx.seed_generation
+
+
+def test_a_thread_context_is_a_copy_of_its_own():
+    """Inside thread_context a thread's mode, seed and generator are its own; the process's and the
+    other threads' are untouched (but for the one draw that seeds the thread's generator, as BVLC's
+    threads take their seed from their parent's generator), and the block's end gives the thread the
+    process's back."""
+    import threading
+
+    ctx = common.context()
+    common.set_random_seed(11)
+    replica = np.random.default_rng(11)
+    replica.integers(2**63)
+    before = (ctx.seed, ctx.seed_generation, replica.bit_generator.state)
+    seen = {}
+
+    def work():
+        with common.thread_context() as own:
+            assert own is common.context() and own is not ctx and own.seed == 11
+            common.set_random_seed(5)
+            seen["draw"] = float(common.rng().random())
+            seen["seed"] = common.context().seed
+        seen["after"] = common.context() is ctx
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen["seed"] == 5 and seen["after"]
+    assert (ctx.seed, ctx.seed_generation, ctx.rng.bit_generator.state) == before
+    assert common.context() is ctx and common.rng() is ctx.rng
+    common.set_random_seed(5)
+    assert float(common.rng().random()) == seen["draw"]  # the thread's seed 5 drew the same stream
+
+
+def test_a_thread_context_takes_changes_and_nests():
+    with common.thread_context(solver_rank=3) as outer:
+        assert common.solver_rank() == 3 and not common.root_solver()
+        with common.thread_context(solver_rank=0) as inner:
+            assert common.context() is inner and common.root_solver()
+        assert common.context() is outer
+    assert common.solver_rank() == 0
