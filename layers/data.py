@@ -336,13 +336,7 @@ class DataLayer(Layer):
                                        self.layer_param.data_param.prefetch, self.dtype, self.where, workers,
                                        tuple(int(d) for d in shape), raw)  # type: ignore[arg-type]
         parallel.skip_after = prefetcher.skip_after
-        try:
-            parallel.start()
-        except (OSError, DataError) as exc:  # /dev/shm too small, no more processes, ...
-            parallel.stop()
-            if not self._auto_workers:
-                raise
-            log.warning("%s: no data workers (%s); reading with the prefetch thread", self.where, exc)
+        if not parallel.try_start(self._auto_workers, "with the prefetch thread"):
             return prefetcher
         log.info("%s: %d data worker processes (%s)", self.where, workers,
                  "uint8 batches, transformed on the device" if raw else "transformed in the workers")

@@ -146,23 +146,14 @@ class ImageDataLayer(Layer):
         ranks = common.solver_count() if self.phase == common.TRAIN else 1
         workers = data_workers.worker_count(p.workers, heavy, ranks)
         if workers > 0:
-            try:
-                self._start_parallel(workers, tuple(int(d) for d in first.shape))
-            except (OSError, DataError) as exc:  # /dev/shm too small, no more processes, ...
-                if not data_workers.automatic(p.workers):
-                    raise
-                log.warning("%s: no data workers (%s); reading on the calling thread", self.where, exc)
+            self._start_parallel(workers, tuple(int(d) for d in first.shape), data_workers.automatic(p.workers))
 
-    def _start_parallel(self, workers: int, shape: tuple[int, int, int]) -> None:
-        raw = common.mode() is common.Mode.GPU
-        parallel = _ParallelImages(self, workers, shape, raw)
-        try:
-            parallel.start()
-        except BaseException:
-            parallel.stop()
-            raise
-        self._parallel = parallel
-        self._finalizer = weakref.finalize(self, parallel.stop)
+    def _start_parallel(self, workers: int, shape: tuple[int, int, int], automatic: bool) -> None:
+        """Read through ``workers`` processes (a failure: ``ParallelBatches.try_start``)."""
+        parallel = _ParallelImages(self, workers, shape, common.mode() is common.Mode.GPU)
+        if parallel.try_start(automatic, "on the calling thread"):
+            self._parallel = parallel
+            self._finalizer = weakref.finalize(self, parallel.stop)
 
     def _line(self, line_id: int) -> tuple[str, int, int]:
         """The ``line_id``-th line of the (shuffled) list: ``(path, label, line number)``."""
@@ -197,7 +188,7 @@ class ImageDataLayer(Layer):
                             f"{self.layer_param.image_data_param.source} changed?)")
         self.line_id = int(position)
         if parallel is not None:
-            self._start_parallel(parallel.workers, parallel.shape)
+            self._start_parallel(parallel.workers, parallel.shape, automatic=False)
 
     def _read(self, line_id: int) -> np.ndarray:
         path, _, number = self._line(line_id)

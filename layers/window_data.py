@@ -145,14 +145,7 @@ class WindowDataLayer(Layer):
         workers = data_workers.worker_count(p.workers, heavy, ranks)
         if workers > 0:
             parallel = _ParallelWindows(self, workers)
-            try:
-                parallel.start()
-            except (OSError, DataError) as exc:  # /dev/shm too small, no more processes, ...
-                parallel.stop()
-                if not data_workers.automatic(p.workers):
-                    raise
-                log.warning("%s: no data workers (%s); reading on the calling thread", self.where, exc)
-            else:
+            if parallel.try_start(data_workers.automatic(p.workers), "on the calling thread"):
                 self._parallel = parallel
                 self._finalizer = weakref.finalize(self, parallel.stop)
 

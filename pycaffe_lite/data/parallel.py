@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DataError
 from ..schema import caffe_pb2
 from . import workers as data_workers
 from .transformer import DataTransformer
@@ -84,6 +85,21 @@ class ParallelBatches:
         layout = data_workers.BatchLayout(self.batch_size, tuple(out_shape), item_dtype.str)
         self.loader = data_workers.ParallelLoader(self.workers, self.job(), layout, self.depth, self.plan, self.where)
         self.loader.start()
+
+    def try_start(self, automatic: bool, instead: str) -> bool:
+        """:meth:`start`; on any failure what started is stopped. Where the workers cannot be had
+        (/dev/shm too small, no more processes: OSError, DataError) and the layer's worker count is
+        ``automatic``, a warning says the layer reads ``instead`` and the result is False; a chosen
+        count, or any other error, raises."""
+        try:
+            self.start()
+        except BaseException as exc:
+            self.stop()
+            if automatic and isinstance(exc, OSError | DataError):
+                log.warning("%s: no data workers (%s); reading %s", self.where, exc, instead)
+                return False
+            raise
+        return True
 
     def _release_held(self) -> None:
         if self._held is not None and self.loader is not None:
