@@ -92,8 +92,6 @@ class Traits:
         return dataclasses.replace(self, **changes)
 
 
-GPU_TRAITS = Traits(graph_safe=True)  # device code only, nothing else to declare
-
 
 def register_layer(type_name: str):
     """Class decorator registering a layer under its prototxt ``type`` string."""

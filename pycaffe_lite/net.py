@@ -223,18 +223,11 @@ class Net:
 
     # ------------------------------------------------------------------------------------------
     # running
-    def _first_layer_index(self, name: str) -> int | None:
-        """The first layer named ``name`` (BVLC's linear search in CopyTrainedLayersFrom and
-        pycaffe's ``list(net._layer_names).index(name)``), or None."""
-        if name not in self._layer_names_index:
-            return None
-        return self._layer_names.index(name)
-
     def _layer_index(self, key: int | str | None, default: int) -> int:
         if key is None:
             return default
         if isinstance(key, str):
-            index = self._first_layer_index(key)
+            index = self.graph.first_layer_index(key)
             if index is None:
                 raise NetError(f"net '{self.name}': no layer named '{key}'")
             return index

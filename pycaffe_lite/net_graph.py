@@ -56,6 +56,11 @@ class NetGraph:
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
 
+    def first_layer_index(self, name: str) -> int | None:
+        """The first layer named ``name`` (BVLC's linear search in CopyTrainedLayersFrom and pycaffe's
+        ``list(net._layer_names).index(name)``; ``layer_names_index`` keeps the last), or None."""
+        return self.layer_names.index(name) if name in self.layer_names_index else None
+
 
 def warn_missing_weights(graph: NetGraph, source: str, missing: list[str], target: dict[str, int],
                          rule: str, copies: dict[str, int] | None = None) -> None:

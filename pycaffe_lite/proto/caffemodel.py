@@ -20,10 +20,6 @@ from . import hdf5_weights, protoio, upgrade
 log = logging.getLogger("pycaffe_lite")
 
 
-def _first_layer(graph: NetGraph, name: str) -> int | None:
-    return graph.layer_names.index(name) if name in graph.layer_names_index else None
-
-
 def to_proto(graph: NetGraph, write_diff: bool = False) -> caffe_pb2.NetParameter:
     """The net definition with each layer's learned blobs, as a .caffemodel holds it (no Splits)."""
     assert graph.param is not None
@@ -48,7 +44,7 @@ def copy_trained_layers(graph: NetGraph, param: caffe_pb2.NetParameter, source: 
     targets: dict[str, int] = {}
     copies: dict[str, int] = {}
     for src in param.layer:
-        target = _first_layer(graph, src.name)
+        target = graph.first_layer_index(src.name)
         if target is None:
             continue
         targets[src.name] = target
@@ -101,7 +97,7 @@ def copy_from(graph: NetGraph, path: str | os.PathLike, allow_missing: bool = Tr
 def share_trained_layers(graph: NetGraph, other: NetGraph) -> None:
     """Make ``graph``'s layers use the weights of ``other``'s same-named layers."""
     for src_name, src_layer in zip(other.layer_names, other.layers):
-        target = _first_layer(graph, src_name)
+        target = graph.first_layer_index(src_name)
         if target is None:
             continue
         layer = graph.layers[target]
