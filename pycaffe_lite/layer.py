@@ -69,6 +69,11 @@ class Traits:
       code is dtype-generic, so on the host it runs in float32 on converted copies and its
       results are rounded to the storage type. Default False: a half net runs it in float32 with
       a cast (AMP's rule) and the builder says so once.
+    - ``half_kernels``: its GPU code is correct with ``dtype`` a half type (float16, or uint16 for
+      bfloat16): kernels compiled with that ``Dtype`` compute in ``Mtype`` (float), its scalars and
+      partial sums are Mtype, its GEMMs go through cuBLAS's Ex routines. A half net built in GPU
+      mode then gives it ``dtype`` = its storage type and no float copies (docs/precision.md,
+      "GPU"). Needs ``half``.
     """
 
     graph_safe: bool = False
@@ -80,8 +85,11 @@ class Traits:
     backward_reads: tuple[str, ...] | None = None
     fuses: frozenset[str] = frozenset()
     half: bool = False
+    half_kernels: bool = False
 
     def __post_init__(self) -> None:
+        if self.half_kernels and not self.half:
+            raise ValueError("half_kernels needs half")
         if not self.fuses <= FUSIONS:
             raise ValueError(f"unknown fusion roles {sorted(self.fuses - FUSIONS)} (known: {sorted(FUSIONS)})")
         if self.backward_reads is not None and not set(self.backward_reads) <= BACKWARD_READS:
@@ -200,6 +208,8 @@ class Layer:
             self.half_note = f"{self.where} runs in float32: no half path"
             return
         ftype, btype = storage_dtype(precision.forward_type), storage_dtype(precision.backward_type)
+        if self.traits.half_kernels and ftype == btype and common.mode() is common.Mode.GPU:
+            self.dtype = ftype  # its GPU kernels run on the half blobs themselves (docs/precision.md, "GPU")
         if not self.is_loss and self.allow_force_backward(0):
             self.top_dtype, self.top_diff_dtype = ftype, btype
         if precision.statistics_type is None:
@@ -209,7 +219,14 @@ class Layer:
     def stores_half(self) -> bool:
         """Whether it computes in float32 on values stored in a half type (its inputs that can carry
         a gradient are rounded to its forward storage type first, as a conversion would)."""
-        return self.precision is not None and self.precision.is_half and self.traits.half
+        return (self.precision is not None and self.precision.is_half and self.traits.half
+                and not self.half_native)
+
+    @property
+    def half_native(self) -> bool:
+        """Whether its kernels compute on half blobs directly (``dtype`` is a half type: a half net
+        built in GPU mode, ``Traits.half_kernels``); it then runs in GPU mode only."""
+        return self.dtype.itemsize == 2
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -334,6 +351,10 @@ class Layer:
 
     def compute_forward(self, bottom: Sequence[Blob], top: Sequence[Blob]) -> None:
         """Reshape and run the forward pass for the current mode, without reading the loss back."""
+        if self.half_native and common.mode() is not common.Mode.GPU:
+            raise self.error(f"computes in {np.dtype(self.dtype).name if self.dtype != np.uint16 else 'bfloat16'} "
+                             "on the GPU (its net was built in GPU mode); build the net again in CPU mode "
+                             "to run it on the CPU")
         view = self.math_view(bottom, top) if self._float_view is not None or self.precision is not None else None
         if view is not None:
             view.forward(bottom, top)
