@@ -190,10 +190,11 @@ def _signatures(source: str) -> dict[str, Signature]:
 
 def kernel_args(sig: Signature, args: Sequence[Any], dtype) -> list[Any]:
     """The ctypes values of a launch's arguments, checked as the backend checks them
-    (``signatures.check_args``); ``scalar`` parameters take the dtype's type."""
+    (``signatures.check_args``); ``scalar`` and ``mscalar`` parameters take the dtype's type (host builds
+    are float or double, whose Mtype is Dtype)."""
     check_args(sig, tuple(args), "host build")
     scalar = C_TYPES[np.dtype(dtype)][0]
-    return [(scalar if p.kind == "scalar" else ARG_TYPES[p.kind])(v) for p, v in zip(sig.params, args)]
+    return [(scalar if p.kind in ("scalar", "mscalar") else ARG_TYPES[p.kind])(v) for p, v in zip(sig.params, args)]
 
 
 def launch(lib: ctypes.CDLL, sig: Signature, args: Sequence[Any], dtype, grid: int,
