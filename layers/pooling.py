@@ -37,6 +37,9 @@ from pycaffe_lite.schema import caffe_pb2
 from .pooling_nd import PoolingND, pooled_size
 
 KERNELS = Path(__file__).with_suffix(".cu")
+# (parameters, body) of the fused ReLU mask: out = dy * (y > 0), in Mtype
+RELU_MASK_KERNEL = ("const Dtype* dy, const Dtype* y, Dtype* out",
+                    "out[i] = from_m(to_m(dy[i]) * (to_m(y[i]) > 0 ? Mtype(1) : Mtype(0)))")
 PP = caffe_pb2.PoolingParameter
 LOWEST = -np.finfo(np.float32).max  # Caffe's -FLT_MAX, for float and double alike
 _BACKWARD_PLANES = 4  # planes per backward thread: POOL_BACKWARD_PLANES of pooling.cu
@@ -330,8 +333,7 @@ class PoolingLayer(Layer):
             return
         n, dt = top[0].count, self.dtype
         (masked,) = backend.workspace(n * dt.itemsize)
-        backend.elementwise("pool_relu_mask", "const Dtype* dy, const Dtype* y, Dtype* out",
-                            "out[i] = dy[i] * (y[i] > 0 ? Dtype(1) : Dtype(0))", dt)(
+        backend.elementwise("pool_relu_mask", *RELU_MASK_KERNEL, dt)(
             n, top[0].gpu_diff(), top[0].gpu_data(), masked)
         self._backward_2d(masked, top, bottom)
 
