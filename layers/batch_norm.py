@@ -45,7 +45,7 @@ def fold_kernels(has_scale: bool) -> tuple[tuple[str, str, str], tuple[str, str,
 
 @register_layer("BatchNorm")
 class BatchNormLayer(Layer):
-    traits = Traits(half=True, graph_safe=True, regenerates_top=True, backward_reads=('top',), fuses=frozenset({NORM_FOLD, NORM_CHAIN}))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, regenerates_top=True, backward_reads=('top',), fuses=frozenset({NORM_FOLD, NORM_CHAIN}))
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 
@@ -62,6 +62,11 @@ class BatchNormLayer(Layer):
             if len(self.blobs) != 3:
                 raise self.error(f"has {len(self.blobs)} param blobs, expected 3 (mean, variance, scale factor)")
             self.check_param_shapes(shapes)
+            for i, blob in enumerate(self.blobs):  # embedded statistics of a half layer: kept in float
+                if blob.dtype != math_dtype(self.dtype):
+                    stats = Blob(blob.shape, math_dtype(self.dtype))
+                    stats.set_math_data(blob.math_data())
+                    self.blobs[i] = stats
         else:
             self.blobs = [self.make_param_blob(s) for s in shapes]  # zeros
         # The statistics are not learned: lr_mult 0 for each, as Caffe forces.
@@ -85,6 +90,12 @@ class BatchNormLayer(Layer):
         self._x_norm = Blob(dtype=self.dtype)  # CPU backward
         self._x_saved = Blob(dtype=self.dtype)  # GPU in place: the normalized output, for backward
         self._coef = Blob((3, self.channels), mt)  # chain backward: g * inv_std, mean dz, mean dz * xh
+
+    def make_param_blob(self, shape) -> Blob:
+        """The running statistics in the math type: float32 in a half layer whose kernels run on
+        half data (its statistics type), its own dtype otherwise."""
+        blob = super().make_param_blob(shape)
+        return blob if blob.dtype == math_dtype(self.dtype) else Blob(shape, math_dtype(self.dtype))
 
     def reshape(self, bottom, top):
         if bottom[0].num_axes > 1 and bottom[0].shape[1] != self.channels:

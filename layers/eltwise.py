@@ -29,7 +29,7 @@ Op = caffe_pb2.EltwiseParameter
 
 @register_layer("Eltwise")
 class EltwiseLayer(Layer):
-    traits = Traits(half=True, graph_safe=True, writes_all_bottom_diffs=True, backward_reads=(), fuses=frozenset({SUM_RELU}))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, writes_all_bottom_diffs=True, backward_reads=(), fuses=frozenset({SUM_RELU}))
     min_bottom_blobs = 2
     exact_num_top_blobs = 1
 

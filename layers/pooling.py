@@ -58,7 +58,7 @@ def _window_slices(i: int, j: int, pooled: tuple[int, int], stride: tuple[int, i
 
 @register_layer("Pooling")
 class PoolingLayer(Layer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('top',), fuses=frozenset({RELU_MASK}))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('top',), fuses=frozenset({RELU_MASK}))
     use_blocked_backward = True  # False: always the generic gather (tests compare the two)
     use_quad_backward = True  # False: AVE's blocked backward never takes the 4-wide kernels
     exact_num_bottom_blobs = 1
@@ -76,6 +76,11 @@ class PoolingLayer(Layer):
             return bool(p.ceil_mode)
         return p.round_mode == PP.CEIL
 
+    def _check_mask_storage(self, ntop: int) -> None:
+        if ntop > 1 and self.half_native:
+            raise self.error(f"its mask top holds window positions, which {self.dtype} does not store exactly "
+                             "(a half type keeps integers up to 2048 or 256): give this layer forward_type: FLOAT")
+
     def layer_setup(self, bottom, top):
         p = self.layer_param.pooling_param
         self.method = p.pool
@@ -84,6 +89,7 @@ class PoolingLayer(Layer):
         axes = bottom[0].num_axes - 2
         if axes < 1:
             raise self.error(f"bottom must have (num, channels) and at least one spatial axis, got {bottom[0].shape}")
+        self._check_mask_storage(len(top))
         if axes != 2 or self.method == PP.STOCHASTIC or p.kernel_size_nd or p.pad_nd or p.stride_nd:
             self.nd = PoolingND(self, p, axes, self.ceil_mode, len(top))
             return

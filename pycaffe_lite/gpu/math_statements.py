@@ -22,7 +22,9 @@ _STORE = re.compile(r"^(\s*)(\w+)(\[)")
 
 def _split_statements(body: str) -> list[str]:
     """``body`` split at its top-level semicolons (none inside brackets or parentheses)."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in body:
         if ch in "([{":
             depth += 1

@@ -71,6 +71,7 @@ def collect_sources(monkeypatch) -> dict[str, str]:
     from pycaffe_lite.layers.batch_norm import fold_kernels
     from pycaffe_lite.layers.eltwise import PROD_GRAD_KERNEL
     from pycaffe_lite.layers.pooling import RELU_MASK_KERNEL
+
     from pycaffe_lite.conv.nd import RELU_KERNEL
 
     rec = _Recorder()
