@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pycaffe_lite import common
-from pycaffe_lite.blob import Blob
+from pycaffe_lite.blob import Blob, math_dtype
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import RELU_MASK, Layer, Traits, register_layer
@@ -357,7 +357,8 @@ class PoolingLayer(Layer):
             s, wd = blocked
             blocks = (-(-(h + self.pad[0]) // s), -(-(w + self.pad[1]) // s))
             # AVE: RN(1 / kernel area), for pool_ave_div's correctly rounded quotients
-            inv = () if is_max else (float(self.dtype.type(1) / self.dtype.type(self.kernel[0] * self.kernel[1])),)
+            md = math_dtype(self.dtype)  # (half storage: the quotient is taken in its math type, float)
+            inv = () if is_max else (float(md.type(1) / md.type(self.kernel[0] * self.kernel[1])),)
             dx = bottom[0].mutable_gpu_diff()
             quad = None if is_max else self._quad_backward(blocked, dx)
             if quad is not None:
