@@ -56,6 +56,18 @@ __device__ void bn_normalize(const int n, const int C, const int S, const Dtype*
   }
 }
 
+// y = x * inv_std[c] (the global-statistics backward: dx = dy / std); x and y may alias.
+template <int W>
+__device__ void bn_scale(const int n, const int C, const int S, const Dtype* x, const Mtype* inv_std, Dtype* y) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const Mtype r = inv_std[vchannel<W>(u, C, S)];
+    Vec<W> v = vload<W>(x, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) v.v[j] = from_m(to_m(v.v[j]) * r);
+    vstore<W>(y, u, v);
+  }
+}
+
 // Batch statistics backward with xc = x - mean[c], r = inv_std[c]:
 // dx = (dy - mean_dy[c] - xc * r^2 * mean_dyxc[c]) * r, where mean_dy = mean(dy) and
 // mean_dyxc = mean(dy * xc) over (num, S). dy and dx may alias.
@@ -192,6 +204,10 @@ __global__ void bn_chain_finish(const int C, const int chunks, const Mtype* part
 }
 
 #define BN_ENTRIES(W)                                                                          \
+  __global__ void bn_scale_v##W(const int n, const int C, const int S, const Dtype* x,         \
+                                const Mtype* inv_std, Dtype* y) {                              \
+    bn_scale<W>(n, C, S, x, inv_std, y);                                                       \
+  }                                                                                            \
   __global__ void bn_normalize_v##W(const int n, const int C, const int S, const Dtype* x,     \
                                     const Mtype* mean, const Mtype* inv_std, Dtype* y) {       \
     bn_normalize<W>(n, C, S, x, mean, inv_std, y);                                             \

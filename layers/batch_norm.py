@@ -247,7 +247,11 @@ class BatchNormLayer(Layer):
         C, S, N, dt = self.channels, self.spatial, self.num, self.dtype
         dy, dx, inv_std = top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), self._inv_std.gpu_data()
         if self.use_global_stats:
-            gm.channel_affine(N, C, S, dy, inv_std, None, dx, dt)
+            if self.half_native:  # inv_std is a float buffer: dx = dy * inv_std in Mtype
+                w = gm.vec_width(S, dt, dy, dx)
+                self._k(f"bn_scale_v{w}")(top[0].count // w, C, S, dy, inv_std, dx)
+            else:
+                gm.channel_affine(N, C, S, dy, inv_std, None, dx, dt)
             return
         if self.in_place:  # _x_saved holds the normalized values
             self.chain_backward_gpu(top[0], self._x_saved, bottom[0], None, False)
