@@ -126,3 +126,32 @@ def test_max_pooling_mask_top_is_refused_in_half(dtype):
         assert not isinstance(info.value, HalfCheckError)
     finally:
         common.set_mode_cpu()
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("text", ["type: 'BatchNorm'", "type: 'Scale' scale_param { bias_term: true }", "type: 'ReLU'"])
+def test_half_native_layer_runs_on_its_blobs_without_a_view(monkeypatch, text, dtype):
+    """Created as a half net built in GPU mode creates it (set up on the host: no GPU needed): dtype is the
+    storage type, params are stored in it (BatchNorm's running statistics in float32, with its
+    per-channel buffers), and no float view is made, at setup or at a later pass."""
+    from pycaffe_lite.blob import Blob
+    from pycaffe_lite.layer import create_layer
+    from pycaffe_lite.precision import layer_precision, type_of_dtype
+    from pycaffe_lite.schema import caffe_pb2
+    from pycaffe_lite.testing.layer_testing import make_layer
+
+    net = caffe_pb2.NetParameter()
+    net.default_forward_type = net.default_backward_type = type_of_dtype(dtype)
+    param = make_layer(text, np.float32).layer_param
+    with monkeypatch.context() as patch:  # created as in a net built in GPU mode
+        patch.setattr(common, "mode", lambda: common.Mode.GPU)
+        layer = create_layer(param, np.float32, layer_precision(net, param))
+    assert layer.half_native and layer.dtype == np.dtype(dtype)
+    bottom, top = [Blob(SHAPE, dtype)], [Blob((), layer.top_dtype, layer.top_diff_dtype)]
+    layer.setup(bottom, top)
+    assert top[0].dtype == np.dtype(dtype) and top[0].shape == SHAPE
+    want = np.float32 if "BatchNorm" in text else dtype
+    assert all(p.dtype == np.dtype(want) and p.diff_dtype == np.dtype(want) for p in layer.blobs)
+    if "BatchNorm" in text:
+        assert {b.dtype for b in (layer._mean, layer._var, layer._inv_std, layer._coef)} == {np.dtype(np.float32)}
+    assert layer.math_view(bottom, top) is None and layer._float_view is None
