@@ -29,14 +29,14 @@ layer { name: "mnist" type: "MemoryData" top: "data" top: "label"
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
         convolution_param { num_output: 20 kernel_size: 5 weight_filler { type: "xavier" } } }
 layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
-layer { name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
+layer { name: "norm" type: "LRN" bottom: "pool1" top: "norm" lrn_param { local_size: 3 } }
+layer { name: "conv2" type: "Convolution" bottom: "norm" top: "conv2"
         convolution_param { num_output: 50 kernel_size: 5 weight_filler { type: "xavier" } } }
 layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1"
         inner_product_param { num_output: 500 weight_filler { type: "xavier" } } }
 layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
-layer { name: "norm" type: "LRN" bottom: "ip1" top: "norm" lrn_param { local_size: 3 } }
-layer { name: "ip2" type: "InnerProduct" bottom: "norm" top: "ip2"
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
         inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
 layer { name: "accuracy" type: "Accuracy" bottom: "ip2" bottom: "label" top: "accuracy" }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
