@@ -6,7 +6,12 @@ is one rounding of an exact or float-accurate value (ReLU, max pooling, copies),
 on rounded inputs adds a little (sigmoid, averages, scale, sums of two gradients), 4-8 where a
 result goes through several stored roundings (Power's backward reads its rounded top, Swish its
 rounded sigmoid, BatchNorm's backward its rounded normalized values, PReLU's slope gradient sums
-half products).
+half products; overlapping max-pooling windows add two gradients).
+
+The same cases run on the host through the float32 view path (half storage, float32 math, results
+rounded as the kernels round them; check_half_gpu with its native-layer check removed and GPU mode
+mapped to CPU) reached at most 0.91 of their bound (Sigmoid's bottom diff, at k = 2 then; now 3),
+0.75 for max pooling's bottom diff in bf16 (at k = 1 then; now 2), at most 0.57 for the others.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ def _x(low=-2.0, high=2.0, seed=0, shape=SHAPE):
 CASES = [
     ("relu", "type: 'ReLU'", [_x()], 1, 1, None, None),
     ("leaky_relu", "type: 'ReLU' relu_param { negative_slope: 0.1 }", [_x()], 1, 1, None, None),
-    ("sigmoid", "type: 'Sigmoid'", [_x(-6, 6)], 2, 1, None, None),
+    ("sigmoid", "type: 'Sigmoid'", [_x(-6, 6)], 3, 1, None, None),
     ("tanh", "type: 'TanH'", [_x(-3, 3)], 2, 1, None, None),
     ("absval", "type: 'AbsVal'", [_x()], 1, 1, None, None),
     ("bnll", "type: 'BNLL'", [_x(-4, 4)], 2, 1, None, None),
@@ -49,7 +54,7 @@ CASES = [
     ("relu6", "type: 'ReLU6'", [_x(-8, 8)], 1, 1, None, None),
     ("swish", "type: 'Swish' swish_param { beta: 1.5 }", [_x(-3, 3)], 4, 1, None, None),
     ("dropout_test", "type: 'Dropout' phase: TEST", [_x()], 1, 1, None, None),
-    ("max_pool", "type: 'Pooling' pooling_param { pool: MAX kernel_size: 3 stride: 2 }", [_x()], 1, 1, None, None),
+    ("max_pool", "type: 'Pooling' pooling_param { pool: MAX kernel_size: 3 stride: 2 }", [_x()], 2, 1, None, None),
     ("ave_pool", "type: 'Pooling' pooling_param { pool: AVE kernel_size: 2 stride: 2 pad: 1 }", [_x()], 2, 1,
      None, None),
     ("global_ave_pool", "type: 'Pooling' pooling_param { pool: AVE global_pooling: true }", [_x()], 2, 1, None,
