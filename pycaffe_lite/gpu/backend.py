@@ -552,6 +552,12 @@ def kernel(path: str | os.PathLike, name: str, dtype) -> Kernel:
     return module(path, dtype).get(name)
 
 
+def elementwise_source(name: str, params: str, body: str, preamble: str = "") -> str:
+    """The CUDA source :func:`elementwise` compiles (before the prelude)."""
+    return (f"{preamble}\n__global__ void {name}(const int n{', ' if params else ''}{params}) {{\n"
+            f"  CUDA_KERNEL_LOOP(i, n) {{ {body}; }}\n}}\n")
+
+
 def elementwise(name: str, params: str, body: str, dtype, preamble: str = "") -> Kernel:
     """A grid-stride kernel ``name(const int n, <params>)`` running ``body`` for each ``i < n``.
 
@@ -560,7 +566,6 @@ def elementwise(name: str, params: str, body: str, dtype, preamble: str = "") ->
     optional ``__device__`` helpers. Compiled once per (source, dtype); call as ``k(n, *args)``.
     """
     dtype = _dtype(dtype)
-    source = (f"{preamble}\n__global__ void {name}(const int n{', ' if params else ''}{params}) {{\n"
-              f"  CUDA_KERNEL_LOOP(i, n) {{ {body}; }}\n}}\n")
+    source = elementwise_source(name, params, body, preamble)
     key = ("elementwise", source, dtype.str)
     return _compiled(key, lambda: KernelModule(source, dtype, f"elementwise kernel {name}", [])).get(name)
