@@ -38,10 +38,11 @@ def representable(values: np.ndarray, dtype) -> np.ndarray:
 
 def check_half_gpu(text: str, arrays: Sequence[np.ndarray], dtype, k: float, ntop: int = 1,
                    propagate: Sequence[bool] | None = None, seed: int = 1701,
-                   params: Sequence[np.ndarray] | None = None) -> dict[str, float]:
+                   params: Sequence[np.ndarray] | None = None, in_place: bool = False) -> dict[str, float]:
     """Run layer ``text`` on the GPU in ``dtype`` (np.float16, or np.uint16 for bfloat16) on
     ``arrays`` (rounded to it) forward and backward, and the same layer in float64 on the CPU;
-    ``params``: values for its param blobs (rounded too; default: what its fillers made). Returns
+    ``params``: values for its param blobs (rounded too; default: what its fillers made);
+    ``in_place``: its top is its (one) bottom, in both runs. Returns
     each compared array's error over its bound (tops, bottom diffs, param diffs; all <= 1), and
     raises :class:`HalfCheckError` naming the first array past ``k · eps · max|reference|``."""
     from ..layer import create_layer
@@ -67,11 +68,12 @@ def check_half_gpu(text: str, arrays: Sequence[np.ndarray], dtype, k: float, nto
         b = Blob(a.shape, half_dtype if layer.allow_force_backward(i) else np.float32)
         b.set_math_data(a.astype(np.float32))
         hb.append(b)
-    ht = [Blob((), layer.top_dtype, layer.top_diff_dtype) for _ in range(ntop)]
+    ht = hb[:1] if in_place else [Blob((), layer.top_dtype, layer.top_diff_dtype) for _ in range(ntop)]
     common.set_random_seed(seed)
     layer.setup(hb, ht)
     common.set_mode_cpu()
-    rb, rt = blobs(inputs), empty_blobs(ntop)
+    rb = blobs(inputs)
+    rt = rb[:1] if in_place else empty_blobs(ntop)
     common.set_random_seed(seed)
     ref.setup(rb, rt)
     for j, (hp, rp) in enumerate(zip(layer.blobs, ref.blobs)):

@@ -65,6 +65,10 @@ CASES = [
      None, None),
     ("batch_norm_global", "type: 'BatchNorm' batch_norm_param { use_global_stats: true }", [_x(-1, 3)], 2, 1,
      None, [_x(-1, 1, 6, (3,)), _x(0.5, 2, 7, (3,)), np.array([0.9])]),
+    ("batch_norm_train_vec4", "type: 'BatchNorm' batch_norm_param { use_global_stats: false }",
+     [_x(-1, 3, 2, (2, 3, 4, 8))], 8, 1, None, None),
+    ("scale_vec4", "type: 'Scale' scale_param { bias_term: true }", [_x(shape=(2, 3, 4, 8))], 2, 1, None,
+     [_x(0.5, 1.5, 3, (3,)), _x(-1, 1, 4, (3,))]),
     ("scale", "type: 'Scale' scale_param { bias_term: true }", [_x()], 2, 1, None,
      [_x(0.5, 1.5, 3, (3,)), _x(-1, 1, 4, (3,))]),
     ("bias", "type: 'Bias'", [_x()], 2, 1, None, [_x(-1, 1, 4, (3,))]),
@@ -78,6 +82,21 @@ CASES = [
     ("flatten", "type: 'Flatten'", [_x()], 1, 1, None, None),
     ("reshape", "type: 'Reshape' reshape_param { shape { dim: 0 dim: -1 } }", [_x()], 1, 1, None, None),
     ("softmax", "type: 'Softmax'", [_x(-3, 3)], 4, 1, None, None),
+]
+
+# In place (top = bottom): BatchNorm then runs its chain kernels (the normalized values saved, its
+# backward through bn_chain_reduce / bn_chain_finish / bn_chain_backward), Scale saves its input.
+IN_PLACE_CASES = [
+    ("batch_norm_train_in_place", "type: 'BatchNorm' batch_norm_param { use_global_stats: false }", [_x(-1, 3)],
+     8, None),
+    ("batch_norm_global_in_place", "type: 'BatchNorm' batch_norm_param { use_global_stats: true }", [_x(-1, 3)],
+     2, [_x(-1, 1, 6, (3,)), _x(0.5, 2, 7, (3,)), np.array([0.9])]),
+    ("batch_norm_train_in_place_vec4", "type: 'BatchNorm' batch_norm_param { use_global_stats: false }",
+     [_x(-1, 3, 2, (2, 3, 4, 8))], 8, None),  # spatial 32: the 4-wide kernels
+    ("scale_in_place", "type: 'Scale' scale_param { bias_term: true }", [_x()], 2,
+     [_x(0.5, 1.5, 3, (3,)), _x(-1, 1, 4, (3,))]),
+    ("relu_in_place", "type: 'ReLU'", [_x()], 1, None),
+    ("sigmoid_in_place", "type: 'Sigmoid'", [_x(-6, 6)], 3, None),
 ]
 
 
@@ -116,6 +135,19 @@ def test_layer_kernels_in_half_match_float64(text, bottoms, k, ntop, propagate, 
 
     try:
         ratios = check_half_gpu(text, bottoms, dtype, k, ntop=ntop, propagate=propagate, params=params)
+    finally:
+        common.set_mode_cpu()
+    assert ratios and max(ratios.values()) <= 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize(("text", "bottoms", "k", "params"), [pytest.param(*c[1:], id=c[0]) for c in IN_PLACE_CASES])
+def test_layer_kernels_in_half_in_place_match_float64(text, bottoms, k, params, dtype):
+    from pycaffe_lite.testing.half_check import check_half_gpu
+
+    try:
+        ratios = check_half_gpu(text, bottoms, dtype, k, params=params, in_place=True)
     finally:
         common.set_mode_cpu()
     assert ratios and max(ratios.values()) <= 1.0

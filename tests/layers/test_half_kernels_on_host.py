@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_half_kernels import CASES
+from test_half_kernels import CASES, IN_PLACE_CASES
 
 from pycaffe_lite import common, memcheck
 from pycaffe_lite.gpu import backend
@@ -45,4 +45,11 @@ def host_gpu(monkeypatch):
                          [pytest.param(*case[1:], id=case[0]) for case in CASES])
 def test_half_kernels_on_the_host_match_float64(host_gpu, text, bottoms, k, ntop, propagate, params, dtype):
     ratios = check_half_gpu(text, bottoms, dtype, k, ntop=ntop, propagate=propagate, params=params)
+    assert ratios and max(ratios.values()) <= 1.0
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(np.float16, id="fp16"), pytest.param(np.uint16, id="bf16")])
+@pytest.mark.parametrize(("text", "bottoms", "k", "params"), [pytest.param(*c[1:], id=c[0]) for c in IN_PLACE_CASES])
+def test_half_kernels_in_place_on_the_host_match_float64(host_gpu, text, bottoms, k, params, dtype):
+    ratios = check_half_gpu(text, bottoms, dtype, k, params=params, in_place=True)
     assert ratios and max(ratios.values()) <= 1.0
