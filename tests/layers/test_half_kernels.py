@@ -82,6 +82,9 @@ CASES = [
     ("flatten", "type: 'Flatten'", [_x()], 1, 1, None, None),
     ("reshape", "type: 'Reshape' reshape_param { shape { dim: 0 dim: -1 } }", [_x()], 1, 1, None, None),
     ("softmax", "type: 'Softmax'", [_x(-3, 3)], 4, 1, None, None),
+    # inner 1: a warp per row; 8 rows fill one 256-thread block, as the host shim's shuffles need
+    ("softmax_rows", "type: 'Softmax'", [_x(-3, 3, 1, (8, 37))], 4, 1, None, None),
+    ("concat_vec4", "type: 'Concat'", [_x(shape=(2, 3, 4, 8)), _x(seed=1, shape=(2, 5, 4, 8))], 1, 1, None, None),
 ]
 
 # In place (top = bottom): BatchNorm then runs its chain kernels (the normalized values saved, its
