@@ -52,8 +52,8 @@ class DataRate:
         out = []
         now = [tuple(layer.data_stats()) for _, layer in self.layers]  # type: ignore[attr-defined]
         for (name, _), before, after in zip(self.layers, self.last, now):
-            line = rate_line(name, before, after, seconds)  # type: ignore[arg-type]
+            line = rate_line(name, before, after, seconds)
             if line is not None:
                 out.append(line)
-        self.last = now  # type: ignore[assignment]
+        self.last = now
         return out
