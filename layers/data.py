@@ -213,7 +213,7 @@ class _DatumJob(TransformingJob):
                                  max_readers=512)
             self.txn = self.env.begin(buffers=True)
 
-    def load(self, ref: Any, batches: data_workers.SharedBatches, slot: int, i: int) -> int | None:
+    def load(self, ref: Any, batches: data_workers.SharedBatches, slot: int, i: int) -> tuple[int, bytes] | None:
         if self.txn is not None:
             key, value = ref, self.txn.get(ref)
             if value is None:
@@ -230,7 +230,7 @@ class _DatumJob(TransformingJob):
             p = self.transformer.param
             length = leave_encoded(batches, slot, i, datum.data, datum.label, self.shape, p.force_color, p.force_gray)
             if length is not None:
-                return length  # decoded on the device
+                return length, bytes(key)  # decoded on the device
         try:
             values = self.transformer.decode(datum)
         except DataError as exc:

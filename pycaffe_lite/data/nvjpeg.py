@@ -6,7 +6,7 @@ The pure-Python parts decide what goes where, and are tested on the CPU:
 
 - :func:`candidates`: where ``libnvjpeg`` may live (``$CUDA_HOME``, NVIDIA's pip wheels under
   ``site-packages/nvidia/nvjpeg/lib`` or ``nvidia/cu*/lib``, the loader path: ``libnvjpeg.so.13``,
-  ``.so.12``, ``.so``, ``/usr/local/cuda*``).
+  ``.so.12``, ``.so``, ``/usr/local/cuda*``, torchvision's bundled copy).
 - :func:`jpeg_header` reads a JPEG's frame header (no pixels); :func:`gpu_decodable` says whether
   nvJPEG's batched decode gives the item the host decoder would (baseline 8-bit, YCbCr colour with
   4:4:4, 4:2:2, 4:2:0 or 4:4:0 sampling into 3 BGR planes, or grayscale into 1 plane). Anything
@@ -15,9 +15,10 @@ The pure-Python parts decide what goes where, and are tested on the CPU:
 - :func:`encoded_items` reads the workers' per-item answers: the encoded length of an item left
   for the device, None for one the worker decoded.
 
-:class:`Decoder` is the library: one handle (the hardware backend where the GPU has JPEG engines,
-A100/H100/H200; else the default one, which falls back by itself), two decode states (one per
-device buffer of the double-buffered upload), and :meth:`Decoder.decode` for a batch. Planar BGR
+:class:`Decoder` is the library: one handle (the first backend of :data:`BACKENDS` the library and
+the GPU have: the hardware JPEG engines of A100/H100/H200, else GPU-assisted Huffman decoding, else
+the default), two decode states (one per device buffer of the double-buffered upload), and
+:meth:`Decoder.decode` for a batch. Planar BGR
 (``NVJPEG_OUTPUT_BGR``) is Caffe's channel order and CHW layout, so no reordering is needed.
 
 Pixels: nvJPEG's inverse DCT, its colour conversion and its chroma upsampling are not libjpeg's
@@ -49,10 +50,16 @@ TOLERANCE_444 = 3  # levels (of 255), per pixel: 4:4:4 and grayscale JPEGs
 TOLERANCE_420 = 12  # levels, 99.9 % of the pixels: subsampled chroma
 TOLERANCE_MEAN = 1.0  # levels, mean absolute difference: subsampled chroma
 
-# nvjpeg.h enums
-BACKEND_DEFAULT, BACKEND_HARDWARE = 0, 3
+# nvjpeg.h enums and flags
+BACKEND_DEFAULT, BACKEND_GPU_HYBRID, BACKEND_HARDWARE = 0, 2, 3
 OUTPUT_Y, OUTPUT_BGR = 2, 4
 MAX_COMPONENT = 4
+FLAGS_UPSAMPLING_WITH_INTERPOLATION = 1 << 5
+# The backends tried in turn, first to last: (name, backend, flags). The hardware JPEG engines (A100,
+# H100, H200) with interpolated chroma upsampling (libjpeg's way) where the library has it, then
+# without; GPU-assisted Huffman decoding; the default.
+BACKENDS = (("hardware, interpolated chroma", BACKEND_HARDWARE, FLAGS_UPSAMPLING_WITH_INTERPOLATION),
+            ("hardware", BACKEND_HARDWARE, 0), ("gpu hybrid", BACKEND_GPU_HYBRID, 0), ("default", BACKEND_DEFAULT, 0))
 STATUS = {
     0: "NVJPEG_STATUS_SUCCESS", 1: "NVJPEG_STATUS_NOT_INITIALIZED", 2: "NVJPEG_STATUS_INVALID_PARAMETER",
     3: "NVJPEG_STATUS_BAD_JPEG", 4: "NVJPEG_STATUS_JPEG_NOT_SUPPORTED", 5: "NVJPEG_STATUS_ALLOCATOR_FAILURE",
@@ -76,7 +83,8 @@ class NvJpegError(CaffeError):
 def candidates(env: Mapping[str, str] = os.environ, paths: Sequence[str] = tuple(sys.path)) -> list[str]:
     """Paths and names to try for libnvjpeg, in order: the toolkit of ``$CUDA_HOME`` /
     ``$CUDA_PATH`` / ``$CUDA_ROOT``, NVIDIA's pip wheels on ``paths`` (``nvidia/nvjpeg/lib``,
-    ``nvidia/cu*/lib``), the loader's names (newest first), ``/usr/local/cuda*/lib64``."""
+    ``nvidia/cu*/lib``), the loader's names (newest first), ``/usr/local/cuda*/lib64``, and the
+    copy bundled in torchvision's wheel (``torchvision.libs``)."""
     names: list[str] = []
     for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
         root = env.get(var)
@@ -88,6 +96,8 @@ def candidates(env: Mapping[str, str] = os.environ, paths: Sequence[str] = tuple
         names += sorted(glob.glob(os.path.join(path, "nvidia", "cu*", "lib", "libnvjpeg.so*")), reverse=True)
     names += LIBRARY_NAMES
     names += sorted(glob.glob("/usr/local/cuda*/lib64/libnvjpeg.so*"), reverse=True)
+    for path in paths:  # last: the copy torchvision's wheel bundles (a hashed name)
+        names += sorted(glob.glob(os.path.join(path, "torchvision.libs", "libnvjpeg*.so*")), reverse=True)
     seen: set[str] = set()
     return [n for n in names if not (n in seen or seen.add(n))]  # type: ignore[func-returns-value]
 
@@ -184,10 +194,17 @@ def gpu_decodable(header: JpegHeader | None, shape: tuple[int, int, int], force_
 
 def encoded_items(payloads: Sequence | None) -> list[tuple[int, int]]:
     """``(item, encoded length)`` of the items a worker left encoded for the device (its answer
-    for the item is that length); the others (answer None) hold decoded pixels."""
+    for the item is ``(length, record key)``); the others (answer None) hold decoded pixels."""
     if payloads is None:
         return []
-    return [(i, int(p)) for i, p in enumerate(payloads) if p is not None]
+    return [(i, int(p[0])) for i, p in enumerate(payloads) if p is not None]
+
+
+def item_keys(payloads: Sequence | None) -> list:
+    """The record key of each item left encoded (None for the others), to name it in errors."""
+    if payloads is None:
+        return []
+    return [None if p is None else p[1] for p in payloads]
 
 
 def output_format(channels: int) -> int:
@@ -218,33 +235,38 @@ def status_name(status: int) -> str:
 
 def _bind(lib: ctypes.CDLL) -> None:
     vp, i, pvp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)
-    lib.nvjpegCreateSimple.argtypes = [pvp]
     lib.nvjpegCreateEx.argtypes = [i, vp, vp, ctypes.c_uint, pvp]
     lib.nvjpegDestroy.argtypes = [vp]
     lib.nvjpegJpegStateCreate.argtypes = [vp, pvp]
     lib.nvjpegJpegStateDestroy.argtypes = [vp]
     lib.nvjpegDecodeBatchedInitialize.argtypes = [vp, vp, i, i, i]
     lib.nvjpegDecodeBatched.argtypes = [vp, vp, pvp, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(_Image), vp]
-    for name in ("nvjpegCreateSimple", "nvjpegCreateEx", "nvjpegDestroy", "nvjpegJpegStateCreate",
+    for name in ("nvjpegCreateEx", "nvjpegDestroy", "nvjpegJpegStateCreate",
                  "nvjpegJpegStateDestroy", "nvjpegDecodeBatchedInitialize", "nvjpegDecodeBatched"):
         getattr(lib, name).restype = ctypes.c_int
 
 
 class Decoder:
     """One nvJPEG handle and ``states`` decode states (one per device buffer decoded into in turn)
-    on the current device. Needs the device's context current (the backend's)."""
+    on the current device, with the first of :data:`BACKENDS` from ``start`` on that the library
+    creates (:attr:`level`, :attr:`backend`). Needs the device's context current (the backend's)."""
 
-    def __init__(self, states: int = 2, hardware: bool = True, library: tuple[ctypes.CDLL, str] | None = None) -> None:
+    def __init__(self, states: int = 2, start: int = 0, library: tuple[ctypes.CDLL, str] | None = None) -> None:
         self.lib, self.path = library if library is not None else load_library()
         _bind(self.lib)
         self.handle = ctypes.c_void_p()
         self.states: list[ctypes.c_void_p] = []
-        self.backend = "default"
-        if hardware and self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(self.handle)) == 0:
-            self.backend = "hardware"
-        else:
+        statuses = []
+        for level in range(start, len(BACKENDS)):
+            name, backend, flags = BACKENDS[level]
+            status = self.lib.nvjpegCreateEx(backend, None, None, flags, ctypes.byref(self.handle))
+            if status == 0:
+                self.level, self.backend = level, name
+                break
             self.handle = ctypes.c_void_p()
-            self._check(self.lib.nvjpegCreateSimple(ctypes.byref(self.handle)), "nvjpegCreateSimple")
+            statuses.append(f"{name}: {status_name(status)}")
+        else:
+            raise NvJpegError("nvjpegCreateEx failed for every backend (" + "; ".join(statuses) + ")")
         try:
             for _ in range(states):
                 state = ctypes.c_void_p()

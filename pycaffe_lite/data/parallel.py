@@ -202,7 +202,7 @@ class ParallelBatches:
             if self.raw:  # (a GPU-mode layer run on the CPU) the host transform, item by item
                 if staged is not None:  # (its upload or decode reads the slot)
                     staged.ready.synchronize()
-                self._decode_on_host(data, nvjpeg.encoded_items(payloads))
+                self._decode_on_host(data, nvjpeg.encoded_items(payloads), nvjpeg.item_keys(payloads))
                 out = top[0].mutable_cpu_data()
                 for i in range(self.batch_size):
                     self.transformer.apply(data[i], int(draws[i, 0]), int(draws[i, 1]), bool(draws[i, 2]), out=out[i])
@@ -244,11 +244,12 @@ class ParallelBatches:
         dev["kernel"] = backend.kernel(KERNELS, "data_transform_u8", self.dtype)
         dev["turn"] = 0
         if self.gpu_decode:
-            self._open_decoder(hardware=True)
+            self._open_decoder(start=0)
 
-    def _open_decoder(self, hardware: bool) -> None:
+    def _open_decoder(self, start: int) -> None:
+        """An nvJPEG decoder with the first backend from ``nvjpeg.BACKENDS[start]`` on, or None (a warning)."""
         try:
-            self.decoder = nvjpeg.Decoder(states=2, hardware=hardware)
+            self.decoder = nvjpeg.Decoder(states=2, start=start)
             log.info("%s: JPEG records decoded on the device by nvJPEG (%s backend, %s)", self.where,
                      self.decoder.backend, self.decoder.path)
         except nvjpeg.NvJpegError as exc:
@@ -275,7 +276,7 @@ class ParallelBatches:
         pinned = self._registered is not None
         jpegs = nvjpeg.encoded_items(payloads)
         if jpegs:
-            self._decode_on_device(k, data, jpegs, copy)
+            self._decode_on_device(k, data, jpegs, nvjpeg.item_keys(payloads), copy)
         else:
             backend.memcpy_htod(int(dev["data"][k]), data, pinned=pinned, on=copy)
         backend.memcpy_htod(int(dev["draws"][k]), np.ascontiguousarray(draws), on=copy)
@@ -283,10 +284,11 @@ class ParallelBatches:
         dev["ready"][k] = ready
         return _Staged(slot, position, payloads, k, ready)
 
-    def _decode_on_device(self, k: int, data: np.ndarray, jpegs: list[tuple[int, int]], copy) -> None:
+    def _decode_on_device(self, k: int, data: np.ndarray, jpegs: list[tuple[int, int]], keys: list, copy) -> None:
         """Items ``jpegs`` (item, encoded length) of ``data`` decoded by nvJPEG into buffer ``k``,
-        the others uploaded one by one; on an nvJPEG failure the hardware backend gives way to the
-        default one, and if that fails too the batch (and every later one) is decoded on the host."""
+        the others uploaded one by one. When nvJPEG fails, the host decodes the batch (a corrupt
+        record is an error naming its key, from ``keys``), and the next of ``nvjpeg.BACKENDS``
+        takes over for later batches; when none is left the host decodes them all."""
         from pycaffe_lite.gpu import backend
 
         dev = self._device
@@ -300,42 +302,39 @@ class ParallelBatches:
             if previous is not None:  # the state's last decode, two batches ago, has finished
                 previous.synchronize()
             host = data.ctypes.data
-            args = ([host + i * item_bytes for i, _ in jpegs], [n for _, n in jpegs],
-                    [nvjpeg.plane_pointers(base, i, self.shape) for i, _ in jpegs], self.shape[2],
-                    nvjpeg.output_format(self.shape[0]), copy.handle)
             try:
-                self.decoder.decode(k, *args)
+                self.decoder.decode(k, [host + i * item_bytes for i, _ in jpegs], [n for _, n in jpegs],
+                                    [nvjpeg.plane_pointers(base, i, self.shape) for i, _ in jpegs], self.shape[2],
+                                    nvjpeg.output_format(self.shape[0]), copy.handle)
                 return
             except nvjpeg.NvJpegError as exc:
-                failed = self.decoder.backend
-                self.decoder.close()
-                self.decoder = None
-                log.warning("%s: %s", self.where, exc)
-                if failed == "hardware":
-                    self._open_decoder(hardware=False)
-                    if self.decoder is not None:
-                        try:
-                            self.decoder.decode(k, *args)
-                            return
-                        except nvjpeg.NvJpegError as again:
-                            self.decoder.close()
-                            self.decoder = None
-                            log.warning("%s: %s", self.where, again)
-                log.warning("%s: JPEG records are decoded on the host from now on", self.where)
+                failure = str(exc)
+        else:
+            failure = ""
         copy.synchronize()  # (the item uploads above read data before it is overwritten)
-        self._decode_on_host(data, jpegs)
+        self._decode_on_host(data, jpegs, keys)  # (a corrupt record raises here, named)
         for i, _ in jpegs:
             backend.memcpy_htod(base + i * item_bytes, data[i], on=copy)
+        if failure and self.decoder is not None:  # the host decoded what nvJPEG failed on: next backend
+            level = self.decoder.level
+            self.decoder.close()
+            self.decoder = None
+            log.warning("%s: %s (the host decoded the batch)", self.where, failure)
+            if level + 1 < len(nvjpeg.BACKENDS):
+                self._open_decoder(start=level + 1)
+            if self.decoder is None:
+                log.warning("%s: JPEG records are decoded on the host from now on", self.where)
 
-    def _decode_on_host(self, data: np.ndarray, jpegs: list[tuple[int, int]]) -> None:
-        """Decode the JPEG items the workers left encoded (``(item, length)``) into their pixels, in place."""
+    def _decode_on_host(self, data: np.ndarray, jpegs: list[tuple[int, int]], keys: list) -> None:
+        """Decode the JPEG items the workers left encoded (``(item, length)``; ``keys[i]`` names
+        item ``i``'s record) into their pixels, in place."""
         p = self.transformer.param
         for i, n in jpegs:
             flat = data[i].reshape(-1)
-            values = decode_image(bytes(flat[:n]), p.force_color, p.force_gray, self.where)
+            where = f"{self.where}: record {keys[i]!r}"
+            values = decode_image(bytes(flat[:n]), p.force_color, p.force_gray, where)
             if values.shape != tuple(self.shape):
-                raise DataError(f"{self.where}: a JPEG record of item {i} decodes to shape {values.shape}, the "
-                                f"batch has {tuple(self.shape)}")
+                raise DataError(f"{where} decodes to shape {values.shape}, the batch has {tuple(self.shape)}")
             data[i] = values
 
     def _transform_staged(self, staged: _Staged, top) -> None:

@@ -90,7 +90,11 @@ def test_candidates_look_in_the_wheels_the_toolkit_and_the_loader_path(tmp_path)
     toolkit = tmp_path / "cuda" / "lib64"
     toolkit.mkdir(parents=True)
     (toolkit / "libnvjpeg.so.13").write_bytes(b"")
+    bundled = tmp_path / "site" / "torchvision.libs"
+    bundled.mkdir()
+    (bundled / "libnvjpeg.1a2b3c4d.so.12").write_bytes(b"")
     found = nvjpeg.candidates({"CUDA_HOME": str(tmp_path / "cuda")}, [str(tmp_path / "site")])
+    assert found[-1] == str(bundled / "libnvjpeg.1a2b3c4d.so.12")
     assert found[:3] == [str(toolkit / "libnvjpeg.so.13"), str(wheel / "libnvjpeg.so.13"), str(wheel / "libnvjpeg.so.12")]
     assert found.index("libnvjpeg.so.13") < found.index("libnvjpeg.so.12") < found.index("libnvjpeg.so")
     assert len(found) == len(set(found))
@@ -146,8 +150,9 @@ def test_header_reader_refuses_what_is_no_jpeg():
 
 
 def test_worker_answers_planes_and_formats():
-    assert nvjpeg.encoded_items(None) == []
-    assert nvjpeg.encoded_items([None, 120, None, 7]) == [(1, 120), (3, 7)]
+    assert nvjpeg.encoded_items(None) == [] and nvjpeg.item_keys(None) == []
+    assert nvjpeg.encoded_items([None, (120, b"k1"), None, (7, b"k3")]) == [(1, 120), (3, 7)]
+    assert nvjpeg.item_keys([None, (120, b"k1"), None, (7, b"k3")]) == [None, b"k1", None, b"k3"]
     assert nvjpeg.plane_pointers(1000, 2, (3, 4, 5)) == [1000 + 2 * 60, 1000 + 2 * 60 + 20, 1000 + 2 * 60 + 40]
     assert nvjpeg.output_format(3) == nvjpeg.OUTPUT_BGR and nvjpeg.output_format(1) == nvjpeg.OUTPUT_Y
     with pytest.raises(nvjpeg.NvJpegError, match="1 or 3 channels, not 4"):
@@ -212,16 +217,17 @@ class _FakeDecoder:
     """nvJPEG's stand-in: decodes each JPEG at its host address with Pillow into its planes."""
 
     calls: list = []
-    fail: set = set()  # backends whose decode fails
+    fail: set = set()  # levels (of nvjpeg.BACKENDS) whose decode fails
 
-    def __init__(self, states: int = 2, hardware: bool = True, library=None) -> None:
-        self.backend, self.path = ("hardware" if hardware else "default"), "fake"
+    def __init__(self, states: int = 2, start: int = 0, library=None) -> None:
+        self.level, self.path = start, "fake"
+        self.backend = nvjpeg.BACKENDS[start][0]
 
     def decode(self, state, sources, lengths, planes, pitch, fmt, stream_handle) -> None:
         from pycaffe_lite.testing import host_kernels as hk
 
-        type(self).calls.append((self.backend, state, len(sources)))
-        if self.backend in self.fail:
+        type(self).calls.append((self.level, state, len(sources)))
+        if self.level in self.fail:
             raise nvjpeg.NvJpegError(f"nvjpegDecodeBatched ({self.backend} backend) failed: NVJPEG_STATUS_EXECUTION_FAILED")
         assert fmt == nvjpeg.OUTPUT_BGR
         for src, n, ptrs in zip(sources, lengths, planes):
@@ -345,23 +351,37 @@ def test_the_next_batch_is_staged_while_the_net_computes(mixed_source, emulated_
     layer.close()
 
 
-def test_nvjpeg_failures_fall_back_to_the_default_backend_then_the_host(mixed_source, emulated_device, monkeypatch,
-                                                                        caplog):
+def test_nvjpeg_failures_fall_back_backend_by_backend_then_to_the_host(mixed_source, emulated_device, monkeypatch,
+                                                                       caplog):
+    """A failing backend: the host decodes that batch (same pixels), the next backend takes over."""
     want = run_batches(layer_of(mixed_source, 0), 5, gpu=False)
-    _FakeDecoder.fail = {"hardware"}
+    _FakeDecoder.fail = {0, 1}
     with caplog.at_level(logging.WARNING, logger="pycaffe_lite"):
         got = run_batches(layer_of(mixed_source, 2, gpu_decode=True), 5, gpu=True, monkeypatch=monkeypatch)
     assert_same(want, got)
-    backends = [b for b, _, _ in _FakeDecoder.calls]
-    assert backends[0] == "hardware" and set(backends[1:]) == {"default"}
-    assert "hardware backend" in caplog.text
-    _FakeDecoder.calls, _FakeDecoder.fail = [], {"hardware", "default"}
+    levels = [level for level, _, _ in _FakeDecoder.calls]
+    assert levels[:2] == [0, 1] and set(levels[2:]) == {2}
+    assert "the host decoded the batch" in caplog.text
+    _FakeDecoder.calls, _FakeDecoder.fail = [], set(range(len(nvjpeg.BACKENDS)))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="pycaffe_lite"):
         got = run_batches(layer_of(mixed_source, 2, gpu_decode=True), 5, gpu=True, monkeypatch=monkeypatch)
     assert_same(want, got)
-    assert len(_FakeDecoder.calls) == 2  # hardware, default: then the host decodes every batch
+    assert [level for level, _, _ in _FakeDecoder.calls] == list(range(len(nvjpeg.BACKENDS)))
     assert "decoded on the host from now on" in caplog.text
+
+
+def test_a_corrupt_jpeg_nvjpeg_refuses_is_an_error_naming_the_record(tmp_path, emulated_device, monkeypatch):
+    """Bytes whose header reads as a baseline JPEG but whose data is garbage: nvJPEG fails, the
+    host fails too, and the error names the layer and the record."""
+    def corrupt(i, img):
+        good = jpeg(img, quality=90)
+        return good if i != 2 else good[:len(good) // 2] + bytes(len(good) // 2)
+
+    source = write_lmdb(tmp_path / "db", corrupt, count=8)
+    _FakeDecoder.fail = set(range(len(nvjpeg.BACKENDS)))
+    with pytest.raises(caffe.errors.DataError, match=r"layer .*record b'00000002'.*cannot decode"):
+        run_batches(layer_of(source, 2, gpu_decode=True), 2, gpu=True, monkeypatch=monkeypatch)
 
 
 def test_resume_with_a_staged_batch_reads_on_from_the_last_batch_handed_out(mixed_source, emulated_device,
