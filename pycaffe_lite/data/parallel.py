@@ -155,10 +155,14 @@ class ParallelBatches:
             self.loader.release(slot)
 
     def _release_all(self) -> None:
-        """Wait for every queued upload from the shared batches; give their slots back."""
+        """Wait for every queued upload from the shared batches and every kernel reading the
+        device buffers (which go back to the pool); give the slots back."""
         staged, self._staged = self._staged, None
         held = self._held + ([(staged.slot, staged.ready)] if staged is not None else [])
         self._held = []
+        for event in self._device.get("consumed", ()):
+            if event is not None:
+                event.synchronize()
         for slot, event in held:
             if event is not None:
                 event.synchronize()

@@ -105,6 +105,20 @@ def test_a_missing_library_is_a_clear_error(tmp_path):
         nvjpeg.load_library([str(tmp_path / "nowhere" / "libnvjpeg.so.13")])
 
 
+def test_the_library_binds_where_it_is_installed():
+    """Where a libnvjpeg is found (the device machine; the nvidia-nvjpeg wheel), every function
+    used here exists in it with the argument types set."""
+    try:
+        lib, path = nvjpeg.load_library()
+    except nvjpeg.NvJpegError as exc:
+        pytest.skip(f"no libnvjpeg here: {exc}")
+    nvjpeg._bind(lib)
+    for name in ("nvjpegCreateEx", "nvjpegDestroy", "nvjpegJpegStateCreate", "nvjpegJpegStateDestroy",
+                 "nvjpegDecodeBatchedInitialize", "nvjpegDecodeBatched"):
+        assert getattr(lib, name).restype is ctypes.c_int, (path, name)
+    assert ctypes.sizeof(nvjpeg._Image) == 2 * nvjpeg.MAX_COMPONENT * 8  # nvjpegImage_t: 4 pointers, 4 size_t
+
+
 @pytest.mark.parametrize(("save", "mode", "expected"), [
     ({"quality": 90, "subsampling": 2}, "RGB", ((2, 2), True)),
     ({"quality": 90, "subsampling": 1}, "RGB", ((2, 1), True)),
