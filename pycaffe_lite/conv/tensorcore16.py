@@ -1,0 +1,145 @@
+"""The ``tensorcore16-BMxBN`` convolution engines: the implicit GEMM on fp16 / bf16 tensor cores
+(kernels in ``tensorcore16.cu``).
+
+The three passes of :mod:`.implicit` (its GEMM views and operand gathers, :mod:`.tiling`'s offset
+tables, launch grids and split contraction) with the inner products on ``mma.sync`` m16n8k16:
+half operands exactly as stored (no rounding: the blobs already hold fp16 or bf16 values), products
+accumulated in fp32. The forward epilogue adds the bias and applies the fused ReLU in fp32 and
+rounds once; the weight gradient writes fp32 partial sums of its split contraction (fp32 scratch,
+4 bytes an element whatever the storage type) and ``t16_reduce_weight`` adds them to ``dw`` (and
+``db``, a column of ones in the same GEMM) in a fixed order, rounding once: deterministic.
+
+Offered for float16 and bfloat16 (uint16 bit patterns) problems on compute capability 8.0+.
+Tile shapes (:data:`TILES`) are the TF32 engine's; a shared-memory slice holds :data:`BK` = 32
+contraction elements, twice the TF32 engine's, since an element takes half the bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..gpu import backend
+from . import tiling
+from .problem import ConvProblem, epilogue_flags
+from .registry import Engine, register_engine
+from .tiling import BLOCK, THREADS, Launch, Reduce, WeightLaunch, nonnull, tile_shape
+
+KERNELS = Path(__file__).with_name("tensorcore16.cu")
+TILES = ("128x128", "64x128", "64x64")
+BK = 32  # contraction elements per shared-memory slice (T16_BK)
+HALF_DTYPES = (np.dtype(np.float16), np.dtype(np.uint16))  # float16, bfloat16 as uint16 bit patterns
+PARTIAL_ITEMSIZE = 4  # the weight gradient's partial sums are fp32
+REQUIREMENT = "float16 or bfloat16 storage, compute capability 8.0+, " + tiling.REQUIREMENT
+
+
+def compute_capability() -> tuple[int, int]:
+    """The current device's compute capability (a function of its own so CPU tests can replace it)."""
+    major, minor = backend.state().device.compute_capability()
+    return int(major), int(minor)
+
+
+def supports(prob: ConvProblem) -> bool:
+    """Half storage (the dtype is checked first, so float32/float64 problems are refused without a
+    device), int32 indexing, and an sm_80+ device (m16n8k16 mma.sync in fp16 and bf16)."""
+    return prob.np_dtype in HALF_DTYPES and tiling.fits_int32(prob) and compute_capability() >= (8, 0)
+
+
+def weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, int]:
+    """(splits, chunk) of the weight gradient's contraction for ``tile`` (tiling.split_contraction)."""
+    bm, bn = tile_shape(tile)
+    k = backend.kernel(KERNELS, f"t16_backward_weight_{tile}", prob.np_dtype)
+    return tiling.split_contraction(prob, bm, bn, BK, has_bias, k.resident_blocks(THREADS))
+
+
+def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
+    """fp32 partial sums the weight pass of ``tile`` needs (elements; bytes are 4 times that)."""
+    key = ("t16_workspace", tile, has_bias)
+    count = prob.cache.get(key)
+    if count is None:
+        splits, _ = weight_splits(prob, tile, has_bias)
+        count = prob.cache[key] = prob.group * splits * prob.mg * (prob.kg + int(has_bias))
+    return count
+
+
+def reduce_plan(prob: ConvProblem, splits: int, has_bias: int) -> Reduce:
+    """``t16_reduce_weight`` over ``splits`` fp32 partial weight gradients (tiling.Reduce's arguments)."""
+    n = prob.group * prob.mg * (prob.kg + has_bias)
+    kernel = backend.kernel(KERNELS, "t16_reduce_weight", prob.np_dtype)
+    return Reduce(kernel, (min(-(-n // THREADS), backend.MAX_BLOCKS), 1, 1), n, splits, has_bias)
+
+
+@register_engine("TENSOR_CORE_16", order=55, summary="the implicit GEMM on fp16/bf16 tensor cores (mma.sync "
+                 "m16n8k16, fp32 accumulation; float16 and bfloat16 blobs, compute capability 8.0+)")
+class TensorCore16Engine(Engine):
+    """The implicit GEMM on fp16/bf16 tensor cores with ``tile`` tiles in every pass."""
+
+    requirement = REQUIREMENT
+
+    def __init__(self, tile: str) -> None:
+        self.tile = tile
+        self.name = f"tensorcore16-{tile}"
+
+    @classmethod
+    def variants(cls) -> tuple[Engine, ...]:
+        return tuple(cls(t) for t in TILES)
+
+    def supports(self, prob):
+        return supports(prob)
+
+    def scratch(self, prob, pass_, has_bias):
+        """The weight pass: its fp32 partial sums; the other passes need none."""
+        if pass_ == "backward_weight":
+            return (workspace_count(prob, self.tile, has_bias) * PARTIAL_ITEMSIZE,)
+        return ()
+
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
+        """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``, over the whole batch in one launch."""
+        tile = self.tile
+        epilogue = epilogue_flags(bias, relu)
+        plan = prob.cache.get(("t16_forward", tile))
+        if plan is None:
+            bm, bn = tile_shape(tile)
+            k = backend.kernel(KERNELS, f"t16_forward_{tile}", prob.np_dtype)
+            grid = (-(-prob.num * prob.out_plane // bn), -(-prob.mg // bm), prob.group)
+            plan = prob.cache[("t16_forward", tile)] = Launch(k, grid, tiling.forward_table(prob))
+            k.check_args(x, w, bias or w, epilogue, plan.table, y, *prob.geometry_args)
+        nonnull(x, w, y)
+        plan.kernel.launch(plan.grid, BLOCK, x, w, bias or w, epilogue, plan.table, y, *prob.geometry_args)
+
+    def backward_data(self, prob, w, dy, dx, ws):
+        """``dx = conv_transpose(dy, w)`` (assigned), in one launch."""
+        tile = self.tile
+        plan = prob.cache.get(("t16_backward_data", tile))
+        if plan is None:
+            bm, bn = tile_shape(tile)
+            k = backend.kernel(KERNELS, f"t16_backward_data_{tile}", prob.np_dtype)
+            grid = (-(-prob.num * prob.in_plane // bn), -(-prob.cg // bm), prob.group)
+            plan = prob.cache[("t16_backward_data", tile)] = Launch(k, grid, tiling.backward_data_table(prob))
+            k.check_args(w, dy, plan.table, dx, *prob.geometry_args)
+        nonnull(w, dy, dx)
+        plan.kernel.launch(plan.grid, BLOCK, w, dy, plan.table, dx, *prob.geometry_args)
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        """``dw += dL/dw`` and, when ``db`` is given, ``db += dL/db`` (a column of ones in the same
+        GEMM); ``ws[0]`` holds at least :func:`workspace_count` fp32 elements. Deterministic: fp32
+        split-K partial sums, then ``t16_reduce_weight`` adds them in a fixed order."""
+        tile, workspace = self.tile, ws[0]
+        has_bias = int(db is not None)
+        key = ("t16_backward_weight", tile, has_bias)
+        plan = prob.cache.get(key)
+        if plan is None:
+            bm, bn = tile_shape(tile)
+            splits, chunk = weight_splits(prob, tile, bool(has_bias))
+            cols = prob.kg + has_bias
+            k = backend.kernel(KERNELS, f"t16_backward_weight_{tile}", prob.np_dtype)
+            grid = (-(-cols // bn), -(-prob.mg // bm), prob.group * splits)
+            plan = prob.cache[key] = WeightLaunch(k, grid, splits, chunk, reduce_plan(prob, splits, has_bias),
+                                                  table=(tiling.forward_table(prob),), flags=(has_bias,))
+            k.check_args(x, dy, *plan.table, workspace, splits, chunk, *plan.flags, *prob.geometry_args)
+            plan.reduce.kernel.check_args(*plan.reduce.args(prob, workspace, dw, db))
+        nonnull(x, dy, dw, workspace)
+        plan.kernel.launch(plan.grid, BLOCK, x, dy, *plan.table, workspace, plan.splits, plan.chunk, *plan.flags,
+                           *prob.geometry_args)
+        plan.reduce.launch(prob, workspace, dw, db)
