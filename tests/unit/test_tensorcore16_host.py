@@ -1,0 +1,217 @@
+"""What of the fp16/bf16 tensor-core work can be checked without a GPU:
+
+- the fragment addressing of ``tensorcore16.cu``'s warp step, emulated: ldmatrix.x4 (and .trans)
+  handing lanes 8x8 matrices of 16-bit values from the addresses the kernel computes, and the
+  matrices mma.sync m16n8k16 then multiplies (its A, B register layouts from the PTX ISA), must be
+  exactly the warp's A and B sub-tiles in shared memory, for both B layouts and every tile's warp
+  shape; every ldmatrix row address is 16-byte aligned;
+- the block's staging covers each (row, k) / (k, col) of a slice exactly once;
+- ``supports()`` of every engine on half problems (fake device: no GPU), the TF32 engine refusing;
+- blas's cudaDataType_t codes (against the CUDA headers where they are installed);
+- ``tensorcore16.cu`` and ``blas_reduce.cu`` compile for all four storage types (slow, nvcc).
+
+The addressing below is the kernel's, written again in Python (``t16_warp_step``, ``t16_core``):
+a change there must be made here too, which is the point.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pycaffe_lite.conv import registry
+from pycaffe_lite.conv import tensorcore16 as tc16
+from pycaffe_lite.conv.problem import ConvProblem
+from pycaffe_lite.gpu import backend, blas
+
+ROOT = Path(__file__).resolve().parents[2]
+BK = 32
+# tile -> (WM, WN) of each entry point kind, as in the T16_* lines of tensorcore16.cu
+WARPS = {"128x128": (32, 64), "64x128": (32, 32), "64x64": (32, 16)}
+
+
+def _ldmatrix_x4(smem: np.ndarray, addrs: list[int], trans: bool) -> np.ndarray:
+    """regs[lane, i, 2]: what ldmatrix.sync.aligned.m8n8.x4(.trans).b16 gives each lane: matrix i's
+    rows are the 8 elements at the addresses of lanes 8i..8i+7; without .trans lane l receives row
+    l/4, columns 2(l%4) and 2(l%4)+1; with .trans rows 2(l%4), 2(l%4)+1 of column l/4."""
+    regs = np.zeros((32, 4, 2), smem.dtype)
+    for i in range(4):
+        mat = np.stack([smem[addrs[8 * i + r]: addrs[8 * i + r] + 8] for r in range(8)])
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            regs[lane, i] = mat[2 * t: 2 * t + 2, g] if trans else mat[g, 2 * t: 2 * t + 2]
+    return regs
+
+
+def _mma_a(regs: np.ndarray) -> np.ndarray:
+    """The 16x16 A that m16n8k16 (.row) reads from lanes' registers a0..a3 (two values each):
+    a0 = A[g][2t..], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]."""
+    a = np.zeros((16, 16), regs.dtype)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for r, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            a[row, col: col + 2] = regs[lane, r]
+    return a
+
+
+def _mma_b(b0: np.ndarray, b1: np.ndarray) -> np.ndarray:
+    """The 16x8 B (k x n, .col) from b0 = B[2t..][g], b1 = B[2t+8..][g] of each lane."""
+    b = np.zeros((16, 8), b0.dtype)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        b[2 * t: 2 * t + 2, g] = b0[lane]
+        b[2 * t + 8: 2 * t + 10, g] = b1[lane]
+    return b
+
+
+def _check_aligned(addrs: list[int]) -> None:
+    assert all(a * 2 % 16 == 0 for a in addrs), "ldmatrix rows must be 16-byte aligned"
+
+
+@pytest.mark.parametrize("tile", list(WARPS))
+@pytest.mark.parametrize("b_kfast", [False, True])
+def test_warp_step_fragments_are_the_warp_subtiles(tile, b_kfast):
+    bm, bn = map(int, tile.split("x"))
+    wm_size, wn_size = WARPS[tile]
+    lda = BK + 8
+    ldb = BK + 8 if b_kfast else bn + 8
+    As = np.arange(bm * lda, dtype=np.int64)  # distinct values: a wrong address shows
+    Bs = np.arange((bn if b_kfast else BK) * ldb, dtype=np.int64) + 10**6
+    for warp in range(8):
+        wm, wn = warp // (bn // wn_size), warp % (bn // wn_size)
+        wa = wm * wm_size * lda
+        wb = wn * wn_size * ldb if b_kfast else wn * wn_size
+        for kk in range(0, BK, 16):
+            a_base, b_base = wa + kk, (wb + kk) if b_kfast else (wb + kk * ldb)
+            for i in range(wm_size // 16):
+                addrs = [a_base + (i * 16 + lane % 16) * lda + 8 * (lane // 16) for lane in range(32)]
+                _check_aligned(addrs)
+                got = _mma_a(_ldmatrix_x4(As, addrs, False))
+                rows = wm * wm_size + i * 16 + np.arange(16)
+                want = As[(rows[:, None] * lda + kk + np.arange(16)[None, :])]
+                assert np.array_equal(got, want), (tile, warp, kk, i)
+            for j in range(0, wn_size // 8, 2):
+                if b_kfast:
+                    addrs = [b_base + (j * 8 + lane % 8 + 8 * (lane // 16)) * ldb + 8 * (lane // 8 % 2)
+                             for lane in range(32)]
+                else:
+                    addrs = [b_base + (lane % 8 + 8 * (lane // 8 % 2)) * ldb + j * 8 + 8 * (lane // 16)
+                             for lane in range(32)]
+                _check_aligned(addrs)
+                regs = _ldmatrix_x4(Bs, addrs, trans=not b_kfast)
+                for jj, (r0, r1) in ((j, (0, 1)), (j + 1, (2, 3))):
+                    got = _mma_b(regs[:, r0], regs[:, r1])
+                    cols = wn * wn_size + jj * 8 + np.arange(8)
+                    ks = kk + np.arange(16)
+                    want = Bs[cols[None, :] * ldb + ks[:, None]] if b_kfast else Bs[ks[:, None] * ldb + cols[None, :]]
+                    assert np.array_equal(got, want), (tile, warp, kk, jj)
+
+
+@pytest.mark.parametrize("tile", list(WARPS))
+@pytest.mark.parametrize("b_kfast", [False, True])
+def test_block_staging_covers_each_slice_once(tile, b_kfast):
+    bm, bn = map(int, tile.split("x"))
+    a_per, b_per = bm * BK // 256, bn * BK // 256
+    a = [(tid // BK + e * (256 // BK), tid % BK) for tid in range(256) for e in range(a_per)]
+    b = [((tid // BK + e * (256 // BK)) if b_kfast else tid % bn, tid % BK if b_kfast else tid // bn + e * (256 // bn))
+         for tid in range(256) for e in range(b_per)]
+    assert sorted(a) == [(r, k) for r in range(bm) for k in range(BK)]
+    assert sorted(b) == [(c, k) for c in range(bn) for k in range(BK)]
+
+
+def test_tile_table_matches_the_kernel_file():
+    """WARPS above and tc16.TILES are the entry points tensorcore16.cu stamps out."""
+    text = (ROOT / "pycaffe_lite" / "conv" / "tensorcore16.cu").read_text()
+    for kind in ("FORWARD", "BACKWARD_DATA", "BACKWARD_WEIGHT"):
+        found = {m[0]: (int(m[1]), int(m[2])) for m in
+                 re.findall(rf"^T16_{kind}\(t16_\w+_(\d+x\d+), \d+, \d+, (\d+), (\d+), \d\)", text, re.M)}
+        assert found == WARPS, kind
+    assert set(tc16.TILES) == set(WARPS)
+
+
+# -- supports() ---------------------------------------------------------------------------------
+class _FakeState:
+    class device:  # noqa: N801 (pycuda's attribute name)
+        cc = (9, 0)
+
+        @classmethod
+        def compute_capability(cls):
+            return cls.cc
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    monkeypatch.setattr(backend, "state", lambda: _FakeState)
+    monkeypatch.setattr(blas, "tf32_allowed", lambda: True)
+    yield _FakeState.device
+    _FakeState.device.cc = (9, 0)
+
+
+HALF_PROBLEMS = [ConvProblem(2, 16, 9, 9, 24, 1, (3, 3), (1, 1), (1, 1), (1, 1), code) for code in ("<f2", "<u2")]
+
+
+@pytest.mark.parametrize("prob", HALF_PROBLEMS, ids=lambda p: p.dtype)
+def test_half_problems_engines(fake_device, prob):
+    registry.load_engines()
+    ok = {n for n, e in registry.ENGINES.items() if e.supports(prob)}
+    # the CUDA-core engines size their tiles and scratch by item size; the TF32 engine stays float32-only
+    assert {"gemm", "winograd", "direct"} <= ok
+    assert any(n.startswith("implicit") for n in ok)
+    assert {f"tensorcore16-{t}" for t in tc16.TILES} <= ok
+    assert not any(n.startswith("tensorcore-") for n in ok)
+    fake_device.cc = (7, 5)  # no bf16/f16 m16n8k16 before sm_80
+    assert not any(registry.ENGINES[f"tensorcore16-{t}"].supports(prob) for t in tc16.TILES)
+
+
+def test_tensorcore16_refuses_float_types_without_a_device(monkeypatch):
+    monkeypatch.setattr(backend, "state", lambda: pytest.fail("supports() touched the device"))
+    for code in ("<f4", "<f8"):
+        prob = ConvProblem(2, 16, 9, 9, 24, 1, (3, 3), (1, 1), (1, 1), (1, 1), code)
+        assert not tc16.supports(prob)
+
+
+def test_tensorcore16_weight_scratch_is_fp32(monkeypatch):
+    """The weight pass's partial sums take 4 bytes an element whatever the storage type."""
+    prob = HALF_PROBLEMS[0]
+    monkeypatch.setattr(tc16, "weight_splits", lambda p, tile, has_bias: (3, 64))
+    engine = tc16.TensorCore16Engine("64x64")
+    assert engine.scratch(prob, "backward_weight", True) == (3 * 24 * (16 * 9 + 1) * 4,)
+    assert engine.scratch(prob, "forward", True) == () and engine.scratch(prob, "backward_data", False) == ()
+
+
+# -- blas ---------------------------------------------------------------------------------------
+def test_blas_half_type_codes():
+    assert blas.half_type(np.float16) == blas.CUDA_R_16F == 2
+    assert blas.half_type(np.uint16) == blas.CUDA_R_16BF == 14
+    assert blas.half_type(np.float32) is None and blas.half_type(np.float64) is None
+    assert (blas.CUDA_R_32F, blas.CUBLAS_COMPUTE_32F, blas.CUBLAS_GEMM_DEFAULT) == (0, 68, -1)
+
+
+@pytest.mark.parametrize(("name", "value"), [("CUDA_R_16F", 2), ("CUDA_R_16BF", 14), ("CUDA_R_32F", 0)])
+def test_blas_type_codes_match_the_cuda_headers(name, value):
+    headers = sorted(glob.glob("/usr/local/cuda*/include/library_types.h"))
+    if not headers:
+        pytest.skip("no CUDA headers installed")
+    text = Path(headers[0]).read_text()
+    assert re.search(rf"\b{name}\s*=\s*{value}\b", text)
+    assert getattr(blas, name) == value
+
+
+# -- the kernels compile ------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_new_kernel_files_compile_for_every_type():
+    paths = [str(ROOT / "pycaffe_lite" / "conv" / "tensorcore16.cu"), str(ROOT / "pycaffe_lite" / "gpu" / "blas_reduce.cu")]
+    cmd = [sys.executable, str(ROOT / "tools" / "check_kernels.py"), "--paths", *paths]
+    for dt in ("float", "double", "half", "bfloat16"):
+        cmd += ["--dtype", dt]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "8 of 8 compilations succeeded" in r.stdout
