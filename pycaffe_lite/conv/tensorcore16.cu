@@ -262,3 +262,257 @@ __global__ void t16_reduce_weight(const int count, const float* ws, const int sp
     else db[gm] = from_m(to_m(db[gm]) + Mtype(sum));
   }
 }
+
+// ==== channel-sliced kernels (forward and data gradient) ======================================
+// For geometries whose contraction splits into slices of T16_BK channels at one filter tap
+// (forward: C/G % 32 == 0; data gradient: M/G % 32 == 0; no dilation) the contraction is
+// reordered tap-major, k = (tap, channel), as in tensorcore.cu's tcs_ kernels: within a slice every
+// element a thread loads shares one bounds check and one base address, consecutive elements lie a
+// plane apart. A comes from the weights permuted so that a row's slice is 64 contiguous bytes
+// (t16_permute_*), copied by cp.async (16 bytes a thread) into a two-stage shared-memory buffer one
+// slice ahead; B (one image column per thread) goes through registers one slice ahead, as in t16_core.
+
+extern "C++" {
+
+__device__ __forceinline__ void t16_copy16(unsigned short* smem, const void* src, const bool valid) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void t16_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void t16_wait() {  // all but the newest N groups have landed
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+#define T16S_LDA (T16_BK + 8)
+
+// An A slice (BM x T16_BK) whose rows are contiguous in global memory: thread t copies 16 bytes
+// (8 values) of tile row t/4 + 64e at k = 8*(t%4); rows at and past `rows` are zeros.
+template <int BM>
+__device__ __forceinline__ void t16_load_rows(unsigned short* As, const Dtype* row0, const long long stride,
+                                              const int rows) {
+  const int t = threadIdx.x, k = 8 * (t % 4);
+#pragma unroll
+  for (int e = 0; e < BM / 64; ++e) {
+    const int r = t / 4 + 64 * e;
+    t16_copy16(As + r * T16S_LDA + k, r < rows ? row0 + r * stride + k : row0, r < rows);
+  }
+}
+
+// One B column slice per thread: column t%BN at k = t/BN + (256/BN)e, from b + k*stride (b: the
+// column's element at k = 0), zeros when !ok.
+template <int BN>
+__device__ __forceinline__ void t16_load_cols(unsigned short (&rb)[T16_BK * BN / T16_THREADS], const Dtype* b,
+                                              const long long stride, const bool ok) {
+  const int kb = threadIdx.x / BN, step = T16_THREADS / BN;
+  b += kb * stride;
+#pragma unroll
+  for (int e = 0; e < T16_BK * BN / T16_THREADS; ++e) rb[e] = ok ? t16_bits(b[e * step * stride]) : (unsigned short)0;
+}
+
+// The position of the next slice of a tap-major contraction: its first channel and its tap (r, s).
+struct T16SlicePos {
+  int c0, r, s;
+  __device__ void next(const int channels, const int kw) {
+    c0 += T16_BK;
+    if (c0 == channels) {
+      c0 = 0;
+      if (++s == kw) s = 0, ++r;
+    }
+  }
+};
+
+// ---- forward: A = W permuted (M/G x (tap, c)), B = input columns ((tap, c) x N*Ho*Wo) -----------
+template <int BN> struct T16FwdSliced {
+  const Dtype* x; const Dtype* w; const Dtype* bias; Dtype* y; int epilogue;
+  int H, W, HW, Wo, P, chw, mp, Mg, Kg, kw, cg, ncols, slices, sh, sw, ph, pw;
+  const Dtype* a_ptr; int a_rows;
+  const Dtype* b_img; int iy0, ix0, b_ok;
+  T16SlicePos at;
+  __device__ void init(int m0, int n0) {
+    at = T16SlicePos{0, 0, 0};
+    a_rows = Mg - m0;
+    a_ptr = w + (long long)m0 * Kg;
+    const int col = n0 + threadIdx.x % BN;
+    b_ok = col < ncols;
+    const int n = b_ok ? col / P : 0, p = b_ok ? col - n * P : 0, oy = p / Wo, ox = p - oy * Wo;
+    b_img = x + (long long)n * chw;
+    iy0 = oy * sh - ph;
+    ix0 = ox * sw - pw;
+  }
+  template <int BM> __device__ void load_a(unsigned short* As, int slice) const {
+    t16_load_rows<BM>(As, a_ptr + slice * T16_BK, Kg, a_rows);
+  }
+  __device__ void load_b(unsigned short (&rb)[T16_BK * BN / T16_THREADS]) {  // slices in order: 0, 1, ..
+    const int iy = iy0 + at.r, ix = ix0 + at.s;
+    const bool ok = b_ok && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
+    t16_load_cols<BN>(rb, ok ? b_img + (long long)at.c0 * HW + iy * W + ix : x, HW, ok);
+    at.next(cg, kw);
+  }
+  __device__ void store(int m, int col, Mtype v) const {
+    if (m >= Mg || col >= ncols) return;
+    const int n = col / P, p = col - n * P;
+    y[(long long)n * mp + m * P + p] = conv_epilogue(v, bias, m, epilogue);
+  }
+};
+
+// ---- data gradient: A = W^T permuted (C/G x (tap, m)), B = dy columns ((tap, m) x N*H*W) --------
+template <int BN> struct T16BwdDataSliced {
+  const Dtype* w; const Dtype* dy; Dtype* dx;
+  int HW, W, Ho, Wo, P, chw, mp, Cg, Mg, khkw, kw, ncols, sh, sw, slices;
+  const Dtype* a_ptr; int a_rows;
+  const Dtype* b_img; int ty, tx, b_ok;
+  T16SlicePos at;
+  __device__ void init(int m0, int n0, int ph, int pw) {
+    at = T16SlicePos{0, 0, 0};
+    a_rows = Cg - m0;
+    a_ptr = w + (long long)m0 * khkw * Mg;
+    const int col = n0 + threadIdx.x % BN;
+    b_ok = col < ncols;
+    const int n = b_ok ? col / HW : 0, q = b_ok ? col - n * HW : 0, yy = q / W;
+    b_img = dy + (long long)n * mp;
+    ty = yy + ph;
+    tx = q - yy * W + pw;
+  }
+  template <int BM> __device__ void load_a(unsigned short* As, int slice) const {
+    t16_load_rows<BM>(As, a_ptr + slice * T16_BK, (long long)khkw * Mg, a_rows);
+  }
+  __device__ void load_b(unsigned short (&rb)[T16_BK * BN / T16_THREADS]) {  // slices in order: 0, 1, ..
+    const int mb = at.c0;
+    int oy = ty - at.r, ox = tx - at.s;
+    at.next(Mg, kw);
+    bool ok = b_ok && oy >= 0 && ox >= 0;
+    if (sh != 1) { ok = ok && oy % sh == 0; oy /= sh; }
+    if (sw != 1) { ok = ok && ox % sw == 0; ox /= sw; }
+    ok = ok && oy < Ho && ox < Wo;
+    t16_load_cols<BN>(rb, ok ? b_img + (long long)mb * P + oy * Wo + ox : dy, P, ok);
+  }
+  __device__ void store(int c, int col, Mtype v) const {
+    if (c >= Cg || col >= ncols) return;
+    const int n = col / HW, q = col - n * HW;
+    dx[(long long)n * chw + c * HW + q] = from_m(v);
+  }
+};
+
+template <int BM, int BN, int WM, int WN, class Op>
+__device__ __forceinline__ void t16s_core(Op& op, const int m0, const int n0) {
+#if __CUDA_ARCH__ >= 800
+  const int KIND = T16Kind<Dtype>::value;
+  static_assert((BM / WM) * (BN / WN) == T16_WARPS, "8 warps per block");
+  static_assert(BM % 64 == 0 && T16_THREADS % BN == 0, "row copies and column loads");
+  if (KIND == 0) __trap();  // float and double: never launched (tensorcore16.supports)
+  const int LDB = BN + 8, B_PER = T16_BK * BN / T16_THREADS;
+  __shared__ __align__(16) unsigned short As[2][BM * T16S_LDA];
+  __shared__ __align__(16) unsigned short Bs[2][T16_BK * LDB];
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int wm = warp / (BN / WN), wn = warp % (BN / WN);
+  const int b_col = tid % BN, b_k = tid / BN, step = T16_THREADS / BN;
+  float acc[WM / 16][WN / 8][4] = {};
+  const int slices = op.slices;
+  unsigned short rb[B_PER];
+  if (slices > 0) {
+    op.template load_a<BM>(As[0], 0);
+    t16_commit();
+    op.load_b(rb);
+  }
+  for (int s = 0; s < slices; ++s) {
+    const int cur = s & 1;
+#pragma unroll
+    for (int e = 0; e < B_PER; ++e) Bs[cur][(b_k + step * e) * LDB + b_col] = rb[e];
+    if (s + 1 < slices) {
+      op.template load_a<BM>(As[cur ^ 1], s + 1);  // that stage was last read before the previous sync
+      t16_commit();
+      t16_wait<1>();  // slice s's A has landed (this thread's copies) ...
+    } else {
+      t16_wait<0>();
+    }
+    __syncthreads();  // ... everyone's, and every thread's B of slice s is in place
+    if (s + 1 < slices) op.load_b(rb);  // the next slice's B, in flight during the products
+#pragma unroll
+    for (int kk = 0; kk < T16_BK; kk += 16)
+      t16_warp_step<KIND, WM, WN, T16S_LDA, LDB, false>(acc, As[cur] + wm * WM * T16S_LDA + kk,
+                                                        Bs[cur] + wn * WN + kk * LDB);
+    __syncthreads();  // stage cur is free for slice s + 2
+  }
+  t16_store<WM, WN>(op, acc, m0 + wm * WM, n0 + wn * WN);
+#else
+  __trap();
+#endif
+}
+
+template <class Op>
+__device__ __forceinline__ void t16s_forward_setup(Op& op, const int g, const Dtype* x, const Dtype* w,
+                                                   const Dtype* bias, const int epilogue, Dtype* y, IG_GEOMETRY_PARAMS) {
+  const int cg = channels / group, mg = num_output / group;
+  op.H = height; op.W = width; op.HW = height * width; op.Wo = width_out; op.P = height_out * width_out;
+  op.chw = channels * op.HW; op.mp = num_output * op.P; op.Mg = mg; op.cg = cg;
+  op.kw = kernel_w; op.Kg = cg * kernel_h * kernel_w; op.ncols = num * op.P;
+  op.slices = kernel_h * kernel_w * (cg / T16_BK); op.sh = stride_h; op.sw = stride_w; op.ph = pad_h; op.pw = pad_w;
+  op.x = x + (long long)g * cg * op.HW; op.w = w + (long long)g * mg * op.Kg; op.bias = bias + g * mg;
+  op.epilogue = epilogue; op.y = y + (long long)g * mg * op.P;
+}
+
+template <class Op>
+__device__ __forceinline__ void t16s_backward_data_setup(Op& op, const int g, const Dtype* w, const Dtype* dy,
+                                                         Dtype* dx, IG_GEOMETRY_PARAMS) {
+  const int cg = channels / group, mg = num_output / group;
+  op.HW = height * width; op.W = width; op.Ho = height_out; op.Wo = width_out; op.P = height_out * width_out;
+  op.chw = channels * op.HW; op.mp = num_output * op.P; op.Cg = cg; op.khkw = kernel_h * kernel_w;
+  op.kw = kernel_w; op.ncols = num * op.HW; op.sh = stride_h; op.sw = stride_w;
+  op.slices = op.khkw * mg / T16_BK; op.Mg = mg;
+  op.w = w + (long long)g * cg * op.khkw * mg; op.dy = dy + (long long)g * mg * op.P;
+  op.dx = dx + (long long)g * cg * op.HW;
+}
+
+}  // extern "C++"
+
+// w: the weights permuted by t16_permute_forward; the other arguments as t16_forward_*'s, less the table.
+#define T16S_FORWARD(NAME, BM, BN, WM, WN, MIN_BLOCKS)                                                      \
+  __global__ void __launch_bounds__(T16_THREADS, MIN_BLOCKS) NAME(                                         \
+      const Dtype* x, const Dtype* w, const Dtype* bias, const int epilogue, Dtype* y, IG_GEOMETRY_PARAMS) { \
+    T16FwdSliced<BN> op;                                                                                   \
+    t16s_forward_setup(op, blockIdx.z, x, w, bias, epilogue, y, IG_GEOMETRY_ARGS);                         \
+    op.init(blockIdx.y * BM, blockIdx.x * BN);                                                             \
+    t16s_core<BM, BN, WM, WN>(op, blockIdx.y * BM, blockIdx.x * BN);                                       \
+  }
+
+// w: the weights permuted by t16_permute_backward_data.
+#define T16S_BACKWARD_DATA(NAME, BM, BN, WM, WN, MIN_BLOCKS)                                                \
+  __global__ void __launch_bounds__(T16_THREADS, MIN_BLOCKS) NAME(                                         \
+      const Dtype* w, const Dtype* dy, Dtype* dx, IG_GEOMETRY_PARAMS) {                                    \
+    T16BwdDataSliced<BN> op;                                                                               \
+    t16s_backward_data_setup(op, blockIdx.z, w, dy, dx, IG_GEOMETRY_ARGS);                                 \
+    op.init(blockIdx.y * BM, blockIdx.x * BN, pad_h, pad_w);                                               \
+    t16s_core<BM, BN, WM, WN>(op, blockIdx.y * BM, blockIdx.x * BN);                                       \
+  }
+
+T16S_FORWARD(t16s_forward_128x128, 128, 128, 32, 64, 1)
+T16S_FORWARD(t16s_forward_64x128, 64, 128, 32, 32, 2)
+T16S_FORWARD(t16s_forward_64x64, 64, 64, 32, 16, 2)
+T16S_BACKWARD_DATA(t16s_backward_data_128x128, 128, 128, 32, 64, 1)
+T16S_BACKWARD_DATA(t16s_backward_data_64x128, 64, 128, 32, 32, 2)
+T16S_BACKWARD_DATA(t16s_backward_data_64x64, 64, 64, 32, 16, 2)
+
+// The weights (M, C/G, kh*kw) re-laid for the sliced kernels' A copies (values unchanged);
+// n = M*C/G*kh*kw. forward: (M, kh*kw, C/G); data gradient: (G, C/G, kh*kw, M/G).
+__global__ void t16_permute_forward(const int n, const Dtype* w, const int cg, const int taps, Dtype* out) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int m = i / (taps * cg), r = i - m * taps * cg, tap = r / cg, c = r - tap * cg;
+    out[i] = w[((long long)m * cg + c) * taps + tap];
+  }
+}
+__global__ void t16_permute_backward_data(const int n, const Dtype* w, const int cg, const int taps, const int mg,
+                                          Dtype* out) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int per = cg * taps * mg, g = i / per, r = i - g * per, c = r / (taps * mg), r2 = r - c * taps * mg;
+    const int tap = r2 / mg, m = r2 - tap * mg;
+    out[i] = w[(((long long)g * mg + m) * cg + c) * taps + tap];
+  }
+}

@@ -12,6 +12,12 @@ rounds once; the weight gradient writes fp32 partial sums of its split contracti
 Offered for float16 and bfloat16 (uint16 bit patterns) problems on compute capability 8.0+.
 Tile shapes (:data:`TILES`) are the TF32 engine's; a shared-memory slice holds :data:`BK` = 32
 contraction elements, twice the TF32 engine's, since an element takes half the bytes.
+
+A forward or data-gradient pass whose contraction splits into slices of :data:`BK` channels at one
+filter tap (:func:`sliced`) runs the channel-sliced kernels (``t16s_*``), as the TF32 engine does:
+the weights permuted first (``t16_permute_*``, into scratch) so that each row's slice is 64
+contiguous bytes copied by cp.async into a two-stage buffer, and one bounds check per slice for the
+image columns. The weight gradient always gathers.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import CudaError
 from ..gpu import backend
 from . import tiling
 from .problem import ConvProblem, epilogue_flags
@@ -44,6 +51,37 @@ def supports(prob: ConvProblem) -> bool:
     """Half storage (the dtype is checked first, so float32/float64 problems are refused without a
     device), int32 indexing, and an sm_80+ device (m16n8k16 mma.sync in fp16 and bf16)."""
     return prob.np_dtype in HALF_DTYPES and tiling.fits_int32(prob) and compute_capability() >= (8, 0)
+
+
+def sliced(prob: ConvProblem, pass_: str) -> bool:
+    """Whether ``pass_`` runs the channel-sliced kernels: no dilation and the contraction's channel
+    axis (C/G forward, M/G data gradient) a multiple of :data:`BK`; never the weight gradient."""
+    if prob.dilation != (1, 1):
+        return False
+    if pass_ == "forward":
+        return prob.cg % BK == 0
+    if pass_ == "backward_data":
+        return prob.mg % BK == 0
+    return False
+
+
+def weight_scratch_count(prob: ConvProblem, pass_: str) -> int:
+    """Elements of the permuted-weight scratch the forward or data-gradient pass needs (0: none)."""
+    return prob.num_output * prob.kg if sliced(prob, pass_) else 0
+
+
+def _permute(prob: ConvProblem, pass_: str, w: int, ws: list[int]) -> int:
+    """The weights permuted for the sliced ``pass_`` into ``ws[0]``; returns that pointer."""
+    if not ws or not ws[0]:
+        raise CudaError(f"fp16/bf16 tensor-core {pass_}: the channel-sliced kernels need the permuted-weight "
+                        "scratch (weight_scratch_count elements)")
+    n = prob.num_output * prob.kg
+    k = backend.kernel(KERNELS, f"t16_permute_{pass_}", prob.np_dtype)
+    if pass_ == "forward":
+        k(n, w, prob.cg, prob.khkw, ws[0])
+    else:
+        k(n, w, prob.cg, prob.khkw, prob.mg, ws[0])
+    return ws[0]
 
 
 def weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, int]:
@@ -89,15 +127,24 @@ class TensorCore16Engine(Engine):
         return supports(prob)
 
     def scratch(self, prob, pass_, has_bias):
-        """The weight pass: its fp32 partial sums; the other passes need none."""
+        """The weight pass: its fp32 partial sums; forward and data gradient: the permuted weights the
+        channel-sliced kernels read (none otherwise)."""
         if pass_ == "backward_weight":
             return (workspace_count(prob, self.tile, has_bias) * PARTIAL_ITEMSIZE,)
-        return ()
+        n = weight_scratch_count(prob, pass_)
+        return (n * prob.itemsize,) if n else ()
 
     def forward(self, prob, x, w, bias, y, ws, relu=False):
         """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``, over the whole batch in one launch."""
         tile = self.tile
         epilogue = epilogue_flags(bias, relu)
+        if sliced(prob, "forward"):
+            w = _permute(prob, "forward", w, ws)
+            args = (x, w, bias or w, epilogue, y)
+            plan = self._sliced_plan(prob, "forward", prob.num * prob.out_plane, prob.mg, args)
+            nonnull(x, w, y)
+            plan.kernel.launch(plan.grid, BLOCK, *args, *prob.geometry_args)
+            return
         plan = prob.cache.get(("t16_forward", tile))
         if plan is None:
             bm, bn = tile_shape(tile)
@@ -111,6 +158,12 @@ class TensorCore16Engine(Engine):
     def backward_data(self, prob, w, dy, dx, ws):
         """``dx = conv_transpose(dy, w)`` (assigned), in one launch."""
         tile = self.tile
+        if sliced(prob, "backward_data"):
+            w = _permute(prob, "backward_data", w, ws)
+            plan = self._sliced_plan(prob, "backward_data", prob.num * prob.in_plane, prob.cg, (w, dy, dx))
+            nonnull(w, dy, dx)
+            plan.kernel.launch(plan.grid, BLOCK, w, dy, dx, *prob.geometry_args)
+            return
         plan = prob.cache.get(("t16_backward_data", tile))
         if plan is None:
             bm, bn = tile_shape(tile)
@@ -120,6 +173,18 @@ class TensorCore16Engine(Engine):
             k.check_args(w, dy, plan.table, dx, *prob.geometry_args)
         nonnull(w, dy, dx)
         plan.kernel.launch(plan.grid, BLOCK, w, dy, plan.table, dx, *prob.geometry_args)
+
+    def _sliced_plan(self, prob: ConvProblem, pass_: str, cols: int, rows: int, args: tuple) -> Launch:
+        """The launch of ``t16s_<pass_>_<tile>`` over a ``rows x cols`` output per group (``args``:
+        its arguments before the geometry, checked against the signature on the first call)."""
+        key = ("t16s", pass_, self.tile)
+        plan = prob.cache.get(key)
+        if plan is None:
+            bm, bn = tile_shape(self.tile)
+            k = backend.kernel(KERNELS, f"t16s_{pass_}_{self.tile}", prob.np_dtype)
+            plan = prob.cache[key] = Launch(k, (-(-cols // bn), -(-rows // bm), prob.group))
+            k.check_args(*args, *prob.geometry_args)
+        return plan
 
     def backward_weight(self, prob, x, dy, dw, db, ws):
         """``dw += dL/dw`` and, when ``db`` is given, ``db += dL/db`` (a column of ones in the same

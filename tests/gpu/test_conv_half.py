@@ -39,7 +39,7 @@ FORMATS = {"fp16": (np.float16, "<f2", 2.0**-11), "bf16": (np.uint16, "<u2", 2.0
 
 # (num, channels, H, W, num_output, group, kernel, pad, stride, dilation): ragged tiles (M, N and K
 # not multiples of 16/32), a bias column, groups, strides, dilation, 1x1, a 7x7 stem, a long
-# contraction (K = 576), depthwise, a weight gradient long enough to split
+# contraction (K = 576), depthwise, a weight gradient long enough to split, the sliced kernels
 SHAPES = [
     (2, 19, 11, 10, 37, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
     (3, 64, 9, 9, 70, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
@@ -49,6 +49,11 @@ SHAPES = [
     (1, 3, 40, 33, 9, 1, (7, 7), (3, 3), (2, 2), (1, 1)),
     (4, 16, 30, 30, 24, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
     (2, 8, 12, 12, 8, 8, (3, 3), (1, 1), (1, 1), (1, 1)),
+    # tensorcore16's channel-sliced kernels: forward (C/G % 32 == 0) and data gradient (M/G % 32 == 0),
+    # ragged columns, strides, groups, a non-square kernel
+    (2, 64, 15, 13, 96, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 32, 9, 8, 64, 2, (3, 2), (1, 0), (2, 1), (1, 1)),
+    (3, 128, 7, 7, 160, 1, (1, 1), (0, 0), (1, 1), (1, 1)),
 ]
 
 
@@ -141,6 +146,8 @@ def test_every_half_engine_every_pass(shape, fmt):
     names = _half_engines(prob)
     assert any(n.startswith("tensorcore16-") for n in names)  # offered on this (sm_80+) device
     assert not any(n.startswith("tensorcore-") for n in names)  # TF32 stays float32-only
+    if prob.dilation == (1, 1) and (prob.cg % 32 == 0 or prob.mg % 32 == 0):
+        assert tc16.sliced(prob, "forward") or tc16.sliced(prob, "backward_data")
     for i, name in enumerate(names):
         _check_engine(name, prob, fmt, seed=i)
 

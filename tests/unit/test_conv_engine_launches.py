@@ -119,3 +119,5 @@ def test_every_engine_launches_what_its_kernels_declare(launches, prob):
     assert "gemm" in ran and any(n.startswith("implicit") for n in ran)
     assert any(n.startswith("tensorcore-") for n in ran) == (prob.dtype == "<f4")
     assert any(n.startswith("tensorcore16-") for n in ran) == (prob.dtype in ("<f2", "<u2"))
+    if prob.dtype in ("<f2", "<u2") and prob.dilation == (1, 1) and prob.cg % 32 == 0:  # the sliced kernels too
+        assert any(str(entry[0]).startswith("t16s_forward_") for entry in launches)

@@ -126,12 +126,132 @@ def test_block_staging_covers_each_slice_once(tile, b_kfast):
     assert sorted(b) == [(c, k) for c in range(bn) for k in range(BK)]
 
 
+@pytest.mark.parametrize("tile", list(WARPS))
+def test_sliced_staging_covers_each_slice_once(tile):
+    """t16s_core: A by 16-byte copies (row t/4 + 64e, k 8*(t%4)..+8), B one column per thread."""
+    bm, bn = map(int, tile.split("x"))
+    a = [(t // 4 + 64 * e, 8 * (t % 4) + j) for t in range(256) for e in range(bm // 64) for j in range(8)]
+    b = [(t % bn, t // bn + (256 // bn) * e) for t in range(256) for e in range(BK * bn // 256)]
+    assert sorted(a) == [(r, k) for r in range(bm) for k in range(BK)]
+    assert sorted(b) == [(c, k) for c in range(bn) for k in range(BK)]
+    assert (BK + 8) * 2 % 16 == 0 and (bn + 8) * 2 % 16 == 0  # 16-byte aligned rows for cp.async and ldmatrix
+
+
+class _SlicePos:
+    """T16SlicePos: the next slice's first channel and filter tap (r, s), stepped in slice order."""
+
+    def __init__(self) -> None:
+        self.c0 = self.r = self.s = 0
+
+    def next(self, channels: int, kw: int) -> None:
+        self.c0 += BK
+        if self.c0 == channels:
+            self.c0 = 0
+            self.s += 1
+            if self.s == kw:
+                self.s, self.r = 0, self.r + 1
+
+
+def _sliced_forward(prob: ConvProblem, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The channel-sliced forward's arithmetic (t16_permute_forward, T16FwdSliced's A rows and B
+    columns per slice, summed slice by slice) on the host, for every group and column at once."""
+    n, c, h, wd = x.shape
+    ho, wo = prob.out_hw
+    taps, cg, mg = prob.khkw, prob.cg, prob.mg
+    perm = np.empty(prob.num_output * taps * cg)
+    for i in range(perm.size):  # t16_permute_forward's index arithmetic
+        m, r = divmod(i, taps * cg)
+        tap, ch = divmod(r, cg)
+        perm[i] = w.ravel()[(m * cg + ch) * taps + tap]
+    kg = cg * taps
+    cols = np.arange(n * ho * wo)
+    img, p = cols // (ho * wo), cols % (ho * wo)
+    iy0, ix0 = (p // wo) * prob.stride[0] - prob.pad[0], (p % wo) * prob.stride[1] - prob.pad[1]
+    y = np.zeros((n, prob.num_output, ho * wo))
+    for g in range(prob.group):
+        a_all = perm[g * mg * kg:(g + 1) * mg * kg].reshape(mg, kg)
+        xg = x[:, g * cg:(g + 1) * cg].reshape(n, cg * h * wd)
+        acc = np.zeros((mg, cols.size))
+        at = _SlicePos()
+        for sl in range(taps * cg // BK):
+            iy, ix = iy0 + at.r, ix0 + at.s
+            ok = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < wd)
+            base = at.c0 * h * wd + np.where(ok, iy * wd + ix, 0)
+            b = np.stack([np.where(ok, xg[img, base + k * h * wd], 0.0) for k in range(BK)])
+            acc += a_all[:, sl * BK:(sl + 1) * BK] @ b
+            at.next(cg, prob.kernel[1])
+        y[:, g * mg:(g + 1) * mg] = acc.reshape(mg, n, ho * wo).transpose(1, 0, 2)
+    return y.reshape(n, prob.num_output, ho, wo)
+
+
+def _sliced_backward_data(prob: ConvProblem, w: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """The channel-sliced data gradient's arithmetic (t16_permute_backward_data, T16BwdDataSliced)."""
+    n, _, ho, wo = dy.shape
+    h, wd = prob.height, prob.width
+    taps, cg, mg = prob.khkw, prob.cg, prob.mg
+    perm = np.empty(prob.num_output * taps * cg)
+    for i in range(perm.size):
+        per = cg * taps * mg
+        g, r = divmod(i, per)
+        ch, r2 = divmod(r, taps * mg)
+        tap, m = divmod(r2, mg)
+        perm[i] = w.ravel()[((g * mg + m) * cg + ch) * taps + tap]
+    cols = np.arange(n * h * wd)
+    img, q = cols // (h * wd), cols % (h * wd)
+    ty, tx = q // wd + prob.pad[0], q % wd + prob.pad[1]
+    dx = np.zeros((n, prob.channels, h * wd))
+    for g in range(prob.group):
+        a_all = perm[g * cg * taps * mg:(g + 1) * cg * taps * mg].reshape(cg, taps * mg)
+        dyg = dy[:, g * mg:(g + 1) * mg].reshape(n, mg * ho * wo)
+        acc = np.zeros((cg, cols.size))
+        at = _SlicePos()
+        for sl in range(taps * mg // BK):
+            mb, oy, ox = at.c0, ty - at.r, tx - at.s
+            at.next(mg, prob.kernel[1])
+            ok = (oy >= 0) & (ox >= 0) & (oy % prob.stride[0] == 0) & (ox % prob.stride[1] == 0)
+            oy, ox = oy // prob.stride[0], ox // prob.stride[1]
+            ok &= (oy < ho) & (ox < wo)
+            base = mb * ho * wo + np.where(ok, oy * wo + ox, 0)
+            b = np.stack([np.where(ok, dyg[img, base + k * ho * wo], 0.0) for k in range(BK)])
+            acc += a_all[:, sl * BK:(sl + 1) * BK] @ b
+        dx[:, g * cg:(g + 1) * cg] = acc.reshape(cg, n, h * wd).transpose(1, 0, 2)
+    return dx.reshape(n, prob.channels, h, wd)
+
+
+SLICED = [  # (num, C, H, W, M, group, kernel, pad, stride): sliced forward and/or data gradient
+    (2, 64, 7, 6, 32, 1, (3, 3), (1, 1), (1, 1)),
+    (2, 32, 9, 8, 64, 2, (3, 2), (1, 0), (2, 1)),
+    (1, 32, 5, 5, 32, 1, (1, 1), (0, 0), (2, 2)),
+]
+
+
+@pytest.mark.parametrize("shape", SLICED, ids=str)
+def test_sliced_kernels_arithmetic_is_the_convolution(shape):
+    from pycaffe_lite.conv import cpu as cpu_conv
+
+    n, c, h, w, m, g, k, pad, stride = shape
+    prob = ConvProblem(n, c, h, w, m, g, k, pad, stride, (1, 1), "<f2")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, c, h, w))
+    wt = rng.standard_normal((m, c // g) + k)
+    dy = rng.standard_normal((n, m) + prob.out_hw)
+    y = np.empty(dy.shape)
+    cpu_conv.forward(x, wt, None, k, pad, stride, (1, 1), g, y)
+    dx = np.empty(x.shape)
+    cpu_conv.backward(x, wt, dy, k, pad, stride, (1, 1), g, dx=dx)
+    if tc16.sliced(prob, "forward"):
+        np.testing.assert_allclose(_sliced_forward(prob, x, wt), y, rtol=1e-12, atol=1e-12)
+    if tc16.sliced(prob, "backward_data"):
+        np.testing.assert_allclose(_sliced_backward_data(prob, wt, dy), dx, rtol=1e-12, atol=1e-12)
+    assert tc16.sliced(prob, "forward") or tc16.sliced(prob, "backward_data")
+
+
 def test_tile_table_matches_the_kernel_file():
     """WARPS above and tc16.TILES are the entry points tensorcore16.cu stamps out."""
     text = (ROOT / "pycaffe_lite" / "conv" / "tensorcore16.cu").read_text()
-    for kind in ("FORWARD", "BACKWARD_DATA", "BACKWARD_WEIGHT"):
+    for kind in ("_FORWARD", "_BACKWARD_DATA", "_BACKWARD_WEIGHT", "S_FORWARD", "S_BACKWARD_DATA"):
         found = {m[0]: (int(m[1]), int(m[2])) for m in
-                 re.findall(rf"^T16_{kind}\(t16_\w+_(\d+x\d+), \d+, \d+, (\d+), (\d+), \d\)", text, re.M)}
+                 re.findall(rf"^T16{kind}\(t16s?_\w+_(\d+x\d+), \d+, \d+, (\d+), (\d+), \d\)", text, re.M)}
         assert found == WARPS, kind
     assert set(tc16.TILES) == set(WARPS)
 
