@@ -500,6 +500,126 @@ T16S_BACKWARD_DATA(t16s_backward_data_128x128, 128, 128, 32, 64, 1)
 T16S_BACKWARD_DATA(t16s_backward_data_64x128, 64, 128, 32, 32, 2)
 T16S_BACKWARD_DATA(t16s_backward_data_64x64, 64, 64, 32, 16, 2)
 
+// ---- sliced weight gradient: A = dy (M/G x pixels), B = input ((pixels) x (tap, c)), B k-fast --------
+// As tensorcore.cu's tcs_backward_weight: columns ordered (tap, c); thread t takes pixel k = t%32 of
+// each slice, of A rows m0 + t/32 + 8e and of the BN/8 consecutive B columns n0 + (BN/8)(t/32) + e,
+// which share one tap (C/G % (BN/8) == 0); it steps its pixel's (image, row, column) on by T16_BK
+// per slice. Values go through registers one slice ahead, as in t16_core. Partial sums are fp32,
+// (group, splits, M/G, C/G*kh*kw), reduced by t16_reduce_weight (has_bias 0: the bias gradient
+// comes from channel_sum).
+extern "C++" {
+template <int BM, int BN> struct T16BwdWeightSliced {
+  static const int A_ROWS = BM / 8, B_COLS = BN / 8;
+  const Dtype* x; const Dtype* dy; float* part;
+  int H, W, HW, Ho, Wo, P, chw, mp, Mg, Cg, Kg, khkw, kw, sh, sw, ph, pw, k_begin, k_end, slices;
+  const Dtype* a_ptr; int a_rows;
+  const Dtype* b_ptr; int b_cols, r, s;
+  int i, n, oy, ox;  // this thread's pixel in the next slice to load: index, image, output row and column
+  __device__ void init(int m0, int n0) {
+    const int t = threadIdx.x, m = m0 + t / 32, col = n0 + B_COLS * (t / 32);
+    a_rows = m < Mg ? (Mg - m + 7) / 8 : 0;
+    a_ptr = dy + (long long)(m < Mg ? m : 0) * P;
+    b_cols = col < Kg ? Kg - col : 0;
+    const int tap = col < Kg ? col / Cg : 0;
+    r = tap / kw;
+    s = tap - r * kw;
+    b_ptr = x + (long long)(col < Kg ? col - tap * Cg : 0) * HW;
+    i = k_begin + t % 32;
+    n = i / P;
+    const int p = i - n * P;
+    oy = p / Wo;
+    ox = p - oy * Wo;
+  }
+  __device__ void load(unsigned short (&ra)[A_ROWS], unsigned short (&rb)[B_COLS]) {  // slices in order
+    const bool in = i < k_end;
+    const Dtype* a = a_ptr + (long long)n * mp + oy * Wo + ox;
+#pragma unroll
+    for (int e = 0; e < A_ROWS; ++e) ra[e] = in && e < a_rows ? t16_bits(a[(long long)e * 8 * P]) : (unsigned short)0;
+    const int iy = oy * sh - ph + r, ix = ox * sw - pw + s;
+    const bool ok = in && (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
+    const Dtype* b = ok ? b_ptr + (long long)n * chw + iy * W + ix : x;
+#pragma unroll
+    for (int e = 0; e < B_COLS; ++e) rb[e] = ok && e < b_cols ? t16_bits(b[(long long)e * HW]) : (unsigned short)0;
+    i += T16_BK;  // the next slice's pixel
+    ox += T16_BK;
+    while (ox >= Wo) {
+      ox -= Wo;
+      if (++oy == Ho) oy = 0, ++n;
+    }
+  }
+  __device__ void store(int m, int col, Mtype v) const {
+    if (m >= Mg || col >= Kg) return;
+    const int tap = col / Cg, c = col - tap * Cg;
+    part[m * Kg + c * khkw + tap] = (float)v;
+  }
+};
+
+template <int BM, int BN, int WM, int WN, class Op>
+__device__ __forceinline__ void t16w_core(Op& op, const int m0, const int n0) {
+#if __CUDA_ARCH__ >= 800
+  const int KIND = T16Kind<Dtype>::value;
+  static_assert((BM / WM) * (BN / WN) == T16_WARPS, "8 warps per block");
+  if (KIND == 0) __trap();  // float and double: never launched (tensorcore16.supports)
+  const int LD = T16_BK + 8;
+  __shared__ __align__(16) unsigned short As[BM * LD];
+  __shared__ __align__(16) unsigned short Bs[BN * LD];
+  const int tid = threadIdx.x, warp = tid / 32, k = tid % 32;
+  const int wm = warp / (BN / WN), wn = warp % (BN / WN);
+  unsigned short* as = As + (tid / 32) * LD + k;             // row t/32 + 8e: as + 8e*LD
+  unsigned short* bs = Bs + Op::B_COLS * (tid / 32) * LD + k;  // column (BN/8)(t/32) + e: bs + e*LD
+  float acc[WM / 16][WN / 8][4] = {};
+  const int slices = op.slices;
+  unsigned short ra[Op::A_ROWS], rb[Op::B_COLS];
+  if (slices > 0) op.load(ra, rb);
+  for (int sl = 0; sl < slices; ++sl) {
+#pragma unroll
+    for (int e = 0; e < Op::A_ROWS; ++e) as[8 * e * LD] = ra[e];
+#pragma unroll
+    for (int e = 0; e < Op::B_COLS; ++e) bs[e * LD] = rb[e];
+    __syncthreads();
+    if (sl + 1 < slices) op.load(ra, rb);  // the next slice, in flight during the products
+#pragma unroll
+    for (int kk = 0; kk < T16_BK; kk += 16)
+      t16_warp_step<KIND, WM, WN, LD, LD, true>(acc, As + wm * WM * LD + kk, Bs + wn * WN * LD + kk);
+    __syncthreads();
+  }
+  t16_store<WM, WN>(op, acc, m0 + wm * WM, n0 + wn * WN);
+#else
+  __trap();
+#endif
+}
+
+template <class Op>
+__device__ __forceinline__ void t16w_setup(Op& op, const int g, const int s, const Dtype* x, const Dtype* dy,
+                                           float* ws, const int splits, const int chunk, IG_GEOMETRY_PARAMS) {
+  const int cg = channels / group, mg = num_output / group;
+  op.H = height; op.W = width; op.HW = height * width; op.Ho = height_out; op.Wo = width_out;
+  op.P = height_out * width_out; op.chw = channels * op.HW; op.mp = num_output * op.P; op.Mg = mg; op.Cg = cg;
+  op.khkw = kernel_h * kernel_w; op.kw = kernel_w; op.Kg = cg * op.khkw;
+  op.sh = stride_h; op.sw = stride_w; op.ph = pad_h; op.pw = pad_w;
+  op.x = x + (long long)g * cg * op.HW; op.dy = dy + (long long)g * mg * op.P;
+  op.part = ws + ((long long)g * splits + s) * mg * op.Kg;
+  const int total = num * op.P;
+  op.k_begin = s * chunk;
+  op.k_end = op.k_begin + chunk < total ? op.k_begin + chunk : total;
+  op.slices = (op.k_end - op.k_begin + T16_BK - 1) / T16_BK;
+}
+}  // extern "C++"
+
+// ws: fp32 (group, splits, M/G, C/G*kh*kw) partial sums, reduced by t16_reduce_weight (has_bias 0).
+#define T16S_BACKWARD_WEIGHT(NAME, BM, BN, WM, WN, MIN_BLOCKS)                                              \
+  __global__ void __launch_bounds__(T16_THREADS, MIN_BLOCKS) NAME(                                         \
+      const Dtype* x, const Dtype* dy, float* ws, const int splits, const int chunk, IG_GEOMETRY_PARAMS) { \
+    T16BwdWeightSliced<BM, BN> op;                                                                         \
+    t16w_setup(op, blockIdx.z / splits, blockIdx.z % splits, x, dy, ws, splits, chunk, IG_GEOMETRY_ARGS);  \
+    op.init(blockIdx.y * BM, blockIdx.x * BN);                                                             \
+    t16w_core<BM, BN, WM, WN>(op, blockIdx.y * BM, blockIdx.x * BN);                                       \
+  }
+
+T16S_BACKWARD_WEIGHT(t16s_backward_weight_128x128, 128, 128, 32, 64, 1)
+T16S_BACKWARD_WEIGHT(t16s_backward_weight_64x128, 64, 128, 32, 32, 1)
+T16S_BACKWARD_WEIGHT(t16s_backward_weight_64x64, 64, 64, 32, 16, 2)
+
 // The weights (M, C/G, kh*kw) re-laid for the sliced kernels' A copies (values unchanged);
 // n = M*C/G*kh*kw. forward: (M, kh*kw, C/G); data gradient: (G, C/G, kh*kw, M/G).
 __global__ void t16_permute_forward(const int n, const Dtype* w, const int cg, const int taps, Dtype* out) {

@@ -17,7 +17,9 @@ A forward or data-gradient pass whose contraction splits into slices of :data:`B
 filter tap (:func:`sliced`) runs the channel-sliced kernels (``t16s_*``), as the TF32 engine does:
 the weights permuted first (``t16_permute_*``, into scratch) so that each row's slice is 64
 contiguous bytes copied by cp.async into a two-stage buffer, and one bounds check per slice for the
-image columns. The weight gradient always gathers.
+image columns. The weight gradient's sliced kernels (C/G a multiple of an eighth of the tile's
+width) load a 32-pixel slice per thread row through registers, stepping each thread's pixel; their
+bias gradient comes from the Mtype channel reduction (``channel_sum``) instead of a column of ones.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..errors import CudaError
 from ..gpu import backend
 from . import tiling
 from .problem import ConvProblem, epilogue_flags
-from .registry import Engine, register_engine
+from .registry import Engine, bias_backward, register_engine
 from .tiling import BLOCK, THREADS, Launch, Reduce, WeightLaunch, nonnull, tile_shape
 
 KERNELS = Path(__file__).with_name("tensorcore16.cu")
@@ -53,16 +55,17 @@ def supports(prob: ConvProblem) -> bool:
     return prob.np_dtype in HALF_DTYPES and tiling.fits_int32(prob) and compute_capability() >= (8, 0)
 
 
-def sliced(prob: ConvProblem, pass_: str) -> bool:
+def sliced(prob: ConvProblem, pass_: str, tile: str = "") -> bool:
     """Whether ``pass_`` runs the channel-sliced kernels: no dilation and the contraction's channel
-    axis (C/G forward, M/G data gradient) a multiple of :data:`BK`; never the weight gradient."""
+    axis (C/G forward, M/G data gradient) a multiple of :data:`BK`; for the weight gradient (of
+    ``tile``) C/G a multiple of an eighth of the tile's width (each thread's columns share a tap)."""
     if prob.dilation != (1, 1):
         return False
     if pass_ == "forward":
         return prob.cg % BK == 0
     if pass_ == "backward_data":
         return prob.mg % BK == 0
-    return False
+    return prob.cg % (tile_shape(tile)[1] // 8) == 0
 
 
 def weight_scratch_count(prob: ConvProblem, pass_: str) -> int:
@@ -84,11 +87,18 @@ def _permute(prob: ConvProblem, pass_: str, w: int, ws: list[int]) -> int:
     return ws[0]
 
 
+def _weight_kernel(prob: ConvProblem, tile: str):
+    """The weight pass's kernel for ``tile``: channel-sliced (``t16s_``) or gathering (``t16_``)."""
+    prefix = "t16s" if sliced(prob, "backward_weight", tile) else "t16"
+    return backend.kernel(KERNELS, f"{prefix}_backward_weight_{tile}", prob.np_dtype)
+
+
 def weight_splits(prob: ConvProblem, tile: str, has_bias: bool) -> tuple[int, int]:
-    """(splits, chunk) of the weight gradient's contraction for ``tile`` (tiling.split_contraction)."""
+    """(splits, chunk) of the weight gradient's contraction for ``tile`` (tiling.split_contraction;
+    the sliced kernels take no bias column)."""
     bm, bn = tile_shape(tile)
-    k = backend.kernel(KERNELS, f"t16_backward_weight_{tile}", prob.np_dtype)
-    return tiling.split_contraction(prob, bm, bn, BK, has_bias, k.resident_blocks(THREADS))
+    bias = has_bias and not sliced(prob, "backward_weight", tile)
+    return tiling.split_contraction(prob, bm, bn, BK, bias, _weight_kernel(prob, tile).resident_blocks(THREADS))
 
 
 def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
@@ -97,7 +107,8 @@ def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
     count = prob.cache.get(key)
     if count is None:
         splits, _ = weight_splits(prob, tile, has_bias)
-        count = prob.cache[key] = prob.group * splits * prob.mg * (prob.kg + int(has_bias))
+        bias = has_bias and not sliced(prob, "backward_weight", tile)
+        count = prob.cache[key] = prob.group * splits * prob.mg * (prob.kg + int(bias))
     return count
 
 
@@ -188,23 +199,32 @@ class TensorCore16Engine(Engine):
 
     def backward_weight(self, prob, x, dy, dw, db, ws):
         """``dw += dL/dw`` and, when ``db`` is given, ``db += dL/db`` (a column of ones in the same
-        GEMM); ``ws[0]`` holds at least :func:`workspace_count` fp32 elements. Deterministic: fp32
-        split-K partial sums, then ``t16_reduce_weight`` adds them in a fixed order."""
+        GEMM; the sliced kernels leave it to ``channel_sum``); ``ws[0]`` holds at least
+        :func:`workspace_count` fp32 elements. Deterministic: fp32 split-K partial sums, then
+        ``t16_reduce_weight`` adds them in a fixed order."""
         tile, workspace = self.tile, ws[0]
-        has_bias = int(db is not None)
+        is_sliced = sliced(prob, "backward_weight", tile)
+        has_bias = int(db is not None and not is_sliced)
         key = ("t16_backward_weight", tile, has_bias)
         plan = prob.cache.get(key)
         if plan is None:
             bm, bn = tile_shape(tile)
             splits, chunk = weight_splits(prob, tile, bool(has_bias))
             cols = prob.kg + has_bias
-            k = backend.kernel(KERNELS, f"t16_backward_weight_{tile}", prob.np_dtype)
+            k = _weight_kernel(prob, tile)
             grid = (-(-cols // bn), -(-prob.mg // bm), prob.group * splits)
-            plan = prob.cache[key] = WeightLaunch(k, grid, splits, chunk, reduce_plan(prob, splits, has_bias),
-                                                  table=(tiling.forward_table(prob),), flags=(has_bias,))
+            reduce = reduce_plan(prob, splits, has_bias)
+            if is_sliced:  # x, dy, ws, splits, chunk
+                plan = WeightLaunch(k, grid, splits, chunk, reduce)
+            else:  # x, dy, offset table, ws, splits, chunk, has_bias
+                plan = WeightLaunch(k, grid, splits, chunk, reduce, table=(tiling.forward_table(prob),),
+                                    flags=(has_bias,))
+            prob.cache[key] = plan
             k.check_args(x, dy, *plan.table, workspace, splits, chunk, *plan.flags, *prob.geometry_args)
-            plan.reduce.kernel.check_args(*plan.reduce.args(prob, workspace, dw, db))
+            reduce.kernel.check_args(*reduce.args(prob, workspace, dw, db))
         nonnull(x, dy, dw, workspace)
         plan.kernel.launch(plan.grid, BLOCK, x, dy, *plan.table, workspace, plan.splits, plan.chunk, *plan.flags,
                            *prob.geometry_args)
         plan.reduce.launch(prob, workspace, dw, db)
+        if is_sliced and db is not None:  # db += dy summed over images and pixels
+            bias_backward(prob, dy, db)

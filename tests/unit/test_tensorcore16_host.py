@@ -246,10 +246,90 @@ def test_sliced_kernels_arithmetic_is_the_convolution(shape):
     assert tc16.sliced(prob, "forward") or tc16.sliced(prob, "backward_data")
 
 
+def _sliced_weight_gradient(prob: ConvProblem, x: np.ndarray, dy: np.ndarray, tile: str, chunk: int) -> np.ndarray:
+    """t16s_backward_weight's arithmetic, thread by thread (T16BwdWeightSliced's init, load with its
+    pixel stepping, the core's staging, store), split ``chunk`` pixels a block, then the fp32 sum of
+    the splits (t16_reduce_weight)."""
+    bm, bn = map(int, tile.split("x"))
+    b_cols_per = bn // 8
+    n_img, _, h, wd = x.shape
+    ho, wo = prob.out_hw
+    pl, cg, mg, kh_kw, kw = ho * wo, prob.cg, prob.mg, prob.khkw, prob.kernel[1]
+    kg, total = cg * kh_kw, n_img * ho * wo
+    splits = -(-total // chunk)
+    parts = np.zeros((prob.group, splits, mg, kg))
+    for g in range(prob.group):
+        xg, dyg = x[:, g * cg:(g + 1) * cg].reshape(n_img, -1), dy[:, g * mg:(g + 1) * mg].reshape(n_img, -1)
+        for sp in range(splits):
+            k_begin, k_end = sp * chunk, min(sp * chunk + chunk, total)
+            for m0 in range(0, mg, bm):
+                for n0 in range(0, kg, bn):
+                    As, Bs = np.zeros((bm, BK)), np.zeros((bn, BK))
+                    acc = np.zeros((bm, bn))
+                    state = []
+                    for t in range(256):  # init
+                        m, col = m0 + t // 32, n0 + b_cols_per * (t // 32)
+                        a_rows = (mg - m + 7) // 8 if m < mg else 0
+                        b_cols = kg - col if col < kg else 0
+                        tap = col // cg if col < kg else 0
+                        i = k_begin + t % 32
+                        n, pp = divmod(i, pl)
+                        state.append([m if m < mg else 0, a_rows, (col - tap * cg) if col < kg else 0, b_cols,
+                                      tap // kw, tap % kw, i, n, pp // wo, pp % wo])
+                    for _ in range(-(-(k_end - k_begin) // BK)):
+                        for t, st in enumerate(state):  # load, then the core's stores to shared memory
+                            m, a_rows, c, b_cols, r, s_, i, n, oy, ox = st
+                            k = t % 32
+                            inside = i < k_end
+                            for e in range(bm // 8):
+                                ok = inside and e < a_rows
+                                As[t // 32 + 8 * e, k] = dyg[n, (m + 8 * e) * pl + oy * wo + ox] if ok else 0.0
+                            iy = oy * prob.stride[0] - prob.pad[0] + r
+                            ix = ox * prob.stride[1] - prob.pad[1] + s_
+                            ok = inside and 0 <= iy < h and 0 <= ix < wd
+                            for e in range(b_cols_per):
+                                v = xg[n, (c + e) * h * wd + iy * wd + ix] if ok and e < b_cols else 0.0
+                                Bs[b_cols_per * (t // 32) + e, k] = v
+                            i, ox = i + BK, ox + BK
+                            while ox >= wo:
+                                ox -= wo
+                                oy += 1
+                                if oy == ho:
+                                    oy, n = 0, n + 1
+                            st[6:] = [i, n, oy, ox]
+                        acc += As @ Bs.T
+                    for mm in range(bm):  # store
+                        for cc in range(bn):
+                            m, col = m0 + mm, n0 + cc
+                            if m < mg and col < kg:
+                                tap, c = divmod(col, cg)
+                                parts[g, sp].ravel()[m * kg + c * kh_kw + tap] = acc[mm, cc]
+    return parts.sum(axis=1).reshape((prob.num_output, cg) + prob.kernel)
+
+
+@pytest.mark.parametrize(("shape", "tile", "chunk"), [
+    ((2, 16, 5, 6, 8, 1, (3, 3), (1, 1), (1, 1)), "64x64", 32),
+    ((2, 32, 7, 5, 12, 2, (2, 3), (0, 1), (2, 1)), "128x128", 64),
+], ids=str)
+def test_sliced_weight_gradient_arithmetic_is_the_convolution(shape, tile, chunk):
+    from pycaffe_lite.conv import cpu as cpu_conv
+
+    n, c, h, w, m, g, k, pad, stride = shape
+    prob = ConvProblem(n, c, h, w, m, g, k, pad, stride, (1, 1), "<f2")
+    assert tc16.sliced(prob, "backward_weight", tile)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((n, c, h, w))
+    dy = rng.standard_normal((n, m) + prob.out_hw)
+    dw = np.zeros((m, c // g) + k)
+    cpu_conv.backward(x, np.zeros(dw.shape), dy, k, pad, stride, (1, 1), g, dweight=dw)
+    np.testing.assert_allclose(_sliced_weight_gradient(prob, x, dy, tile, chunk), dw, rtol=1e-12, atol=1e-12)
+
+
 def test_tile_table_matches_the_kernel_file():
     """WARPS above and tc16.TILES are the entry points tensorcore16.cu stamps out."""
     text = (ROOT / "pycaffe_lite" / "conv" / "tensorcore16.cu").read_text()
-    for kind in ("_FORWARD", "_BACKWARD_DATA", "_BACKWARD_WEIGHT", "S_FORWARD", "S_BACKWARD_DATA"):
+    for kind in ("_FORWARD", "_BACKWARD_DATA", "_BACKWARD_WEIGHT", "S_FORWARD", "S_BACKWARD_DATA",
+                 "S_BACKWARD_WEIGHT"):
         found = {m[0]: (int(m[1]), int(m[2])) for m in
                  re.findall(rf"^T16{kind}\(t16s?_\w+_(\d+x\d+), \d+, \d+, (\d+), (\d+), \d\)", text, re.M)}
         assert found == WARPS, kind
@@ -298,12 +378,17 @@ def test_tensorcore16_refuses_float_types_without_a_device(monkeypatch):
 
 
 def test_tensorcore16_weight_scratch_is_fp32(monkeypatch):
-    """The weight pass's partial sums take 4 bytes an element whatever the storage type."""
-    prob = HALF_PROBLEMS[0]
+    """The weight pass's partial sums take 4 bytes an element whatever the storage type; the gathering
+    kernels carry a bias column, the sliced ones (C/G a multiple of BN/8) do not."""
     monkeypatch.setattr(tc16, "weight_splits", lambda p, tile, has_bias: (3, 64))
     engine = tc16.TensorCore16Engine("64x64")
-    assert engine.scratch(prob, "backward_weight", True) == (3 * 24 * (16 * 9 + 1) * 4,)
-    assert engine.scratch(prob, "forward", True) == () and engine.scratch(prob, "backward_data", False) == ()
+    sliced_prob = HALF_PROBLEMS[0]  # C/G = 16, a multiple of 64/8
+    gather_prob = ConvProblem(2, 12, 9, 9, 24, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2")
+    assert tc16.sliced(sliced_prob, "backward_weight", "64x64")
+    assert not tc16.sliced(gather_prob, "backward_weight", "64x64")
+    assert engine.scratch(sliced_prob, "backward_weight", True) == (3 * 24 * 16 * 9 * 4,)
+    assert engine.scratch(gather_prob, "backward_weight", True) == (3 * 24 * (12 * 9 + 1) * 4,)
+    assert engine.scratch(sliced_prob, "forward", True) == () and engine.scratch(sliced_prob, "backward_data", False) == ()
 
 
 # -- blas ---------------------------------------------------------------------------------------
