@@ -217,7 +217,9 @@ class Blob:
 
     @property
     def data(self) -> np.ndarray:
-        """pycaffe: writable host array of the data (marks the host copy newest)."""
+        """pycaffe: writable host array of the data (marks the host copy newest): the storage
+        array, so float16 in an fp16 blob and uint16 bit patterns in a bfloat16 one
+        (:meth:`math_data` reads float32 values; assigning ``blob.data = values`` rounds them in)."""
         self._user_access("data")
         return self.mutable_cpu_data()
 

@@ -203,6 +203,37 @@ def test_net_is_built_in_half_and_fp32_weights_round_once(name, tmp_path):
     assert np.abs(probs - expected).max() < 40 * tol, np.abs(probs - expected).max()
 
 
+def test_pycaffe_reads_of_a_bf16_net(tmp_path):
+    """pycaffe on a bf16 net: ``forward()`` and ``blob.data`` give uint16 bit patterns,
+    ``math_data()`` float32 values, and ``blob.data = floats`` stores them rounded. The deploy
+    net shares blob memory between layers (memory plan): ``math_data()`` of an early blob is a
+    user read like ``data`` and gets that blob's own values back, not the buffer's later tenant."""
+    ref = caffe.Net(str(LENET), caffe.TEST)
+    rng = np.random.default_rng(4)
+    for blobs in ref.params.values():
+        for blob in blobs:
+            blob.data[...] = rng.standard_normal(blob.shape) * 0.1
+    weights = tmp_path / "w.caffemodel"
+    ref.save(str(weights))
+    x = rng.random(ref.blobs["data"].shape, dtype=np.float32)
+    ref.forward(data=x)
+    expected = {name: ref.blobs[name].data.copy() for name in ("conv1", "pool1", "ip1")}
+    caffe.set_precision("bf16")
+    net = caffe.Net(str(LENET), caffe.TEST, weights=str(weights))
+    out = net.forward(data=x)
+    slots, alone = net.executor.shared_data.planned_bytes()
+    assert 0 < slots < alone  # the forward ran with blobs sharing buffers
+    for name, want in expected.items():  # read first (before any .data): early blobs' buffers were reused
+        got = net.blobs[name].math_data()
+        assert got.dtype == np.float32
+        assert np.abs(got - want).max() < 0.05 * np.abs(want).max(), (name, np.abs(got - want).max())
+    assert out["prob"].dtype == np.uint16 and net.blobs["conv1"].data.dtype == np.uint16
+    assert np.array_equal(out["prob"], precision.float32_to_bfloat16(net.blobs["prob"].math_data()))
+    blob = net.blobs["ip2"]
+    blob.data = np.full(blob.shape, 1.0 + 2.0 ** -9, np.float32)  # halfway between two bf16 values: even
+    assert (blob.data == 0x3F80).all() and (blob.math_data() == 1.0).all()
+
+
 def test_net_from_a_file_that_contradicts_names_the_file(tmp_path):
     path = tmp_path / "fp16_net.prototxt"
     path.write_text(FP16_FILE)
