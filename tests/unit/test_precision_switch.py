@@ -371,3 +371,52 @@ def test_precision_errors_on_the_command_lines(tmp_path, capsys):
     assert cli.main(["time", "--model", str(LENET), "--iterations", "1", "--precision", "tf32"]) == 1
     err = capsys.readouterr().err
     assert "--precision tf32" in err and "give --gpu N" in err
+
+
+def test_multi_gpu_ranks_get_the_precision():
+    """``train --gpu 0,1 --precision bf16``: the launcher forwards the flag to every rank."""
+    import argparse
+
+    from pycaffe_lite.parallel import launch
+
+    parser = argparse.ArgumentParser()
+    train_command.add_arguments(parser)
+    args = parser.parse_args(["--solver", "s.prototxt", "--gpu", "0,1", "--precision", "BF16"])
+    assert launch.forwarded_arguments(args, parser) == ["--solver", "s.prototxt", "--precision", "bf16"]
+
+
+# -- on the GPU -------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_tf32_and_fp32_switch_the_gpus_tf32(gpu_mode, capsys):
+    caffe.set_precision("tf32")
+    assert common.tf32_allowed() and caffe.get_precision() == "tf32"
+    caffe.set_precision("fp32")
+    assert not common.tf32_allowed() and caffe.get_precision() == "fp32"
+    assert cli.main(["time", "--model", str(LENET), "--iterations", "2", "--gpu", "0", "--precision", "tf32"]) == 0
+    assert "Average Forward pass" in capsys.readouterr().out and common.tf32_allowed()
+    caffe.set_precision("fp32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+def test_half_lenet_forward_on_the_gpu(name, gpu_mode, tmp_path):
+    """A LeNet built under set_precision in GPU mode from an fp32 caffemodel: half params and blobs,
+    outputs within the format's rounding of the CPU float32 forward."""
+    caffe.set_mode_cpu()
+    ref = caffe.Net(str(LENET), caffe.TEST)
+    rng = np.random.default_rng(9)
+    for blobs in ref.params.values():
+        for blob in blobs:
+            blob.data[...] = rng.standard_normal(blob.shape) * 0.1
+    weights = tmp_path / "w.caffemodel"
+    ref.save(str(weights))
+    x = rng.random(ref.blobs["data"].shape, dtype=np.float32)
+    expected = ref.forward(data=x)["prob"].copy()
+    caffe.set_mode_gpu()
+    caffe.set_precision(name)
+    net = caffe.Net(str(LENET), caffe.TEST, weights=str(weights))
+    assert net.params["conv1"][0].data.dtype == STORED[name]
+    net.forward(data=x)
+    probs = net.blobs["prob"].math_data()
+    tol = 2.0 ** -11 if name == "fp16" else 2.0 ** -8
+    assert np.abs(probs - expected).max() < 40 * tol, np.abs(probs - expected).max()
