@@ -158,9 +158,9 @@ class _Builder:
             g.top_vecs.append(tvec)
             g.top_id_vecs.append(tids)
             layer.setup(bvec, tvec)  # its errors name the layer
-            if layer._float_view is not None:  # it runs on float copies of half blobs (docs/precision.md)
-                layer.traits = layer.traits.but(graph_safe=False, fuses=frozenset(), regenerates_top=False,
-                                                saves_input_in_place=False)
+            if layer._float_view is not None:  # it runs on converted copies (docs/precision.md): in GPU
+                # mode kernels convert them, so it stays capturable, but it takes part in no fusion
+                layer.traits = layer.traits.but(fuses=frozenset(), regenerates_top=False, saves_input_in_place=False)
             check_tops_hold_values(self.graph, layer_id)
             self._adopt_param_specs(lp, layer)
             for ti, tid in enumerate(tids):
