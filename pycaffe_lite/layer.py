@@ -22,6 +22,7 @@ import numpy as np
 from . import common, memcheck, python_layer
 from .blob import Blob, to_math, weighted_sum
 from .errors import CaffeError, NetError, ShapeError, UnknownLayerError
+from .gpu import cast
 from .memcheck import OutOfMemoryError, out_of_memory
 from .precision import LayerPrecision, storage_dtype
 from .schema import caffe_pb2
@@ -173,6 +174,9 @@ class Layer:
     # Loss scaling (docs/precision.md): a layer with a loss seeds its gradient times this factor
     # (set by the solver's Update from the net's global_grad_scale; 1 leaves Caffe's behaviour).
     loss_seed_scale: float = 1.0
+    # The same on the GPU: the device address of the float32 scale (None: no scaling), so a replayed
+    # iteration reads the scale the device's adaptive rule last set.
+    loss_seed_slot: int | None = None
 
     def __init__(self, param: caffe_pb2.LayerParameter, dtype: np.dtype | builtins.type = np.float32,
                  precision: LayerPrecision | None = None) -> None:
@@ -396,8 +400,8 @@ class Layer:
 
     def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         """Gradients for the bottoms flagged in ``propagate_down`` and for the params."""
-        if (self._float_view is None and self.loss_seed_scale != 1.0 and self.has_loss
-                and common.mode() is common.Mode.CPU):  # (loss scaling is host code for now)
+        if self._float_view is None and self.has_loss and (
+                self.loss_seed_slot is not None if common.mode() is common.Mode.GPU else self.loss_seed_scale != 1.0):
             self._float_view = MathView(self)  # (the scaled seed goes into copies of the tops' diffs)
         if self._float_view is not None:
             self._float_view.backward(top, propagate_down, bottom)
@@ -504,6 +508,25 @@ def _round_through(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return values
 
 
+def _store(copy: Blob, real: Blob, diff: bool, through: np.dtype | None = None) -> None:
+    """``real``'s data (or diff) takes ``copy``'s values rounded to nearest even (through ``through``
+    first): kernels on the device in GPU mode, numpy on the host otherwise."""
+    if common.mode() is common.Mode.GPU:
+        if copy.count:
+            if diff:
+                cast.convert(copy.count, copy.gpu_diff(), copy.diff_dtype, real.mutable_gpu_diff(), real.diff_dtype,
+                             through)
+            else:
+                cast.convert(copy.count, copy.gpu_data(), copy.dtype, real.mutable_gpu_data(), real.dtype, through)
+        return
+    if diff:
+        values = copy.cpu_diff()
+        real.set_math_diff(values if through is None else _round_through(values, through))
+    else:
+        values = copy.cpu_data()
+        real.set_math_data(values if through is None else _round_through(values, through))
+
+
 class MathView:
     """A layer's conversion blobs: float copies (in the layer's :attr:`Layer.dtype`) of the blobs it
     touches that are stored in another type (half tops and params, half inputs of a float32
@@ -550,6 +573,13 @@ class MathView:
             return
         if copy.shape != real.shape:
             copy.reshape(real.shape)
+        if common.mode() is common.Mode.GPU:  # (kernels on the device: graph-safe, no host copies)
+            if real.count and data:
+                cast.convert(real.count, real.gpu_data(), real.dtype, copy.mutable_gpu_data(), copy.dtype,
+                             through if through is not None and through != real.dtype else None)
+            if real.count and diff:
+                cast.convert(real.count, real.gpu_diff(), real.diff_dtype, copy.mutable_gpu_diff(), copy.diff_dtype)
+            return
         if data:
             values = to_math(real.cpu_data())
             if through is not None and through != real.dtype:  # (values stored in it need no rounding)
@@ -597,22 +627,27 @@ class MathView:
             layer.blobs = held
         for real, copy in zip(top, t):
             if copy is not real:
-                real.set_math_data(_round_through(copy.cpu_data(), layer.top_dtype))
+                _store(copy, real, False, layer.top_dtype)
         for real, copy, v in zip(held, p, versions):  # (BatchNorm-like state a forward updates)
             if copy is not real and copy.data_memory.version != v:
-                real.set_math_data(copy.cpu_data())
+                _store(copy, real, False)
 
     def backward(self, top: Sequence[Blob], propagate_down: Sequence[bool], bottom: Sequence[Blob]) -> None:
         layer = self.layer
-        scale = layer.loss_seed_scale if layer.has_loss and common.mode() is common.Mode.CPU else 1.0
+        on_gpu = common.mode() is common.Mode.GPU
+        slot = layer.loss_seed_slot if on_gpu and layer.has_loss else None
+        scale = layer.loss_seed_scale if layer.has_loss and not on_gpu else 1.0
         b, p = self._bottoms(bottom), self._params()
-        t = self._tops(bottom, top) if scale == 1.0 else [self._copy(x, True) for x in top]
+        scaled = scale != 1.0 or slot is not None
+        t = [self._copy(x, True) for x in top] if scaled else self._tops(bottom, top)
         for i, (real, copy) in enumerate(zip(bottom, b)):
             self._load(real, copy, True, True, layer.top_dtype if self._rounds(i) else None)
         for k, (real, copy) in enumerate(zip(top, t)):
             if real not in bottom:
                 self._load(real, copy, True, True)
-            if scale != 1.0 and layer.loss(k):
+            if slot is not None and layer.loss(k):  # the seed times the device's loss scale
+                cast.scale_by_slot(copy.count, copy.mutable_gpu_diff(), copy.diff_dtype, slot)
+            elif scale != 1.0 and layer.loss(k):
                 copy.mutable_cpu_diff()[...] *= copy.dtype.type(scale)  # the seed, scaled
         for real, copy in zip(layer.blobs, p):
             self._load(real, copy, True, True)
@@ -623,10 +658,10 @@ class MathView:
             layer.blobs = held
         for real, copy, down in zip(bottom, b, propagate_down):
             if down and copy is not real:
-                real.set_math_diff(_round_through(copy.cpu_diff(), layer.top_diff_dtype))
+                _store(copy, real, True, layer.top_diff_dtype)
         for j, (real, copy) in enumerate(zip(held, p)):
             if copy is not real and (j >= len(layer.param_propagate_down) or layer.param_propagate_down[j]):
-                real.set_math_diff(copy.cpu_diff())
+                _store(copy, real, True)
 
     def nbytes(self) -> int:
         """Bytes the float copies hold (data and diff), for the net's memory check."""

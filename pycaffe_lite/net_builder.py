@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import cast
 
 import numpy as np
@@ -49,11 +50,23 @@ def in_file(exc: CaffeError, source: str | None) -> CaffeError:
     return named.with_traceback(exc.__traceback__)
 
 
+_nesting = threading.local()  # .depth: builds in progress on this thread (a layer's inner net is nested)
+
+
 def build_net(param: caffe_pb2.NetParameter, dtype: np.dtype | type = np.float32) -> NetGraph:
     """The built graph of ``param`` (its ``state`` set: phase, level, stages); errors name layers.
-    The blobs are added up as they are made, before they are filled (``memcheck.net_build``)."""
-    with memcheck.net_build(f"net '{param.name}'"):
-        return _Builder(param, np.dtype(dtype)).build()
+    The blobs are added up as they are made, before they are filled (``memcheck.net_build``).
+    The precision switch (``caffe.set_precision``, ``--precision``) applies to the outermost build
+    (``precision.apply_precision``); a net a layer builds inside itself (Recurrent's) follows its layer."""
+    depth = getattr(_nesting, "depth", 0)
+    if depth == 0:
+        param = precision.apply_precision(param, common.context().precision, dtype)
+    _nesting.depth = depth + 1
+    try:
+        with memcheck.net_build(f"net '{param.name}'"):
+            return _Builder(param, np.dtype(dtype)).build()
+    finally:
+        _nesting.depth = depth
 
 
 def check_tops_hold_values(graph: NetGraph, layer_id: int) -> None:
@@ -145,9 +158,9 @@ class _Builder:
             g.top_vecs.append(tvec)
             g.top_id_vecs.append(tids)
             layer.setup(bvec, tvec)  # its errors name the layer
-            if layer._float_view is not None:  # it runs on float copies of half blobs (docs/precision.md)
-                layer.traits = layer.traits.but(graph_safe=False, fuses=frozenset(), regenerates_top=False,
-                                                saves_input_in_place=False)
+            if layer._float_view is not None:  # it runs on converted copies (docs/precision.md): in GPU
+                # mode kernels convert them, so it stays capturable, but it takes part in no fusion
+                layer.traits = layer.traits.but(fuses=frozenset(), regenerates_top=False, saves_input_in_place=False)
             check_tops_hold_values(self.graph, layer_id)
             self._adopt_param_specs(lp, layer)
             for ti, tid in enumerate(tids):

@@ -21,7 +21,7 @@ Usage::
 
     python tools/check_kernels.py                   # pycaffe_lite/**/*.cu and layers/*.cu
     python tools/check_kernels.py --arch sm_80
-    python tools/check_kernels.py --dtype half --dtype bfloat16   # storage __half / __nv_bfloat16, math float
+    python tools/check_kernels.py --dtype half   # one storage type (default: float, double, half, bfloat16)
     python tools/check_kernels.py --paths layers/relu.cu some/dir
     python tools/check_kernels.py --calls           # pycaffe_lite/**/*.py and layers/*.py
     python tools/check_kernels.py --calls --paths layers/relu.py
@@ -56,7 +56,7 @@ from pycaffe_lite.gpu.signatures import parse_signatures  # noqa: E402
 GPU_DIR = REPO_ROOT / "pycaffe_lite" / "gpu"
 # --dtype name -> the storage dtype the backend compiles for (bfloat16: uint16 bit patterns)
 STORAGE = {"float": np.float32, "double": np.float64, "half": np.float16, "bfloat16": np.uint16}
-DTYPES = ("float", "double")  # the default; half and bfloat16 on request
+DTYPES = ("float", "double", "half", "bfloat16")  # the default: every storage type the backend compiles for
 
 
 @dataclass

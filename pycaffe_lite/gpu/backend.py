@@ -52,6 +52,7 @@ between them (rounding to nearest even into a half type), and the grid-stride lo
 
 # The headers of the half types, outside the extern "C" that wraps every kernel source (their C++).
 _HALF_HEADERS = 'extern "C++" {\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n}\n'
+HALF_HEADERS = _HALF_HEADERS  # (for a preamble naming a half type in a float kernel: gpu/cast.py)
 
 # storage dtype -> (Dtype, Mtype, to_m(x), from_m(x), struct code of a Dtype scalar argument).
 # bfloat16 has no numpy dtype: its arrays are uint16 bit patterns (pycaffe_lite.precision).

@@ -62,6 +62,18 @@ def plan_buckets(ready: Sequence[int], nbytes: Sequence[int], cap: int | None = 
     return buckets
 
 
+def split_by_dtype(buckets: Sequence[tuple[int, list[int]]], dtypes: Sequence) -> list[tuple[int, list[int]]]:
+    """Each bucket of :func:`plan_buckets` split into one per gradient type (``dtypes[p]`` of param
+    ``p``; a half net's half and float32 gradients reduce in their own types), order kept."""
+    out: list[tuple[int, list[int]]] = []
+    for layer, params in buckets:
+        groups: dict[str, list[int]] = {}
+        for p in params:
+            groups.setdefault(str(dtypes[p]), []).append(p)
+        out.extend((layer, g) for g in groups.values())
+    return out
+
+
 def bucket_layout(counts: Sequence[int], align: int = FLAT_ALIGN) -> tuple[list[int], int]:
     """Element offsets of params with ``counts`` elements packed in one buffer, each start a
     multiple of ``align`` elements (aligned vector access); returns (offsets, buffer elements)."""
@@ -112,12 +124,13 @@ class NCCL:
         flags = st.cuda.event_flags.DISABLE_TIMING
         self._fork, self._join = st.cuda.Event(flags), st.cuda.Event(flags)
         self.params = list(self.net.learnable_params)
-        self.dtype = self.net.dtype
         self.layer_wise = bool(solver.param.layer_wise_reduce)
         if self.layer_wise:
-            self.buckets = plan_buckets(ready_layers(self.net), [b.count * b.dtype.itemsize for b in self.params])
+            buckets = plan_buckets(ready_layers(self.net), [b.count * b.diff_dtype.itemsize for b in self.params])
         else:  # one all-reduce of every gradient, queued before the update
-            self.buckets = [(-1, list(range(len(self.params))))]
+            buckets = [(-1, list(range(len(self.params))))]
+        # gradients reduce in their own storage type: half nets' fp16/bf16 ones in half (NCCL's)
+        self.buckets = split_by_dtype(buckets, [b.diff_dtype for b in self.params])
         self._flat = [self._flatten(ps) for _, ps in self.buckets]
         self._at_layer: dict[int, list[int]] = {}
         for k, (layer, _) in enumerate(self.buckets):
@@ -135,7 +148,7 @@ class NCCL:
         """Every rank's weights become rank 0's (waits until done)."""
         with self.comm.group():
             for b in self.params:
-                self.comm.broadcast(b.mutable_gpu_data(), b.count, self.dtype, self._main.handle)
+                self.comm.broadcast(b.mutable_gpu_data(), b.count, b.dtype, self._main.handle)
         self._main.synchronize()
 
     # -- per-layer hook and solver callbacks ---------------------------------------------------
@@ -151,7 +164,7 @@ class NCCL:
         (buffer, its elements, each param's device address in it)."""
 
         offsets, total = bucket_layout([self.params[p].count for p in params])
-        size = self.dtype.itemsize
+        size = self.params[params[0]].diff_dtype.itemsize
         buf = backend.alloc(max(total, 1) * size)
         backend.memset_zero(int(buf), total * size)
         where = []
@@ -168,12 +181,13 @@ class NCCL:
         buf, total, where = self._flat[k]
         params = [self.params[p] for p in self.buckets[k][1]]
         ptrs = [b.mutable_gpu_diff() for b in params]
+        dtype = params[0].diff_dtype
         if ptrs == where:  # still in the bucket's buffer: one collective (padding is zeros)
-            self.comm.all_reduce(int(buf), total, self.dtype, self._side.handle, nccl.AVG)
+            self.comm.all_reduce(int(buf), total, dtype, self._side.handle, nccl.AVG)
             return
         with self.comm.group():  # a gradient was given memory of its own since: one per param
             for b, ptr in zip(params, ptrs):
-                self.comm.all_reduce(ptr, b.count, self.dtype, self._side.handle, nccl.AVG)
+                self.comm.all_reduce(ptr, b.count, dtype, self._side.handle, nccl.AVG)
 
     def on_start(self) -> None:
         """Solver callback at the start of an iteration (nothing to do)."""

@@ -23,7 +23,9 @@ from ..errors import CudaError, GPUUnavailableError
 
 UNIQUE_ID_BYTES = 128
 SUM, AVG = 0, 4  # ncclRedOp_t
-_DTYPES = {np.dtype(np.float32): 7, np.dtype(np.float64): 8, np.dtype(np.int64): 4}  # ncclDataType_t
+# ncclDataType_t of our storage types (uint16 holds bfloat16 bit patterns, pycaffe_lite.precision)
+_DTYPES = {np.dtype(np.float32): 7, np.dtype(np.float64): 8, np.dtype(np.int64): 4, np.dtype(np.float16): 6,
+           np.dtype(np.uint16): 9}
 INSTALL_HINT = ("install NCCL with `pip install nvidia-nccl-cu13` (or nvidia-nccl-cu12 for CUDA 12), "
                 "or set PYCAFFE_LITE_NCCL to the path of libnccl.so.2")
 

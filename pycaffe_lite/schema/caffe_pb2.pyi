@@ -672,6 +672,7 @@ class ConvolutionParameter(_message.Message):
         DIRECT: _ClassVar[ConvolutionParameter.Engine]
         TENSOR_CORE: _ClassVar[ConvolutionParameter.Engine]
         GEMM: _ClassVar[ConvolutionParameter.Engine]
+        TENSOR_CORE_16: _ClassVar[ConvolutionParameter.Engine]
     DEFAULT: ConvolutionParameter.Engine
     CAFFE: ConvolutionParameter.Engine
     CUDNN: ConvolutionParameter.Engine
@@ -681,6 +682,7 @@ class ConvolutionParameter(_message.Message):
     DIRECT: ConvolutionParameter.Engine
     TENSOR_CORE: ConvolutionParameter.Engine
     GEMM: ConvolutionParameter.Engine
+    TENSOR_CORE_16: ConvolutionParameter.Engine
     NUM_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     BIAS_TERM_FIELD_NUMBER: _ClassVar[int]
     PAD_FIELD_NUMBER: _ClassVar[int]

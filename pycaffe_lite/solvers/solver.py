@@ -375,7 +375,7 @@ class Solver:
     def loss_scale(self) -> float:
         """The factor loss layers seed gradients with (the net's ``global_grad_scale``; adaptive:
         halved on a non-finite gradient, doubled after a finite stretch; docs/precision.md)."""
-        return self.update.loss_scale
+        return self.update.read_loss_scale()
 
     @property
     def history(self) -> list[Blob]:

@@ -13,7 +13,8 @@ runs on it and the param gets the result rounded to nearest even. Loss scaling (
 ``global_grad_scale``, ``global_grad_scale_adaptive``): loss layers seed their gradient times
 :attr:`Update.loss_scale` (``Layer.loss_seed_scale``) and the update divides it out first; adaptive, a
 non-finite gradient skips the step and halves the scale, and :attr:`Update.GROWTH_INTERVAL` finite
-iterations double it. Both are host (CPU mode) code for now.
+iterations double it. On the GPU all of it runs in kernels (masters, the unscaling, the adaptive
+rule and the skip flag the update kernels read), so a replayed iteration keeps it.
 
 Two ways to apply it, one per kind of iteration (:mod:`.iteration`): :meth:`Update.apply` runs it
 from the host (numpy on the CPU; kernels queued on the GPU); :meth:`Update.schedule` before a
@@ -30,7 +31,7 @@ import numpy as np
 
 from .. import common, precision
 from ..blob import Blob
-from ..gpu import backend, blas
+from ..gpu import backend, blas, cast
 from ..net_graph import NetGraph
 from ..proto import hdf5_weights, protoio
 from ..schema import blob_values, caffe_pb2
@@ -79,9 +80,12 @@ class Update:
                 raise SolverConfigError(f"{where}: net '{graph.name}': global_grad_scale {self.loss_scale} "
                                         "(expected a positive finite number)")
         self._finite_run = 0  # finite iterations since the scale last changed
-        self._gpu_scaling_said = False
+        # GPU loss scaling: float32 [scale, 1/scale] and int32 [non-finite seen, finite run, skipped
+        # steps] on the device, where the adaptive rule runs (docs/precision.md, "GPU")
+        self._scale_dev: tuple[SupportsInt, SupportsInt] | None = None
+        self._skipped_seen = 0  # skipped steps already logged
+        self._slot: SupportsInt | None = None  # device scalars: the base rate the update kernels read, skip flag
         self._seed_scale()
-        self._slot: SupportsInt | None = None  # device scalar: the base rate the update kernels read
         self._table: tuple[int, list[tuple[float, int]]] | None = None  # (first iter, (rate, step)s)
         self._device_table: tuple[SupportsInt, SupportsInt] | None = None  # (rates, cursor) on the device
 
@@ -105,9 +109,11 @@ class Update:
         self._table = None
 
     def rate_slot(self) -> int:
-        """The device scalar the GPU update kernels read the base rate from (allocated once)."""
+        """The device scalars the GPU update kernels read: the base rate, then a skip flag (nonzero:
+        leave weights and history as they are; set by the adaptive loss scale). Allocated once."""
         if self._slot is None:
-            self._slot = backend.alloc(self.dtype.itemsize)
+            self._slot = backend.alloc(2 * self.dtype.itemsize)
+            backend.memset_zero(int(self._slot), 2 * self.dtype.itemsize)
         return int(self._slot)
 
     # -- half precision: master weights and loss scaling -------------------------------------------
@@ -117,21 +123,84 @@ class Update:
         return self.scale_adaptive or self.loss_scale != 1.0
 
     def _seed_scale(self) -> None:
-        """Tell the net's loss layers the factor to seed their gradients with."""
+        """Tell the net's loss layers the factor to seed their gradients with (GPU: the device
+        address of the scale, which the adaptive rule changes on the device)."""
+        slot = None
+        if self.scaling and common.mode() is common.Mode.GPU:
+            slot = int(self._scaling_state()[0])
         for layer in self.graph.layers:
             if layer.has_loss:
                 layer.loss_seed_scale = self.loss_scale
+                layer.loss_seed_slot = slot
 
-    def _host_only(self) -> None:
-        """GPU mode: half params are refused (their update is host code for now); loss scaling,
-        which float32/float64 gradients do not need, is not applied there (said once)."""
-        if any(m is not None for m in self.masters):
-            raise SolverConfigError(f"{self.where}: half-precision params update on the host only for now "
-                                    "(CPU mode; docs/precision.md)")
-        if self.scaling and not self._gpu_scaling_said:
-            self._gpu_scaling_said = True
-            log.info("%s: global_grad_scale is not applied in GPU mode yet (loss scaling is host code; "
-                     "float32 gradients need none)", self.where)
+    def _scaling_state(self) -> tuple[SupportsInt, SupportsInt]:
+        """The device's loss-scale state, allocated and set from :attr:`loss_scale` on first use."""
+        if self._scale_dev is None:
+            self._scale_dev = (backend.alloc(8), backend.alloc(12))
+            backend.memcpy_htod(int(self._scale_dev[0]), np.array([self.loss_scale, 1 / self.loss_scale], np.float32))
+            backend.memcpy_htod(int(self._scale_dev[1]), np.array([0, self._finite_run, 0], np.int32))
+        return self._scale_dev
+
+    def read_loss_scale(self) -> float:
+        """The current loss scale (GPU: read from the device, where the adaptive rule keeps it;
+        steps skipped since the last read are logged)."""
+        if self._scale_dev is not None and backend.started():
+            scale = np.zeros(2, np.float32)
+            state = np.zeros(3, np.int32)
+            backend.memcpy_dtoh(scale, int(self._scale_dev[0]))
+            backend.memcpy_dtoh(state, int(self._scale_dev[1]))
+            self.loss_scale, self._finite_run = float(scale[0]), int(state[1])
+            if state[2] > self._skipped_seen:
+                log.info("%s: %d step(s) skipped for non-finite gradients since the last display; loss scale "
+                         "now %g", self.where, state[2] - self._skipped_seen, self.loss_scale)
+                self._skipped_seen = int(state[2])
+        return self.loss_scale
+
+    def _gpu_gradients(self) -> None:
+        """GPU: the gradients into the masters' diffs (float32), divided by the loss scale; adaptive,
+        a non-finite one sets the rate slot's skip flag and halves the scale, and
+        :attr:`GROWTH_INTERVAL` finite iterations double it, all on the device (graph-safe)."""
+        params = self.graph.learnable_params
+        self._sync_masters_gpu()
+        if not self.scaling:
+            for p, m in zip(params, self.masters):
+                if m is not None and p.count:
+                    cast.convert(p.count, p.gpu_diff(), p.diff_dtype, m.mutable_gpu_diff(), m.diff_dtype)
+            return
+        scale, state = (int(a) for a in self._scaling_state())
+        backend.memset_zero(state, 4)
+        for p, m in zip(params, self.masters):
+            if p.count:
+                out = p if m is None else m
+                cast.unscale(p.count, p.gpu_diff(), p.diff_dtype, out.mutable_gpu_diff(), out.diff_dtype,
+                             scale + 4, state)
+        backend.elementwise(
+            "loss_scale_step", "float* sc, int* st, Dtype* rate, const int adaptive, const int growth",
+            "if (!adaptive) { rate[1] = Dtype(0); } "
+            "else if (st[0]) { sc[0] *= 0.5f; st[1] = 0; st[2] += 1; rate[1] = Dtype(1); } "
+            "else { st[1] += 1; if (st[1] >= growth) { sc[0] *= 2.0f; st[1] = 0; } rate[1] = Dtype(0); } "
+            "sc[1] = 1.0f / sc[0]", self.dtype)(1, scale, state, self.rate_slot(), int(self.scale_adaptive),
+                                                self.GROWTH_INTERVAL)
+
+    def _sync_masters_gpu(self) -> None:
+        """GPU: a master whose param was written since the update last stored it (weights loaded or
+        set) takes the param's values."""
+        for i, master in enumerate(self.masters):
+            p = self.graph.learnable_params[i]
+            if master is not None and p.data_memory.version != self._versions[i]:
+                cast.convert(p.count, p.gpu_data(), p.dtype, master.mutable_gpu_data(), master.dtype)
+                self._versions[i] = p.data_memory.version
+                self._stored[i] = None
+
+    def _store_masters_gpu(self) -> None:
+        """GPU: params take their masters' values (and update values, as Caffe leaves in the diff)
+        rounded to nearest even."""
+        for i, master in enumerate(self.masters):
+            if master is not None and master.count:
+                p = self.graph.learnable_params[i]
+                cast.convert(p.count, master.gpu_data(), master.dtype, p.mutable_gpu_data(), p.dtype)
+                cast.convert(p.count, master.gpu_diff(), master.diff_dtype, p.mutable_gpu_diff(), p.diff_dtype)
+                self._versions[i] = p.data_memory.version
 
     def target(self, i: int) -> Blob:
         """The blob the rule updates for learnable param ``i``: its master copy, or the param."""
@@ -235,10 +304,13 @@ class Update:
         rate, self.current_step = self._policy(it, self.current_step)
         self._log_rate(it, rate)
         if common.mode() is common.Mode.GPU:
-            self._host_only()
+            self._gpu_gradients()
             self.clip_gradients(on_gpu=True)
             backend.memcpy_htod(self.rate_slot(), np.array([self.rule.device_rate(rate, it)], self.dtype))
             self.queue()
+            self._store_masters_gpu()
+            if self.scale_adaptive and self.param.display and it % self.param.display == 0:
+                self.read_loss_scale()
             return
         self.sync_masters()
         for i, master in enumerate(self.masters):
@@ -262,10 +334,12 @@ class Update:
         self._store_masters()
 
     def queue(self) -> None:
-        """One fused kernel per learnable param; the rate comes from :meth:`rate_slot` (graph-safe)."""
+        """One fused kernel per learnable param (its master where it has one); the rate comes from
+        :meth:`rate_slot` (graph-safe)."""
         p = self.param
         scale, rate_ptr = 1.0 / p.iter_size, self.rate_slot()
-        for i, blob in enumerate(self.graph.learnable_params):
+        for i in range(len(self.masters)):
+            blob = self.target(i)
             lr_mult, local_decay = self.mults(i)
             reg = 0 if not local_decay else (1 if p.regularization_type == "L2" else 2)
             self.rule.gpu(blob, self.history_views(i), rate_ptr, lr_mult, scale, local_decay, reg)
@@ -297,7 +371,6 @@ class Update:
         """Before replaying iteration ``it``: the device rate table covers it (computed and uploaded
         when it does not), the step counter advances as :meth:`apply` would, and the rate is logged.
         Also uploads history the host changed (a restored or user-edited solver state)."""
-        self._host_only()
         table = self._table
         if table is None or not table[0] <= it < table[0] + len(table[1]):
             steps, values, step = [], [], self.current_step
@@ -313,18 +386,24 @@ class Update:
             self._table = table = (it, steps)
         rate, self.current_step = table[1][it - table[0]]
         self._log_rate(it, rate)
-        for h in self.history:
+        for h in (*self.history, *(m for m in self.masters if m is not None)):
             h.gpu_data()
+        if self.scaling:
+            self._scaling_state()
+        if self.scale_adaptive and self.param.display and it % self.param.display == 0:
+            self.read_loss_scale()
 
     def queue_replayed(self) -> None:
-        """Inside the capture: the next table rate into the slot, then the fused updates."""
-        self._host_only()
+        """Inside the capture: the next table rate into the slot, the gradients into the masters
+        (loss scale divided out, the adaptive rule), then the fused updates and the params."""
         assert self._device_table is not None, "schedule() before queue_replayed()"
         values, cursor = (int(a) for a in self._device_table)
         backend.elementwise("next_rate", "const Dtype* table, int* cursor, Dtype* rate",
                             "rate[0] = table[cursor[0]]; cursor[0] += 1", self.dtype)(1, values, cursor,
                                                                                       self.rate_slot())
+        self._gpu_gradients()
         self.queue()
+        self._store_masters_gpu()
 
     # -- per param ---------------------------------------------------------------------------------
     def mults(self, i: int) -> tuple[float, float]:

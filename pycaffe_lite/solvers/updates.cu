@@ -1,7 +1,8 @@
 // Fused solver updates, one kernel per rule (Dtype, Mtype, to_m, from_m and CUDA_KERNEL_LOOP come from
 // the prelude; the arithmetic is in Mtype, scalar arguments are converted with Mtype(...)).
 // The rate is read from device memory (rate_ptr[0], set by the solver each iteration) times the
-// param's lr_mult, so the kernels can be replayed from a CUDA graph. Per element i, in place:
+// param's lr_mult, so the kernels can be replayed from a CUDA graph; rate_ptr[1] nonzero skips the
+// step (a non-finite gradient under an adaptive loss scale: weights and history stay as they are). Per element i, in place:
 //   g = g[i] * scale + decay * (reg == 1 ? w[i] : reg == 2 ? sign(w[i]) : 0)   (1/iter_size, L2/L1)
 //   update = rule(g, history...)       (history updated in place, as Caffe keeps it)
 //   g[i] = update; w[i] -= update      (Caffe's diff holds the update, then Blob::Update)
@@ -21,6 +22,7 @@ __device__ __forceinline__ Mtype regularized_grad(const Mtype g, const Mtype w, 
 __global__ void sgd_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                            const Dtype decay, const int reg, const Dtype momentum,
                            const Dtype* rate_ptr, const Dtype lr_mult) {
+  if (rate_ptr[1] != Dtype(0)) return;  // a step the adaptive loss scale skips
   const Mtype rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
     const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
@@ -35,6 +37,7 @@ __global__ void sgd_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtyp
 __global__ void nesterov_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                                 const Dtype decay, const int reg, const Dtype momentum,
                                 const Dtype* rate_ptr, const Dtype lr_mult) {
+  if (rate_ptr[1] != Dtype(0)) return;  // a step the adaptive loss scale skips
   const Mtype rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
     const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
@@ -51,6 +54,7 @@ __global__ void nesterov_update(const int n, Dtype* w, Dtype* g, Dtype* h, const
 __global__ void adagrad_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                                const Dtype decay, const int reg, const Dtype delta,
                                const Dtype* rate_ptr, const Dtype lr_mult) {
+  if (rate_ptr[1] != Dtype(0)) return;  // a step the adaptive loss scale skips
   const Mtype rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
     const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
@@ -66,6 +70,7 @@ __global__ void adagrad_update(const int n, Dtype* w, Dtype* g, Dtype* h, const 
 __global__ void rmsprop_update(const int n, Dtype* w, Dtype* g, Dtype* h, const Dtype scale,
                                const Dtype decay, const int reg, const Dtype rms_decay,
                                const Dtype delta, const Dtype* rate_ptr, const Dtype lr_mult) {
+  if (rate_ptr[1] != Dtype(0)) return;  // a step the adaptive loss scale skips
   const Mtype rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
     const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
@@ -82,6 +87,7 @@ __global__ void rmsprop_update(const int n, Dtype* w, Dtype* g, Dtype* h, const 
 __global__ void adadelta_update(const int n, Dtype* w, Dtype* g, Dtype* h, Dtype* h2,
                                 const Dtype scale, const Dtype decay, const int reg,
                                 const Dtype momentum, const Dtype delta, const Dtype* rate_ptr, const Dtype lr_mult) {
+  if (rate_ptr[1] != Dtype(0)) return;  // a step the adaptive loss scale skips
   const Mtype rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
     const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);
@@ -100,6 +106,7 @@ __global__ void adadelta_update(const int n, Dtype* w, Dtype* g, Dtype* h, Dtype
 __global__ void adam_update(const int n, Dtype* w, Dtype* g, Dtype* m, Dtype* v,
                             const Dtype scale, const Dtype decay, const int reg, const Dtype beta1,
                             const Dtype beta2, const Dtype eps_hat, const Dtype* rate_ptr, const Dtype lr_mult) {
+  if (rate_ptr[1] != Dtype(0)) return;  // a step the adaptive loss scale skips
   const Mtype corrected_rate = to_m(rate_ptr[0]) * Mtype(lr_mult);
   CUDA_KERNEL_LOOP(i, n) {
     const Mtype gi = regularized_grad(to_m(g[i]), to_m(w[i]), Mtype(scale), Mtype(decay), reg);

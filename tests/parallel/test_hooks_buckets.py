@@ -125,3 +125,13 @@ def test_bucket_layout_aligns_every_param():
     assert offsets == [0, 64, 128, 256, 256] and total == 320
     assert bucket_layout([], align=64) == ([], 0)
     assert bucket_layout([5, 7], align=1) == ([0, 5], 12)
+
+
+def test_buckets_split_by_gradient_type():
+    """A half net's buckets reduce each gradient type in its own collective: a bucket holding
+    fp16 and float32 gradients becomes two, in order, each of one type."""
+    from pycaffe_lite.parallel.multi_gpu import split_by_dtype
+    half, full = np.dtype(np.float16), np.dtype(np.float32)
+    dtypes = [half, full, half, half, full]
+    assert split_by_dtype([(4, [4, 3]), (1, [2, 1, 0])], dtypes) == [(4, [4]), (4, [3]), (1, [2, 0]), (1, [1])]
+    assert split_by_dtype([(-1, [0, 2, 3])], dtypes) == [(-1, [0, 2, 3])]

@@ -192,6 +192,22 @@ def test_two_gpus_at_b_equal_one_gpu_at_2b(tmp_path, one_gpu_reference, layer_wi
         assert re.search(r"2 ranks, [2-9] gradient buckets reduced during backward", done.stderr), done.stderr[-3000:]
 
 
+@pytest.mark.parametrize("type_name", ["FLOAT16", "BFLOAT16"])
+def test_half_gradients_reduce_in_half(tmp_path, type_name):
+    """An fp16/bf16 net on 2 GPUs at batch B (gradients all-reduced in the half type, fp32 masters)
+    ends near the same net on 1 GPU at 2B: the snapshots' float32 masters agree within the half
+    format's rounding of 20 iterations of gradients."""
+    fields = (f"default_forward_type: {type_name} default_backward_type: {type_name} "
+              "default_forward_math: FLOAT default_backward_math: FLOAT")
+    for name, batch, gpus in (("one", 2 * B, "0"), ("two", B, "0,1")):
+        solver = make_solver(tmp_path, name, batch)
+        net = Path(str(solver).replace("_solver", "_net"))
+        net.write_text(net.read_text().replace('name: "tiny"', f'name: "tiny" {fields}'))
+        cli(solver, "--gpu", gpus)
+    assert_same_weights(tmp_path / "two_iter_20.caffemodel", tmp_path / "one_iter_20.caffemodel",
+                        rtol=3e-2, atol=3e-3 if type_name == "FLOAT16" else 2e-2)
+
+
 def test_snapshot_and_resume(tmp_path):
     """With 2B records each rank reads the same batch every iteration, so a resumed run must match
     an uninterrupted one (the data position does not depend on the iteration)."""

@@ -192,16 +192,6 @@ def test_adaptive_loss_scale_overflow_skips_and_halves(digits, caplog, monkeypat
     assert any((p.cpu_data() != b).any() for b, p in zip(before, solver.net.learnable_params))
 
 
-def test_half_params_are_refused_on_the_gpu_path(digits, monkeypatch):
-    """Half params update on the host only: the GPU update says so clearly."""
-    from pycaffe_lite import common
-    from pycaffe_lite.solvers.lr_policy import SolverConfigError
-    solver = _solver("FLOAT16", batch=16)
-    monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
-    with pytest.raises(SolverConfigError, match="host only"):
-        solver.update.apply(0)
-
-
 @pytest.mark.parametrize("type_name", ["FLOAT16", "BFLOAT16"])
 def test_half_net_hdf5_weights_round_trip(type_name, tmp_path):
     """A half net's params saved to HDF5 (fp16 as float16 datasets, bf16 as float32) load back
