@@ -11,7 +11,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("AbsVal")
 class AbsValLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom',))
     allow_in_place = False
     gpu_forward = "y[i] = fabs(x[i])"
     gpu_backward = "dx[i] = dy[i] * Dtype((Dtype(0) < x[i]) - (x[i] < Dtype(0)))"

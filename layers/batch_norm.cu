@@ -12,30 +12,32 @@
 // the same arithmetic, in the same order, as the layers' own passes where they are exact
 // (forward; the global-statistics backward), and the batch formula with xh in place of x - mean.
 // Arithmetic and sums are in Mtype (to_m / from_m from the backend prelude); what a layer's own pass
-// would store (xh, the scaled value) is rounded to Dtype where that pass would store it.
+// would store (xh, the scaled value) is rounded to Dtype where that pass would store it. Statistics
+// are Mtype buffers (float for the half types: the running sums, mean, var, inv_std, the chain's
+// coefficients and partial sums); data, and the Scale's gamma, beta and their gradients, are Dtype.
 #include "block_sum.cuh"
 #include "vec.cuh"
 
 // Global statistics: mean = f * run_mean, var = f * run_var with f = 1 / run_s (0 when run_s == 0).
-__global__ void bn_global_stats(const int C, const Dtype* run_mean, const Dtype* run_var,
-                                const Dtype* run_s, const Dtype eps, Dtype* mean, Dtype* inv_std) {
-  const Mtype f = to_m(run_s[0]) == Mtype(0) ? Mtype(0) : Mtype(1) / to_m(run_s[0]);
+__global__ void bn_global_stats(const int C, const Mtype* run_mean, const Mtype* run_var,
+                                const Mtype* run_s, const Mtype eps, Mtype* mean, Mtype* inv_std) {
+  const Mtype f = run_s[0] == Mtype(0) ? Mtype(0) : Mtype(1) / run_s[0];
   CUDA_KERNEL_LOOP(c, C) {
-    mean[c] = from_m(f * to_m(run_mean[c]));
-    inv_std[c] = from_m(Mtype(1) / sqrt(f * to_m(run_var[c]) + Mtype(eps)));
+    mean[c] = f * run_mean[c];
+    inv_std[c] = Mtype(1) / sqrt(f * run_var[c] + Mtype(eps));
   }
 }
 
 // Batch statistics (mean, biased var) given: inv_std, and the running sums
 // run_s = maf * run_s + 1, run_mean = mean + maf * run_mean, run_var = corr * var + maf * run_var.
-__global__ void bn_batch_stats(const int C, const Dtype maf, const Dtype corr, const Dtype eps,
-                               const Dtype* mean, const Dtype* var, Dtype* run_mean,
-                               Dtype* run_var, Dtype* run_s, Dtype* inv_std) {
+__global__ void bn_batch_stats(const int C, const Mtype maf, const Mtype corr, const Mtype eps,
+                               const Mtype* mean, const Mtype* var, Mtype* run_mean,
+                               Mtype* run_var, Mtype* run_s, Mtype* inv_std) {
   CUDA_KERNEL_LOOP(c, C) {
-    if (c == 0) run_s[0] = from_m(Mtype(maf) * to_m(run_s[0]) + Mtype(1));
-    run_mean[c] = from_m(to_m(mean[c]) + Mtype(maf) * to_m(run_mean[c]));
-    run_var[c] = from_m(Mtype(corr) * to_m(var[c]) + Mtype(maf) * to_m(run_var[c]));
-    inv_std[c] = from_m(Mtype(1) / sqrt(to_m(var[c]) + Mtype(eps)));
+    if (c == 0) run_s[0] = Mtype(maf) * run_s[0] + Mtype(1);
+    run_mean[c] = mean[c] + Mtype(maf) * run_mean[c];
+    run_var[c] = Mtype(corr) * var[c] + Mtype(maf) * run_var[c];
+    inv_std[c] = Mtype(1) / sqrt(var[c] + Mtype(eps));
   }
 }
 
@@ -43,13 +45,25 @@ extern "C++" {
 // y = (x - mean[c]) * inv_std[c]; x and y may alias.
 template <int W>
 __device__ void bn_normalize(const int n, const int C, const int S, const Dtype* x,
-                             const Dtype* mean, const Dtype* inv_std, Dtype* y) {
+                             const Mtype* mean, const Mtype* inv_std, Dtype* y) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
-    const Mtype m = to_m(mean[c]), r = to_m(inv_std[c]);
+    const Mtype m = mean[c], r = inv_std[c];
     Vec<W> v = vload<W>(x, u);
 #pragma unroll
     for (int j = 0; j < W; ++j) v.v[j] = from_m((to_m(v.v[j]) - m) * r);
+    vstore<W>(y, u, v);
+  }
+}
+
+// y = x * inv_std[c] (the global-statistics backward: dx = dy / std); x and y may alias.
+template <int W>
+__device__ void bn_scale(const int n, const int C, const int S, const Dtype* x, const Mtype* inv_std, Dtype* y) {
+  CUDA_KERNEL_LOOP(u, n) {
+    const Mtype r = inv_std[vchannel<W>(u, C, S)];
+    Vec<W> v = vload<W>(x, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) v.v[j] = from_m(to_m(v.v[j]) * r);
     vstore<W>(y, u, v);
   }
 }
@@ -59,11 +73,11 @@ __device__ void bn_normalize(const int n, const int C, const int S, const Dtype*
 // mean_dyxc = mean(dy * xc) over (num, S). dy and dx may alias.
 template <int W>
 __device__ void bn_backward(const int n, const int C, const int S, const Dtype* dy,
-                            const Dtype* x, const Dtype* mean, const Dtype* inv_std,
-                            const Dtype* mean_dy, const Dtype* mean_dyxc, Dtype* dx) {
+                            const Dtype* x, const Mtype* mean, const Mtype* inv_std,
+                            const Mtype* mean_dy, const Mtype* mean_dyxc, Dtype* dx) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
-    const Mtype m = to_m(mean[c]), r = to_m(inv_std[c]), a = to_m(mean_dy[c]), b = r * r * to_m(mean_dyxc[c]);
+    const Mtype m = mean[c], r = inv_std[c], a = mean_dy[c], b = r * r * mean_dyxc[c];
     Vec<W> g = vload<W>(dy, u);
     const Vec<W> v = vload<W>(x, u);
 #pragma unroll
@@ -75,12 +89,12 @@ __device__ void bn_backward(const int n, const int C, const int S, const Dtype* 
 // Chain forward over an (num, C, S) view: xhat = xh, y = relu?(xh * gamma + beta) (has_s / has_b
 // 0: no scale / no shift; relu: ReLU with negative_slope 0). x may alias y or xhat.
 template <int W>
-__device__ void bn_chain_forward(const int n, const int C, const int S, const Dtype* x, const Dtype* mean,
-                                 const Dtype* inv_std, const Dtype* gamma, const Dtype* beta, const int has_s,
+__device__ void bn_chain_forward(const int n, const int C, const int S, const Dtype* x, const Mtype* mean,
+                                 const Mtype* inv_std, const Dtype* gamma, const Dtype* beta, const int has_s,
                                  const int has_b, const int relu, Dtype* xhat, Dtype* y) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
-    const Mtype m = to_m(mean[c]), r = to_m(inv_std[c]);
+    const Mtype m = mean[c], r = inv_std[c];
     const Mtype g = has_s ? to_m(gamma[c]) : Mtype(1), b = has_b ? to_m(beta[c]) : Mtype(0);
     Vec<W> v = vload<W>(x, u);
 #pragma unroll
@@ -117,13 +131,13 @@ __device__ __forceinline__ Vec<W> bn_chain_dz(const Dtype* dy, const Dtype* y, c
 template <int W>
 __device__ void bn_chain_reduce(const int chunks, const int num, const int C, const int S, const Dtype* dy,
                                 const Dtype* y, const Dtype* xhat, const int relu, const Dtype* gamma,
-                                const int has_s, const Dtype* inv_std, const int write_dx, Dtype* dx,
-                                Dtype* part) {
+                                const int has_s, const Mtype* inv_std, const int write_dx, Dtype* dx,
+                                Mtype* part) {
   const int c = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
   const int units = num * (S / W);
   const int per = (units + chunks - 1) / chunks;
   const int end = min(units, (chunk + 1) * per);
-  const Mtype g = has_s ? to_m(gamma[c]) : Mtype(1), r = write_dx ? to_m(inv_std[c]) : Mtype(0);
+  const Mtype g = has_s ? to_m(gamma[c]) : Mtype(1), r = write_dx ? inv_std[c] : Mtype(0);
   Mtype s0 = 0, s1 = 0;
   for (int u = chunk * per + threadIdx.x; u < end; u += blockDim.x) {
     const int e = u * W, o = e / S;
@@ -143,8 +157,8 @@ __device__ void bn_chain_reduce(const int chunks, const int num, const int C, co
   }
   block_sum2(s0, s1);
   if (threadIdx.x == 0) {
-    part[c * chunks + chunk] = from_m(s0);
-    part[(C + c) * chunks + chunk] = from_m(s1);
+    part[c * chunks + chunk] = s0;
+    part[(C + c) * chunks + chunk] = s1;
   }
 }
 
@@ -152,11 +166,11 @@ __device__ void bn_chain_reduce(const int chunks, const int num, const int C, co
 // alias dy.
 template <int W>
 __device__ void bn_chain_backward(const int n, const int C, const int S, const Dtype* dy, const Dtype* y,
-                                  const Dtype* xhat, const int relu, const Dtype* coef, const Dtype* a,
-                                  const Dtype* b, Dtype* dx) {
+                                  const Dtype* xhat, const int relu, const Mtype* coef, const Mtype* a,
+                                  const Mtype* b, Dtype* dx) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
-    const Mtype k = to_m(coef[c]), ac = to_m(a[c]), bc = to_m(b[c]);
+    const Mtype k = coef[c], ac = a[c], bc = b[c];
     Vec<W> d = bn_chain_dz<W>(dy, y, relu, u);
     const Vec<W> xh = vload<W>(xhat, u);
 #pragma unroll
@@ -169,38 +183,42 @@ __device__ void bn_chain_backward(const int n, const int C, const int S, const D
 // Chain backward, between the passes: the channel sums s0 = sum dz, s1 = sum dz * xh from the
 // partials; gamma_diff += s1 and beta_diff += s0 where asked (as reduce_finish accumulates);
 // batch: coef = g * inv_std, a = s0 * inv_m, b = s1 * inv_m for bn_chain_backward.
-__global__ void bn_chain_finish(const int C, const int chunks, const Dtype* part, const int want_gamma,
+__global__ void bn_chain_finish(const int C, const int chunks, const Mtype* part, const int want_gamma,
                                 Dtype* gamma_diff, const int want_beta, Dtype* beta_diff, const int batch,
-                                const Dtype inv_m, const Dtype* gamma, const int has_s, const Dtype* inv_std,
-                                Dtype* coef, Dtype* a, Dtype* b) {
+                                const Mtype inv_m, const Dtype* gamma, const int has_s, const Mtype* inv_std,
+                                Mtype* coef, Mtype* a, Mtype* b) {
   CUDA_KERNEL_LOOP(c, C) {
     Mtype s0 = 0, s1 = 0;
     for (int k = 0; k < chunks; ++k) {
-      s0 += to_m(part[c * chunks + k]);
-      s1 += to_m(part[(C + c) * chunks + k]);
+      s0 += part[c * chunks + k];
+      s1 += part[(C + c) * chunks + k];
     }
     if (want_gamma) gamma_diff[c] = from_m(s1 + to_m(gamma_diff[c]));
     if (want_beta) beta_diff[c] = from_m(s0 + to_m(beta_diff[c]));
     if (batch) {
-      coef[c] = from_m((has_s ? to_m(gamma[c]) : Mtype(1)) * to_m(inv_std[c]));
-      a[c] = from_m(s0 * Mtype(inv_m));
-      b[c] = from_m(s1 * Mtype(inv_m));
+      coef[c] = (has_s ? to_m(gamma[c]) : Mtype(1)) * inv_std[c];
+      a[c] = s0 * Mtype(inv_m);
+      b[c] = s1 * Mtype(inv_m);
     }
   }
 }
 
 #define BN_ENTRIES(W)                                                                          \
+  __global__ void bn_scale_v##W(const int n, const int C, const int S, const Dtype* x,         \
+                                const Mtype* inv_std, Dtype* y) {                              \
+    bn_scale<W>(n, C, S, x, inv_std, y);                                                       \
+  }                                                                                            \
   __global__ void bn_normalize_v##W(const int n, const int C, const int S, const Dtype* x,     \
-                                    const Dtype* mean, const Dtype* inv_std, Dtype* y) {       \
+                                    const Mtype* mean, const Mtype* inv_std, Dtype* y) {       \
     bn_normalize<W>(n, C, S, x, mean, inv_std, y);                                             \
   }                                                                                            \
   __global__ void bn_backward_v##W(const int n, const int C, const int S, const Dtype* dy,     \
-                                   const Dtype* x, const Dtype* mean, const Dtype* inv_std,    \
-                                   const Dtype* mean_dy, const Dtype* mean_dyxc, Dtype* dx) {  \
+                                   const Dtype* x, const Mtype* mean, const Mtype* inv_std,    \
+                                   const Mtype* mean_dy, const Mtype* mean_dyxc, Dtype* dx) {  \
     bn_backward<W>(n, C, S, dy, x, mean, inv_std, mean_dy, mean_dyxc, dx);                     \
   }                                                                                            \
   __global__ void bn_chain_forward_v##W(const int n, const int C, const int S, const Dtype* x,  \
-                                        const Dtype* mean, const Dtype* inv_std,                \
+                                        const Mtype* mean, const Mtype* inv_std,                \
                                         const Dtype* gamma, const Dtype* beta, const int has_s, \
                                         const int has_b, const int relu, Dtype* xhat, Dtype* y) { \
     bn_chain_forward<W>(n, C, S, x, mean, inv_std, gamma, beta, has_s, has_b, relu, xhat, y);   \
@@ -208,14 +226,14 @@ __global__ void bn_chain_finish(const int C, const int chunks, const Dtype* part
   __global__ void __launch_bounds__(REDUCE_THREADS)                                            \
       bn_chain_reduce_v##W(const int chunks, const int num, const int C, const int S,          \
                            const Dtype* dy, const Dtype* y, const Dtype* xhat, const int relu,  \
-                           const Dtype* gamma, const int has_s, const Dtype* inv_std,           \
-                           const int write_dx, Dtype* dx, Dtype* part) {                        \
+                           const Dtype* gamma, const int has_s, const Mtype* inv_std,           \
+                           const int write_dx, Dtype* dx, Mtype* part) {                        \
     bn_chain_reduce<W>(chunks, num, C, S, dy, y, xhat, relu, gamma, has_s, inv_std, write_dx, dx, part); \
   }                                                                                            \
   __global__ void bn_chain_backward_v##W(const int n, const int C, const int S,                \
                                          const Dtype* dy, const Dtype* y, const Dtype* xhat,    \
-                                         const int relu, const Dtype* coef, const Dtype* a,     \
-                                         const Dtype* b, Dtype* dx) {                           \
+                                         const int relu, const Mtype* coef, const Mtype* a,     \
+                                         const Mtype* b, Dtype* dx) {                           \
     bn_chain_backward<W>(n, C, S, dy, y, xhat, relu, coef, a, b, dx);                          \
   }
 BN_ENTRIES(1)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pycaffe_lite import common
-from pycaffe_lite.blob import Blob
+from pycaffe_lite.blob import Blob, math_dtype
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import NORM_CHAIN, NORM_FOLD, Layer, Traits, register_layer
@@ -28,9 +28,24 @@ from pycaffe_lite.layer import NORM_CHAIN, NORM_FOLD, Layer, Traits, register_la
 KERNELS = Path(__file__).with_suffix(".cu")
 
 
+def fold_kernels(has_scale: bool) -> tuple[tuple[str, str, str], tuple[str, str, str]]:
+    """(name, parameters, body) of the element-wise kernels folding BatchNorm (global statistics) and
+    a Scale (gamma when ``has_scale``) into a convolution's weight and bias: weights, biases, gamma and
+    beta are Dtype, the statistics (mean, var, s) Mtype, arithmetic in Mtype."""
+    factor = "(s[0] == 0 ? Mtype(0) : Mtype(1) / s[0])"
+    g = f"{'to_m(gamma[c])' if has_scale else 'Mtype(1)'} / sqrt(var[c] * {factor} + eps)"
+    weight = ("fold_conv_weight", "const int per, const Dtype* w, const Dtype* gamma, const Mtype* var, "
+              "const Mtype* s, const Mtype eps, Dtype* out", f"const int c = i / per; out[i] = from_m(to_m(w[i]) * {g})")
+    bias = ("fold_conv_bias", "const Dtype* cbias, const int has_bias, const Mtype* mean, const Dtype* gamma, "
+            "const Mtype* var, const Mtype* s, const Mtype eps, const Dtype* beta, const int has_beta, Dtype* out",
+            f"const int c = i; out[i] = from_m(((has_bias ? to_m(cbias[c]) : Mtype(0)) - mean[c] * {factor}) * {g}"
+            " + (has_beta ? to_m(beta[c]) : Mtype(0)))")
+    return weight, bias
+
+
 @register_layer("BatchNorm")
 class BatchNormLayer(Layer):
-    traits = Traits(half=True, graph_safe=True, regenerates_top=True, backward_reads=('top',), fuses=frozenset({NORM_FOLD, NORM_CHAIN}))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, regenerates_top=True, backward_reads=('top',), fuses=frozenset({NORM_FOLD, NORM_CHAIN}))
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 
@@ -47,6 +62,11 @@ class BatchNormLayer(Layer):
             if len(self.blobs) != 3:
                 raise self.error(f"has {len(self.blobs)} param blobs, expected 3 (mean, variance, scale factor)")
             self.check_param_shapes(shapes)
+            for i, blob in enumerate(self.blobs):  # embedded statistics of a half layer: kept in float
+                if blob.dtype != math_dtype(self.dtype):
+                    stats = Blob(blob.shape, math_dtype(self.dtype))
+                    stats.set_math_data(blob.math_data())
+                    self.blobs[i] = stats
         else:
             self.blobs = [self.make_param_blob(s) for s in shapes]  # zeros
         # The statistics are not learned: lr_mult 0 for each, as Caffe forces.
@@ -59,14 +79,23 @@ class BatchNormLayer(Layer):
                     "statistics cannot be learned parameters (leave lr_mult unset or 0)"
                 )
         self.param_propagate_down = [False] * 3
-        self._mean = Blob((self.channels,), self.dtype)
-        self._var = Blob((self.channels,), self.dtype)
-        self._inv_std = Blob((self.channels,), self.dtype)  # 1 / sqrt(var + eps)
-        self._mean_dy = Blob((self.channels,), self.dtype)
-        self._mean_dyxc = Blob((self.channels,), self.dtype)
+        # Per-channel statistics in the math type (float for a half layer, as its running sums):
+        # the GPU kernels read and write them as Mtype while the data is Dtype.
+        mt = math_dtype(self.dtype)
+        self._mean = Blob((self.channels,), mt)
+        self._var = Blob((self.channels,), mt)
+        self._inv_std = Blob((self.channels,), mt)  # 1 / sqrt(var + eps)
+        self._mean_dy = Blob((self.channels,), mt)
+        self._mean_dyxc = Blob((self.channels,), mt)
         self._x_norm = Blob(dtype=self.dtype)  # CPU backward
         self._x_saved = Blob(dtype=self.dtype)  # GPU in place: the normalized output, for backward
-        self._coef = Blob((3, self.channels), self.dtype)  # chain backward: g * inv_std, mean dz, mean dz * xh
+        self._coef = Blob((3, self.channels), mt)  # chain backward: g * inv_std, mean dz, mean dz * xh
+
+    def make_param_blob(self, shape) -> Blob:
+        """The running statistics in the math type: float32 in a half layer whose kernels run on
+        half data (its statistics type), its own dtype otherwise."""
+        blob = super().make_param_blob(shape)
+        return blob if blob.dtype == math_dtype(self.dtype) else Blob(shape, math_dtype(self.dtype))
 
     def reshape(self, bottom, top):
         if bottom[0].num_axes > 1 and bottom[0].shape[1] != self.channels:
@@ -175,25 +204,22 @@ class BatchNormLayer(Layer):
         has_beta = scale is not None and len(scale.blobs) > 1
         eps = float(self.eps)
         if common.mode() is common.Mode.GPU:
+            # Weights, biases, gamma and beta are Dtype; the statistics (mean, var, s) are this
+            # layer's params, Mtype (float32 in a half net, where they must be float: a half
+            # fused weight with float statistics compiles for the weight's type)
             dt = w.dtype
+            if self.blobs[0].dtype != math_dtype(dt):
+                raise self.error(f"cannot fold into a {dt} convolution: statistics are {self.blobs[0].dtype}, "
+                                 f"the fold reads them as {math_dtype(dt)}")
             gamma = scale.blobs[0].gpu_data() if scale is not None else self.blobs[0].gpu_data()
             beta = scale.blobs[1].gpu_data() if scale is not None and has_beta else gamma
             cbias = conv.blobs[1].gpu_data() if has_bias else gamma
             mean, var, s = (blob.gpu_data() for blob in self.blobs[:3])
-            factor = "(s[0] == 0 ? Dtype(0) : Dtype(1) / s[0])"
-            g = f"{'gamma[c]' if scale is not None else 'Dtype(1)'} / sqrt(var[c] * {factor} + eps)"
-            backend.elementwise(
-                "fold_conv_weight", "const int per, const Dtype* w, const Dtype* gamma, const Dtype* var, "
-                "const Dtype* s, const Dtype eps, Dtype* out", f"const int c = i / per; out[i] = w[i] * {g}",
-                dt)(w.count, per_channel, conv.blobs[0].gpu_data(), gamma, var, s, eps, w.mutable_gpu_data())
-            backend.elementwise(
-                "fold_conv_bias", "const Dtype* cbias, const int has_bias, const Dtype* mean, const Dtype* gamma, "
-                "const Dtype* var, const Dtype* s, const Dtype eps, const Dtype* beta, const int has_beta, "
-                "Dtype* out",
-                f"const int c = i; out[i] = ((has_bias ? cbias[c] : Dtype(0)) - mean[c] * {factor}) * {g}"
-                " + (has_beta ? beta[c] : Dtype(0))",
-                dt)(channels, cbias, int(has_bias), mean, gamma, var, s, eps, beta, int(has_beta),
-                    b.mutable_gpu_data())
+            (wname, wparams, wbody), (bname, bparams, bbody) = fold_kernels(scale is not None)
+            backend.elementwise(wname, wparams, wbody, dt)(w.count, per_channel, conv.blobs[0].gpu_data(), gamma, var,
+                                                           s, eps, w.mutable_gpu_data())
+            backend.elementwise(bname, bparams, bbody, dt)(channels, cbias, int(has_bias), mean, gamma, var, s, eps,
+                                                           beta, int(has_beta), b.mutable_gpu_data())
             return
         inv_s = float(self.blobs[2].cpu_data().ravel()[0])
         inv_s = 0.0 if inv_s == 0 else 1.0 / inv_s
@@ -221,7 +247,11 @@ class BatchNormLayer(Layer):
         C, S, N, dt = self.channels, self.spatial, self.num, self.dtype
         dy, dx, inv_std = top[0].gpu_diff(), bottom[0].mutable_gpu_diff(), self._inv_std.gpu_data()
         if self.use_global_stats:
-            gm.channel_affine(N, C, S, dy, inv_std, None, dx, dt)
+            if self.half_native:  # inv_std is a float buffer: dx = dy * inv_std in Mtype
+                w = gm.vec_width(S, dt, dy, dx)
+                self._k(f"bn_scale_v{w}")(top[0].count // w, C, S, dy, inv_std, dx)
+            else:
+                gm.channel_affine(N, C, S, dy, inv_std, None, dx, dt)
             return
         if self.in_place:  # _x_saved holds the normalized values
             self.chain_backward_gpu(top[0], self._x_saved, bottom[0], None, False)
@@ -229,7 +259,8 @@ class BatchNormLayer(Layer):
         x = bottom[0].gpu_data()
         mean, mean_dy, mean_dyxc = self._mean.gpu_data(), self._mean_dy.mutable_gpu_data(), self._mean_dyxc.mutable_gpu_data()
         # one pass over dy and x: mean(dy) and mean(dy·(x - mean)) per channel
-        gm.channel_dot(N, C, S, dy, x, dt, sum_a=mean_dy, dot=mean_dyxc, alpha=1.0 / max(N * S, 1), shift=mean)
+        gm.channel_dot(N, C, S, dy, x, dt, sum_a=mean_dy, dot=mean_dyxc, alpha=1.0 / max(N * S, 1), shift=mean,
+                       math_out=True)
         w = gm.vec_width(S, dt, dy, x, dx)
         self._k(f"bn_backward_v{w}")(top[0].count // w, C, S, dy, x, mean, inv_std, mean_dy, mean_dyxc, dx)
 
@@ -288,7 +319,7 @@ class BatchNormLayer(Layer):
         self._k(f"bn_chain_reduce_v{w}")(chunks, N, C, S, dy, y, xh, int(relu), gamma, int(scale is not None),
                                          inv_std, int(write_dx), dx if write_dx else part, part,
                                          grid=(chunks * C, 1, 1), block=gm.REDUCE_THREADS)
-        coef, isz = self._coef.mutable_gpu_data(), dt.itemsize
+        coef, isz = self._coef.mutable_gpu_data(), self._coef.dtype.itemsize
         gamma_diff = scale.blobs[0].mutable_gpu_diff() if want_gamma and scale is not None else part
         beta_diff = scale.blobs[1].mutable_gpu_diff() if want_beta and scale is not None else part
         self._k("bn_chain_finish")(C, chunks, part, int(want_gamma), gamma_diff, int(want_beta), beta_diff, int(batch),

@@ -16,7 +16,7 @@ from pycaffe_lite.layer import Layer, Traits, register_layer
 
 @register_layer("Bias")
 class BiasLayer(Layer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=())
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=())
     min_bottom_blobs = 1
     max_bottom_blobs = 2
     exact_num_top_blobs = 1

@@ -7,12 +7,12 @@
 // (SegNet INFERENCE) a = slope, b = bias, mu = 0, inv_std = 1. With update the running values
 // become momentum * run + (1 - momentum) * batch.
 __global__ void bn_coeffs(const int C, const Dtype* mu, const Dtype* var, const Dtype* slope,
-                          const Dtype* bias, const Dtype eps, const int normalize, const int update,
-                          const Dtype momentum, Dtype* run_mean, Dtype* run_var, Dtype* a, Dtype* b,
+                          const Dtype* bias, const Mtype eps, const int normalize, const int update,
+                          const Mtype momentum, Dtype* run_mean, Dtype* run_var, Dtype* a, Dtype* b,
                           Dtype* mean_out, Dtype* inv_std_out) {
   CUDA_KERNEL_LOOP(c, C) {
     const Mtype m = to_m(normalize ? mu[c] : Dtype(0));
-    const Mtype r = normalize ? Mtype(1) / sqrt(to_m(var[c]) + to_m(eps)) : Mtype(1);
+    const Mtype r = normalize ? Mtype(1) / sqrt(to_m(var[c]) + Mtype(eps)) : Mtype(1);
     if (update) {
       run_mean[c] = from_m(Mtype(momentum) * to_m(run_mean[c]) + (Mtype(1) - Mtype(momentum)) * to_m(mu[c]));
       run_var[c] = from_m(Mtype(momentum) * to_m(run_var[c]) + (Mtype(1) - Mtype(momentum)) * to_m(var[c]));
@@ -51,12 +51,12 @@ __device__ void bn_affine(const int n, const int C, const int S, const Dtype* x,
 // Batch statistics: dx = a[c] (dy - sum_dy[c] / m - x_hat sum_dyx[c] / m); dy and dx may alias.
 // x_hat is xs, or with normalize (xs the input) (xs - mean[c]) * inv_std[c] as bn_affine keeps it.
 template <int W>
-__device__ void bn_backward_batch(const int n, const int C, const int S, const Dtype inv_m, const Dtype* dy,
+__device__ void bn_backward_batch(const int n, const int C, const int S, const Mtype inv_m, const Dtype* dy,
                                   const Dtype* xs, const int normalize, const Dtype* mean, const Dtype* inv_std,
                                   const Dtype* a, const Dtype* sum_dy, const Dtype* sum_dyx, Dtype* dx) {
   CUDA_KERNEL_LOOP(u, n) {
     const int c = vchannel<W>(u, C, S);
-    const Mtype ac = to_m(a[c]), p = to_m(sum_dy[c]) * to_m(inv_m), q = to_m(sum_dyx[c]) * to_m(inv_m);
+    const Mtype ac = to_m(a[c]), p = to_m(sum_dy[c]) * Mtype(inv_m), q = to_m(sum_dyx[c]) * Mtype(inv_m);
     const Mtype m = normalize ? to_m(mean[c]) : Mtype(0), r = normalize ? to_m(inv_std[c]) : Mtype(1);
     Vec<W> d = vload<W>(dy, u);
     const Vec<W> h = vload<W>(xs, u);
@@ -88,7 +88,7 @@ __device__ void bn_backward_fixed(const int n, const int C, const int S, const D
                                  Dtype* x_hat, Dtype* y) {                                                  \
     bn_affine<W>(n, C, S, x, a, b, mean, inv_std, keep, x_hat, y);                                          \
   }                                                                                                         \
-  __global__ void bn_backward_batch_v##W(const int n, const int C, const int S, const Dtype inv_m,          \
+  __global__ void bn_backward_batch_v##W(const int n, const int C, const int S, const Mtype inv_m,          \
                                          const Dtype* dy, const Dtype* xs, const int normalize,             \
                                          const Dtype* mean, const Dtype* inv_std, const Dtype* a,           \
                                          const Dtype* sum_dy, const Dtype* sum_dyx, Dtype* dx) {            \

@@ -17,7 +17,7 @@ BNLL_THRESHOLD = 50.0
 
 @register_layer("BNLL")
 class BNLLLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom',))
     gpu_forward = "y[i] = x[i] > 0 ? x[i] + log1p(exp(-x[i])) : log1p(exp(x[i]))"
     gpu_backward = "const Dtype e = exp(fmin(x[i], threshold)); dx[i] = dy[i] * e / (e + Dtype(1))"
 

@@ -15,7 +15,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("Clip")
 class ClipLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom',))
     gpu_forward = "const Dtype upper = x[i] > hi ? hi : x[i]; y[i] = upper < lo ? lo : upper"
     gpu_backward = "dx[i] = (x[i] >= lo && x[i] <= hi) ? dy[i] : Dtype(0)"
 

@@ -15,7 +15,7 @@ from pycaffe_lite.layer import Layer, Traits, register_layer
 
 @register_layer("Concat")
 class ConcatLayer(Layer):
-    traits = Traits(half=True, graph_safe=True, writes_all_bottom_diffs=True, backward_reads=())
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, writes_all_bottom_diffs=True, backward_reads=())
     min_bottom_blobs = 1
     exact_num_top_blobs = 1
 

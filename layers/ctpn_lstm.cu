@@ -39,7 +39,7 @@ __device__ __forceinline__ Dtype ctpn_bound(const Mtype v, const Mtype limit) {
 __global__ void ctpn_lstm_backward_step(const int n, const int H, const int has_clip, const Dtype* clip,
                                         const int t, const Dtype* gate, const Dtype* c_prev,
                                         const Dtype* c, const Dtype* top_diff, const Dtype* dh_carry,
-                                        Dtype* dc_carry, const Dtype limit, Dtype* gate_diff) {
+                                        Dtype* dc_carry, const Mtype limit, Dtype* gate_diff) {
   CUDA_KERNEL_LOOP(idx, n) {
     const int row = idx / H;
     const int d = idx - row * H;
@@ -54,7 +54,7 @@ __global__ void ctpn_lstm_backward_step(const int n, const int H, const int has_
     const Mtype dc = to_m(dc_carry[idx]) + dh * o * (Mtype(1) - tanh_c * tanh_c);
     dc_carry[idx] = from_m(cl * dc * f);
     Dtype* d4 = gate_diff + 4 * H * row;
-    const Mtype lim = to_m(limit);
+    const Mtype lim = Mtype(limit);
     d4[d] = ctpn_bound(dc * g * i * (Mtype(1) - i), lim);
     d4[H + d] = ctpn_bound(cl * dc * to_m(c_prev[idx]) * f * (Mtype(1) - f), lim);
     d4[2 * H + d] = ctpn_bound(dh * tanh_c * o * (Mtype(1) - o), lim);

@@ -29,7 +29,7 @@ __host__ __device__ __forceinline__ unsigned int philox4x32_10(unsigned int c0, 
 // mask[i] = draw > thres (keep); y[i] = keep ? x[i] * scale : 0. x may equal y.
 __global__ void dropout_forward_train(const int n, const Dtype* x, const unsigned int* offset,
                                       const unsigned int seed, const unsigned int stream,
-                                      const unsigned int thres, const Dtype scale, Dtype* mask, Dtype* y) {
+                                      const unsigned int thres, const Mtype scale, Dtype* mask, Dtype* y) {
   const unsigned int off = *offset;
   CUDA_KERNEL_LOOP(i, n) {
     const bool keep = philox4x32_10(static_cast<unsigned int>(i), off, 0U, 0U, seed, stream) > thres;

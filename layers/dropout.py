@@ -29,7 +29,7 @@ UINT_MAX = 2**32 - 1
 
 @register_layer("Dropout")
 class DropoutLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom',))
     gpu_forward = "y[i] = x[i] * scale"  # TEST; TRAIN draws in dropout.cu
     gpu_backward = "dx[i] = dy[i] * scale"  # TEST
     gpu_backward_train = "dx[i] = mask[i] != Dtype(0) ? dy[i] * scale : Dtype(0)"

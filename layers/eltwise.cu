@@ -44,11 +44,11 @@ extern "C++" {
 template <int W>
 __device__ void eltwise_sum_relu_backward(const int n, const int m, const Dtype* s0, const Dtype* s1,
                                           const Dtype* s2, const Dtype* s3, const Dtype* y, Dtype* t,
-                                          const int nb, const int prop, const Dtype c0, const Dtype c1,
-                                          const Dtype c2, const Dtype c3, Dtype* d0, Dtype* d1, Dtype* d2,
+                                          const int nb, const int prop, const Mtype c0, const Mtype c1,
+                                          const Mtype c2, const Mtype c3, Dtype* d0, Dtype* d1, Dtype* d2,
                                           Dtype* d3) {
   const Dtype* src[3] = {s1, s2, s3};
-  const Mtype co[4] = {to_m(c0), to_m(c1), to_m(c2), to_m(c3)};
+  const Mtype co[4] = {Mtype(c0), Mtype(c1), Mtype(c2), Mtype(c3)};
   Dtype* dst[4] = {d0, d1, d2, d3};
   CUDA_KERNEL_LOOP(u, n) {
     Vec<W> g = vload<W>(s0, u);
@@ -86,14 +86,14 @@ __device__ void eltwise_sum_relu_backward(const int n, const int m, const Dtype*
 
 #define ELTWISE_SUM_RELU(W)                                                                          \
   __global__ void eltwise_sum_relu_v##W(const int n, const int k, const Dtype* a0, const Dtype* a1, \
-                                        const Dtype* a2, const Dtype* a3, const Dtype c0,           \
-                                        const Dtype c1, const Dtype c2, const Dtype c3, Dtype* y) {  \
-    weighted_sum<W, true>(n, k, a0, a1, a2, a3, to_m(c0), to_m(c1), to_m(c2), to_m(c3), y);           \
+                                        const Dtype* a2, const Dtype* a3, const Mtype c0,           \
+                                        const Mtype c1, const Mtype c2, const Mtype c3, Dtype* y) {  \
+    weighted_sum<W, true>(n, k, a0, a1, a2, a3, Mtype(c0), Mtype(c1), Mtype(c2), Mtype(c3), y);           \
   }                                                                                                 \
   __global__ void eltwise_sum_relu_backward_v##W(                                                   \
       const int n, const int m, const Dtype* s0, const Dtype* s1, const Dtype* s2, const Dtype* s3, \
-      const Dtype* y, Dtype* t, const int nb, const int prop, const Dtype c0, const Dtype c1,       \
-      const Dtype c2, const Dtype c3, Dtype* d0, Dtype* d1, Dtype* d2, Dtype* d3) {                 \
+      const Dtype* y, Dtype* t, const int nb, const int prop, const Mtype c0, const Mtype c1,       \
+      const Mtype c2, const Mtype c3, Dtype* d0, Dtype* d1, Dtype* d2, Dtype* d3) {                 \
     eltwise_sum_relu_backward<W>(n, m, s0, s1, s2, s3, y, t, nb, prop, c0, c1, c2, c3, d0, d1, d2, d3); \
   }
 ELTWISE_SUM_RELU(1)

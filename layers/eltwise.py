@@ -21,12 +21,15 @@ from pycaffe_lite.layer import SUM_RELU, Layer, Traits, register_layer
 from pycaffe_lite.schema import caffe_pb2
 
 KERNELS = Path(__file__).with_suffix(".cu")
+# (parameters, body) of PROD's gradient dx = dy * y / x, in Mtype
+PROD_GRAD_KERNEL = ("const Dtype* dy, const Dtype* y, const Dtype* x, Dtype* dx",
+                    "dx[i] = from_m(to_m(dy[i]) * to_m(y[i]) / to_m(x[i]))")
 Op = caffe_pb2.EltwiseParameter
 
 
 @register_layer("Eltwise")
 class EltwiseLayer(Layer):
-    traits = Traits(half=True, graph_safe=True, writes_all_bottom_diffs=True, backward_reads=(), fuses=frozenset({SUM_RELU}))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, writes_all_bottom_diffs=True, backward_reads=(), fuses=frozenset({SUM_RELU}))
     min_bottom_blobs = 2
     exact_num_top_blobs = 1
 
@@ -124,9 +127,7 @@ class EltwiseLayer(Layer):
                     for o in others[1:]:
                         gm.mul(n, dx, o, dx, dt)
                 else:
-                    k = backend.elementwise("eltwise_prod_grad",
-                                            "const Dtype* dy, const Dtype* y, const Dtype* x, Dtype* dx",
-                                            "dx[i] = dy[i] * y[i] / x[i]", dt)
+                    k = backend.elementwise("eltwise_prod_grad", *PROD_GRAD_KERNEL, dt)
                     k(n, dy, top[0].gpu_data(), b.gpu_data(), dx)
             elif self.op == Op.SUM:
                 gm.scale(n, self.coeffs[i], dy, dx, dt)

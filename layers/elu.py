@@ -14,7 +14,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("ELU")
 class ELULayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom', 'top'))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom', 'top'))
     gpu_forward = "y[i] = x[i] > 0 ? x[i] : alpha * expm1(x[i])"
     gpu_backward = "dx[i] = x[i] > 0 ? dy[i] : dy[i] * (y[i] + alpha)"
 

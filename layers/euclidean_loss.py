@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pycaffe_lite.blob import Blob
+from pycaffe_lite.blob import Blob, math_dtype
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Traits, register_layer
@@ -52,7 +52,7 @@ class EuclideanLossLayer(LossLayer):
 
     def forward_gpu(self, bottom, top):
         n, blocks = bottom[0].count, reduce_blocks(bottom[0].count)
-        (partials,) = backend.workspace(blocks * self.dtype.itemsize, slot="reduce")
+        (partials,) = backend.workspace(blocks * math_dtype(self.dtype).itemsize, slot="reduce")  # Mtype sums
         backend.kernel(KERNELS, "euclidean_forward", self.dtype)(
             n, bottom[0].gpu_data(), bottom[1].gpu_data(), self.diff.mutable_gpu_data(), partials,
             grid=blocks, block=REDUCE_THREADS,

@@ -18,7 +18,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("Exp")
 class ExpLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('top',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('top',))
     gpu_forward = "y[i] = outer_scale * exp(inner_scale * x[i])"
     gpu_backward = "dx[i] = dy[i] * y[i] * inner_scale"
 

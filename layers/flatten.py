@@ -15,7 +15,7 @@ from .view_layer import ViewLayer
 
 @register_layer("Flatten")
 class FlattenLayer(ViewLayer):
-    traits = Traits(half=True, graph_safe=True)
+    traits = Traits(half=True, half_kernels=True, graph_safe=True)
 
     def top_shape(self, b: Blob) -> tuple[int, ...]:
         p = self.layer_param.flatten_param

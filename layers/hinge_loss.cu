@@ -7,7 +7,7 @@
 // launch with LOSS_REDUCE_THREADS threads). A label outside [0, dim) or not a number gives NaN margins and sets the
 // bad-label flag status[1] = 1, status[2] = label (LossLayer.gpu_status).
 __global__ void hinge_forward(const int count, const Dtype* x, const Dtype* label, const int dim,
-                              const int squared, Dtype* d, Dtype* partials, Dtype* status) {
+                              const int squared, Dtype* d, Mtype* partials, Dtype* status) {
   __shared__ Mtype smem[LOSS_REDUCE_THREADS];
   Mtype acc = 0;
   CUDA_KERNEL_LOOP(i, count) {
@@ -27,7 +27,7 @@ __global__ void hinge_forward(const int count, const Dtype* x, const Dtype* labe
     acc += squared ? m * m : m;
   }
   acc = loss_block_sum(acc, smem);
-  if (threadIdx.x == 0) partials[blockIdx.x] = from_m(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
 // dx = s*sign(d)*w/norm (L1) or 2*s*d*w/norm (squared, L2); w = top_diff[0], norm = norm[0].

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pycaffe_lite.blob import Blob
+from pycaffe_lite.blob import Blob, math_dtype
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Traits, register_layer
@@ -66,7 +66,7 @@ class HingeLossLayer(LossLayer):
     # GPU: margins fused with the first reduction stage, LossLayer's finish, gradient kernel.
     def forward_gpu(self, bottom, top):
         count, blocks = bottom[0].count, reduce_blocks(bottom[0].count)
-        (partials,) = backend.workspace(blocks * self.dtype.itemsize, slot="reduce")
+        (partials,) = backend.workspace(blocks * math_dtype(self.dtype).itemsize, slot="reduce")  # Mtype sums
         backend.kernel(KERNELS, "hinge_forward", self.dtype)(
             count, bottom[0].gpu_data(), bottom[1].gpu_data(), self.inner, int(self.squared),
             self.margins.mutable_gpu_data(), partials, self.gpu_status(), grid=blocks, block=REDUCE_THREADS,

@@ -17,7 +17,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("Log")
 class LogLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom',))
     gpu_forward = "y[i] = base_scale * log(shift + scale * x[i])"
     gpu_backward = "dx[i] = dy[i] * num_scale / (shift + scale * x[i])"
 

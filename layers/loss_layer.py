@@ -27,7 +27,7 @@ from typing import ClassVar
 import numpy as np
 
 from pycaffe_lite import common
-from pycaffe_lite.blob import Blob
+from pycaffe_lite.blob import Blob, math_dtype
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Layer
@@ -151,7 +151,7 @@ class LossLayer(Layer):
         """``top[0] = scale · Σ loss[:n] / normalizer`` on the device; ``valid`` (0/1 per item, or None
         when every item counts) gives the VALID count. Also stores the normalizer for backward."""
         blocks = reduce_blocks(n)
-        (partials,) = backend.workspace(2 * blocks * self.dtype.itemsize, slot="reduce")
+        (partials,) = backend.workspace(2 * blocks * math_dtype(self.dtype).itemsize, slot="reduce")  # Mtype sums
         backend.kernel(KERNELS, "loss_partials", self.dtype)(
             n, loss, loss if valid is None else valid, int(valid is not None), partials,
             grid=blocks, block=REDUCE_THREADS,

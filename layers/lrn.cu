@@ -36,11 +36,11 @@ struct Ratios {  // dy * y / scale: the backward's window terms
 // scale = base + coeff * sum of x^2 over the window
 #define LRN_SCALE(NAME, ACROSS)                                                                 \
   __global__ void NAME(const int count, const Dtype* x, const int channels, const int height,  \
-                       const int width, const int size, const Dtype base, const Dtype coeff,   \
+                       const int width, const int size, const Mtype base, const Mtype coeff,   \
                        Dtype* scale) {                                                          \
     const Squares f = {x};                                                                      \
     CUDA_KERNEL_LOOP(i, count) {                                                                \
-      scale[i] = from_m(to_m(base) + to_m(coeff) * window_sum<ACROSS>(i, channels, height, width, size, f)); \
+      scale[i] = from_m(Mtype(base) + Mtype(coeff) * window_sum<ACROSS>(i, channels, height, width, size, f)); \
     }                                                                                           \
   }
 
@@ -48,12 +48,12 @@ struct Ratios {  // dy * y / scale: the backward's window terms
 #define LRN_DIFF(NAME, ACROSS)                                                                  \
   __global__ void NAME(const int count, const Dtype* x, const Dtype* y, const Dtype* dy,       \
                        const Dtype* scale, const int channels, const int height,               \
-                       const int width, const int size, const Dtype neg_beta,                  \
-                       const Dtype ratio, Dtype* dx) {                                          \
+                       const int width, const int size, const Mtype neg_beta,                  \
+                       const Mtype ratio, Dtype* dx) {                                          \
     const Ratios f = {dy, y, scale};                                                            \
     CUDA_KERNEL_LOOP(i, count) {                                                                \
-      dx[i] = from_m(to_m(dy[i]) * pow(to_m(scale[i]), to_m(neg_beta)) -                        \
-                     to_m(ratio) * to_m(x[i]) * window_sum<ACROSS>(i, channels, height, width, size, f)); \
+      dx[i] = from_m(to_m(dy[i]) * pow(to_m(scale[i]), Mtype(neg_beta)) -                        \
+                     Mtype(ratio) * to_m(x[i]) * window_sum<ACROSS>(i, channels, height, width, size, f)); \
     }                                                                                           \
   }
 
@@ -64,6 +64,6 @@ LRN_DIFF(lrn_diff_within, false)
 
 // y = x * scale^neg_beta
 __global__ void lrn_output(const int count, const Dtype* x, const Dtype* scale,
-                           const Dtype neg_beta, Dtype* y) {
-  CUDA_KERNEL_LOOP(i, count) { y[i] = from_m(to_m(x[i]) * pow(to_m(scale[i]), to_m(neg_beta))); }
+                           const Mtype neg_beta, Dtype* y) {
+  CUDA_KERNEL_LOOP(i, count) { y[i] = from_m(to_m(x[i]) * pow(to_m(scale[i]), Mtype(neg_beta))); }
 }

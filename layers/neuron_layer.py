@@ -6,8 +6,11 @@ A neuron type states its math once per device:
   output, as in Caffe);
 - GPU: ``gpu_forward`` / ``gpu_backward``, CUDA statements over ``x[i]``, ``y[i]`` (forward) and
   ``x[i]``, ``y[i]``, ``dy[i]``, ``dx[i]`` (backward), plus the named scalars of ``gpu_scalars()``
-  (``const Dtype``, or ``const int`` for Python ints). Class attributes, or instance attributes set in
-  ``layer_setup`` when the statement depends on the parameters.
+  (``const Mtype``, or ``const int`` for Python ints). Class attributes, or instance attributes set in
+  ``layer_setup`` when the statement depends on the parameters. Statements are written on ``Dtype``
+  as if it were the math type; :func:`pycaffe_lite.gpu.math_statements.in_math` rewrites them to load
+  through ``to_m``, compute in ``Mtype`` and store through ``from_m`` (identities for float and double),
+  so they run on half storage too.
 
 :meth:`NeuronLayer.launch` turns a statement into a ``backend.elementwise`` kernel: it passes only the
 arrays the statement mentions (``const`` unless assigned) and every scalar, so layers with extra
@@ -23,6 +26,7 @@ from typing import ClassVar
 import numpy as np
 
 from pycaffe_lite.gpu import backend
+from pycaffe_lite.gpu.math_statements import in_math
 from pycaffe_lite.layer import Layer
 
 
@@ -39,7 +43,7 @@ class NeuronLayer(Layer):
         top[0].reshape(bottom[0].shape)
 
     def gpu_scalars(self) -> dict[str, float | int]:
-        """Kernel scalars by name, in parameter order (``const Dtype``, or ``const int`` for ints)."""
+        """Kernel scalars by name, in parameter order (``const Mtype``, or ``const int`` for ints)."""
         return {}
 
     # -- CPU --------------------------------------------------------------------------------
@@ -73,7 +77,7 @@ class NeuronLayer(Layer):
         scalars = self.gpu_scalars()
         kinds = tuple((name, isinstance(v, int)) for name, v in scalars.items())
         used, params = _parameters(body, tuple(arrays), kinds)
-        kernel = backend.elementwise(f"{self.type.lower()}_{tag}", params, body, self.dtype)
+        kernel = backend.elementwise(f"{self.type.lower()}_{tag}", params, in_math(body, used), self.dtype)
         kernel(n, *(arrays[name] for name in used), *scalars.values())
 
 
@@ -83,5 +87,5 @@ def _parameters(body: str, arrays: tuple[str, ...], scalars: tuple[tuple[str, bo
     used = [name for name in arrays if re.search(rf"\b{name}\[", body)]
     written = {name for name in used if re.search(rf"\b{name}\[[^\]]*\]\s*[-+*/]?=(?!=)", body)}
     params = [f"{'' if name in written else 'const '}Dtype* {name}" for name in used]
-    params += [f"const {'int' if is_int else 'Dtype'} {name}" for name, is_int in scalars]
+    params += [f"const {'int' if is_int else 'Mtype'} {name}" for name, is_int in scalars]
     return used, ", ".join(params)

@@ -16,7 +16,7 @@ __device__ __forceinline__ Mtype normalize_scale(const Dtype* scale, const int i
 }
 
 // across_spatial: one block per sample; norm[n] = sqrt(sum x^2 + eps).
-__global__ void normalize_norm_across(const int dim, const Dtype eps, const Dtype* x, Dtype* norm) {
+__global__ void normalize_norm_across(const int dim, const Mtype eps, const Dtype* x, Dtype* norm) {
   __shared__ Mtype smem[NORMALIZE_THREADS];
   const Dtype* p = x + (size_t)blockIdx.x * dim;
   Mtype acc = 0;
@@ -29,7 +29,7 @@ __global__ void normalize_norm_across(const int dim, const Dtype eps, const Dtyp
     if (threadIdx.x < w) smem[threadIdx.x] += smem[threadIdx.x + w];
     __syncthreads();
   }
-  if (threadIdx.x == 0) norm[blockIdx.x] = from_m(sqrt(smem[0] + to_m(eps)));
+  if (threadIdx.x == 0) norm[blockIdx.x] = from_m(sqrt(smem[0] + Mtype(eps)));
 }
 
 __global__ void normalize_forward(const int n, const int dim, const int channels, const int spatial,
@@ -103,7 +103,7 @@ __device__ __forceinline__ Mtype normalize_column_sum(Mtype v, Mtype* part) {
 
 // norm[n, p] = sqrt(eps + sum_c x[n, c, p]^2), then y = x / norm * s_c in the same block.
 __global__ void normalize_pixels_forward(const int channels, const int spatial, const int tiles,
-                                         const int shared, const Dtype eps, const Dtype* x,
+                                         const int shared, const Mtype eps, const Dtype* x,
                                          const Dtype* scale, Dtype* norm, Dtype* y) {
   __shared__ Mtype part[NORMALIZE_THREADS];
   const int n = blockIdx.x / tiles;
@@ -118,7 +118,7 @@ __global__ void normalize_pixels_forward(const int channels, const int spatial, 
       acc += v * v;
     }
   }
-  const Mtype r = sqrt(to_m(eps) + normalize_column_sum(acc, part));
+  const Mtype r = sqrt(Mtype(eps) + normalize_column_sum(acc, part));
   if (!live) return;
   if (threadIdx.y == 0) norm[(size_t)n * spatial + p] = from_m(r);
 #pragma unroll 4

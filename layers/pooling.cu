@@ -259,7 +259,7 @@ __device__ void pool_backward_blocked(const int count, const Dtype* top_diff, co
   }                                                                                                \
   __global__ void POOL_AVE_BOUNDS ave_pool_backward_s##S##_w##WD(const int count, const Dtype* top_diff,           \
                                                  POOL_GEOMETRY_ARGS, const int blocks_h,           \
-                                                 const int blocks_w, const Dtype inv_area,         \
+                                                 const int blocks_w, const Mtype inv_area,         \
                                                  Dtype* bottom_diff) {                             \
     pool_backward_blocked<false, S, WD>(count, top_diff, nullptr, height, width, pooled_h, pooled_w, \
                                         kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,      \
@@ -338,7 +338,7 @@ __device__ void ave_pool_backward_quad(const int count, const Dtype* top_diff, P
 #define AVE_POOL_BACKWARD_QUAD(S, WD, NW, R)                                                        \
   __global__ void ave_pool_backward_q_s##S##_w##WD##_n##NW##_r##R(                                  \
       const int count, const Dtype* top_diff, POOL_GEOMETRY_ARGS, const int strips,                 \
-      const Dtype inv_area, Dtype* bottom_diff) {                                                   \
+      const Mtype inv_area, Dtype* bottom_diff) {                                                   \
     ave_pool_backward_quad<S, WD, NW, R>(count, top_diff, height, width, pooled_h, pooled_w,        \
                                          kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w,      \
                                          strips, Mtype(inv_area), bottom_diff);                     \

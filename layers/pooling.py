@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pycaffe_lite import common
-from pycaffe_lite.blob import Blob
+from pycaffe_lite.blob import Blob, math_dtype
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.gpu import math_functions as gm
 from pycaffe_lite.layer import RELU_MASK, Layer, Traits, register_layer
@@ -37,6 +37,9 @@ from pycaffe_lite.schema import caffe_pb2
 from .pooling_nd import PoolingND, pooled_size
 
 KERNELS = Path(__file__).with_suffix(".cu")
+# (parameters, body) of the fused ReLU mask: out = dy * (y > 0), in Mtype
+RELU_MASK_KERNEL = ("const Dtype* dy, const Dtype* y, Dtype* out",
+                    "out[i] = from_m(to_m(dy[i]) * (to_m(y[i]) > 0 ? Mtype(1) : Mtype(0)))")
 PP = caffe_pb2.PoolingParameter
 LOWEST = -np.finfo(np.float32).max  # Caffe's -FLT_MAX, for float and double alike
 _BACKWARD_PLANES = 4  # planes per backward thread: POOL_BACKWARD_PLANES of pooling.cu
@@ -55,7 +58,7 @@ def _window_slices(i: int, j: int, pooled: tuple[int, int], stride: tuple[int, i
 
 @register_layer("Pooling")
 class PoolingLayer(Layer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('top',), fuses=frozenset({RELU_MASK}))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('top',), fuses=frozenset({RELU_MASK}))
     use_blocked_backward = True  # False: always the generic gather (tests compare the two)
     use_quad_backward = True  # False: AVE's blocked backward never takes the 4-wide kernels
     exact_num_bottom_blobs = 1
@@ -73,6 +76,11 @@ class PoolingLayer(Layer):
             return bool(p.ceil_mode)
         return p.round_mode == PP.CEIL
 
+    def _check_mask_storage(self, ntop: int) -> None:
+        if ntop > 1 and self.half_native:
+            raise self.error(f"its mask top holds window positions, which {self.dtype} does not store exactly "
+                             "(a half type keeps integers up to 2048 or 256): give this layer forward_type: FLOAT")
+
     def layer_setup(self, bottom, top):
         p = self.layer_param.pooling_param
         self.method = p.pool
@@ -81,6 +89,7 @@ class PoolingLayer(Layer):
         axes = bottom[0].num_axes - 2
         if axes < 1:
             raise self.error(f"bottom must have (num, channels) and at least one spatial axis, got {bottom[0].shape}")
+        self._check_mask_storage(len(top))
         if axes != 2 or self.method == PP.STOCHASTIC or p.kernel_size_nd or p.pad_nd or p.stride_nd:
             self.nd = PoolingND(self, p, axes, self.ceil_mode, len(top))
             return
@@ -330,8 +339,7 @@ class PoolingLayer(Layer):
             return
         n, dt = top[0].count, self.dtype
         (masked,) = backend.workspace(n * dt.itemsize)
-        backend.elementwise("pool_relu_mask", "const Dtype* dy, const Dtype* y, Dtype* out",
-                            "out[i] = dy[i] * (y[i] > 0 ? Dtype(1) : Dtype(0))", dt)(
+        backend.elementwise("pool_relu_mask", *RELU_MASK_KERNEL, dt)(
             n, top[0].gpu_diff(), top[0].gpu_data(), masked)
         self._backward_2d(masked, top, bottom)
 
@@ -349,7 +357,8 @@ class PoolingLayer(Layer):
             s, wd = blocked
             blocks = (-(-(h + self.pad[0]) // s), -(-(w + self.pad[1]) // s))
             # AVE: RN(1 / kernel area), for pool_ave_div's correctly rounded quotients
-            inv = () if is_max else (float(self.dtype.type(1) / self.dtype.type(self.kernel[0] * self.kernel[1])),)
+            md = math_dtype(self.dtype)  # (half storage: the quotient is taken in its math type, float)
+            inv = () if is_max else (float(md.type(1) / md.type(self.kernel[0] * self.kernel[1])),)
             dx = bottom[0].mutable_gpu_diff()
             quad = None if is_max else self._quad_backward(blocked, dx)
             if quad is not None:

@@ -16,7 +16,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("Power")
 class PowerLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom', 'top'))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom', 'top'))
     gpu_forward = ("const Dtype v = shift + scale * x[i]; "
                    "y[i] = power == Dtype(1) ? v : power == Dtype(2) ? v * v : pow(v, power)")
     gpu_backward = ("dx[i] = dy[i] * (power == Dtype(1) ? diff_scale"

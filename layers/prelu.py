@@ -25,7 +25,7 @@ SLOPE = "slope[(i / dim) % channels / div]"
 
 @register_layer("PReLU")
 class PReLULayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom',))
     gpu_forward = f"y[i] = x[i] > 0 ? x[i] : x[i] * {SLOPE}"
     gpu_backward = f"dx[i] = x[i] > 0 ? dy[i] : dy[i] * {SLOPE}"
     gpu_slope_terms = "terms[i] = x[i] <= 0 ? dy[i] * x[i] : Dtype(0)"

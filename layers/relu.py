@@ -15,7 +15,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("ReLU")
 class ReLULayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom',), fuses=frozenset({RELU}))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom',), fuses=frozenset({RELU}))
     gpu_forward = "y[i] = x[i] > 0 ? x[i] : x[i] * negative_slope"
     gpu_backward = "dx[i] = dy[i] * (x[i] > 0 ? Dtype(1) : negative_slope)"
 

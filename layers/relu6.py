@@ -15,7 +15,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("ReLU6")
 class ReLU6Layer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom',))
     gpu_forward = "y[i] = x[i] > Dtype(0) ? (x[i] < Dtype(6) ? x[i] : Dtype(6)) : Dtype(0)"
     gpu_backward = "dx[i] = (x[i] > Dtype(0) && x[i] < Dtype(6)) ? dy[i] : Dtype(0)"
 

@@ -19,7 +19,7 @@ from .view_layer import ViewLayer
 
 @register_layer("Reshape")
 class ReshapeLayer(ViewLayer):
-    traits = Traits(half=True, graph_safe=True)
+    traits = Traits(half=True, half_kernels=True, graph_safe=True)
 
     def layer_setup(self, bottom, top):
         super().layer_setup(bottom, top)

@@ -16,7 +16,7 @@ __device__ __forceinline__ void roi_corners(const Dtype* r, const Mtype scale, i
 }
 }
 
-__global__ void roi_pool_forward(const int n, const Dtype* x, const Dtype scale, const int N,
+__global__ void roi_pool_forward(const int n, const Dtype* x, const Mtype scale, const int N,
                                  const int C, const int H, const int W, const int PH, const int PW,
                                  const Dtype* rois, Dtype* y, Dtype* argmax) {
   CUDA_KERNEL_LOOP(i, n) {
@@ -60,7 +60,7 @@ __global__ void roi_pool_forward(const int n, const Dtype* x, const Dtype scale,
 }
 
 __global__ void roi_pool_backward(const int n, const Dtype* dy, const Dtype* argmax, const int R,
-                                  const Dtype scale, const int C, const int H, const int W,
+                                  const Mtype scale, const int C, const int H, const int W,
                                   const int PH, const int PW, const Dtype* rois, Dtype* dx) {
   CUDA_KERNEL_LOOP(i, n) {
     const int w = i % W;

@@ -22,7 +22,7 @@ from .bias import BiasLayer
 @register_layer("Scale")
 class ScaleLayer(BiasLayer):
 
-    traits = Traits(half=True, graph_safe=True, saves_input_in_place=True, backward_reads=('bottom',), fuses=frozenset({AFFINE}))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, saves_input_in_place=True, backward_reads=('bottom',), fuses=frozenset({AFFINE}))
 
     def fuses_as(self, role, bottom=None) -> bool:
         """A per-channel affine of ``bottom``: a scale blob on axis 1 over one axis."""

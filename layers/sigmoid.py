@@ -13,7 +13,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("Sigmoid")
 class SigmoidLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('top',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('top',))
     gpu_forward = "y[i] = Dtype(0.5) * tanh(Dtype(0.5) * x[i]) + Dtype(0.5)"
     gpu_backward = "dx[i] = dy[i] * y[i] * (Dtype(1) - y[i])"
 

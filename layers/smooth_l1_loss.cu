@@ -5,8 +5,8 @@
 
 // Launch with LOSS_REDUCE_THREADS threads per block; w_in / w_out are read only when weighted.
 __global__ void smooth_l1_forward(const int n, const Dtype* p, const Dtype* t, const Dtype* w_in,
-                                  const Dtype* w_out, const int weighted, const Dtype sigma2,
-                                  Dtype* diff, Dtype* partials) {
+                                  const Dtype* w_out, const int weighted, const Mtype sigma2,
+                                  Dtype* diff, Mtype* partials) {
   __shared__ Mtype smem[LOSS_REDUCE_THREADS];
   const Mtype s2 = Mtype(sigma2);
   Mtype acc = 0;
@@ -20,13 +20,13 @@ __global__ void smooth_l1_forward(const int n, const Dtype* p, const Dtype* t, c
     acc += f;
   }
   acc = loss_block_sum(acc, smem);
-  if (threadIdx.x == 0) partials[blockIdx.x] = from_m(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
 // dx = sign * top_diff[0] / norm[0] * f'(d) (* w_in * w_out).
-__global__ void smooth_l1_backward(const int n, const Dtype sign, const Dtype* top_diff,
+__global__ void smooth_l1_backward(const int n, const Mtype sign, const Dtype* top_diff,
                                    const Dtype* norm, const Dtype* diff, const Dtype* w_in,
-                                   const Dtype* w_out, const int weighted, const Dtype sigma2,
+                                   const Dtype* w_out, const int weighted, const Mtype sigma2,
                                    Dtype* dx) {
   const Mtype alpha = Mtype(sign) * to_m(top_diff[0]) / to_m(norm[0]);
   const Mtype s2 = Mtype(sigma2);

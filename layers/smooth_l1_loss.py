@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pycaffe_lite.blob import Blob
+from pycaffe_lite.blob import Blob, math_dtype
 from pycaffe_lite.errors import ShapeError
 from pycaffe_lite.gpu import backend
 from pycaffe_lite.layer import Traits, register_layer
@@ -84,7 +84,7 @@ class SmoothL1LossLayer(LossLayer):
 
     def forward_gpu(self, bottom, top):
         n, blocks = bottom[0].count, reduce_blocks(bottom[0].count)
-        (partials,) = backend.workspace(blocks * self.dtype.itemsize, slot="reduce")
+        (partials,) = backend.workspace(blocks * math_dtype(self.dtype).itemsize, slot="reduce")  # Mtype sums
         w_in = bottom[2].gpu_data() if self.has_weights else bottom[0].gpu_data()
         w_out = bottom[3].gpu_data() if self.has_weights else bottom[0].gpu_data()
         backend.kernel(KERNELS, "smooth_l1_forward", self.dtype)(

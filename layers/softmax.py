@@ -18,7 +18,7 @@ KERNELS = Path(__file__).with_suffix(".cu")
 
 @register_layer("Softmax")
 class SoftmaxLayer(Layer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('top',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('top',))
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

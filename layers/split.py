@@ -10,7 +10,7 @@ from pycaffe_lite.layer import SPLIT_SUM, Layer, Traits, register_layer
 
 @register_layer("Split")
 class SplitLayer(Layer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=(), fuses=frozenset({SPLIT_SUM}))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=(), fuses=frozenset({SPLIT_SUM}))
     exact_num_bottom_blobs = 1
     min_top_blobs = 1
 

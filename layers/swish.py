@@ -16,7 +16,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("Swish")
 class SwishLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('bottom', 'top'))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('bottom', 'top'))
     gpu_forward = "s[i] = Dtype(0.5) * tanh(Dtype(0.5) * beta * x[i]) + Dtype(0.5); y[i] = x[i] * s[i]"
     gpu_backward = "dx[i] = dy[i] * (beta * y[i] + s[i] * (Dtype(1) - beta * y[i]))"
 

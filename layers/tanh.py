@@ -14,7 +14,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("TanH")
 class TanHLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=('top',))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=('top',))
     gpu_forward = "y[i] = tanh(x[i])"
     gpu_backward = "dx[i] = dy[i] * (Dtype(1) - y[i] * y[i])"
 

@@ -13,7 +13,7 @@ from .neuron_layer import NeuronLayer
 
 @register_layer("Threshold")
 class ThresholdLayer(NeuronLayer):
-    traits = Traits(half=True, graph_safe=True, backward_reads=())
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, backward_reads=())
     gpu_forward = "y[i] = x[i] > threshold ? Dtype(1) : Dtype(0)"
 
     def layer_setup(self, bottom, top):

@@ -67,7 +67,7 @@ __device__ Mtype bbox_iou(const Dtype* a, const Dtype* b) {
 // (descending, ties by prior index), cut to top_k, then greedy NMS with the adaptive threshold.
 // kept[(img * C + c) * P + m] = prior index of the m-th kept box, kept_count[img * C + c] = count.
 __global__ void bbox_nms(const int num_priors, const int num_classes, const int num_loc_classes,
-                         const int background, const Dtype score_threshold, const float nms_threshold,
+                         const int background, const Mtype score_threshold, const float nms_threshold,
                          const float eta, const int top_k, const Dtype* decoded, const Dtype* conf,
                          int* cand, int* kept, int* kept_count) {
   __shared__ int s_count;

@@ -287,7 +287,10 @@ class Layer:
         float64 net: the layer runs on its blobs as it always did)."""
         if self._float_view is None:
             m = self.dtype
-            if not self.stores_half and all(b.dtype == m and b.diff_dtype == m for b in (*bottom, *top, *self.blobs)):
+            # params in their own storage (param_dtype: dtype, but float32 statistics of a half
+            # layer whose kernels run on half data, BatchNorm's) need no view either
+            if not self.stores_half and all(b.dtype == m and b.diff_dtype == m for b in (*bottom, *top)) and all(
+                    p.dtype == self.param_dtype and p.diff_dtype == self.param_diff_dtype for p in self.blobs):
                 return None
             self._float_view = MathView(self)
         return self._float_view

@@ -21,6 +21,8 @@ from . import im2col_nd as nd_cols
 from .geometry import out_shape_nd
 
 Dims = tuple[int, ...]
+# (parameters, body) of the in-place ReLU after the bias, in Mtype
+RELU_KERNEL = ("Dtype* y", "y[i] = from_m(to_m(y[i]) > Mtype(0) ? to_m(y[i]) : Mtype(0))")
 COL_BUFFER_BYTES = 256 << 20  # column scratch budget of one pass; larger images run in slabs of output rows
 
 
@@ -90,8 +92,7 @@ def forward(prob: NDProblem, x: int, w: int, bias: int | None, y: int, relu: boo
     if bias is not None:
         gm.add_channel_bias(prob.num, prob.num_output, p, bias, y, dt)
     if relu:
-        backend.elementwise("conv_nd_relu", "Dtype* y", "y[i] = y[i] > Dtype(0) ? y[i] : Dtype(0)",
-                            dt)(prob.num * ys, y)
+        backend.elementwise("conv_nd_relu", *RELU_KERNEL, dt)(prob.num * ys, y)
 
 
 def backward_data(prob: NDProblem, w: int, dy: int, dx: int) -> None:

@@ -54,20 +54,21 @@ between them (rounding to nearest even into a half type), and the grid-stride lo
 _HALF_HEADERS = 'extern "C++" {\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n}\n'
 HALF_HEADERS = _HALF_HEADERS  # (for a preamble naming a half type in a float kernel: gpu/cast.py)
 
-# storage dtype -> (Dtype, Mtype, to_m(x), from_m(x), struct code of a Dtype scalar argument).
-# bfloat16 has no numpy dtype: its arrays are uint16 bit patterns (pycaffe_lite.precision).
-_KERNEL_TYPES: dict[np.dtype, tuple[str, str, str, str, str]] = {
-    np.dtype(np.float32): ("float", "float", "x", "x", "f"),
-    np.dtype(np.float64): ("double", "double", "x", "x", "d"),
-    np.dtype(np.float16): ("__half", "float", "__half2float(x)", "__float2half_rn(x)", "e"),
-    np.dtype(np.uint16): ("__nv_bfloat16", "float", "__bfloat162float(x)", "__float2bfloat16_rn(x)", "H"),
+# storage dtype -> (Dtype, Mtype, to_m(x), from_m(x), struct code of a Dtype scalar argument, struct
+# code of an Mtype scalar argument). bfloat16 has no numpy dtype: its arrays are uint16 bit patterns
+# (pycaffe_lite.precision), and its Dtype scalars travel as such bits (Kernel.__call__ converts).
+_KERNEL_TYPES: dict[np.dtype, tuple[str, str, str, str, str, str]] = {
+    np.dtype(np.float32): ("float", "float", "x", "x", "f", "f"),
+    np.dtype(np.float64): ("double", "double", "x", "x", "d", "d"),
+    np.dtype(np.float16): ("__half", "float", "__half2float(x)", "__float2half_rn(x)", "e", "f"),
+    np.dtype(np.uint16): ("__nv_bfloat16", "float", "__bfloat162float(x)", "__float2bfloat16_rn(x)", "H", "f"),
 }
 
 
 def prelude(dtype) -> str:
     """:data:`PRELUDE` for kernels storing ``dtype`` (float32, float64, float16; uint16 stands for
     bfloat16), the half types' headers first."""
-    ctype, mtype, to_m, from_m, _ = _KERNEL_TYPES[_dtype(dtype)]
+    ctype, mtype, to_m, from_m, _, _ = _KERNEL_TYPES[_dtype(dtype)]
     text = PRELUDE.format(ctype=ctype, mtype=mtype, to_m=to_m, from_m=from_m)
     return text if ctype == mtype else _HALF_HEADERS + text
 
@@ -399,7 +400,10 @@ class Kernel:
         self.dtype = dtype
         self.where = where
         self._shared_allowed = 48 * 1024
-        function.prepare(signature.struct_codes(_KERNEL_TYPES[dtype][4]))
+        function.prepare(signature.struct_codes(*_KERNEL_TYPES[dtype][4:]))
+        # bfloat16's Dtype scalars are packed as bit patterns: positions converted by __call__
+        self._bf16_scalars = tuple(i for i, p in enumerate(signature.params) if p.kind == "scalar") \
+            if dtype == np.dtype(np.uint16) else ()
 
     def check_args(self, *args) -> None:
         """Validate ``args`` against the signature (count, kinds, int ranges, non-null pointers)."""
@@ -410,6 +414,8 @@ class Kernel:
 
     def __call__(self, *args, block: int | tuple = CUDA_NUM_THREADS, grid=None, shared: int = 0) -> None:
         self.check_args(*args)
+        if self._bf16_scalars:
+            args = bfloat16_scalar_args(args, self._bf16_scalars)
         bx = block if isinstance(block, int) else block[0]
         if grid is None:
             if not self.signature.counts_items:
@@ -459,6 +465,17 @@ class Kernel:
     def launch(self, grid: tuple, block: tuple, *args, shared: int = 0) -> None:
         """Launch with explicit 3-D ``grid``/``block`` tuples and no argument checks."""
         self.function.prepared_async_call(grid, block, state().stream, *args, shared_size=shared)
+
+
+def bfloat16_scalar_args(args: tuple, positions: tuple[int, ...]) -> tuple:
+    """``args`` with the numbers at ``positions`` (a bfloat16 kernel's ``Dtype`` scalars) replaced by
+    their bfloat16 bit patterns, rounded to nearest even (``Mtype`` scalars are floats and need none)."""
+    from ..schema.blob_values import float32_to_bfloat16
+
+    out = list(args)
+    for i in positions:
+        out[i] = int(float32_to_bfloat16(np.array([float(out[i])], np.float32))[0])
+    return tuple(out)
 
 
 def compile_lock_path(key: str) -> Path:
@@ -557,6 +574,12 @@ def kernel(path: str | os.PathLike, name: str, dtype) -> Kernel:
     return module(path, dtype).get(name)
 
 
+def elementwise_source(name: str, params: str, body: str, preamble: str = "") -> str:
+    """The CUDA source :func:`elementwise` compiles (before the prelude)."""
+    return (f"{preamble}\n__global__ void {name}(const int n{', ' if params else ''}{params}) {{\n"
+            f"  CUDA_KERNEL_LOOP(i, n) {{ {body}; }}\n}}\n")
+
+
 def elementwise(name: str, params: str, body: str, dtype, preamble: str = "") -> Kernel:
     """A grid-stride kernel ``name(const int n, <params>)`` running ``body`` for each ``i < n``.
 
@@ -565,7 +588,6 @@ def elementwise(name: str, params: str, body: str, dtype, preamble: str = "") ->
     optional ``__device__`` helpers. Compiled once per (source, dtype); call as ``k(n, *args)``.
     """
     dtype = _dtype(dtype)
-    source = (f"{preamble}\n__global__ void {name}(const int n{', ' if params else ''}{params}) {{\n"
-              f"  CUDA_KERNEL_LOOP(i, n) {{ {body}; }}\n}}\n")
+    source = elementwise_source(name, params, body, preamble)
     key = ("elementwise", source, dtype.str)
     return _compiled(key, lambda: KernelModule(source, dtype, f"elementwise kernel {name}", [])).get(name)

@@ -1,7 +1,9 @@
 // Shared kernels that are more than one statement (math_functions.py generates the one-statement
 // element-wise ones): per-channel affine maps and sums of several inputs, vectorized by W
 // (vec.cuh), and per-channel reductions over an (outer, dim, inner) view. Dtype, Mtype, to_m, from_m:
-// the prelude; arithmetic and sums are in Mtype, stored values in Dtype.
+// the prelude; arithmetic and sums are in Mtype, stored values in Dtype. The reductions' per-block
+// partial sums are Mtype buffers (float for the half types), and so are per-channel statistics
+// (a shift, moments_finish's mean and var, reduce_finish_m's outputs: BatchNorm's float statistics).
 #include "block_sum.cuh"
 #include "vec.cuh"
 #include "weighted_sum.cuh"
@@ -44,20 +46,20 @@ enum ReduceOp { OP_SUM, OP_MOMENTS, OP_DOT, OP_DOT_SHIFT, OP_DOT_DX, OP_RELU_SUM
 //   OP_SUM:       a
 //   OP_MOMENTS:   d and d * d with d = a - (the channel's first element a[c * inner])
 //   OP_DOT:       a and a * b
-//   OP_DOT_SHIFT: a and a * (b - shift[c])
+//   OP_DOT_SHIFT: a and a * (b - shift[c])   (shift: Mtype statistics)
 //   OP_DOT_DX:    a and a * b, and also writes y = a * q[c] (y may alias a)
 //   OP_RELU_SUM:  z = a * (b > 0 ? 1 : 0) (ReLU's backward, negative_slope 0, b its output), and
 //                 writes y = z (y may alias a); the second sum is 0
 // Unused pointers may be anything non-null.
 template <int W, int OP>
 __device__ void channel_reduce(const int chunks, const int outer, const int dim, const int inner,
-                               const Dtype* a, const Dtype* b, const Dtype* shift,
-                               const Dtype* q, Dtype* y, Dtype* part) {
+                               const Dtype* a, const Dtype* b, const Mtype* shift,
+                               const Dtype* q, Dtype* y, Mtype* part) {
   const int c = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
   const int units = outer * (inner / W);  // of this channel
   const int per = (units + chunks - 1) / chunks;
   const int end = min(units, (chunk + 1) * per);
-  const Mtype k = OP == OP_MOMENTS ? to_m(a[c * inner]) : OP == OP_DOT_SHIFT ? to_m(shift[c]) : Mtype(0);
+  const Mtype k = OP == OP_MOMENTS ? to_m(a[c * inner]) : OP == OP_DOT_SHIFT ? shift[c] : Mtype(0);
   const Mtype qc = OP == OP_DOT_DX ? to_m(q[c]) : Mtype(0);
   Mtype s0 = 0, s1 = 0;
   for (int u = chunk * per + threadIdx.x; u < end; u += blockDim.x) {
@@ -85,8 +87,8 @@ __device__ void channel_reduce(const int chunks, const int outer, const int dim,
   }
   block_sum2(s0, s1);
   if (threadIdx.x == 0) {
-    part[c * chunks + chunk] = from_m(s0);
-    part[(dim + c) * chunks + chunk] = from_m(s1);
+    part[c * chunks + chunk] = s0;
+    part[(dim + c) * chunks + chunk] = s1;
   }
 }
 }  // extern "C++"
@@ -108,8 +110,8 @@ AFFINE(affine_b_relu, 4, false, true, true)
 #define WSUM(W)                                                                              \
   __global__ void weighted_sum_v##W(const int n, const int k, const Dtype* a0,               \
                                     const Dtype* a1, const Dtype* a2, const Dtype* a3,       \
-                                    const Dtype c0, const Dtype c1, const Dtype c2,          \
-                                    const Dtype c3, Dtype* y) {                              \
+                                    const Mtype c0, const Mtype c1, const Mtype c2,          \
+                                    const Mtype c3, Dtype* y) {                              \
     weighted_sum<W>(n, k, a0, a1, a2, a3, Mtype(c0), Mtype(c1), Mtype(c2), Mtype(c3), y);    \
   }
 WSUM(1)
@@ -126,8 +128,8 @@ COPY_ROWS(4)
 #define REDUCE(NAME, W, OP)                                                                  \
   __global__ void __launch_bounds__(REDUCE_THREADS)                                          \
   NAME##_v##W(const int chunks, const int outer, const int dim, const int inner,             \
-              const Dtype* a, const Dtype* b, const Dtype* shift, const Dtype* q, Dtype* y,  \
-              Dtype* part) {                                                                 \
+              const Dtype* a, const Dtype* b, const Mtype* shift, const Dtype* q, Dtype* y,  \
+              Mtype* part) {                                                                 \
     channel_reduce<W, OP>(chunks, outer, dim, inner, a, b, shift, q, y, part);              \
   }
 REDUCE(reduce_sum, 1, OP_SUM)
@@ -145,33 +147,49 @@ REDUCE(reduce_relu_sum, 4, OP_RELU_SUM)
 
 // Second level of channel_reduce: out0[c] = alpha * (first sum) + beta0 * out0[c] when which & 1,
 // out1[c] = alpha * (second sum) + beta1 * out1[c] when which & 2 (beta 0 never reads out).
-__global__ void reduce_finish(const int dim, const int chunks, const Dtype* part, const Dtype alpha,
-                              const int which, Dtype* out0, const Dtype beta0, Dtype* out1,
-                              const Dtype beta1) {
+// reduce_finish stores Dtype outputs (gradients of params), reduce_finish_m Mtype ones (statistics).
+extern "C++" {
+template <typename Out>
+__device__ __forceinline__ void reduce_finish_t(const int dim, const int chunks, const Mtype* part, const Mtype alpha,
+                                                const int which, Out* out0, const Mtype beta0, Out* out1,
+                                                const Mtype beta1) {
   CUDA_KERNEL_LOOP(c, dim) {
     Mtype s0 = 0, s1 = 0;
     for (int k = 0; k < chunks; ++k) {
-      s0 += to_m(part[c * chunks + k]);
-      s1 += to_m(part[(dim + c) * chunks + k]);
+      s0 += part[c * chunks + k];
+      s1 += part[(dim + c) * chunks + k];
     }
-    if (which & 1) out0[c] = from_m(Mtype(alpha) * s0 + (Mtype(beta0) == Mtype(0) ? Mtype(0) : Mtype(beta0) * to_m(out0[c])));
-    if (which & 2) out1[c] = from_m(Mtype(alpha) * s1 + (Mtype(beta1) == Mtype(0) ? Mtype(0) : Mtype(beta1) * to_m(out1[c])));
+    if (which & 1) out0[c] = Out(Mtype(alpha) * s0 + (Mtype(beta0) == Mtype(0) ? Mtype(0) : Mtype(beta0) * Mtype(out0[c])));
+    if (which & 2) out1[c] = Out(Mtype(alpha) * s1 + (Mtype(beta1) == Mtype(0) ? Mtype(0) : Mtype(beta1) * Mtype(out1[c])));
   }
+}
+}  // extern "C++"
+
+__global__ void reduce_finish(const int dim, const int chunks, const Mtype* part, const Mtype alpha,
+                              const int which, Dtype* out0, const Mtype beta0, Dtype* out1,
+                              const Mtype beta1) {
+  reduce_finish_t<Dtype>(dim, chunks, part, alpha, which, out0, beta0, out1, beta1);
+}
+
+__global__ void reduce_finish_m(const int dim, const int chunks, const Mtype* part, const Mtype alpha,
+                                const int which, Mtype* out0, const Mtype beta0, Mtype* out1,
+                                const Mtype beta1) {
+  reduce_finish_t<Mtype>(dim, chunks, part, alpha, which, out0, beta0, out1, beta1);
 }
 
 // Second level of reduce_moments over m = outer * inner elements per channel: mean and biased
-// variance (shifted sums: mean = k + s0 / m, var = s1 / m - (s0 / m)^2).
+// variance (shifted sums: mean = k + s0 / m, var = s1 / m - (s0 / m)^2), both Mtype.
 __global__ void moments_finish(const int dim, const int chunks, const int m, const int inner,
-                               const Dtype* x, const Dtype* part, Dtype* mean, Dtype* var) {
+                               const Dtype* x, const Mtype* part, Mtype* mean, Mtype* var) {
   CUDA_KERNEL_LOOP(c, dim) {
     Mtype s0 = 0, s1 = 0;
     for (int k = 0; k < chunks; ++k) {
-      s0 += to_m(part[c * chunks + k]);
-      s1 += to_m(part[(dim + c) * chunks + k]);
+      s0 += part[c * chunks + k];
+      s1 += part[(dim + c) * chunks + k];
     }
     const Mtype d = s0 / m;
-    mean[c] = from_m(to_m(x[c * inner]) + d);
-    var[c] = from_m(max(s1 / m - d * d, Mtype(0)));
+    mean[c] = to_m(x[c * inner]) + d;
+    var[c] = max(s1 / m - d * d, Mtype(0));
   }
 }
 

@@ -11,6 +11,10 @@ Reductions run in two levels: a block per (channel, chunk) writes partial sums i
 :func:`backend.workspace`, then one thread per channel adds the chunks and applies the result.
 So ``channel_sum`` (when ``spatial > 1``), ``channel_dot`` and ``channel_moments`` invalidate
 workspace pointers a caller obtained earlier: ask for the workspace after calling them.
+
+Half storage (float16; uint16 for bfloat16): kernels compute in the math type (``Mtype``, float), the
+partial sums live in float, and per-channel statistics (``channel_moments``' outputs, a
+``channel_dot`` with ``math_out``, its ``shift``) are float buffers (:func:`blob.math_dtype`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..blob import math_dtype
 from . import backend, blas
 
 KERNELS = Path(__file__).with_name("math_functions.cu")
@@ -30,6 +35,8 @@ _BLOCKS_PER_SM = 32
 
 
 def _ew(name: str, params: str, body: str, dtype) -> backend.Kernel:
+    """An element-wise kernel; bodies load with ``to_m``, compute in ``Mtype`` and store with ``from_m``
+    (scalars ``const Mtype``), so they are exact as before for float and double and run on half storage."""
     return backend.elementwise(name, params, body, dtype)
 
 
@@ -45,7 +52,7 @@ def set(n: int, value: float, y: int, dtype) -> None:  # noqa: A001 - Caffe's na
     if value == 0:
         backend.memset_zero(y, n * np.dtype(dtype).itemsize)
     else:
-        _ew("set_kernel", "const Dtype v, Dtype* y", "y[i] = v", dtype)(n, value, y)
+        _ew("set_kernel", "const Mtype v, Dtype* y", "y[i] = from_m(v)", dtype)(n, value, y)
 
 
 def copy(n: int, x: int, y: int, dtype) -> None:
@@ -56,12 +63,12 @@ def copy(n: int, x: int, y: int, dtype) -> None:
 
 def add_scalar(n: int, value: float, y: int, dtype) -> None:
     """``y += value``."""
-    _ew("add_scalar_kernel", "const Dtype v, Dtype* y", "y[i] += v", dtype)(n, value, y)
+    _ew("add_scalar_kernel", "const Mtype v, Dtype* y", "y[i] = from_m(to_m(y[i]) + v)", dtype)(n, value, y)
 
 
 def _binary(name: str, op: str):
     def fn(n: int, a: int, b: int, y: int, dtype) -> None:
-        _ew(f"{name}_kernel", "const Dtype* a, const Dtype* b, Dtype* y", f"y[i] = a[i] {op} b[i]", dtype)(n, a, b, y)
+        _ew(f"{name}_kernel", "const Dtype* a, const Dtype* b, Dtype* y", f"y[i] = from_m(to_m(a[i]) {op} to_m(b[i]))", dtype)(n, a, b, y)
 
     fn.__name__ = name
     fn.__doc__ = f"``y = a {op} b`` element-wise."
@@ -76,34 +83,36 @@ div = _binary("div", "/")
 
 def scale(n: int, alpha: float, x: int, y: int, dtype) -> None:
     """``y = alpha·x``."""
-    _ew("scale_kernel", "const Dtype alpha, const Dtype* x, Dtype* y", "y[i] = alpha * x[i]", dtype)(n, alpha, x, y)
+    _ew("scale_kernel", "const Mtype alpha, const Dtype* x, Dtype* y", "y[i] = from_m(alpha * to_m(x[i]))",
+        dtype)(n, alpha, x, y)
 
 
 def axpby(n: int, alpha: float, x: int, beta: float, y: int, dtype) -> None:
     """``y = alpha·x + beta·y``."""
-    _ew("axpby_kernel", "const Dtype alpha, const Dtype* x, const Dtype beta, Dtype* y",
-        "y[i] = alpha * x[i] + beta * y[i]", dtype)(n, alpha, x, beta, y)
+    _ew("axpby_kernel", "const Mtype alpha, const Dtype* x, const Mtype beta, Dtype* y",
+        "y[i] = from_m(alpha * to_m(x[i]) + beta * to_m(y[i]))", dtype)(n, alpha, x, beta, y)
 
 
 def powx(n: int, a: int, alpha: float, y: int, dtype) -> None:
     """``y = a ** alpha``."""
-    _ew("powx_kernel", "const Dtype* a, const Dtype alpha, Dtype* y", "y[i] = pow(a[i], alpha)", dtype)(n, a, alpha, y)
+    _ew("powx_kernel", "const Dtype* a, const Mtype alpha, Dtype* y", "y[i] = from_m(pow(to_m(a[i]), alpha))",
+        dtype)(n, a, alpha, y)
 
 
 def _unary(name: str, expr: str):
     def fn(n: int, a: int, y: int, dtype) -> None:
-        _ew(f"{name}_kernel", "const Dtype* a, Dtype* y", f"y[i] = {expr}", dtype)(n, a, y)
+        _ew(f"{name}_kernel", "const Dtype* a, Dtype* y", f"y[i] = from_m({expr})", dtype)(n, a, y)
 
     fn.__name__ = name
     fn.__doc__ = f"``y = {name}(a)`` element-wise."
     return fn
 
 
-exp = _unary("exp", "exp(a[i])")
-log = _unary("log", "log(a[i])")
-abs = _unary("abs", "fabs(a[i])")  # noqa: A001
-sqrt = _unary("sqrt", "sqrt(a[i])")
-sign = _unary("sign", "(Dtype(0) < a[i]) - (a[i] < Dtype(0))")
+exp = _unary("exp", "exp(to_m(a[i]))")
+log = _unary("log", "log(to_m(a[i]))")
+abs = _unary("abs", "fabs(to_m(a[i]))")  # noqa: A001
+sqrt = _unary("sqrt", "sqrt(to_m(a[i]))")
+sign = _unary("sign", "(Mtype(0) < to_m(a[i])) - (to_m(a[i]) < Mtype(0))")
 
 
 # -- per-channel maps and multi-input sums ---------------------------------------------------
@@ -160,11 +169,11 @@ def copy_rows(rows: int, cols: int, src: int, src_stride: int, dst: int, dst_str
 def reduce_partials(outer: int, dim: int, inner: int, w: int, dtype) -> tuple[int, int]:
     """(chunks, part) for a per-channel reduction of an (outer, dim, inner) view read ``w`` elements
     at a time: blocks of REDUCE_THREADS per (channel, chunk), about _BLOCKS_PER_SM per SM in all,
-    and the workspace (the ``reduce`` slot) for their two partial sums each."""
+    and the workspace (the ``reduce`` slot) for their two partial sums each (in the math type)."""
     units = outer * inner // w
     target = -(-_BLOCKS_PER_SM * backend.multiprocessor_count() // dim)
     chunks = max(1, min(target, -(-units // (4 * REDUCE_THREADS))))
-    (part,) = backend.workspace(2 * dim * chunks * np.dtype(dtype).itemsize, slot="reduce")
+    (part,) = backend.workspace(2 * dim * chunks * math_dtype(np.dtype(dtype)).itemsize, slot="reduce")
     return chunks, part
 
 
@@ -180,9 +189,9 @@ def _reduce(op: str, outer: int, dim: int, inner: int, a: int, dtype, b: int | N
 
 
 def _finish(dim: int, part: int, chunks: int, alpha: float, out0: int | None, beta0: float,
-            out1: int | None, beta1: float, dtype) -> None:
+            out1: int | None, beta1: float, dtype, math_out: bool = False) -> None:
     which = (out0 is not None) | 2 * (out1 is not None)
-    backend.kernel(KERNELS, "reduce_finish", dtype)(
+    backend.kernel(KERNELS, "reduce_finish_m" if math_out else "reduce_finish", dtype)(
         dim, chunks, part, alpha, which, out0 or part, beta0, out1 or part, beta1)
 
 
@@ -199,10 +208,13 @@ def channel_sum(num: int, channels: int, spatial: int, x: int, out: int, dtype, 
 
 def channel_dot(outer: int, dim: int, inner: int, a: int, b: int, dtype, sum_a: int | None = None,
                 dot: int | None = None, alpha: float = 1.0, beta_sum: float = 0.0, beta_dot: float = 0.0,
-                shift: int | None = None, q: int | None = None, y: int | None = None) -> None:
+                shift: int | None = None, q: int | None = None, y: int | None = None,
+                math_out: bool = False) -> None:
     """One pass over ``a`` and ``b`` (outer, dim, inner): ``sum_a[c] = alpha·Σ a + beta_sum·sum_a[c]``
     and ``dot[c] = alpha·Σ a·(b - shift[c]) + beta_dot·dot[c]`` (each output optional; ``shift``
-    None: 0). With ``q`` and ``y`` the same pass also writes ``y = a·q[c]`` (``y`` may alias ``a``).
+    None: 0; ``shift`` is in the math type). With ``q`` and ``y`` the same pass also writes
+    ``y = a·q[c]`` (``y`` may alias ``a``). ``math_out``: ``sum_a`` and ``dot`` are math-type
+    buffers (statistics; float for the half types), else ``dtype`` (param gradients).
     """
     if (q is None) != (y is None) or (q is not None and shift is not None):
         raise ValueError("channel_dot: give q and y together, and not with shift")
@@ -211,11 +223,11 @@ def channel_dot(outer: int, dim: int, inner: int, a: int, b: int, dtype, sum_a: 
     if outer * inner == 0:
         for out, beta in ((sum_a, beta_sum), (dot, beta_dot)):
             if out is not None:
-                scale(dim, beta, out, out, dtype)
+                scale(dim, beta, out, out, math_dtype(np.dtype(dtype)) if math_out else dtype)
         return
     op = "dot_dx" if q is not None else "dot_shift" if shift is not None else "dot"
     part, chunks = _reduce(op, outer, dim, inner, a, dtype, b=b, shift=shift, q=q, y=y)
-    _finish(dim, part, chunks, alpha, sum_a, beta_sum, dot, beta_dot, dtype)
+    _finish(dim, part, chunks, alpha, sum_a, beta_sum, dot, beta_dot, dtype, math_out)
 
 
 def relu_backward_channel_sum(outer: int, dim: int, inner: int, dy: int, y: int, dx: int, out: int, dtype,
@@ -233,12 +245,13 @@ def relu_backward_channel_sum(outer: int, dim: int, inner: int, dy: int, y: int,
 
 
 def channel_moments(outer: int, dim: int, inner: int, x: int, mean: int, var: int, dtype) -> None:
-    """Per-channel mean and biased variance of ``x`` (outer, dim, inner) in one pass over ``x``."""
+    """Per-channel mean and biased variance of ``x`` (outer, dim, inner) in one pass over ``x``;
+    ``mean`` and ``var`` are math-type buffers (float for the half types)."""
     if dim == 0:
         return
     if outer * inner == 0:
-        set(dim, 0.0, mean, dtype)
-        set(dim, 0.0, var, dtype)
+        backend.memset_zero(mean, dim * math_dtype(np.dtype(dtype)).itemsize)
+        backend.memset_zero(var, dim * math_dtype(np.dtype(dtype)).itemsize)
         return
     part, chunks = _reduce("moments", outer, dim, inner, x, dtype)
     backend.kernel(KERNELS, "moments_finish", dtype)(dim, chunks, outer * inner, inner, x, part, mean, var)

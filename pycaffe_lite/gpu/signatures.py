@@ -15,7 +15,7 @@ from dataclasses import dataclass
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 # kind -> (struct format code for PyCUDA's prepared calls, human name). "scalar" is the file's
-# Dtype (float or double, chosen per compile).
+# Dtype (chosen per compile), "mscalar" its Mtype (float for the half types, else Dtype).
 KINDS = {
     "ptr": ("P", "device pointer"),
     "int": ("i", "int32"),
@@ -25,6 +25,7 @@ KINDS = {
     "float": ("f", "float"),
     "double": ("d", "double"),
     "scalar": ("", "Dtype scalar"),
+    "mscalar": ("", "Mtype scalar"),
 }
 
 _SCALAR_TYPES = {
@@ -32,7 +33,7 @@ _SCALAR_TYPES = {
     "unsigned": "uint", "unsigned int": "uint", "uint32_t": "uint",
     "long long": "int64", "long long int": "int64", "int64_t": "int64",
     "unsigned long long": "uint64", "uint64_t": "uint64", "size_t": "uint64",
-    "float": "float", "double": "double", "Dtype": "scalar",
+    "float": "float", "double": "double", "Dtype": "scalar", "Mtype": "mscalar",
 }
 
 
@@ -51,9 +52,11 @@ class Signature:
     name: str
     params: tuple[Param, ...]
 
-    def struct_codes(self, scalar_code: str) -> str:
-        """PyCUDA ``prepare`` codes; ``scalar_code`` is ``f`` or ``d`` for the file's Dtype."""
-        return "".join(KINDS[p.kind][0] or scalar_code for p in self.params)
+    def struct_codes(self, scalar_code: str, mscalar_code: str | None = None) -> str:
+        """PyCUDA ``prepare`` codes; ``scalar_code`` is the file's Dtype's (``f``, ``d``, ``e``, ``H``),
+        ``mscalar_code`` its Mtype's (default: ``scalar_code``, as for float and double)."""
+        codes = {"scalar": scalar_code, "mscalar": mscalar_code or scalar_code}
+        return "".join(KINDS[p.kind][0] or codes[p.kind] for p in self.params)
 
     @property
     def counts_items(self) -> bool:
@@ -167,7 +170,7 @@ def _param(kernel: str, text: str) -> Param:
     kind = _SCALAR_TYPES.get(ctype)
     if kind is None:
         raise SignatureError(f"kernel {kernel}: parameter '{name}' has type '{ctype}', which cannot be passed "
-                             "from Python (use pointers, int, unsigned, long long, float, double or Dtype)")
+                             "from Python (use pointers, int, unsigned, long long, float, double, Dtype or Mtype)")
     return Param(name, kind)
 
 
@@ -201,7 +204,7 @@ def check_args(sig: Signature, args: tuple, where: str = "") -> None:
                 raise TypeError(f"{what} got {type(value).__name__}, not a device pointer") from None
             if ptr == 0:
                 raise ValueError(f"{what} is a null device pointer")
-        elif kind in ("float", "double", "scalar"):
+        elif kind in ("float", "double", "scalar", "mscalar"):
             if isinstance(value, (bool, str, bytes)) or not hasattr(value, "__float__"):
                 raise TypeError(f"{what} got {type(value).__name__}, expected a number")
         else:

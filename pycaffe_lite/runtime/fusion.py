@@ -43,6 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
+import numpy as np
+
 from ..blob import Blob
 from ..config import config
 from ..layer import AFFINE, CONVOLUTION, NORM_CHAIN, NORM_FOLD, RELU, RELU_MASK, SPLIT_SUM, SUM_RELU, Layer
@@ -258,9 +260,16 @@ def find_backward_fusions(net: NetGraph) -> list[ReLUMaxPool]:
         if not (_relu_on(net, k, net.top_id_vecs[k][0] if net.top_id_vecs[k] else -1)
                 and _one_to_one(net, k + 1) and net.layers[k + 1].fuses_as(RELU_MASK)):
             continue
-        if net.bottom_id_vecs[k + 1] == net.top_id_vecs[k] and not _in_place(net, k + 1):
+        if (net.bottom_id_vecs[k + 1] == net.top_id_vecs[k] and not _in_place(net, k + 1)
+                and _one_dtype(net.layers[k:k + 2])):
             out.append(ReLUMaxPool(k, k + 1, net.layers[k + 1], (net.bottom_vecs[k + 1], net.top_vecs[k + 1])))
     return out
+
+
+def _one_dtype(layers) -> bool:
+    """Whether ``layers`` compute in one dtype: a fused pass runs one kernel type, so a chain mixing
+    storage types (a half layer next to a float32 one, fp16 next to bf16) is not fused."""
+    return len({np.dtype(layer.dtype) for layer in layers}) == 1
 
 
 def _in_place(net: NetGraph, i: int) -> bool:
@@ -317,7 +326,7 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU | NormChain | Sum
             i += 1
             continue
         out = net.top_id_vecs[i][0]
-        if _relu_on(net, i + 1, out):
+        if _relu_on(net, i + 1, out) and _one_dtype(layers[i:i + 2]):
             chains.append(ConvReLU(i, i + 1, conv, (net.bottom_vecs[i], net.top_vecs[i])))
             i += 2
             continue
@@ -334,7 +343,8 @@ def find_fusions(net: NetGraph) -> list[ConvBNScale | ConvReLU | NormChain | Sum
             found = _norm_chain(net, k)
         elif k not in covered and layers[k].fuses_as(SUM_RELU):
             found = _sum_relu(net, k)
-        if found is not None and not covered & set(range(found.first, found.last + 1)):
+        if (found is not None and not covered & set(range(found.first, found.last + 1))
+                and _one_dtype(layers[found.first:found.last + 1])):
             chains.append(found)
             covered |= set(range(found.first, found.last + 1))
     return sorted(chains, key=lambda chain: chain.first)
@@ -395,6 +405,8 @@ def _conv_bn_scale(net: NetGraph, i: int, users: dict[int, list[int]] | None) ->
     if any(net.layer_need_backward[k] for k in range(i, last + 1)):
         return None, last
     relu = _relu_on(net, last + 1, cur) and not net.layer_need_backward[last + 1]
+    if not _one_dtype(layers[i:last + 2 if relu else last + 1]):
+        return None, last
     chain = ConvBNScale(first=i, last=last + 1 if relu else last, conv=conv, bn=layers[bn_i], scale=scale,
                         fused=conv.folded_copy(net.bottom_vecs[i], net.top_vecs[i]), relu=relu,
                         out=net.blobs[cur] if skipped else None, skipped=frozenset(skipped))

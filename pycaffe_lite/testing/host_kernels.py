@@ -30,7 +30,32 @@ from ..gpu.signatures import Signature, check_args, parse_signatures
 
 CXX = shutil.which("g++") or shutil.which("c++")
 C_TYPES: dict[np.dtype, tuple[type, str]] = {np.dtype(np.float32): (ctypes.c_float, "float"),
-                                             np.dtype(np.float64): (ctypes.c_double, "double")}
+                                             np.dtype(np.float64): (ctypes.c_double, "double"),
+                                             np.dtype(np.float16): (ctypes.c_uint16, "_Float16"),
+                                             np.dtype(np.uint16): (ctypes.c_uint16, "bf16_host")}
+# The half types on the host: float16 is the compiler's _Float16 (IEEE binary16, conversions rounded
+# to nearest even); bfloat16 a 16-bit struct converting to and from float as cuda_bf16.h's
+# __float2bfloat16_rn does (nearest even, NaN kept quiet). Both compute in Mtype = float.
+HALF_HOST_TYPES = """#include <cstring>
+struct bf16_host {
+  unsigned short bits;
+  bf16_host() = default;
+  bf16_host(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    bits = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40u)
+                                            : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  bf16_host(double d) : bf16_host(float(d)) {}
+  bf16_host(int i) : bf16_host(float(i)) {}
+  operator float() const {
+    const unsigned u = unsigned(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+"""
 
 SERIAL_SHIM = """#include <cmath>
 #include <algorithm>
@@ -159,11 +184,18 @@ def _compile(text: str, stem: str, flags: tuple[str, ...]) -> ctypes.CDLL:
 
 def library(source: str, dtype, shim: str, stem: str, flags: Sequence[str] = ()) -> ctypes.CDLL:
     """``typedef <float|double> Dtype;`` (and ``Mtype``, the same, with identity ``to_m``/``from_m``,
-    as the backend prelude has them) + ``shim`` + ``source`` as a shared library, compiled once per
+    as the backend prelude has them; for float16 / uint16 a half ``Dtype`` and ``Mtype`` float, see
+    :data:`HALF_HOST_TYPES`) + ``shim`` + ``source`` as a shared library, compiled once per
     process for each (text, flags); ``stem`` names the build files."""
-    text = (f"typedef {C_TYPES[np.dtype(dtype)][1]} Dtype;\ntypedef Dtype Mtype;\n"
-            "static inline Mtype to_m(const Dtype x) { return x; }\n"
-            f"static inline Dtype from_m(const Mtype x) {{ return x; }}\n{shim}{source}")
+    ctype = C_TYPES[np.dtype(dtype)][1]
+    if np.dtype(dtype).itemsize == 2:  # half storage, float math (as the backend prelude has it)
+        text = (f"{HALF_HOST_TYPES}typedef {ctype} Dtype;\ntypedef float Mtype;\n"
+                "static inline Mtype to_m(const Dtype x) { return float(x); }\n"
+                f"static inline Dtype from_m(const Mtype x) {{ return Dtype(x); }}\n{shim}{source}")
+    else:
+        text = (f"typedef {ctype} Dtype;\ntypedef Dtype Mtype;\n"
+                "static inline Mtype to_m(const Dtype x) { return x; }\n"
+                f"static inline Dtype from_m(const Mtype x) {{ return x; }}\n{shim}{source}")
     return _compile(text, stem, tuple(flags))
 
 
@@ -190,10 +222,20 @@ def _signatures(source: str) -> dict[str, Signature]:
 
 def kernel_args(sig: Signature, args: Sequence[Any], dtype) -> list[Any]:
     """The ctypes values of a launch's arguments, checked as the backend checks them
-    (``signatures.check_args``); ``scalar`` parameters take the dtype's type."""
+    (``signatures.check_args``); ``scalar`` parameters take the dtype's type (a half one its bits),
+    ``mscalar`` ones the math type's (float for the half types)."""
     check_args(sig, tuple(args), "host build")
-    scalar = C_TYPES[np.dtype(dtype)][0]
-    return [(scalar if p.kind == "scalar" else ARG_TYPES[p.kind])(v) for p, v in zip(sig.params, args)]
+    dt = np.dtype(dtype)
+    if dt.itemsize == 2:  # half Dtype scalars travel as their bits, Mtype ones as floats
+        def half_bits(v: Any) -> ctypes.c_uint16:
+            probe = Blob((1,), dt)
+            probe.set_math_data(np.array([v], np.float32))
+            return ctypes.c_uint16(int(probe.cpu_data().view(np.uint16)[0]))
+
+        kinds: dict[str, Callable[[Any], Any]] = {**ARG_TYPES, "scalar": half_bits, "mscalar": ctypes.c_float}
+    else:
+        kinds = {**ARG_TYPES, "scalar": C_TYPES[dt][0], "mscalar": C_TYPES[dt][0]}
+    return [kinds[p.kind](v) for p, v in zip(sig.params, args)]
 
 
 def launch(lib: ctypes.CDLL, sig: Signature, args: Sequence[Any], dtype, grid: int,
@@ -247,10 +289,11 @@ def aligned_copy(a: np.ndarray, shift: int = 0) -> np.ndarray:
 def threaded_device(monkeypatch: Any) -> list[tuple[str, int, tuple[int, int, int]]]:
     """While ``monkeypatch`` (pytest's fixture) holds, the device API runs on the host: blobs'
     device pointers are their host arrays, ``backend.kernel`` launches a ``threaded_library`` build
-    of the ``.cu`` (the launch shape the caller asks for, or the backend's default), the workspace
+    of the ``.cu`` (the launch shape the caller asks for, or the backend's default; ``backend.elementwise``
+    kernels too), the workspace
     is fresh host memory, the device has one multiprocessor (small capped grids: grid-stride loops
-    run) and ``memset_zero`` clears host bytes. Returns the list each launch is appended to as
-    (kernel name, blocks, block shape)."""
+    run), ``memset_zero`` clears host bytes and ``memcpy_dtod`` copies them. Returns the list each
+    launch is appended to as (kernel name, blocks, block shape)."""
     from ..gpu import backend
 
     route_blobs_to_host(monkeypatch)
@@ -273,8 +316,17 @@ def threaded_device(monkeypatch: Any) -> list[tuple[str, int, tuple[int, int, in
             launch(lib, sigs[name], args, dtype, blocks, shape)
         return call
 
+    def elementwise(name: str, params: str, body: str, dtype: Any, preamble: str = "") -> Callable[..., None]:
+        source = backend.elementwise_source(name, params, body, preamble)
+        path = _build_dir() / f"ew_{name}_{hashlib.sha1(source.encode()).hexdigest()[:10]}.cu"
+        if not path.exists():
+            path.write_text(source)
+        return kernel(path, name, dtype)
+
     monkeypatch.setattr(backend, "kernel", kernel)
+    monkeypatch.setattr(backend, "elementwise", elementwise)
     monkeypatch.setattr(backend, "workspace", host_workspace(held))
     monkeypatch.setattr(backend, "multiprocessor_count", lambda: 1)
     monkeypatch.setattr(backend, "memset_zero", lambda ptr, nbytes: host_array(ptr, (nbytes,), np.uint8).fill(0))
+    monkeypatch.setattr(backend, "memcpy_dtod", lambda dst, src, nbytes: ctypes.memmove(dst, src, nbytes))
     return launches

@@ -145,7 +145,8 @@ class HostDevice:
         lib, k = self.libs[kernel.key[1]], self.libs[kernel.key[:2]]
         fn = getattr(lib, f"{kernel.name}__{k}")
         scalar = ctypes.c_float if kernel.key[1] == np.dtype(np.float32).str else ctypes.c_double
-        kinds = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "uint": ctypes.c_uint, "scalar": scalar}
+        kinds = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "uint": ctypes.c_uint, "scalar": scalar,
+                 "mscalar": scalar}
         self.queue(lambda: fn(*(kinds[p.kind](a) for p, a in zip(kernel.signature.params, args))))
 
     def view(self, ptr, count, dtype):

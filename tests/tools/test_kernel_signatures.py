@@ -31,6 +31,17 @@ def test_plain_and_macro_generated_kernels():
     assert not sigs["made_float"].counts_items
 
 
+def test_mtype_parameters_have_their_own_kind():
+    sig = parse_signatures("__global__ void k(const int n, const Dtype a, const Mtype b, Mtype* part) {}")["k"]
+    assert [p.kind for p in sig.params] == ["int", "scalar", "mscalar", "ptr"]
+    assert sig.struct_codes("f") == "iffP"  # float and double: Mtype is Dtype
+    assert sig.struct_codes("d") == "iddP"
+    assert sig.struct_codes("e", "f") == "iefP"  # float16: Dtype a half, Mtype a float
+    check_args(sig, (3, 0.5, 0.25, 1234))
+    with pytest.raises(TypeError, match="argument 2 'b' \\(Mtype scalar\\) got str"):
+        check_args(sig, (3, 0.5, "x", 1234))
+
+
 def test_struct_by_value_is_refused():
     with pytest.raises(SignatureError, match="'t' has type 'int4'"):
         parse_signatures("__global__ void k(const int n, int4 t) {}")

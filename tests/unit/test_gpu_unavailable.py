@@ -106,6 +106,24 @@ def test_kernel_signature_maps_to_struct_codes(dtype, expected):
     assert fn.format == expected
 
 
+@pytest.mark.parametrize(("dtype", "expected"), [(np.float32, "Pff"), (np.float64, "Pdd"), (np.float16, "Pef"),
+                                               (np.uint16, "PHf")])
+def test_mtype_scalars_are_packed_as_float_for_the_half_types(dtype, expected):
+    """``Mtype`` parameters (kind mscalar) arrive as float for half and bfloat16 kernels, as Dtype otherwise."""
+    fn = _FakeFunction()
+    _kernel("__global__ void k(const Dtype* x, const Dtype a, const Mtype b) {}", dtype=dtype, fn=fn)
+    assert fn.format == expected
+
+
+def test_bfloat16_dtype_scalars_travel_as_rounded_bits(monkeypatch):
+    monkeypatch.setattr(backend, "stream", lambda: None)  # no device: the fake function records the call
+    fn = _FakeFunction()
+    k = _kernel("__global__ void k(const int n, const Dtype a, const Mtype b) {}", dtype=np.uint16, fn=fn)
+    k(4, 1.00390625 + 2**-10, 0.999)  # just above the tie 1 + 2^-8: rounds up to 1 + 2^-7
+    (_, _, args, _), = fn.launches
+    assert args == (4, 0x3F81, 0.999)  # 0x3F81 = 1 + 2^-7 in bfloat16; the Mtype one stays a float
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [

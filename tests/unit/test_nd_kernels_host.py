@@ -42,6 +42,7 @@ static inline Mtype to_m(const Dtype x) { return x; }
 static inline Dtype from_m(const Mtype x) { return x; }
 """
 CTYPES = {"ptr": ctypes.c_void_p, "int": ctypes.c_int, "uint": ctypes.c_uint, "scalar": ctypes.c_double,
+          "mscalar": ctypes.c_double,
           "float": ctypes.c_float, "double": ctypes.c_double}
 
 
