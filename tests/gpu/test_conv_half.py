@@ -177,8 +177,10 @@ def test_tensorcore16_forward_relu_epilogue_and_reproducible_weights(fmt):
     for tile in tc16.TILES:
         engine = tc16.TensorCore16Engine(tile)
         plain, fused = (_blob(np.zeros((4, 48) + prob.out_hw), dtype) for _ in range(2))
-        engine.forward(prob, x.gpu_data(), w.gpu_data(), b.gpu_data(), plain.mutable_gpu_data(), [])
-        engine.forward(prob, x.gpu_data(), w.gpu_data(), b.gpu_data(), fused.mutable_gpu_data(), [], relu=True)
+        sizes = engine.scratch(prob, "forward", True)
+        ws = backend.workspace(*sizes) if sizes else []
+        engine.forward(prob, x.gpu_data(), w.gpu_data(), b.gpu_data(), plain.mutable_gpu_data(), ws)
+        engine.forward(prob, x.gpu_data(), w.gpu_data(), b.gpu_data(), fused.mutable_gpu_data(), ws, relu=True)
         assert np.array_equal(fused.math_data(), np.maximum(plain.math_data(), 0)), tile
         runs = []
         for _ in range(2):

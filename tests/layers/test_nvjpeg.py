@@ -501,7 +501,10 @@ def test_gpu_decode_in_a_replayed_training_iteration(tmp_path, gpu_mode):
         solver = get_solver(sp, progress=False)
         seen: list[float] = []
         solver.iteration_hooks.append(lambda it, loss, seen=seen: seen.append(loss))
-        solver.solve()
+        try:
+            solver.solve()
+        except Exception as exc:
+            raise AssertionError(f"gpu_decode {on}: {exc}") from exc
         if on:
             assert solver.net.layers[0]._prefetcher.decoder is not None
             assert solver.executor.replays > 0, solver.executor.fallbacks
