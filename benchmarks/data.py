@@ -3,7 +3,7 @@
     python benchmarks/data.py [--gpu] [--records 1024] [--batch 256] [--size 256] [--crop 224]
                               [--workers 0,4,8,15] [--kinds raw,jpeg] [--seconds 3] [--no-torch]
                               [--no-gpu-decode]
-                              [--train [--tf32] [--iters 10]]
+                              [--train [--tf32 | --precision fp16|bf16|...] [--iters 10]]
 
 Writes two LMDBs into a temporary folder: ``--records`` synthetic ``--size`` x ``--size`` colour
 images (smooth noise, so JPEG quality 90 gives ~23 kB a record, as ImageNet's resized images) as
@@ -271,6 +271,7 @@ def main() -> None:
     ap.add_argument("--no-gpu-decode", action="store_true", help="with --gpu: leave out the nvJPEG rows (jpeg-gpu)")
     ap.add_argument("--train", action="store_true", help="time ResNet-50 training from the LMDBs and synthetic")
     ap.add_argument("--tf32", action="store_true", help="with --train: allow TF32")
+    ap.add_argument("--precision", default=None, help="with --train: caffe.set_precision (fp32, tf32, fp16, bf16)")
     ap.add_argument("--iters", type=int, default=10, help="with --train: timed iterations")
     args = ap.parse_args()
     cores = usable_cores()
@@ -288,8 +289,11 @@ def main() -> None:
         if args.train:
             if args.tf32:
                 caffe.set_allow_tf32(True)
+            if args.precision:
+                caffe.set_precision(args.precision)
+            what = args.precision or ("TF32" if args.tf32 else "fp32")
             base = train_ms(None, args.batch, args.crop, args.iters, args.gpu)
-            print(f"ResNet-50 training, batch {args.batch}, {'TF32' if args.tf32 else 'fp32'}: synthetic input "
+            print(f"ResNet-50 training, batch {args.batch}, {what}: synthetic input "
                   f"{base:.1f} ms ({args.batch / base * 1e3:.0f} img/s)", flush=True)
             for kind in args.kinds.split(","):
                 ms = train_ms(raw if kind == "raw" else jpeg, args.batch, args.crop, args.iters, args.gpu)

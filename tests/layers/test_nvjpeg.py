@@ -488,7 +488,7 @@ def test_gpu_decode_in_a_replayed_training_iteration(tmp_path, gpu_mode):
             data_param {{ source: "{source}" batch_size: 8 backend: LMDB workers: 2 gpu_decode: %s }}
             transform_param {{ crop_size: 16 mirror: true mean_value: 110 scale: 0.01 }} }}
     layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
-            inner_product_param {{ num_output: 5 weight_filler {{ type: "gaussian" std: 0.01 }} }} }}
+            inner_product_param {{ num_output: 128 weight_filler {{ type: "gaussian" std: 0.01 }} }} }}  # (labels are 3i+1 < 120)
     layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
     """
     losses = {}
