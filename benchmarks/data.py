@@ -2,7 +2,8 @@
 
     python benchmarks/data.py [--gpu] [--records 1024] [--batch 256] [--size 256] [--crop 224]
                               [--workers 0,4,8,15] [--kinds raw,jpeg] [--seconds 3] [--no-torch]
-                              [--train [--tf32] [--iters 10]]
+                              [--no-gpu-decode]
+                              [--train [--tf32 | --precision fp16|bf16|...] [--iters 10]]
 
 Writes two LMDBs into a temporary folder: ``--records`` synthetic ``--size`` x ``--size`` colour
 images (smooth noise, so JPEG quality 90 gives ~23 kB a record, as ImageNet's resized images) as
@@ -11,9 +12,13 @@ count (``data_param.workers``; 0 is the single prefetch thread) a TRAIN-phase Da
 ``crop_size``, ``mirror`` and three ``mean_value`` fills its float32 tops batch after batch; after a
 warm-up of a few batches the forwards of ``--seconds`` seconds (at least 3 batches) are timed, the
 device synchronized at the end in GPU mode (where uint8 batches are transformed on the device).
-Prints images/s per row. The peer, when PyTorch is importable: a ``DataLoader`` with one worker per
-usable core decoding the same JPEG bytes with PIL, random 224 crop and flip, batches of uint8
-tensors (``--no-torch`` leaves it out).
+Prints images/s per row. In GPU mode each JPEG row with workers is followed by a ``jpeg-gpu`` row:
+the same layer with ``gpu_decode: true`` (the workers only read the records; nvJPEG decodes the
+batch on the device; ``--no-gpu-decode`` leaves these out). The peers, when PyTorch is importable: a
+``DataLoader`` with one worker per usable core decoding the same JPEG bytes with PIL, random 224
+crop and flip, batches of uint8 tensors; in GPU mode also torchvision's nvJPEG batch decode
+(``decode_jpeg(list, device="cuda")``) of the same records with a random crop and flip per image
+into a uint8 batch on the device (``--no-torch`` leaves both out; torch is imported only then).
 
 ``--train``: instead, ResNet-50 training iterations (the model zoo's deploy file as a training net,
 Solver SGD, random He-normal weights) fed by a Data layer from each LMDB (automatic workers) against
@@ -72,12 +77,14 @@ def write_lmdbs(folder: Path, count: int, size: int) -> tuple[Path, Path, float]
     return raw, jpeg, float(np.mean(sizes))
 
 
-def layer_rate(source: Path, workers: int, batch: int, crop: int, seconds: float, gpu: bool) -> tuple[float, str]:
-    """Images/s of a Data layer's forwards (after a warm-up), and how the batches travel."""
+def layer_rate(source: Path, workers: int, batch: int, crop: int, seconds: float, gpu: bool,
+               gpu_decode: bool = False) -> tuple[float, str]:
+    """Images/s of a Data layer's forwards (after a warm-up), and how the batches travel
+    (``gpu_decode``: ``data_param.gpu_decode``, JPEG records decoded by nvJPEG)."""
     layer = make_layer(
         f'type: "Data" phase: TRAIN data_param {{ source: "{source}" batch_size: {batch} backend: LMDB '
-        f"workers: {workers} prefetch: 4 }} transform_param {{ crop_size: {crop} mirror: true "
-        "mean_value: 104 mean_value: 117 mean_value: 123 }", np.float32)
+        f"workers: {workers} prefetch: 4 gpu_decode: {str(gpu_decode).lower()} }} transform_param {{ "
+        f"crop_size: {crop} mirror: true mean_value: 104 mean_value: 117 mean_value: 123 }}", np.float32)
     top = empty_blobs(2, np.float32)
     layer.setup([], top)
     def sync() -> None:
@@ -96,14 +103,64 @@ def layer_rate(source: Path, workers: int, batch: int, crop: int, seconds: float
             done += 1
         sync()
         rate = done * batch / (time.perf_counter() - start)
-        pre = layer._prefetcher
-        path = "thread" if not hasattr(pre, "raw") else (
-            "workers, uint8 + device kernel" + (", page-locked" if pre._registered is not None else
-                                                 f", pageable ({pre.register_error})")
-            if pre.raw and gpu else "workers, host transform")
-        return rate, path
+        return rate, path_of(layer._prefetcher, gpu)
     finally:
         layer.close()
+
+
+def path_of(pre, gpu: bool) -> str:
+    """How a Data layer's batches travel: the thread, or workers with a host or device transform
+    (page-locked or not; nvJPEG decoding or not; how many batches were staged ahead)."""
+    if not hasattr(pre, "raw"):
+        return "thread"
+    if not (pre.raw and gpu):
+        return "workers, host transform"
+    path = "workers, uint8 + device kernel" + (", page-locked" if pre._registered is not None else
+                                                f", pageable ({pre.register_error})")
+    if pre.gpu_decode:
+        path += f", nvJPEG ({pre.decoder.backend} backend)" if pre.decoder is not None else ", nvJPEG failed: host"
+    return path + f", {pre.staged_ahead} staged ahead"
+
+
+def torchvision_gpu_rate(source: Path, batch: int, crop: int, seconds: float) -> tuple[float, str] | None:
+    """Images/s of torchvision's nvJPEG batch decode (``decode_jpeg(list, device="cuda")``) of the
+    same JPEG records, then a random crop and flip per image into one uint8 batch on the device
+    (the peer of ``gpu_decode``); None without torch, torchvision or a GPU."""
+    try:
+        import torch
+        from torchvision import io as tvio
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    import lmdb
+
+    env = lmdb.open(str(source), readonly=True, lock=False)
+    with env.begin() as txn:
+        records = [torch.frombuffer(bytearray(caffe_pb2.Datum.FromString(bytes(v)).data), dtype=torch.uint8)
+                   for _, v in txn.cursor()]
+    env.close()
+    rng = np.random.default_rng(0)
+    out = torch.empty((batch, 3, crop, crop), dtype=torch.uint8, device="cuda")
+
+    def step(k: int) -> None:
+        images = tvio.decode_jpeg([records[(k * batch + i) % len(records)] for i in range(batch)], device="cuda")
+        for i, img in enumerate(images):
+            y, x = int(rng.integers(img.shape[1] - crop + 1)), int(rng.integers(img.shape[2] - crop + 1))
+            view = img[:, y:y + crop, x:x + crop]
+            out[i] = view.flip(-1) if rng.integers(2) else view
+
+    for k in range(3):
+        step(k)
+    torch.cuda.synchronize()
+    start, done = time.perf_counter(), 0
+    while done < 3 or time.perf_counter() - start < seconds:
+        step(done)
+        done += 1
+    torch.cuda.synchronize()
+    import torchvision
+
+    return done * batch / (time.perf_counter() - start), f"torch {torch.__version__}, torchvision {torchvision.__version__}"
 
 
 def torch_rate(source: Path, batch: int, crop: int, seconds: float) -> float | None:
@@ -150,8 +207,9 @@ def torch_rate(source: Path, batch: int, crop: int, seconds: float) -> float | N
     return rate
 
 
-def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool) -> float:
-    """Mean ms of a ResNet-50 training iteration fed from the LMDB ``source`` (None: synthetic input)."""
+def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool, gpu_decode: bool = False) -> float:
+    """Mean ms of a ResNet-50 training iteration fed from the LMDB ``source`` (None: synthetic input;
+    ``gpu_decode``: JPEG records decoded by nvJPEG)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import ours
 
@@ -165,6 +223,7 @@ def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool) 
         data = caffe_pb2.LayerParameter(name="data", type="Data", top=["data", "label"])
         data.data_param.source, data.data_param.batch_size = str(source), batch
         data.data_param.backend = caffe_pb2.DataParameter.LMDB
+        data.data_param.gpu_decode = gpu_decode
         data.transform_param.crop_size, data.transform_param.mirror = crop, True
         data.transform_param.mean_value.extend([104, 117, 123])
         first.CopyFrom(data)
@@ -208,9 +267,11 @@ def main() -> None:
     ap.add_argument("--workers", default="", help="comma-separated worker counts (default: 0, cores/2, cores-1)")
     ap.add_argument("--kinds", default="raw,jpeg")
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-torch", action="store_true", help="leave out the PyTorch peers")
+    ap.add_argument("--no-gpu-decode", action="store_true", help="with --gpu: leave out the nvJPEG rows (jpeg-gpu)")
     ap.add_argument("--train", action="store_true", help="time ResNet-50 training from the LMDBs and synthetic")
     ap.add_argument("--tf32", action="store_true", help="with --train: allow TF32")
+    ap.add_argument("--precision", default=None, help="with --train: caffe.set_precision (fp32, tf32, fp16, bf16)")
     ap.add_argument("--iters", type=int, default=10, help="with --train: timed iterations")
     args = ap.parse_args()
     cores = usable_cores()
@@ -228,13 +289,20 @@ def main() -> None:
         if args.train:
             if args.tf32:
                 caffe.set_allow_tf32(True)
+            if args.precision:
+                caffe.set_precision(args.precision)
+            what = args.precision or ("TF32" if args.tf32 else "fp32")
             base = train_ms(None, args.batch, args.crop, args.iters, args.gpu)
-            print(f"ResNet-50 training, batch {args.batch}, {'TF32' if args.tf32 else 'fp32'}: synthetic input "
+            print(f"ResNet-50 training, batch {args.batch}, {what}: synthetic input "
                   f"{base:.1f} ms ({args.batch / base * 1e3:.0f} img/s)", flush=True)
             for kind in args.kinds.split(","):
                 ms = train_ms(raw if kind == "raw" else jpeg, args.batch, args.crop, args.iters, args.gpu)
                 print(f"  from the {kind} LMDB: {ms:.1f} ms ({args.batch / ms * 1e3:.0f} img/s, "
                       f"{base / ms * 100:.1f} % of the synthetic rate)", flush=True)
+                if kind == "jpeg" and args.gpu and not args.no_gpu_decode:
+                    ms = train_ms(jpeg, args.batch, args.crop, args.iters, args.gpu, gpu_decode=True)
+                    print(f"  from the jpeg LMDB, nvJPEG decode: {ms:.1f} ms ({args.batch / ms * 1e3:.0f} img/s, "
+                          f"{base / ms * 100:.1f} % of the synthetic rate)", flush=True)
             return
         print(f"{'source':8} {'workers':>7} {'img/s':>10}  path")
         for kind in args.kinds.split(","):
@@ -242,11 +310,18 @@ def main() -> None:
             for n in counts:
                 rate, path = layer_rate(source, n, args.batch, args.crop, args.seconds, args.gpu)
                 print(f"{kind:8} {n:7d} {rate:10.0f}  {path}", flush=True)
+                if kind == "jpeg" and args.gpu and n > 0 and not args.no_gpu_decode:  # the nvJPEG column
+                    rate, path = layer_rate(source, n, args.batch, args.crop, args.seconds, args.gpu, gpu_decode=True)
+                    print(f"{'jpeg-gpu':8} {n:7d} {rate:10.0f}  {path}", flush=True)
         if not args.no_torch:
             rate = torch_rate(jpeg, args.batch, args.crop, args.seconds)
             if rate is not None:
                 print(f"PyTorch DataLoader, {cores} workers, PIL decode + random crop + flip (jpeg): {rate:.0f} img/s",
                       flush=True)
+            peer = torchvision_gpu_rate(jpeg, args.batch, args.crop, args.seconds) if args.gpu else None
+            if peer is not None:
+                print(f"torchvision nvJPEG decode_jpeg(device='cuda') + random crop + flip (jpeg): {peer[0]:.0f} img/s "
+                      f"({peer[1]})", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 
     python benchmarks/kernel_profile.py --net resnet50 [--mode solver|pycaffe|published] [--tf32]
                                         [--side ours|peer] [--batch 32] [--iters 10] [--warmup 5]
-                                        [--top 30]
+                                        [--top 30] [--precision fp32|tf32|fp16|bf16] [--forward-only]
 
 Runs the iteration of ``benchmarks/zoo.py`` (``ours.zoo_step`` / ``peer_torch.zoo_step``, the
-same nets, modes and TF32 switch) ``--warmup`` times, then ``--iters`` times under
+same nets, modes, TF32 switch, ``--precision`` and ``--forward-only`` and so the same timed
+step: with ``--precision`` the solver mode includes the update, see zoo.py) ``--warmup`` times, then ``--iters`` times under
 ``torch.profiler`` (CUPTI traces every kernel of the process, PyCUDA's included), and prints per
 iteration: the device time of all kernels, their count, the wall time, and the ``--top`` kernels
 by device time with their launches, plus sums over name families (:data:`FAMILIES`). Needs
@@ -25,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from zoo import MODES, NETS, drive, prototxt  # noqa: E402
+from zoo import MODES, NETS, PRECISIONS, prototxt, step_drive  # noqa: E402
 
 # name families: the first pattern that matches a kernel's (lowercased) name wins
 FAMILIES = (
@@ -61,7 +62,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--top", type=int, default=30)
-    return ap.parse_args(argv)
+    ap.add_argument("--precision", choices=PRECISIONS, type=str.lower, default=None,
+                    help="as zoo.py --precision (AMP-style on both sides; the solver mode then updates)")
+    ap.add_argument("--forward-only", action="store_true", help="as zoo.py: profile a forward at --batch")
+    args = ap.parse_args(argv)
+    if args.tf32 and args.precision not in (None, "tf32"):
+        ap.error(f"--tf32 and --precision {args.precision} contradict each other")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,14 +83,15 @@ def main(argv: list[str] | None = None) -> int:
 
         from pycaffe_lite.gpu import backend
 
-        step, check = ours.zoo_step(prototxt(spec, args.mode), args.batch, True, args.tf32, drive(args.mode))
+        step, check = ours.zoo_step(prototxt(spec, args.mode), args.batch, True, args.tf32, step_drive(args),
+                                    args.precision)
         sync = backend.synchronize
     else:
         import peer_torch
 
         peer_torch.ALLOW_TF32 = args.tf32
         step, check, _ = peer_torch.zoo_step(spec.arch, spec.kwargs, spec.size, args.batch, "cuda",
-                                             drive(args.mode))
+                                             step_drive(args), args.precision)
         sync = torch.cuda.synchronize
     for _ in range(args.warmup):
         step()
@@ -103,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         totals[ev.name] += ev.time_range.elapsed_us() / 1e3 / args.iters
         counts[ev.name] += 1
     device = sum(totals.values())
-    print(f"{args.net} {args.mode} {args.side}{' TF32' if args.tf32 else ''} batch {args.batch}: "
+    label = f" {args.precision}" if args.precision else (" TF32" if args.tf32 else "")
+    print(f"{args.net} {args.mode} {args.side}{label} {step_drive(args)} batch {args.batch}: "
           f"wall {wall:.2f} ms/iter, kernels {device:.2f} ms/iter, "
           f"{sum(counts.values()) / args.iters:.0f} launches/iter")
     fams: dict[str, float] = defaultdict(float)

@@ -233,57 +233,135 @@ def zoo_param(deploy: str | os.PathLike, batch: int, train: bool) -> caffe_pb2.N
 
 def randomize_params(net, seed: int = 0) -> None:
     """He-normal weights (fan-in = count / leading dim), zero biases and Scale betas, Scale gamma
-    1, BatchNorm statistics mean 0, variance 1, factor 1: every zoo net then stays finite."""
+    1, BatchNorm statistics mean 0, variance 1, factor 1: every zoo net then stays finite. Values
+    are stored rounded into half params (``Blob.set_math_data``: bfloat16 ones hold bit patterns)."""
     rng = np.random.default_rng(seed)
     for name, blobs in net.params.items():
         ltype = net.layer_dict[name].type
         for j, blob in enumerate(blobs):
             if ltype == "BatchNorm":
-                blob.data[...] = 0.0 if j == 0 else 1.0
-            elif blob.data.ndim >= 2:
+                blob.set_math_data(np.float32(0.0 if j == 0 else 1.0))
+            elif len(blob.shape) >= 2:
                 fan_in = blob.count // blob.shape[0]
-                blob.data[...] = rng.standard_normal(blob.shape, dtype=np.float32) * np.sqrt(2.0 / fan_in)
+                blob.set_math_data(rng.standard_normal(blob.shape, dtype=np.float32) * np.sqrt(2.0 / fan_in))
             else:
-                blob.data[...] = 1.0 if (ltype == "Scale" and j == 0) else 0.0
+                blob.set_math_data(np.float32(1.0 if (ltype == "Scale" and j == 0) else 0.0))
 
 
 def zoo_net(deploy: str | os.PathLike, batch: int, iters: int, warmup: int, latency_iters: int,
-            gpu: bool = True, tf32: bool = False, drive: str = "solver") -> dict:
+            gpu: bool = True, tf32: bool = False, drive: str = "solver", precision: str | None = None) -> dict:
     """One zoo net: median ms of an iteration at ``batch`` (:func:`zoo_step`) and the peak device
     memory of that net (GPU: :func:`backend.memory_held`, measured before the latency net exists),
-    then the median batch-1 forward latency of the deploy net (TEST phase)."""
+    then the median batch-1 forward latency of the deploy net (TEST phase), both nets built in
+    ``precision`` (``caffe.set_precision``; None: the file's own types, TF32 as ``tf32`` says)."""
     sync = backend.synchronize if gpu else (lambda: None)
-    step, check = zoo_step(deploy, batch, gpu, tf32, drive)
+    step, check = zoo_step(deploy, batch, gpu, tf32, drive, precision)
     out = {"train_ms": median_ms(step, sync, iters, warmup), **check()}
     test = caffe.Net(zoo_param(deploy, 1, train=False), caffe.TEST)
     randomize_params(test)
     data = test.blobs["data"]
     data.data[...] = np.random.default_rng(2).standard_normal(data.shape, dtype=np.float32)
     out["latency_ms"] = median_ms(test.forward_prefilled, sync, latency_iters, max(3, warmup))
-    if not np.isfinite(test.blobs[test.outputs[0]].data).all():
+    if not np.isfinite(test.blobs[test.outputs[0]].math_data()).all():
         raise RuntimeError(f"{deploy}: batch-1 forward gives non-finite outputs")
     out["device"] = backend.device_name() if gpu else "CPU"
+    out["precision"] = caffe.get_precision() or ("tf32" if tf32 else "fp32")
     return out
 
 
+DRIVES = ("solver", "pycaffe", "forward", "update")
+
+
 def zoo_step(deploy: str | os.PathLike, batch: int, gpu: bool = True, tf32: bool = False,
-             drive: str = "solver") -> tuple[Callable[[], None], Callable[[], dict]]:
+             drive: str = "solver", precision: str | None = None) -> tuple[Callable[[], None], Callable[[], dict]]:
     """(step, check) for one zoo net at ``batch``: ``step()`` runs one iteration, ``check()``
     (after some steps) raises if the results are not finite and returns the loss, parameter count
     and (GPU) memory figures. ``drive="solver"``: a training iteration (clear param diffs, forward,
     loss, backward to every weight and the data; TRAIN phase; the Solver's iteration path);
-    ``drive="pycaffe"``: the deploy net in TEST phase with ``force_backward``, driven as pycaffe
-    scripts drive it: ``net.forward(); net.backward()`` with a fixed gradient on the output blob
-    (param diffs accumulate, as in pycaffe)."""
+    ``drive="update"``: the same with the update, a whole ``SGDSolver.step(1)`` (SGD, momentum
+    0.9, weight decay 1e-4, rate 1e-3 fixed; half nets: float32 master weights, fp16 with its
+    adaptive loss scale); ``drive="pycaffe"``: the deploy net in TEST phase with ``force_backward``,
+    driven as pycaffe scripts drive it: ``net.forward(); net.backward()`` with a fixed gradient on
+    the output blob (param diffs accumulate, as in pycaffe); ``drive="forward"``: the deploy net in
+    TEST phase, ``net.forward()`` only. ``precision``: ``caffe.set_precision`` before the nets are
+    built (fp32, tf32, fp16, bf16; None leaves the files' types and TF32 as ``tf32`` says)."""
     _set_mode(gpu)
     if gpu:
         backend.state()  # context first: memory_held() counts from here
         caffe.set_allow_tf32(tf32)
+    if precision is not None:
+        caffe.set_precision(precision)
     if drive == "solver":
         return _zoo_train(deploy, batch, gpu)
+    if drive == "update":
+        return _zoo_update(deploy, batch, gpu)
     if drive == "pycaffe":
         return _zoo_pycaffe(deploy, batch, gpu)
-    raise ValueError(f"zoo_step: drive must be solver or pycaffe, got {drive!r}")
+    if drive == "forward":
+        return _zoo_forward(deploy, batch, gpu)
+    raise ValueError(f"zoo_step: drive must be one of {', '.join(DRIVES)}, got {drive!r}")
+
+
+#: The SGD both sides' ``update`` drive runs (peer_torch.SGD_ARGS is the same).
+SGD = {"base_lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-4}
+
+
+def _zoo_update(deploy, batch: int, gpu: bool):
+    """A whole solver iteration (forward, backward, update) of the training variant, as
+    ``SGDSolver.step(1)`` runs it (replayed as one CUDA graph where the executor can)."""
+    sp = caffe_pb2.SolverParameter()
+    sp.net_param.CopyFrom(zoo_param(deploy, batch, train=True))
+    sp.base_lr, sp.momentum, sp.weight_decay = SGD["base_lr"], SGD["momentum"], SGD["weight_decay"]
+    sp.lr_policy, sp.max_iter, sp.display, sp.snapshot = "fixed", 1 << 30, 0, 0
+    sp.snapshot_after_train = False
+    sp.random_seed = 1
+    sp.solver_mode = caffe_pb2.SolverParameter.GPU if gpu else caffe_pb2.SolverParameter.CPU
+    solver = caffe.get_solver(sp, progress=False)
+    net = solver.net
+    randomize_params(net)
+    rng = np.random.default_rng(1)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape, dtype=np.float32)
+    net.blobs["label"].data[...] = rng.integers(0, 1000, batch)
+
+    def step():
+        solver.step(1)
+
+    def check() -> dict:
+        loss = float(net.blobs["loss"].data)
+        grad = net.blobs["data"].math_diff()
+        if not np.isfinite(loss) or not np.isfinite(grad).all():
+            raise RuntimeError(f"{deploy}: solver step is broken (loss {loss}, data gradient finite "
+                               f"{bool(np.isfinite(grad).all())})")
+        out = {"loss": loss, "params": sum(b.count for b, lr in zip(net.learnable_params, net.params_lr) if lr),
+               "loss_scale": float(solver.update.loss_scale)}
+        if gpu:
+            out["memory"] = backend.memory_held()
+            out["graph_replays"] = net.executor.replays
+        return out
+
+    return step, check
+
+
+def _zoo_forward(deploy, batch: int, gpu: bool):
+    """The deploy net at ``batch`` in TEST phase, forward only (``net.forward()``)."""
+    net = caffe.Net(zoo_param(deploy, batch, train=False), caffe.TEST)
+    randomize_params(net)
+    net.blobs["data"].data[...] = np.random.default_rng(1).standard_normal(net.blobs["data"].shape, dtype=np.float32)
+    top = net.blobs[net.outputs[0]]
+
+    def step():
+        net.forward()
+
+    def check() -> dict:
+        if not np.isfinite(top.math_data()).all():
+            raise RuntimeError(f"{deploy}: forward gives non-finite outputs")
+        out: dict = {"params": sum(b.count for b in net.learnable_params)}
+        if gpu:
+            out["memory"] = backend.memory_held()
+            out["graph_replays"] = net.executor.replays
+        return out
+
+    return step, check
 
 
 def _zoo_train(deploy, batch: int, gpu: bool):
@@ -307,7 +385,7 @@ def _zoo_train(deploy, batch: int, gpu: bool):
 
     def check() -> dict:
         loss = float(net.blobs["loss"].data)
-        grad = net.blobs["data"].diff
+        grad = net.blobs["data"].math_diff()
         if not np.isfinite(loss) or not np.isfinite(grad).all() or not grad.any():
             raise RuntimeError(f"{deploy}: training step is broken (loss {loss}, data gradient finite "
                                f"{bool(np.isfinite(grad).all())}, nonzero {bool(grad.any())})")
@@ -328,17 +406,18 @@ def _zoo_pycaffe(deploy, batch: int, gpu: bool):
     rng = np.random.default_rng(1)
     net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape, dtype=np.float32)
     top = net.blobs[net.outputs[0]]
-    top.diff[...] = rng.standard_normal(top.shape, dtype=np.float32)
+    top.diff = rng.standard_normal(top.shape, dtype=np.float32)  # (stored rounded in a half net)
 
     def step():
         net.forward()
         net.backward()
 
     def check() -> dict:
-        grad = net.blobs["data"].diff
-        if not np.isfinite(top.data).all() or not np.isfinite(grad).all() or not grad.any():
+        grad = net.blobs["data"].math_diff()
+        finite = bool(np.isfinite(top.math_data()).all())
+        if not finite or not np.isfinite(grad).all() or not grad.any():
             raise RuntimeError(f"{deploy}: pycaffe forward/backward is broken (output finite "
-                               f"{bool(np.isfinite(top.data).all())}, data gradient finite "
+                               f"{finite}, data gradient finite "
                                f"{bool(np.isfinite(grad).all())}, nonzero {bool(grad.any())})")
         out: dict = {"params": sum(b.count for b, lr in zip(net.learnable_params, net.params_lr) if lr)}
         if gpu:

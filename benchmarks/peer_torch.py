@@ -215,54 +215,136 @@ def torchvision_available() -> str | None:
     return None
 
 
+#: Mixed precision per ``--precision`` name: (autocast dtype name or None, TF32 allowed or None:
+#: as ALLOW_TF32 says). fp16 also scales the loss with ``torch.amp.GradScaler`` where it updates.
+PRECISIONS = {"fp32": (None, False), "tf32": (None, True), "fp16": ("float16", None), "bf16": ("bfloat16", None)}
+#: The SGD of the ``update`` drive (ours.SGD is the same): rate, momentum, weight decay.
+SGD_ARGS = {"lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-4}
+
+
+def _autocast(torch, dev, precision: str | None):
+    """``torch.autocast`` for ``precision`` (fp16 / bf16) on ``dev``'s type, else a no-op context."""
+    import contextlib
+
+    dtype = PRECISIONS[precision][0] if precision else None
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=dev.type, dtype=getattr(torch, dtype))
+
+
 def zoo_net(arch: str, kwargs: dict, size: int, batch: int, iters: int, warmup: int, latency_iters: int,
-            device: str = "cuda", drive: str = "solver") -> dict:
+            device: str = "cuda", drive: str = "solver", precision: str | None = None) -> dict:
     """torchvision ``arch(weights=None, **kwargs)``: median ms of an iteration at ``batch``
     (:func:`zoo_step`), the caching allocator's peak reserved and allocated bytes and the device
     memory taken since the context was created (cuMemGetInfo), then the median batch-1 forward
     latency (eval mode, inference_mode, with a softmax as our deploy nets) eager and, on CUDA, as a
     CUDA-graph replay (``latency_graph_ms``: the eval-mode forward captured once after warm-up into
-    a ``torch.cuda.CUDAGraph`` with a static input, then replayed)."""
+    a ``torch.cuda.CUDAGraph`` with a static input, then replayed). ``precision`` (fp32, tf32,
+    fp16, bf16; None: as before, NCHW and ALLOW_TF32): ``channels_last`` model and inputs, TF32 as
+    the name says, and fp16/bf16 under ``torch.autocast`` (the graph replay captured under it too)."""
     torch = _torch()
     import torchvision
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    step, check, model = zoo_step(arch, kwargs, size, batch, device, drive)
+    step, check, model = zoo_step(arch, kwargs, size, batch, device, drive, precision)
     out = {"train_ms": median_ms(step, sync, iters, warmup), **check()}
     model.eval()
     x1 = torch.randn(1, 3, size, size, device=dev)
+    if precision:
+        x1 = x1.contiguous(memory_format=torch.channels_last)
 
     def forward():
-        with torch.inference_mode():
+        with torch.inference_mode(), _autocast(torch, dev, precision):
             torch.softmax(model(x1), dim=1)
 
     out["latency_ms"] = median_ms(forward, sync, latency_iters, max(3, warmup))
     if cuda:
-        out["latency_graph_ms"] = median_ms(_graph_forward(torch, model, x1), sync, latency_iters,
+        out["latency_graph_ms"] = median_ms(_graph_forward(torch, model, x1, precision), sync, latency_iters,
                                             max(3, warmup))
     out["device"] = torch.cuda.get_device_name(dev) if cuda else "CPU"
     out["version"] = f"PyTorch {torch.__version__}, torchvision {torchvision.__version__}"
+    out["precision"] = precision or ("tf32" if ALLOW_TF32 else "fp32")
     return out
 
 
-def zoo_step(arch: str, kwargs: dict, size: int, batch: int, device: str = "cuda", drive: str = "solver"):
+def _step_function(torch, model, x, y, box: dict, dev, drive: str, precision: str | None):
+    """The timed step of :func:`zoo_step`'s ``drive`` (it leaves the loss, or the output's sum, in
+    ``box["loss"]``)."""
+    loss_fn = torch.nn.CrossEntropyLoss()
+    batch = x.shape[0]
+
+    def autocast():
+        return _autocast(torch, dev, precision)
+
+    def train_step():
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        with autocast():
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        box["loss"] = loss.detach()
+
+    if drive == "update":
+        opt = torch.optim.SGD(model.parameters(), **SGD_ARGS)
+        scaler = torch.amp.GradScaler(dev.type, enabled=precision == "fp16")
+
+        def train_step():  # noqa: F811
+            opt.zero_grad(set_to_none=True)
+            x.grad = None
+            with autocast():
+                loss = loss_fn(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            box["loss"] = loss.detach()
+
+    if drive == "pycaffe":
+        gy = torch.randn(batch, 1000, device=dev)
+
+        def train_step():  # noqa: F811
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            with autocast():
+                prob = torch.softmax(model(x), dim=1)
+            prob.backward(gy.to(prob.dtype))
+            box["loss"] = prob.detach().float().sum()
+
+    if drive == "forward":
+
+        def train_step():  # noqa: F811
+            with torch.inference_mode(), autocast():
+                box["loss"] = torch.softmax(model(x), dim=1).float().sum()
+
+    return train_step
+
+
+def zoo_step(arch: str, kwargs: dict, size: int, batch: int, device: str = "cuda", drive: str = "solver",
+             precision: str | None = None):
     """(step, check, model) for torchvision ``arch`` at ``batch``: ``step()`` runs one iteration,
     ``check()`` raises if its results are not finite and returns the loss, parameter count and
     (CUDA) memory figures. ``drive="solver"``: a training iteration (zero_grad(set_to_none),
     forward, cross-entropy, backward to every weight and the input; train mode);
-    ``drive="pycaffe"``: eval mode, forward to the softmax and backward of a fixed output gradient
-    to every weight and the input (``requires_grad`` input), as our TEST net with
-    ``force_backward`` driven by ``net.forward(); net.backward()``."""
-    if drive not in ("solver", "pycaffe"):
-        raise ValueError(f"zoo_step: drive must be solver or pycaffe, got {drive!r}")
+    ``drive="update"``: the same plus ``torch.optim.SGD`` (:data:`SGD_ARGS`) stepping, through
+    ``torch.amp.GradScaler`` for fp16 (``scaler.scale(loss).backward(); scaler.step(opt);
+    scaler.update()``: AMP's recipe); ``drive="pycaffe"``: eval mode, forward to the softmax and
+    backward of a fixed output gradient to every weight and the input (``requires_grad`` input), as
+    our TEST net with ``force_backward`` driven by ``net.forward(); net.backward()``;
+    ``drive="forward"``: eval mode, ``inference_mode`` forward to the softmax (eager).
+    ``precision``: see :func:`zoo_net`."""
+    if drive not in ("solver", "pycaffe", "forward", "update"):
+        raise ValueError(f"zoo_step: drive must be solver, update, pycaffe or forward, got {drive!r}")
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"zoo_step: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     torch = _torch()
     import torchvision
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     torch.backends.cudnn.benchmark = True
+    if precision is not None and PRECISIONS[precision][1] is not None:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = PRECISIONS[precision][1]
     free_at_init = 0
     if cuda:
         torch.cuda.init()
@@ -271,32 +353,23 @@ def zoo_step(arch: str, kwargs: dict, size: int, batch: int, device: str = "cuda
         torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
     model = getattr(torchvision.models, arch)(weights=None, **kwargs).to(dev)
-    model.train(drive == "solver")
-    x = torch.randn(batch, 3, size, size, device=dev, requires_grad=True)
+    model.train(drive in ("solver", "update"))
+    x = torch.randn(batch, 3, size, size, device=dev)
+    if precision is not None:  # AMP's layout
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(drive != "forward")
     y = torch.randint(0, 1000, (batch,), device=dev)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    box = {}
+    box: dict = {}
 
-    def train_step():
-        model.zero_grad(set_to_none=True)
-        x.grad = None
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        box["loss"] = loss
-
-    if drive == "pycaffe":
-        gy = torch.randn(batch, 1000, device=dev)
-
-        def train_step():  # noqa: F811
-            model.zero_grad(set_to_none=True)
-            x.grad = None
-            prob = torch.softmax(model(x), dim=1)
-            prob.backward(gy)
-            box["loss"] = prob.detach().sum()
+    train_step = _step_function(torch, model, x, y, box, dev, drive, precision)
 
     def check() -> dict:
         loss = float(box["loss"])
-        if not math.isfinite(loss) or x.grad is None or not bool(torch.isfinite(x.grad).all()):
+        # (fp16 with GradScaler: the input's gradient is the scaled one, inf in a step the scaler skips)
+        scaled = drive == "update" and precision == "fp16"
+        grad_ok = drive == "forward" or (x.grad is not None and (scaled or bool(torch.isfinite(x.grad).all())))
+        if not math.isfinite(loss) or not grad_ok:
             raise RuntimeError(f"torchvision {arch}: training step is broken (loss {loss})")
         out: dict = {"loss": loss, "params": sum(p.numel() for p in model.parameters())}
         if cuda:
@@ -310,19 +383,31 @@ def zoo_step(arch: str, kwargs: dict, size: int, batch: int, device: str = "cuda
     return train_step, check, model
 
 
-def _graph_forward(torch, model, x_static):
+def _graph_forward(torch, model, x_static, precision: str | None = None):
     """``model``'s eval-mode forward + softmax on the static input ``x_static`` captured into a
     CUDA graph (after warm-up forwards on a side stream, as PyTorch's capture recipe asks, so that
-    cuDNN's benchmark search and lazy allocations happen before the capture); returns the replay."""
+    cuDNN's benchmark search and lazy allocations happen before the capture); returns the replay.
+    fp16 / bf16: warm-up and capture under ``torch.autocast`` (its weight casts are captured too;
+    ``cache_enabled=False`` keeps autocast's cast cache out of the capture, as PyTorch's notes ask)."""
+    dev = x_static.device
+
+    def autocast():
+        import contextlib
+
+        dtype = PRECISIONS[precision][0] if precision else None
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=dev.type, dtype=getattr(torch, dtype), cache_enabled=False)
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.no_grad():
+    with torch.cuda.stream(side), torch.no_grad(), autocast():
         for _ in range(3):
             torch.softmax(model(x_static), dim=1)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph):
+    with torch.no_grad(), torch.cuda.graph(graph), autocast():
         static_out = torch.softmax(model(x_static), dim=1)
     graph.replay()
     torch.cuda.synchronize()

@@ -2,7 +2,8 @@
 
     python benchmarks/zoo.py [--nets resnet50,vgg16,...] [--batch 32] [--iters 20] [--tf32]
                              [--out FILE.md] [--quick] [--cpu] [--side both|ours|peer]
-                             [--mode solver|pycaffe|published]
+                             [--mode solver|pycaffe|published] [--precision fp32|tf32|fp16|bf16]
+                             [--forward-only]
 
 Modes (the iteration timed at ``--batch``; the batch-1 forward is the same in all three):
 
@@ -28,6 +29,24 @@ after warm-up calls (our conv autotune and CUDA graph capture, cuDNN's benchmark
 there). fp32 by default; ``--tf32`` allows TF32 on both sides (ours: ``caffe.set_allow_tf32``;
 peer: ``torch.backends.cuda.matmul.allow_tf32`` and ``cudnn.allow_tf32``).
 ``torch.backends.cudnn.benchmark`` is on.
+
+``--precision fp32|tf32|fp16|bf16`` (issue 34's comparison with PyTorch AMP) builds our nets in
+that precision (``caffe.set_precision``: fp16/bf16 store blobs and weights in half and compute in
+float32, float32 master weights, fp16 with its adaptive loss scale; tf32 allows TF32, fp32 forbids
+it) and runs the peer as AMP runs it: ``channels_last`` model and inputs, ``torch.autocast(dtype=
+float16|bfloat16)`` for fp16/bf16, TF32 as the name says. With it the ``solver`` mode times the
+whole training iteration, update included, on both sides: ours ``SGDSolver.step(1)`` (SGD,
+momentum 0.9, weight decay 1e-4, rate 1e-3), the peer ``torch.optim.SGD`` with the same values,
+through ``torch.amp.GradScaler`` for fp16. The batch-1 columns run in the same precision (the
+peer's CUDA-graph replay captured under autocast). Without ``--precision`` everything is as above
+(no update, NCHW peer, ``--tf32`` or fp32), so earlier tables stay comparable.
+
+``--forward-only``: the timed step is a forward pass at ``--batch`` of the deploy net (TEST phase,
+no backward; ours ``net.forward()``, the peer eval mode under ``inference_mode``, eager) instead of
+a training iteration, on the mode's files (``--mode published``: the published-style files); the
+batch-1 columns are as always (ours against the peer's eager forward and its CUDA-graph replay).
+Issue 34's forward-only rows: ``--mode published --forward-only --batch 32`` (fp32: ours vs
+eager, and the batch-1 columns: ours vs the graph replay).
 
 Our side runs the deploy prototxts of ``examples/model_zoo`` turned into training nets
 (``ours.zoo_param``: batch changed, a label input, Softmax -> SoftmaxWithLoss, BatchNorm on batch
@@ -86,6 +105,7 @@ NETS: dict[str, ZooNet] = {
 }
 DEFAULT_NETS = "resnet50,vgg16,googlenet,alexnet,squeezenet1_1,mobilenet_v2"
 MODES = ("solver", "pycaffe", "published")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")  # pycaffe_lite.precision.PRECISIONS
 MODE_TEXT = {
     "solver": "Solver-driven TRAIN",
     "pycaffe": "TEST + force_backward, net.forward(); net.backward()",
@@ -107,7 +127,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=20, help="timed training iterations (default 20)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed training iterations first (default 5)")
     ap.add_argument("--latency-iters", type=int, default=50, help="timed batch-1 forwards (default 50)")
-    ap.add_argument("--tf32", action="store_true", help="allow TF32 on both sides")
+    ap.add_argument("--tf32", action="store_true", help="allow TF32 on both sides (without --precision: no update, NCHW peer)")
+    ap.add_argument("--precision", choices=PRECISIONS, type=str.lower, default=None,
+                    help="both sides in this precision, AMP-style (ours: caffe.set_precision; peer: channels_last, "
+                         "autocast for fp16/bf16, GradScaler for fp16); the solver mode then includes the SGD update")
+    ap.add_argument("--forward-only", action="store_true",
+                    help="time a forward pass at --batch (TEST phase, no backward) instead of a training iteration")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (smoke test; no memory figures)")
     ap.add_argument("--side", choices=("both", "ours", "peer"), default="both")
     ap.add_argument("--mode", choices=MODES, default="solver",
@@ -126,7 +151,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--nets: unknown {unknown or 'empty list'}; known: {', '.join(NETS)}")
     if min(args.batch, args.iters, args.latency_iters) < 1 or args.warmup < 0:
         ap.error("--batch, --iters, --latency-iters must be >= 1 and --warmup >= 0")
+    if args.tf32 and args.precision not in (None, "tf32"):
+        ap.error(f"--tf32 and --precision {args.precision} contradict each other (--precision tf32 allows TF32)")
+    if args.cpu and args.precision == "tf32":
+        ap.error("--precision tf32 needs the GPU (TF32 is a mode of its tensor cores): leave out --cpu")
     return args
+
+
+def step_drive(args: argparse.Namespace) -> str:
+    """What each worker times at ``--batch``: ``forward`` (--forward-only), ``update`` (the solver
+    mode with --precision: the training iteration with its SGD update), else :func:`drive`."""
+    if args.forward_only:
+        return "forward"
+    if args.precision is not None and args.mode == "solver":
+        return "update"
+    return drive(args.mode)
+
+
+def precision_text(args: argparse.Namespace) -> str:
+    """How the run's precision reads in the title: ``fp16 (AMP-style)``, ``TF32 allowed``, ``fp32``."""
+    if args.precision is not None:
+        return f"{args.precision} (AMP-style: peer channels_last{', autocast' if args.precision in ('fp16', 'bf16') else ''})"
+    return "TF32 allowed" if args.tf32 else "fp32"
+
+
+def header(args: argparse.Namespace) -> list[str]:
+    """:data:`HEADER` with the timed step named: ``iter`` (training), ``fwd bN`` (--forward-only)."""
+    what = f"fwd b{args.batch}" if args.forward_only else "iter"
+    return [cell.replace("iter ", f"{what} ", 1) for cell in HEADER]
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -136,13 +188,14 @@ def run_worker(args: argparse.Namespace) -> int:
         import ours
 
         res = ours.zoo_net(prototxt(spec, args.mode), args.batch, args.iters, args.warmup, args.latency_iters,
-                           gpu=not args.cpu, tf32=args.tf32, drive=drive(args.mode))
+                           gpu=not args.cpu, tf32=args.tf32, drive=step_drive(args), precision=args.precision)
     else:
         import peer_torch
 
         peer_torch.ALLOW_TF32 = args.tf32
         res = peer_torch.zoo_net(spec.arch, spec.kwargs, spec.size, args.batch, args.iters, args.warmup,
-                                 args.latency_iters, device="cpu" if args.cpu else "cuda", drive=drive(args.mode))
+                                 args.latency_iters, device="cpu" if args.cpu else "cuda", drive=step_drive(args),
+                                 precision=args.precision)
     print(RESULT_TAG + json.dumps(res), flush=True)
     return 0
 
@@ -157,7 +210,8 @@ def spawn(args: argparse.Namespace, side: str, net: str) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--nets", net,
            "--batch", str(args.batch), "--iters", str(args.iters), "--warmup", str(args.warmup),
            "--latency-iters", str(args.latency_iters), "--mode", args.mode]
-    cmd += ["--tf32"] * args.tf32 + ["--cpu"] * args.cpu
+    cmd += ["--tf32"] * args.tf32 + ["--cpu"] * args.cpu + ["--forward-only"] * args.forward_only
+    cmd += ["--precision", args.precision] if args.precision else []
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -231,10 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     peer_reason = peer_torch.torchvision_available() if args.side != "ours" else "not requested (--side ours)"
     if peer_reason and args.side == "peer":
         raise SystemExit(f"zoo.py: the peer cannot run: {peer_reason}")
-    prec = "TF32 allowed" if args.tf32 else "fp32"
-    print(f"zoo: mode {args.mode} ({MODE_TEXT[args.mode]}); nets {', '.join(args.net_list)}; batch {args.batch}, {args.iters} timed iterations after "
-          f"{args.warmup}; {'CPU' if args.cpu else 'GPU'} {prec}; peer: {peer_reason or 'PyTorch + torchvision'}",
-          flush=True)
+    prec = precision_text(args)
+    what = f"forward-only at batch {args.batch}" if args.forward_only else f"batch {args.batch}"
+    print(f"zoo: mode {args.mode} ({MODE_TEXT[args.mode]}), timed step: {step_drive(args)}; "
+          f"nets {', '.join(args.net_list)}; {what}, {args.iters} timed iterations after {args.warmup}; "
+          f"{'CPU' if args.cpu else 'GPU'} {prec}; peer: {peer_reason or 'PyTorch + torchvision'}", flush=True)
     if peer_reason and args.side == "both":
         print(f"zoo: PEER MISSING, only our side runs: {peer_reason}", flush=True)
     rows, failed, device, versions = [], False, None, None
@@ -249,15 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         cells = row(net, mine, peer)
         rows.append(cells)
         errors = "; ".join(f"{s} error: {r['error']}" for s, r in (("ours", mine), ("peer", peer)) if r and "error" in r)
-        print(f"{net:14s} iter b{args.batch}: ours {cells[1]} ms, peer {cells[2]} ms ({cells[3]}) | "
+        label = f"fwd b{args.batch}" if args.forward_only else f"iter b{args.batch}"
+        print(f"{net:14s} {label}: ours {cells[1]} ms, peer {cells[2]} ms ({cells[3]}) | "
               f"b1 fwd: ours {cells[4]} ms, peer {cells[5]} ms ({cells[6]}), peer graph {cells[7]} ms "
               f"({cells[8]}) | mem: ours {cells[9]} MiB (pool {cells[12]}), peer {cells[10]} MiB reserved "
               f"(device {cells[13]}) ({cells[11]}){graphs(mine)}{' | ' + errors if errors else ''}", flush=True)
-    title = (f"{datetime.date.today()} on {device or 'unknown device'} ({prec}), batch {args.batch}, "
-             f"mode {args.mode} ({MODE_TEXT[args.mode]})")
+    title = (f"{datetime.date.today()} on {device or 'unknown device'} ({prec}), {what}, "
+             f"mode {args.mode} ({MODE_TEXT[args.mode]}), timed step: {step_drive(args)}")
     lines = [f"\n### {title}\n", f"`python benchmarks/zoo.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
              + (f" (peer: {versions})" if versions else "") + "\n",
-             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
+             "| " + " | ".join(header(args)) + " |", "|" + " --- |" * len(HEADER)]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     table = "\n".join(lines) + "\n"
     print(table)

@@ -37,6 +37,7 @@ from pycaffe_lite import (
     coord_map,
     detector,
     draw,
+    get_precision,
     get_solver,
     has_nccl,
     init_log,
@@ -47,10 +48,12 @@ from pycaffe_lite import (
     net_spec,
     params,
     proto,
+    set_allow_tf32,
     set_device,
     set_mode_cpu,
     set_mode_gpu,
     set_multiprocess,
+    set_precision,
     set_random_seed,
     set_solver_count,
     set_solver_rank,
@@ -72,9 +75,9 @@ from . import _caffe, pycaffe  # noqa: E402  (after the aliases: they import caf
 __all__ = [
     "TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "Blob", "Classifier", "Detector", "Layer",
     "NCCL", "NesterovSolver", "Net", "NetSpec", "RMSPropSolver", "SGDSolver", "Solver", "Timer", "__version__",
-    "_caffe", "classifier", "coord_map", "detector", "draw", "get_solver", "has_nccl", "init_log", "io",
-    "layer_type_list", "layers", "log", "net_spec", "params", "proto", "pycaffe", "set_device", "set_mode_cpu",
-    "set_mode_gpu", "set_multiprocess", "set_random_seed", "set_solver_count", "set_solver_rank",
+    "_caffe", "classifier", "coord_map", "detector", "draw", "get_precision", "get_solver", "has_nccl", "init_log",
+    "io", "layer_type_list", "layers", "log", "net_spec", "params", "proto", "pycaffe", "set_allow_tf32", "set_device",
+    "set_mode_cpu", "set_mode_gpu", "set_multiprocess", "set_precision", "set_random_seed", "set_solver_count", "set_solver_rank",
     "solver_count", "solver_rank", "to_proto",
 ]
 del _pl

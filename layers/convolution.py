@@ -112,7 +112,7 @@ class ConvolutionBase(Layer):
     checks, the weight/bias blobs, top shapes, and the GPU engine choice for the convolution the
     engines run (:meth:`engine_problem_dims`). Subclasses give the weight shape, the output size
     and their math."""
-    traits = Traits(half=True, graph_safe=True, pure_forward=True)
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, pure_forward=True)
 
     min_bottom_blobs = 1
     min_top_blobs = 1
@@ -157,6 +157,9 @@ class ConvolutionBase(Layer):
             self.geo_nd = NDGeometry(g.kernel, g.pad, g.stride, g.dilation)
         self.num_spatial_axes = axes
         if axes > im2col_nd.MAX_AXES:
+            if self.half_native:  # the host fallback below is numpy code, not for half storage
+                raise self.error(f"{axes} spatial axes exceed the N-D GPU kernels' {im2col_nd.MAX_AXES}, and "
+                                 f"their host fallback has no {self.dtype} path: run this layer in float32")
             self.traits = self.traits.but(graph_safe=False)  # its GPU passes run the CPU code on host copies
         self.bias_term = p.bias_term
         self.channels = bottom[0].shape[self.axis]
@@ -375,7 +378,7 @@ class ConvolutionBase(Layer):
 
 @register_layer("Convolution")
 class ConvolutionLayer(ConvolutionBase):
-    traits = Traits(half=True, graph_safe=True, pure_forward=True, fuses=frozenset({CONVOLUTION}))
+    traits = Traits(half=True, half_kernels=True, graph_safe=True, pure_forward=True, fuses=frozenset({CONVOLUTION}))
 
     def weight_shape(self) -> tuple[int, ...]:
         return (self.num_output, self.channels // self.group) + self.geo_nd.kernel

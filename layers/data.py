@@ -1,6 +1,6 @@
 """Data: batches of Datums read from an LMDB or a LevelDB (Caffe's DataLayer with its prefetch thread).
 
-``data_param { source batch_size backend rand_skip prefetch workers }`` (``backend``: LEVELDB,
+``data_param { source batch_size backend rand_skip prefetch workers gpu_decode }`` (``backend``: LEVELDB,
 BVLC's default, or LMDB) and ``transform_param``.
 Tops: ``data`` ``(batch_size, C, h, w)`` and optionally ``label`` ``(batch_size,)``. Records are
 read in key order and the read wraps to the first record after the last. A daemon thread decodes
@@ -16,8 +16,13 @@ path's), and the workers (:mod:`pycaffe_lite.data.workers`) read, decode and tra
 into shared memory. Every record must then have the shape of the first one (automatic workers go
 back to the prefetch thread at the first that does not). In GPU mode, uint8 records (raw or
 encoded) stay uint8 in shared memory, are uploaded as bytes and transformed on the device by one
-kernel (``pycaffe_lite/data/transform.cu``) into the top, pixel for pixel as the host does. A
-worker's failure (a corrupt record, a crash) is raised by ``forward`` naming the record.
+kernel (``pycaffe_lite/data/transform.cu``) into the top, pixel for pixel as the host does; the
+uploads run on a copy stream into two device buffers in turn, the next ready batch queued while the
+net computes on this one. With ``data_param.gpu_decode`` (field 1002; ``$PYCAFFE_LITE_GPU_DECODE``
+overrides it) the workers leave JPEG records encoded and nvJPEG decodes them on the device
+(:mod:`pycaffe_lite.data.nvjpeg`: what it would not decode as the host does is decoded by the
+workers; pixels within that module's stated tolerance of the host's). A worker's failure (a corrupt
+record, a crash) is raised by ``forward`` naming the record.
 
 ``read_state()`` / ``restore_read_state()`` give and set the next record the net will see (kept in
 solver snapshots for an exact resume). ``data_stats()`` counts batches, images and the time waited
@@ -40,10 +45,11 @@ from typing import Any
 import numpy as np
 
 from pycaffe_lite import common
+from pycaffe_lite.data import nvjpeg
 from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.db import Cursor, close_inherited, open_cursor
 from pycaffe_lite.data.device_cache import DeviceBatches
-from pycaffe_lite.data.parallel import ParallelBatches, TransformingJob
+from pycaffe_lite.data.parallel import ParallelBatches, TransformingJob, gpu_decode_chosen, leave_encoded
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import CaffeError, DataError
 from pycaffe_lite.layer import Layer, Traits, register_layer
@@ -193,6 +199,7 @@ class _DatumJob(TransformingJob):
     where: str
     shape: tuple[int, int, int]
     raw: bool
+    gpu_decode: bool = False  # JPEG records nvJPEG decodes as the host would are left encoded in the slot
 
     def open(self) -> None:
         super().open()
@@ -206,7 +213,7 @@ class _DatumJob(TransformingJob):
                                  max_readers=512)
             self.txn = self.env.begin(buffers=True)
 
-    def load(self, ref: Any, batches: data_workers.SharedBatches, slot: int, i: int) -> None:
+    def load(self, ref: Any, batches: data_workers.SharedBatches, slot: int, i: int) -> tuple[int, bytes] | None:
         if self.txn is not None:
             key, value = ref, self.txn.get(ref)
             if value is None:
@@ -219,6 +226,11 @@ class _DatumJob(TransformingJob):
             datum.ParseFromString(value)
         except Exception as exc:
             raise DataError(f"{self.where}: {self.source}: record {bytes(key)!r} is not a Datum ({exc})") from None
+        if self.gpu_decode and datum.encoded:
+            p = self.transformer.param
+            length = leave_encoded(batches, slot, i, datum.data, datum.label, self.shape, p.force_color, p.force_gray)
+            if length is not None:
+                return length, bytes(key)  # decoded on the device
         try:
             values = self.transformer.decode(datum)
         except DataError as exc:
@@ -229,6 +241,7 @@ class _DatumJob(TransformingJob):
                 f"read has {self.shape} (with data workers every record must match; workers: 0 reads batches "
                 "of different shapes)")
         data_workers.store_item(batches, slot, i, values, datum.label, self.raw, self.transformer)
+        return None
 
 
 class _ParallelPrefetcher(ParallelBatches):
@@ -248,7 +261,7 @@ class _ParallelPrefetcher(ParallelBatches):
     def job(self) -> data_workers.Job:
         return _DatumJob(str(self.cursor.path), "lmdb" if self.lmdb else "leveldb",
                          self.transformer.param.SerializeToString(), self.transformer.phase, self.dtype.str,
-                         self.where, self.shape, self.raw)
+                         self.where, self.shape, self.raw, self.gpu_decode)
 
     def plan(self, slot: int, now: bool) -> tuple[list, tuple[int, bytes, str]]:
         assert self.loader is not None
@@ -336,11 +349,24 @@ class DataLayer(Layer):
                                        self.layer_param.data_param.prefetch, self.dtype, self.where, workers,
                                        tuple(int(d) for d in shape), raw)  # type: ignore[arg-type]
         parallel.skip_after = prefetcher.skip_after
+        parallel.gpu_decode = bool(first.encoded) and raw and self._nvjpeg_usable()
         if not parallel.try_start(self._auto_workers, "with the prefetch thread"):
             return prefetcher
         log.info("%s: %d data worker processes (%s)", self.where, workers,
                  "uint8 batches, transformed on the device" if raw else "transformed in the workers")
         return parallel
+
+    def _nvjpeg_usable(self) -> bool:
+        """Whether nvJPEG decodes this layer's JPEG records: chosen (``data_param.gpu_decode``,
+        ``$PYCAFFE_LITE_GPU_DECODE``) and the library found (else a warning: the host decodes)."""
+        if not gpu_decode_chosen(self.layer_param.data_param.gpu_decode):
+            return False
+        try:
+            nvjpeg.load_library()
+        except nvjpeg.NvJpegError as exc:
+            log.warning("%s: %s; JPEG records are decoded on the host", self.where, exc)
+            return False
+        return True
 
     def _cache_dataset(self, prefetcher: _Prefetcher) -> None:
         """Load every record (transformed) into device memory; batches are then gathered there."""
@@ -417,6 +443,7 @@ class DataLayer(Layer):
         if isinstance(old, _ParallelPrefetcher) and not thread_only:
             fresh = _ParallelPrefetcher(old.cursor, self.transformer, self.batch_size, old.depth, self.dtype,
                                         self._where, old.workers, old.shape, old.raw)
+            fresh.gpu_decode = old.gpu_decode
         else:
             fresh = _Prefetcher(old.cursor, self.transformer, self.batch_size, self.layer_param.data_param.prefetch,
                                 self.dtype, self._where)

@@ -17,7 +17,7 @@ from pycaffe_lite.memcheck import check_fits
 
 @register_layer("InnerProduct")
 class InnerProductLayer(Layer):
-    traits = Traits(half=True, graph_safe=True)
+    traits = Traits(half=True, half_kernels=True, graph_safe=True)
     exact_num_bottom_blobs = 1
     exact_num_top_blobs = 1
 

@@ -192,10 +192,14 @@ class Blob:
 
     def math_data(self) -> np.ndarray:
         """The data as math values: float32 for half storage (a new array), else the read-only
-        storage view itself."""
+        storage view itself. A user's read like ``data`` (the net's memory plans are told, so a
+        blob whose memory a later layer reused is recomputed first)."""
+        self._user_access("data")
         return to_math(self.cpu_data())
 
     def math_diff(self) -> np.ndarray:
+        """The diff as math values (see :meth:`math_data`)."""
+        self._user_access("diff")
         return to_math(self.cpu_diff())
 
     def set_math_data(self, values: np.ndarray) -> None:
@@ -213,7 +217,9 @@ class Blob:
 
     @property
     def data(self) -> np.ndarray:
-        """pycaffe: writable host array of the data (marks the host copy newest)."""
+        """pycaffe: writable host array of the data (marks the host copy newest): the storage
+        array, so float16 in an fp16 blob and uint16 bit patterns in a bfloat16 one
+        (:meth:`math_data` reads float32 values; assigning ``blob.data = values`` rounds them in)."""
         self._user_access("data")
         return self.mutable_cpu_data()
 

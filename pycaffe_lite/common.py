@@ -23,6 +23,7 @@ import numpy as np
 
 from .errors import GPUUnavailableError
 from .gpu import backend, blas
+from .precision import check_precision_name
 
 
 class Mode(enum.Enum):
@@ -39,7 +40,8 @@ TEST = 1
 class Context:
     """The process's Caffe state. Fields: ``mode``, ``device_id`` (the GPU that GPU mode uses),
     ``seed`` / ``rng`` (numpy Generator) / ``gpu_rng_counter`` (the streams handed to device
-    generators), the multi-GPU ``solver_count`` / ``solver_rank`` / ``multiprocess``, and the
+    generators), the multi-GPU ``solver_count`` / ``solver_rank`` / ``multiprocess``, the precision
+    switch ``precision`` (:func:`set_precision`: the nets built on this thread), and the
     generation counters: ``seed_generation`` (bumped by every set_random_seed: device generators
     recorded in graphs re-seed) and ``shape_generation`` (bumped whenever a blob changes shape:
     work recorded for the old shapes is stale)."""
@@ -54,6 +56,7 @@ class Context:
     solver_count: int = 1
     solver_rank: int = 0
     multiprocess: bool = False
+    precision: str | None = None  # set_precision: fp32, tf32, fp16, bf16; None: each file decides
 
     @property
     def device(self) -> backend.DeviceState:
@@ -169,6 +172,37 @@ def set_allow_tf32(allow: bool) -> None:
     if context().mode is not Mode.GPU:
         raise GPUUnavailableError("set_allow_tf32 needs GPU mode (call set_mode_gpu() first)")
     blas.set_allow_tf32(bool(allow))
+
+
+def set_precision(name: str | None) -> None:
+    """The precision of the nets this thread builds from now on (``--precision`` on the command
+    line): ``fp32`` (exact float32: TF32 off), ``tf32`` (float32 with TF32 tensor cores allowed,
+    :func:`set_allow_tf32`; needs GPU mode), ``fp16`` / ``bf16`` (a file without type fields is
+    built as if it said ``default_forward_type``/``default_backward_type`` FLOAT16 / BFLOAT16 with
+    FLOAT math; fp16 also scales the loss adaptively; weights loaded into it are rounded once), or
+    None (the default: each file's own fields decide, TF32 as :func:`set_allow_tf32` left it).
+    A file whose own type fields contradict the name is an error naming it when the net is built
+    (:func:`pycaffe_lite.precision.apply_precision`). Nets already built keep their types. TF32 is
+    a setting of the process's cuBLAS handle and engine choice, so ``fp32``/``tf32`` change it for
+    every thread. An unknown name is a ValueError listing the four."""
+    checked = check_precision_name(name)
+    if checked == "tf32":
+        if context().mode is not Mode.GPU:
+            raise GPUUnavailableError("set_precision('tf32') needs GPU mode: TF32 is a mode of the GPU's tensor "
+                                      "cores (call set_mode_gpu() first; on the CPU float32 is exact anyway: 'fp32')")
+        blas.set_allow_tf32(True)
+    elif checked == "fp32" and blas.tf32_allowed():
+        blas.set_allow_tf32(False)
+    context().precision = checked
+
+
+def get_precision() -> str | None:
+    """The name :func:`set_precision` last set on this thread (None: the files decide). For
+    ``fp32``/``tf32`` it reports TF32 as it is now, so a later ``set_allow_tf32`` shows."""
+    name = context().precision
+    if name in ("fp32", "tf32"):
+        return "tf32" if blas.tf32_allowed() else "fp32"
+    return name
 
 
 def tf32_allowed() -> bool:

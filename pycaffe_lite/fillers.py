@@ -63,13 +63,21 @@ def fill(blob: Blob, param: caffe_pb2.FillerParameter | None, where: str = "") -
 
 def _fill(blob: Blob, param: caffe_pb2.FillerParameter) -> None:
     rng = common.rng()
-    dt = np.dtype(blob.dtype) if np.dtype(blob.dtype).kind == "f" else np.dtype(np.float64)
+    # half blobs (float16, bfloat16 bits) draw in float32 and store rounded, as a host half layer's
+    # float32 params are stored: the same draws and values whichever mode built the net
+    half = np.dtype(blob.dtype).itemsize == 2
+    dt = (np.dtype(np.float32) if half else
+          np.dtype(blob.dtype) if np.dtype(blob.dtype).kind == "f" else np.dtype(np.float64))
     shape = blob.shape
     kind = param.type
     # float blobs are drawn straight into their host array: no full-size temporary
-    into = blob.mutable_cpu_data() if dt == blob.dtype and kind in ("uniform", "gaussian", "xavier", "msra") else None
+    into = (blob.mutable_cpu_data() if dt == blob.dtype and kind in ("uniform", "gaussian", "xavier", "msra")
+            else None)
     if kind == "constant":
-        blob.mutable_cpu_data()[...] = param.value
+        if half:
+            blob.set_math_data(np.full(shape, param.value, np.float32))
+        else:
+            blob.mutable_cpu_data()[...] = param.value
         return
     if kind == "uniform":
         values = _uniform(rng, param.min, param.max, shape, dt, into)
@@ -103,5 +111,7 @@ def _fill(blob: Blob, param: caffe_pb2.FillerParameter) -> None:
             f"unknown filler type '{kind}' (known: constant, uniform, gaussian, positive_unitball, "
             "xavier, msra, bilinear)"
         )
-    if values is not into:
+    if half:
+        blob.set_math_data(np.ascontiguousarray(values, np.float32))
+    elif values is not into:
         blob.mutable_cpu_data()[...] = values

@@ -372,7 +372,10 @@ class Net:
         end: int | str | None = None,
         **kwargs,
     ) -> dict[str, np.ndarray]:
-        """pycaffe: set inputs from ``kwargs``, run forward, return {output name: data}."""
+        """pycaffe: set inputs from ``kwargs``, run forward, return {output name: data}. The data
+        are the blobs' storage arrays, as ``blob.data``: in a half net (docs/precision.md) float16
+        arrays, or uint16 bit patterns for bfloat16; ``net.blobs[name].math_data()`` gives float32
+        values."""
         self._set_input_arrays(kwargs)
         start_i = self._layer_index(start, 0)
         end_i = self._layer_index(end, len(self.graph.layers) - 1)
@@ -393,7 +396,8 @@ class Net:
         end: int | str | None = None,
         **kwargs,
     ) -> dict[str, np.ndarray]:
-        """pycaffe: set top diffs from ``kwargs``, run backward, return {input name: diff}."""
+        """pycaffe: set top diffs from ``kwargs``, run backward, return {input name: diff} (storage
+        arrays, as :meth:`forward`'s; ``math_diff()`` gives float32 values)."""
         start_i = self._layer_index(start, len(self.graph.layers) - 1)
         end_i = self._layer_index(end, 0)
         outputs = set(self.bottom_names_of(end_i)) if end is not None else set(self.graph.inputs)

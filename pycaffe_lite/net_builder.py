@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import cast
 
 import numpy as np
@@ -49,11 +50,23 @@ def in_file(exc: CaffeError, source: str | None) -> CaffeError:
     return named.with_traceback(exc.__traceback__)
 
 
+_nesting = threading.local()  # .depth: builds in progress on this thread (a layer's inner net is nested)
+
+
 def build_net(param: caffe_pb2.NetParameter, dtype: np.dtype | type = np.float32) -> NetGraph:
     """The built graph of ``param`` (its ``state`` set: phase, level, stages); errors name layers.
-    The blobs are added up as they are made, before they are filled (``memcheck.net_build``)."""
-    with memcheck.net_build(f"net '{param.name}'"):
-        return _Builder(param, np.dtype(dtype)).build()
+    The blobs are added up as they are made, before they are filled (``memcheck.net_build``).
+    The precision switch (``caffe.set_precision``, ``--precision``) applies to the outermost build
+    (``precision.apply_precision``); a net a layer builds inside itself (Recurrent's) follows its layer."""
+    depth = getattr(_nesting, "depth", 0)
+    if depth == 0:
+        param = precision.apply_precision(param, common.context().precision, dtype)
+    _nesting.depth = depth + 1
+    try:
+        with memcheck.net_build(f"net '{param.name}'"):
+            return _Builder(param, np.dtype(dtype)).build()
+    finally:
+        _nesting.depth = depth
 
 
 def check_tops_hold_values(graph: NetGraph, layer_id: int) -> None:

@@ -5,7 +5,8 @@ A layer has four types (``caffe_pb2.Type``): ``forward_type`` stores its tops' d
 :func:`layer_precision` gives them from the NetParameter's defaults and the layer's own fields the
 way NVCaffe 0.17's ``Net::Init`` does, plus this project's rules: data layers stay in float32 and
 BatchNorm's running statistics in float32. :func:`storage_dtype` maps a Type to the numpy dtype of
-host arrays (bfloat16: uint16 bit patterns, see ``proto.blob_values``).
+host arrays (bfloat16: uint16 bit patterns, see ``proto.blob_values``). :func:`apply_precision`
+is the user's switch (``--precision``, ``caffe.set_precision``) as a NetParameter rewrite.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ __all__ = [
     "DOUBLE", "FLOAT", "FLOAT16", "BFLOAT16", "HALF_TYPES", "FLOAT_TYPES", "DATA_LAYER_TYPES",
     "STATISTICS_LAYER_TYPES", "LayerPrecision", "layer_precision", "storage_dtype", "type_of_dtype",
     "kernel_math_type", "to_float32", "from_float32", "bfloat16_to_float32", "float32_to_bfloat16",
-    "type_name",
+    "type_name", "PRECISIONS", "HALF_PRECISIONS", "ADAPTIVE_INITIAL_SCALE", "check_precision_name",
+    "type_fields", "apply_precision",
 ]
 
 DOUBLE, FLOAT, FLOAT16, BFLOAT16 = caffe_pb2.DOUBLE, caffe_pb2.FLOAT, caffe_pb2.FLOAT16, caffe_pb2.BFLOAT16
@@ -162,3 +164,89 @@ def from_float32(values: np.ndarray, value_type: int) -> np.ndarray:
     if value_type == BFLOAT16:
         return float32_to_bfloat16(values)
     return np.asarray(values).astype(storage_dtype(value_type))
+
+
+# -- the user's switch: --precision / caffe.set_precision ------------------------------------------
+#: The names ``--precision`` and ``caffe.set_precision`` take: exact float32, float32 with TF32
+#: tensor cores allowed, and the two half types (storage half, math float32).
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+#: The half names and the storage type each asks for.
+HALF_PRECISIONS = {"fp16": FLOAT16, "bf16": BFLOAT16}
+#: The loss scale an fp16 net starts from when the switch turns adaptive scaling on
+#: (PyTorch AMP's ``GradScaler`` starts at 2**16 too).
+ADAPTIVE_INITIAL_SCALE = 65536.0
+
+_NET_TYPE_FIELDS = ("default_forward_type", "default_backward_type", "default_forward_math", "default_backward_math")
+_LAYER_TYPE_FIELDS = ("forward_type", "backward_type", "forward_math", "backward_math")
+
+
+def check_precision_name(name: str | None) -> str | None:
+    """``name`` lower-cased if it is one of :data:`PRECISIONS` (None: the file decides), else a
+    ValueError listing the four."""
+    if name is None:
+        return None
+    if isinstance(name, str) and name.strip().lower() in PRECISIONS:
+        return name.strip().lower()
+    raise ValueError(f"unknown precision {name!r}: expected one of {', '.join(PRECISIONS)}")
+
+
+def type_fields(net: caffe_pb2.NetParameter) -> list[tuple[str, int]]:
+    """The type fields ``net`` sets itself, as (where, Type) pairs: the four net defaults
+    (``default_forward_type`` ...), then every layer's ``forward_type`` ... (``layer 'x'
+    forward_type``), phase rules ignored. Empty for a file that leaves the types to the runtime."""
+    found = [(f, getattr(net, f)) for f in _NET_TYPE_FIELDS if net.HasField(f)]
+    for layer in net.layer:
+        found += [(f"layer '{layer.name}' {f}", getattr(layer, f)) for f in _LAYER_TYPE_FIELDS if layer.HasField(f)]
+    return found
+
+
+def apply_precision(net: caffe_pb2.NetParameter, name: str | None, dtype: np.dtype | type = np.float32,
+                    source: str | None = None) -> caffe_pb2.NetParameter:
+    """``net`` as the precision switch ``name`` builds it (a copy; ``net`` is not changed).
+
+    - None, ``fp32``, ``tf32``: the types the file says (TF32 is a runtime setting, not a type).
+    - ``fp16`` / ``bf16`` on a file that sets none of the type fields (:func:`type_fields`): the
+      net's ``default_forward_type`` and ``default_backward_type`` become FLOAT16 / BFLOAT16 and
+      ``default_forward_math`` / ``default_backward_math`` FLOAT, so every layer stores its values
+      in half and computes in float32 under :func:`layer_precision`'s rule (data layers, losses,
+      BatchNorm statistics and layers without a half path stay float32 as always). ``fp16``
+      also turns adaptive loss scaling on, from :data:`ADAPTIVE_INITIAL_SCALE`, unless the file
+      sets ``global_grad_scale`` or ``global_grad_scale_adaptive`` itself.
+    - A file that sets type fields keeps them, and the name must agree with them: ``fp16`` /
+      ``bf16`` need FLOAT16 / BFLOAT16 among them and not the other half type; ``fp32`` /
+      ``tf32`` need no half type. A name that contradicts the file is a NetError naming the file
+      (``source``, else the net's name) and the fields.
+    - ``fp16`` / ``bf16`` on a float64 net (``dtype``) is a NetError: half storage computes in
+      float32, which a float64 net exists to avoid.
+    An unknown name is a ValueError listing :data:`PRECISIONS`.
+    """
+    name = check_precision_name(name)
+    out = caffe_pb2.NetParameter()
+    out.CopyFrom(net)
+    if name is None:
+        return out
+    where = source or f"net '{net.name}'"
+    if name in HALF_PRECISIONS and np.dtype(dtype) == np.float64:
+        raise NetError(f"{where}: precision {name} on a float64 net (dtype float64): half storage computes in "
+                       "float32; build the net in float32, or leave the precision unset")
+    fields = type_fields(net)
+    if name not in HALF_PRECISIONS:
+        half = [f"{f}: {type_name(v)}" for f, v in fields if v in HALF_TYPES]
+        if half:
+            raise NetError(f"{where}: precision {name} asks for float32, but the file sets {', '.join(half)}; "
+                           "the file's types decide (leave the precision unset, or remove the fields)")
+        return out
+    want = HALF_PRECISIONS[name]
+    if fields:
+        other = [f"{f}: {type_name(v)}" for f, v in fields if v in HALF_TYPES and v != want]
+        if other or not any(v == want for _, v in fields):
+            said = ", ".join(other or [f"{f}: {type_name(v)}" for f, v in fields])
+            raise NetError(f"{where}: precision {name} asks for {type_name(want)}, but the file sets {said}; "
+                           "the file's types decide (leave the precision unset, or remove the fields)")
+        return out
+    out.default_forward_type = out.default_backward_type = want
+    out.default_forward_math = out.default_backward_math = FLOAT
+    if want == FLOAT16 and not out.HasField("global_grad_scale") and not out.HasField("global_grad_scale_adaptive"):
+        out.global_grad_scale = ADAPTIVE_INITIAL_SCALE
+        out.global_grad_scale_adaptive = True
+    return out

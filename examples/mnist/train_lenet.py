@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train LeNet on MNIST end to end with Caffe's recipe (examples/mnist/lenet_solver.prototxt).
 
-    python examples/mnist/train_lenet.py [--data DIR] [--gpu N] [--iters K] [--out DIR]
+    python examples/mnist/train_lenet.py [--data DIR] [--gpu N] [--precision P] [--iters K] [--out DIR]
 
 Data: the full MNIST (60,000 training and 10,000 test images). The four standard files ship with
 the repository in ``examples/mnist/data`` (SHA-256 checked at load; no network needed);
@@ -12,6 +12,10 @@ Steps: check the extras it needs (``lmdb``, ``matplotlib``: one line naming what
 convert to LMDB (``OUT/mnist_{train,test}_lmdb``), train with the solver (the test net runs every
 ``test_interval`` iterations), snapshot ``OUT/lenet_main_iter_K.caffemodel``, plot training loss and
 test accuracy to ``OUT/lenet_curves.png`` and print a one-line summary.
+
+``--precision fp32|tf32|fp16|bf16`` trains in that precision (``caffe.set_precision``,
+docs/precision.md: fp16/bf16 store LeNet's blobs and weights in half and compute in float32, with
+float32 master weights; fp16 scales the loss adaptively); tf32 needs ``--gpu``.
 
 The screen: in a terminal, one progress bar (loss, last test accuracy) and nothing else but
 warnings, printed above it; Caffe's INFO log lines with ``--verbose``. When stderr is not a
@@ -122,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="folder with the four MNIST files (default: $MNIST_DIR, else the shipped examples/mnist/data)")
     parser.add_argument("--gpu", type=int, default=None, metavar="N", help="train on GPU N (default: CPU)")
+    parser.add_argument("--precision", default=None, type=str.lower, choices=("fp32", "tf32", "fp16", "bf16"),
+                        help="train in this precision (default: the prototxt's, float32); tf32 needs --gpu")
     parser.add_argument("--iters", type=int, default=None, help="iterations (default: max_iter of the solver, 10000)")
     parser.add_argument("--out", default=str(HERE), help="folder for the LMDBs, weights and plot (default: examples/mnist)")
     parser.add_argument("--train-limit", type=int, default=None, help="use only the first N training images")
@@ -194,6 +200,24 @@ def _use_device(caffe, gpu: int | None) -> str:
     return f"GPU {gpu}"
 
 
+def _use_precision(precision: str | None, device: str) -> str:
+    """``--precision``: the switch set for the nets built next; the device text with it."""
+    if precision is None:
+        return device
+    from pycaffe_lite.commands import use_precision
+
+    use_precision(precision)  # (tf32 without --gpu: a one-line error)
+    return f"{device}, {precision}"
+
+
+def _stored(solver, precision: str) -> str:
+    """The line saying how the training net stores LeNet's weights (bfloat16: uint16 bit patterns)."""
+    stored = solver.net.params["conv1"][0].dtype
+    kind = {"float16": "float16", "uint16": "bfloat16"}.get(stored.name, stored.name)
+    masters = ", float32 master weights" if kind != "float32" else ""
+    return f"Precision: {precision} (weights and blobs stored as {kind}{masters})"
+
+
 def _train(args: argparse.Namespace) -> int:
     import pycaffe_lite as caffe
     from pycaffe_lite.data import mnist
@@ -203,6 +227,7 @@ def _train(args: argparse.Namespace) -> int:
     caffe.init_log(0 if args.verbose else 1)
     check_extras()
     device = _use_device(caffe, args.gpu)  # before any work: no GPU or no PyCUDA is a one-line error
+    device = _use_precision(args.precision, device)
     out = _output_folder(args.out)
     (train_x, train_y), (test_x, test_y), description = find_mnist(args.data)
     if args.train_limit:
@@ -222,6 +247,8 @@ def _train(args: argparse.Namespace) -> int:
     sp.random_seed = args.seed
     solver = get_solver(sp, progress=False)
     interval = sp.test_interval or iters
+    if args.precision is not None:
+        print(_stored(solver, args.precision), flush=True)
 
     losses: list[float] = []
     tests: list[tuple[int, float]] = []

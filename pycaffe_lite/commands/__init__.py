@@ -17,6 +17,7 @@ from types import ModuleType
 from .. import common
 from ..conv import engines as conv_engines
 from ..errors import CaffeError, GPUUnavailableError
+from ..precision import PRECISIONS, check_precision_name
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -113,3 +114,34 @@ def add_net_state_arguments(parser: argparse.ArgumentParser) -> None:
 
 def stages(args: argparse.Namespace) -> list[str]:
     return [s for s in (getattr(args, "stage", "") or "").split(",") if s]
+
+
+PRECISION_HELP = ("fp32 (exact float32, TF32 off), tf32 (float32 with TF32 tensor cores; GPU), fp16 or bf16 "
+                  "(a net file without type fields stores its blobs and weights in half, computes in float32, "
+                  "keeps float32 master weights; fp16 adds adaptive loss scaling); default: the file decides "
+                  "(docs/precision.md)")
+
+
+def add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    """``--precision fp32|tf32|fp16|bf16`` (default None: each net file's own fields decide)."""
+    flag(parser, "precision", default=None, type=_precision_name, metavar="|".join(PRECISIONS), help=PRECISION_HELP)
+
+
+def _precision_name(text: str) -> str | None:
+    try:
+        return check_precision_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def use_precision(name: str | None) -> None:
+    """``--precision``: :func:`pycaffe_lite.common.set_precision` after :func:`use_device` (the
+    nets built afterwards take it); ``tf32`` without a GPU is a CaffeError saying so."""
+    if name is None:
+        return
+    try:
+        common.set_precision(name)
+    except GPUUnavailableError:
+        raise CaffeError(f"--precision {name}: TF32 is a mode of the GPU's tensor cores: give --gpu N "
+                         "(on the CPU float32 is exact: --precision fp32)") from None
+    log.info("Precision: %s", name)

@@ -1,7 +1,8 @@
 """The ``caffe`` command and BVLC's tools, with BVLC's exact command lines (gflags syntax).
 
 ``caffe train -solver S [-weights W | -snapshot S.solverstate] [-gpu 0]``, ``caffe test -model M
--weights W [-iterations N]``, ``caffe time -model M [-iterations N] [-phase TRAIN|TEST]``,
+-weights W [-iterations N]``, ``caffe time -model M [-iterations N] [-phase TRAIN|TEST]`` (the three
+also take pycaffe-lite's ``-precision fp32|tf32|fp16|bf16``),
 ``caffe device_query -gpu N``, and every tool of BVLC's ``tools/`` both as ``caffe <tool> ...`` and
 as its own console script (``convert_imageset ...``). Flags are parsed by :mod:`pycaffe_lite.commands.gflags`;
 the work is done by the ``pycaffe-lite`` command modules of :mod:`pycaffe_lite.commands` (one
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import glog
+from ..precision import check_precision_name
 from ..version import __version__
 from ._errors import run_guarded
 from .gflags import GLOG_FLAGS, Flag, FlagError, Parsed, parse, usage
@@ -46,13 +48,16 @@ CAFFE_FLAGS = {
              "snapshot, stop or none."),
         Flag("sighup_effect", str, "snapshot", "Optional; action to take when a SIGHUP signal is received: "
              "snapshot, stop or none."),
+        Flag("precision", str, "", "Optional; fp32, tf32, fp16 or bf16: the precision the nets are built in "
+             "(pycaffe-lite's own; default: each net file's type fields decide, see docs/precision.md)."),
     )
 }
 
 ACTION_FLAGS = {
-    "train": ("solver", "gpu", "cpu", "snapshot", "weights", "level", "stage", "sigint_effect", "sighup_effect"),
-    "test": ("model", "weights", "iterations", "gpu", "level", "stage"),
-    "time": ("model", "iterations", "gpu", "phase", "level", "stage"),
+    "train": ("solver", "gpu", "cpu", "snapshot", "weights", "level", "stage", "sigint_effect", "sighup_effect",
+              "precision"),
+    "test": ("model", "weights", "iterations", "gpu", "level", "stage", "precision"),
+    "time": ("model", "iterations", "gpu", "phase", "level", "stage", "precision"),
     "device_query": ("gpu",),
 }
 ACTION_HELP = {
@@ -108,6 +113,11 @@ def _state_argv(p: Parsed) -> list[str]:
         argv += ["--stage", p.stage]
     if p.gpu:
         argv += ["--gpu", p.gpu]
+    if p.precision:
+        try:
+            argv += ["--precision", str(check_precision_name(p.precision))]
+        except ValueError as exc:
+            raise FlagError(f"-precision: {exc}") from None
     return argv
 
 

@@ -4,7 +4,10 @@ forward (per-blob table on stdout; a mismatch exits with status 1 naming the fir
 layer; a reference that is not finite, inf or NaN in pycaffe-lite's own forward, exits with status
 3, "inconclusive"). Without ``--weights`` the layers' fillers give the weights, and the statistics
 of BatchNorm / BN layers are measured on a random input so that the reference stays finite and in
-a trained net's ranges (:func:`pycaffe_lite.onnx.fill.fill_statistics`). Needs the ``onnx`` extra."""
+a trained net's ranges (:func:`pycaffe_lite.onnx.fill.fill_statistics`). Needs the ``onnx`` extra.
+A half net (a file with NVCaffe's fp16/bf16 type fields) exports the values of its half weights
+(float32 in the graph; ``--fp16`` stores them as float16) and is checked within its format's
+roundoff (:data:`pycaffe_lite.onnx.check.TOL_HALF`)."""
 
 from __future__ import annotations
 
@@ -41,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="also check on this input (.npy array, or an image: resized, BGR 0..255); repeatable")
     flag(parser, "seed", type=int, default=0, help="seed of the random check input (default 0)")
     flag(parser, "tolerance", type=float, default=None,
-         help="allowed max abs difference relative to each blob's range (default 1e-5; 2e-3 with --fp16 --fold-bn)")
+         help="allowed max abs difference relative to each blob's range (default 1e-5; 2e-3 with --fp16 --fold-bn; "
+              "nets storing fp16 / bf16 values: 2**-9 / 2**-6, 4 units of the format's roundoff)")
     flag(parser, "no-layer-recheck", action="store_true",
          help="judge every blob end to end only (by default a blob that differs end to end is compared again "
               "with its layer's ONNX nodes run on pycaffe-lite's values of the layer's bottoms)")

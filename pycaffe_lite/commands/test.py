@@ -1,10 +1,11 @@
-"""``pycaffe-lite test --model M --weights W [--iterations K] [--gpu N]``: score a model.
+"""``pycaffe-lite test --model M --weights W [--iterations K] [--gpu N] [--precision P]``: score a model.
 
 As ``caffe test``: runs K forward passes of the TEST-phase net, logs every output per batch, and
 prints each output averaged over the batches (with its weighted loss contribution) to stdout, and
 to the log files (``-log_dir``) but not the console log, so a terminal shows each line once.
 An output or loss that is not finite (NaN/Inf weights or inputs) is marked, logged as an error and
-makes the exit status 3.
+makes the exit status 3. ``--precision`` builds the net in fp32, tf32, fp16 or bf16 (the weights
+rounded once at load; outputs are read as float32 values, bf16 ones too).
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ from ..errors import PrototxtError, WeightsError
 from ..glog import FILES_ONLY
 from ..net import Net
 from ..proto.protoio import check_regular_file
-from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
+from . import (
+    add_gpu_argument,
+    add_net_state_arguments,
+    add_precision_argument,
+    flag,
+    parse_gpu,
+    stages,
+    use_device,
+    use_precision,
+)
 
 NAME = "test"
 HELP = "score a model: average its outputs over --iterations batches"
@@ -36,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="score even when the weights leave some learnable layers at their initial values")
     add_gpu_argument(parser)
     add_net_state_arguments(parser)
+    add_precision_argument(parser)
 
 
 def score(net, iterations: int) -> tuple[float, list[tuple[str, float, float]]]:
@@ -47,7 +58,7 @@ def score(net, iterations: int) -> tuple[float, list[tuple[str, float, float]]]:
         loss += net.forward_prefilled()
         idx = 0
         for name in net.outputs:
-            for value in net.blobs[name].cpu_data().ravel():
+            for value in net.blobs[name].math_data().ravel():  # (half outputs as float32 values)
                 value = float(value)
                 if i == 0:
                     sums.append(value)
@@ -68,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_regular_file(args.weights, "weights file", WeightsError)
     use_device(parse_gpu(args.gpu), args.autotune_cache)
+    use_precision(getattr(args, "precision", None))
     net = Net(args.model, common.TEST, level=args.level, stages=stages(args) or None)
     net.copy_from(args.weights, allow_missing=args.allow_missing)
     log.info("Running for %d iterations.", args.iterations)

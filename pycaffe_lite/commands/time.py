@@ -1,4 +1,4 @@
-"""``pycaffe-lite time --model M [--iterations K] [--gpu N] [--phase TRAIN|TEST]``: benchmark.
+"""``pycaffe-lite time --model M [--iterations K] [--gpu N] [--phase TRAIN|TEST] [--precision P]``: benchmark.
 
 As ``caffe time``: one warm-up forward/backward, then K timed iterations of every layer's forward
 and (where the net needs it) backward. Prints the average time per layer and for the whole net,
@@ -22,6 +22,7 @@ bound, not what the kernels move.
 
 Data layers with ``data_stats()`` (``Data``) add their images/s over their forward time and how
 long each forward waited for its batch (the readers running behind the net show as waiting).
+``--precision fp32|tf32|fp16|bf16`` times the net built in that precision (docs/precision.md).
 """
 
 from __future__ import annotations
@@ -37,7 +38,16 @@ from .. import common
 from ..errors import PrototxtError
 from ..gpu import backend
 from ..net import Net
-from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
+from . import (
+    add_gpu_argument,
+    add_net_state_arguments,
+    add_precision_argument,
+    flag,
+    parse_gpu,
+    stages,
+    use_device,
+    use_precision,
+)
 
 NAME = "time"
 HELP = "benchmark the forward and backward time of a model, per layer"
@@ -57,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="net phase (default TRAIN)")
     add_gpu_argument(parser)
     add_net_state_arguments(parser)
+    add_precision_argument(parser)
 
 
 class ConvCost(NamedTuple):
@@ -202,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         raise PrototxtError(f"{args.model}: model file not found")
     device = parse_gpu(args.gpu)
     use_device(device, args.autotune_cache)
+    use_precision(getattr(args, "precision", None))
     phase = common.TRAIN if args.phase == "TRAIN" else common.TEST
     net = Net(args.model, phase, level=args.level, stages=stages(args) or None)
     if device is not None:

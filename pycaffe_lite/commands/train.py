@@ -1,4 +1,4 @@
-"""``pycaffe-lite train --solver S [--weights W | --snapshot STATE] [--gpu N] [--no-progress]``.
+"""``pycaffe-lite train --solver S [--weights W | --snapshot STATE] [--gpu N] [--precision P] [--no-progress]``.
 
 As ``caffe train``: the solver file's ``solver_mode: GPU`` (with ``device_id``) applies when no
 ``--gpu`` is given; where no GPU can be used it falls back to the CPU with one warning line
@@ -9,6 +9,9 @@ the current iteration and ends the run, so it can be resumed with ``--snapshot``
 changed with ``--sigint_effect`` / ``--sighup_effect`` (stop, snapshot, none) and ``--sigterm_effect``
 (snapshot or stop: snapshot, then end; none: ignore; exit: end at once without a snapshot). With
 several GPUs the launcher forwards the signals and the ranks agree on the iteration to act at.
+``--precision fp32|tf32|fp16|bf16`` builds the train and test nets in that precision
+(:func:`pycaffe_lite.common.set_precision`; docs/precision.md); ``--weights`` from an fp32
+``.caffemodel`` are rounded into half params once, the solver keeps float32 master weights.
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ from ..errors import CaffeError, GPUUnavailableError, PrototxtError
 from ..parallel import launch
 from ..solvers.sgd_solvers import solver_class
 from ..solvers.solver import check_state_file, load_solver_param
-from . import add_gpu_argument, add_net_state_arguments, flag, parse_gpu, stages, use_device
+from . import (
+    add_gpu_argument,
+    add_net_state_arguments,
+    add_precision_argument,
+    flag,
+    parse_gpu,
+    stages,
+    use_device,
+    use_precision,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -54,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", "-cpu", dest="cpu", action="store_true",
                         help="train on the CPU even when the solver says solver_mode: GPU")
     add_net_state_arguments(parser)
+    add_precision_argument(parser)
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar (it is shown only when stderr is a terminal anyway)")
     parser.add_argument("--allow-nonfinite", dest="allow_nonfinite", action="store_true",
@@ -149,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning("%s says solver_mode: GPU, but %s: training on the CPU (--cpu says so without this "
                     "warning; --gpu N insists on the GPU)", args.solver, str(exc).rstrip("."))
         use_device(None, args.autotune_cache)
+    use_precision(getattr(args, "precision", None))
     if args.snapshot:
         check_state_file(args.snapshot, CaffeError)
     solver = solver_class(param.type)(param, progress=args.progress, solver_dir=solver_dir)

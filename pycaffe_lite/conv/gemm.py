@@ -4,7 +4,9 @@ im2col (kernels in ``im2col.cu``, :mod:`.im2col`) fills a column buffer (C*kh*kw
 strided-batched GEMM over the groups multiplies it by the weights; an axis swap turns (M, N, Ho*Wo)
 into (N, M, Ho*Wo). 1x1/stride-1/pad-0 convolutions skip im2col: one strided-batched GEMM over the
 images reads the input in place (not the weight gradient at output planes below
-:data:`COLUMNS_1X1_WEIGHT_PLANE`). Batches whose columns exceed :data:`COL_BUFFER_BYTES` run in
+:data:`COLUMNS_1X1_WEIGHT_PLANE`); strided 1x1/pad-0 ones (ResNet's downsampling) do the same on the
+input subsampled into the workspace, and their data gradient is the adjoint (zeros between the
+strided pixels), so no per-group column buffer or axis swap is needed. Batches whose columns exceed :data:`COL_BUFFER_BYTES` run in
 chunks of images. It runs every pass of every geometry, so it is also the fallback for passes an
 engine does not implement.
 """
@@ -19,6 +21,7 @@ from .registry import Engine, bias_backward, register_engine, relu_inplace
 
 COL_BUFFER_BYTES = 256 << 20  # column buffer budget; larger batches run in chunks
 COLUMNS_1X1_WEIGHT_PLANE = 100  # 1x1 weight gradients at smaller output planes use columns
+SUBSAMPLED_BYTES = 512 << 20  # strided 1x1 convolutions' subsampled input, at most (else columns)
 
 
 @register_engine("GEMM", order=0, summary="im2col into a column buffer, one cuBLAS strided-batched GEMM over the "
@@ -41,8 +44,19 @@ class GemmEngine(Engine):
         than columns and one GEMM over the batch)."""
         return prob.is_1x1 and (pass_ != "backward_weight" or prob.out_plane >= COLUMNS_1X1_WEIGHT_PLANE)
 
+    @staticmethod
+    def _subsampled(prob: ConvProblem, pass_: str) -> bool:
+        """Whether ``pass_`` of a strided 1x1/pad-0 convolution runs :meth:`_per_image`'s GEMMs on its
+        input subsampled to the output grid (N, C, Ho, Wo) (its size at most :data:`SUBSAMPLED_BYTES`)."""
+        return (prob.kernel == (1, 1) and prob.pad == (0, 0) and prob.stride != (1, 1)
+                and (pass_ != "backward_weight" or prob.out_plane >= COLUMNS_1X1_WEIGHT_PLANE)
+                and prob.num * prob.channels * prob.out_plane * prob.itemsize <= SUBSAMPLED_BYTES)
+
     def scratch(self, prob, pass_, has_bias):
         isz = prob.itemsize
+        if self._subsampled(prob, pass_):  # the subsampled input (or data gradient), the weight pass's products
+            sub = prob.num * prob.channels * prob.out_plane * isz
+            return (sub, prob.num * prob.mg * prob.cg * isz) if pass_ == "backward_weight" else (sub,)
         if self._per_image(prob, pass_):  # the weight pass's per-image partial products; no columns
             return (prob.num * prob.mg * prob.cg * isz,) if pass_ == "backward_weight" else ()
         nmax = self._chunk(prob)
@@ -52,7 +66,13 @@ class GemmEngine(Engine):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
         chw = prob.channels * prob.in_plane
-        if self._per_image(prob, "forward"):  # y[n, g] (mg, P) = W[g] (mg, cg) . x[n, g] (cg, P), per image
+        subsampled = self._subsampled(prob, "forward")
+        if subsampled:  # x[:, :, ::sh, ::sw] into the workspace, then as a 1x1 convolution
+            gpu_im2col.subsample_planes(x, prob.num * prob.channels, (prob.height, prob.width), prob.stride,
+                                        ws[0], dt)
+            x, chw = ws[0], prob.channels * p
+        if subsampled or self._per_image(prob, "forward"):
+            # y[n, g] (mg, P) = W[g] (mg, cg) . x[n, g] (cg, P), per image
             for g in range(prob.group):
                 blas.gemm_strided_batched(False, False, mg, p, kg, 1.0, w + g * mg * kg * isz, 0,
                                           x + g * kg * p * isz, chw, 0.0, y + g * mg * p * isz, m * p, prob.num, dt)
@@ -83,12 +103,18 @@ class GemmEngine(Engine):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m = prob.mg, prob.kg, prob.out_plane, prob.num_output
         chw = prob.channels * prob.in_plane
-        if self._per_image(prob, "backward_data"):
-            # dx[n, g] (cg, P) = W[g]^T (cg, mg) . dy[n, g] (mg, P), batched over images
+        subsampled = self._subsampled(prob, "backward_data")
+        if subsampled or self._per_image(prob, "backward_data"):
+            # dx[n, g] (cg, P) = W[g]^T (cg, mg) . dy[n, g] (mg, P), batched over images (strided: into
+            # the workspace at the output grid, then spread to the strided pixels, zeros between)
+            out, out_chw = (ws[0], prob.channels * p) if subsampled else (dx, chw)
             for g in range(prob.group):
                 blas.gemm_strided_batched(True, False, kg, p, mg, 1.0, w + g * mg * kg * isz, 0,
-                                          dy + g * mg * p * isz, m * p, 0.0, dx + g * kg * p * isz, chw,
+                                          dy + g * mg * p * isz, m * p, 0.0, out + g * kg * p * isz, out_chw,
                                           prob.num, dt)
+            if subsampled:
+                gpu_im2col.upsample_planes(out, prob.num * prob.channels, (prob.height, prob.width), prob.stride,
+                                           dx, dt)
             return
         col, dyt = ws
         for n0, nb in self._chunks(prob):
@@ -103,8 +129,15 @@ class GemmEngine(Engine):
         dt, isz = prob.np_dtype, prob.itemsize
         mg, kg, p, m, n = prob.mg, prob.kg, prob.out_plane, prob.num_output, prob.num
         chw = prob.channels * prob.in_plane
-        if self._per_image(prob, "backward_weight"):
-            part, = ws
+        subsampled = self._subsampled(prob, "backward_weight")
+        if subsampled or self._per_image(prob, "backward_weight"):
+            if subsampled:  # the forward's subsampled input again
+                sub, part = ws
+                gpu_im2col.subsample_planes(x, prob.num * prob.channels, (prob.height, prob.width), prob.stride,
+                                            sub, dt)
+                x, chw = sub, prob.channels * p
+            else:
+                part, = ws
             for g in range(prob.group):  # part[n] = dy[n, g] . x[n, g]^T, then dW[g] += sum over n
                 blas.gemm_strided_batched(False, True, mg, kg, p, 1.0, dy + g * mg * p * isz, m * p,
                                           x + g * kg * p * isz, chw, 0.0, part, mg * kg, n, dt)

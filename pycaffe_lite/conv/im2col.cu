@@ -80,3 +80,29 @@ __global__ void swap_leading_axes(const int count, const Dtype* in, const int a_
     out[index] = in[(a * b_dim + b) * inner + s];
   }
 }
+
+// A strided 1x1 convolution's input, subsampled: y (N*C, oh, ow) = x (N*C, h, w)[:, ::sh, ::sw].
+__global__ void subsample_planes(const int count, const Dtype* x, const int h, const int w, const int oh,
+                                 const int ow, const int sh, const int sw, Dtype* y) {
+  CUDA_KERNEL_LOOP(i, count) {
+    const int ox = i % ow;
+    const int t = i / ow;
+    const int oy = t % oh;
+    const int nc = t / oh;
+    y[i] = x[((long long)nc * h + oy * sh) * w + ox * sw];
+  }
+}
+
+// Its adjoint: x (N*C, h, w) = y (N*C, oh, ow) at every (sh, sw)-th pixel, 0 elsewhere (every x written).
+__global__ void upsample_planes(const int count, const Dtype* y, const int h, const int w, const int oh,
+                                const int ow, const int sh, const int sw, Dtype* x) {
+  CUDA_KERNEL_LOOP(i, count) {
+    const int ix = i % w;
+    const int t = i / w;
+    const int iy = t % h;
+    const int nc = t / h;
+    const int oy = iy / sh, ox = ix / sw;
+    x[i] = (iy % sh == 0 && ix % sw == 0 && oy < oh && ox < ow) ? y[((long long)nc * oh + oy) * ow + ox]
+                                                                 : from_m(Mtype(0));
+  }
+}

@@ -52,3 +52,19 @@ def swap_leading_axes(src: int, a_dim: int, b_dim: int, inner: int, dst: int, dt
     """``dst (b_dim, a_dim, inner) = src (a_dim, b_dim, inner)`` with the leading axes swapped."""
     n = a_dim * b_dim * inner
     backend.kernel(KERNELS, "swap_leading_axes", dtype)(n, src, a_dim, b_dim, inner, dst)
+
+
+def subsample_planes(x: int, planes: int, image_hw: Pair, stride: Pair, y: int, dtype) -> None:
+    """``y (planes, Ho, Wo) = x (planes, H, W)[:, ::sh, ::sw]`` (a strided 1x1 convolution's input)."""
+    (h, w), (sh, sw) = image_hw, stride
+    ho, wo = (h - 1) // sh + 1, (w - 1) // sw + 1
+    backend.kernel(KERNELS, "subsample_planes", dtype)(planes * ho * wo, x, h, w, ho, wo, sh, sw, y)
+
+
+def upsample_planes(y: int, planes: int, image_hw: Pair, stride: Pair, x: int, dtype) -> None:
+    """The adjoint of :func:`subsample_planes`: ``x`` holds ``y`` at every stride-th pixel and 0 elsewhere."""
+    (h, w), (sh, sw) = image_hw, stride
+    ho, wo = (h - 1) // sh + 1, (w - 1) // sw + 1
+    if planes * h * w > backend.INT32_MAX:
+        raise CudaError(f"upsample_planes: {planes * h * w} elements exceed int32 indexing")
+    backend.kernel(KERNELS, "upsample_planes", dtype)(planes * h * w, y, h, w, ho, wo, sh, sw, x)

@@ -169,8 +169,10 @@ def load_engines() -> None:
 
 # -- helpers the engines share ------------------------------------------------------------------
 def relu_inplace(n: int, y: int, dtype) -> None:
-    """``y = ReLU(y)`` in place over ``n`` elements (negative_slope 0, ReLULayer's formula)."""
-    backend.elementwise("conv_relu", "Dtype* y", "y[i] = y[i] > 0 ? y[i] : y[i] * Dtype(0)", dtype)(n, y)
+    """``y = ReLU(y)`` in place over ``n`` elements (negative_slope 0, ReLULayer's formula, in Mtype:
+    the identity conversions for float and double, fp32 for the half types)."""
+    backend.elementwise("conv_relu", "Dtype* y", "const Mtype v = to_m(y[i]); y[i] = from_m(v > 0 ? v : v * Mtype(0))",
+                        dtype)(n, y)
 
 
 def bias_backward(prob: ConvProblem, dy: int, db: int) -> None:

@@ -12,19 +12,34 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..config import config
 from ..errors import DataError
 from ..schema import caffe_pb2
+from . import nvjpeg
 from . import workers as data_workers
-from .transformer import DataTransformer
+from .transformer import DataTransformer, decode_image
 
 log = logging.getLogger("pycaffe_lite")
 
 KERNELS = Path(__file__).with_name("transform.cu")
+
+
+@dataclass
+class _Staged:
+    """A batch queued on the copy stream: its slot, where the batch after it starts, the workers'
+    answers, the device buffer (0 or 1) it goes to, and the event recorded after it."""
+
+    slot: int
+    position: Any
+    payloads: list | None
+    buffer: int
+    ready: Any
 
 
 class TransformingJob:
@@ -41,6 +56,28 @@ class TransformingJob:
         tp = caffe_pb2.TransformationParameter.FromString(self.param)
         self.transformer = DataTransformer(tp, self.phase, np.dtype(self.dtype), rng=np.random.default_rng(0),
                                            where=self.where)
+
+
+def gpu_decode_chosen(prototxt_value: bool) -> bool:
+    """Whether JPEG records are to be decoded on the device by nvJPEG: ``$PYCAFFE_LITE_GPU_DECODE``
+    (``config.gpu_decode``) when set, else the prototxt's ``data_param.gpu_decode`` (field 1002)."""
+    chosen = config.gpu_decode
+    return bool(chosen) if chosen is not None else bool(prototxt_value)
+
+
+def leave_encoded(batches: data_workers.SharedBatches, slot: int, i: int, encoded: bytes, label: float,
+                  shape: tuple[int, int, int], force_color: bool, force_gray: bool) -> int | None:
+    """A worker's part of a device decode: when nvJPEG gives this JPEG as the host would
+    (:func:`nvjpeg.gpu_decodable`) and its bytes fit in the item's ``C*H*W`` bytes, write them there
+    and the label, and return their length (the worker's answer for the item); else None (the
+    worker decodes it on the host)."""
+    n = len(encoded)
+    item = batches.data[slot][i].reshape(-1)
+    if n > item.size or not nvjpeg.gpu_decodable(nvjpeg.jpeg_header(encoded), shape, force_color, force_gray):
+        return None
+    item[:n] = np.frombuffer(encoded, np.uint8)
+    batches.labels[slot][i] = label
+    return n
 
 
 class ParallelBatches:
@@ -67,8 +104,12 @@ class ParallelBatches:
         self.loader: data_workers.ParallelLoader | None = None
         self._registered: Any = None
         self.register_error = ""  # why the shared batches could not be page-locked, if they could not
-        self._held: tuple[int, Any] | None = None
+        self._held: list[tuple[int, Any]] = []  # (slot, event): slots handed out, kept until their upload is done
+        self._staged: _Staged | None = None  # the next batch, queued on the copy stream
         self._device: dict[str, Any] = {}
+        self.staged_ahead = 0  # batches queued on the copy stream a forward before they were due
+        self.gpu_decode = False  # JPEG items left encoded by the workers, decoded by nvJPEG (set before start)
+        self.decoder: nvjpeg.Decoder | None = None
 
     def job(self) -> data_workers.Job:
         raise NotImplementedError
@@ -101,21 +142,53 @@ class ParallelBatches:
             raise
         return True
 
-    def _release_held(self) -> None:
-        if self._held is not None and self.loader is not None:
-            slot, event = self._held
-            self._held = None
+    def _hold(self, slot: int, event: Any) -> None:
+        """Keep ``slot`` from the workers until ``event`` (the upload or decode that reads it) has
+        completed; give back the slots whose event has (the oldest waited for when more than two
+        are held)."""
+        assert self.loader is not None
+        self._held.append((slot, event))
+        while self._held and (len(self._held) > 2 or self._held[0][1] is None or self._held[0][1].query()):
+            slot, event = self._held.pop(0)
             if event is not None:
                 event.synchronize()
             self.loader.release(slot)
 
+    def _release_all(self) -> None:
+        """Wait for every queued upload from the shared batches and every kernel reading the
+        device buffers (which go back to the pool); give the slots back."""
+        staged, self._staged = self._staged, None
+        held = self._held + ([(staged.slot, staged.ready)] if staged is not None else [])
+        self._held = []
+        for event in self._device.get("consumed", ()):
+            if event is not None:
+                event.synchronize()
+        for slot, event in held:
+            if event is not None:
+                event.synchronize()
+            if self.loader is not None:
+                self.loader.release(slot)
+
+    def _take(self) -> tuple[int, Any, list | None, _Staged | None]:
+        """The next batch: the one already staged on the device, else the loader's (waiting for
+        it: :attr:`waited`). ``(slot, position, payloads, staged)``."""
+        assert self.loader is not None
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            self.waited = 0.0
+            return staged.slot, staged.position, staged.payloads, staged
+        start = time.perf_counter()
+        slot, position, payloads = self.loader.get()
+        self.waited = time.perf_counter() - start
+        return slot, position, payloads, None
+
     def fill(self, top, gpu: bool) -> tuple[int, bytes, str]:
         """The next batch into the tops: on the device by the kernel (``gpu`` and uint8 items), else
-        on the host; where the next batch starts."""
+        on the host; where the next batch starts. On the device, the batch after it is uploaded
+        (or decoded) on the copy stream now if the workers have it ready, so that its copy runs while
+        the net computes on this one."""
         assert self.loader is not None
-        start = time.perf_counter()
-        slot, position, _ = self.loader.get()
-        self.waited = time.perf_counter() - start
+        slot, position, payloads, staged = self._take()
         batches = self.loader.batches
         data, labels, draws = batches.data[slot], batches.labels[slot], batches.draws[slot]
         top[0].reshape((self.batch_size, *self.out_shape))
@@ -123,64 +196,188 @@ class ParallelBatches:
             top[1].reshape((self.batch_size,))
             top[1].mutable_cpu_data()[...] = labels
         if gpu and self.raw:
-            self._release_held()
-            self._held = (slot, self._transform_on_device(data, draws, top[0]))
+            if staged is None:
+                staged = self._stage(slot, position, payloads)
+            self._transform_staged(staged, top[0])
+            self._hold(slot, staged.ready)
+            self._stage_ahead()
             return position
         try:
             if self.raw:  # (a GPU-mode layer run on the CPU) the host transform, item by item
+                if staged is not None:  # (its upload or decode reads the slot)
+                    staged.ready.synchronize()
+                self._decode_on_host(data, nvjpeg.encoded_items(payloads), nvjpeg.item_keys(payloads))
                 out = top[0].mutable_cpu_data()
                 for i in range(self.batch_size):
                     self.transformer.apply(data[i], int(draws[i, 0]), int(draws[i, 1]), bool(draws[i, 2]), out=out[i])
             else:
                 top[0].mutable_cpu_data()[...] = data
         finally:
-            self.loader.release(slot)
+            self._hold(slot, staged.ready if staged is not None else None)
         return position
 
-    def _transform_on_device(self, data: np.ndarray, draws: np.ndarray, top) -> Any:
-        """Upload the uint8 batch and its draws; one kernel writes the transformed batch into ``top``.
-        Returns the upload's event (None when the copy was synchronous)."""
+    # -- the device path: uploads (or nvJPEG decodes) on the copy stream into two buffers in turn ----
+    def _device_setup(self, data: np.ndarray, draws: np.ndarray) -> None:
+        """Once: page-lock the shared batches, two device buffers for batches and draws, the mean,
+        the kernel, and the nvJPEG decoder when :attr:`gpu_decode` asks for one."""
         from pycaffe_lite.gpu import backend, driver
 
         dev = self._device
+        assert self.loader is not None
+        try:  # page-lock the shared batches: uploads run at the bus's rate, asynchronously
+            self._registered = driver.register_host(self.loader.batches.whole)
+        except Exception as exc:  # (the driver may refuse: pageable copies then)
+            log.info("%s: shared batches not page-locked (%s): pageable uploads", self.where, exc)
+            self._registered = None
+            self.register_error = f"{type(exc).__name__}: {exc}"
+        dev["data"] = [backend.alloc(data.nbytes) for _ in range(2)]
+        dev["draws"] = [backend.alloc(draws.nbytes) for _ in range(2)]
+        dev["consumed"] = [None, None]  # per buffer: the compute stream's event after its last read
+        dev["ready"] = [None, None]  # per buffer: the copy stream's event after its last upload
+        t = self.transformer
+        mean_kind, mean = 0, np.zeros(1, self.dtype)
+        if t.mean is not None:
+            full = t._mean_for(t.mean, self.shape)
+            if t.param.HasField("mean_file"):
+                mean_kind, mean = 2, np.ascontiguousarray(full, self.dtype)
+            else:
+                mean_kind, mean = 1, np.ascontiguousarray(full[:, 0, 0], self.dtype)
+        dev["mean"] = backend.alloc(mean.nbytes)
+        backend.memcpy_htod(int(dev["mean"]), mean)
+        dev["mean_kind"] = mean_kind
+        dev["kernel"] = backend.kernel(KERNELS, "data_transform_u8", self.dtype)
+        dev["turn"] = 0
+        if self.gpu_decode:
+            self._open_decoder(start=0)
+
+    def _open_decoder(self, start: int) -> None:
+        """An nvJPEG decoder with the first backend from ``nvjpeg.BACKENDS[start]`` on, or None (a warning)."""
+        try:
+            self.decoder = nvjpeg.Decoder(states=2, start=start)
+            log.info("%s: JPEG records decoded on the device by nvJPEG (%s backend, %s)", self.where,
+                     self.decoder.backend, self.decoder.path)
+        except nvjpeg.NvJpegError as exc:
+            self.decoder = None
+            log.warning("%s: %s; JPEG records are decoded on the host", self.where, exc)
+
+    def _stage(self, slot: int, position: Any, payloads: list | None) -> _Staged:
+        """Queue the batch of ``slot`` on the copy stream into the next device buffer (after the
+        compute stream's last read of it): its uint8 items uploaded, or its JPEG items decoded by
+        nvJPEG and the others uploaded; then its draws; an event after them."""
+        from pycaffe_lite.gpu import backend
+
+        assert self.loader is not None
+        batches = self.loader.batches
+        data, draws = batches.data[slot], batches.draws[slot]
+        dev = self._device
         if not dev:
-            assert self.loader is not None
-            try:  # page-lock the shared batches: uploads run at the bus's rate, asynchronously
-                self._registered = driver.register_host(self.loader.batches.whole)
-            except Exception as exc:  # (the driver may refuse: pageable copies then)
-                log.info("%s: shared batches not page-locked (%s): pageable uploads", self.where, exc)
-                self._registered = None
-                self.register_error = f"{type(exc).__name__}: {exc}"
-            dev["data"] = backend.alloc(data.nbytes)
-            dev["draws"] = backend.alloc(draws.nbytes)
-            t = self.transformer
-            mean_kind, mean = 0, np.zeros(1, self.dtype)
-            if t.mean is not None:
-                full = t._mean_for(t.mean, self.shape)
-                if t.param.HasField("mean_file"):
-                    mean_kind, mean = 2, np.ascontiguousarray(full, self.dtype)
-                else:
-                    mean_kind, mean = 1, np.ascontiguousarray(full[:, 0, 0], self.dtype)
-            dev["mean"] = backend.alloc(mean.nbytes)
-            backend.memcpy_htod(int(dev["mean"]), mean)
-            dev["mean_kind"] = mean_kind
-            dev["kernel"] = backend.kernel(KERNELS, "data_transform_u8", self.dtype)
-        event = backend.memcpy_htod(int(dev["data"]), data, pinned=self._registered is not None)
-        backend.memcpy_htod(int(dev["draws"]), np.ascontiguousarray(draws))
+            self._device_setup(data, draws)
+        k = dev["turn"]
+        dev["turn"] = 1 - k
+        copy = backend.copy_stream()
+        if dev["consumed"][k] is not None:
+            copy.wait_for_event(dev["consumed"][k])
+        pinned = self._registered is not None
+        jpegs = nvjpeg.encoded_items(payloads)
+        if jpegs:
+            self._decode_on_device(k, data, jpegs, nvjpeg.item_keys(payloads), copy)
+        else:
+            backend.memcpy_htod(int(dev["data"][k]), data, pinned=pinned, on=copy)
+        backend.memcpy_htod(int(dev["draws"][k]), np.ascontiguousarray(draws), on=copy)
+        ready = backend.record_event(copy)
+        dev["ready"][k] = ready
+        return _Staged(slot, position, payloads, k, ready)
+
+    def _decode_on_device(self, k: int, data: np.ndarray, jpegs: list[tuple[int, int]], keys: list, copy) -> None:
+        """Items ``jpegs`` (item, encoded length) of ``data`` decoded by nvJPEG into buffer ``k``,
+        the others uploaded one by one. When nvJPEG fails, the host decodes the batch (a corrupt
+        record is an error naming its key, from ``keys``), and the next of ``nvjpeg.BACKENDS``
+        takes over for later batches; when none is left the host decodes them all."""
+        from pycaffe_lite.gpu import backend
+
+        dev = self._device
+        base, item_bytes = int(dev["data"][k]), int(np.prod(self.shape))
+        encoded = {i for i, _ in jpegs}
+        for i in range(self.batch_size):
+            if i not in encoded:
+                backend.memcpy_htod(base + i * item_bytes, data[i], pinned=self._registered is not None, on=copy)
+        if self.decoder is not None:
+            previous = dev["ready"][k]
+            if previous is not None:  # the state's last decode, two batches ago, has finished
+                previous.synchronize()
+            host = data.ctypes.data
+            try:
+                self.decoder.decode(k, [host + i * item_bytes for i, _ in jpegs], [n for _, n in jpegs],
+                                    [nvjpeg.plane_pointers(base, i, self.shape) for i, _ in jpegs], self.shape[2],
+                                    nvjpeg.output_format(self.shape[0]), copy.handle)
+                return
+            except nvjpeg.NvJpegError as exc:
+                failure = str(exc)
+        else:
+            failure = ""
+        copy.synchronize()  # (the item uploads above read data before it is overwritten)
+        self._decode_on_host(data, jpegs, keys)  # (a corrupt record raises here, named)
+        for i, _ in jpegs:
+            backend.memcpy_htod(base + i * item_bytes, data[i], on=copy)
+        if failure and self.decoder is not None:  # the host decoded what nvJPEG failed on: next backend
+            level = self.decoder.level
+            self.decoder.close()
+            self.decoder = None
+            log.warning("%s: %s (the host decoded the batch)", self.where, failure)
+            if level + 1 < len(nvjpeg.BACKENDS):
+                self._open_decoder(start=level + 1)
+            if self.decoder is None:
+                log.warning("%s: JPEG records are decoded on the host from now on", self.where)
+
+    def _decode_on_host(self, data: np.ndarray, jpegs: list[tuple[int, int]], keys: list) -> None:
+        """Decode the JPEG items the workers left encoded (``(item, length)``; ``keys[i]`` names
+        item ``i``'s record) into their pixels, in place."""
+        p = self.transformer.param
+        for i, n in jpegs:
+            flat = data[i].reshape(-1)
+            where = f"{self.where}: record {keys[i]!r}"
+            values = decode_image(bytes(flat[:n]), p.force_color, p.force_gray, where)
+            if values.shape != tuple(self.shape):
+                raise DataError(f"{where} decodes to shape {values.shape}, the batch has {tuple(self.shape)}")
+            data[i] = values
+
+    def _transform_staged(self, staged: _Staged, top) -> None:
+        """The compute stream waits for the staged batch, then one kernel writes it transformed into ``top``."""
+        from pycaffe_lite.gpu import backend
+
+        dev = self._device
+        k = staged.buffer
+        compute = backend.stream()
+        compute.wait_for_event(staged.ready)
         c, h, w = self.shape
         _, oh, ow = self.out_shape
         scale = float(self.transformer.param.scale)
-        dev["kernel"](self.batch_size * c * oh * ow, int(dev["data"]), int(dev["draws"]), int(dev["mean"]),
+        dev["kernel"](self.batch_size * c * oh * ow, int(dev["data"][k]), int(dev["draws"][k]), int(dev["mean"]),
                       dev["mean_kind"], int(scale != 1), scale, c, h, w, oh, ow, top.mutable_gpu_data())
-        return event
+        dev["consumed"][k] = backend.record_event()
+
+    def _stage_ahead(self) -> None:
+        """Stage the next batch now if the workers have finished it (and a slot is left for them)."""
+        if self._staged is not None or self.depth < 3 or self.loader is None:
+            return
+        got = self.loader.try_get()
+        if got is not None:
+            slot, position, payloads = got
+            self._staged = self._stage(slot, position, payloads)
+            self.staged_ahead += 1
 
     def stop(self) -> None:
         """Stop the workers, free the shared memory (the cursor stays open)."""
-        if self._held is not None:
+        try:
+            self._release_all()
+        except Exception:  # (the device context may be gone at exit)
+            self._held, self._staged = [], None
+        if self.decoder is not None:
             try:
-                self._release_held()
+                self.decoder.close()
             except Exception:  # (the device context may be gone at exit)
                 pass
+            self.decoder = None
         if self._registered is not None:
             try:
                 self._registered()

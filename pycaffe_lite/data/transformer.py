@@ -44,6 +44,12 @@ def decode_datum(datum: caffe_pb2.Datum, force_color: bool = False, force_gray: 
     return np.asarray(datum.float_data, dtype=np.float32).reshape(c, h, w)
 
 
+def decode_image(data: bytes, force_color: bool = False, force_gray: bool = False, where: str = "image") -> np.ndarray:
+    """An encoded image (JPEG, PNG, ...) as uint8 ``(C, H, W)``: BGR colour, or one channel for a
+    grayscale image (or ``force_gray``); ``force_color`` makes a grayscale image 3 channels."""
+    return _decode_image(data, force_color, force_gray, where)
+
+
 def _decode_image(data: bytes, force_color: bool, force_gray: bool, where: str) -> np.ndarray:
     if force_color and force_gray:
         raise DataError(f"{where}: cannot set both force_color and force_gray")

@@ -417,6 +417,7 @@ class ParallelLoader:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._asked = 0
+        self._early: tuple | None = None  # a failed batch try_get saw before it was due
         self.thread = threading.Thread(target=self._run, name=f"data loader {where}", daemon=True)
         self._closed = False
 
@@ -502,6 +503,22 @@ class ParallelLoader:
         if kind != "done" and slot not in books.errors:
             books.errors[slot] = ItemShapeError(text) if kind == "shape" else DataError(text)
 
+    def try_get(self) -> tuple[int, Any, list | None] | None:
+        """The next batch as :meth:`get` gives it when it is complete now, else None (never waits,
+        never has a Deferred batch planned). A batch that failed is kept for :meth:`get` to raise
+        when it is due."""
+        if self.error is not None or self._early is not None or self.stop_event.is_set():
+            return None
+        try:
+            item = self.ready.get_nowait()
+        except queue.Empty:
+            return None
+        if item[2] is not None:
+            self._early = item
+            return None
+        self._asked += 1
+        return item[0], item[1], item[3]
+
     def get(self) -> tuple[int, Any, list | None]:
         """``(slot, info, payloads)`` of the next batch (``payloads``: what the job's ``load``
         returned per item, or None when it returned nothing); raises the batch's error (and then
@@ -519,7 +536,8 @@ class ParallelLoader:
             if self.stop_event.is_set():
                 raise DataError(f"{self.where}: the data loader is not running (layer closed?)")
             try:
-                slot, info, err, payloads = self.ready.get(timeout=0.05)
+                early, self._early = self._early, None
+                slot, info, err, payloads = early if early is not None else self.ready.get(timeout=0.05)
             except queue.Empty:
                 if not self.thread.is_alive():
                     raise DataError(f"{self.where}: the data loader thread is not running (layer closed?)") from None

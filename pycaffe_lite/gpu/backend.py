@@ -86,6 +86,7 @@ class DeviceState:
         self.context = self.device.retain_primary_context()
         self.context.push()
         self.stream = cuda.Stream()
+        self.copy = None  # copy_stream(): made on first use
         self.pool = pycuda.tools.DeviceMemoryPool()
         self.free_at_init = cuda.mem_get_info()[0]  # baseline of memory_held()
         self.modules: dict[tuple[str, str], KernelModule] = {}
@@ -104,6 +105,8 @@ class DeviceState:
         self.caches.clear()
 
         try:
+            if self.copy is not None:
+                self.copy.synchronize()
             self.stream.synchronize()
             self.pool.stop_holding()
             self.context.pop()
@@ -201,6 +204,16 @@ def is_initialized() -> bool:
 def stream():
     """The stream every GPU operation of the process is queued on."""
     return state().stream
+
+
+def copy_stream():
+    """A second stream for host-to-device uploads that overlap the work queued on :func:`stream`
+    (the data layers' next batch): the compute stream waits on an event recorded after the upload
+    (``stream().wait_for_event``) before it reads the memory. Made on first use."""
+    st = state()
+    if st.copy is None:
+        st.copy = st.cuda.Stream()
+    return st.copy
 
 
 def synchronize() -> None:
@@ -318,18 +331,27 @@ def pinned_array(count: int, dtype, zero: bool) -> np.ndarray | None:
         return None
 
 
-def memcpy_htod(dst: int, src: np.ndarray, pinned: bool = False):
-    """Queue a host-to-device copy of the contiguous array ``src``. From pageable memory the call
-    returns once the driver has staged ``src`` (None); from page-locked memory (``pinned``) the copy
-    runs asynchronously and the returned event completes when ``src`` may be written again."""
+def memcpy_htod(dst: int, src: np.ndarray, pinned: bool = False, on=None):
+    """Queue a host-to-device copy of the contiguous array ``src`` on :func:`stream` (or the stream
+    ``on``: :func:`copy_stream`). From pageable memory the call returns once the driver has staged
+    ``src`` (None); from page-locked memory (``pinned``) the copy runs asynchronously and the
+    returned event completes when ``src`` may be written again."""
     st = state()
     if st.recording is not None:
         raise CudaError("host-to-device copy from host memory while a CUDA graph is being captured")
-    st.cuda.memcpy_htod_async(dst, np.ascontiguousarray(src), st.stream)
+    queue = st.stream if on is None else on
+    st.cuda.memcpy_htod_async(dst, np.ascontiguousarray(src), queue)
     if not pinned:
         return None
+    return record_event(queue)
+
+
+def record_event(on=None):
+    """An event recorded now on :func:`stream` (or on the stream ``on``): it completes when the work
+    queued there before it has."""
+    st = state()
     done = st.cuda.Event(st.cuda.event_flags.DISABLE_TIMING)
-    done.record(st.stream)
+    done.record(st.stream if on is None else on)
     return done
 
 

@@ -2,8 +2,14 @@
 
 cuBLAS is column-major: a row-major ``C = op(A)·op(B)`` is computed as ``Cᵀ = op(B)ᵀ·op(A)ᵀ``
 by swapping the operands (one adapter, :func:`gemm`, used by every layer). Pointers are device
-addresses (ints); ``dtype`` selects the S or D routine. Failing calls raise :class:`CudaError`
-with the cuBLAS status name.
+addresses (ints); ``dtype`` selects the S or D routine for float32 and float64. The half types,
+float16 and uint16 (bfloat16 bit patterns, :mod:`pycaffe_lite.precision`), go to cuBLAS's mixed
+routines: ``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` (gemv too, as a GEMM with one column)
+with half operands and output, fp32 compute (``CUBLAS_COMPUTE_32F``, tensor cores, default algo),
+``cublasAxpyEx`` / ``cublasScalEx`` executing in fp32; ``dot`` and ``asum`` of half vectors sum in
+fp32 in a kernel of their own (``blas_reduce.cu``) and return that float. Scalars (alpha, beta) are
+float32 host values for the half types. Failing calls raise :class:`CudaError` with the cuBLAS
+status name.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import ctypes.util
 import glob
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +29,12 @@ from . import backend
 OP_N, OP_T = 0, 1
 WORKSPACE_BYTES = 32 * 1024 * 1024
 DEFAULT_MATH, TF32_TENSOR_OP_MATH = 0, 3
+# cudaDataType_t (library_types.h), cublasComputeType_t and cublasGemmAlgo_t (cublas_api.h)
+CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_GEMM_DEFAULT = -1
+HALF_TYPES = {np.dtype(np.float16): CUDA_R_16F, np.dtype(np.uint16): CUDA_R_16BF}  # storage -> cudaDataType
+REDUCE_KERNELS = Path(__file__).with_name("blas_reduce.cu")
 
 _STATUS = {
     0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
@@ -80,6 +93,13 @@ class _Cublas:
             getattr(lib, f"cublas{prefix}scal_v2").argtypes = [vp, i, pc, vp, i]
             getattr(lib, f"cublas{prefix}dot_v2").argtypes = [vp, i, vp, i, vp, i, pc]
             getattr(lib, f"cublas{prefix}asum_v2").argtypes = [vp, i, vp, i, pc]
+        fp = ctypes.POINTER(ctypes.c_float)
+        # the mixed-precision routines the half types use (host scalars, cudaDataType_t as int)
+        lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+        lib.cublasGemmStridedBatchedEx.argtypes = [
+            vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll, i, i, i]
+        lib.cublasAxpyEx.argtypes = [vp, i, fp, i, vp, i, i, vp, i, i, i]
+        lib.cublasScalEx.argtypes = [vp, i, fp, i, vp, i, i, i]
         lib.cublasSetStream_v2.argtypes = [vp, vp]
         lib.cublasSetMathMode.argtypes = [vp, i]
         self.handle = ctypes.c_void_p()
@@ -148,7 +168,13 @@ def _prefix(dtype) -> tuple[str, type]:
         return "S", ctypes.c_float
     if dtype == np.float64:
         return "D", ctypes.c_double
-    raise CudaError(f"cuBLAS routines take float32 or float64, not {dtype}")
+    raise CudaError(f"cuBLAS routines take float32, float64, float16 or bfloat16 (uint16), not {dtype}")
+
+
+def half_type(dtype) -> int | None:
+    """The cudaDataType_t of a half storage dtype (CUDA_R_16F for float16, CUDA_R_16BF for uint16,
+    bfloat16's bit patterns); None for float32 and float64 (the S and D routines)."""
+    return HALF_TYPES.get(np.dtype(dtype))
 
 
 def _ptr(p: int, what: str) -> ctypes.c_void_p:
@@ -167,10 +193,18 @@ def gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: 
     if m == 0 or n == 0:
         return
     h = handle()
-    p, ct = _prefix(dtype)
     lda = lda if lda is not None else max(1, m if trans_a else k)
     ldb = ldb if ldb is not None else max(1, k if trans_b else n)
     ldc = ldc if ldc is not None else max(1, n)
+    ht = half_type(dtype)
+    if ht is not None:
+        h.check(h.lib.cublasGemmEx(
+            h.handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k,
+            ctypes.byref(ctypes.c_float(alpha)), _ptr(b, "gemm B"), ht, ldb, _ptr(a, "gemm A"), ht, lda,
+            ctypes.byref(ctypes.c_float(beta)), _ptr(c, "gemm C"), ht, ldc, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT), "cublasGemmEx")
+        return
+    p, ct = _prefix(dtype)
     h.check(getattr(h.lib, f"cublas{p}gemm_v2")(
         h.handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k,
         ctypes.byref(ct(alpha)), _ptr(b, "gemm B"), ldb, _ptr(a, "gemm A"), lda,
@@ -185,10 +219,18 @@ def gemm_strided_batched(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a
     if m == 0 or n == 0 or batch == 0:
         return
     h = handle()
-    p, ct = _prefix(dtype)
     lda = lda if lda is not None else max(1, m if trans_a else k)
     ldb = ldb if ldb is not None else max(1, k if trans_b else n)
     ldc = ldc if ldc is not None else max(1, n)
+    ht = half_type(dtype)
+    if ht is not None:
+        h.check(h.lib.cublasGemmStridedBatchedEx(
+            h.handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k,
+            ctypes.byref(ctypes.c_float(alpha)), _ptr(b, "gemm B"), ht, ldb, stride_b, _ptr(a, "gemm A"), ht, lda,
+            stride_a, ctypes.byref(ctypes.c_float(beta)), _ptr(c, "gemm C"), ht, ldc, stride_c, batch,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
+        return
+    p, ct = _prefix(dtype)
     h.check(getattr(h.lib, f"cublas{p}gemmStridedBatched")(
         h.handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k,
         ctypes.byref(ct(alpha)), _ptr(b, "gemm B"), ldb, stride_b, _ptr(a, "gemm A"), lda, stride_a,
@@ -196,8 +238,15 @@ def gemm_strided_batched(trans_a: bool, trans_b: bool, m: int, n: int, k: int, a
 
 
 def gemv(trans: bool, m: int, n: int, alpha: float, a: int, x: int, beta: float, y: int, dtype) -> None:
-    """Row-major ``A`` (m,n): ``y = alpha·op(A)·x + beta·y``."""
+    """Row-major ``A`` (m,n): ``y = alpha·op(A)·x + beta·y``. Half types: a :func:`gemm` with one
+    column (cuBLAS has no mixed-precision gemv)."""
     if m == 0 or n == 0:
+        return
+    if half_type(dtype) is not None:
+        if trans:  # y (n) = A^T (n,m) . x (m)
+            gemm(True, False, n, 1, m, alpha, a, x, beta, y, dtype, lda=n, ldb=1, ldc=1)
+        else:  # y (m) = A (m,n) . x (n)
+            gemm(False, False, m, 1, n, alpha, a, x, beta, y, dtype, lda=n, ldb=1, ldc=1)
         return
     h = handle()
     p, ct = _prefix(dtype)
@@ -207,20 +256,30 @@ def gemv(trans: bool, m: int, n: int, alpha: float, a: int, x: int, beta: float,
 
 
 def axpy(n: int, alpha: float, x: int, y: int, dtype) -> None:
-    """``y += alpha·x``."""
+    """``y += alpha·x`` (half types: executed in fp32)."""
     if n == 0:
         return
     h = handle()
+    ht = half_type(dtype)
+    if ht is not None:
+        h.check(h.lib.cublasAxpyEx(h.handle, n, ctypes.byref(ctypes.c_float(alpha)), CUDA_R_32F,
+                                   _ptr(x, "axpy x"), ht, 1, _ptr(y, "axpy y"), ht, 1, CUDA_R_32F), "cublasAxpyEx")
+        return
     p, ct = _prefix(dtype)
     h.check(getattr(h.lib, f"cublas{p}axpy_v2")(h.handle, n, ctypes.byref(ct(alpha)), _ptr(x, "axpy x"), 1,
                                                  _ptr(y, "axpy y"), 1), f"cublas{p}axpy")
 
 
 def scal(n: int, alpha: float, x: int, dtype) -> None:
-    """``x *= alpha``."""
+    """``x *= alpha`` (half types: executed in fp32)."""
     if n == 0:
         return
     h = handle()
+    ht = half_type(dtype)
+    if ht is not None:
+        h.check(h.lib.cublasScalEx(h.handle, n, ctypes.byref(ctypes.c_float(alpha)), CUDA_R_32F,
+                                   _ptr(x, "scal x"), ht, 1, CUDA_R_32F), "cublasScalEx")
+        return
     p, ct = _prefix(dtype)
     h.check(getattr(h.lib, f"cublas{p}scal_v2")(h.handle, n, ctypes.byref(ct(alpha)), _ptr(x, "scal x"), 1),
             f"cublas{p}scal")
@@ -231,11 +290,29 @@ def _no_capture(what: str) -> None:
         raise CudaError(f"{what} returns a host value and cannot run inside a CUDA graph capture")
 
 
+def _half_reduce(n: int, x: int, y: int, mode: int, dtype) -> float:
+    """``blas_reduce`` (one block, fp32 sums): mode 0 ``sum x*y``, mode 1 ``sum |x|``."""
+    out = backend.device_cache("blas").get("reduce_out")
+    if out is None:
+        out = backend.device_cache("blas")["reduce_out"] = backend.alloc(16)
+    backend.kernel(REDUCE_KERNELS, "blas_reduce", dtype)(n, x, y, mode, int(out), block=REDUCE_THREADS, grid=1)
+    result = np.zeros(1, np.float32)
+    backend.memcpy_dtoh(result, int(out))
+    return float(result[0])
+
+
+REDUCE_THREADS = 1024  # blas_reduce.cu's BLAS_REDUCE_THREADS
+
+
 def dot(n: int, x: int, y: int, dtype) -> float:
-    """``x·y`` (waits for the stream: the result comes back to the host)."""
+    """``x·y`` (waits for the stream: the result comes back to the host). Half types: products and
+    sum in fp32 (``blas_reduce.cu``; cublasDotEx would round the result to the storage type)."""
     if n == 0:
         return 0.0
     _no_capture("blas.dot")
+    if half_type(dtype) is not None:
+        _ptr(x, "dot x"), _ptr(y, "dot y")
+        return _half_reduce(n, int(x), int(y), 0, dtype)
     h = handle()
     p, ct = _prefix(dtype)
     out = ct()
@@ -245,10 +322,13 @@ def dot(n: int, x: int, y: int, dtype) -> float:
 
 
 def asum(n: int, x: int, dtype) -> float:
-    """Sum of absolute values (waits for the stream)."""
+    """Sum of absolute values (waits for the stream). Half types: summed in fp32 (``blas_reduce.cu``)."""
     if n == 0:
         return 0.0
     _no_capture("blas.asum")
+    if half_type(dtype) is not None:
+        _ptr(x, "asum x")
+        return _half_reduce(n, int(x), int(x), 1, dtype)
     h = handle()
     p, ct = _prefix(dtype)
     out = ct()

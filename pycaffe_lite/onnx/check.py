@@ -6,8 +6,12 @@ intermediate value of an in-place chain is observed after its own layer. A blob 
 ``max |onnx - caffe| <= tol * max |caffe|`` (``tol`` 1e-5). With fp16 weights the reference runs on
 the weight blobs rounded to float16, as the export stores them (vectors stay float32), so the same
 1e-5 applies; with fp16 and folded BatchNorms the folded kernels are rounded after folding, and the
-tolerance is 2e-3. A reference blob holding inf or NaN proves nothing either way: its row is
-``inconclusive``, and so is the whole check when such a blob comes before any mismatch.
+tolerance is 2e-3. A net storing its values in fp16 or bfloat16 (docs/precision.md) is compared
+through their float32 values (the export holds the half weights' values exactly, or as float16
+with ``--fp16``) with 4 units of its format's roundoff (:data:`TOL_HALF`: 2**-9 fp16, 2**-6
+bfloat16), since it rounds every top it stores and ONNX does not. A reference blob holding inf or
+NaN proves nothing either way: its row is ``inconclusive``, and so is the whole check when such a
+blob comes before any mismatch.
 
 Memory: the check streams. The compared values are split into chunks of about
 :data:`CHUNK_BYTES`; per chunk ONNX Runtime runs once with just that chunk's values as outputs,
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import io as caffe_io
+from ..blob import store_math, to_math
 from .export import Exported
 from .graph import CheckError, fp16_stored
 from .runs import INLINE_BYTES, CheckRow, OrtRunner, caffe_forward, compare_value, needs_external_data
@@ -36,6 +41,10 @@ __all__ = ["INLINE_BYTES", "CheckRow", "CheckResult", "InconclusiveCheck", "OrtR
 
 TOL_FP32 = 1e-5
 TOL_FP16_FOLDED = 2e-3
+#: A net that stores values in half (docs/precision.md) rounds every top it stores, which the
+#: float32 ONNX graph does not: its default tolerance is 4 units of roundoff of the format
+#: (fp16 2**-11, bfloat16 2**-8; bfloat16 is held as uint16 bit patterns on the host).
+TOL_HALF = {np.dtype(np.float16): 4 * 2.0 ** -11, np.dtype(np.uint16): 4 * 2.0 ** -8}
 CHUNK_BYTES = 256 * 2**20  # ONNX Runtime values fetched per run (one value may exceed it alone)
 # Layers whose forward depends on the previous forward: the check runs the net once (one chunk).
 STATEFUL_TYPES = frozenset({"RNN", "LSTM", "Python"})
@@ -149,16 +158,23 @@ def _embed_input_dim(net, name: str) -> int:
 
 @contextlib.contextmanager
 def _fp16_weights(net, on: bool) -> Iterator[None]:
-    """The net's weight blobs rounded to float16 as the export stores them (:func:`fp16_stored`)."""
+    """The net's weight blobs rounded to float16 as the export stores them (:func:`fp16_stored`;
+    half params through their values: bfloat16 ones are bit patterns)."""
     blobs = [b for layer in net.layers for b in layer.blobs if fp16_stored(b.shape)] if on else []
     saved = [np.array(b.cpu_data(), copy=True) for b in blobs]
     try:
         for b in blobs:
-            b.mutable_cpu_data()[...] = b.cpu_data().astype(np.float16).astype(b.cpu_data().dtype)
+            store_math(b.mutable_cpu_data(), to_math(b.cpu_data()).astype(np.float16).astype(np.float32))
         yield
     finally:
         for b, s in zip(blobs, saved):
             b.mutable_cpu_data()[...] = s
+
+
+def half_tolerance(net) -> float:
+    """:data:`TOL_HALF` of the widest half format among the net's blobs and params (0: none)."""
+    dtypes = {b.dtype for b in net.blobs.values()} | {b.dtype for layer in net.layers for b in layer.blobs}
+    return max((TOL_HALF[d] for d in dtypes if d in TOL_HALF), default=0.0)
 
 
 def _chunks(net, rows: list[CheckRow], budget: int) -> list[list[CheckRow]]:
@@ -200,7 +216,8 @@ def check(net, exported: Exported, inputs: Mapping[str, np.ndarray] | None = Non
             raise CheckError(f"check input: no array for graph input '{name}'")
         if tuple(feeds[name].shape) != shape:
             raise CheckError(f"check input '{name}': shape {tuple(feeds[name].shape)}, the export expects {shape}")
-    tol = tol if tol is not None else (TOL_FP16_FOLDED if exported.fp16 and exported.folded else TOL_FP32)
+    if tol is None:
+        tol = max(TOL_FP16_FOLDED if exported.fp16 and exported.folded else TOL_FP32, half_tolerance(net))
     rows = [CheckRow(r) for r in exported.rows]
     compared = []
     for cr in rows:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..blob import to_math
 from .check import caffe_forward, random_feeds
 from .registry import DATA_LAYERS
 
@@ -25,22 +26,22 @@ from .registry import DATA_LAYERS
 def _untouched(layer) -> bool:
     """A normalization on fixed statistics whose statistics were never set."""
     if layer.type == "BatchNorm" and len(layer.blobs) >= 3 and layer.use_global_stats:
-        return not (np.any(layer.blobs[2].cpu_data()) or np.any(layer.blobs[1].cpu_data())
-                    or np.any(layer.blobs[0].cpu_data()))
+        return not (np.any(layer.blobs[2].math_data()) or np.any(layer.blobs[1].math_data())
+                    or np.any(layer.blobs[0].math_data()))
     if layer.type == "BN" and len(layer.blobs) == 4 and not layer.segnet and not layer.batch_stats:
-        mean, var = layer.blobs[2].cpu_data(), layer.blobs[3].cpu_data()
+        mean, var = layer.blobs[2].math_data(), layer.blobs[3].math_data()
         return not np.any(mean) and (not np.any(var) or bool(np.all(var == 1)))  # 1: a new frozen BN
     return False
 
 
 def _set(layer, mean: np.ndarray, var: np.ndarray) -> None:
     if layer.type == "BatchNorm":
-        layer.blobs[0].mutable_cpu_data()[...] = mean.reshape(layer.blobs[0].shape)
-        layer.blobs[1].mutable_cpu_data()[...] = var.reshape(layer.blobs[1].shape)
-        layer.blobs[2].mutable_cpu_data()[...] = 1
-    else:
-        layer.blobs[2].mutable_cpu_data()[...] = mean.reshape(layer.blobs[2].shape)
-        layer.blobs[3].mutable_cpu_data()[...] = var.reshape(layer.blobs[3].shape)
+        layer.blobs[0].set_math_data(mean.reshape(layer.blobs[0].shape))
+        layer.blobs[1].set_math_data(var.reshape(layer.blobs[1].shape))
+        layer.blobs[2].set_math_data(np.ones(1))
+    else:  # (stored rounded where a half net keeps them in half)
+        layer.blobs[2].set_math_data(mean.reshape(layer.blobs[2].shape))
+        layer.blobs[3].set_math_data(var.reshape(layer.blobs[3].shape))
 
 
 def unit_statistics(net) -> list[str]:
@@ -79,7 +80,7 @@ def fill_statistics(net, seed: int = 1) -> list[str]:
         if i not in targets:
             return
         layer = net.layers[i]
-        x = np.asarray(net.bottom_vecs[i][0].cpu_data(), np.float64)
+        x = np.asarray(to_math(net.bottom_vecs[i][0].cpu_data()), np.float64)  # (half storage as values)
         c = x.shape[1] if x.ndim > 1 else 1
         v = x.reshape(x.shape[0], c, -1)
         with np.errstate(all="ignore"):

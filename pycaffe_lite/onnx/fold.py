@@ -64,7 +64,7 @@ def plan(net) -> dict[int, list[int]]:
 
 def _bn_affine(layer) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(mean, var, A, B) of a BatchNorm on its global statistics."""
-    mean, var, s = (np.array(b.cpu_data(), np.float64).reshape(-1) for b in layer.blobs[:3])
+    mean, var, s = (np.array(b.math_data(), np.float64).reshape(-1) for b in layer.blobs[:3])
     f = 0.0 if s[0] == 0 else 1.0 / s[0]
     mean, var = mean * f, var * f
     a = 1.0 / np.sqrt(var + float(layer.eps))
@@ -80,8 +80,8 @@ def convert(ctx: LayerContext, members: list) -> list[str]:
     scale = next((m for m in members if m.type == "Scale"), None)
     if bn is not None:
         mean, var, A, B = _bn_affine(bn)
-    gamma = np.array(scale.blobs[0].cpu_data(), np.float64).reshape(-1) if scale is not None else np.ones(c)
-    beta = (np.array(scale.blobs[scale.bias_index].cpu_data(), np.float64).reshape(-1)
+    gamma = np.array(scale.blobs[0].math_data(), np.float64).reshape(-1) if scale is not None else np.ones(c)
+    beta = (np.array(scale.blobs[scale.bias_index].math_data(), np.float64).reshape(-1)
             if scale is not None and scale.bias_index is not None else np.zeros(c))
     A, B = gamma * A, gamma * B + beta
     if head.type == "BatchNorm":

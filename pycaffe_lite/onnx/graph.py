@@ -151,10 +151,11 @@ class LayerContext:
         return self.out_names[i]  # reserved by the exporter
 
     def param(self, i: int) -> np.ndarray:
-        """Param blob ``i`` of the layer as float64 (a copy)."""
+        """Param blob ``i`` of the layer as float64 values (a copy; half params through
+        ``math_data()``: bfloat16 ones are uint16 bit patterns on the host)."""
         if i >= len(self.layer.blobs):
             raise self.error(f"has {len(self.layer.blobs)} param blobs, expected at least {i + 1}")
-        return np.array(self.layer.blobs[i].cpu_data(), dtype=np.float64)
+        return np.array(self.layer.blobs[i].math_data(), dtype=np.float64)
 
     def tmp(self, what: str) -> str:
         return self.g.unique(f"{self.name}/{what}")

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ..blob import to_math
 from .export import Exported
 from .runs import CheckRow, OrtRunner, caffe_forward, compare_value
 
@@ -140,7 +141,7 @@ def recheck_layers(net, exported: Exported, runner: OrtRunner, feeds: Mapping[st
             return
         local.clear()
         bottoms = net.bottom_vecs[i]
-        values = {v: np.array(bottoms[b].cpu_data(), np.float32) for v, b in plan.cut.items()}
+        values = {v: np.array(to_math(bottoms[b].cpu_data()), np.float32) for v, b in plan.cut.items()}
         local.update(values)
         if plan.model is not None:
             sess = runner.session(plan.model)

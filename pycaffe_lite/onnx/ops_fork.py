@@ -128,7 +128,7 @@ def prior_box(ctx: LayerContext) -> list[str]:
     if ctx.top_blobs is None or ctx.bottom_blobs is None:
         raise ctx.error("needs the net's blobs to compute its constant priors")
     ctx.layer.forward_cpu(ctx.bottom_blobs, ctx.top_blobs)
-    value = np.array(ctx.top_blobs[0].cpu_data(), dtype=np.float32)
+    value = np.array(ctx.top_blobs[0].math_data(), dtype=np.float32)
     return [ctx.op("Identity", [ctx.const("priors", value, exact=True)], ctx.out(0))]  # never float16
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from .. import common
+from ..blob import store_math, to_math
 from ..optional import require
 from .export import BlobRow
 from .graph import CheckError
@@ -111,8 +112,8 @@ def caffe_forward(net, feeds: Mapping[str, np.ndarray], visit: Callable[[int, in
     def after(i: int) -> None:
         for j, (name, blob) in enumerate(zip(net.top_names_of(i), net.top_vecs[i])):
             if i in feeding and name in feeds:
-                blob.mutable_cpu_data()[...] = feeds[name]
-            visit(i, j, blob.cpu_data())
+                store_math(blob.mutable_cpu_data(), feeds[name])
+            visit(i, j, to_math(blob.cpu_data()))  # (half storage as float32 values)
 
     ex = net.executor
     fusions, mode = ex.fusions, common.mode()
@@ -126,7 +127,7 @@ def caffe_forward(net, feeds: Mapping[str, np.ndarray], visit: Callable[[int, in
         common.set_mode_cpu()
         for name, arr in feeds.items():
             if name in net.blobs:
-                net.blobs[name].mutable_cpu_data()[...] = arr
+                store_math(net.blobs[name].mutable_cpu_data(), arr)
         with _memory_data_fed(net, feeds):
             net.forward_prefilled()
     finally:

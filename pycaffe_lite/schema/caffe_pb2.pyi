@@ -672,6 +672,7 @@ class ConvolutionParameter(_message.Message):
         DIRECT: _ClassVar[ConvolutionParameter.Engine]
         TENSOR_CORE: _ClassVar[ConvolutionParameter.Engine]
         GEMM: _ClassVar[ConvolutionParameter.Engine]
+        TENSOR_CORE_16: _ClassVar[ConvolutionParameter.Engine]
     DEFAULT: ConvolutionParameter.Engine
     CAFFE: ConvolutionParameter.Engine
     CUDNN: ConvolutionParameter.Engine
@@ -681,6 +682,7 @@ class ConvolutionParameter(_message.Message):
     DIRECT: ConvolutionParameter.Engine
     TENSOR_CORE: ConvolutionParameter.Engine
     GEMM: ConvolutionParameter.Engine
+    TENSOR_CORE_16: ConvolutionParameter.Engine
     NUM_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     BIAS_TERM_FIELD_NUMBER: _ClassVar[int]
     PAD_FIELD_NUMBER: _ClassVar[int]
@@ -728,7 +730,7 @@ class CropParameter(_message.Message):
     def __init__(self, axis: _Optional[int] = ..., offset: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DataParameter(_message.Message):
-    __slots__ = ("source", "batch_size", "rand_skip", "backend", "scale", "mean_file", "crop_size", "mirror", "force_encoded_color", "prefetch", "cache_on_device", "workers")
+    __slots__ = ("source", "batch_size", "rand_skip", "backend", "scale", "mean_file", "crop_size", "mirror", "force_encoded_color", "prefetch", "cache_on_device", "workers", "gpu_decode")
     class DB(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         LEVELDB: _ClassVar[DataParameter.DB]
@@ -747,6 +749,7 @@ class DataParameter(_message.Message):
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
     CACHE_ON_DEVICE_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    GPU_DECODE_FIELD_NUMBER: _ClassVar[int]
     source: str
     batch_size: int
     rand_skip: int
@@ -759,7 +762,8 @@ class DataParameter(_message.Message):
     prefetch: int
     cache_on_device: bool
     workers: int
-    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., backend: _Optional[_Union[DataParameter.DB, str]] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., force_encoded_color: bool = ..., prefetch: _Optional[int] = ..., cache_on_device: bool = ..., workers: _Optional[int] = ...) -> None: ...
+    gpu_decode: bool
+    def __init__(self, source: _Optional[str] = ..., batch_size: _Optional[int] = ..., rand_skip: _Optional[int] = ..., backend: _Optional[_Union[DataParameter.DB, str]] = ..., scale: _Optional[float] = ..., mean_file: _Optional[str] = ..., crop_size: _Optional[int] = ..., mirror: bool = ..., force_encoded_color: bool = ..., prefetch: _Optional[int] = ..., cache_on_device: bool = ..., workers: _Optional[int] = ..., gpu_decode: bool = ...) -> None: ...
 
 class DropoutParameter(_message.Message):
     __slots__ = ("dropout_ratio", "scale_train")

@@ -40,6 +40,7 @@ from ..runtime.executor import Executor
 from ..schema import caffe_pb2
 from . import checks as solver_checks
 from . import snapshot
+from .data_rate import DataRate
 from .iteration import PlainIteration, ReplayedIteration
 from .lr_policy import SolverConfigError
 from .rules import SGD, Rule
@@ -448,6 +449,7 @@ class Solver:
         self._losses = []
         self.smoothed_loss = 0.0
         timer, iterations_last = time.perf_counter(), self.iter
+        data_rate = DataRate(self.graph.layers, self.graph.layer_names)  # the data layers' line at each display
         try:
             while self.iter < stop_iter:
                 iteration = self._replayed if self._replayed.possible() else self._plain
@@ -467,6 +469,8 @@ class Solver:
                     lapse = time.perf_counter() - timer
                     log.info("Iteration %d (%g iter/s, %.3gs/%d iters), loss = %g", self.iter,
                              (self.iter - iterations_last) / (lapse or 1.0), lapse, p.display, self.smoothed_loss)
+                    for line in data_rate.lines(lapse):
+                        log.info("    %s", line)
                     timer, iterations_last = time.perf_counter(), self.iter
                     self._log_outputs(self.graph, "Train", None)
                 iteration.apply_update(self.iter)

@@ -27,6 +27,10 @@ GEOMETRIES = [
     ((2, 40, 5, 5), "num_output: 70 kernel_size: 3 pad: 1"),
     ((2, 1, 12, 12), "num_output: 20 kernel_size: 5 stride: 1"),
     ((2, 6, 11, 10), "num_output: 5 kernel_size: 1"),  # 1x1, a plane large enough for per-image GEMMs
+    # strided 1x1 (gemm: on the subsampled input; the weight pass too where the plane is large)
+    ((2, 6, 20, 21), "num_output: 5 kernel_size: 1 stride: 2"),
+    ((2, 4, 7, 9), "num_output: 4 kernel_size: 1 stride: 2 group: 2"),
+    ((1, 4, 9, 8), "num_output: 3 kernel_size: 1 stride_h: 3 stride_w: 2"),
 ]
 ENGINE_NAMES = ["gemm", "implicit-128x128", "implicit-64x128", "implicit-32x64", "implicit-16x128", "implicit-32x32",
                 "winograd"]

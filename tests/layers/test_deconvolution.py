@@ -352,8 +352,9 @@ def test_gpu_autotune_per_pass_shared_with_convolution():
         choice = layer.engine_choice()
         assert len(conv_engines.cached_choices()) == 1
         supported = {n for n, e in conv_engines.ENGINES.items() if e.supports(layer.problem)}
-        # 3x3 stride 1 pad 1, group 1; tensor cores need TF32 allowed
-        assert supported == set(conv_engines.ENGINES) - {"depthwise", *conv_engines.ENGINE_CANDIDATES["TENSOR_CORE"]}
+        # 3x3 stride 1 pad 1, group 1; tensor cores need TF32 allowed (fp16/bf16 ones: half blobs)
+        assert supported == set(conv_engines.ENGINES) - {"depthwise", *conv_engines.ENGINE_CANDIDATES["TENSOR_CORE"],
+                                                         *conv_engines.ENGINE_CANDIDATES["TENSOR_CORE_16"]}
         for p in conv_engines.PASSES:
             timed = {n: ms for q, n, ms in choice.timings if q == p}
             assert set(timed) == {n for n in supported if p in conv_engines.ENGINES[n].passes}

@@ -30,7 +30,7 @@ def run(type_name: str, params: dict, inputs: list[np.ndarray], top_shape, blobs
         names.append(name)
     if layer is None:
         layer = SimpleNamespace(name="L", type=type_name, layer_param=SimpleNamespace(**params),
-                                blobs=[SimpleNamespace(cpu_data=lambda a=a: a) for a in blobs])
+                                blobs=[SimpleNamespace(cpu_data=lambda a=a: a, math_data=lambda a=a: a) for a in blobs])
     g.used.add("out")
     ctx = LayerContext(g, layer, names, [tuple(x.shape) for x in inputs], [tuple(top_shape)], ["out"],
                        dynamic_batch=dynamic)

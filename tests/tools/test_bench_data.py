@@ -48,3 +48,32 @@ def test_layer_rate(bench, tmp_path, workers):
         rate, path = bench.layer_rate(source, workers, batch=4, crop=24, seconds=0.01, gpu=False)
         assert rate > 0
         assert path == ("thread" if workers == 0 else "workers, host transform")
+
+
+def test_gpu_decode_rows_and_peers_stay_out_without_a_gpu(bench, tmp_path):
+    """On the CPU: gpu_decode asks for nothing (no GPU mode), the path says host transform; the
+    torchvision peer answers None without torch or a GPU."""
+    _, jpeg, _ = bench.write_lmdbs(tmp_path, 6, 32)
+    rate, path = bench.layer_rate(jpeg, 1, batch=4, crop=24, seconds=0.01, gpu=False, gpu_decode=True)
+    assert rate > 0 and path == "workers, host transform"
+    peer = bench.torchvision_gpu_rate(jpeg, 4, 24, 0.01)
+    try:
+        import torch
+        has_gpu = torch.cuda.is_available()
+    except ImportError:
+        has_gpu = False
+    assert (peer is None) == (not has_gpu)
+
+
+def test_path_of_names_how_batches_travel(bench):
+    from types import SimpleNamespace
+
+    assert bench.path_of(object(), True) == "thread"
+    pre = SimpleNamespace(raw=True, _registered=object(), register_error="", gpu_decode=True,
+                          decoder=SimpleNamespace(backend="hardware"), staged_ahead=7)
+    assert bench.path_of(pre, True) == ("workers, uint8 + device kernel, page-locked, nvJPEG (hardware backend), "
+                                        "7 staged ahead")
+    assert bench.path_of(pre, False) == "workers, host transform"
+    pre.decoder, pre._registered, pre.register_error = None, None, "CudaError: refused"
+    assert bench.path_of(pre, True) == ("workers, uint8 + device kernel, pageable (CudaError: refused), "
+                                        "nvJPEG failed: host, 7 staged ahead")

@@ -44,3 +44,9 @@ def test_arguments(kp):
     assert (args.net, args.mode, args.side, args.tf32, args.batch) == ("vgg16", "published", "ours", True, 32)
     with pytest.raises(SystemExit):
         kp.parse_args(["--net", "lenet"])
+    assert args.precision is None and kp.step_drive(args) == "pycaffe"
+    amp = kp.parse_args(["--precision", "bf16"])
+    assert amp.precision == "bf16" and kp.step_drive(amp) == "update"
+    assert kp.step_drive(kp.parse_args(["--forward-only", "--mode", "published"])) == "forward"
+    with pytest.raises(SystemExit):
+        kp.parse_args(["--tf32", "--precision", "fp16"])

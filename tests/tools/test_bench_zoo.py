@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pycaffe_lite.schema import caffe_pb2
@@ -54,6 +55,45 @@ def test_args(zoo):
         zoo.parse_args(["--nets", "resnet50,nope"])
 
 
+def test_precision_and_forward_only_args(zoo):
+    """--precision (AMP-style comparison) and --forward-only: what each worker times, the worker
+    command line, the table's labels, and the contradictions refused."""
+    from pycaffe_lite.precision import PRECISIONS
+
+    assert zoo.PRECISIONS == PRECISIONS
+    legacy = zoo.parse_args(["--tf32"])
+    assert legacy.precision is None and zoo.step_drive(legacy) == "solver"  # as before: no update
+    assert zoo.precision_text(legacy) == "TF32 allowed" and zoo.precision_text(zoo.parse_args([])) == "fp32"
+    amp = zoo.parse_args(["--precision", "FP16", "--batch", "256"])
+    assert amp.precision == "fp16" and zoo.step_drive(amp) == "update"  # the solver mode updates
+    assert "autocast" in zoo.precision_text(amp) and "autocast" not in zoo.precision_text(
+        zoo.parse_args(["--precision", "tf32"]))
+    assert zoo.step_drive(zoo.parse_args(["--precision", "bf16", "--mode", "pycaffe"])) == "pycaffe"
+    assert zoo.parse_args(["--tf32", "--precision", "tf32"]).precision == "tf32"
+    fwd = zoo.parse_args(["--mode", "published", "--forward-only", "--batch", "32"])
+    assert zoo.step_drive(fwd) == "forward" and zoo.prototxt(zoo.NETS["mobilenet_v2"], fwd.mode).name == \
+        "mobilenet_v2_published_deploy.prototxt"
+    assert zoo.header(fwd)[1:3] == ["fwd b32 ours ms", "fwd b32 peer ms"] and zoo.header(amp) == zoo.HEADER
+    for bad in (["--tf32", "--precision", "bf16"], ["--precision", "tf32", "--cpu"], ["--precision", "fp8"]):
+        with pytest.raises(SystemExit):
+            zoo.parse_args(bad)
+
+
+def test_worker_command_carries_precision(zoo, monkeypatch):
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(cmd)
+        raise zoo.subprocess.TimeoutExpired(cmd, 1)
+
+    monkeypatch.setattr(zoo.subprocess, "run", fake_run)
+    zoo.spawn(zoo.parse_args(["--precision", "bf16", "--forward-only", "--nets", "vgg16"]), "peer", "vgg16")
+    cmd = seen[0]
+    assert cmd[cmd.index("--precision") + 1] == "bf16" and "--forward-only" in cmd and "--tf32" not in cmd
+    zoo.spawn(zoo.parse_args(["--nets", "vgg16"]), "ours", "vgg16")
+    assert "--precision" not in seen[1] and "--forward-only" not in seen[1]
+
+
 def test_row_cells(zoo):
     mine = {"train_ms": 20.0, "latency_ms": 2.0, "memory": {"device": 3 * zoo.MIB, "pool": 2 * zoo.MIB}}
     peer = {"train_ms": 10.0, "latency_ms": 4.0, "memory": {"reserved": 2 * zoo.MIB, "device": 4 * zoo.MIB}}
@@ -93,6 +133,49 @@ def test_modes(zoo):
     assert zoo.parse_args(["--mode", "pycaffe"]).mode == "pycaffe"
     with pytest.raises(SystemExit):
         zoo.parse_args(["--mode", "nope"])
+
+
+@pytest.mark.slow  # ~3 s: two subprocesses, one in bf16 on the CPU
+@pytest.mark.parametrize("extra, step", [(["--precision", "bf16"], "update"),
+                                         (["--forward-only", "--mode", "published"], "forward")])
+def test_cpu_smoke_ours_precision_and_forward_only(zoo, tmp_path, capsys, monkeypatch, extra, step):
+    import peer_torch
+
+    monkeypatch.setattr(peer_torch, "torchvision_available", lambda: "torchvision not installed (test)")
+    out = tmp_path / "zoo.md"
+    rc = zoo.main(["--cpu", "--nets", "squeezenet1_1", "--batch", "2", "--iters", "1", "--warmup", "1",
+                   "--latency-iters", "1", "--out", str(out), *extra])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    table = out.read_text()
+    assert f"timed step: {step}" in table and ("bf16 (AMP-style" in table) == ("bf16" in extra)
+    cells = _table_row(out, "squeezenet1_1")
+    assert float(cells[1]) > 0 and float(cells[4]) > 0
+
+
+@pytest.mark.slow  # ~2 s
+def test_ours_drives_in_half_on_the_cpu(zoo):
+    """Our worker's update drive in bf16 (SGDSolver.step: masters, the update) and forward drive
+    in fp16, in process: finite, half blobs, the precision reported."""
+    import ours
+
+    import pycaffe_lite as caffe
+
+    try:
+        deploy = zoo.prototxt(zoo.NETS["squeezenet1_1"], "solver")
+        step, check = ours.zoo_step(deploy, 1, gpu=False, drive="update", precision="bf16")
+        step()
+        step()
+        res = check()
+        assert np.isfinite(res["loss"]) and res["loss_scale"] == 1.0 and res["params"] == 1_235_496
+        step, check = ours.zoo_step(deploy, 1, gpu=False, drive="forward", precision="fp16")
+        step()
+        assert check()["params"] == 1_235_496
+        assert caffe.get_precision() == "fp16"
+        with pytest.raises(ValueError, match="solver, pycaffe, forward, update"):
+            ours.zoo_step(deploy, 1, gpu=False, drive="x")
+    finally:
+        caffe.set_precision(None)
 
 
 @pytest.mark.slow
@@ -136,3 +219,22 @@ def test_gpu_quick_both_sides(zoo, tmp_path, capsys, mode):
     if peer_torch.torchvision_available() is None:
         assert float(cells[2]) > 0 and float(cells[7]) > 0 and float(cells[10]) > 0
         assert all(cells[i].endswith("x") for i in (3, 6, 8, 11))
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [["--precision", "fp16"], ["--precision", "bf16"], ["--precision", "tf32"],
+                                   ["--forward-only", "--mode", "published"]])
+def test_gpu_quick_precision_and_forward_only(zoo, tmp_path, capsys, extra):
+    """GPU: a quick SqueezeNet row AMP-style in each precision (ours through caffe.set_precision, the
+    peer channels_last under autocast with GradScaler for fp16, both updating) and forward-only."""
+    import peer_torch
+
+    out = tmp_path / "zoo.md"
+    rc = zoo.main(["--quick", "--nets", "squeezenet1_1", "--out", str(out), *extra])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    cells = _table_row(out, "squeezenet1_1")
+    assert float(cells[1]) > 0 and float(cells[4]) > 0 and float(cells[12]) > 0
+    if peer_torch.torchvision_available() is None:
+        assert float(cells[2]) > 0 and float(cells[7]) > 0 and float(cells[10]) > 0

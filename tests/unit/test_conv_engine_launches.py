@@ -88,6 +88,10 @@ PROBLEMS = [  # channel-sliced and gathering tensor-core paths, dilation, depthw
     # BVLC's truncating output size: (1 - 2) / 2 + 1 = 1 and (2 - 3) / 2 + 1 = 1, windows overhanging
     ConvProblem(4, 8, 1, 1, 16, 1, (2, 2), (0, 0), (2, 2), (1, 1), "<f4"),
     ConvProblem(2, 8, 2, 2, 8, 8, (3, 3), (0, 0), (2, 2), (1, 1), "<f4"),
+    # half storage: float16 and bfloat16 (uint16 bit patterns), the fp16/bf16 tensor-core engines
+    ConvProblem(4, 64, 14, 14, 64, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2"),
+    ConvProblem(2, 24, 9, 9, 40, 2, (3, 3), (1, 1), (2, 2), (2, 2), "<u2"),
+    ConvProblem(2, 8, 8, 8, 8, 8, (3, 3), (1, 1), (2, 2), (1, 1), "<u2"),
 ]
 
 
@@ -113,4 +117,7 @@ def test_every_engine_launches_what_its_kernels_declare(launches, prob):
                     assert once == again, (name, pass_)
         ran.add(name)
     assert "gemm" in ran and any(n.startswith("implicit") for n in ran)
-    assert any(n.startswith("tensorcore") for n in ran) == (prob.dtype == "<f4")
+    assert any(n.startswith("tensorcore-") for n in ran) == (prob.dtype == "<f4")
+    assert any(n.startswith("tensorcore16-") for n in ran) == (prob.dtype in ("<f2", "<u2"))
+    if prob.dtype in ("<f2", "<u2") and prob.dilation == (1, 1) and prob.cg % 32 == 0:  # the sliced kernels too
+        assert any(str(entry[0]).startswith("t16s_forward_") for entry in launches)

@@ -177,7 +177,7 @@ def test_module_rejects_non_float_dtypes():
 
 
 def test_blas_rejects_non_float_dtypes():
-    with pytest.raises(CudaError, match="float32 or float64"):
+    with pytest.raises(CudaError, match="float32, float64, float16 or bfloat16"):
         blas._prefix(np.int64)
 
 

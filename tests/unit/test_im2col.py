@@ -100,3 +100,25 @@ def test_gpu_swap_leading_axes(gpu_mode, dtype):
     src, dst = _device_blob(a, dtype), Blob((5, 3, 7), dtype)
     gpu.swap_leading_axes(src.gpu_data(), 3, 5, 7, dst.mutable_gpu_data(), dtype)
     np.testing.assert_array_equal(dst.data, a.transpose(1, 0, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize(("hw", "stride"), [((9, 8), (2, 2)), ((7, 10), (3, 2))])
+def test_gpu_subsample_and_its_adjoint(gpu_mode, dtype, hw, stride):
+    """The strided 1x1 convolution's subsampled input is x[:, :, ::sh, ::sw]; the upsample puts the
+    values back at the strided pixels and zeros everywhere else (its adjoint)."""
+    from pycaffe_lite.conv import im2col as gpu
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3) + hw).astype(dtype)
+    want = x[:, :, ::stride[0], ::stride[1]]
+    xb, sub = _device_blob(x, dtype), Blob(want.shape, dtype)
+    gpu.subsample_planes(xb.gpu_data(), 6, hw, stride, sub.mutable_gpu_data(), dtype)
+    np.testing.assert_array_equal(sub.data, want)
+    back = Blob(x.shape, dtype)
+    back.data[...] = 7  # every element is written
+    gpu.upsample_planes(sub.gpu_data(), 6, hw, stride, back.mutable_gpu_data(), dtype)
+    expected = np.zeros_like(x)
+    expected[:, :, ::stride[0], ::stride[1]] = want
+    np.testing.assert_array_equal(back.data, expected)

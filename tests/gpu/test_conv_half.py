@@ -1,0 +1,191 @@
+"""Convolution engines on half blobs (float16, and bfloat16 as uint16 bit patterns): every engine
+that supports a half problem, every pass it implements, against float64 references computed on the
+half-rounded operands; the fp16/bf16 tensor-core engine (``tensorcore16-*``) with a tight bound.
+
+Bounds, per output element, with ``u`` the format's unit roundoff (2**-11 fp16, 2**-8 bf16),
+``K`` the contraction length of the pass (C/G*kh*kw forward, M/G*kh*kw data gradient, N*Ho*Wo
+weight gradient), ``exact`` the float64 result on the rounded operands and ``A`` the same pass on
+their absolute values (sum of |a_k||b_k|, plus |bias| or |initial gradient|):
+
+- tensorcore16: ``|got - exact| <= u*|exact| + 2*K*2**-24*A``: the products of half values are
+  exact in fp32, fp32 accumulation over K terms is off by at most about K*2**-24 of A, and the
+  result is rounded to the storage type once (weight gradient: fp32 partial sums and an fp32
+  reduction, one rounding). A lost or doubled slice of the contraction (~sqrt(32) terms of A/K) is
+  far outside that, because |exact| is ~sqrt(K) times smaller than A for random signs.
+- the other engines (and tensorcore16's bias gradient where its sliced weight kernels leave it to
+  ``channel_sum``) keep some intermediate values in the storage type (the weight gradient's
+  split partial sums in implicit and depthwise, the gemm engine's 1x1 per-image products, cuBLAS's
+  output before the column sums): ``3*u*A`` (at most two roundings before the last, each at most
+  u of A) plus the fp32 accumulation term;
+- winograd stores its transformed tiles, their products and the inverse transform's input in the
+  storage type: three roundings, each of values up to 16 times A (F(2x2, 3x3)'s transforms add at
+  most 4 terms per axis), so ``48*u*A`` plus the accumulation term.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pycaffe_lite.blob import Blob
+from pycaffe_lite.conv import cpu as cpu_conv
+from pycaffe_lite.conv import engines as conv_engines
+from pycaffe_lite.conv import tensorcore16 as tc16
+from pycaffe_lite.conv.problem import ConvProblem
+from pycaffe_lite.gpu import backend
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu_mode")]  # conftest's: GPU mode, then CPU
+
+FORMATS = {"fp16": (np.float16, "<f2", 2.0**-11), "bf16": (np.uint16, "<u2", 2.0**-8)}
+
+# (num, channels, H, W, num_output, group, kernel, pad, stride, dilation): ragged tiles (M, N and K
+# not multiples of 16/32), a bias column, groups, strides, dilation, 1x1, a 7x7 stem, a long
+# contraction (K = 576), depthwise, a weight gradient long enough to split, the sliced kernels
+SHAPES = [
+    (2, 19, 11, 10, 37, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (3, 64, 9, 9, 70, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 7, 17, 19, 33, 1, (5, 3), (2, 0), (2, 1), (1, 1)),
+    (3, 12, 15, 14, 20, 2, (3, 3), (2, 2), (1, 1), (2, 2)),
+    (2, 40, 9, 9, 130, 1, (1, 1), (0, 0), (1, 1), (1, 1)),
+    (1, 3, 40, 33, 9, 1, (7, 7), (3, 3), (2, 2), (1, 1)),
+    (4, 16, 30, 30, 24, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 8, 12, 12, 8, 8, (3, 3), (1, 1), (1, 1), (1, 1)),
+    # tensorcore16's channel-sliced kernels: forward (C/G % 32 == 0) and data gradient (M/G % 32 == 0),
+    # ragged columns, strides, groups, a non-square kernel
+    (2, 64, 15, 13, 96, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 32, 9, 8, 64, 2, (3, 2), (1, 0), (2, 1), (1, 1)),
+    (3, 128, 7, 7, 160, 1, (1, 1), (0, 0), (1, 1), (1, 1)),
+]
+
+
+def _round(a: np.ndarray, dtype) -> np.ndarray:
+    """float64 values of ``a`` rounded to the storage type (through a blob, as the engines see them)."""
+    b = Blob(a.shape, dtype)
+    b.set_math_data(np.asarray(a, np.float32))
+    return b.math_data().astype(np.float64)
+
+
+def _blob(a: np.ndarray, dtype) -> Blob:
+    b = Blob(a.shape, dtype)
+    b.set_math_data(np.asarray(a, np.float32))
+    return b
+
+
+def _reference(prob: ConvProblem, x, w, bias, dy, dw0, db0):
+    """float64 (y, dx, dw, db); dw and db accumulated onto dw0 and db0."""
+    y = np.empty(dy.shape)
+    cpu_conv.forward(x, w, bias, prob.kernel, prob.pad, prob.stride, prob.dilation, prob.group, y)
+    dx, dw, db = np.empty(x.shape), np.array(dw0, np.float64), np.array(db0, np.float64)
+    cpu_conv.backward(x, w, dy, prob.kernel, prob.pad, prob.stride, prob.dilation, prob.group,
+                      dweight=dw, dbias=db, dx=dx)
+    return {"forward": y, "backward_data": dx, "backward_weight": (dw, db)}
+
+
+def _run(name: str, prob: ConvProblem, arrays: dict, dtype) -> dict:
+    """The engine's results for each pass it implements, as float64 (y, dx poisoned with NaN first)."""
+    engine = conv_engines.ENGINES[name]
+    X, W, B, DY = (_blob(arrays[k], dtype) for k in ("x", "w", "bias", "dy"))
+    Y = _blob(np.full(arrays["dy"].shape, np.nan), dtype)
+    DX = _blob(np.full(arrays["x"].shape, np.nan), dtype)
+    DW, DB = _blob(arrays["dw0"], dtype), _blob(arrays["db0"], dtype)
+    out = {}
+    for pass_ in engine.passes:
+        sizes = engine.scratch(prob, pass_, True)
+        ws = backend.workspace(*sizes) if sizes else []
+        if pass_ == "forward":
+            engine.forward(prob, X.gpu_data(), W.gpu_data(), B.gpu_data(), Y.mutable_gpu_data(), ws)
+            out[pass_] = Y.math_data().astype(np.float64)
+        elif pass_ == "backward_data":
+            engine.backward_data(prob, W.gpu_data(), DY.gpu_data(), DX.mutable_gpu_data(), ws)
+            out[pass_] = DX.math_data().astype(np.float64)
+        else:
+            engine.backward_weight(prob, X.gpu_data(), DY.gpu_data(), DW.mutable_gpu_data(), DB.mutable_gpu_data(),
+                                   ws)
+            out[pass_] = (DW.math_data().astype(np.float64), DB.math_data().astype(np.float64))
+    return out
+
+
+def _contraction(prob: ConvProblem, pass_: str) -> int:
+    return {"forward": prob.kg, "backward_data": prob.mg * prob.khkw,
+            "backward_weight": prob.num * prob.out_plane}[pass_]
+
+
+def _check_engine(name: str, prob: ConvProblem, fmt: str, seed: int) -> None:
+    dtype, _, u = FORMATS[fmt]
+    rng = np.random.default_rng(seed)
+    shapes = {"x": (prob.num, prob.channels, prob.height, prob.width), "w": (prob.num_output, prob.cg) + prob.kernel,
+              "bias": (prob.num_output,), "dy": (prob.num, prob.num_output) + prob.out_hw}
+    arrays = {k: _round(rng.standard_normal(s), dtype) for k, s in shapes.items()}
+    arrays["dw0"] = np.full(shapes["w"], 0.25)
+    arrays["db0"] = np.full(shapes["bias"], -0.5)
+    exact = _reference(prob, **arrays)
+    bound = _reference(prob, **{k: np.abs(v) for k, v in arrays.items()})
+    got = _run(name, prob, arrays, dtype)
+    assert got, f"{name} ran no pass"
+    for pass_, g in got.items():
+        accumulation = 2 * _contraction(prob, pass_) * 2.0**-24
+        pairs = zip(("dw", "db"), g, exact[pass_], bound[pass_]) if pass_ == "backward_weight" else \
+            [(pass_, g, exact[pass_], bound[pass_])]
+        for what, gv, ev, av in pairs:
+            bias_by_channel_sum = what == "db" and name.startswith("tensorcore16-") and \
+                tc16.sliced(prob, "backward_weight", name.split("-")[1])
+            if name.startswith("tensorcore16-") and not bias_by_channel_sum:
+                tol = u * np.abs(ev) + accumulation * av + 1e-6
+            else:
+                tol = (48 if name == "winograd" else 3) * u * av + accumulation * av + 1e-6
+            err = np.abs(gv - ev)
+            assert np.all(err <= tol), (f"{name} {fmt} {prob} {what}: worst error {np.nanmax(err / (av + 1e-30)):.3g} "
+                                        f"of A (u = {u:.3g}), {int(np.sum(~(err <= tol)))} elements beyond the bound")
+
+
+def _half_engines(prob: ConvProblem) -> list[str]:
+    return [n for n, e in conv_engines.ENGINES.items() if e.supports(prob)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_every_half_engine_every_pass(shape, fmt):
+    prob = ConvProblem(*shape, FORMATS[fmt][1])
+    names = _half_engines(prob)
+    assert any(n.startswith("tensorcore16-") for n in names)  # offered on this (sm_80+) device
+    assert not any(n.startswith("tensorcore-") for n in names)  # TF32 stays float32-only
+    if prob.dilation == (1, 1) and (prob.cg % 32 == 0 or prob.mg % 32 == 0):
+        assert tc16.sliced(prob, "forward") or tc16.sliced(prob, "backward_data")
+    for i, name in enumerate(names):
+        _check_engine(name, prob, fmt, seed=i)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tensorcore16_offered_for_half_only(fmt):
+    names = conv_engines.ENGINE_CANDIDATES["TENSOR_CORE_16"]
+    assert set(names) == {f"tensorcore16-{t}" for t in tc16.TILES}
+    shape = SHAPES[0]
+    assert all(conv_engines.ENGINES[n].supports(ConvProblem(*shape, FORMATS[fmt][1])) for n in names)
+    for other in ("<f4", "<f8"):
+        assert not any(conv_engines.ENGINES[n].supports(ConvProblem(*shape, other)) for n in names)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tensorcore16_forward_relu_epilogue_and_reproducible_weights(fmt):
+    """The fused bias + ReLU epilogue equals ReLU of the unfused result (both rounded once), and the
+    weight gradient's split-K reduction gives the same bits twice."""
+    dtype, code, _ = FORMATS[fmt]
+    prob = ConvProblem(4, 32, 20, 20, 48, 1, (3, 3), (1, 1), (1, 1), (1, 1), code)
+    rng = np.random.default_rng(5)
+    x, w, b = (_blob(rng.standard_normal(s), dtype) for s in ((4, 32, 20, 20), (48, 32, 3, 3), (48,)))
+    dy = _blob(rng.standard_normal((4, 48) + prob.out_hw), dtype)
+    for tile in tc16.TILES:
+        engine = tc16.TensorCore16Engine(tile)
+        plain, fused = (_blob(np.zeros((4, 48) + prob.out_hw), dtype) for _ in range(2))
+        sizes = engine.scratch(prob, "forward", True)
+        ws = backend.workspace(*sizes) if sizes else []
+        engine.forward(prob, x.gpu_data(), w.gpu_data(), b.gpu_data(), plain.mutable_gpu_data(), ws)
+        engine.forward(prob, x.gpu_data(), w.gpu_data(), b.gpu_data(), fused.mutable_gpu_data(), ws, relu=True)
+        assert np.array_equal(fused.math_data(), np.maximum(plain.math_data(), 0)), tile
+        runs = []
+        for _ in range(2):
+            dw, db = _blob(np.zeros((48, 32, 3, 3)), dtype), _blob(np.zeros(48), dtype)
+            ws = backend.workspace(*engine.scratch(prob, "backward_weight", True))
+            engine.backward_weight(prob, x.gpu_data(), dy.gpu_data(), dw.mutable_gpu_data(), db.mutable_gpu_data(), ws)
+            runs.append((dw.cpu_data().copy(), db.cpu_data().copy()))
+        assert all(np.array_equal(a, b) for a, b in zip(*runs)), tile

@@ -1,0 +1,514 @@
+"""GPU decode of JPEG Datums (``data/nvjpeg.py``) and the double-buffered device staging of the
+data workers' batches (``data/parallel.py``).
+
+CPU: the library lookup, the JPEG header reader and the routing rules, the workers' encoded
+items, and the whole staging path on an emulated device (host memory for device memory, the host
+build of ``transform.cu``, an nvJPEG stand-in decoding with Pillow): the batches equal the
+single-thread path's, bit for bit. GPU (``-m gpu``): nvJPEG's pixels against Pillow's within the
+stated tolerance, the same labels and crop/mirror stream, through a replayed training iteration.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pycaffe_lite as caffe
+from pycaffe_lite import common, memcheck
+from pycaffe_lite.config import using_config
+from pycaffe_lite.data import nvjpeg
+from pycaffe_lite.data import parallel as data_parallel
+from pycaffe_lite.data import workers as data_workers
+from pycaffe_lite.data.db import LMDBWriter
+from pycaffe_lite.data.transformer import decode_image
+from pycaffe_lite.proto import caffe_pb2
+from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
+
+Image = pytest.importorskip("PIL.Image")
+pytest.importorskip("lmdb")
+
+REPO = Path(__file__).resolve().parents[2]
+N, H, W = 21, 24, 32
+TRANSFORM = "crop_size: 16 mirror: true mean_value: 104 mean_value: 117 mean_value: 123 scale: 0.5"
+
+
+def smooth_image(rng: np.random.Generator, h: int = H, w: int = W) -> np.ndarray:
+    """An RGB ``(h, w, 3)`` uint8 image of gradients and low-frequency waves (crop offsets and
+    flips show; little high-frequency chroma, where decoders' upsampling differs most)."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    a, b, c = rng.uniform(0, 2 * np.pi, 3)
+    r = 128 + 100 * np.sin(x / w * 3 + a) * np.cos(y / h * 2 + b)
+    g = 40 + 180 * x / w
+    bl = 200 - 150 * y / h + 20 * np.sin(x / 5 + c)
+    return np.clip(np.stack([r, g, bl], -1), 0, 255).astype(np.uint8)
+
+
+def jpeg(img: np.ndarray, **save) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", **save)
+    return buf.getvalue()
+
+
+def write_lmdb(path: Path, encode, count: int = N, seed: int = 6) -> Path:
+    rng = np.random.default_rng(seed)
+    with LMDBWriter(path) as w:
+        for i in range(count):
+            d = caffe_pb2.Datum(data=encode(i, smooth_image(rng)), encoded=True, label=3 * i + 1)
+            w.put(b"%08d" % i, d.SerializeToString())
+    return path
+
+
+def mixed(i: int, img: np.ndarray) -> bytes:
+    """Mostly baseline 4:2:0; every 5th progressive (decoded by the workers), every 7th 4:4:4."""
+    if i % 5 == 4:
+        return jpeg(img, quality=90, progressive=True)
+    return jpeg(img, quality=90, subsampling=0 if i % 7 == 3 else 2)
+
+
+@pytest.fixture(scope="module")
+def mixed_source(tmp_path_factory):
+    return write_lmdb(tmp_path_factory.mktemp("nvjpeg") / "mixed", mixed)
+
+
+def layer_of(path, workers, batch=4, gpu_decode=False, transform=TRANSFORM, dtype=np.float32):
+    return make_layer(f'type: "Data" phase: TRAIN data_param {{ source: "{path}" batch_size: {batch} '
+                      f'backend: LMDB workers: {workers} gpu_decode: {str(gpu_decode).lower()} prefetch: 4 }} '
+                      f'transform_param {{ {transform} }}', dtype)
+
+
+# -- the pure parts ----------------------------------------------------------------------------------
+def test_candidates_look_in_the_wheels_the_toolkit_and_the_loader_path(tmp_path):
+    wheel = tmp_path / "site" / "nvidia" / "nvjpeg" / "lib"
+    wheel.mkdir(parents=True)
+    for name in ("libnvjpeg.so.12", "libnvjpeg.so.13"):
+        (wheel / name).write_bytes(b"")
+    toolkit = tmp_path / "cuda" / "lib64"
+    toolkit.mkdir(parents=True)
+    (toolkit / "libnvjpeg.so.13").write_bytes(b"")
+    bundled = tmp_path / "site" / "torchvision.libs"
+    bundled.mkdir()
+    (bundled / "libnvjpeg.1a2b3c4d.so.12").write_bytes(b"")
+    found = nvjpeg.candidates({"CUDA_HOME": str(tmp_path / "cuda")}, [str(tmp_path / "site")])
+    assert found[-1] == str(bundled / "libnvjpeg.1a2b3c4d.so.12")
+    assert found[:3] == [str(toolkit / "libnvjpeg.so.13"), str(wheel / "libnvjpeg.so.13"), str(wheel / "libnvjpeg.so.12")]
+    assert found.index("libnvjpeg.so.13") < found.index("libnvjpeg.so.12") < found.index("libnvjpeg.so")
+    assert len(found) == len(set(found))
+
+
+def test_a_missing_library_is_a_clear_error(tmp_path):
+    with pytest.raises(nvjpeg.NvJpegError, match=r"nvJPEG \(libnvjpeg\) not found.*nowhere/libnvjpeg.so.13"):
+        nvjpeg.load_library([str(tmp_path / "nowhere" / "libnvjpeg.so.13")])
+
+
+def test_the_library_binds_where_it_is_installed():
+    """Where a libnvjpeg is found (the device machine; the nvidia-nvjpeg wheel), every function
+    used here exists in it with the argument types set."""
+    try:
+        lib, path = nvjpeg.load_library()
+    except nvjpeg.NvJpegError as exc:
+        pytest.skip(f"no libnvjpeg here: {exc}")
+    nvjpeg._bind(lib)
+    for name in ("nvjpegCreateEx", "nvjpegDestroy", "nvjpegJpegStateCreate", "nvjpegJpegStateDestroy",
+                 "nvjpegDecodeBatchedInitialize", "nvjpegDecodeBatched"):
+        assert getattr(lib, name).restype is ctypes.c_int, (path, name)
+    assert ctypes.sizeof(nvjpeg._Image) == 2 * nvjpeg.MAX_COMPONENT * 8  # nvjpegImage_t: 4 pointers, 4 size_t
+
+
+@pytest.mark.parametrize(("save", "mode", "expected"), [
+    ({"quality": 90, "subsampling": 2}, "RGB", ((2, 2), True)),
+    ({"quality": 90, "subsampling": 1}, "RGB", ((2, 1), True)),
+    ({"quality": 90, "subsampling": 0}, "RGB", ((1, 1), True)),
+    ({"quality": 90, "progressive": True}, "RGB", ((2, 2), False)),
+    ({"quality": 90}, "L", (None, True)),
+    ({"quality": 90}, "CMYK", (None, False)),
+])
+def test_headers_and_what_goes_to_the_device(save, mode, expected):
+    img = Image.fromarray(smooth_image(np.random.default_rng(1))).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", **save)
+    header = nvjpeg.jpeg_header(buf.getvalue())
+    assert header is not None and (header.height, header.width, header.precision) == (H, W, 8)
+    luma, decodable = expected
+    channels = 1 if mode == "L" else 3
+    assert len(header.components) == {"L": 1, "RGB": 3, "CMYK": 4}[mode]
+    if luma is not None:
+        assert header.components[0][1:] == luma
+    assert (header.sof == nvjpeg.BASELINE) == (not save.get("progressive"))
+    assert nvjpeg.gpu_decodable(header, (channels, H, W)) is decodable
+    assert not nvjpeg.gpu_decodable(header, (channels, H + 1, W))  # not the batch's size
+    if mode == "RGB":
+        assert not nvjpeg.gpu_decodable(header, (1, H, W))  # colour into one channel: the host converts
+        assert not nvjpeg.gpu_decodable(header, (3, H, W), force_gray=True)
+    if mode == "L":
+        assert not nvjpeg.gpu_decodable(header, (1, H, W), force_color=True)
+
+
+def test_header_reader_refuses_what_is_no_jpeg():
+    png = io.BytesIO()
+    Image.fromarray(smooth_image(np.random.default_rng(2))).save(png, format="PNG")
+    good = jpeg(smooth_image(np.random.default_rng(2)))
+    assert nvjpeg.jpeg_header(png.getvalue()) is None
+    assert nvjpeg.jpeg_header(b"") is None
+    assert nvjpeg.jpeg_header(good[:30]) is None  # cut inside the headers
+    assert nvjpeg.jpeg_header(memoryview(good)) == nvjpeg.jpeg_header(good)
+    # an Adobe APP14 segment saying "no colour transform" (RGB stored as is): the host decodes
+    adobe = b"\xff\xee\x00\x0eAdobe\x00\x64\x00\x00\x00\x00\x00"
+    header = nvjpeg.jpeg_header(good[:2] + adobe + good[2:])
+    assert header is not None and header.adobe_transform == 0
+    assert not nvjpeg.gpu_decodable(header, (3, H, W))
+
+
+def test_worker_answers_planes_and_formats():
+    assert nvjpeg.encoded_items(None) == [] and nvjpeg.item_keys(None) == []
+    assert nvjpeg.encoded_items([None, (120, b"k1"), None, (7, b"k3")]) == [(1, 120), (3, 7)]
+    assert nvjpeg.item_keys([None, (120, b"k1"), None, (7, b"k3")]) == [None, b"k1", None, b"k3"]
+    assert nvjpeg.plane_pointers(1000, 2, (3, 4, 5)) == [1000 + 2 * 60, 1000 + 2 * 60 + 20, 1000 + 2 * 60 + 40]
+    assert nvjpeg.output_format(3) == nvjpeg.OUTPUT_BGR and nvjpeg.output_format(1) == nvjpeg.OUTPUT_Y
+    with pytest.raises(nvjpeg.NvJpegError, match="1 or 3 channels, not 4"):
+        nvjpeg.output_format(4)
+    assert nvjpeg.status_name(4) == "NVJPEG_STATUS_JPEG_NOT_SUPPORTED"
+
+
+def test_leave_encoded_writes_the_bytes_and_label_or_declines():
+    layout = data_workers.BatchLayout(2, (3, H, W), np.dtype(np.uint8).str)
+    batches = data_workers.SharedBatches(2, layout)
+    try:
+        img = smooth_image(np.random.default_rng(3))
+        good = jpeg(img, quality=80)
+        n = data_parallel.leave_encoded(batches, 1, 0, good, 5.0, (3, H, W), False, False)
+        assert n == len(good)
+        assert bytes(batches.data[1][0].reshape(-1)[:n]) == good and batches.labels[1][0] == 5.0
+        progressive = jpeg(img, quality=80, progressive=True)
+        assert data_parallel.leave_encoded(batches, 1, 1, progressive, 6.0, (3, H, W), False, False) is None
+        big = jpeg(np.random.default_rng(4).integers(0, 256, (H, W, 3), dtype=np.uint8), quality=100, subsampling=0)
+        assert len(big) > 3 * H * W  # noise at quality 100: larger than its pixels, so the worker decodes it
+        assert data_parallel.leave_encoded(batches, 1, 1, big, 6.0, (3, H, W), False, False) is None
+    finally:
+        batches.close()
+
+
+def test_gpu_decode_is_chosen_by_the_prototxt_or_the_environment():
+    assert not data_parallel.gpu_decode_chosen(False)
+    assert data_parallel.gpu_decode_chosen(True)
+    with using_config(gpu_decode=False):
+        assert not data_parallel.gpu_decode_chosen(True)
+    with using_config(gpu_decode=True):
+        assert data_parallel.gpu_decode_chosen(False)
+    assert caffe_pb2.DataParameter().gpu_decode is False
+    assert caffe_pb2.DataParameter.DESCRIPTOR.fields_by_name["gpu_decode"].number == 1002
+
+
+# -- the staging path on an emulated device ----------------------------------------------------------
+class _Event:
+    def __init__(self, log: list, stream: str) -> None:
+        self.stream = stream
+        log.append(("record", stream))
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Stream:
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log, self.handle = name, log, 0
+
+    def wait_for_event(self, event) -> None:
+        self.log.append(("wait", self.name, event.stream))
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _FakeDecoder:
+    """nvJPEG's stand-in: decodes each JPEG at its host address with Pillow into its planes."""
+
+    calls: list = []
+    fail: set = set()  # levels (of nvjpeg.BACKENDS) whose decode fails
+
+    def __init__(self, states: int = 2, start: int = 0, library=None) -> None:
+        self.level, self.path = start, "fake"
+        self.backend = nvjpeg.BACKENDS[start][0]
+
+    def decode(self, state, sources, lengths, planes, pitch, fmt, stream_handle) -> None:
+        from pycaffe_lite.testing import host_kernels as hk
+
+        type(self).calls.append((self.level, state, len(sources)))
+        if self.level in self.fail:
+            raise nvjpeg.NvJpegError(f"nvjpegDecodeBatched ({self.backend} backend) failed: NVJPEG_STATUS_EXECUTION_FAILED")
+        assert fmt == nvjpeg.OUTPUT_BGR
+        for src, n, ptrs in zip(sources, lengths, planes):
+            values = decode_image(ctypes.string_at(src, n))
+            for c, ptr in enumerate(ptrs):
+                hk.host_array(ptr, values.shape[1:], np.uint8)[...] = values[c]
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def emulated_device(monkeypatch):
+    """The device API on the host: allocations are host buffers, copies memmove at once, the
+    kernel is the host build of transform.cu, events are complete; returns the stream log."""
+    from pycaffe_lite.gpu import backend, driver
+    from pycaffe_lite.testing import host_kernels as hk
+
+    if hk.CXX is None:
+        pytest.skip("no C++ compiler for the host build of transform.cu")
+    held: list[np.ndarray] = []
+    log: list = []
+    compute, copy = _Stream("compute", log), _Stream("copy", log)
+
+    def alloc(nbytes):
+        arr = np.full(int(nbytes), 0xAB, np.uint8)
+        held.append(arr)
+        return arr.ctypes.data
+
+    def memcpy_htod(dst, src, pinned=False, on=None):
+        src = np.ascontiguousarray(src)
+        ctypes.memmove(int(dst), src.ctypes.data, src.nbytes)
+        log.append(("copy", "compute" if on is None else on.name))
+        return _Event(log, "compute" if on is None else on.name) if pinned else None
+
+    def kernel(path, name, dtype):
+        lib, sigs = hk.serial_library(Path(path), dtype)
+
+        def call(*args):
+            log.append(("kernel", "compute"))
+            getattr(lib, name)(*hk.kernel_args(sigs[name], args, dtype))
+        return call
+
+    hk.route_blobs_to_host(monkeypatch)
+    monkeypatch.setattr(memcheck, "device_limit", lambda: 1 << 40)
+    monkeypatch.setattr(backend, "alloc", alloc)
+    monkeypatch.setattr(backend, "memcpy_htod", memcpy_htod)
+    monkeypatch.setattr(backend, "record_event", lambda on=None: _Event(log, "compute" if on is None else on.name))
+    monkeypatch.setattr(backend, "stream", lambda: compute)
+    monkeypatch.setattr(backend, "copy_stream", lambda: copy)
+    monkeypatch.setattr(backend, "kernel", kernel)
+    monkeypatch.setattr(driver, "register_host", lambda array: (lambda: None))
+    monkeypatch.setattr(nvjpeg, "Decoder", _FakeDecoder)
+    monkeypatch.setattr(nvjpeg, "load_library", lambda names=None: (None, "fake"))
+    _FakeDecoder.calls, _FakeDecoder.fail = [], set()
+    return log
+
+
+def run_batches(layer, count: int, gpu: bool, monkeypatch=None, seed: int = 11):
+    """``count`` forwards (``forward_gpu`` on the emulated device when ``gpu``): data, labels, read state."""
+    top = empty_blobs(2, layer.dtype)
+    caffe.set_random_seed(seed)
+    if gpu:
+        monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
+    layer.setup([], top)
+    out = []
+    for _ in range(count):
+        (layer.forward_gpu if gpu else layer.forward_cpu)([], top)
+        out.append((top[0].cpu_data().copy(), top[1].cpu_data().copy(), layer.read_state()))
+    layer.close()
+    return out
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for k, ((da, la, sa), (db, lb, sb)) in enumerate(zip(a, b)):
+        np.testing.assert_array_equal(la, lb, err_msg=f"batch {k} labels")
+        np.testing.assert_array_equal(da, db, err_msg=f"batch {k} pixels")
+        assert sa == sb, f"batch {k} read state"
+
+
+@pytest.mark.parametrize("gpu_decode", [False, True])
+def test_staged_batches_equal_the_single_thread_path(mixed_source, emulated_device, monkeypatch, gpu_decode):
+    """Uploads (or decodes) on the copy stream into two buffers in turn, the compute stream waiting
+    for each: the batches, labels and read states of the single prefetch thread, bit for bit."""
+    want = run_batches(layer_of(mixed_source, 0), 9, gpu=False)
+    layer = layer_of(mixed_source, 2, gpu_decode=gpu_decode)
+    got = run_batches(layer, 9, gpu=True, monkeypatch=monkeypatch)
+    assert_same(want, got)
+    log = emulated_device
+    kernels = [k for k, e in enumerate(log) if e == ("kernel", "compute")]
+    assert len(kernels) == 9
+    for k in kernels:  # each kernel runs after the compute stream waited for the copy stream
+        assert log[k - 1] == ("wait", "compute", "copy")
+    assert all(e[1] == "copy" for e in log if e[0] == "copy" and e != ("copy", "compute"))
+    assert ("wait", "copy", "compute") in log  # a buffer is rewritten only after the kernel that read it
+    if gpu_decode:
+        decoded = sum(n for _, _, n in _FakeDecoder.calls)
+        baseline = [sum(1 for i in range(b * 4) if (i % N) % 5 != 4) for b in (9, 10)]
+        assert decoded in baseline  # progressive records were decoded by the workers (a 10th batch may be staged)
+        assert {state for _, state, _ in _FakeDecoder.calls} == {0, 1}  # two decode states in turn
+    else:
+        assert _FakeDecoder.calls == []
+
+
+def test_the_next_batch_is_staged_while_the_net_computes(mixed_source, emulated_device, monkeypatch):
+    """With the workers ahead (a pause between forwards stands for the net's compute), each forward
+    queues the next batch's decode on the copy stream, and the next forward waits for nothing."""
+    import time
+
+    layer = layer_of(mixed_source, 2, gpu_decode=True)
+    top = empty_blobs(2, layer.dtype)
+    monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
+    layer.setup([], top)
+    for _ in range(6):
+        layer.forward_gpu([], top)
+        time.sleep(0.3)
+    parallel = layer._prefetcher
+    assert parallel.staged_ahead >= 4
+    assert layer.data_stats()[:2] == (6, 24)
+    layer.close()
+
+
+def test_nvjpeg_failures_fall_back_backend_by_backend_then_to_the_host(mixed_source, emulated_device, monkeypatch,
+                                                                       caplog):
+    """A failing backend: the host decodes that batch (same pixels), the next backend takes over."""
+    want = run_batches(layer_of(mixed_source, 0), 5, gpu=False)
+    _FakeDecoder.fail = {0, 1}
+    with caplog.at_level(logging.WARNING, logger="pycaffe_lite"):
+        got = run_batches(layer_of(mixed_source, 2, gpu_decode=True), 5, gpu=True, monkeypatch=monkeypatch)
+    assert_same(want, got)
+    levels = [level for level, _, _ in _FakeDecoder.calls]
+    assert levels[:2] == [0, 1] and set(levels[2:]) == {2}
+    assert "the host decoded the batch" in caplog.text
+    _FakeDecoder.calls, _FakeDecoder.fail = [], set(range(len(nvjpeg.BACKENDS)))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pycaffe_lite"):
+        got = run_batches(layer_of(mixed_source, 2, gpu_decode=True), 5, gpu=True, monkeypatch=monkeypatch)
+    assert_same(want, got)
+    assert [level for level, _, _ in _FakeDecoder.calls] == list(range(len(nvjpeg.BACKENDS)))
+    assert "decoded on the host from now on" in caplog.text
+
+
+def test_a_corrupt_jpeg_nvjpeg_refuses_is_an_error_naming_the_record(tmp_path, emulated_device, monkeypatch):
+    """Bytes whose header reads as a baseline JPEG but whose data is garbage: nvJPEG fails, the
+    host fails too, and the error names the layer and the record."""
+    def corrupt(i, img):
+        good = jpeg(img, quality=90)
+        return good if i != 2 else good[:len(good) // 2] + bytes(len(good) // 2)
+
+    source = write_lmdb(tmp_path / "db", corrupt, count=8)
+    _FakeDecoder.fail = set(range(len(nvjpeg.BACKENDS)))
+    with pytest.raises(caffe.errors.DataError, match=r"layer .*record b'00000002'.*cannot decode"):
+        run_batches(layer_of(source, 2, gpu_decode=True), 2, gpu=True, monkeypatch=monkeypatch)
+
+
+def test_resume_with_a_staged_batch_reads_on_from_the_last_batch_handed_out(mixed_source, emulated_device,
+                                                                            monkeypatch):
+    """A batch staged ahead is not handed out: read_state and a restore ignore it."""
+    want = run_batches(layer_of(mixed_source, 0), 6, gpu=False)
+    layer = layer_of(mixed_source, 2, gpu_decode=True)
+    top = empty_blobs(2, layer.dtype)
+    caffe.set_random_seed(11)
+    monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
+    layer.setup([], top)
+    for _ in range(3):
+        layer.forward_gpu([], top)
+    state = layer.read_state()
+    assert state == want[2][2]
+    layer.restore_read_state(*state)
+    got = []
+    for _ in range(3):
+        layer.forward_gpu([], top)
+        got.append((top[0].cpu_data().copy(), top[1].cpu_data().copy(), layer.read_state()))
+    layer.close()
+    assert_same(want[3:], got)
+
+
+def test_missing_library_warns_and_decodes_on_the_host(mixed_source, emulated_device, monkeypatch, caplog):
+    def missing(names=None):
+        raise nvjpeg.NvJpegError("nvJPEG (libnvjpeg) not found; install ...")
+
+    monkeypatch.setattr(nvjpeg, "load_library", missing)
+    want = run_batches(layer_of(mixed_source, 0), 3, gpu=False)
+    with caplog.at_level(logging.WARNING, logger="pycaffe_lite"):
+        layer = layer_of(mixed_source, 2, gpu_decode=True)
+        got = run_batches(layer, 3, gpu=True, monkeypatch=monkeypatch)
+    assert_same(want, got)
+    assert "not found" in caplog.text and "decoded on the host" in caplog.text
+    assert _FakeDecoder.calls == []
+
+
+# -- on the device -----------------------------------------------------------------------------------
+def _gpu_batches(source, count, gpu_decode, transform=TRANSFORM):
+    caffe.set_mode_gpu()
+    layer = layer_of(source, 2, batch=8, gpu_decode=gpu_decode, transform=transform)
+    top = empty_blobs(2, layer.dtype)
+    caffe.set_random_seed(11)
+    layer.setup([], top)
+    out = []
+    for _ in range(count):
+        layer.forward([], top)
+        out.append((top[0].cpu_data().copy(), top[1].cpu_data().copy(), layer.read_state()))
+    decoder = layer._prefetcher.decoder
+    layer.close()
+    return out, decoder
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("subsampling", "bound"), [(0, nvjpeg.TOLERANCE_444), (2, nvjpeg.TOLERANCE_420)])
+def test_nvjpeg_pixels_within_the_stated_tolerance(tmp_path, gpu_mode, subsampling, bound):
+    """Same LMDB, nvJPEG against Pillow (no mean, no scale: pixel levels): labels, read states and
+    the crop/mirror stream equal; pixels within the module's tolerance."""
+    source = write_lmdb(tmp_path / "db", lambda i, img: jpeg(img, quality=90, subsampling=subsampling))
+    transform = "crop_size: 16 mirror: true"
+    host, _ = _gpu_batches(source, 6, False, transform)
+    device, decoder = _gpu_batches(source, 6, True, transform)
+    assert decoder is not None, "nvJPEG was not used (library missing or failed: see the log)"
+    diffs = []
+    for k, ((dh, lh, sh), (dd, ld, sd)) in enumerate(zip(host, device)):
+        np.testing.assert_array_equal(lh, ld, err_msg=f"batch {k} labels")
+        assert sh == sd, f"batch {k} read state"
+        diffs.append(np.abs(dh.astype(np.float64) - dd))
+    d = np.concatenate([x.ravel() for x in diffs])
+    print(f"nvJPEG vs Pillow ({decoder.backend} backend, subsampling {subsampling}): max {d.max()}, "
+          f"99.9% {np.quantile(d, 0.999)}, mean {d.mean():.3f} levels")
+    if subsampling == 0:
+        assert d.max() <= bound
+    else:
+        assert np.quantile(d, 0.999) <= bound and d.mean() <= nvjpeg.TOLERANCE_MEAN
+    # a wrong crop offset or flip would move whole gradients: far beyond these bounds
+    assert d.mean() <= nvjpeg.TOLERANCE_MEAN
+
+
+@pytest.mark.gpu
+def test_gpu_decode_in_a_replayed_training_iteration(tmp_path, gpu_mode):
+    """A solver on a JPEG LMDB with nvJPEG and the copy stream: its iterations replay as CUDA
+    graphs (the data layer runs before each replay) and its losses stay close to the host decode's."""
+    from pycaffe_lite.solvers.sgd_solvers import get_solver
+
+    source = write_lmdb(tmp_path / "db", lambda i, img: jpeg(img, quality=90), count=40)
+    net = f"""
+    layer {{ name: "data" type: "Data" top: "data" top: "label"
+            data_param {{ source: "{source}" batch_size: 8 backend: LMDB workers: 2 gpu_decode: %s }}
+            transform_param {{ crop_size: 16 mirror: true mean_value: 110 scale: 0.01 }} }}
+    layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
+            inner_product_param {{ num_output: 128 weight_filler {{ type: "gaussian" std: 0.01 }} }} }}  # (labels are 3i+1 < 120)
+    layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
+    """
+    losses = {}
+    for on in (False, True):
+        folder = tmp_path / str(on)
+        folder.mkdir()
+        (folder / "net.prototxt").write_text(net % str(on).lower())
+        sp = caffe_pb2.SolverParameter(net=str(folder / "net.prototxt"), base_lr=0.01, lr_policy="fixed",
+                                       max_iter=12, display=0, snapshot_prefix=str(folder / "t"), random_seed=3)
+        solver = get_solver(sp, progress=False)
+        seen: list[float] = []
+        solver.iteration_hooks.append(lambda it, loss, seen=seen: seen.append(loss))
+        try:
+            solver.solve()
+        except Exception as exc:
+            raise AssertionError(f"gpu_decode {on}: {exc}") from exc
+        if on:
+            assert solver.net.layers[0]._prefetcher.decoder is not None
+            assert solver.executor.replays > 0, solver.executor.fallbacks
+        solver.net.layers[0].close()
+        losses[on] = np.array(seen)
+    assert len(losses[True]) == 12 and np.all(np.isfinite(losses[True]))
+    np.testing.assert_allclose(losses[True], losses[False], rtol=0.05, atol=0.05)
