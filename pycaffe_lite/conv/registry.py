@@ -70,6 +70,22 @@ class Engine:
         raise NotImplementedError
 
 
+class TiledEngine(Engine):
+    """An engine registered once per tile shape of :attr:`tiles` (``"BMxBN"``), named
+    ``<prefix>-<tile>`` and running that tile in every pass (the tensor-core engines)."""
+
+    prefix = ""
+    tiles: tuple[str, ...] = ()
+
+    def __init__(self, tile: str) -> None:
+        self.tile = tile
+        self.name = f"{self.prefix}-{tile}"
+
+    @classmethod
+    def variants(cls) -> tuple[Engine, ...]:
+        return tuple(cls(t) for t in cls.tiles)
+
+
 _registry: dict[str, Engine] = {}
 ENGINES: dict[str, Engine] = {}  # name -> engine, sorted by order (then registration)
 E = TypeVar("E", bound=type[Engine])

@@ -24,7 +24,7 @@ from ..gpu import backend, blas
 from ..gpu.backend import CudaError
 from . import tiling
 from .problem import ConvProblem, epilogue_flags
-from .registry import Engine, bias_backward, register_engine
+from .registry import TiledEngine, bias_backward, register_engine
 from .tiling import BLOCK, Launch, WeightLaunch, nonnull, tile_shape
 
 KERNELS = Path(__file__).with_name("tensorcore.cu")
@@ -128,18 +128,11 @@ def workspace_count(prob: ConvProblem, tile: str, has_bias: bool) -> int:
 
 @register_engine("TENSOR_CORE", order=50, summary="the implicit GEMM on TF32 tensor cores (float32 with "
                  "TF32 allowed, compute capability 8.0+)")
-class TensorCoreEngine(Engine):
+class TensorCoreEngine(TiledEngine):
     """The implicit GEMM on TF32 tensor cores with ``tile`` tiles in every pass."""
 
     requirement = REQUIREMENT
-
-    def __init__(self, tile: str) -> None:
-        self.tile = tile
-        self.name = f"tensorcore-{tile}"
-
-    @classmethod
-    def variants(cls) -> tuple[Engine, ...]:
-        return tuple(cls(t) for t in TILES)
+    prefix, tiles = "tensorcore", TILES
 
     def supports(self, prob):
         return supports(prob)

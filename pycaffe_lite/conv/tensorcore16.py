@@ -32,7 +32,7 @@ from ..errors import CudaError
 from ..gpu import backend
 from . import tiling
 from .problem import ConvProblem, epilogue_flags
-from .registry import Engine, bias_backward, register_engine
+from .registry import TiledEngine, bias_backward, register_engine
 from .tiling import BLOCK, THREADS, Launch, Reduce, WeightLaunch, nonnull, tile_shape
 
 KERNELS = Path(__file__).with_name("tensorcore16.cu")
@@ -121,18 +121,11 @@ def reduce_plan(prob: ConvProblem, splits: int, has_bias: int) -> Reduce:
 
 @register_engine("TENSOR_CORE_16", order=55, summary="the implicit GEMM on fp16/bf16 tensor cores (mma.sync "
                  "m16n8k16, fp32 accumulation; float16 and bfloat16 blobs, compute capability 8.0+)")
-class TensorCore16Engine(Engine):
+class TensorCore16Engine(TiledEngine):
     """The implicit GEMM on fp16/bf16 tensor cores with ``tile`` tiles in every pass."""
 
     requirement = REQUIREMENT
-
-    def __init__(self, tile: str) -> None:
-        self.tile = tile
-        self.name = f"tensorcore16-{tile}"
-
-    @classmethod
-    def variants(cls) -> tuple[Engine, ...]:
-        return tuple(cls(t) for t in TILES)
+    prefix, tiles = "tensorcore16", TILES
 
     def supports(self, prob):
         return supports(prob)
