@@ -61,3 +61,38 @@ def set_bn_statistics(net: Any, layer: str, seed: int = 4) -> None:
     mean.data[...] = rng.standard_normal(mean.count) * 3
     var.data[...] = rng.random(var.count) * 4 + 0.1
     factor.data[...] = 2.5
+
+
+# LeNet for the half-precision tests, fed by a MemoryData layer (``set_input_arrays``); ``%(fields)s``
+# takes the net's precision fields, ``%(extra)s`` an optional layer between pool1 and conv2.
+_LENET = """
+name: "LeNet_%(type)s"
+%(fields)s
+layer { name: "mnist" type: "MemoryData" top: "data" top: "label"
+        memory_data_param { batch_size: %(batch)d channels: 1 height: 28 width: 28 } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 20 kernel_size: 5 weight_filler { type: "xavier" } } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+%(extra)slayer { name: "conv2" type: "Convolution" bottom: "%(conv2_input)s" top: "conv2"
+        convolution_param { num_output: 50 kernel_size: 5 weight_filler { type: "xavier" } } }
+layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1"
+        inner_product_param { num_output: 500 weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
+layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
+        inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "accuracy" type: "Accuracy" bottom: "ip2" bottom: "label" top: "accuracy" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
+"""
+
+
+def half_lenet(type_name: str, batch: int, extra_fields: str = "", lrn: bool = False) -> str:
+    """LeNet's net text with storage ``type_name`` (FLOAT, FLOAT16, BFLOAT16: NVCaffe's net defaults,
+    math FLOAT), ``extra_fields`` on the net (loss scaling) and, with ``lrn``, an LRN (a layer with
+    no half path, so float32 in a half net) between pool1 and conv2."""
+    fields = extra_fields if type_name == "FLOAT" else (
+        f"default_forward_type: {type_name} default_backward_type: {type_name} "
+        f"default_forward_math: FLOAT default_backward_math: FLOAT {extra_fields}")
+    extra = 'layer { name: "norm" type: "LRN" bottom: "pool1" top: "norm" lrn_param { local_size: 3 } }\n' if lrn else ""
+    return _LENET % {"type": type_name, "fields": fields, "batch": batch, "extra": extra,
+                     "conv2_input": "norm" if lrn else "pool1"}

@@ -16,38 +16,11 @@ from pycaffe_lite.proto.protoio import parse_text
 from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers import sgd_solvers
 from pycaffe_lite.solvers.update import Update
+from pycaffe_lite.testing.nets import half_lenet
 
 pytestmark = pytest.mark.gpu
 
 MNIST = Path(__file__).resolve().parents[2] / "examples" / "mnist" / "data"
-
-LENET = """
-name: "LeNet_%(type)s"
-%(fields)s
-layer { name: "mnist" type: "MemoryData" top: "data" top: "label"
-        memory_data_param { batch_size: %(batch)d channels: 1 height: 28 width: 28 } }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
-        convolution_param { num_output: 20 kernel_size: 5 weight_filler { type: "xavier" } } }
-layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
-layer { name: "norm" type: "LRN" bottom: "pool1" top: "norm" lrn_param { local_size: 3 } }
-layer { name: "conv2" type: "Convolution" bottom: "norm" top: "conv2"
-        convolution_param { num_output: 50 kernel_size: 5 weight_filler { type: "xavier" } } }
-layer { name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
-layer { name: "ip1" type: "InnerProduct" bottom: "pool2" top: "ip1"
-        inner_product_param { num_output: 500 weight_filler { type: "xavier" } } }
-layer { name: "relu1" type: "ReLU" bottom: "ip1" top: "ip1" }
-layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2"
-        inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
-layer { name: "accuracy" type: "Accuracy" bottom: "ip2" bottom: "label" top: "accuracy" }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
-"""
-
-
-def _fields(type_name: str, extra: str = "") -> str:
-    if type_name == "FLOAT":
-        return extra
-    return (f"default_forward_type: {type_name} default_backward_type: {type_name} "
-            f"default_forward_math: FLOAT default_backward_math: FLOAT {extra}")
 
 
 def _solver(type_name: str, gpu: bool, graphs: bool = True, batch: int = 32, extra_net: str = "",
@@ -57,7 +30,7 @@ def _solver(type_name: str, gpu: bool, graphs: bool = True, batch: int = 32, ext
     else:
         caffe.set_mode_cpu()
     caffe.set_random_seed(34)
-    net = LENET % {"type": type_name, "fields": _fields(type_name, extra_net), "batch": batch}
+    net = half_lenet(type_name, batch, extra_net, lrn=True)
     text = (f"net_param {{ {net} }} base_lr: {lr} momentum: 0.9 weight_decay: 0.0005 lr_policy: \"fixed\" "
             f"random_seed: 34")
     solver = sgd_solvers.SGDSolver(parse_text(text, caffe_pb2.SolverParameter()), progress=False)
