@@ -41,7 +41,7 @@ def storage_dtype(dtype: np.dtype | type | str) -> np.dtype:
 
 def math_dtype(dtype: np.dtype) -> np.dtype:
     """What values stored in ``dtype`` are computed in: float32 for the half types, else itself."""
-    return np.dtype(np.float32) if dtype in (np.float16, np.uint16) else np.dtype(dtype)
+    return backend.math_dtype(dtype)
 
 
 def to_math(values: np.ndarray) -> np.ndarray:

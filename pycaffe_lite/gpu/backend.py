@@ -65,6 +65,13 @@ _KERNEL_TYPES: dict[np.dtype, tuple[str, str, str, str, str, str]] = {
 }
 
 
+def math_dtype(dtype) -> np.dtype:
+    """The numpy dtype of values stored in ``dtype`` as kernels compute them (their ``Mtype``):
+    float32 for float16 and bfloat16 (uint16 bits), else ``dtype`` itself."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype in (np.float16, np.uint16) else dtype
+
+
 def prelude(dtype) -> str:
     """:data:`PRELUDE` for kernels storing ``dtype`` (float32, float64, float16; uint16 stands for
     bfloat16), the half types' headers first."""

@@ -14,7 +14,7 @@ workspace pointers a caller obtained earlier: ask for the workspace after callin
 
 Half storage (float16; uint16 for bfloat16): kernels compute in the math type (``Mtype``, float), the
 partial sums live in float, and per-channel statistics (``channel_moments``' outputs, a
-``channel_dot`` with ``math_out``, its ``shift``) are float buffers (:func:`blob.math_dtype`).
+``channel_dot`` with ``math_out``, its ``shift``) are float buffers (:func:`backend.math_dtype`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..blob import math_dtype
 from . import backend, blas
+from .backend import math_dtype
 
 KERNELS = Path(__file__).with_name("math_functions.cu")
 REDUCE_THREADS = 256  # must match REDUCE_THREADS in block_sum.cuh

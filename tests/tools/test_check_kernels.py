@@ -36,7 +36,7 @@ def test_broken_kernel_fails_with_file_and_message(tmp_path):
     bad = tmp_path / "broken.cu"
     bad.write_text("__global__ void bad_kernel(const int n, Dtype* y) {\n"
                    "  CUDA_KERNEL_LOOP(i, n) { y[i] = no_such_identifier; }\n}\n")
-    proc = run_tool("--paths", str(tmp_path))
+    proc = run_tool("--paths", str(tmp_path), "--dtype", "float", "--dtype", "double")
     assert proc.returncode == 1
     out = proc.stdout + proc.stderr
     assert "FAIL" in out and "broken.cu" in out
