@@ -390,12 +390,11 @@ class SharedDiffs:
                 saved[key] = (blob.diff_memory, blob.diff_memory.newest_copy())
         seeds = self._seed_buffers
         self._unshare(what)
-        on_gpu = common.mode() is common.Mode.GPU
-        for mem, copy in seeds:  # the seeds as that backward found them
-            if on_gpu:
-                backend.memcpy_dtod(mem.mutable_gpu(), int(copy), mem.nbytes)  # type: ignore[call-overload]
-            else:
+        for mem, copy in seeds:  # the seeds as that backward found them (kept where the plan was made:
+            if isinstance(copy, np.ndarray):  # a net planned in CPU mode may be read in GPU mode)
                 mem.mutable_cpu()[...] = copy
+            else:
+                backend.memcpy_dtod(mem.mutable_gpu(), int(copy), mem.nbytes)  # type: ignore[call-overload]
         self._running = True
         try:
             self.run_backward(start, end)

@@ -105,3 +105,29 @@ def test_half_fusions_agree_with_the_layers_and_float64(tmp_path, dtype):
         assert (fused.blobs["sc"].math_data() == 0).any() and fused.blobs["data"].math_diff().any()
     finally:
         caffe.set_mode_cpu()
+
+
+def test_net_run_on_the_cpu_answers_reads_in_gpu_mode(tmp_path):
+    """A float64 net built and run in CPU mode, whose memory plan shares diffs, answers reads of its
+    diffs after a switch to GPU mode (the plan's copies of the backward's seeds are host arrays)
+    with the values the same net read in CPU mode gives."""
+    path = tmp_path / "ref.prototxt"
+    path.write_text(NET.format(types=""))
+    rng = np.random.default_rng(3)
+    x, g = rng.uniform(-1, 3, (2, 4, 8, 8)), rng.uniform(-1, 1, (2, 4, 4, 4))
+    nets = []
+    for _ in range(2):
+        caffe.set_mode_cpu()
+        caffe.set_random_seed(5)
+        net = caffe.Net(str(path), caffe.TRAIN, dtype=np.float64)
+        net.forward(data=x)
+        net.backward(sum=g)
+        nets.append(net)
+    on_cpu = {name: b.diff.copy() for name, b in nets[0].blobs.items()}
+    caffe.set_mode_gpu()
+    try:
+        on_gpu = {name: b.diff.copy() for name, b in nets[1].blobs.items()}
+    finally:
+        caffe.set_mode_cpu()
+    for name, want in on_cpu.items():
+        np.testing.assert_allclose(on_gpu[name], want, rtol=1e-12, atol=1e-12, err_msg=name)
