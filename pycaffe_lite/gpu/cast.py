@@ -31,6 +31,15 @@ def _name(dtype: np.dtype) -> str:
     return "bf16" if dtype == np.uint16 else dtype.name
 
 
+def _loader(s: np.dtype, d: np.dtype) -> tuple[str, str]:
+    """(the C type values travel in from ``s`` to ``d``: double if either is float64, else float; a
+    preamble naming the source type ``Stype`` and ``load_s``, its value in that type)."""
+    stype, load = _LOAD[s]
+    wide = "double" if np.float64 in (s, d) else "float"
+    return wide, (backend.HALF_HEADERS + f"typedef {stype} Stype;\n"
+                  f"static __device__ __forceinline__ {wide} load_s(const Stype v) {{ return {load}; }}\n")
+
+
 def convert(n: int, src: int, src_dtype, dst: int, dst_dtype, through=None) -> None:
     """``dst[i] = src[i]`` for ``i < n`` converted from ``src_dtype`` into ``dst_dtype`` (values
     rounded through ``through`` first when it is given and narrower than both)."""
@@ -41,12 +50,9 @@ def convert(n: int, src: int, src_dtype, dst: int, dst_dtype, through=None) -> N
     if s == d and t is None:
         backend.memcpy_dtod(dst, src, n * s.itemsize)
         return
-    stype, load = _LOAD[s]
-    wide = "double" if np.float64 in (s, d) else "float"
+    wide, preamble = _loader(s, d)
     step = _THROUGH[t] if t is not None else "v"
-    preamble = (backend.HALF_HEADERS + f"typedef {stype} Stype;\n"
-                f"static __device__ __forceinline__ {wide} load_s(const Stype v) {{ return {load}; }}\n"
-                f"static __device__ __forceinline__ {wide} round_t(const {wide} v) {{ return {step}; }}\n")
+    preamble += f"static __device__ __forceinline__ {wide} round_t(const {wide} v) {{ return {step}; }}\n"
     name = f"cast_{_name(s)}_{_name(d)}" + (f"_via_{_name(t)}" if t is not None else "")
     backend.elementwise(name, "const Stype* x, Dtype* y", "y[i] = from_m((Mtype)round_t(load_s(x[i])))",
                         d, preamble)(n, src, dst)
@@ -64,10 +70,7 @@ def unscale(n: int, src: int, src_dtype, dst: int, dst_dtype, inv_slot: int, fou
     ``src`` itself), setting the int at ``found`` to 1 where a result is not finite (inf or NaN):
     the loss-scaled gradient of a half param into its master's diff, or a float32 param's in place."""
     s, d = np.dtype(src_dtype), np.dtype(dst_dtype)
-    stype, load = _LOAD[s]
-    wide = "double" if np.float64 in (s, d) else "float"
-    preamble = (backend.HALF_HEADERS + f"typedef {stype} Stype;\n"
-                f"static __device__ __forceinline__ {wide} load_s(const Stype v) {{ return {load}; }}\n")
+    wide, preamble = _loader(s, d)
     backend.elementwise(f"unscale_{_name(s)}_{_name(d)}", "const Stype* x, Dtype* y, const float* inv, int* found",
                         f"const {wide} v = load_s(x[i]) * ({wide})inv[0]; "
                         "if (!isfinite(v)) found[0] = 1; y[i] = from_m((Mtype)v)", d, preamble)(
