@@ -33,7 +33,7 @@ import numpy as np
 from pycaffe_lite import bbox, common, io
 from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.db import Cursor, close_inherited, open_cursor
-from pycaffe_lite.data.parallel import ParallelBatches
+from pycaffe_lite.data.parallel import ParallelBatches, StopsReaders
 from pycaffe_lite.data.transformer import decode_datum, load_mean_file
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.layer import Layer, Traits, register_layer
@@ -70,7 +70,7 @@ def _hsv_to_bgr(hsv: np.ndarray) -> np.ndarray:
 
 
 @register_layer("AnnotatedData")
-class AnnotatedDataLayer(Layer):
+class AnnotatedDataLayer(StopsReaders, Layer):
     traits = Traits()  # CPU code only (its GPU path runs it on host copies)
     exact_num_bottom_blobs = 0
     min_top_blobs = 1
@@ -118,7 +118,7 @@ class AnnotatedDataLayer(Layer):
             parallel = _ParallelAnnotated(self, workers)
             if parallel.try_start(data_workers.automatic(dp.workers), "on the calling thread"):
                 self._parallel = parallel
-                self._finalizer = weakref.finalize(self, parallel.stop)
+                self.stop_with_layer(parallel.stop)
 
     def _check_augmentation(self) -> None:
         """The fork's CHECKs on sampler, distortion and expansion values, as project errors."""
@@ -343,11 +343,6 @@ class AnnotatedDataLayer(Layer):
             self.cursor.next()
         self._labels(top, rows)
 
-    def close(self) -> None:
-        """Stop the worker processes, if any (idempotent)."""
-        finalizer = getattr(self, "_finalizer", None)
-        if finalizer is not None:
-            finalizer()
 
 
 @dataclass

@@ -37,7 +37,6 @@ import logging
 import queue
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,13 @@ from pycaffe_lite.data import nvjpeg
 from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.db import Cursor, close_inherited, open_cursor
 from pycaffe_lite.data.device_cache import DeviceBatches
-from pycaffe_lite.data.parallel import ParallelBatches, TransformingJob, gpu_decode_chosen, leave_encoded
+from pycaffe_lite.data.parallel import (
+    ParallelBatches,
+    StopsReaders,
+    TransformingJob,
+    gpu_decode_chosen,
+    leave_encoded,
+)
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import CaffeError, DataError
 from pycaffe_lite.layer import Layer, Traits, register_layer
@@ -282,7 +287,7 @@ class _ParallelPrefetcher(ParallelBatches):
 
 
 @register_layer("Data")
-class DataLayer(Layer):
+class DataLayer(StopsReaders, Layer):
     traits = Traits()  # a host-side reader: runs plainly before a replayed graph
     exact_num_bottom_blobs = 0
     min_top_blobs = 1
@@ -398,7 +403,7 @@ class DataLayer(Layer):
 
     def _install(self, prefetcher: _Prefetcher | _ParallelPrefetcher) -> None:
         self._prefetcher = prefetcher
-        self._finalizer = weakref.finalize(self, prefetcher.close)
+        self.stop_with_layer(prefetcher.close)
         prefetcher.start()
 
     def read_state(self) -> tuple[int, bytes, str]:
@@ -426,7 +431,7 @@ class DataLayer(Layer):
         """New readers from ``position`` (+ ``shift`` records) with the transformer's random state
         ``rng_state``; workers again if there were (unless ``thread_only``)."""
         old = self._prefetcher
-        self._finalizer.detach()
+        self.detach_readers()
         old.stop()
         try:
             if shift:  # check the saved record, then move on to this rank's first batch
@@ -491,11 +496,6 @@ class DataLayer(Layer):
             return
         self._cache.next_batch(top[0].mutable_gpu_data(), top[1].mutable_gpu_data() if self.output_labels else None)
 
-    def close(self) -> None:
-        """Stop the prefetch thread and close the database (idempotent)."""
-        finalizer = getattr(self, "_finalizer", None)
-        if finalizer is not None:
-            finalizer()
 
     def __del__(self) -> None:
         self.close()

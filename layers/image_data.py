@@ -40,7 +40,7 @@ import numpy as np
 from pycaffe_lite import common
 from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.order import Order
-from pycaffe_lite.data.parallel import ParallelBatches, TransformingJob
+from pycaffe_lite.data.parallel import ParallelBatches, StopsReaders, TransformingJob
 from pycaffe_lite.data.transformer import DataTransformer
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.io import resize
@@ -100,7 +100,7 @@ def read_image(path: str, new_height: int, new_width: int, is_color: bool) -> np
 
 
 @register_layer("ImageData")
-class ImageDataLayer(Layer):
+class ImageDataLayer(StopsReaders, Layer):
     traits = Traits()  # a host-side reader: runs plainly before a replayed graph
     exact_num_bottom_blobs = 0
     exact_num_top_blobs = 2
@@ -153,7 +153,7 @@ class ImageDataLayer(Layer):
         parallel = _ParallelImages(self, workers, shape, common.mode() is common.Mode.GPU)
         if parallel.try_start(automatic, "on the calling thread"):
             self._parallel = parallel
-            self._finalizer = weakref.finalize(self, parallel.stop)
+            self.stop_with_layer(parallel.stop)
 
     def _line(self, line_id: int) -> tuple[str, int, int]:
         """The ``line_id``-th line of the (shuffled) list: ``(path, label, line number)``."""
@@ -173,7 +173,7 @@ class ImageDataLayer(Layer):
         """Continue from a state given by ``read_state``."""
         parallel = self._parallel
         if parallel is not None:  # the loader's thread plans ahead: stop it before changing the state
-            self._finalizer.detach()
+            self.detach_readers()
             parallel.stop()
             self._parallel = None
         try:
@@ -230,11 +230,6 @@ class ImageDataLayer(Layer):
         """(batches, images, seconds waited for them) served by forward so far."""
         return self._stats[0], self._stats[1], self._stats[2]
 
-    def close(self) -> None:
-        """Stop the worker processes, if any (idempotent)."""
-        finalizer = getattr(self, "_finalizer", None)
-        if finalizer is not None:
-            finalizer()
 
     def _single_thread_forward(self, top) -> None:
         first = self._read(self.line_id)

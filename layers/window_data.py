@@ -41,7 +41,7 @@ import numpy as np
 
 from pycaffe_lite import common
 from pycaffe_lite.data import workers as data_workers
-from pycaffe_lite.data.parallel import ParallelBatches
+from pycaffe_lite.data.parallel import ParallelBatches, StopsReaders
 from pycaffe_lite.data.transformer import load_mean_file
 from pycaffe_lite.errors import DataError
 from pycaffe_lite.layer import Layer, Traits, register_layer
@@ -96,7 +96,7 @@ def read_window_file(source: str, root_folder: str, where: str):
 
 
 @register_layer("WindowData")
-class WindowDataLayer(Layer):
+class WindowDataLayer(StopsReaders, Layer):
     traits = Traits()  # a host-side reader: runs plainly before a replayed graph
     exact_num_bottom_blobs = 0
     exact_num_top_blobs = 2
@@ -147,7 +147,7 @@ class WindowDataLayer(Layer):
             parallel = _ParallelWindows(self, workers)
             if parallel.try_start(data_workers.automatic(p.workers), "on the calling thread"):
                 self._parallel = parallel
-                self._finalizer = weakref.finalize(self, parallel.stop)
+                self.stop_with_layer(parallel.stop)
 
     def _read_mean(self, tp, channels: int) -> None:
         """``transform_param``'s mean file (at least crop-sized) or mean values (one, or per channel)."""
@@ -282,11 +282,6 @@ class WindowDataLayer(Layer):
 
     forward_gpu = forward_cpu  # host batches; the device copy syncs when the next layer reads it
 
-    def close(self) -> None:
-        """Stop the worker processes, if any (idempotent)."""
-        finalizer = getattr(self, "_finalizer", None)
-        if finalizer is not None:
-            finalizer()
 
 
 @dataclass

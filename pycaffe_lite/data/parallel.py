@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,28 @@ class _Staged:
     payloads: list | None
     buffer: int
     ready: Any
+
+
+class StopsReaders:
+    """Mixin of the data layers whose readers (a prefetch thread, worker processes) run beside
+    them: :meth:`stop_with_layer` ties the readers' ``stop`` to the layer's collection, and
+    :meth:`close` runs it now."""
+
+    _finalizer: weakref.finalize | None = None
+
+    def stop_with_layer(self, stop: Callable[[], object]) -> None:
+        """Run ``stop`` when the layer is collected or closed (once)."""
+        self._finalizer = weakref.finalize(self, stop)
+
+    def detach_readers(self) -> None:
+        """Forget the readers' ``stop`` (the caller stops or replaces them itself)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
+    def close(self) -> None:
+        """Stop the layer's readers (idempotent)."""
+        if self._finalizer is not None:
+            self._finalizer()
 
 
 class TransformingJob:
