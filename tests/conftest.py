@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,6 +101,19 @@ def mnist_dir() -> Path:
     if d is None:
         pytest.skip("full MNIST not found in $MNIST_DIR or examples/mnist/data")
     return d
+
+
+@pytest.fixture(scope="session")
+def mnist_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The first 1,024 training digits of examples/mnist/data: images (N, 1, 28, 28) scaled to [0, 1]
+    and labels, both float32 (what the half-precision training tests feed a MemoryData layer)."""
+    from pycaffe_lite.data import mnist
+
+    folder = REPO / "examples" / "mnist" / "data"
+    images = mnist.read_images(folder / "train-images-idx3-ubyte.gz")[:1024]
+    labels = mnist.read_labels(folder / "train-labels-idx1-ubyte.gz")[:1024]
+    x = np.ascontiguousarray(images.reshape(-1, 1, 28, 28), np.float32) / 255
+    return x, np.ascontiguousarray(labels, np.float32)
 
 
 @pytest.fixture(scope="session")

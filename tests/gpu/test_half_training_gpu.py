@@ -5,13 +5,10 @@ replayed as CUDA graphs (a forced overflow skips the step and halves the scale).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.data import mnist
 from pycaffe_lite.proto.protoio import parse_text
 from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers import sgd_solvers
@@ -19,9 +16,6 @@ from pycaffe_lite.solvers.update import Update
 from pycaffe_lite.testing.nets import half_lenet
 
 pytestmark = pytest.mark.gpu
-
-MNIST = Path(__file__).resolve().parents[2] / "examples" / "mnist" / "data"
-
 
 def _solver(type_name: str, gpu: bool, graphs: bool = True, batch: int = 32, extra_net: str = "",
             lr: float = 0.01) -> caffe.Solver:
@@ -38,16 +32,8 @@ def _solver(type_name: str, gpu: bool, graphs: bool = True, batch: int = 32, ext
     return solver
 
 
-@pytest.fixture(scope="module")
-def digits() -> tuple[np.ndarray, np.ndarray]:
-    images = mnist.read_images(MNIST / "train-images-idx3-ubyte.gz")[:1024]
-    labels = mnist.read_labels(MNIST / "train-labels-idx1-ubyte.gz")[:1024]
-    x = np.ascontiguousarray(images.reshape(-1, 1, 28, 28), np.float32) / 255
-    return x, np.ascontiguousarray(labels, np.float32)
-
-
-def _train(solver, digits, steps: int) -> list[float]:
-    solver.net.set_input_arrays(*digits)
+def _train(solver, mnist_digits, steps: int) -> list[float]:
+    solver.net.set_input_arrays(*mnist_digits)
     losses = []
     for _ in range(steps):
         solver.step(1)
@@ -57,7 +43,7 @@ def _train(solver, digits, steps: int) -> list[float]:
 
 @pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("type_name", ["FLOAT16", "BFLOAT16"])
-def test_half_lenet_on_gpu_trains_like_the_host(type_name, graphs, digits, gpu_mode):
+def test_half_lenet_on_gpu_trains_like_the_host(type_name, graphs, mnist_digits, gpu_mode):
     """The same fp16/bf16 LeNet (an LRN with no half path in it) trains 30 iterations on the GPU,
     eager and replayed, and on the host: blobs and params keep their storage types, losses stay
     finite and fall, and the two runs end within 0.1 of each other (same seed and data; the
@@ -69,7 +55,7 @@ def test_half_lenet_on_gpu_trains_like_the_host(type_name, graphs, digits, gpu_m
         net = solver.net
         assert net.blobs["conv1"].data.dtype == stored and net.params["ip1"][0].data.dtype == stored
         assert net.blobs["norm"].data.dtype == np.float32 and net.blobs["loss"].data.dtype == np.float32
-        losses = _train(solver, digits, 30)
+        losses = _train(solver, mnist_digits, 30)
         assert np.isfinite(losses).all(), losses
         assert np.mean(losses[-5:]) < 0.5 * losses[0], (gpu, losses)
         results[gpu] = float(np.mean(losses[-5:]))
@@ -86,12 +72,12 @@ def test_half_lenet_on_gpu_trains_like_the_host(type_name, graphs, digits, gpu_m
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_fixed_loss_scale_on_gpu_divides_out(graphs, digits, gpu_mode):
+def test_fixed_loss_scale_on_gpu_divides_out(graphs, mnist_digits, gpu_mode):
     """fp32 on the GPU with a power-of-two global_grad_scale trains to the weights of the
     unscaled run (the scale is exact in fp32), and the reported loss is unscaled."""
     plain = _solver("FLOAT", True, graphs, batch=16)
     scaled = _solver("FLOAT", True, graphs, batch=16, extra_net="global_grad_scale: 1024")
-    a, b = _train(plain, digits, 6), _train(scaled, digits, 6)
+    a, b = _train(plain, mnist_digits, 6), _train(scaled, mnist_digits, 6)
     assert scaled.loss_scale == 1024
     np.testing.assert_allclose(b, a, rtol=1e-6)
     for pa, pb in zip(plain.net.learnable_params, scaled.net.learnable_params):
@@ -100,7 +86,7 @@ def test_fixed_loss_scale_on_gpu_divides_out(graphs, digits, gpu_mode):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("graphs", [False, True])
-def test_adaptive_loss_scale_overflow_on_gpu(graphs, digits, gpu_mode, monkeypatch):
+def test_adaptive_loss_scale_overflow_on_gpu(graphs, mnist_digits, gpu_mode, monkeypatch):
     """fp16 with an adaptive scale of 2^24 on the GPU: the first step's gradients overflow, so it is
     skipped on the device (weights and history unchanged) and the scale halves; halvings continue
     until the gradients fit; then GROWTH_INTERVAL clean steps double it. Replayed iterations do
@@ -108,7 +94,7 @@ def test_adaptive_loss_scale_overflow_on_gpu(graphs, digits, gpu_mode, monkeypat
     monkeypatch.setattr(Update, "GROWTH_INTERVAL", 4)
     solver = _solver("FLOAT16", True, graphs, batch=16,
                      extra_net=f"global_grad_scale: {2.0 ** 24} global_grad_scale_adaptive: true")
-    solver.net.set_input_arrays(*digits)
+    solver.net.set_input_arrays(*mnist_digits)
     before = [p.cpu_data().copy() for p in solver.net.learnable_params]
     solver.step(1)
     assert solver.loss_scale == 2.0 ** 23

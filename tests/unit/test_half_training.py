@@ -11,15 +11,11 @@ import numpy as np
 import pytest
 
 import pycaffe_lite as caffe
-from pycaffe_lite.data import mnist
 from pycaffe_lite.proto.protoio import parse_text
 from pycaffe_lite.schema import caffe_pb2
 from pycaffe_lite.solvers import sgd_solvers
 from pycaffe_lite.solvers.update import Update
 from pycaffe_lite.testing.nets import half_lenet
-
-MNIST = Path(__file__).resolve().parents[2] / "examples" / "mnist" / "data"
-
 
 
 def _solver(type_name: str, batch: int = 32, extra_net: str = "", extra: str = "", lr: float = 0.01):
@@ -31,29 +27,21 @@ def _solver(type_name: str, batch: int = 32, extra_net: str = "", extra: str = "
     return sgd_solvers.SGDSolver(parse_text(text, caffe_pb2.SolverParameter()), progress=False)
 
 
-@pytest.fixture(scope="module")
-def digits() -> tuple[np.ndarray, np.ndarray]:
-    images = mnist.read_images(MNIST / "train-images-idx3-ubyte.gz")[:1024]
-    labels = mnist.read_labels(MNIST / "train-labels-idx1-ubyte.gz")[:1024]
-    x = np.ascontiguousarray(images.reshape(-1, 1, 28, 28), np.float32) / 255
-    return x, np.ascontiguousarray(labels, np.float32)
-
-
-def _feed(solver, digits) -> None:
-    x, y = digits
+def _feed(solver, mnist_digits) -> None:
+    x, y = mnist_digits
     solver.net.set_input_arrays(x, y)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("type_name", ["FLOAT16", "BFLOAT16"])
-def test_lenet_trains_in_half_like_fp32(type_name, digits, caplog):
+def test_lenet_trains_in_half_like_fp32(type_name, mnist_digits, caplog):
     """LeNet stores its blobs and params in the half type (data layer and loss in fp32), trains 40
     iterations on 1,024 MNIST digits with finite losses, and ends within 0.15 of fp32's loss."""
     caplog.set_level(logging.INFO, logger="pycaffe_lite")
     results = {}
     for t in ("FLOAT", type_name):
         solver = _solver(t)
-        _feed(solver, digits)
+        _feed(solver, mnist_digits)
         net = solver.net
         stored = np.float32 if t == "FLOAT" else (np.float16 if t == "FLOAT16" else np.uint16)
         assert net.blobs["conv1"].data.dtype == stored and net.params["ip1"][0].data.dtype == stored
@@ -69,12 +57,12 @@ def test_lenet_trains_in_half_like_fp32(type_name, digits, caplog):
     assert "runs in float32: no half path" not in caplog.text  # every LeNet layer has a half path
 
 
-def test_master_weights_keep_updates_below_half_resolution(digits, tmp_path):
+def test_master_weights_keep_updates_below_half_resolution(mnist_digits, tmp_path):
     """With a rate whose steps are far below an fp16 ulp, the fp16 params barely move while the
     fp32 masters accumulate the updates; params are always the masters rounded to nearest even.
     A snapshot holds the masters (float32 data) and a resumed solver has them bit for bit."""
     solver = _solver("FLOAT16", batch=16, lr=1e-7, extra=f'snapshot_prefix: "{tmp_path}/h"')
-    _feed(solver, digits)
+    _feed(solver, mnist_digits)
     start = [p.math_data().copy() for p in solver.net.learnable_params]
     solver.step(4)
     update = solver.update
@@ -114,19 +102,19 @@ def test_master_weights_keep_updates_below_half_resolution(digits, tmp_path):
         np.testing.assert_array_equal(pb.cpu_data(), pa.cpu_data())
     for a, b in zip(solver.history, resumed.history):
         np.testing.assert_array_equal(b.cpu_data(), a.cpu_data())
-    _feed(resumed, digits)
+    _feed(resumed, mnist_digits)
     resumed.step(1)
     assert np.isfinite(float(resumed.net.blobs["loss"].data))
 
 
-def test_fixed_loss_scale_divides_out_exactly(digits):
+def test_fixed_loss_scale_divides_out_exactly(mnist_digits):
     """A power-of-two global_grad_scale seeds scaled gradients and divides them out before the
     update: in fp32 the trained weights are bit-identical to training without it."""
     plain = _solver("FLOAT", batch=16)
     scaled = _solver("FLOAT", batch=16, extra_net="global_grad_scale: 1024")
     assert plain.loss_scale == 1 and scaled.loss_scale == 1024
     for s in (plain, scaled):
-        _feed(s, digits)
+        _feed(s, mnist_digits)
         s.step(3)
     assert scaled.net.layers[-1].loss_seed_scale == 1024
     for a, b in zip(plain.net.learnable_params, scaled.net.learnable_params):
@@ -135,14 +123,14 @@ def test_fixed_loss_scale_divides_out_exactly(digits):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the forced overflow's inf - inf)
-def test_adaptive_loss_scale_overflow_skips_and_halves(digits, caplog, monkeypatch):
+def test_adaptive_loss_scale_overflow_skips_and_halves(mnist_digits, caplog, monkeypatch):
     """fp16 with an adaptive scale of 2^24: the seeded gradients overflow fp16, so the step is
     skipped (weights and history unchanged) and the scale halves, logged; once finite, the
     scale doubles after GROWTH_INTERVAL clean iterations."""
     caplog.set_level(logging.INFO, logger="pycaffe_lite")
     monkeypatch.setattr(Update, "GROWTH_INTERVAL", 3)
     solver = _solver("FLOAT16", batch=16, extra_net=f"global_grad_scale: {2.0 ** 24} global_grad_scale_adaptive: true")
-    _feed(solver, digits)
+    _feed(solver, mnist_digits)
     before = [p.cpu_data().copy() for p in solver.net.learnable_params]
     solver.step(1)
     assert solver.loss_scale == 2.0 ** 23
