@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ours  # noqa: E402
-from timing import SPIN_CYCLES, device_median_ms  # noqa: E402
+import peer_torch  # noqa: E402
 
 from pycaffe_lite.conv.problem import ConvProblem  # noqa: E402
 
@@ -94,17 +94,8 @@ def cudnn_ms(prob: ConvProblem, bias: bool, precision: str, reps: int) -> dict:
         return lambda: torch.ops.aten.convolution_backward(gy, x, wt, [prob.num_output] if bias else None, *args,
                                                            False, [0, 0], prob.group, mask)
 
-    def record():
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def elapsed(start, end) -> float:
-        end.synchronize()
-        return start.elapsed_time(end)
-
     def timed(step) -> float:
-        return device_median_ms(step, lambda: torch.cuda._sleep(SPIN_CYCLES), record, elapsed, reps, 3)
+        return peer_torch.cuda_median_ms(torch, step, reps)
 
     return {"fwd": timed(fwd), "dW": timed(backward([False, True, bias])), "dX": timed(backward([True, False, False]))}
 

@@ -111,6 +111,22 @@ def conv_fwd_bwd(n: int, c: int, h: int, w: int, k: int, ksize: int, pad: int, s
     return {"fwd_ms": t_fwd, "bwd_ms": max(t_both - t_fwd, 0.0)}
 
 
+def cuda_median_ms(torch, step, reps: int) -> float:
+    """Median device ms of ``step`` (:func:`timing.device_median_ms`: CUDA events around it, queued
+    behind a spin kernel so launch costs stay hidden; 3 warm-up runs)."""
+
+    def record():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def elapsed(start, end) -> float:
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    return device_median_ms(step, lambda: torch.cuda._sleep(SPIN_CYCLES), record, elapsed, reps, 3)
+
+
 def conv_layer_ms(n: int, c: int, h: int, w: int, k: int, kernel: tuple[int, int], pad: tuple[int, int],
                   stride: tuple[int, int], dilation: tuple[int, int], group: int, bias: bool, backward: bool,
                   reps: int = 10, device_time: bool = True) -> dict:
@@ -137,18 +153,9 @@ def conv_layer_ms(n: int, c: int, h: int, w: int, k: int, kernel: tuple[int, int
         torch.ops.aten.convolution_backward(gy, x, wt, [k] if bias else None, stride, pad, dilation, False,
                                             [0, 0], group, [True, True, bias])
 
-    def record():
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def elapsed(start, end) -> float:
-        end.synchronize()
-        return start.elapsed_time(end)
-
     def timed(step) -> float:
         if device_time:
-            return device_median_ms(step, lambda: torch.cuda._sleep(SPIN_CYCLES), record, elapsed, reps, 3)
+            return cuda_median_ms(torch, step, reps)
         return median_ms(step, torch.cuda.synchronize, reps, 3)
 
     return {"fwd_ms": timed(fwd), "bwd_ms": timed(bwd) if backward else 0.0}
