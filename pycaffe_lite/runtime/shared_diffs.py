@@ -85,6 +85,7 @@ class SharedDiffs:
         self._can_share = any(net.layer_need_backward) and not any(layer.traits.outside_effects for layer in net.layers)
         # What re-running the last backward needs
         self._last: tuple[int, int] | None = None
+        self._last_mode = common.Mode.CPU  # the mode that backward ran in (a re-run uses its state)
         self._why_not = "no backward ran"
         self._shapes: list[tuple[int, ...]] = []  # the blobs' shapes then
         self._versions: dict[int, tuple[SyncedMemory, int, str]] = {}  # id(data memory) -> (it, version, name)
@@ -286,6 +287,7 @@ class SharedDiffs:
 
     def _remember_inputs(self, rng: BackwardRange) -> None:
         self._last, self._shapes = (rng.start, rng.end), [blob.shape for blob in self.net.blobs]
+        self._last_mode = common.mode()
         versions: dict[int, tuple[SyncedMemory, int, str]] = {}
         for blob, name in self._inputs:
             mem = blob.data_memory
@@ -396,10 +398,13 @@ class SharedDiffs:
             else:
                 backend.memcpy_dtod(mem.mutable_gpu(), int(copy), mem.nbytes)  # type: ignore[call-overload]
         self._running = True
+        context, mode = common.context(), common.mode()
+        context.mode = self._last_mode  # the forward state it reads (pooling masks, ...) is that mode's
         try:
             self.run_backward(start, end)
         finally:
             self._running = False
+            context.mode = mode
         for mem, values in saved.values():
             mem.mutable_cpu()[...] = values
         self.stale, self._last, self._snapshots, self._versions = set(), None, {}, {}
