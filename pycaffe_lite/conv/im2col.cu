@@ -106,3 +106,50 @@ __global__ void upsample_planes(const int count, const Dtype* y, const int h, co
                                                                  : from_m(Mtype(0));
   }
 }
+
+// upsample_planes with each thread writing V = BYTES / sizeof(Dtype) consecutive elements of x in one
+// BYTES-wide store (count % V == 0, x aligned to BYTES): the pixel position advances by counters,
+// not by divisions per element (the scalar kernel is bound by its integer divisions).
+extern "C++" {
+template <int BYTES> struct UpsampleVec;
+template <> struct UpsampleVec<16> { typedef uint4 T; };
+template <> struct UpsampleVec<8> { typedef uint2 T; };
+template <> struct UpsampleVec<4> { typedef unsigned T; };
+
+template <int BYTES>
+__device__ __forceinline__ void upsample_planes_vec(const int vcount, const Dtype* y, const int h, const int w,
+                                                    const int oh, const int ow, const int sh, const int sw, Dtype* x) {
+  const int V = BYTES >= (int)sizeof(Dtype) ? BYTES / (int)sizeof(Dtype) : 1;  // (double: never launched below 16)
+  CUDA_KERNEL_LOOP(v, vcount) {
+    const int i = v * V;
+    const int ix = i % w, t = i / w, iy = t % h;
+    long long row = (long long)(t / h) * oh;  // (nc * oh): the first y row of this plane
+    int ox = ix / sw, rx = ix - ox * sw, oy = iy / sh, ry = iy - oy * sh, col = ix;
+    __align__(16) Dtype out[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      out[e] = (ry == 0 && rx == 0 && oy < oh && ox < ow) ? y[(row + oy) * ow + ox] : from_m(Mtype(0));
+      if (++rx == sw) rx = 0, ++ox;
+      if (++col == w) {  // next row (and plane)
+        col = 0, rx = 0, ox = 0;
+        if (++ry == sh) ry = 0, ++oy;
+        if (oy * sh + ry == h) oy = 0, ry = 0, row += oh;
+      }
+    }
+    *reinterpret_cast<typename UpsampleVec<BYTES>::T*>(x + i) = *reinterpret_cast<const typename UpsampleVec<BYTES>::T*>(out);
+  }
+}
+}  // extern "C++"
+
+__global__ void upsample_planes_16b(const int vcount, const Dtype* y, const int h, const int w, const int oh,
+                                    const int ow, const int sh, const int sw, Dtype* x) {
+  upsample_planes_vec<16>(vcount, y, h, w, oh, ow, sh, sw, x);
+}
+__global__ void upsample_planes_8b(const int vcount, const Dtype* y, const int h, const int w, const int oh,
+                                   const int ow, const int sh, const int sw, Dtype* x) {
+  upsample_planes_vec<8>(vcount, y, h, w, oh, ow, sh, sw, x);
+}
+__global__ void upsample_planes_4b(const int vcount, const Dtype* y, const int h, const int w, const int oh,
+                                   const int ow, const int sh, const int sw, Dtype* x) {
+  upsample_planes_vec<4>(vcount, y, h, w, oh, ow, sh, sw, x);
+}

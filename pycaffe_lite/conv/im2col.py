@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import CudaError
 from ..gpu import backend
 from .geometry import Pair, out_shape
@@ -67,4 +69,9 @@ def upsample_planes(y: int, planes: int, image_hw: Pair, stride: Pair, x: int, d
     ho, wo = (h - 1) // sh + 1, (w - 1) // sw + 1
     if planes * h * w > backend.INT32_MAX:
         raise CudaError(f"upsample_planes: {planes * h * w} elements exceed int32 indexing")
-    backend.kernel(KERNELS, "upsample_planes", dtype)(planes * h * w, y, h, w, ho, wo, sh, sw, x)
+    count, isz = planes * h * w, np.dtype(dtype).itemsize
+    for width in (16, 8, 4):  # the widest store that tiles the planes (x: a pool allocation, 256-byte aligned)
+        if width > isz and (count * isz) % width == 0 and x % width == 0:
+            backend.kernel(KERNELS, f"upsample_planes_{width}b", dtype)(count * isz // width, y, h, w, ho, wo, sh, sw, x)
+            return
+    backend.kernel(KERNELS, "upsample_planes", dtype)(count, y, h, w, ho, wo, sh, sw, x)

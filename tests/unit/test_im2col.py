@@ -104,7 +104,8 @@ def test_gpu_swap_leading_axes(gpu_mode, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
-@pytest.mark.parametrize(("hw", "stride"), [((9, 8), (2, 2)), ((7, 10), (3, 2))])
+@pytest.mark.parametrize(("hw", "stride"), [((9, 8), (2, 2)), ((7, 10), (3, 2)), ((14, 14), (2, 2)), ((7, 14), (2, 2)),
+                                           ((5, 3), (2, 3)), ((28, 28), (2, 2))])  # (16-, 8-, 4-byte and scalar stores)
 def test_gpu_subsample_and_its_adjoint(gpu_mode, dtype, hw, stride):
     """The strided 1x1 convolution's subsampled input is x[:, :, ::sh, ::sw]; the upsample puts the
     values back at the strided pixels and zeros everywhere else (its adjoint)."""
