@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from pycaffe_lite import common
+from pycaffe_lite.config import config
 from pycaffe_lite.data import nvjpeg
 from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.db import Cursor, close_inherited, open_cursor
@@ -354,24 +355,35 @@ class DataLayer(StopsReaders, Layer):
                                        self.layer_param.data_param.prefetch, self.dtype, self.where, workers,
                                        tuple(int(d) for d in shape), raw)  # type: ignore[arg-type]
         parallel.skip_after = prefetcher.skip_after
-        parallel.gpu_decode = bool(first.encoded) and raw and self._nvjpeg_usable()
+        decoder = ""
+        if first.encoded and raw:
+            parallel.gpu_decode, decoder = self._nvjpeg_usable(first)
         if not parallel.try_start(self._auto_workers, "with the prefetch thread"):
             return prefetcher
-        log.info("%s: %d data worker processes (%s)", self.where, workers,
-                 "uint8 batches, transformed on the device" if raw else "transformed in the workers")
+        log.info("%s: %d data worker processes (%s%s)", self.where, workers,
+                 "uint8 batches, transformed on the device" if raw else "transformed in the workers", decoder)
         return parallel
 
-    def _nvjpeg_usable(self) -> bool:
-        """Whether nvJPEG decodes this layer's JPEG records: chosen (``data_param.gpu_decode``,
-        ``$PYCAFFE_LITE_GPU_DECODE``) and the library found (else a warning: the host decodes)."""
-        if not gpu_decode_chosen(self.layer_param.data_param.gpu_decode):
-            return False
+    def _nvjpeg_usable(self, first: caffe_pb2.Datum) -> tuple[bool, str]:
+        """Whether nvJPEG decodes this layer's encoded records (GPU mode, workers), and what the
+        workers' log line says of the decoder. Yes unless ``data_param.gpu_decode: false`` is
+        written in the file or ``$PYCAFFE_LITE_GPU_DECODE=0``, the records are not JPEG (field unset:
+        the first record says), or libnvjpeg is not found (a warning where ``gpu_decode: true`` asked
+        for it; the host decodes)."""
+        dp = self.layer_param.data_param
+        written = dp.HasField("gpu_decode")
+        if not gpu_decode_chosen(dp.gpu_decode if written else None):
+            return False, "; the workers decode the records (gpu_decode off)"
+        asked = written or config.gpu_decode is not None
+        if not asked and nvjpeg.jpeg_header(first.data) is None:
+            return False, "; the workers decode the records (not JPEG)"
         try:
             nvjpeg.load_library()
         except nvjpeg.NvJpegError as exc:
-            log.warning("%s: %s; JPEG records are decoded on the host", self.where, exc)
-            return False
-        return True
+            if asked:
+                log.warning("%s: %s; JPEG records are decoded on the host", self.where, exc)
+            return False, "; the workers decode the records (libnvjpeg not found)"
+        return True, "; the workers read the records, nvJPEG decodes the JPEGs"
 
     def _cache_dataset(self, prefetcher: _Prefetcher) -> None:
         """Load every record (transformed) into device memory; batches are then gathered there."""
