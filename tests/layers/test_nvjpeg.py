@@ -77,9 +77,11 @@ def mixed_source(tmp_path_factory):
     return write_lmdb(tmp_path_factory.mktemp("nvjpeg") / "mixed", mixed)
 
 
-def layer_of(path, workers, batch=4, gpu_decode=False, transform=TRANSFORM, dtype=np.float32):
+def layer_of(path, workers, batch=4, gpu_decode: bool | None = False, transform=TRANSFORM, dtype=np.float32):
+    """A TRAIN Data layer on ``path``; ``gpu_decode`` None leaves the field unset (the default)."""
+    field = "" if gpu_decode is None else f"gpu_decode: {str(gpu_decode).lower()} "
     return make_layer(f'type: "Data" phase: TRAIN data_param {{ source: "{path}" batch_size: {batch} '
-                      f'backend: LMDB workers: {workers} gpu_decode: {str(gpu_decode).lower()} prefetch: 4 }} '
+                      f'backend: LMDB workers: {workers} {field}prefetch: 4 }} '
                       f'transform_param {{ {transform} }}', dtype)
 
 
@@ -197,8 +199,10 @@ def test_leave_encoded_writes_the_bytes_and_label_or_declines():
 def test_gpu_decode_is_chosen_by_the_prototxt_or_the_environment():
     assert not data_parallel.gpu_decode_chosen(False)
     assert data_parallel.gpu_decode_chosen(True)
+    assert data_parallel.gpu_decode_chosen(None)  # unset in the file: on
     with using_config(gpu_decode=False):
         assert not data_parallel.gpu_decode_chosen(True)
+        assert not data_parallel.gpu_decode_chosen(None)
     with using_config(gpu_decode=True):
         assert data_parallel.gpu_decode_chosen(False)
     assert caffe_pb2.DataParameter().gpu_decode is False
@@ -253,10 +257,17 @@ class _FakeDecoder:
         self.level, self.path = start, "fake"
         self.backend = nvjpeg.BACKENDS[start][0]
 
+    threads: list = []  # the thread of each decode
+    hook = None  # called with the number of the decode (from 0) before it runs
+
     def decode(self, state, sources, lengths, planes, pitch, fmt, stream_handle) -> None:
         from pycaffe_lite.testing import host_kernels as hk
 
-        type(self).calls.append((self.level, state, len(sources)))
+        cls = type(self)
+        cls.threads.append(threading.current_thread())
+        if cls.hook is not None:
+            cls.hook(len(cls.calls))
+        cls.calls.append((self.level, state, len(sources)))
         if self.level in self.fail:
             raise nvjpeg.NvJpegError(f"nvjpegDecodeBatched ({self.backend} backend) failed: NVJPEG_STATUS_EXECUTION_FAILED")
         assert fmt == nvjpeg.OUTPUT_BGR
@@ -313,7 +324,7 @@ def emulated_device(monkeypatch):
     monkeypatch.setattr(driver, "register_host", lambda array: (lambda: None))
     monkeypatch.setattr(nvjpeg, "Decoder", _FakeDecoder)
     monkeypatch.setattr(nvjpeg, "load_library", lambda names=None: (None, "fake"))
-    _FakeDecoder.calls, _FakeDecoder.fail = [], set()
+    _FakeDecoder.calls, _FakeDecoder.fail, _FakeDecoder.threads, _FakeDecoder.hook = [], set(), [], None
     return log
 
 
@@ -449,6 +460,177 @@ def test_missing_library_warns_and_decodes_on_the_host(mixed_source, emulated_de
     assert_same(want, got)
     assert "not found" in caplog.text and "decoded on the host" in caplog.text
     assert _FakeDecoder.calls == []
+
+
+# -- the staging thread ------------------------------------------------------------------------------
+def _started(layer, monkeypatch, forwards: int = 1):
+    """``layer`` set up in (emulated) GPU mode after ``forwards`` device forwards; its tops."""
+    top = empty_blobs(2, layer.dtype)
+    caffe.set_random_seed(11)
+    monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
+    layer.setup([], top)
+    for _ in range(forwards):
+        layer.forward_gpu([], top)
+    return top
+
+
+def _assert_stopped(parallel, stager, name: str) -> None:
+    """The staging thread ended, the workers exited, the shared batches unlinked."""
+    assert not stager.thread.is_alive()
+    assert parallel.loader._closed and not [p for p in parallel.loader.pool.procs if p.is_alive()]
+    assert not Path("/dev/shm", name).exists()
+
+
+def test_decodes_run_on_the_staging_thread(mixed_source, emulated_device, monkeypatch):
+    """nvJPEG's decodes are queued by the layer's staging thread, never by the forward's."""
+    layer = layer_of(mixed_source, 2, gpu_decode=True)
+    top = _started(layer, monkeypatch, forwards=5)
+    parallel = layer._prefetcher
+    stager = parallel._stager
+    assert stager is not None and stager.thread.is_alive() and stager.thread.name.startswith("nvJPEG stager")
+    assert _FakeDecoder.threads and set(_FakeDecoder.threads) == {stager.thread}
+    assert ("wait", "copy", "compute") not in emulated_device.by_main  # the forward never queues a staging
+    assert layer.data_stats()[:2] == (5, 20)
+    name = parallel.loader.batches.name
+    layer.close()
+    _assert_stopped(parallel, stager, name)
+    assert top[0].shape == (4, 3, 16, 16)
+
+
+def test_an_error_in_the_staging_thread_is_raised_by_the_next_forwards_naming_the_layer(
+        mixed_source, emulated_device, monkeypatch):
+    """The batches staged before the failure are handed out first; then every forward raises."""
+    want = run_batches(layer_of(mixed_source, 0), 2, gpu=False)
+
+    def fail_third(n):
+        if n == 2:
+            raise RuntimeError("the decoder exploded")
+
+    _FakeDecoder.hook = fail_third
+    layer = layer_of(mixed_source, 2, gpu_decode=True)
+    top = empty_blobs(2, layer.dtype)
+    caffe.set_random_seed(11)
+    monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
+    layer.setup([], top)
+    got = []
+    for _ in range(2):
+        layer.forward_gpu([], top)
+        got.append((top[0].cpu_data().copy(), top[1].cpu_data().copy(), layer.read_state()))
+    assert_same(want, got)
+    for _ in range(2):
+        with pytest.raises(caffe.errors.DataError,
+                           match=r"layer .*nvJPEG staging thread failed: RuntimeError\('the decoder exploded'\)"):
+            layer.forward_gpu([], top)
+    assert layer.read_state() == want[1][2]  # the failed batch was not handed out
+    parallel, stager = layer._prefetcher, layer._prefetcher._stager
+    name = parallel.loader.batches.name
+    layer.close()
+    _assert_stopped(parallel, stager, name)
+
+
+def test_close_with_a_batch_in_flight_waits_for_it_and_stops_everything(mixed_source, emulated_device,
+                                                                        monkeypatch):
+    """close() while the thread is inside a decode: the decode finishes, the thread ends, the
+    workers exit and the shared memory is unlinked (no hang, no error)."""
+    import time
+
+    inside, release = threading.Event(), threading.Event()
+
+    def block_third(n):
+        if n == 2:
+            inside.set()
+            release.wait(5)
+
+    _FakeDecoder.hook = block_third
+    layer = layer_of(mixed_source, 2, gpu_decode=True)
+    _started(layer, monkeypatch, forwards=1)
+    assert inside.wait(10), "the staging thread did not start the third batch"
+    parallel, stager = layer._prefetcher, layer._prefetcher._stager
+    name = parallel.loader.batches.name
+    threading.Timer(0.3, release.set).start()
+    start = time.perf_counter()
+    layer.close()
+    assert release.is_set() and time.perf_counter() - start < 5
+    _assert_stopped(parallel, stager, name)
+    assert len(_FakeDecoder.calls) == 3  # the one in flight finished; nothing staged after the stop
+
+
+def test_a_stop_asked_from_the_staging_thread_is_finished_by_it(mixed_source, emulated_device, monkeypatch):
+    """The layer collected by a garbage collection that runs in the staging thread: its stop cannot
+    join the thread it runs in, so the thread finishes it on its way out; forwards then say so."""
+    layer = layer_of(mixed_source, 2, gpu_decode=True)
+    holder: dict = {}
+
+    def stop_inside(n):
+        if n == 2:
+            holder["parallel"].stop()
+
+    _FakeDecoder.hook = stop_inside
+    top = empty_blobs(2, layer.dtype)
+    monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
+    layer.setup([], top)
+    parallel = holder["parallel"] = layer._prefetcher
+    name = parallel.loader.batches.name
+    layer.forward_gpu([], top)
+    stager = parallel._stager
+    stager.thread.join(10)
+    _assert_stopped(parallel, stager, name)
+    assert parallel._stager is None and not parallel._held
+    with pytest.raises(caffe.errors.DataError, match="not running"):
+        layer.forward_gpu([], top)
+    layer.close()
+
+
+def png(i: int, img: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_gpu_decode_is_on_by_default_for_jpeg_records_in_gpu_mode(mixed_source, tmp_path, emulated_device,
+                                                                  monkeypatch, caplog):
+    """Unset: nvJPEG decodes JPEG records in GPU mode (the log says so), not PNG ones; ``gpu_decode:
+    false`` in the file or PYCAFFE_LITE_GPU_DECODE=0 turn it off; CPU mode never uses it."""
+    with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
+        layer = layer_of(mixed_source, 2, gpu_decode=None)
+        _started(layer, monkeypatch, forwards=2)
+    assert layer._prefetcher.gpu_decode and layer._prefetcher._stager is not None and _FakeDecoder.calls
+    assert "nvJPEG decodes the JPEGs" in caplog.text
+    layer.close()
+    for off, env in (("false", None), (None, False)):
+        _FakeDecoder.calls = []
+        caplog.clear()
+        with using_config(gpu_decode=env), caplog.at_level(logging.INFO, logger="pycaffe_lite"):
+            layer = layer_of(mixed_source, 2, gpu_decode=None if off is None else False)
+            _started(layer, monkeypatch, forwards=2)
+        assert not layer._prefetcher.gpu_decode and layer._prefetcher._stager is None and not _FakeDecoder.calls
+        assert "the workers decode the records (gpu_decode off)" in caplog.text
+        layer.close()
+    pngs = write_lmdb(tmp_path / "png", png, count=8)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
+        layer = layer_of(pngs, 2, gpu_decode=None)
+        _started(layer, monkeypatch, forwards=1)
+    assert not layer._prefetcher.gpu_decode and "(not JPEG)" in caplog.text
+    layer.close()
+    monkeypatch.setattr(common, "mode", lambda: common.Mode.CPU)
+    layer = layer_of(mixed_source, 2, gpu_decode=None)
+    layer.setup([], empty_blobs(2, layer.dtype))
+    assert not layer._prefetcher.raw and not layer._prefetcher.gpu_decode
+    layer.close()
+
+
+def test_a_missing_library_by_default_is_no_warning(mixed_source, emulated_device, monkeypatch, caplog):
+    def missing(names=None):
+        raise nvjpeg.NvJpegError("nvJPEG (libnvjpeg) not found; install ...")
+
+    monkeypatch.setattr(nvjpeg, "load_library", missing)
+    with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
+        layer = layer_of(mixed_source, 2, gpu_decode=None)
+        _started(layer, monkeypatch, forwards=1)
+    assert not layer._prefetcher.gpu_decode and "(libnvjpeg not found)" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    layer.close()
 
 
 # -- on the device -----------------------------------------------------------------------------------
