@@ -106,25 +106,33 @@ class _Stager:
     def _run(self) -> None:
         from pycaffe_lite.gpu import backend
 
-        owner = self.owner
         try:
-            with backend.current_in_thread():
+            with backend.current_in_thread():  # (the device objects the thread drops go while it is current)
                 try:
-                    while self._acquire():
-                        assert owner.loader is not None
-                        slot, position, payloads = owner.loader.get()
-                        self.orphan = slot
-                        staged = owner._stage(slot, position, payloads)
-                        self.orphan = None
-                        self.ready.put(staged)
+                    self._loop()
+                except BaseException as exc:
+                    self._failed(exc)
                 finally:
                     if self.deferred_stop:  # (the layer was collected by a garbage collection in this thread)
-                        owner._finish_stop()
-        except BaseException as exc:  # handed to the forward (ignored when stopping)
-            if not self.stopping.is_set():
-                log.debug("%s: the nvJPEG staging thread failed", self.where, exc_info=True)
-            _clear_frames(exc)  # (their locals hold views of the shared batches, which the stop unmaps)
-            self.ready.put(exc)
+                        self.owner._finish_stop()
+        except BaseException as exc:  # (no context, or the deferred stop failed)
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        """Hand ``exc`` to the forward (ignored when stopping)."""
+        if not self.stopping.is_set():
+            log.debug("%s: the nvJPEG staging thread failed", self.where, exc_info=exc)
+        _clear_frames(exc)  # (their locals hold views of the shared batches, which the stop unmaps)
+        self.ready.put(exc)
+
+    def _loop(self) -> None:
+        owner = self.owner
+        while self._acquire():
+            assert owner.loader is not None
+            slot, position, payloads = owner.loader.get()
+            self.orphan = slot
+            self.ready.put(owner._stage(slot, position, payloads))
+            self.orphan = None
 
     def take(self) -> tuple[_Staged, float, bool]:
         """The next staged batch, the seconds waited for it, and whether it was staged before it

@@ -634,19 +634,46 @@ def test_a_missing_library_by_default_is_no_warning(mixed_source, emulated_devic
 
 
 # -- on the device -----------------------------------------------------------------------------------
-def _gpu_batches(source, count, gpu_decode, transform=TRANSFORM):
+def _gpu_batches(source, count, gpu_decode, transform=TRANSFORM, resume_at: int | None = None):
+    """``count`` forwards in GPU mode (restoring the read state after ``resume_at`` of them): data,
+    labels, read state each; the decoder (None: the host decoded). Checks that nvJPEG ran on the
+    staging thread exactly when it decoded."""
     caffe.set_mode_gpu()
     layer = layer_of(source, 2, batch=8, gpu_decode=gpu_decode, transform=transform)
     top = empty_blobs(2, layer.dtype)
     caffe.set_random_seed(11)
     layer.setup([], top)
     out = []
-    for _ in range(count):
+    for k in range(count):
+        if k == resume_at:
+            layer.restore_read_state(*layer.read_state())
         layer.forward([], top)
         out.append((top[0].cpu_data().copy(), top[1].cpu_data().copy(), layer.read_state()))
-    decoder = layer._prefetcher.decoder
+    decoder, stager = layer._prefetcher.decoder, layer._prefetcher._stager
+    assert (stager is not None) == (decoder is not None)
+    if stager is not None:
+        assert stager.thread.is_alive()
     layer.close()
+    if stager is not None:
+        assert not stager.thread.is_alive()
     return out, decoder
+
+
+def _within_tolerance(host, device, subsampling: int) -> np.ndarray:
+    """Labels and read states equal; pixels within the module's tolerance; the differences."""
+    diffs = []
+    for k, ((dh, lh, sh), (dd, ld, sd)) in enumerate(zip(host, device, strict=True)):
+        np.testing.assert_array_equal(lh, ld, err_msg=f"batch {k} labels")
+        assert sh == sd, f"batch {k} read state"
+        diffs.append(np.abs(dh.astype(np.float64) - dd))
+    d = np.concatenate([x.ravel() for x in diffs])
+    if subsampling == 0:
+        assert d.max() <= nvjpeg.TOLERANCE_444
+    else:
+        assert np.quantile(d, 0.999) <= nvjpeg.TOLERANCE_420
+    # a wrong crop offset or flip would move whole gradients: far beyond these bounds
+    assert d.mean() <= nvjpeg.TOLERANCE_MEAN
+    return d
 
 
 @pytest.mark.gpu
@@ -657,22 +684,72 @@ def test_nvjpeg_pixels_within_the_stated_tolerance(tmp_path, gpu_mode, subsampli
     source = write_lmdb(tmp_path / "db", lambda i, img: jpeg(img, quality=90, subsampling=subsampling))
     transform = "crop_size: 16 mirror: true"
     host, _ = _gpu_batches(source, 6, False, transform)
-    device, decoder = _gpu_batches(source, 6, True, transform)
+    device, decoder = _gpu_batches(source, 6, None, transform)  # (unset: on by default in GPU mode)
     assert decoder is not None, "nvJPEG was not used (library missing or failed: see the log)"
-    diffs = []
-    for k, ((dh, lh, sh), (dd, ld, sd)) in enumerate(zip(host, device)):
-        np.testing.assert_array_equal(lh, ld, err_msg=f"batch {k} labels")
-        assert sh == sd, f"batch {k} read state"
-        diffs.append(np.abs(dh.astype(np.float64) - dd))
-    d = np.concatenate([x.ravel() for x in diffs])
-    print(f"nvJPEG vs Pillow ({decoder.backend} backend, subsampling {subsampling}): max {d.max()}, "
+    d = _within_tolerance(host, device, subsampling)
+    print(f"nvJPEG vs Pillow ({decoder.backend} backend, subsampling {subsampling}, bound {bound}): max {d.max()}, "
           f"99.9% {np.quantile(d, 0.999)}, mean {d.mean():.3f} levels")
-    if subsampling == 0:
-        assert d.max() <= bound
-    else:
-        assert np.quantile(d, 0.999) <= bound and d.mean() <= nvjpeg.TOLERANCE_MEAN
-    # a wrong crop offset or flip would move whole gradients: far beyond these bounds
-    assert d.mean() <= nvjpeg.TOLERANCE_MEAN
+
+
+@pytest.mark.gpu
+def test_nvjpeg_resume_reads_on_from_the_last_batch_handed_out(tmp_path, gpu_mode):
+    """A restore of the read state after 3 forwards, batches staged ahead on the thread dropped: the
+    host decode's 6 batches (labels, read states, crop/mirror stream), pixels within tolerance."""
+    source = write_lmdb(tmp_path / "db", lambda i, img: jpeg(img, quality=90, subsampling=0))
+    transform = "crop_size: 16 mirror: true"
+    host, _ = _gpu_batches(source, 6, False, transform)
+    device, decoder = _gpu_batches(source, 6, True, transform, resume_at=3)
+    assert decoder is not None
+    _within_tolerance(host, device, 0)
+
+
+@pytest.mark.gpu
+def test_nvjpeg_close_with_batches_in_flight(tmp_path, gpu_mode):
+    """close() right after a forward, while the staging thread decodes the next batches: the
+    thread ends, the workers exit, the segment is unlinked, the device still works, and a new layer
+    reads the same first batch."""
+    from pycaffe_lite.gpu import backend
+
+    source = write_lmdb(tmp_path / "db", lambda i, img: jpeg(img, quality=90), count=64)
+    firsts = []
+    for _ in range(3):
+        layer = layer_of(source, 2, batch=16, gpu_decode=True)
+        top = empty_blobs(2, layer.dtype)
+        caffe.set_random_seed(5)
+        layer.setup([], top)
+        layer.forward([], top)
+        firsts.append(top[0].cpu_data().copy())
+        parallel = layer._prefetcher
+        stager, name = parallel._stager, parallel.loader.batches.name
+        assert stager is not None and parallel.decoder is not None
+        layer.close()
+        assert not stager.thread.is_alive()
+        assert not [p for p in parallel.loader.pool.procs if p.is_alive()]
+        assert not Path("/dev/shm", name).exists()
+        backend.synchronize()
+    np.testing.assert_array_equal(firsts[0], firsts[1])
+    np.testing.assert_array_equal(firsts[0], firsts[2])
+
+
+@pytest.mark.gpu
+def test_nvjpeg_corrupt_record_is_named(tmp_path, gpu_mode):
+    """A JPEG cut before its scan (its frame header reads as baseline, so it goes to nvJPEG):
+    nvJPEG fails, the host fails too, and the forward raises naming the layer and the record,
+    as does the next one; close is clean."""
+    def cut(i, img):
+        good = jpeg(img, quality=90)
+        return good if i != 2 else good[:good.index(b"\xff\xda")]
+
+    source = write_lmdb(tmp_path / "db", cut, count=16)
+    layer = layer_of(source, 2, batch=8, gpu_decode=True)
+    top = empty_blobs(2, layer.dtype)
+    layer.setup([], top)
+    for _ in range(2):
+        with pytest.raises(caffe.errors.DataError, match=r"layer .*record b'00000002'.*cannot decode"):
+            layer.forward([], top)
+    stager = layer._prefetcher._stager
+    layer.close()
+    assert stager is not None and not stager.thread.is_alive()
 
 
 @pytest.mark.gpu
@@ -684,17 +761,17 @@ def test_gpu_decode_in_a_replayed_training_iteration(tmp_path, gpu_mode):
     source = write_lmdb(tmp_path / "db", lambda i, img: jpeg(img, quality=90), count=40)
     net = f"""
     layer {{ name: "data" type: "Data" top: "data" top: "label"
-            data_param {{ source: "{source}" batch_size: 8 backend: LMDB workers: 2 gpu_decode: %s }}
+            data_param {{ source: "{source}" batch_size: 8 backend: LMDB workers: 2 %s }}
             transform_param {{ crop_size: 16 mirror: true mean_value: 110 scale: 0.01 }} }}
     layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip"
             inner_product_param {{ num_output: 128 weight_filler {{ type: "gaussian" std: 0.01 }} }} }}  # (labels are 3i+1 < 120)
     layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
     """
     losses = {}
-    for on in (False, True):
+    for on in (False, True, None):  # None: the field unset (on by default in GPU mode)
         folder = tmp_path / str(on)
         folder.mkdir()
-        (folder / "net.prototxt").write_text(net % str(on).lower())
+        (folder / "net.prototxt").write_text(net % ("" if on is None else f"gpu_decode: {str(on).lower()}"))
         sp = caffe_pb2.SolverParameter(net=str(folder / "net.prototxt"), base_lr=0.01, lr_policy="fixed",
                                        max_iter=12, display=0, snapshot_prefix=str(folder / "t"), random_seed=3)
         solver = get_solver(sp, progress=False)
@@ -704,10 +781,15 @@ def test_gpu_decode_in_a_replayed_training_iteration(tmp_path, gpu_mode):
             solver.solve()
         except Exception as exc:
             raise AssertionError(f"gpu_decode {on}: {exc}") from exc
-        if on:
-            assert solver.net.layers[0]._prefetcher.decoder is not None
-            assert solver.executor.replays > 0, solver.executor.fallbacks
+        parallel = solver.net.layers[0]._prefetcher
+        if on is not False:  # nvJPEG decoded on the staging thread while the iterations replayed
+            assert parallel.decoder is not None and parallel._stager is not None
+            assert parallel._stager.thread.is_alive()
+        else:
+            assert parallel._stager is None
+        assert solver.executor.replays > 0, solver.executor.fallbacks
         solver.net.layers[0].close()
         losses[on] = np.array(seen)
-    assert len(losses[True]) == 12 and np.all(np.isfinite(losses[True]))
-    np.testing.assert_allclose(losses[True], losses[False], rtol=0.05, atol=0.05)
+    for on in (True, None):
+        assert len(losses[on]) == 12 and np.all(np.isfinite(losses[on]))
+        np.testing.assert_allclose(losses[on], losses[False], rtol=0.05, atol=0.05)
