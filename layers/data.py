@@ -18,11 +18,14 @@ back to the prefetch thread at the first that does not). In GPU mode, uint8 reco
 encoded) stay uint8 in shared memory, are uploaded as bytes and transformed on the device by one
 kernel (``pycaffe_lite/data/transform.cu``) into the top, pixel for pixel as the host does; the
 uploads run on a copy stream into two device buffers in turn, the next ready batch queued while the
-net computes on this one. With ``data_param.gpu_decode`` (field 1002; ``$PYCAFFE_LITE_GPU_DECODE``
-overrides it) the workers leave JPEG records encoded and nvJPEG decodes them on the device
-(:mod:`pycaffe_lite.data.nvjpeg`: what it would not decode as the host does is decoded by the
-workers; pixels within that module's stated tolerance of the host's). A worker's failure (a corrupt
-record, a crash) is raised by ``forward`` naming the record.
+net computes on this one. JPEG records in GPU mode (the first record says; ``data_param.gpu_decode``,
+field 1002, unset: on where libnvjpeg loads; ``gpu_decode: false`` or ``$PYCAFFE_LITE_GPU_DECODE=0``
+off, ``true`` on for any encoded records; the environment wins) are left encoded by the workers and
+decoded on the device by nvJPEG (:mod:`pycaffe_lite.data.nvjpeg`: what it would not decode as the
+host does is decoded by the workers; pixels within that module's stated tolerance of the host's),
+batch by batch on the copy stream by a staging thread of the layer's own, ahead of the forwards.
+A worker's or the staging thread's failure (a corrupt record, a crash) is raised by ``forward``
+naming the layer and the record.
 
 ``read_state()`` / ``restore_read_state()`` give and set the next record the net will see (kept in
 solver snapshots for an exact resume). ``data_stats()`` counts batches, images and the time waited
