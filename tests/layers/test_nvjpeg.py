@@ -767,7 +767,7 @@ def test_gpu_decode_in_a_replayed_training_iteration(tmp_path, gpu_mode):
             inner_product_param {{ num_output: 128 weight_filler {{ type: "gaussian" std: 0.01 }} }} }}  # (labels are 3i+1 < 120)
     layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
     """
-    losses = {}
+    losses, fallbacks = {}, {}
     for on in (False, True, None):  # None: the field unset (on by default in GPU mode)
         folder = tmp_path / str(on)
         folder.mkdir()
@@ -788,8 +788,11 @@ def test_gpu_decode_in_a_replayed_training_iteration(tmp_path, gpu_mode):
         else:
             assert parallel._stager is None
         assert solver.executor.replays > 0, solver.executor.fallbacks
+        fallbacks[on] = list(solver.executor.fallbacks)
         solver.net.layers[0].close()
         losses[on] = np.array(seen)
+    # the staging thread decodes while the main thread captures: no capture abandoned because of it
+    assert fallbacks[True] == fallbacks[False] and fallbacks[None] == fallbacks[False], fallbacks
     for on in (True, None):
         assert len(losses[on]) == 12 and np.all(np.isfinite(losses[on]))
         np.testing.assert_allclose(losses[on], losses[False], rtol=0.05, atol=0.05)
