@@ -581,6 +581,35 @@ def test_a_stop_asked_from_the_staging_thread_is_finished_by_it(mixed_source, em
     layer.close()
 
 
+def test_the_backend_lets_a_thread_copy_on_the_copy_stream_during_a_capture(monkeypatch):
+    """While a capture records the compute stream, a host copy onto it is refused; onto another
+    stream (the staging thread's copy stream) it is queued. A thread joins only a started device."""
+    from types import SimpleNamespace
+
+    from pycaffe_lite.errors import CudaError, GPUUnavailableError
+    from pycaffe_lite.gpu import backend
+
+    monkeypatch.setattr(backend, "_state", None)
+    with pytest.raises(GPUUnavailableError, match="no device started"), backend.current_in_thread():
+        pass
+    copies: list = []
+    compute, copy = object(), object()
+    cuda = SimpleNamespace(memcpy_htod_async=lambda dst, src, stream: copies.append((dst, stream)))
+    contexts: list = []
+    context = SimpleNamespace(push=lambda: contexts.append("push"), pop=lambda: contexts.append("pop"))
+    monkeypatch.setattr(backend, "_state", SimpleNamespace(recording=object(), stream=compute, cuda=cuda,
+                                                           context=context))
+    with pytest.raises(CudaError, match="while a CUDA graph is being captured"):
+        backend.memcpy_htod(1, np.zeros(4, np.uint8))
+    with pytest.raises(CudaError, match="while a CUDA graph is being captured"):
+        backend.memcpy_htod(1, np.zeros(4, np.uint8), on=compute)
+    assert backend.memcpy_htod(2, np.zeros(4, np.uint8), on=copy) is None
+    assert copies == [(2, copy)]
+    with backend.current_in_thread():
+        assert contexts == ["push"]
+    assert contexts == ["push", "pop"]
+
+
 def png(i: int, img: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(img).save(buf, format="PNG")
