@@ -369,7 +369,8 @@ class DataLayer(StopsReaders, Layer):
 
     def _nvjpeg_usable(self, first: caffe_pb2.Datum) -> tuple[bool, str]:
         """Whether nvJPEG decodes this layer's encoded records (GPU mode, workers), and what the
-        workers' log line says of the decoder. Yes unless ``data_param.gpu_decode: false`` is
+        workers' log line says of the host decoder (nothing for nvJPEG, whose own line says it
+        runs). Yes unless ``data_param.gpu_decode: false`` is
         written in the file or ``$PYCAFFE_LITE_GPU_DECODE=0``, the records are not JPEG (field unset:
         the first record says), or libnvjpeg is not found (a warning where ``gpu_decode: true`` asked
         for it; the host decodes)."""
@@ -386,7 +387,7 @@ class DataLayer(StopsReaders, Layer):
             if asked:
                 log.warning("%s: %s; JPEG records are decoded on the host", self.where, exc)
             return False, "; the workers decode the records (libnvjpeg not found)"
-        return True, "; the workers read the records, nvJPEG decodes the JPEGs"
+        return True, ""  # (the decoder's own line names it and its backend at the first device forward)
 
     def _cache_dataset(self, prefetcher: _Prefetcher) -> None:
         """Load every record (transformed) into device memory; batches are then gathered there."""

@@ -624,7 +624,7 @@ def test_gpu_decode_is_on_by_default_for_jpeg_records_in_gpu_mode(mixed_source, 
         layer = layer_of(mixed_source, 2, gpu_decode=None)
         _started(layer, monkeypatch, forwards=2)
     assert layer._prefetcher.gpu_decode and layer._prefetcher._stager is not None and _FakeDecoder.calls
-    assert "nvJPEG decodes the JPEGs" in caplog.text
+    assert "JPEG records decoded on the device by nvJPEG" in caplog.text and "workers decode" not in caplog.text
     layer.close()
     for off, env in (("false", None), (None, False)):
         _FakeDecoder.calls = []
