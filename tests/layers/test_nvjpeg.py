@@ -178,6 +178,20 @@ def test_worker_answers_planes_and_formats():
     assert nvjpeg.status_name(4) == "NVJPEG_STATUS_JPEG_NOT_SUPPORTED"
 
 
+def test_image_array_holds_each_items_planes_and_pitch():
+    """The nvjpegImage_t array the decode passes: per item its planes' addresses and the pitch for
+    the used channels, zeros for the others (as filled field by field)."""
+    for channels in (1, 3):
+        planes = [nvjpeg.plane_pointers(1 << 40, k, (channels, 5, 7)) for k in range(4)]
+        images = nvjpeg.image_array(planes, 7)
+        assert len(images) == 4
+        for k in range(4):
+            assert list(images[k].channel)[:channels] == planes[k]
+            assert list(images[k].pitch) == [7] * channels + [0] * (nvjpeg.MAX_COMPONENT - channels)
+            assert not any(images[k].channel[channels:])
+    assert len(nvjpeg.image_array([], 7)) == 0
+
+
 def test_leave_encoded_writes_the_bytes_and_label_or_declines():
     layout = data_workers.BatchLayout(2, (3, H, W), np.dtype(np.uint8).str)
     batches = data_workers.SharedBatches(2, layout)
