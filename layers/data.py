@@ -370,10 +370,10 @@ class DataLayer(StopsReaders, Layer):
     def _nvjpeg_usable(self, first: caffe_pb2.Datum) -> tuple[bool, str]:
         """Whether nvJPEG decodes this layer's encoded records (GPU mode, workers), and what the
         workers' log line says of the host decoder (nothing for nvJPEG, whose own line says it
-        runs). Yes unless ``data_param.gpu_decode: false`` is
-        written in the file or ``$PYCAFFE_LITE_GPU_DECODE=0``, the records are not JPEG (field unset:
-        the first record says), or libnvjpeg is not found (a warning where ``gpu_decode: true`` asked
-        for it; the host decodes)."""
+        runs). Yes unless ``data_param.gpu_decode: false`` is written in the file or
+        ``$PYCAFFE_LITE_GPU_DECODE=0``, the records are not JPEG (field unset: the first record
+        says), or libnvjpeg is not found (a warning where ``gpu_decode: true`` asked for it; the
+        host decodes)."""
         dp = self.layer_param.data_param
         written = dp.HasField("gpu_decode")
         if not gpu_decode_chosen(dp.gpu_decode if written else None):
