@@ -2,7 +2,7 @@
 
     python benchmarks/data.py [--gpu] [--records 1024] [--batch 256] [--size 256] [--crop 224]
                               [--workers 0,4,8,15] [--kinds raw,jpeg] [--seconds 3] [--no-torch]
-                              [--no-gpu-decode]
+                              [--no-host-decode]
                               [--train [--tf32 | --precision fp16|bf16|...] [--iters 10]]
 
 Writes two LMDBs into a temporary folder: ``--records`` synthetic ``--size`` x ``--size`` colour
@@ -12,16 +12,21 @@ count (``data_param.workers``; 0 is the single prefetch thread) a TRAIN-phase Da
 ``crop_size``, ``mirror`` and three ``mean_value`` fills its float32 tops batch after batch; after a
 warm-up of a few batches the forwards of ``--seconds`` seconds (at least 3 batches) are timed, the
 device synchronized at the end in GPU mode (where uint8 batches are transformed on the device).
-Prints images/s per row. In GPU mode each JPEG row with workers is followed by a ``jpeg-gpu`` row:
-the same layer with ``gpu_decode: true`` (the workers only read the records; nvJPEG decodes the
-batch on the device; ``--no-gpu-decode`` leaves these out). The peers, when PyTorch is importable: a
+Prints images/s per row. The ``jpeg`` rows run the layer as a user gets it (``gpu_decode`` unset:
+in GPU mode with workers the workers only read the records and nvJPEG decodes each batch on the
+device, on the layer's staging thread, where libnvjpeg loads; the path column says which decoder
+ran). In GPU mode each JPEG row with workers is followed by a ``jpeg-host`` row: the same layer with
+``gpu_decode: false`` (the workers decode with Pillow; ``--no-host-decode`` leaves these out). The
+peers, when PyTorch is importable: a
 ``DataLoader`` with one worker per usable core decoding the same JPEG bytes with PIL, random 224
 crop and flip, batches of uint8 tensors; in GPU mode also torchvision's nvJPEG batch decode
 (``decode_jpeg(list, device="cuda")``) of the same records with a random crop and flip per image
 into a uint8 batch on the device (``--no-torch`` leaves both out; torch is imported only then).
 
 ``--train``: instead, ResNet-50 training iterations (the model zoo's deploy file as a training net,
-Solver SGD, random He-normal weights) fed by a Data layer from each LMDB (automatic workers) against
+Solver SGD, random He-normal weights) fed by a Data layer from each LMDB (automatic workers; the
+JPEG LMDB as a user gets it, nvJPEG in GPU mode, and in GPU mode once more with ``gpu_decode:
+false``, the host decode) against
 the same net fed by an Input layer of random values (synthetic input: what ``zoo.py`` times), with
 ``--tf32`` allowed or not; the mean time of ``--iters`` iterations after three, the device
 synchronized at both ends. Neither net computes the data gradient (a Caffe training net does not).
@@ -77,13 +82,18 @@ def write_lmdbs(folder: Path, count: int, size: int) -> tuple[Path, Path, float]
     return raw, jpeg, float(np.mean(sizes))
 
 
+def gpu_decode_field(gpu_decode: bool | None) -> str:
+    """``data_param``'s ``gpu_decode`` as written in a prototxt (None: unset, the default)."""
+    return "" if gpu_decode is None else f"gpu_decode: {str(gpu_decode).lower()} "
+
+
 def layer_rate(source: Path, workers: int, batch: int, crop: int, seconds: float, gpu: bool,
-               gpu_decode: bool = False) -> tuple[float, str]:
+               gpu_decode: bool | None = None) -> tuple[float, str]:
     """Images/s of a Data layer's forwards (after a warm-up), and how the batches travel
-    (``gpu_decode``: ``data_param.gpu_decode``, JPEG records decoded by nvJPEG)."""
+    (``gpu_decode``: ``data_param.gpu_decode``, None leaves it unset: the default)."""
     layer = make_layer(
         f'type: "Data" phase: TRAIN data_param {{ source: "{source}" batch_size: {batch} backend: LMDB '
-        f"workers: {workers} prefetch: 4 gpu_decode: {str(gpu_decode).lower()} }} transform_param {{ "
+        f"workers: {workers} prefetch: 4 {gpu_decode_field(gpu_decode)}}} transform_param {{ "
         f"crop_size: {crop} mirror: true mean_value: 104 mean_value: 117 mean_value: 123 }}", np.float32)
     top = empty_blobs(2, np.float32)
     layer.setup([], top)
@@ -119,6 +129,8 @@ def path_of(pre, gpu: bool) -> str:
                                                 f", pageable ({pre.register_error})")
     if pre.gpu_decode:
         path += f", nvJPEG ({pre.decoder.backend} backend)" if pre.decoder is not None else ", nvJPEG failed: host"
+        if getattr(pre, "_stager", None) is not None:
+            path += " on the staging thread"
     return path + f", {pre.staged_ahead} staged ahead"
 
 
@@ -207,9 +219,10 @@ def torch_rate(source: Path, batch: int, crop: int, seconds: float) -> float | N
     return rate
 
 
-def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool, gpu_decode: bool = False) -> float:
+def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool,
+             gpu_decode: bool | None = None) -> tuple[float, str]:
     """Mean ms of a ResNet-50 training iteration fed from the LMDB ``source`` (None: synthetic input;
-    ``gpu_decode``: JPEG records decoded by nvJPEG)."""
+    ``gpu_decode``: ``data_param.gpu_decode``, None leaves it unset), and how the batches travel."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import ours
 
@@ -223,7 +236,8 @@ def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool, 
         data = caffe_pb2.LayerParameter(name="data", type="Data", top=["data", "label"])
         data.data_param.source, data.data_param.batch_size = str(source), batch
         data.data_param.backend = caffe_pb2.DataParameter.LMDB
-        data.data_param.gpu_decode = gpu_decode
+        if gpu_decode is not None:
+            data.data_param.gpu_decode = gpu_decode
         data.transform_param.crop_size, data.transform_param.mirror = crop, True
         data.transform_param.mean_value.extend([104, 117, 123])
         first.CopyFrom(data)
@@ -249,7 +263,9 @@ def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool, 
         start = time.perf_counter()
         solver.step(iters)
         sync()
-        return (time.perf_counter() - start) / iters * 1e3
+        ms = (time.perf_counter() - start) / iters * 1e3
+        reader = getattr(solver.net.layers[0], "_prefetcher", None)
+        return ms, ("synthetic" if source is None else path_of(reader, gpu))
     finally:
         for layer in solver.net.layers:
             close = getattr(layer, "close", None)
@@ -268,7 +284,8 @@ def main() -> None:
     ap.add_argument("--kinds", default="raw,jpeg")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--no-torch", action="store_true", help="leave out the PyTorch peers")
-    ap.add_argument("--no-gpu-decode", action="store_true", help="with --gpu: leave out the nvJPEG rows (jpeg-gpu)")
+    ap.add_argument("--no-host-decode", action="store_true",
+                    help="with --gpu: leave out the host-decode rows (jpeg-host: gpu_decode: false)")
     ap.add_argument("--train", action="store_true", help="time ResNet-50 training from the LMDBs and synthetic")
     ap.add_argument("--tf32", action="store_true", help="with --train: allow TF32")
     ap.add_argument("--precision", default=None, help="with --train: caffe.set_precision (fp32, tf32, fp16, bf16)")
@@ -292,17 +309,18 @@ def main() -> None:
             if args.precision:
                 caffe.set_precision(args.precision)
             what = args.precision or ("TF32" if args.tf32 else "fp32")
-            base = train_ms(None, args.batch, args.crop, args.iters, args.gpu)
+            base, _ = train_ms(None, args.batch, args.crop, args.iters, args.gpu)
             print(f"ResNet-50 training, batch {args.batch}, {what}: synthetic input "
                   f"{base:.1f} ms ({args.batch / base * 1e3:.0f} img/s)", flush=True)
             for kind in args.kinds.split(","):
-                ms = train_ms(raw if kind == "raw" else jpeg, args.batch, args.crop, args.iters, args.gpu)
-                print(f"  from the {kind} LMDB: {ms:.1f} ms ({args.batch / ms * 1e3:.0f} img/s, "
-                      f"{base / ms * 100:.1f} % of the synthetic rate)", flush=True)
-                if kind == "jpeg" and args.gpu and not args.no_gpu_decode:
-                    ms = train_ms(jpeg, args.batch, args.crop, args.iters, args.gpu, gpu_decode=True)
-                    print(f"  from the jpeg LMDB, nvJPEG decode: {ms:.1f} ms ({args.batch / ms * 1e3:.0f} img/s, "
-                          f"{base / ms * 100:.1f} % of the synthetic rate)", flush=True)
+                runs: list[tuple[str, bool | None]] = [(f"from the {kind} LMDB", None)]
+                if kind == "jpeg" and args.gpu and not args.no_host_decode:
+                    runs.append(("from the jpeg LMDB, host decode (gpu_decode: false)", False))
+                for label, gpu_decode in runs:
+                    ms, path = train_ms(raw if kind == "raw" else jpeg, args.batch, args.crop, args.iters, args.gpu,
+                                        gpu_decode)
+                    print(f"  {label}: {ms:.1f} ms ({args.batch / ms * 1e3:.0f} img/s, "
+                          f"{base / ms * 100:.1f} % of the synthetic rate; {path})", flush=True)
             return
         print(f"{'source':8} {'workers':>7} {'img/s':>10}  path")
         for kind in args.kinds.split(","):
@@ -310,9 +328,9 @@ def main() -> None:
             for n in counts:
                 rate, path = layer_rate(source, n, args.batch, args.crop, args.seconds, args.gpu)
                 print(f"{kind:8} {n:7d} {rate:10.0f}  {path}", flush=True)
-                if kind == "jpeg" and args.gpu and n > 0 and not args.no_gpu_decode:  # the nvJPEG column
-                    rate, path = layer_rate(source, n, args.batch, args.crop, args.seconds, args.gpu, gpu_decode=True)
-                    print(f"{'jpeg-gpu':8} {n:7d} {rate:10.0f}  {path}", flush=True)
+                if kind == "jpeg" and args.gpu and n > 0 and not args.no_host_decode:  # the host-decode row
+                    rate, path = layer_rate(source, n, args.batch, args.crop, args.seconds, args.gpu, gpu_decode=False)
+                    print(f"{'jpeg-host':9} {n:6d} {rate:10.0f}  {path}", flush=True)
         if not args.no_torch:
             rate = torch_rate(jpeg, args.batch, args.crop, args.seconds)
             if rate is not None:

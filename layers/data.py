@@ -18,11 +18,14 @@ back to the prefetch thread at the first that does not). In GPU mode, uint8 reco
 encoded) stay uint8 in shared memory, are uploaded as bytes and transformed on the device by one
 kernel (``pycaffe_lite/data/transform.cu``) into the top, pixel for pixel as the host does; the
 uploads run on a copy stream into two device buffers in turn, the next ready batch queued while the
-net computes on this one. With ``data_param.gpu_decode`` (field 1002; ``$PYCAFFE_LITE_GPU_DECODE``
-overrides it) the workers leave JPEG records encoded and nvJPEG decodes them on the device
-(:mod:`pycaffe_lite.data.nvjpeg`: what it would not decode as the host does is decoded by the
-workers; pixels within that module's stated tolerance of the host's). A worker's failure (a corrupt
-record, a crash) is raised by ``forward`` naming the record.
+net computes on this one. JPEG records in GPU mode (the first record says; ``data_param.gpu_decode``,
+field 1002, unset: on where libnvjpeg loads; ``gpu_decode: false`` or ``$PYCAFFE_LITE_GPU_DECODE=0``
+off, ``true`` on for any encoded records; the environment wins) are left encoded by the workers and
+decoded on the device by nvJPEG (:mod:`pycaffe_lite.data.nvjpeg`: what it would not decode as the
+host does is decoded by the workers; pixels within that module's stated tolerance of the host's),
+batch by batch on the copy stream by a staging thread of the layer's own, ahead of the forwards.
+A worker's or the staging thread's failure (a corrupt record, a crash) is raised by ``forward``
+naming the layer and the record.
 
 ``read_state()`` / ``restore_read_state()`` give and set the next record the net will see (kept in
 solver snapshots for an exact resume). ``data_stats()`` counts batches, images and the time waited
@@ -44,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from pycaffe_lite import common
+from pycaffe_lite.config import config
 from pycaffe_lite.data import nvjpeg
 from pycaffe_lite.data import workers as data_workers
 from pycaffe_lite.data.db import Cursor, close_inherited, open_cursor
@@ -354,24 +358,36 @@ class DataLayer(StopsReaders, Layer):
                                        self.layer_param.data_param.prefetch, self.dtype, self.where, workers,
                                        tuple(int(d) for d in shape), raw)  # type: ignore[arg-type]
         parallel.skip_after = prefetcher.skip_after
-        parallel.gpu_decode = bool(first.encoded) and raw and self._nvjpeg_usable()
+        decoder = ""
+        if first.encoded and raw:
+            parallel.gpu_decode, decoder = self._nvjpeg_usable(first)
         if not parallel.try_start(self._auto_workers, "with the prefetch thread"):
             return prefetcher
-        log.info("%s: %d data worker processes (%s)", self.where, workers,
-                 "uint8 batches, transformed on the device" if raw else "transformed in the workers")
+        log.info("%s: %d data worker processes (%s%s)", self.where, workers,
+                 "uint8 batches, transformed on the device" if raw else "transformed in the workers", decoder)
         return parallel
 
-    def _nvjpeg_usable(self) -> bool:
-        """Whether nvJPEG decodes this layer's JPEG records: chosen (``data_param.gpu_decode``,
-        ``$PYCAFFE_LITE_GPU_DECODE``) and the library found (else a warning: the host decodes)."""
-        if not gpu_decode_chosen(self.layer_param.data_param.gpu_decode):
-            return False
+    def _nvjpeg_usable(self, first: caffe_pb2.Datum) -> tuple[bool, str]:
+        """Whether nvJPEG decodes this layer's encoded records (GPU mode, workers), and what the
+        workers' log line says of the host decoder (nothing for nvJPEG, whose own line says it
+        runs). Yes unless ``data_param.gpu_decode: false`` is written in the file or
+        ``$PYCAFFE_LITE_GPU_DECODE=0``, the records are not JPEG (field unset: the first record
+        says), or libnvjpeg is not found (a warning where ``gpu_decode: true`` asked for it; the
+        host decodes)."""
+        dp = self.layer_param.data_param
+        written = dp.HasField("gpu_decode")
+        if not gpu_decode_chosen(dp.gpu_decode if written else None):
+            return False, "; the workers decode the records (gpu_decode off)"
+        asked = written or config.gpu_decode is not None
+        if not asked and nvjpeg.jpeg_header(first.data) is None:
+            return False, "; the workers decode the records (not JPEG)"
         try:
             nvjpeg.load_library()
         except nvjpeg.NvJpegError as exc:
-            log.warning("%s: %s; JPEG records are decoded on the host", self.where, exc)
-            return False
-        return True
+            if asked:
+                log.warning("%s: %s; JPEG records are decoded on the host", self.where, exc)
+            return False, "; the workers decode the records (libnvjpeg not found)"
+        return True, ""  # (the decoder's own line names it and its backend at the first device forward)
 
     def _cache_dataset(self, prefetcher: _Prefetcher) -> None:
         """Load every record (transformed) into device memory; batches are then gathered there."""

@@ -40,6 +40,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import CaffeError
 
 log = logging.getLogger("pycaffe_lite")
@@ -229,6 +231,20 @@ class _Image(ctypes.Structure):
     _fields_ = [("channel", ctypes.c_void_p * MAX_COMPONENT), ("pitch", ctypes.c_size_t * MAX_COMPONENT)]
 
 
+def image_array(planes: Sequence[Sequence[int]], pitch: int) -> ctypes.Array:
+    """nvjpegImage_t per item: item ``k``'s channel ``c`` at ``planes[k][c]``, every used plane with
+    rows of ``pitch`` bytes (filled through one numpy view: no Python loop over the planes, which
+    the staging thread would run holding the GIL)."""
+    n = len(planes)
+    images = (_Image * n)()
+    if n:
+        channels = len(planes[0])
+        view = np.frombuffer(memoryview(images).cast("B"), np.uint64).reshape(n, 2 * MAX_COMPONENT)  # (4 pointers, 4 pitches) each
+        view[:, :channels] = np.asarray(planes, np.uint64).reshape(n, channels)
+        view[:, MAX_COMPONENT:MAX_COMPONENT + channels] = pitch
+    return images
+
+
 def status_name(status: int) -> str:
     return STATUS.get(int(status), f"nvJPEG status {status}")
 
@@ -294,11 +310,7 @@ class Decoder:
         self._check(self.lib.nvjpegDecodeBatchedInitialize(handle, st, n, 1, fmt), "nvjpegDecodeBatchedInitialize")
         data = (ctypes.c_void_p * n)(*sources)
         sizes = (ctypes.c_size_t * n)(*lengths)
-        images = (_Image * n)()
-        for k, ptrs in enumerate(planes):
-            for c, ptr in enumerate(ptrs):
-                images[k].channel[c] = ptr
-                images[k].pitch[c] = pitch
+        images = image_array(planes, pitch)
         self._check(self.lib.nvjpegDecodeBatched(handle, st, data, sizes, images, ctypes.c_void_p(stream_handle)),
                     f"nvjpegDecodeBatched ({self.backend} backend, {n} images)")
 

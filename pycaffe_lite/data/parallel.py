@@ -11,7 +11,10 @@ device, pixel for pixel as :meth:`DataTransformer.apply` does on the host.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..config import config
-from ..errors import DataError
+from ..errors import CaffeError, DataError
 from ..schema import caffe_pb2
 from . import nvjpeg
 from . import workers as data_workers
@@ -42,6 +45,155 @@ class _Staged:
     payloads: list | None
     buffer: int
     ready: Any
+
+
+def _clear_frames(exc: BaseException) -> None:
+    """Drop the locals of the finished frames in the tracebacks of ``exc`` and its causes and contexts."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        err = todo.pop()
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        todo += [err.__cause__, err.__context__]
+
+
+class _Stager:
+    """The thread that stages a ``gpu_decode`` layer's batches (:meth:`ParallelBatches.fill` starts
+    it at the first device forward): it takes each batch from the loader as the workers finish it
+    and queues its nvJPEG decode (or the host's, where nvJPEG fails), its other items' and its
+    draws' uploads on the copy stream into the next of the two device buffers, once the forward has
+    queued the kernel that last read that buffer (:meth:`consumed`); the forward only takes the
+    staged batch (:meth:`take`) and has the compute stream wait on its event. The thread keeps the
+    device's context current while it runs; it never touches the compute stream and synchronizes
+    nothing but the copy stream and events, so a CUDA graph may be captured on the main thread
+    meanwhile. Its error is raised by :meth:`take` when the batch it failed on is due, and by every
+    later call."""
+
+    def __init__(self, owner: ParallelBatches, buffers: int = 2) -> None:
+        self.owner = owner
+        self.where = owner.where
+        self.ready: queue.Queue[_Staged | BaseException] = queue.Queue()
+        self.free = buffers  # device buffers the thread may stage into
+        self.changed = threading.Condition()
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None  # the thread's failure, raised by take from then on
+        self.orphan: int | None = None  # the slot of a batch whose staging failed (stop releases it)
+        self.deferred_stop = False  # stop was asked from this thread itself: it finishes on its way out
+        self.thread = threading.Thread(target=self._run, name=f"nvJPEG stager {owner.where}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _acquire(self) -> bool:
+        """Wait for a free device buffer and take it; False when stopping."""
+        with self.changed:
+            while self.free <= 0 and not self.stopping.is_set():
+                self.changed.wait(0.1)
+            if self.stopping.is_set():
+                return False
+            self.free -= 1
+            return True
+
+    def consumed(self) -> None:
+        """The forward has queued the last read of the oldest staged buffer: it may be staged into again."""
+        with self.changed:
+            self.free += 1
+            self.changed.notify_all()
+
+    def _run(self) -> None:
+        from pycaffe_lite.gpu import backend
+
+        try:
+            with backend.current_in_thread():  # (the device objects the thread drops go while it is current)
+                try:
+                    self._loop()
+                except BaseException as exc:
+                    self._failed(exc)
+                finally:
+                    if self.deferred_stop:  # (the layer was collected by a garbage collection in this thread)
+                        self.owner._finish_stop()
+        except BaseException as exc:  # (no context, or the deferred stop failed)
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        """Hand ``exc`` to the forward (ignored when stopping)."""
+        if not self.stopping.is_set():
+            log.debug("%s: the nvJPEG staging thread failed", self.where, exc_info=exc)
+        _clear_frames(exc)  # (their locals hold views of the shared batches, which the stop unmaps)
+        self.ready.put(exc)
+
+    def _loop(self) -> None:
+        owner = self.owner
+        while self._acquire():
+            assert owner.loader is not None
+            slot, position, payloads = owner.loader.get()
+            self.orphan = slot
+            self.ready.put(owner._stage(slot, position, payloads))
+            self.orphan = None
+
+    def take(self) -> tuple[_Staged, float, bool]:
+        """The next staged batch, the seconds waited for it, and whether it was staged before it
+        was asked for; the thread's error (naming the layer) when that is what comes next."""
+        if self.error is not None:
+            raise self._fresh(self.error)
+        start = time.perf_counter()
+        try:
+            item = self.ready.get_nowait()
+            ahead = True
+        except queue.Empty:
+            ahead = False
+            while True:
+                try:
+                    item = self.ready.get(timeout=0.05)
+                    break
+                except queue.Empty:
+                    if not self.thread.is_alive() and self.ready.empty():
+                        raise DataError(f"{self.where}: the nvJPEG staging thread is not running "
+                                        "(layer closed?)") from None
+        if isinstance(item, BaseException):
+            self.error = item
+            raise self._fresh(item)
+        return item, time.perf_counter() - start, ahead
+
+    def _fresh(self, err: BaseException) -> BaseException:
+        """A new exception for ``err`` (of its type for the framework's errors, which name the layer
+        and the record; else a DataError naming the layer)."""
+        if isinstance(err, CaffeError):
+            fresh = type(err)(str(err))
+            fresh.__cause__ = err.__cause__
+        else:
+            fresh = DataError(f"{self.where}: the nvJPEG staging thread failed: {err!r}")
+            fresh.__cause__ = err
+        return fresh
+
+    def stop(self) -> bool:
+        """Stop the thread and wait for it; False when asked from the thread itself (it then
+        finishes the owner's stop on its way out)."""
+        self.stopping.set()
+        if self.owner.loader is not None:  # (a thread waiting for the loader's next batch returns)
+            self.owner.loader.stop_event.set()
+        with self.changed:
+            self.changed.notify_all()
+        if self.thread is threading.current_thread():
+            self.deferred_stop = True
+            return False
+        while self.thread.is_alive():
+            self.thread.join(timeout=0.05)
+        return True
+
+    def staged(self) -> list[_Staged]:
+        """The batches staged and not taken (after :meth:`stop`)."""
+        out: list[_Staged] = []
+        while True:
+            try:
+                item = self.ready.get_nowait()
+            except queue.Empty:
+                return out
+            if isinstance(item, _Staged):
+                out.append(item)
 
 
 class StopsReaders:
@@ -82,11 +234,15 @@ class TransformingJob:
                                            where=self.where)
 
 
-def gpu_decode_chosen(prototxt_value: bool) -> bool:
-    """Whether JPEG records are to be decoded on the device by nvJPEG: ``$PYCAFFE_LITE_GPU_DECODE``
-    (``config.gpu_decode``) when set, else the prototxt's ``data_param.gpu_decode`` (field 1002)."""
+def gpu_decode_chosen(prototxt_value: bool | None) -> bool:
+    """Whether JPEG records are to be decoded on the device by nvJPEG (in GPU mode):
+    ``$PYCAFFE_LITE_GPU_DECODE`` (``config.gpu_decode``) when set, else the prototxt's
+    ``data_param.gpu_decode`` (field 1002) when written there, else yes (``prototxt_value`` None:
+    the field is unset, the default)."""
     chosen = config.gpu_decode
-    return bool(chosen) if chosen is not None else bool(prototxt_value)
+    if chosen is not None:
+        return bool(chosen)
+    return True if prototxt_value is None else bool(prototxt_value)
 
 
 def leave_encoded(batches: data_workers.SharedBatches, slot: int, i: int, encoded: bytes, label: float,
@@ -134,6 +290,7 @@ class ParallelBatches:
         self.staged_ahead = 0  # batches queued on the copy stream a forward before they were due
         self.gpu_decode = False  # JPEG items left encoded by the workers, decoded by nvJPEG (set before start)
         self.decoder: nvjpeg.Decoder | None = None
+        self._stager: _Stager | None = None  # the gpu_decode path's staging thread (from the first device forward)
 
     def job(self) -> data_workers.Job:
         raise NotImplementedError
@@ -194,9 +351,14 @@ class ParallelBatches:
                 self.loader.release(slot)
 
     def _take(self) -> tuple[int, Any, list | None, _Staged | None]:
-        """The next batch: the one already staged on the device, else the loader's (waiting for
-        it: :attr:`waited`). ``(slot, position, payloads, staged)``."""
+        """The next batch: the staging thread's (``gpu_decode``), or the one already staged on the
+        device, else the loader's (waiting for it: :attr:`waited`). ``(slot, position, payloads,
+        staged)``."""
         assert self.loader is not None
+        if self._stager is not None:
+            taken, self.waited, ahead = self._stager.take()
+            self.staged_ahead += int(ahead)
+            return taken.slot, taken.position, taken.payloads, taken
         staged, self._staged = self._staged, None
         if staged is not None:
             self.waited = 0.0
@@ -210,8 +372,11 @@ class ParallelBatches:
         """The next batch into the tops: on the device by the kernel (``gpu`` and uint8 items), else
         on the host; where the next batch starts. On the device, the batch after it is uploaded
         (or decoded) on the copy stream now if the workers have it ready, so that its copy runs while
-        the net computes on this one."""
+        the net computes on this one; with :attr:`gpu_decode` a thread of the layer's own (started
+        by the first device forward) decodes the batches ahead on the copy stream instead."""
         assert self.loader is not None
+        if gpu and self.raw and self.gpu_decode and self._stager is None:
+            self._start_stager()
         slot, position, payloads, staged = self._take()
         batches = self.loader.batches
         data, labels, draws = batches.data[slot], batches.labels[slot], batches.draws[slot]
@@ -224,8 +389,13 @@ class ParallelBatches:
                 staged = self._stage(slot, position, payloads)
             self._transform_staged(staged, top[0])
             self._hold(slot, staged.ready)
-            self._stage_ahead()
+            if self._stager is not None:
+                self._stager.consumed()
+            else:
+                self._stage_ahead()
             return position
+        if self._stager is not None and staged is not None:  # (its buffer is not read: stage into it again)
+            self._stager.consumed()
         try:
             if self.raw:  # (a GPU-mode layer run on the CPU) the host transform, item by item
                 if staged is not None:  # (its upload or decode reads the slot)
@@ -273,6 +443,21 @@ class ParallelBatches:
         dev["turn"] = 0
         if self.gpu_decode:
             self._open_decoder(start=0)
+
+    def _start_stager(self) -> None:
+        """Set the device up here (allocations, the kernel, the decoder, the copy stream: none of
+        it in the thread), then start the staging thread."""
+        from pycaffe_lite.gpu import backend
+
+        assert self.loader is not None
+        if self.loader.stop_event.is_set():
+            raise DataError(f"{self.where}: the data loader is not running (layer closed?)")
+        batches = self.loader.batches
+        if not self._device:
+            self._device_setup(batches.data[0], batches.draws[0])
+        backend.copy_stream()
+        self._stager = _Stager(self)
+        self._stager.start()
 
     def _open_decoder(self, start: int) -> None:
         """An nvJPEG decoder with the first backend from ``nvjpeg.BACKENDS[start]`` on, or None (a warning)."""
@@ -391,7 +576,24 @@ class ParallelBatches:
             self.staged_ahead += 1
 
     def stop(self) -> None:
-        """Stop the workers, free the shared memory (the cursor stays open)."""
+        """Stop the staging thread and the workers, free the shared memory (the cursor stays open)."""
+        if self._stager is not None and not self._stager.stop():
+            return  # (asked from the staging thread: it finishes the stop on its way out)
+        self._finish_stop()
+
+    def _finish_stop(self) -> None:
+        """:meth:`stop` once the staging thread has ended (or from it, on its way out)."""
+        stager, self._stager = self._stager, None
+        if stager is not None:  # its staged batches and the one it failed on go back to the loader
+            self._held += [(st.slot, st.ready) for st in stager.staged()]
+            if stager.orphan is not None:
+                try:
+                    from pycaffe_lite.gpu import backend
+
+                    backend.copy_stream().synchronize()  # (what it queued for that batch reads the slot)
+                except Exception:  # (the device context may be gone at exit)
+                    pass
+                self._held.append((stager.orphan, None))
         try:
             self._release_all()
         except Exception:  # (the device context may be gone at exit)

@@ -223,6 +223,25 @@ def copy_stream():
     return st.copy
 
 
+@contextlib.contextmanager
+def current_in_thread() -> Iterator[None]:
+    """Make the started device's context current in this thread for the block (a PyCUDA context is
+    current per thread: the one that started the device has it, another thread pushes it): for a
+    thread of a layer's own that queues work on :func:`copy_stream` (the Data layer's nvJPEG
+    staging). GPUUnavailableError when no device was started."""
+    st = _state
+    if st is None:
+        raise GPUUnavailableError("no device started: a thread can only join the context of a started device")
+    st.context.push()
+    try:
+        yield
+    finally:
+        try:
+            st.context.pop()
+        except Exception:  # (the context is gone at exit)
+            pass
+
+
 def synchronize() -> None:
     state().stream.synchronize()
 
@@ -344,9 +363,9 @@ def memcpy_htod(dst: int, src: np.ndarray, pinned: bool = False, on=None):
     ``src`` (None); from page-locked memory (``pinned``) the copy runs asynchronously and the
     returned event completes when ``src`` may be written again."""
     st = state()
-    if st.recording is not None:
-        raise CudaError("host-to-device copy from host memory while a CUDA graph is being captured")
     queue = st.stream if on is None else on
+    if st.recording is not None and queue is st.stream:  # (another stream, such as the copy stream, is not captured)
+        raise CudaError("host-to-device copy from host memory while a CUDA graph is being captured")
     st.cuda.memcpy_htod_async(dst, np.ascontiguousarray(src), queue)
     if not pinned:
         return None

@@ -344,12 +344,13 @@ def test_device_kernel_gives_the_host_pixels(tmp_path, dtype, mean):
 
 @pytest.mark.gpu
 def test_gpu_uint8_path_gives_the_host_pixels(raw_source, encoded_source, gpu_mode):
-    """GPU mode: uint8 batches transformed by transform.cu equal the single-thread host path."""
+    """GPU mode: uint8 batches transformed by transform.cu equal the single-thread host path (the
+    JPEGs decoded by the workers: ``gpu_decode: false``; nvJPEG's pixels are test_nvjpeg.py's)."""
     for source in (raw_source, encoded_source):
         caffe.set_mode_cpu()
         a = batches(layer_of(source, 0), 7)
         caffe.set_mode_gpu()
-        layer = layer_of(source, 2)
+        layer = layer_of(source, 2, extra="gpu_decode: false")
         b = batches(layer, 7)
         assert layer._prefetcher.raw
         assert_same(a, b)

@@ -54,8 +54,10 @@ def test_gpu_decode_rows_and_peers_stay_out_without_a_gpu(bench, tmp_path):
     """On the CPU: gpu_decode asks for nothing (no GPU mode), the path says host transform; the
     torchvision peer answers None without torch or a GPU."""
     _, jpeg, _ = bench.write_lmdbs(tmp_path, 6, 32)
-    rate, path = bench.layer_rate(jpeg, 1, batch=4, crop=24, seconds=0.01, gpu=False, gpu_decode=True)
-    assert rate > 0 and path == "workers, host transform"
+    for gpu_decode in (True, None):  # (None: unset, on by default in GPU mode only)
+        rate, path = bench.layer_rate(jpeg, 1, batch=4, crop=24, seconds=0.01, gpu=False, gpu_decode=gpu_decode)
+        assert rate > 0 and path == "workers, host transform"
+    assert bench.gpu_decode_field(None) == "" and bench.gpu_decode_field(False) == "gpu_decode: false "
     peer = bench.torchvision_gpu_rate(jpeg, 4, 24, 0.01)
     try:
         import torch
@@ -73,6 +75,10 @@ def test_path_of_names_how_batches_travel(bench):
                           decoder=SimpleNamespace(backend="hardware"), staged_ahead=7)
     assert bench.path_of(pre, True) == ("workers, uint8 + device kernel, page-locked, nvJPEG (hardware backend), "
                                         "7 staged ahead")
+    pre._stager = object()
+    assert bench.path_of(pre, True) == ("workers, uint8 + device kernel, page-locked, nvJPEG (hardware backend) on "
+                                        "the staging thread, 7 staged ahead")
+    pre._stager = None
     assert bench.path_of(pre, False) == "workers, host transform"
     pre.decoder, pre._registered, pre.register_error = None, None, "CudaError: refused"
     assert bench.path_of(pre, True) == ("workers, uint8 + device kernel, pageable (CudaError: refused), "
