@@ -81,6 +81,17 @@ __global__ void swap_leading_axes(const int count, const Dtype* in, const int a_
   }
 }
 
+// dst (planes, dst_stride)[:, :plane] = src (planes, src_stride)[:, :plane]: planes of `plane` values
+// between buffers whose planes start `src_stride` / `dst_stride` values apart (a 1x1 convolution's
+// planes padded to an aligned leading dimension for cuBLAS, and back). Other values of dst stay.
+__global__ void copy_planes(const int count, const Dtype* src, const int src_stride, const int plane,
+                            const int dst_stride, Dtype* dst) {
+  CUDA_KERNEL_LOOP(i, count) {
+    const int p = i / plane, j = i - p * plane;
+    dst[(long long)p * dst_stride + j] = src[(long long)p * src_stride + j];
+  }
+}
+
 // A strided 1x1 convolution's input, subsampled: y (N*C, oh, ow) = x (N*C, h, w)[:, ::sh, ::sw].
 __global__ void subsample_planes(const int count, const Dtype* x, const int h, const int w, const int oh,
                                  const int ow, const int sh, const int sw, Dtype* y) {

@@ -56,6 +56,15 @@ def swap_leading_axes(src: int, a_dim: int, b_dim: int, inner: int, dst: int, dt
     backend.kernel(KERNELS, "swap_leading_axes", dtype)(n, src, a_dim, b_dim, inner, dst)
 
 
+def copy_planes(src: int, planes: int, plane: int, src_stride: int, dst: int, dst_stride: int, dtype) -> None:
+    """``dst (planes, dst_stride)[:, :plane] = src (planes, src_stride)[:, :plane]`` (the other values
+    of ``dst`` are left as they are)."""
+    count = planes * plane
+    if count > backend.INT32_MAX:
+        raise CudaError(f"copy_planes: {count} elements exceed int32 indexing")
+    backend.kernel(KERNELS, "copy_planes", dtype)(count, src, src_stride, plane, dst_stride, dst)
+
+
 def subsample_planes(x: int, planes: int, image_hw: Pair, stride: Pair, y: int, dtype) -> None:
     """``y (planes, Ho, Wo) = x (planes, H, W)[:, ::sh, ::sw]`` (a strided 1x1 convolution's input)."""
     (h, w), (sh, sw) = image_hw, stride

@@ -63,6 +63,9 @@ using std::min; using std::max; using std::fmin; using std::fmax; using std::tan
 #define __global__ extern "C"
 #define __device__
 #define __forceinline__ inline
+#define __align__(n) alignas(n)
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 #define CUDA_KERNEL_LOOP(i, n) for (int i = 0; i < (n); ++i)
 """
 
@@ -151,6 +154,8 @@ template <class... P> static void launch_any(void (*k)(P...), int gx, int bx, in
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) alignas(n)
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 #define CUDA_KERNEL_LOOP(i, n) \
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += blockDim.x * gridDim.x)
 """
