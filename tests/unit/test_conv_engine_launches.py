@@ -121,3 +121,6 @@ def test_every_engine_launches_what_its_kernels_declare(launches, prob):
     assert any(n.startswith("tensorcore16-") for n in ran) == (prob.dtype in ("<f2", "<u2"))
     if prob.dtype in ("<f2", "<u2") and prob.dilation == (1, 1) and prob.cg % 32 == 0:  # the sliced kernels too
         assert any(str(entry[0]).startswith("t16s_forward_") for entry in launches)
+    if prob.dtype in ("<f2", "<u2") and prob.group == 1 and prob.dilation == (1, 1) and prob.channels % 8 == 0:
+        assert {f"tensorcore16-nhwc-{t}" for t in ("128x128", "64x64")} <= ran  # the NHWC-staged engines
+        assert any(str(entry[0]).startswith("t16n_conv_") for entry in launches)

@@ -1,0 +1,215 @@
+// Implicit-GEMM 2-D convolution on fp16 / bf16 tensor cores with NHWC-staged operands (the
+// tensorcore16-nhwc-* engines, tensorcore16_nhwc.py). For the half storage types only; it compiles
+// for float and double so that every kernel file builds for every type, but is never launched for
+// them (the core traps).
+//
+// t16n_conv_<BM>x<BN> computes  out[n][m][oy][ox] = epilogue(sum over (r, s, c) of
+//   w[m][r][s][c] * x[n][oy*sh - ph + r][ox*sw - pw + s][c])
+// with x in NHWC (staged by the host from the NCHW blob), w permuted to (M, kh, kw, C)
+// (t16n_permute_weights) and out in NCHW: the GEMM out (M x N*Ho*Wo) = A (M x K) . B (K x N*Ho*Wo),
+// K = (tap, c) ordered tap-major. The forward pass runs it on (x, w); the stride-1 data gradient
+// on (dy, the flipped transposed filter) with pad' = k - 1 - pad. Requires C % 8 == 0 (16-byte
+// pieces of a pixel's channels; the host checks).
+//
+// Block: 256 threads (8 warps) own a BM x BN tile of out, the warps laid (BM/WM) x (BN/WN), each
+// holding WM x WN as (WM/16) x (WN/8) m16n8 fp32 accumulators. The contraction runs in slices of
+// T16N_BK (32) channels at one tap (a tap's last slice is zero-padded past C). Per slice a stage
+// holds A (BM rows) and B (BN columns), both k-fast: 32 halves (64 bytes, four 16-byte chunks) per
+// row. Every 16-byte chunk is one cp.async.cg with src-size 0 outside the matrix (rows past M,
+// columns past N*Ho*Wo, padding, channels past C: zero-filled), thread t copying chunk t%4 of rows
+// t/4 + 64e. STAGES slices are in flight (a ring of commit groups). Chunk q of row r lives at
+// chunk q ^ ((r >> 1) & 3) of that row (XOR swizzle): the 8 rows one ldmatrix phase reads (8
+// consecutive rows, one logical chunk) then cover all 32 banks. ldmatrix.x4 (no .trans) hands both
+// operands' fragments to mma.sync m16n8k16 (row.col). The epilogue adds the bias and applies ReLU
+// in fp32 (conv_epilogue), rounds once, stages the tile in shared memory (rows of BN + 8 halves) and
+// writes each NCHW row with a warp's 32 consecutive columns.
+
+#include "mma16.cuh"  // T16Kind, t16_mma, t16_ldmatrix4, t16_copy16, t16_commit, t16_wait
+#include "epilogue.cuh"
+
+#define T16N_THREADS 256
+#define T16N_BK 32
+
+#define T16N_GEOMETRY_PARAMS                                                                     \
+  const int num, const int channels, const int height, const int width, const int num_output,   \
+      const int kernel_h, const int kernel_w, const int pad_h, const int pad_w, const int stride_h, \
+      const int stride_w, const int height_out, const int width_out
+
+extern "C++" {
+
+// Offset (16-bit elements) of 16-byte chunk q (0..3) of row r in a stage tile of T16N_BK-element rows.
+__device__ __forceinline__ int t16n_at(const int r, const int q) { return r * T16N_BK + ((q ^ ((r >> 1) & 3)) << 3); }
+
+template <int BM, int BN, int WM, int WN, int STAGES>
+__device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dtype* __restrict__ w,
+                                          const Dtype* __restrict__ bias, const int epilogue, Dtype* __restrict__ y,
+                                          T16N_GEOMETRY_PARAMS) {
+#if __CUDA_ARCH__ >= 800
+  const int KIND = T16Kind<Dtype>::value;
+  static_assert((BM / WM) * (BN / WN) == T16N_THREADS / 32, "8 warps per block");
+  static_assert(BM % 64 == 0 && BN % 64 == 0 && BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0,
+                "tile shape");
+  static_assert(STAGES >= 2, "a ring of at least two stages");
+  if (KIND == 0) __trap();  // float and double: never launched (tensorcore16_nhwc.supports)
+  const int A_CH = BM / 64, B_CH = BN / 64;  // 16-byte chunks a thread copies per stage
+  const int STAGE = (BM + BN) * T16N_BK;     // elements of a stage: A rows, then B columns
+  extern __shared__ __align__(128) unsigned short t16n_smem[];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / (BN / WN), wn = warp % (BN / WN);
+  const int mtiles = (num_output + BM - 1) / BM;
+  const int m0 = (blockIdx.x % mtiles) * BM, n0 = (blockIdx.x / mtiles) * BN;  // row tiles fastest: B reuse in L2
+  const int HW = height * width, P = height_out * width_out, ncols = num * P;
+  const int K = kernel_h * kernel_w * channels;
+  const int slices = kernel_h * kernel_w * ((channels + T16N_BK - 1) / T16N_BK);
+  const int q = tid & 3, rt = tid >> 2;  // this thread's chunk and first tile row / column
+
+  const Dtype* a_src[A_CH];
+  bool a_ok[A_CH];
+#pragma unroll
+  for (int e = 0; e < A_CH; ++e) {
+    const int m = m0 + rt + 64 * e;
+    a_ok[e] = m < num_output;
+    a_src[e] = w + (long long)(a_ok[e] ? m : 0) * K + 8 * q;
+  }
+  int b_img[B_CH], b_iy[B_CH], b_ix[B_CH];  // image offset (+ chunk), first input row and column
+#pragma unroll
+  for (int e = 0; e < B_CH; ++e) {
+    const int col = n0 + rt + 64 * e;
+    if (col < ncols) {
+      const int n = col / P, p = col - n * P, oy = p / width_out, ox = p - oy * width_out;
+      b_img[e] = n * HW * channels + 8 * q;
+      b_iy[e] = oy * stride_h - pad_h;
+      b_ix[e] = ox * stride_w - pad_w;
+    } else {
+      b_img[e] = 0;
+      b_iy[e] = -(1 << 30);  // every tap out of bounds: zeros
+      b_ix[e] = 0;
+    }
+  }
+  int ld_r = 0, ld_s = 0, ld_c = 0;  // the next slice to load: tap (r, s), first channel
+  auto load = [&](const int stage) {
+    unsigned short* As = t16n_smem + stage * STAGE;
+    unsigned short* Bs = As + BM * T16N_BK;
+    const bool c_ok = ld_c + 8 * q < channels;
+    const int koff = (ld_r * kernel_w + ld_s) * channels + ld_c;
+#pragma unroll
+    for (int e = 0; e < A_CH; ++e) {
+      const bool ok = c_ok && a_ok[e];
+      t16_copy16(As + t16n_at(rt + 64 * e, q), ok ? a_src[e] + koff : w, ok);
+    }
+#pragma unroll
+    for (int e = 0; e < B_CH; ++e) {
+      const int iy = b_iy[e] + ld_r, ix = b_ix[e] + ld_s;
+      const bool ok = c_ok && (unsigned)iy < (unsigned)height && (unsigned)ix < (unsigned)width;
+      t16_copy16(Bs + t16n_at(rt + 64 * e, q), ok ? x + b_img[e] + (iy * width + ix) * channels + ld_c : x, ok);
+    }
+    ld_c += T16N_BK;
+    if (ld_c >= channels) {
+      ld_c = 0;
+      if (++ld_s == kernel_w) ld_s = 0, ++ld_r;
+    }
+  };
+
+  float acc[WM / 16][WN / 8][4];
+#pragma unroll
+  for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+    for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {  // the ring's first STAGES - 1 slices
+    if (st < slices) load(st);
+    t16_commit();  // one group per slice, empty past the end, so the counting below holds
+  }
+  for (int s = 0; s < slices; ++s) {
+    t16_wait<STAGES - 2>();  // this thread's copies of slice s have landed (groups 0..s) ...
+    __syncthreads();         // ... everyone's; and everyone is done with slice s - 1's stage
+    if (s + STAGES - 1 < slices) load((s + STAGES - 1) % STAGES);  // into slice s - 1's stage
+    t16_commit();
+    const unsigned short* As = t16n_smem + (s % STAGES) * STAGE;
+    const unsigned short* Bs = As + BM * T16N_BK;
+#pragma unroll
+    for (int kk = 0; kk < T16N_BK / 16; ++kk) {
+      unsigned a[WM / 16][4], b[WN / 8][2];
+#pragma unroll
+      for (int i = 0; i < WM / 16; ++i)  // matrices: rows 0-7 / 8-15 at chunk 2kk, then at 2kk + 1
+        t16_ldmatrix4(a[i], As + t16n_at(wm * WM + i * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+      for (int j = 0; j < WN / 8; j += 2) {  // matrices: (cols j.., k 0-7), (j.., 8-15), (j+1.., 0-7), (j+1.., 8-15)
+        unsigned r[4];
+        t16_ldmatrix4(r, Bs + t16n_at(wn * WN + j * 8 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)));
+        b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) t16_mma<KIND>(acc[i][j], a[i], b[j][0], b[j][1]);
+    }
+  }
+  t16_wait<0>();
+  __syncthreads();  // the stages are free: the epilogue tile reuses them
+
+  // Epilogue: bias, ReLU, one rounding; the tile through shared memory, then NCHW rows.
+  const int LDE = BN + 8;  // 272 / 144-byte rows: the 8 rows g of a fragment store hit distinct banks
+  Dtype* Es = reinterpret_cast<Dtype*>(t16n_smem);
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = wm * WM + i * 16 + g + 8 * h, m = m0 + row;
+      const bool m_ok = m < num_output;
+#pragma unroll
+      for (int j = 0; j < WN / 8; ++j) {
+        const int col = wn * WN + j * 8 + 2 * t;
+        Es[row * LDE + col] = m_ok ? conv_epilogue(acc[i][j][2 * h], bias, m, epilogue) : Dtype(0);
+        Es[row * LDE + col + 1] = m_ok ? conv_epilogue(acc[i][j][2 * h + 1], bias, m, epilogue) : Dtype(0);
+      }
+    }
+  __syncthreads();
+  const int cl = tid % BN, col = n0 + cl;
+  if (col < ncols) {
+    const int n = col / P, p = col - n * P;
+    Dtype* out = y + (long long)n * num_output * P + p;
+    const int rows = num_output - m0 < BM ? num_output - m0 : BM;
+#pragma unroll 4
+    for (int row = tid / BN; row < rows; row += T16N_THREADS / BN) out[(long long)(m0 + row) * P] = Es[row * LDE + cl];
+  }
+#else
+  __trap();  // fp16/bf16 mma.sync m16n8k16 needs sm_80 or newer (tensorcore16_nhwc.supports checks)
+#endif
+}
+
+}  // extern "C++"
+
+// x: NHWC (num, height, width, channels); w: (num_output, kernel_h, kernel_w, channels); bias:
+// (num_output,) read when epilogue has CONV_EPI_BIAS (else any valid pointer); y: NCHW
+// (num, num_output, height_out, width_out). Grid: (ceil(num_output / BM) * ceil(num*Ho*Wo / BN), 1, 1),
+// 256 threads, t16n_shared_bytes(BM, BN, STAGES) of dynamic shared memory.
+#define T16N_CONV(NAME, BM, BN, WM, WN, STAGES, MIN_BLOCKS)                                                    \
+  __global__ void __launch_bounds__(T16N_THREADS, MIN_BLOCKS) NAME(                                           \
+      const Dtype* x, const Dtype* w, const Dtype* bias, const int epilogue, Dtype* y, T16N_GEOMETRY_PARAMS) { \
+    t16n_conv<BM, BN, WM, WN, STAGES>(x, w, bias, epilogue, y, num, channels, height, width, num_output,      \
+                                      kernel_h, kernel_w, pad_h, pad_w, stride_h, stride_w, height_out,       \
+                                      width_out);                                                             \
+  }
+
+T16N_CONV(t16n_conv_128x128, 128, 128, 32, 64, 4, 2)
+T16N_CONV(t16n_conv_128x64, 128, 64, 32, 32, 4, 2)
+T16N_CONV(t16n_conv_64x128, 64, 128, 32, 32, 4, 2)
+T16N_CONV(t16n_conv_64x64, 64, 64, 32, 16, 4, 3)
+
+// The weights w (M, C, kh, kw) re-laid as the kernel's A, n = M*C*kh*kw elements:
+// data_grad 0: out (M, kh, kw, C) = w with the tap moved inside (rows = M, chans = C);
+// data_grad 1: out (C, kh, kw, M) = the transposed filter flipped in both spatial axes
+//   (out[c][r][s][m] = w[m][c][kh-1-r][kw-1-s]; rows = C, chans = M).
+__global__ void t16n_permute_weights(const int n, const Dtype* w, const int rows, const int chans, const int taps,
+                                     const int data_grad, Dtype* out) {
+  CUDA_KERNEL_LOOP(i, n) {
+    const int c = i % chans, rest = i / chans, tap = rest % taps, o = rest / taps;
+    out[i] = data_grad ? w[((long long)c * rows + o) * taps + (taps - 1 - tap)] : w[((long long)o * chans + c) * taps + tap];
+  }
+}

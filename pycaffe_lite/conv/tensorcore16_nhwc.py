@@ -1,0 +1,181 @@
+"""The ``tensorcore16-nhwc-BMxBN`` convolution engines: the implicit GEMM on fp16 / bf16 tensor cores
+with both operands staged channels-last (kernels in ``tensorcore16_nhwc.cu``).
+
+Each pass first re-lays its operands in the pass's scratch, then runs one GEMM kernel
+(``t16n_conv_<tile>``) that copies both operands with 16-byte ``cp.async`` into a
+:data:`STAGES`-deep shared-memory ring and multiplies them with ``mma.sync`` m16n8k16 (fp32
+accumulation, one rounding in the epilogue):
+
+- **forward**: ``x`` NCHW -> NHWC (:mod:`..gpu.permute`'s plan of ``(N, C, H*W) -> (N, H*W, C)``),
+  the weights ``(M, C, kh, kw)`` -> ``(M, kh, kw, C)`` (``t16n_permute_weights``); the kernel writes
+  ``y`` NCHW with the bias and the fused ReLU (any kernel size, stride and padding);
+- **data gradient**, stride 1 and M a multiple of 8: the same kernel on ``dy`` staged NHWC with the
+  flipped transposed filter ``(C, kh, kw, M)`` and padding ``k - 1 - pad``; other strides (or M)
+  run tensorcore16's data gradient of the same tile (:func:`own_data_gradient`), so the autotune
+  sees one timing per tile either way;
+- the weight gradient is not implemented here (``passes``): the autotune takes another engine's.
+
+Offered (:func:`supports`) for float16 and bfloat16 problems on compute capability 8.0+ with one
+group, no dilation and C a multiple of 8 (a pixel's channels in whole 16-byte pieces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CudaError
+from ..gpu import backend, permute
+from . import tensorcore16 as t16
+from . import tiling
+from .problem import ConvProblem, epilogue_flags
+from .registry import TiledEngine, register_engine
+from .tiling import BLOCK, nonnull, tile_shape
+
+KERNELS = Path(__file__).with_suffix(".cu")
+TILES = ("128x128", "128x64", "64x128", "64x64")  # T16N_CONV lines of the .cu
+STAGES = 4  # slices in flight (the STAGES of every T16N_CONV line)
+BK = 32  # contraction elements (channels at one tap) per slice: T16N_BK
+CHANNEL_MULTIPLE = 8  # contraction channels per 16-byte cp.async piece
+REQUIREMENT = ("float16 or bfloat16 storage, compute capability 8.0+, group 1, no dilation, channels a multiple "
+               "of 8, " + tiling.REQUIREMENT)
+
+
+def shared_bytes(tile: str) -> int:
+    """Dynamic shared memory of ``t16n_conv_<tile>``: the stage ring (A and B rows of :data:`BK`
+    halves) or the epilogue tile (BM rows of BN + 8 halves), whichever is larger."""
+    bm, bn = tile_shape(tile)
+    return 2 * max(STAGES * (bm + bn) * BK, bm * (bn + 8))
+
+
+def supports(prob: ConvProblem) -> bool:
+    """Half storage (checked first: float32/float64 problems are refused without a device), one group,
+    no dilation, C a multiple of :data:`CHANNEL_MULTIPLE`, int32 indexing, an sm_80+ device."""
+    return (prob.np_dtype in t16.HALF_DTYPES and prob.group == 1 and prob.dilation == (1, 1)
+            and prob.channels % CHANNEL_MULTIPLE == 0 and tiling.fits_int32(prob)
+            and t16.compute_capability() >= (8, 0))
+
+
+def own_data_gradient(prob: ConvProblem) -> bool:
+    """Whether the data gradient runs this engine's kernel (stride 1, M a multiple of 8); else it
+    runs tensorcore16's data gradient of the same tile."""
+    return prob.stride == (1, 1) and prob.num_output % CHANNEL_MULTIPLE == 0
+
+
+def staged_counts(prob: ConvProblem, pass_: str) -> tuple[int, int]:
+    """Elements of the NHWC image operand and of the permuted weights ``pass_`` stages."""
+    weights = prob.num_output * prob.kg
+    if pass_ == "forward":
+        return prob.num * prob.channels * prob.in_plane, weights
+    return prob.num * prob.num_output * prob.out_plane, weights
+
+
+def conv_geometry(prob: ConvProblem, pass_: str) -> tuple[int, ...]:
+    """The ``t16n_conv`` geometry arguments (num, channels, H, W, num_output, kh, kw, pad_h, pad_w,
+    stride_h, stride_w, Ho, Wo) of ``pass_``: the forward convolution itself, or the data gradient as
+    the stride-1 convolution of dy (M channels, Ho x Wo) into dx (C channels, H x W), padded k - 1 - pad."""
+    (kh, kw), (ph, pw) = prob.kernel, prob.pad
+    if pass_ == "forward":
+        ho, wo = prob.out_hw
+        return (prob.num, prob.channels, prob.height, prob.width, prob.num_output, kh, kw, ph, pw,
+                prob.stride[0], prob.stride[1], ho, wo)
+    ho, wo = prob.out_hw
+    return (prob.num, prob.num_output, ho, wo, prob.channels, kh, kw, kh - 1 - ph, kw - 1 - pw, 1, 1,
+            prob.height, prob.width)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One pass of one tile: stage the image operand (``stage``: a permute plan), permute the
+    weights (``permute_w``: ``t16n_permute_weights``; ``permute_args``: its count, rows, chans, taps
+    and data_grad arguments), run ``kernel`` over ``grid``
+    with ``shared`` bytes of dynamic shared memory and ``geometry``."""
+
+    kernel: Any
+    grid: tuple[int, int, int]
+    shared: int
+    geometry: tuple[int, ...]
+    stage: permute.Plan
+    permute_w: Any
+    permute_args: tuple[int, ...]
+
+
+def plan(prob: ConvProblem, pass_: str, tile: str) -> Plan:
+    """The cached :class:`Plan` of ``pass_`` ("forward" or "backward_data") for ``tile``."""
+    key = ("t16n", pass_, tile)
+    have = prob.cache.get(key)
+    if have is not None:
+        return have
+    bm, bn = tile_shape(tile)
+    geometry = conv_geometry(prob, pass_)
+    num, chans, h, w, rows = geometry[:5]
+    cols = num * geometry[11] * geometry[12]
+    blocks = -(-rows // bm) * -(-cols // bn)
+    if blocks > backend.INT32_MAX:
+        raise CudaError(f"fp16/bf16 NHWC tensor-core {pass_}: {blocks} blocks exceed a one-dimensional grid")
+    k = backend.kernel(KERNELS, f"t16n_conv_{tile}", prob.np_dtype)
+    shared = shared_bytes(tile)
+    k.allow_shared(shared)
+    data_grad = int(pass_ != "forward")
+    permute_w = backend.kernel(KERNELS, "t16n_permute_weights", prob.np_dtype)
+    permute_args = (prob.num_output * prob.kg, rows, chans, prob.khkw, data_grad)
+    made = prob.cache[key] = Plan(k, (blocks, 1, 1), shared, geometry, permute.plan((num, chans, h * w), (0, 2, 1)),
+                                  permute_w, permute_args)
+    return made
+
+
+def delegate_tile(tile: str) -> str:
+    """The tensorcore16 tile that runs a data gradient this engine does not (its own tile where
+    tensorcore16 has it)."""
+    return tile if tile in t16.TILES else "64x64"
+
+
+def _staged(prob: ConvProblem, pass_: str, ws: list[int]) -> tuple[int, int]:
+    if len(ws) < 2 or not ws[0] or not ws[1]:
+        raise CudaError(f"fp16/bf16 NHWC tensor-core {pass_}: needs its two scratch regions (the NHWC image "
+                        "operand and the permuted weights: TensorCore16NhwcEngine.scratch)")
+    return ws[0], ws[1]
+
+
+def run_pass(prob: ConvProblem, pass_: str, tile: str, image: int, w: int, bias: int, epilogue: int, out: int,
+             ws: list[int]) -> None:
+    """Stage ``image`` (NCHW) and ``w`` into ``ws`` and run ``t16n_conv_<tile>`` into ``out`` (NCHW)."""
+    staged, wp = _staged(prob, pass_, ws)
+    p = plan(prob, pass_, tile)
+    nonnull(image, w, out)
+    p.stage(image, staged, prob.np_dtype)
+    n, rows, chans, taps, data_grad = p.permute_args
+    p.permute_w(n, w, rows, chans, taps, data_grad, wp)
+    p.kernel.launch(p.grid, BLOCK, staged, wp, bias, epilogue, out, *p.geometry, shared=p.shared)
+
+
+@register_engine("TENSOR_CORE_16", order=56, summary="the implicit GEMM on fp16/bf16 tensor cores (mma.sync "
+                 "m16n8k16, fp32 accumulation; float16 and bfloat16 blobs, compute capability 8.0+)")
+class TensorCore16NhwcEngine(TiledEngine):
+    """The NHWC-staged fp16/bf16 tensor-core implicit GEMM with ``tile`` tiles (forward and data gradient)."""
+
+    requirement = REQUIREMENT
+    prefix, tiles = "tensorcore16-nhwc", TILES
+    passes = ("forward", "backward_data")
+
+    def supports(self, prob):
+        return supports(prob)
+
+    def scratch(self, prob, pass_, has_bias):
+        """Forward and the own data gradient: the NHWC image operand and the permuted weights
+        (bytes); a delegated data gradient: tensorcore16's scratch."""
+        if pass_ == "backward_data" and not own_data_gradient(prob):
+            return t16.TensorCore16Engine(delegate_tile(self.tile)).scratch(prob, pass_, has_bias)
+        return tuple(n * prob.itemsize for n in staged_counts(prob, pass_))
+
+    def forward(self, prob, x, w, bias, y, ws, relu=False):
+        """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``: stage x NHWC and w (M, kh, kw, C), one GEMM."""
+        run_pass(prob, "forward", self.tile, x, w, bias or w, epilogue_flags(bias, relu), y, ws)
+
+    def backward_data(self, prob, w, dy, dx, ws):
+        """``dx = conv_transpose(dy, w)`` (assigned): stride 1 here, else tensorcore16's kernel."""
+        if not own_data_gradient(prob):
+            t16.TensorCore16Engine(delegate_tile(self.tile)).backward_data(prob, w, dy, dx, ws)
+            return
+        run_pass(prob, "backward_data", self.tile, dy, w, w, 0, dx, ws)
