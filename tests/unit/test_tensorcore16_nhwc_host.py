@@ -1,0 +1,353 @@
+"""The NHWC-staged fp16/bf16 tensor-core engines (``tensorcore16-nhwc-*``) on the host, no GPU:
+
+- ``t16n_conv`` emulated in numpy thread by thread and lane by lane from the kernel's own index
+  arithmetic (the cp.async chunk each thread copies into the swizzled stage ring, the ldmatrix.x4
+  row addresses each lane supplies, the PTX m16n8k16 fragment layouts, the shared-memory epilogue
+  and the NCHW write-out) equals the float64 convolution: forward, and the data gradient through
+  :func:`conv_geometry` and the weight permutation; every ldmatrix phase reads 8 distinct bank
+  groups; nothing outside the dynamic shared memory is touched;
+- the Python side: supports / refusals, scratch sizes, shared memory, the tile table;
+- the kernel file compiles for all four storage types (slow, nvcc).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pycaffe_lite.conv import cpu as cpu_conv
+from pycaffe_lite.conv import registry
+from pycaffe_lite.conv import tensorcore16 as tc16
+from pycaffe_lite.conv import tensorcore16_nhwc as tc16n
+from pycaffe_lite.conv.problem import ConvProblem
+
+ROOT = Path(__file__).resolve().parents[2]
+BK = 32
+THREADS = 256
+
+
+def _tile_table() -> dict[str, tuple[int, int, int, int, int]]:
+    """tile -> (BM, BN, WM, WN, STAGES) from the T16N_CONV lines of the kernel file."""
+    text = tc16n.KERNELS.read_text()
+    rows = re.findall(r"^T16N_CONV\(t16n_conv_(\d+x\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \d+\)", text, re.M)
+    return {name: tuple(int(v) for v in vals) for name, *vals in rows}  # type: ignore[misc]
+
+
+TABLE = _tile_table()
+
+
+def _at(r, q):
+    """t16n_at: element offset of 16-byte chunk q of stage-tile row r (XOR swizzle)."""
+    return r * BK + ((q ^ ((r >> 1) & 3)) << 3)
+
+
+def _ldmatrix_x4(smem: np.ndarray, addr: np.ndarray) -> np.ndarray:
+    """ldmatrix.sync.aligned.m8n8.x4.b16: lane l supplies row l % 8 of matrix l // 8 (8 halves at
+    addr[l]); lane l receives elements 2(l%4), 2(l%4)+1 of row l//4 of each matrix. Checks the
+    16-byte alignment and that each matrix's 8 rows fall in distinct 16-byte bank groups."""
+    assert np.all(addr % 8 == 0), "ldmatrix rows must be 16-byte aligned"
+    for mat in range(4):
+        groups = (addr[mat * 8:(mat + 1) * 8] * 2 // 16) % 8
+        assert len(set(groups.tolist())) == 8, f"bank conflict in ldmatrix matrix {mat}: groups {groups}"
+    rows = smem[addr[:, None] + np.arange(8)]  # (32 lanes-as-rows, 8)
+    lane = np.arange(32)
+    out = np.empty((32, 4, 2))
+    for mat in range(4):
+        src = rows[mat * 8 + lane // 4]
+        out[:, mat, 0] = src[lane, 2 * (lane % 4)]
+        out[:, mat, 1] = src[lane, 2 * (lane % 4) + 1]
+    return out
+
+
+LANE = np.arange(32)
+G, T = LANE // 4, LANE % 4
+
+
+def _a_matrix(a: np.ndarray) -> np.ndarray:
+    """The 16 x 16 A operand of m16n8k16 (row) from the lanes' registers a (32, 4, 2)."""
+    m = np.full((16, 16), np.nan)
+    for reg, (dr, dk) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+        for e in range(2):
+            m[G + dr, 2 * T + dk + e] = a[:, reg, e]
+    return m
+
+
+def _b_matrix(b0: np.ndarray, b1: np.ndarray) -> np.ndarray:
+    """The 16 x 8 B operand (col) from the lanes' b0, b1 registers (32, 2) each."""
+    m = np.full((16, 8), np.nan)
+    for e in range(2):
+        m[2 * T + e, G] = b0[:, e]
+        m[2 * T + 8 + e, G] = b1[:, e]
+    return m
+
+
+class _Block:
+    """One block of ``t16n_conv_<tile>`` in float64 (x NHWC and w (rows, kh, kw, chans) flattened)."""
+
+    def __init__(self, x: np.ndarray, w: np.ndarray, geometry: tuple[int, ...], tile: str, blk: int) -> None:
+        self.x, self.w, self.geometry = x, w, geometry
+        self.bm, self.bn, self.wm, self.wn, self.stages = TABLE[tile]
+        num, self.c, self.h, self.wd, self.m_out, self.kh, self.kw = geometry[:7]
+        self.p = geometry[11] * geometry[12]
+        self.ncols, self.k = num * self.p, self.kh * self.kw * self.c
+        self.slices = self.kh * self.kw * -(-self.c // BK)
+        mtiles = -(-self.m_out // self.bm)
+        self.m0, self.n0 = (blk % mtiles) * self.bm, (blk // mtiles) * self.bn
+        self.shared = tc16n.shared_bytes(tile) // 2
+        self.ring = np.full(self.shared, np.nan)
+        self.acc = np.zeros((8, self.wm // 16, self.wn // 8, 32, 4))
+        self.next = [0, 0, 0]  # tap row, tap column and first channel of the next slice to load
+
+    def load(self, stage: int) -> None:
+        """Every thread's cp.async chunks of the next slice into ``stage`` of the ring."""
+        ph, pw, sh, sw, _, wo = self.geometry[7:]
+        tid = np.arange(THREADS)
+        q, rt = tid & 3, tid >> 2
+        r, s, c0 = self.next
+        base = stage * (self.bm + self.bn) * BK
+        c_ok = c0 + 8 * q < self.c
+        koff = (r * self.kw + s) * self.c + c0
+        for e in range(self.bm // 64):
+            m = self.m0 + rt + 64 * e
+            ok = c_ok & (m < self.m_out)
+            src = np.where(ok, np.minimum(m, self.m_out - 1) * self.k + 8 * q + koff, 0)
+            self._copy(base + _at(rt + 64 * e, q), self.w, src, ok)
+        for e in range(self.bn // 64):
+            col = self.n0 + rt + 64 * e
+            in_ = col < self.ncols
+            n = np.where(in_, col // self.p, 0)
+            pix = np.where(in_, col - n * self.p, 0)
+            iy = np.where(in_, (pix // wo) * sh - ph, -(1 << 30)) + r
+            ix = np.where(in_, (pix % wo) * sw - pw, 0) + s
+            ok = c_ok & (iy >= 0) & (iy < self.h) & (ix >= 0) & (ix < self.wd)
+            src = np.where(ok, n * self.h * self.wd * self.c + 8 * q + (iy * self.wd + ix) * self.c + c0, 0)
+            self._copy(base + self.bm * BK + _at(rt + 64 * e, q), self.x, src, ok)
+        c0 += BK
+        if c0 >= self.c:
+            c0, s = 0, s + 1
+            if s == self.kw:
+                s, r = 0, r + 1
+        self.next = [r, s, c0]
+
+    def _copy(self, dst: np.ndarray, src_array: np.ndarray, src: np.ndarray, ok: np.ndarray) -> None:
+        assert np.all(dst + 8 <= self.shared)
+        for j in range(8):
+            self.ring[dst + j] = np.where(ok, src_array[src + j], 0.0)
+
+    def multiply(self, stage: int) -> None:
+        """Every warp's ldmatrix.x4 loads and m16n8k16 products of the slice in ``stage``."""
+        a_tile = self.ring[stage * (self.bm + self.bn) * BK:]
+        b_tile = a_tile[self.bm * BK:]
+        for warp in range(8):
+            wm, wn = warp // (self.bn // self.wn), warp % (self.bn // self.wn)
+            for kk in range(BK // 16):
+                a_m = np.stack([_a_matrix(_ldmatrix_x4(a_tile, _at(wm * self.wm + i * 16 + (LANE & 15),
+                                                                   2 * kk + (LANE >> 4))))
+                                for i in range(self.wm // 16)])
+                b_regs = np.empty((self.wn // 8, 32, 2, 2))
+                for j in range(0, self.wn // 8, 2):
+                    r4 = _ldmatrix_x4(b_tile, _at(wn * self.wn + j * 8 + (LANE & 7) + ((LANE >> 4) << 3),
+                                                  2 * kk + ((LANE >> 3) & 1)))
+                    b_regs[j, :, 0], b_regs[j, :, 1] = r4[:, 0], r4[:, 1]
+                    b_regs[j + 1, :, 0], b_regs[j + 1, :, 1] = r4[:, 2], r4[:, 3]
+                b_m = np.stack([_b_matrix(b_regs[j, :, 0], b_regs[j, :, 1]) for j in range(self.wn // 8)])
+                prod = np.einsum("iab,jbc->ijac", a_m, b_m)  # (WM/16, WN/8, 16, 8)
+                for reg, (dr, dc) in enumerate(((0, 0), (0, 1), (8, 0), (8, 1))):
+                    self.acc[warp, :, :, :, reg] += prod[:, :, G + dr, 2 * T + dc]
+
+    def run(self) -> None:
+        """The ring: STAGES - 1 slices ahead, the next load into the stage the previous slice used."""
+        for st in range(self.stages - 1):
+            if st < self.slices:
+                self.load(st)
+        for sl in range(self.slices):
+            if sl + self.stages - 1 < self.slices:
+                assert (sl + self.stages - 1) % self.stages != sl % self.stages
+                self.load((sl + self.stages - 1) % self.stages)
+            self.multiply(sl % self.stages)
+
+    def epilogue(self, bias: np.ndarray, flags: int, y: np.ndarray) -> None:
+        """Bias and ReLU into the shared tile (rows of BN + 8), then each thread's column of NCHW rows."""
+        lde = self.bn + 8
+        assert self.bm * lde <= self.shared
+        es = np.full(self.shared, np.nan)
+        for warp in range(8):
+            wm, wn = warp // (self.bn // self.wn), warp % (self.bn // self.wn)
+            for i, hh, j, e in np.ndindex(self.wm // 16, 2, self.wn // 8, 2):
+                row = wm * self.wm + i * 16 + G + 8 * hh
+                m = self.m0 + row
+                v = self.acc[warp, i, j, :, 2 * hh + e]
+                if flags & 1:
+                    v = v + bias[np.minimum(m, self.m_out - 1)]
+                if flags & 2:
+                    v = np.where(v > 0, v, v * 0.0)
+                es[row * lde + wn * self.wn + j * 8 + 2 * T + e] = np.where(m < self.m_out, v, 0.0)
+        rows = min(self.m_out - self.m0, self.bm)
+        for t_ in range(THREADS):
+            col = self.n0 + t_ % self.bn
+            if col >= self.ncols:
+                continue
+            n, pix = divmod(col, self.p)
+            for row in range(t_ // self.bn, rows, THREADS // self.bn):
+                at = n * self.m_out * self.p + (self.m0 + row) * self.p + pix
+                assert np.isnan(y[at])  # each element written once
+                y[at] = es[row * lde + t_ % self.bn]
+
+
+def emulate_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray, epilogue: int, geometry: tuple[int, ...],
+                 tile: str) -> np.ndarray:
+    """``t16n_conv_<tile>`` over its whole grid; returns y NCHW flattened (NaN where nothing wrote)."""
+    num, m_out, ho, wo = geometry[0], geometry[4], geometry[11], geometry[12]
+    bm, bn = TABLE[tile][:2]
+    blocks = -(-m_out // bm) * -(-num * ho * wo // bn)
+    y = np.full(num * m_out * ho * wo, np.nan)
+    for blk in range(blocks):
+        block = _Block(x, w, geometry, tile, blk)
+        block.run()
+        block.epilogue(bias, epilogue, y)
+    return y
+
+
+def permute_weights(w: np.ndarray, data_grad: bool) -> np.ndarray:
+    """``t16n_permute_weights`` on the host, from the kernel's index formula: w (M, C, kh, kw) flat."""
+    m_out, c, kh, kw = w.shape
+    rows, chans = (c, m_out) if data_grad else (m_out, c)
+    taps, flat = kh * kw, w.ravel()
+    i = np.arange(w.size)
+    ch, rest = i % chans, i // chans
+    tap, o = rest % taps, rest // taps
+    src = (ch * rows + o) * taps + (taps - 1 - tap) if data_grad else (o * chans + ch) * taps + tap
+    return flat[src]
+
+
+FORWARD = [  # (num, C, H, W, M, kernel, pad, stride), tile
+    ((2, 40, 5, 6, 70, (3, 3), (1, 1), (1, 1)), "64x64"),  # a partial channel slice, ragged M and columns
+    ((2, 40, 5, 6, 70, (3, 3), (1, 1), (1, 1)), "128x128"),
+    ((3, 16, 7, 7, 20, (1, 1), (0, 0), (2, 2)), "128x64"),  # 1x1 stride 2
+    ((2, 8, 6, 5, 24, (5, 3), (2, 1), (2, 1)), "64x128"),  # non-square kernel, mixed strides, C = 8
+    ((1, 64, 4, 4, 130, (3, 3), (0, 0), (1, 1)), "128x64"),  # two row tiles, no padding
+]
+
+
+@pytest.mark.parametrize("case", FORWARD, ids=str)
+@pytest.mark.parametrize("epilogue", [0, 3])
+def test_emulated_forward_is_the_convolution(case, epilogue):
+    (num, c, h, w_, m, kernel, pad, stride), tile = case
+    prob = ConvProblem(num, c, h, w_, m, 1, kernel, pad, stride, (1, 1), "<f2")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((num, c, h, w_))
+    w = rng.standard_normal((m, c) + kernel)
+    bias = rng.standard_normal(m)
+    ref = np.empty((num, m) + prob.out_hw)
+    cpu_conv.forward(x, w, bias if epilogue & 1 else None, kernel, pad, stride, (1, 1), 1, ref)
+    if epilogue & 2:
+        ref = np.maximum(ref, 0)
+    geometry = tc16n.conv_geometry(prob, "forward")
+    got = emulate_conv(x.transpose(0, 2, 3, 1).ravel(), permute_weights(w, False), bias, epilogue, geometry, tile)
+    assert not np.any(np.isnan(got)), "elements the kernel leaves unwritten"
+    np.testing.assert_allclose(got, ref.ravel(), rtol=1e-12, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", [((2, 24, 5, 5, 16, (3, 3), (0, 0)), "64x64"),
+                                  ((2, 16, 6, 7, 40, (3, 1), (1, 0)), "128x64"),
+                                  ((1, 8, 4, 4, 8, (1, 1), (0, 0)), "64x128")], ids=str)
+def test_emulated_data_gradient_is_the_transposed_convolution(case):
+    (num, c, h, w_, m, kernel, pad), tile = case
+    prob = ConvProblem(num, c, h, w_, m, 1, kernel, pad, (1, 1), (1, 1), "<f2")
+    assert tc16n.own_data_gradient(prob)
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((m, c) + kernel)
+    dy = rng.standard_normal((num, m) + prob.out_hw)
+    x = np.zeros((num, c, h, w_))
+    dx = np.empty_like(x)
+    cpu_conv.backward(x, w, dy, kernel, pad, (1, 1), (1, 1), 1, dx=dx)
+    geometry = tc16n.conv_geometry(prob, "backward_data")
+    got = emulate_conv(dy.transpose(0, 2, 3, 1).ravel(), permute_weights(w, True), np.zeros(c), 0, geometry, tile)
+    np.testing.assert_allclose(got, dx.ravel(), rtol=1e-12, atol=1e-10)
+
+
+def test_tile_table_matches_the_kernel_file():
+    assert tuple(TABLE) == tc16n.TILES
+    for tile, (bm, bn, wm, wn, stages) in TABLE.items():
+        assert (bm, bn) == tuple(int(v) for v in tile.split("x"))
+        assert (bm // wm) * (bn // wn) == 8 and stages == tc16n.STAGES
+        assert tc16n.shared_bytes(tile) <= 227 * 1024  # sm_90's opt-in per-block limit
+    assert tc16n.BK == BK
+
+
+@pytest.fixture
+def sm(monkeypatch):
+    cc = {"value": (9, 0)}
+    monkeypatch.setattr(tc16, "compute_capability", lambda: cc["value"])
+    return cc
+
+
+def test_supports_and_refusals(sm):
+    ok = ConvProblem(2, 64, 14, 14, 36, 1, (3, 3), (1, 1), (2, 2), (1, 1), "<f2")
+    assert tc16n.supports(ok) and tc16n.supports(ConvProblem(2, 64, 14, 14, 36, 1, (3, 3), (1, 1), (2, 2), (1, 1),
+                                                             "<u2"))
+    refused = [
+        ConvProblem(2, 64, 14, 14, 36, 1, (3, 3), (1, 1), (2, 2), (1, 1), "<f4"),  # float32
+        ConvProblem(2, 64, 14, 14, 36, 2, (3, 3), (1, 1), (2, 2), (1, 1), "<f2"),  # groups
+        ConvProblem(2, 64, 14, 14, 36, 1, (3, 3), (2, 2), (1, 1), (2, 2), "<f2"),  # dilation
+        ConvProblem(2, 60, 14, 14, 36, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2"),  # C % 8
+        ConvProblem(2, 3, 224, 224, 64, 1, (7, 7), (3, 3), (2, 2), (1, 1), "<f2"),  # the RGB stem
+    ]
+    for prob in refused:
+        assert not tc16n.supports(prob), prob
+    names = [f"tensorcore16-nhwc-{t}" for t in tc16n.TILES]
+    registry.load_engines()
+    assert all(registry.ENGINES[n].supports(ok) for n in names)
+    assert not any(registry.ENGINES[n].supports(refused[0]) for n in names)
+    sm["value"] = (7, 5)
+    assert not tc16n.supports(ok)
+
+
+def test_float_problems_are_refused_without_a_device(monkeypatch):
+    def no_device():
+        raise AssertionError("asked the device")
+    monkeypatch.setattr(tc16, "compute_capability", no_device)
+    assert not tc16n.supports(ConvProblem(2, 64, 8, 8, 8, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f4"))
+
+
+def test_data_gradient_own_or_delegated_and_scratch(sm):
+    s1 = ConvProblem(3, 64, 9, 7, 40, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2")
+    s2 = ConvProblem(3, 64, 9, 7, 40, 1, (3, 3), (1, 1), (2, 2), (1, 1), "<u2")
+    m_odd = ConvProblem(3, 64, 9, 7, 20, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2")
+    assert tc16n.own_data_gradient(s1)
+    assert not tc16n.own_data_gradient(m_odd)
+    assert not tc16n.own_data_gradient(s2)
+    assert not tc16n.own_data_gradient(ConvProblem(3, 64, 9, 7, 36, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2"))
+    for tile in tc16n.TILES:
+        engine = registry.ENGINES[f"tensorcore16-nhwc-{tile}"]
+        assert engine.passes == ("forward", "backward_data")
+        assert engine.scratch(s1, "forward", True) == (3 * 64 * 63 * 2, 40 * 64 * 9 * 2)
+        assert engine.scratch(s1, "backward_data", False) == (3 * 40 * 63 * 2, 40 * 64 * 9 * 2)
+        delegate = tc16.TensorCore16Engine(tc16n.delegate_tile(tile))
+        assert engine.scratch(s2, "backward_data", False) == delegate.scratch(s2, "backward_data", False)
+        assert tc16n.delegate_tile(tile) in tc16.TILES
+
+
+def test_data_gradient_geometry():
+    prob = ConvProblem(3, 64, 9, 7, 40, 1, (3, 5), (0, 2), (1, 1), (1, 1), "<f2")
+    ho, wo = prob.out_hw
+    g = tc16n.conv_geometry(prob, "backward_data")
+    assert g == (3, 40, ho, wo, 64, 3, 5, 2, 2, 1, 1, 9, 7)
+    # the geometry is itself a stride-1 convolution of (ho, wo) into (9, 7)
+    assert (ho + 2 * g[7] - 3 + 1, wo + 2 * g[8] - 5 + 1) == (9, 7)
+
+
+@pytest.mark.slow
+def test_kernel_file_compiles_for_every_type():
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "check_kernels.py"), "--paths", str(tc16n.KERNELS),
+                           "--dtype", "float", "--dtype", "double", "--dtype", "half", "--dtype", "bfloat16"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
