@@ -213,3 +213,155 @@ __global__ void t16n_permute_weights(const int n, const Dtype* w, const int rows
     out[i] = data_grad ? w[((long long)c * rows + o) * taps + (taps - 1 - tap)] : w[((long long)o * chans + c) * taps + tap];
   }
 }
+
+// ==== weight gradient ===========================================================================
+// t16n_wgrad_<BM>x<BN>: fp32 partial sums of dW[m][(tap, c)] = sum over pixels t = (n, oy, ox) of
+//   dy[n][oy][ox][m] * x[n][oy*sh - ph + r][ox*sw - pw + s][c]
+// with dy and x staged NHWC: the GEMM dW (M x Kg) = A (M x T) . B (T x Kg), contracted over
+// T = N*Ho*Wo, split across gridDim.y: split z sums t in [z*chunk, min((z+1)*chunk, T)). Both operands
+// are k-major in memory (a pixel's M outputs, a pixel's C channels at one tap, contiguous): a stage
+// holds T16N_BK pixel rows of A (BM outputs) and of B (BN columns), 16-byte chunk q of row k at
+// chunk q ^ (k & 7) (rows of at least 8 chunks: the 8 rows one ldmatrix phase reads hit distinct
+// bank groups), copied by cp.async (zeros past T, past M, past Kg and outside the image) and read
+// with ldmatrix.x4.trans. Requires C % 8 == 0 and M % 8 == 0. Partial sums go to
+// ws[z][m][c*kh*kw + tap] (the weights' own order), reduced by t16_reduce_weight (tensorcore16.cu).
+extern "C++" {
+
+// Offset (16-bit elements) of chunk q of row k in a k-major stage tile of `chunks` chunks a row.
+__device__ __forceinline__ int t16n_kat(const int k, const int q, const int chunks) {
+  return (k * chunks + (q ^ (k & 7))) << 3;
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES>
+__device__ __forceinline__ void t16n_wgrad(const Dtype* __restrict__ dy, const Dtype* __restrict__ x,
+                                           float* __restrict__ ws, const int chunk, T16N_GEOMETRY_PARAMS) {
+#if __CUDA_ARCH__ >= 800
+  const int KIND = T16Kind<Dtype>::value;
+  static_assert((BM / WM) * (BN / WN) == T16N_THREADS / 32, "8 warps per block");
+  static_assert(BM % 64 == 0 && BN % 64 == 0 && BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0,
+                "tile shape");
+  if (KIND == 0) __trap();  // float and double: never launched
+  const int A_Q = BM / 8, B_Q = BN / 8;                                        // chunks a row
+  const int A_CH = BM * T16N_BK / 8 / T16N_THREADS, B_CH = BN * T16N_BK / 8 / T16N_THREADS;  // a thread's copies
+  const int STAGE = (BM + BN) * T16N_BK;
+  extern __shared__ __align__(128) unsigned short t16n_smem[];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / (BN / WN), wn = warp % (BN / WN);
+  const int mtiles = (num_output + BM - 1) / BM;
+  const int m0 = (blockIdx.x % mtiles) * BM, n0 = (blockIdx.x / mtiles) * BN;
+  const int P = height_out * width_out, total = num * P, Kg = kernel_h * kernel_w * channels;
+  const int t_begin = blockIdx.y * chunk;
+  const int t_end = t_begin + chunk < total ? t_begin + chunk : total;
+  const int slices = (t_end - t_begin + T16N_BK - 1) / T16N_BK;
+
+  const int qa = tid % A_Q, ka = tid / A_Q, qb = tid % B_Q, kb = tid / B_Q;
+  const int m = m0 + 8 * qa;
+  const bool m_ok = m < num_output;
+  const int colb = n0 + 8 * qb;  // this thread's 8 columns: one tap, channels c..c+7
+  const bool col_ok = colb < Kg;
+  const int tap = col_ok ? colb / channels : 0, c = col_ok ? colb - tap * channels : 0;
+  const int r = tap / kernel_w, s = tap - r * kernel_w;
+
+  auto load = [&](const int stage, const int slice) {
+    unsigned short* As = t16n_smem + stage * STAGE;
+    unsigned short* Bs = As + BM * T16N_BK;
+    const int t0 = t_begin + slice * T16N_BK;
+#pragma unroll
+    for (int e = 0; e < A_CH; ++e) {
+      const int k = ka + e * (T16N_THREADS / A_Q), t = t0 + k;
+      const bool ok = m_ok && t < t_end;
+      t16_copy16(As + t16n_kat(k, qa, A_Q), ok ? dy + (long long)t * num_output + m : dy, ok);
+    }
+#pragma unroll
+    for (int e = 0; e < B_CH; ++e) {
+      const int k = kb + e * (T16N_THREADS / B_Q), t = t0 + k;
+      const int n = t / P, p = t - n * P, oy = p / width_out, ox = p - oy * width_out;
+      const int iy = oy * stride_h - pad_h + r, ix = ox * stride_w - pad_w + s;
+      const bool ok = col_ok && t < t_end && (unsigned)iy < (unsigned)height && (unsigned)ix < (unsigned)width;
+      t16_copy16(Bs + t16n_kat(k, qb, B_Q), ok ? x + ((long long)(n * height + iy) * width + ix) * channels + c : x,
+                 ok);
+    }
+  };
+
+  float acc[WM / 16][WN / 8][4];
+#pragma unroll
+  for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+    for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < slices) load(st, st);
+    t16_commit();
+  }
+  for (int sl = 0; sl < slices; ++sl) {
+    t16_wait<STAGES - 2>();
+    __syncthreads();
+    if (sl + STAGES - 1 < slices) load((sl + STAGES - 1) % STAGES, sl + STAGES - 1);
+    t16_commit();
+    const unsigned short* As = t16n_smem + (sl % STAGES) * STAGE;
+    const unsigned short* Bs = As + BM * T16N_BK;
+#pragma unroll
+    for (int kk = 0; kk < T16N_BK / 16; ++kk) {
+      unsigned a[WM / 16][4], b[WN / 8][2];
+#pragma unroll
+      for (int i = 0; i < WM / 16; ++i)  // matrices (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15)
+        t16_ldmatrix4_trans(a[i], As + t16n_kat(16 * kk + (lane & 7) + ((lane >> 4) << 3),
+                                                (wm * WM + i * 16) / 8 + ((lane >> 3) & 1), A_Q));
+#pragma unroll
+      for (int j = 0; j < WN / 8; j += 2) {  // matrices (k 0-7, cols j..), (k 8-15, j..), (k 0-7, j+1..), (k 8-15, j+1..)
+        unsigned rr[4];
+        t16_ldmatrix4_trans(rr, Bs + t16n_kat(16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                              (wn * WN + j * 8) / 8 + (lane >> 4), B_Q));
+        b[j][0] = rr[0], b[j][1] = rr[1], b[j + 1][0] = rr[2], b[j + 1][1] = rr[3];
+      }
+#pragma unroll
+      for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < WN / 8; ++j) t16_mma<KIND>(acc[i][j], a[i], b[j][0], b[j][1]);
+    }
+  }
+  t16_wait<0>();
+
+  float* part = ws + (long long)blockIdx.y * num_output * Kg;
+  const int g = lane >> 2, tq = lane & 3, taps = kernel_h * kernel_w;
+#pragma unroll
+  for (int j = 0; j < WN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = n0 + wn * WN + j * 8 + 2 * tq + e;
+      if (col >= Kg) continue;
+      const int ct = col / channels, cc = col - ct * channels, off = cc * taps + ct;
+#pragma unroll
+      for (int i = 0; i < WM / 16; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int mm = m0 + wm * WM + i * 16 + g + 8 * h;
+          if (mm < num_output) part[(long long)mm * Kg + off] = acc[i][j][2 * h + e];
+        }
+    }
+#else
+  __trap();
+#endif
+}
+
+}  // extern "C++"
+
+// dy: NHWC (num, height_out, width_out, num_output); x: NHWC (num, height, width, channels); ws: fp32
+// (gridDim.y, num_output, channels*kernel_h*kernel_w) partial sums; chunk: pixels a split sums (a
+// multiple of T16N_BK). Grid: (ceil(num_output / BM) * ceil(Kg / BN), splits, 1), 256 threads,
+// the forward's dynamic shared memory of the same tile.
+#define T16N_WGRAD(NAME, BM, BN, WM, WN, STAGES, MIN_BLOCKS)                                                 \
+  __global__ void __launch_bounds__(T16N_THREADS, MIN_BLOCKS) NAME(                                         \
+      const Dtype* dy, const Dtype* x, float* ws, const int chunk, T16N_GEOMETRY_PARAMS) {                  \
+    t16n_wgrad<BM, BN, WM, WN, STAGES>(dy, x, ws, chunk, num, channels, height, width, num_output, kernel_h, \
+                                       kernel_w, pad_h, pad_w, stride_h, stride_w, height_out, width_out);   \
+  }
+
+T16N_WGRAD(t16n_wgrad_128x128, 128, 128, 32, 64, 4, 2)
+T16N_WGRAD(t16n_wgrad_128x64, 128, 64, 32, 32, 4, 2)
+T16N_WGRAD(t16n_wgrad_64x128, 64, 128, 32, 32, 4, 2)
+T16N_WGRAD(t16n_wgrad_64x64, 64, 64, 32, 16, 4, 3)

@@ -13,7 +13,10 @@ accumulation, one rounding in the epilogue):
   flipped transposed filter ``(C, kh, kw, M)`` and padding ``k - 1 - pad``; other strides (or M)
   run tensorcore16's data gradient of the same tile (:func:`own_data_gradient`), so the autotune
   sees one timing per tile either way;
-- the weight gradient is not implemented here (``passes``): the autotune takes another engine's.
+- **weight gradient**, M a multiple of 8: ``x`` and ``dy`` staged NHWC, ``t16n_wgrad_<tile>`` sums
+  the contraction over N*Ho*Wo in splits (:func:`.tiling.split_contraction`) into fp32 partial sums
+  that tensorcore16's ``t16_reduce_weight`` adds to ``dw`` in a fixed order (deterministic, one
+  rounding); the bias gradient is the Mtype channel reduction (``bias_backward``). Other M: tensorcore16's.
 
 Offered (:func:`supports`) for float16 and bfloat16 problems on compute capability 8.0+ with one
 group, no dilation and C a multiple of 8 (a pixel's channels in whole 16-byte pieces).
@@ -30,8 +33,8 @@ from ..gpu import backend, permute
 from . import tensorcore16 as t16
 from . import tiling
 from .problem import ConvProblem, epilogue_flags
-from .registry import TiledEngine, register_engine
-from .tiling import BLOCK, nonnull, tile_shape
+from .registry import TiledEngine, bias_backward, register_engine
+from .tiling import BLOCK, THREADS, nonnull, tile_shape
 
 KERNELS = Path(__file__).with_suffix(".cu")
 TILES = ("128x128", "128x64", "64x128", "64x64")  # T16N_CONV lines of the .cu
@@ -63,12 +66,25 @@ def own_data_gradient(prob: ConvProblem) -> bool:
     return prob.stride == (1, 1) and prob.num_output % CHANNEL_MULTIPLE == 0
 
 
-def staged_counts(prob: ConvProblem, pass_: str) -> tuple[int, int]:
-    """Elements of the NHWC image operand and of the permuted weights ``pass_`` stages."""
-    weights = prob.num_output * prob.kg
+def own_weight_gradient(prob: ConvProblem) -> bool:
+    """Whether the weight gradient runs this engine's kernel (M a multiple of 8; C is by
+    :func:`supports`); else tensorcore16's weight gradient of the delegate tile."""
+    return prob.num_output % CHANNEL_MULTIPLE == 0
+
+
+def owns(prob: ConvProblem, pass_: str) -> bool:
+    """Whether ``pass_`` runs this engine's kernels (else tensorcore16's of :func:`delegate_tile`)."""
     if pass_ == "forward":
-        return prob.num * prob.channels * prob.in_plane, weights
-    return prob.num * prob.num_output * prob.out_plane, weights
+        return True
+    return own_data_gradient(prob) if pass_ == "backward_data" else own_weight_gradient(prob)
+
+
+def staged_counts(prob: ConvProblem, pass_: str) -> tuple[int, int]:
+    """Elements of what ``pass_`` stages: forward, the NHWC input and the permuted weights; data
+    gradient, the NHWC dy and the permuted weights; weight gradient, the NHWC dy and input."""
+    x, dy, weights = (prob.num * prob.channels * prob.in_plane, prob.num * prob.num_output * prob.out_plane,
+                      prob.num_output * prob.kg)
+    return {"forward": (x, weights), "backward_data": (dy, weights), "backward_weight": (dy, x)}[pass_]
 
 
 def conv_geometry(prob: ConvProblem, pass_: str) -> tuple[int, ...]:
@@ -125,6 +141,59 @@ def plan(prob: ConvProblem, pass_: str, tile: str) -> Plan:
     return made
 
 
+@dataclass(frozen=True)
+class WeightPlan:
+    """The weight gradient of one tile: stage dy and x (``stage_dy``, ``stage_x``), run ``kernel``
+    over ``grid`` (splits of ``chunk`` pixels), then ``reduce`` the fp32 partial sums into dw."""
+
+    kernel: Any
+    grid: tuple[int, int, int]
+    shared: int
+    chunk: int
+    splits: int
+    geometry: tuple[int, ...]
+    stage_dy: permute.Plan
+    stage_x: permute.Plan
+    reduce: tiling.Reduce
+
+
+def weight_splits(prob: ConvProblem, tile: str) -> tuple[int, int]:
+    """(splits, chunk) of the weight gradient's contraction over N*Ho*Wo for ``tile``
+    (:func:`.tiling.split_contraction` with the kernel's resident blocks), cached per problem."""
+    key = ("t16n_splits", tile)
+    have = prob.cache.get(key)
+    if have is None:
+        bm, bn = tile_shape(tile)
+        k = backend.kernel(KERNELS, f"t16n_wgrad_{tile}", prob.np_dtype)
+        resident = k.resident_blocks(THREADS, shared_bytes(tile))
+        have = prob.cache[key] = tiling.split_contraction(prob, bm, bn, BK, False, resident)
+    return have
+
+
+def partial_count(prob: ConvProblem, tile: str) -> int:
+    """fp32 partial sums the weight gradient of ``tile`` writes (elements; 4 bytes each)."""
+    return weight_splits(prob, tile)[0] * prob.num_output * prob.kg
+
+
+def weight_plan(prob: ConvProblem, tile: str) -> WeightPlan:
+    """The cached :class:`WeightPlan` of ``tile``."""
+    key = ("t16n", "backward_weight", tile)
+    have = prob.cache.get(key)
+    if have is not None:
+        return have
+    bm, bn = tile_shape(tile)
+    splits, chunk = weight_splits(prob, tile)
+    k = backend.kernel(KERNELS, f"t16n_wgrad_{tile}", prob.np_dtype)
+    shared = shared_bytes(tile)
+    k.allow_shared(shared)
+    blocks = -(-prob.num_output // bm) * -(-prob.kg // bn)
+    made = prob.cache[key] = WeightPlan(
+        k, (blocks, splits, 1), shared, chunk, splits, conv_geometry(prob, "forward"),
+        permute.plan((prob.num, prob.num_output, prob.out_plane), (0, 2, 1)),
+        permute.plan((prob.num, prob.channels, prob.in_plane), (0, 2, 1)), t16.reduce_plan(prob, splits, 0))
+    return made
+
+
 def delegate_tile(tile: str) -> str:
     """The tensorcore16 tile that runs a data gradient this engine does not (its own tile where
     tensorcore16 has it)."""
@@ -153,21 +222,23 @@ def run_pass(prob: ConvProblem, pass_: str, tile: str, image: int, w: int, bias:
 @register_engine("TENSOR_CORE_16", order=56, summary="the implicit GEMM on fp16/bf16 tensor cores (mma.sync "
                  "m16n8k16, fp32 accumulation; float16 and bfloat16 blobs, compute capability 8.0+)")
 class TensorCore16NhwcEngine(TiledEngine):
-    """The NHWC-staged fp16/bf16 tensor-core implicit GEMM with ``tile`` tiles (forward and data gradient)."""
+    """The NHWC-staged fp16/bf16 tensor-core implicit GEMM with ``tile`` tiles in every pass."""
 
     requirement = REQUIREMENT
     prefix, tiles = "tensorcore16-nhwc", TILES
-    passes = ("forward", "backward_data")
 
     def supports(self, prob):
         return supports(prob)
 
     def scratch(self, prob, pass_, has_bias):
-        """Forward and the own data gradient: the NHWC image operand and the permuted weights
-        (bytes); a delegated data gradient: tensorcore16's scratch."""
-        if pass_ == "backward_data" and not own_data_gradient(prob):
+        """Bytes: what the pass stages (:func:`staged_counts`), and for the weight gradient its fp32
+        partial sums; a delegated pass (:func:`owns`): tensorcore16's scratch."""
+        if not owns(prob, pass_):
             return t16.TensorCore16Engine(delegate_tile(self.tile)).scratch(prob, pass_, has_bias)
-        return tuple(n * prob.itemsize for n in staged_counts(prob, pass_))
+        staged = tuple(n * prob.itemsize for n in staged_counts(prob, pass_))
+        if pass_ == "backward_weight":
+            return (*staged, partial_count(prob, self.tile) * t16.PARTIAL_ITEMSIZE)
+        return staged
 
     def forward(self, prob, x, w, bias, y, ws, relu=False):
         """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``: stage x NHWC and w (M, kh, kw, C), one GEMM."""
@@ -179,3 +250,22 @@ class TensorCore16NhwcEngine(TiledEngine):
             t16.TensorCore16Engine(delegate_tile(self.tile)).backward_data(prob, w, dy, dx, ws)
             return
         run_pass(prob, "backward_data", self.tile, dy, w, w, 0, dx, ws)
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        """``dw += dL/dw`` (fp32 split-K partial sums, reduced in a fixed order: deterministic) and
+        ``db += dL/db`` (channel reduction) when ``db`` is given; tensorcore16's for M % 8 != 0."""
+        if not own_weight_gradient(prob):
+            t16.TensorCore16Engine(delegate_tile(self.tile)).backward_weight(prob, x, dy, dw, db, ws)
+            return
+        if len(ws) < 3 or not all(ws[:3]):
+            raise CudaError("fp16/bf16 NHWC tensor-core backward_weight: needs its three scratch regions (NHWC dy, "
+                            "NHWC input, fp32 partial sums: TensorCore16NhwcEngine.scratch)")
+        dy_h, x_h, part = ws[:3]
+        p = weight_plan(prob, self.tile)
+        nonnull(x, dy, dw)
+        p.stage_dy(dy, dy_h, prob.np_dtype)
+        p.stage_x(x, x_h, prob.np_dtype)
+        p.kernel.launch(p.grid, BLOCK, dy_h, x_h, part, p.chunk, *p.geometry, shared=p.shared)
+        p.reduce.launch(prob, part, dw, None)
+        if db is not None:
+            bias_backward(prob, dy, db)

@@ -111,6 +111,16 @@ def _contraction(prob: ConvProblem, pass_: str) -> int:
             "backward_weight": prob.num * prob.out_plane}[pass_]
 
 
+def _bias_by_channel_sum(name: str, prob: ConvProblem) -> bool:
+    """Whether the engine ``name``'s bias gradient comes from ``channel_sum`` (Dtype rounding of the
+    intermediate sums) rather than from its fp32 GEMM: tensorcore16's sliced weight kernels, and the
+    NHWC engines' own weight gradient (or their delegate's sliced one)."""
+    tile = name.rsplit("-", 1)[1]
+    if name.startswith("tensorcore16-nhwc-"):
+        return tc16n.owns(prob, "backward_weight") or tc16.sliced(prob, "backward_weight", tc16n.delegate_tile(tile))
+    return name.startswith("tensorcore16-") and tc16.sliced(prob, "backward_weight", tile)
+
+
 def _check_engine(name: str, prob: ConvProblem, fmt: str, seed: int) -> None:
     dtype, _, u = FORMATS[fmt]
     rng = np.random.default_rng(seed)
@@ -128,8 +138,7 @@ def _check_engine(name: str, prob: ConvProblem, fmt: str, seed: int) -> None:
         pairs = zip(("dw", "db"), g, exact[pass_], bound[pass_]) if pass_ == "backward_weight" else \
             [(pass_, g, exact[pass_], bound[pass_])]
         for what, gv, ev, av in pairs:
-            bias_by_channel_sum = what == "db" and name.startswith("tensorcore16-") and \
-                tc16.sliced(prob, "backward_weight", name.split("-")[1])
+            bias_by_channel_sum = what == "db" and _bias_by_channel_sum(name, prob)
             if name.startswith("tensorcore16-") and not bias_by_channel_sum:
                 tol = u * np.abs(ev) + accumulation * av + 1e-6
             else:
@@ -196,8 +205,9 @@ def test_tensorcore16_forward_relu_epilogue_and_reproducible_weights(fmt):
         assert all(np.array_equal(a, b) for a, b in zip(*runs)), tile
 
 
-# ---- the NHWC-staged engines (tensorcore16-nhwc-*): forward, and the data gradient (own kernel at
-# stride 1 with M % 8 == 0, tensorcore16's otherwise), with tensorcore16's tight bound
+# ---- the NHWC-staged engines (tensorcore16-nhwc-*): forward; the data gradient (own kernel at
+# stride 1 with M % 8 == 0, tensorcore16's otherwise); the weight gradient (own kernel with
+# M % 8 == 0, tensorcore16's otherwise), all with tensorcore16's tight bound
 NHWC_SHAPES = [
     (3, 64, 13, 11, 72, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # 3x3 s1 p1 at odd sizes, M not a tile multiple
     (5, 256, 14, 14, 136, 1, (1, 1), (0, 0), (1, 1), (1, 1)),  # 1x1 at 14x14 (196 columns an image)
@@ -250,7 +260,7 @@ def test_tensorcore16_nhwc_bias_relu_epilogue(fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_tensorcore16_nhwc_is_an_autotune_candidate(fmt):
-    """The autotune times every NHWC tile on forward and data gradient among all engines."""
+    """The autotune times every NHWC tile on every pass among all engines."""
     prob = ConvProblem(8, 64, 14, 14, 64, 1, (3, 3), (1, 1), (1, 1), (1, 1), FORMATS[fmt][1])
     conv_engines.clear_cache()
     choice = conv_engines.choose(prob, True, conv_engines.field_candidates("DEFAULT"))
@@ -258,5 +268,26 @@ def test_tensorcore16_nhwc_is_an_autotune_candidate(fmt):
     for tile in tc16n.TILES:
         assert ("forward", f"tensorcore16-nhwc-{tile}") in timed
         assert ("backward_data", f"tensorcore16-nhwc-{tile}") in timed
-        assert ("backward_weight", f"tensorcore16-nhwc-{tile}") not in timed
+        assert ("backward_weight", f"tensorcore16-nhwc-{tile}") in timed
     conv_engines.clear_cache()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tensorcore16_nhwc_weight_gradient_is_reproducible(fmt):
+    """The split-K weight gradient (fp32 partial sums, fixed-order reduction) gives the same bits twice."""
+    dtype, code, _ = FORMATS[fmt]
+    prob = ConvProblem(16, 64, 14, 14, 48, 1, (3, 3), (1, 1), (1, 1), (1, 1), code)
+    rng = np.random.default_rng(9)
+    x = _blob(rng.standard_normal((16, 64, 14, 14)), dtype)
+    dy = _blob(rng.standard_normal((16, 48) + prob.out_hw), dtype)
+    for tile in tc16n.TILES:
+        engine = conv_engines.ENGINES[f"tensorcore16-nhwc-{tile}"]
+        assert tc16n.weight_splits(prob, tile)[0] >= 1
+        runs = []
+        for _ in range(2):
+            dw, db = _blob(np.zeros((48, 64, 3, 3)), dtype), _blob(np.zeros(48), dtype)
+            ws = backend.workspace(*engine.scratch(prob, "backward_weight", True))
+            engine.backward_weight(prob, x.gpu_data(), dy.gpu_data(), dw.mutable_gpu_data(), db.mutable_gpu_data(), ws)
+            runs.append((dw.cpu_data().copy(), db.cpu_data().copy()))
+        assert all(np.array_equal(a, b) for a, b in zip(*runs)), tile
+        assert np.any(runs[0][0] != 0), tile

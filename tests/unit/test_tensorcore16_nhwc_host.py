@@ -47,10 +47,11 @@ def _at(r, q):
     return r * BK + ((q ^ ((r >> 1) & 3)) << 3)
 
 
-def _ldmatrix_x4(smem: np.ndarray, addr: np.ndarray) -> np.ndarray:
-    """ldmatrix.sync.aligned.m8n8.x4.b16: lane l supplies row l % 8 of matrix l // 8 (8 halves at
-    addr[l]); lane l receives elements 2(l%4), 2(l%4)+1 of row l//4 of each matrix. Checks the
-    16-byte alignment and that each matrix's 8 rows fall in distinct 16-byte bank groups."""
+def _ldmatrix_x4(smem: np.ndarray, addr: np.ndarray, trans: bool = False) -> np.ndarray:
+    """ldmatrix.sync.aligned.m8n8.x4(.trans).b16: lane l supplies row l % 8 of matrix l // 8 (8
+    halves at addr[l]); lane l receives elements 2(l%4), 2(l%4)+1 of row l//4 of each matrix
+    (.trans: element l//4 of rows 2(l%4) and 2(l%4)+1). Checks the 16-byte alignment and that each
+    matrix's 8 rows fall in distinct 16-byte bank groups."""
     assert np.all(addr % 8 == 0), "ldmatrix rows must be 16-byte aligned"
     for mat in range(4):
         groups = (addr[mat * 8:(mat + 1) * 8] * 2 // 16) % 8
@@ -59,9 +60,11 @@ def _ldmatrix_x4(smem: np.ndarray, addr: np.ndarray) -> np.ndarray:
     lane = np.arange(32)
     out = np.empty((32, 4, 2))
     for mat in range(4):
-        src = rows[mat * 8 + lane // 4]
-        out[:, mat, 0] = src[lane, 2 * (lane % 4)]
-        out[:, mat, 1] = src[lane, 2 * (lane % 4) + 1]
+        for e in range(2):
+            if trans:
+                out[:, mat, e] = rows[mat * 8 + 2 * (lane % 4) + e, lane // 4]
+            else:
+                out[:, mat, e] = rows[mat * 8 + lane // 4, 2 * (lane % 4) + e]
     return out
 
 
@@ -214,6 +217,117 @@ def emulate_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray, epilogue: int, 
     return y
 
 
+def _kat(k, q, chunks):
+    """t16n_kat: element offset of chunk q of row k of a k-major stage tile (XOR with k & 7)."""
+    return (k * chunks + (q ^ (k & 7))) << 3
+
+
+class _WeightBlock:
+    """One block (m/column tile ``blk``, split ``z``) of ``t16n_wgrad_<tile>`` in float64."""
+
+    def __init__(self, dy: np.ndarray, x: np.ndarray, geometry: tuple[int, ...], tile: str, blk: int, z: int,
+                 chunk: int) -> None:
+        self.dy, self.x, self.geometry = dy, x, geometry
+        self.bm, self.bn, self.wm, self.wn, self.stages = TABLE[tile]
+        num, self.c, self.h, self.wd, self.m_out, kh, self.kw = geometry[:7]
+        self.p = geometry[11] * geometry[12]
+        self.kg = kh * self.kw * self.c
+        mtiles = -(-self.m_out // self.bm)
+        self.m0, self.n0 = (blk % mtiles) * self.bm, (blk // mtiles) * self.bn
+        self.t_begin = z * chunk
+        self.t_end = min(self.t_begin + chunk, num * self.p)
+        self.slices = -(-(self.t_end - self.t_begin) // BK)
+        self.shared = tc16n.shared_bytes(tile) // 2
+        self.ring = np.full(self.shared, np.nan)
+        self.acc = np.zeros((8, self.wm // 16, self.wn // 8, 32, 4))
+
+    def _copy(self, dst, src_array, src, ok) -> None:
+        assert np.all(dst + 8 <= self.shared)
+        for j in range(8):
+            self.ring[dst + j] = np.where(ok, src_array[src + j], 0.0)
+
+    def load(self, stage: int, sl: int) -> None:
+        ph, pw, sh, sw, _, wo = self.geometry[7:]
+        tid = np.arange(THREADS)
+        a_q, b_q = self.bm // 8, self.bn // 8
+        qa, ka, qb, kb = tid % a_q, tid // a_q, tid % b_q, tid // b_q
+        base = stage * (self.bm + self.bn) * BK
+        t0 = self.t_begin + sl * BK
+        m = self.m0 + 8 * qa
+        for e in range(self.bm * BK // 8 // THREADS):
+            k = ka + e * (THREADS // a_q)
+            t = t0 + k
+            ok = (m < self.m_out) & (t < self.t_end)
+            self._copy(base + _kat(k, qa, a_q), self.dy, np.where(ok, t * self.m_out + m, 0), ok)
+        col = self.n0 + 8 * qb
+        col_ok = col < self.kg
+        tap = np.where(col_ok, col // self.c, 0)
+        c = np.where(col_ok, col - tap * self.c, 0)
+        r, s = tap // self.kw, tap % self.kw
+        for e in range(self.bn * BK // 8 // THREADS):
+            k = kb + e * (THREADS // b_q)
+            t = t0 + k
+            n, pix = t // self.p, t % self.p
+            iy, ix = (pix // wo) * sh - ph + r, (pix % wo) * sw - pw + s
+            ok = col_ok & (t < self.t_end) & (iy >= 0) & (iy < self.h) & (ix >= 0) & (ix < self.wd)
+            src = np.where(ok, ((n * self.h + iy) * self.wd + ix) * self.c + c, 0)
+            self._copy(base + self.bm * BK + _kat(k, qb, b_q), self.x, src, ok)
+
+    def multiply(self, stage: int) -> None:
+        a_tile = self.ring[stage * (self.bm + self.bn) * BK:]
+        b_tile = a_tile[self.bm * BK:]
+        for warp in range(8):
+            wm, wn = warp // (self.bn // self.wn), warp % (self.bn // self.wn)
+            for kk in range(BK // 16):
+                a_m = np.stack([_a_matrix(_ldmatrix_x4(
+                    a_tile, _kat(16 * kk + (LANE & 7) + ((LANE >> 4) << 3), (wm * self.wm + i * 16) // 8
+                                 + ((LANE >> 3) & 1), self.bm // 8), trans=True)) for i in range(self.wm // 16)])
+                b_regs = np.empty((self.wn // 8, 32, 2, 2))
+                for j in range(0, self.wn // 8, 2):
+                    r4 = _ldmatrix_x4(b_tile, _kat(16 * kk + (LANE & 7) + (((LANE >> 3) & 1) << 3),
+                                                   (wn * self.wn + j * 8) // 8 + (LANE >> 4), self.bn // 8), trans=True)
+                    b_regs[j, :, 0], b_regs[j, :, 1] = r4[:, 0], r4[:, 1]
+                    b_regs[j + 1, :, 0], b_regs[j + 1, :, 1] = r4[:, 2], r4[:, 3]
+                b_m = np.stack([_b_matrix(b_regs[j, :, 0], b_regs[j, :, 1]) for j in range(self.wn // 8)])
+                prod = np.einsum("iab,jbc->ijac", a_m, b_m)
+                for reg, (dr, dc) in enumerate(((0, 0), (0, 1), (8, 0), (8, 1))):
+                    self.acc[warp, :, :, :, reg] += prod[:, :, G + dr, 2 * T + dc]
+
+    def run(self, part: np.ndarray) -> None:
+        for st in range(self.stages - 1):
+            if st < self.slices:
+                self.load(st, st)
+        for sl in range(self.slices):
+            if sl + self.stages - 1 < self.slices:
+                self.load((sl + self.stages - 1) % self.stages, sl + self.stages - 1)
+            self.multiply(sl % self.stages)
+        taps = self.kg // self.c
+        for warp in range(8):
+            wm, wn = warp // (self.bn // self.wn), warp % (self.bn // self.wn)
+            for i, hh, j, e in np.ndindex(self.wm // 16, 2, self.wn // 8, 2):
+                mm = self.m0 + wm * self.wm + i * 16 + G + 8 * hh
+                col = self.n0 + wn * self.wn + j * 8 + 2 * T + e
+                ok = (mm < self.m_out) & (col < self.kg)
+                off = (col % self.c) * taps + col // self.c
+                at = mm[ok] * self.kg + off[ok]
+                assert np.all(np.isnan(part[at]))  # each partial sum written once
+                part[at] = self.acc[warp, i, j, ok, 2 * hh + e]
+
+
+def emulate_wgrad(dy: np.ndarray, x: np.ndarray, geometry: tuple[int, ...], tile: str, chunk: int) -> np.ndarray:
+    """``t16n_wgrad_<tile>`` over its grid, then t16_reduce_weight's split-order sum: dW (M, C*kh*kw)."""
+    num, c, m_out, kh, kw, ho, wo = (geometry[i] for i in (0, 1, 4, 5, 6, 11, 12))
+    bm, bn = TABLE[tile][:2]
+    kg, total = kh * kw * c, num * ho * wo
+    splits = -(-total // chunk)
+    part = np.full((splits, m_out * kg), np.nan)
+    for z in range(splits):
+        for blk in range(-(-m_out // bm) * -(-kg // bn)):
+            _WeightBlock(dy, x, geometry, tile, blk, z, chunk).run(part[z])
+    assert not np.any(np.isnan(part)), "partial sums the kernel leaves unwritten"
+    return part.sum(axis=0).reshape(m_out, kg)
+
+
 def permute_weights(w: np.ndarray, data_grad: bool) -> np.ndarray:
     """``t16n_permute_weights`` on the host, from the kernel's index formula: w (M, C, kh, kw) flat."""
     m_out, c, kh, kw = w.shape
@@ -326,7 +440,7 @@ def test_data_gradient_own_or_delegated_and_scratch(sm):
     assert not tc16n.own_data_gradient(ConvProblem(3, 64, 9, 7, 36, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2"))
     for tile in tc16n.TILES:
         engine = registry.ENGINES[f"tensorcore16-nhwc-{tile}"]
-        assert engine.passes == ("forward", "backward_data")
+        assert engine.passes == ("forward", "backward_data", "backward_weight")
         assert engine.scratch(s1, "forward", True) == (3 * 64 * 63 * 2, 40 * 64 * 9 * 2)
         assert engine.scratch(s1, "backward_data", False) == (3 * 40 * 63 * 2, 40 * 64 * 9 * 2)
         delegate = tc16.TensorCore16Engine(tc16n.delegate_tile(tile))
@@ -351,3 +465,39 @@ def test_kernel_file_compiles_for_every_type():
                            "--dtype", "float", "--dtype", "double", "--dtype", "half", "--dtype", "bfloat16"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("case", [((2, 16, 5, 6, 24, (3, 3), (1, 1), (1, 1)), "64x64", 32),  # 3 splits, ragged
+                                  ((3, 8, 7, 7, 16, (1, 1), (0, 0), (2, 2)), "128x64", 64),  # 1x1 stride 2
+                                  ((1, 24, 6, 5, 72, (3, 2), (0, 1), (2, 1)), "64x128", 32),  # 2 row tiles
+                                  ((2, 64, 3, 3, 8, (3, 3), (1, 1), (1, 1)), "128x128", 96)],  # Kg = 576: 5 column tiles
+                         ids=str)
+def test_emulated_weight_gradient_is_the_convolutions(case):
+    (num, c, h, w_, m, kernel, pad, stride), tile, chunk = case
+    prob = ConvProblem(num, c, h, w_, m, 1, kernel, pad, stride, (1, 1), "<f2")
+    assert tc16n.own_weight_gradient(prob)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((num, c, h, w_))
+    dy = rng.standard_normal((num, m) + prob.out_hw)
+    dw = np.zeros((m, c) + kernel)
+    cpu_conv.backward(x, np.zeros_like(dw), dy, kernel, pad, stride, (1, 1), 1, dweight=dw)
+    got = emulate_wgrad(dy.transpose(0, 2, 3, 1).ravel(), x.transpose(0, 2, 3, 1).ravel(),
+                        tc16n.conv_geometry(prob, "forward"), tile, chunk)
+    np.testing.assert_allclose(got, dw.reshape(m, -1), rtol=1e-12, atol=1e-10)
+
+
+def test_weight_gradient_scratch_and_delegation(sm, monkeypatch):
+    from pycaffe_lite.conv import tiling
+
+    monkeypatch.setattr(tc16n, "weight_splits", lambda prob, tile: (3, 64))
+    prob = ConvProblem(3, 64, 9, 7, 40, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2")
+    odd = ConvProblem(3, 64, 9, 7, 36, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<u2")
+    assert tc16n.owns(prob, "backward_weight") and not tc16n.owns(odd, "backward_weight")
+    assert tc16n.owns(odd, "forward")
+    for tile in tc16n.TILES:
+        engine = registry.ENGINES[f"tensorcore16-nhwc-{tile}"]
+        assert engine.scratch(prob, "backward_weight", True) == (3 * 40 * 63 * 2, 3 * 64 * 63 * 2, 3 * 40 * 576 * 4)
+        monkeypatch.setattr(tiling, "split_contraction", lambda *a: (2, 96))
+        monkeypatch.setattr(tc16, "_weight_kernel", lambda *a: type("K", (), {"resident_blocks": lambda s, t: 2})())
+        delegate = tc16.TensorCore16Engine(tc16n.delegate_tile(tile))
+        assert engine.scratch(odd, "backward_weight", True) == delegate.scratch(odd, "backward_weight", True)
