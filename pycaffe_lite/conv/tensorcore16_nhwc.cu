@@ -365,3 +365,48 @@ T16N_WGRAD(t16n_wgrad_128x128, 128, 128, 32, 64, 4, 2)
 T16N_WGRAD(t16n_wgrad_128x64, 128, 64, 32, 32, 4, 2)
 T16N_WGRAD(t16n_wgrad_64x128, 64, 128, 32, 32, 4, 2)
 T16N_WGRAD(t16n_wgrad_64x64, 64, 64, 32, 16, 4, 3)
+
+// ==== staging: NCHW -> NHWC =====================================================================
+// dst (N, plane, channels) = src (N, channels, plane), channels % 8 == 0. Block (256 threads):
+// T16N_TT pixels x T16N_TT channels of image blockIdx.y (blockIdx.x = pixel tile * channel tiles +
+// channel tile). Reads: a warp takes 32 consecutive pixels of one channel (coalesced), 16 loads in
+// flight a thread; the tile is kept [channel][pixel] with rows of T16N_TT + 2 elements (the 16
+// 4-byte words a warp's row write touches are consecutive; the column reads below meet at most
+// 2 to a bank); writes: 16 bytes (8 channels of a pixel) a thread, a warp 4 pixels' 128-byte runs.
+#include "vec.cuh"
+#define T16N_TT 64
+#define T16N_TP (T16N_TT + 2)
+
+__global__ void __launch_bounds__(T16N_THREADS) t16n_to_nhwc(const Dtype* src, Dtype* dst, const int channels,
+                                                              const int plane) {
+  __shared__ __align__(16) Dtype tile[T16N_TT * T16N_TP];
+  const int ctiles = (channels + T16N_TT - 1) / T16N_TT;
+  const int c0 = (blockIdx.x % ctiles) * T16N_TT, p0 = (blockIdx.x / ctiles) * T16N_TT;
+  const long long image = (long long)blockIdx.y * channels * plane;
+  const Dtype* s = src + image;
+  Dtype* d = dst + image;
+  const int tid = threadIdx.x;
+  const int ITEMS = T16N_TT * T16N_TT / T16N_THREADS;
+  Dtype v[ITEMS];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int l = tid + k * T16N_THREADS, p = l % T16N_TT, c = l / T16N_TT;
+    v[k] = (p0 + p < plane && c0 + c < channels) ? s[(long long)(c0 + c) * plane + p0 + p] : Dtype(0);
+  }
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int l = tid + k * T16N_THREADS;
+    tile[(l / T16N_TT) * T16N_TP + l % T16N_TT] = v[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < T16N_TT * T16N_TT / 8 / T16N_THREADS; ++k) {
+    const int u = tid + k * T16N_THREADS, q = u % (T16N_TT / 8), p = u / (T16N_TT / 8);
+    if (p0 + p < plane && c0 + 8 * q < channels) {
+      Vec<8> out;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out.v[j] = tile[(8 * q + j) * T16N_TP + p];
+      vstore<8>(d + (long long)(p0 + p) * channels + c0 + 8 * q, 0, out);
+    }
+  }
+}

@@ -6,8 +6,8 @@ Each pass first re-lays its operands in the pass's scratch, then runs one GEMM k
 :data:`STAGES`-deep shared-memory ring and multiplies them with ``mma.sync`` m16n8k16 (fp32
 accumulation, one rounding in the epilogue):
 
-- **forward**: ``x`` NCHW -> NHWC (:mod:`..gpu.permute`'s plan of ``(N, C, H*W) -> (N, H*W, C)``),
-  the weights ``(M, C, kh, kw)`` -> ``(M, kh, kw, C)`` (``t16n_permute_weights``); the kernel writes
+- **forward**: ``x`` NCHW -> NHWC (``t16n_to_nhwc``: 64 x 64 shared-memory tiles, 16-byte stores;
+  :class:`Stage`), the weights ``(M, C, kh, kw)`` -> ``(M, kh, kw, C)`` (``t16n_permute_weights``); the kernel writes
   ``y`` NCHW with the bias and the fused ReLU (any kernel size, stride and padding);
 - **data gradient**, stride 1 and M a multiple of 8: the same kernel on ``dy`` staged NHWC with the
   flipped transposed filter ``(C, kh, kw, M)`` and padding ``k - 1 - pad``; other strides (or M)
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CudaError
-from ..gpu import backend, permute
+from ..gpu import backend
 from . import tensorcore16 as t16
 from . import tiling
 from .problem import ConvProblem, epilogue_flags
@@ -101,9 +101,35 @@ def conv_geometry(prob: ConvProblem, pass_: str) -> tuple[int, ...]:
             prob.height, prob.width)
 
 
+TRANSPOSE_TILE = 64  # T16N_TT: pixels and channels of a t16n_to_nhwc block
+MAX_GRID_Y = 65535
+
+
+@dataclass(frozen=True)
+class Stage:
+    """``t16n_to_nhwc``: (num, channels, plane) NCHW -> (num, plane, channels), channels % 8 == 0."""
+
+    kernel: Any
+    grid: tuple[int, int, int]
+    channels: int
+    plane: int
+
+    def __call__(self, src: int, dst: int) -> None:
+        self.kernel.launch(self.grid, BLOCK, src, dst, self.channels, self.plane)
+
+
+def stage_plan(prob: ConvProblem, num: int, channels: int, plane: int) -> Stage:
+    """The :class:`Stage` of a (num, channels, plane) operand of ``prob``'s dtype."""
+    if channels % CHANNEL_MULTIPLE or num > MAX_GRID_Y:
+        raise CudaError(f"fp16/bf16 NHWC staging: {channels} channels (a multiple of 8 expected) or {num} images "
+                        f"(at most {MAX_GRID_Y})")
+    tiles = -(-channels // TRANSPOSE_TILE) * -(-plane // TRANSPOSE_TILE)
+    return Stage(backend.kernel(KERNELS, "t16n_to_nhwc", prob.np_dtype), (tiles, num, 1), channels, plane)
+
+
 @dataclass(frozen=True)
 class Plan:
-    """One pass of one tile: stage the image operand (``stage``: a permute plan), permute the
+    """One pass of one tile: stage the image operand (``stage``), permute the
     weights (``permute_w``: ``t16n_permute_weights``; ``permute_args``: its count, rows, chans, taps
     and data_grad arguments), run ``kernel`` over ``grid``
     with ``shared`` bytes of dynamic shared memory and ``geometry``."""
@@ -112,7 +138,7 @@ class Plan:
     grid: tuple[int, int, int]
     shared: int
     geometry: tuple[int, ...]
-    stage: permute.Plan
+    stage: Stage
     permute_w: Any
     permute_args: tuple[int, ...]
 
@@ -136,7 +162,7 @@ def plan(prob: ConvProblem, pass_: str, tile: str) -> Plan:
     data_grad = int(pass_ != "forward")
     permute_w = backend.kernel(KERNELS, "t16n_permute_weights", prob.np_dtype)
     permute_args = (prob.num_output * prob.kg, rows, chans, prob.khkw, data_grad)
-    made = prob.cache[key] = Plan(k, (blocks, 1, 1), shared, geometry, permute.plan((num, chans, h * w), (0, 2, 1)),
+    made = prob.cache[key] = Plan(k, (blocks, 1, 1), shared, geometry, stage_plan(prob, num, chans, h * w),
                                   permute_w, permute_args)
     return made
 
@@ -152,8 +178,8 @@ class WeightPlan:
     chunk: int
     splits: int
     geometry: tuple[int, ...]
-    stage_dy: permute.Plan
-    stage_x: permute.Plan
+    stage_dy: Stage
+    stage_x: Stage
     reduce: tiling.Reduce
 
 
@@ -189,8 +215,8 @@ def weight_plan(prob: ConvProblem, tile: str) -> WeightPlan:
     blocks = -(-prob.num_output // bm) * -(-prob.kg // bn)
     made = prob.cache[key] = WeightPlan(
         k, (blocks, splits, 1), shared, chunk, splits, conv_geometry(prob, "forward"),
-        permute.plan((prob.num, prob.num_output, prob.out_plane), (0, 2, 1)),
-        permute.plan((prob.num, prob.channels, prob.in_plane), (0, 2, 1)), t16.reduce_plan(prob, splits, 0))
+        stage_plan(prob, prob.num, prob.num_output, prob.out_plane),
+        stage_plan(prob, prob.num, prob.channels, prob.in_plane), t16.reduce_plan(prob, splits, 0))
     return made
 
 
@@ -213,7 +239,7 @@ def run_pass(prob: ConvProblem, pass_: str, tile: str, image: int, w: int, bias:
     staged, wp = _staged(prob, pass_, ws)
     p = plan(prob, pass_, tile)
     nonnull(image, w, out)
-    p.stage(image, staged, prob.np_dtype)
+    p.stage(image, staged)
     n, rows, chans, taps, data_grad = p.permute_args
     p.permute_w(n, w, rows, chans, taps, data_grad, wp)
     p.kernel.launch(p.grid, BLOCK, staged, wp, bias, epilogue, out, *p.geometry, shared=p.shared)
@@ -263,8 +289,8 @@ class TensorCore16NhwcEngine(TiledEngine):
         dy_h, x_h, part = ws[:3]
         p = weight_plan(prob, self.tile)
         nonnull(x, dy, dw)
-        p.stage_dy(dy, dy_h, prob.np_dtype)
-        p.stage_x(x, x_h, prob.np_dtype)
+        p.stage_dy(dy, dy_h)
+        p.stage_x(x, x_h)
         p.kernel.launch(p.grid, BLOCK, dy_h, x_h, part, p.chunk, *p.geometry, shared=p.shared)
         p.reduce.launch(prob, part, dw, None)
         if db is not None:

@@ -26,6 +26,7 @@ from pycaffe_lite.conv import registry
 from pycaffe_lite.conv import tensorcore16 as tc16
 from pycaffe_lite.conv import tensorcore16_nhwc as tc16n
 from pycaffe_lite.conv.problem import ConvProblem
+from pycaffe_lite.errors import CudaError
 
 ROOT = Path(__file__).resolve().parents[2]
 BK = 32
@@ -501,3 +502,46 @@ def test_weight_gradient_scratch_and_delegation(sm, monkeypatch):
         monkeypatch.setattr(tc16, "_weight_kernel", lambda *a: type("K", (), {"resident_blocks": lambda s, t: 2})())
         delegate = tc16.TensorCore16Engine(tc16n.delegate_tile(tile))
         assert engine.scratch(odd, "backward_weight", True) == delegate.scratch(odd, "backward_weight", True)
+
+
+def emulate_to_nhwc(src: np.ndarray, grid: tuple[int, int, int], channels: int, plane: int) -> np.ndarray:
+    """``t16n_to_nhwc`` over ``grid`` from its index arithmetic: every block's loads into the
+    [channel][pixel] tile (rows of TT + 2) and its 8-channel stores; dst NaN where nothing wrote."""
+    tt, tp = tc16n.TRANSPOSE_TILE, tc16n.TRANSPOSE_TILE + 2
+    dst = np.full(src.size, np.nan)
+    tid = np.arange(THREADS)
+    ctiles = -(-channels // tt)
+    for bx, by in np.ndindex(grid[0], grid[1]):
+        c0, p0 = (bx % ctiles) * tt, (bx // ctiles) * tt
+        image = by * channels * plane
+        tile = np.full(tt * tp, np.nan)
+        for k in range(tt * tt // THREADS):
+            l_ = tid + k * THREADS
+            p, c = l_ % tt, l_ // tt
+            ok = (p0 + p < plane) & (c0 + c < channels)
+            tile[c * tp + p] = np.where(ok, src[image + np.where(ok, (c0 + c) * plane + p0 + p, 0)], 0.0)
+        for k in range(tt * tt // 8 // THREADS):
+            u = tid + k * THREADS
+            q, p = u % (tt // 8), u // (tt // 8)
+            for t_ in np.nonzero((p0 + p < plane) & (c0 + 8 * q < channels))[0]:
+                at = image + (p0 + p[t_]) * channels + c0 + 8 * q[t_]
+                assert at % 8 == 0  # 16-byte aligned stores
+                assert np.all(np.isnan(dst[at:at + 8]))
+                dst[at:at + 8] = tile[(8 * q[t_] + np.arange(8)) * tp + p[t_]]
+    return dst
+
+
+@pytest.mark.parametrize("shape", [(2, 24, 49), (1, 136, 196), (3, 8, 5), (1, 64, 64)], ids=str)
+def test_emulated_nhwc_staging_is_the_transpose(shape, monkeypatch):
+    monkeypatch.setattr(tc16n.backend, "kernel", lambda path, name, dtype: name)
+    num, c, plane = shape
+    stage = tc16n.stage_plan(ConvProblem(num, c, plane, 1, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f2"), num, c, plane)
+    assert stage.kernel == "t16n_to_nhwc" and stage.grid[1] == num
+    src = np.random.default_rng(4).standard_normal(shape)
+    got = emulate_to_nhwc(src.ravel(), stage.grid, c, plane)
+    np.testing.assert_array_equal(got, src.transpose(0, 2, 1).ravel())
+
+
+def test_nhwc_staging_refuses_channels_off_the_multiple():
+    with pytest.raises(CudaError, match="multiple of 8"):
+        tc16n.stage_plan(ConvProblem(2, 12, 5, 5, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f2"), 2, 12, 25)
