@@ -291,3 +291,16 @@ def test_tensorcore16_nhwc_weight_gradient_is_reproducible(fmt):
             runs.append((dw.cpu_data().copy(), db.cpu_data().copy()))
         assert all(np.array_equal(a, b) for a, b in zip(*runs)), tile
         assert np.any(runs[0][0] != 0), tile
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(2, 24, 49), (3, 136, 196), (1, 64, 3136), (2, 8, 5)], ids=str)
+def test_tensorcore16_nhwc_staging_is_the_transpose(shape, fmt):
+    """t16n_to_nhwc moves every element of (N, C, HW) to (N, HW, C) exactly (bits unchanged)."""
+    dtype, code, _ = FORMATS[fmt]
+    num, c, plane = shape
+    src = _blob(np.random.default_rng(6).standard_normal(shape), dtype)
+    dst = _blob(np.full((num, plane, c), np.nan), dtype)
+    prob = ConvProblem(num, c, plane, 1, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), code)
+    tc16n.stage_plan(prob, num, c, plane)(src.gpu_data(), dst.mutable_gpu_data())
+    assert np.array_equal(dst.cpu_data(), src.cpu_data().transpose(0, 2, 1))
