@@ -3,13 +3,16 @@
 // for float and double so that every kernel file builds for every type, but is never launched for
 // them (the core traps).
 //
-// t16n_conv_<BM>x<BN> computes  out[n][m][oy][ox] = epilogue(sum over (r, s, c) of
-//   w[m][r][s][c] * x[n][oy*sh - ph + r][ox*sw - pw + s][c])
+// t16n_conv_<BM>x<BN> computes, for oy < Ho, ox < Wo,
+//   out[n][m][out_y0 + out_sy*oy][out_x0 + out_sx*ox] = epilogue(sum over (r, s, c) of
+//     w[m][r][s][c] * x[n][oy*sh - ph + r][ox*sw - pw + s][c])
 // with x in NHWC (staged by the host from the NCHW blob), w permuted to (M, kh, kw, C)
-// (t16n_permute_weights) and out in NCHW: the GEMM out (M x N*Ho*Wo) = A (M x K) . B (K x N*Ho*Wo),
-// K = (tap, c) ordered tap-major. The forward pass runs it on (x, w); the stride-1 data gradient
-// on (dy, the flipped transposed filter) with pad' = k - 1 - pad. Requires C % 8 == 0 (16-byte
-// pieces of a pixel's channels; the host checks).
+// (t16n_permute_weights) and out NCHW of out_h x out_w planes: the GEMM (M x N*Ho*Wo) = A (M x K) .
+// B (K x N*Ho*Wo), K = (tap, c) ordered tap-major. The forward pass runs it on (x, w) (out = y:
+// out_h x out_w = Ho x Wo, out_s* 1, out_*0 0). The data gradient runs it once per output phase
+// (py, px) of its stride on (dy, the transposed filter's taps of that phase, flipped), a stride-1
+// convolution writing dx rows py + sh*oy, columns px + sw*ox (tensorcore16_nhwc.data_phases).
+// Requires C % 8 == 0 (16-byte pieces of a pixel's channels; the host checks). kh or kw 0: zeros.
 //
 // Block: 256 threads (8 warps) own a BM x BN tile of out, the warps laid (BM/WM) x (BN/WN), each
 // holding WM x WN as (WM/16) x (WN/8) m16n8 fp32 accumulators. The contraction runs in slices of
@@ -34,6 +37,8 @@
   const int num, const int channels, const int height, const int width, const int num_output,   \
       const int kernel_h, const int kernel_w, const int pad_h, const int pad_w, const int stride_h, \
       const int stride_w, const int height_out, const int width_out
+#define T16N_OUT_PARAMS                                                                           \
+  const int out_h, const int out_w, const int out_sy, const int out_sx, const int out_y0, const int out_x0
 
 extern "C++" {
 
@@ -43,7 +48,7 @@ __device__ __forceinline__ int t16n_at(const int r, const int q) { return r * T1
 template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dtype* __restrict__ w,
                                           const Dtype* __restrict__ bias, const int epilogue, Dtype* __restrict__ y,
-                                          T16N_GEOMETRY_PARAMS) {
+                                          T16N_GEOMETRY_PARAMS, T16N_OUT_PARAMS) {
 #if __CUDA_ARCH__ >= 800
   const int KIND = T16Kind<Dtype>::value;
   static_assert((BM / WM) * (BN / WN) == T16N_THREADS / 32, "8 warps per block");
@@ -172,11 +177,12 @@ __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dty
   __syncthreads();
   const int cl = tid % BN, col = n0 + cl;
   if (col < ncols) {
-    const int n = col / P, p = col - n * P;
-    Dtype* out = y + (long long)n * num_output * P + p;
+    const int n = col / P, p = col - n * P, oy = p / width_out, ox = p - oy * width_out;
+    const long long plane = (long long)out_h * out_w;
+    Dtype* out = y + n * num_output * plane + (out_y0 + out_sy * oy) * out_w + out_x0 + out_sx * ox;
     const int rows = num_output - m0 < BM ? num_output - m0 : BM;
 #pragma unroll 4
-    for (int row = tid / BN; row < rows; row += T16N_THREADS / BN) out[(long long)(m0 + row) * P] = Es[row * LDE + cl];
+    for (int row = tid / BN; row < rows; row += T16N_THREADS / BN) out[(m0 + row) * plane] = Es[row * LDE + cl];
   }
 #else
   __trap();  // fp16/bf16 mma.sync m16n8k16 needs sm_80 or newer (tensorcore16_nhwc.supports checks)
@@ -187,14 +193,16 @@ __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dty
 
 // x: NHWC (num, height, width, channels); w: (num_output, kernel_h, kernel_w, channels); bias:
 // (num_output,) read when epilogue has CONV_EPI_BIAS (else any valid pointer); y: NCHW
-// (num, num_output, height_out, width_out). Grid: (ceil(num_output / BM) * ceil(num*Ho*Wo / BN), 1, 1),
-// 256 threads, t16n_shared_bytes(BM, BN, STAGES) of dynamic shared memory.
+// (num, num_output, out_h, out_w), written at the rows and columns the out_* arguments give.
+// Grid: (ceil(num_output / BM) * ceil(num*Ho*Wo / BN), 1, 1), 256 threads,
+// tensorcore16_nhwc.shared_bytes(tile) of dynamic shared memory.
 #define T16N_CONV(NAME, BM, BN, WM, WN, STAGES, MIN_BLOCKS)                                                    \
   __global__ void __launch_bounds__(T16N_THREADS, MIN_BLOCKS) NAME(                                           \
-      const Dtype* x, const Dtype* w, const Dtype* bias, const int epilogue, Dtype* y, T16N_GEOMETRY_PARAMS) { \
+      const Dtype* x, const Dtype* w, const Dtype* bias, const int epilogue, Dtype* y, T16N_GEOMETRY_PARAMS, \
+      T16N_OUT_PARAMS) {                                                                                        \
     t16n_conv<BM, BN, WM, WN, STAGES>(x, w, bias, epilogue, y, num, channels, height, width, num_output,      \
                                       kernel_h, kernel_w, pad_h, pad_w, stride_h, stride_w, height_out,       \
-                                      width_out);                                                             \
+                                      width_out, out_h, out_w, out_sy, out_sx, out_y0, out_x0);               \
   }
 
 T16N_CONV(t16n_conv_128x128, 128, 128, 32, 64, 4, 2)
@@ -202,15 +210,17 @@ T16N_CONV(t16n_conv_128x64, 128, 64, 32, 32, 4, 2)
 T16N_CONV(t16n_conv_64x128, 64, 128, 32, 32, 4, 2)
 T16N_CONV(t16n_conv_64x64, 64, 64, 32, 16, 4, 3)
 
-// The weights w (M, C, kh, kw) re-laid as the kernel's A, n = M*C*kh*kw elements:
-// data_grad 0: out (M, kh, kw, C) = w with the tap moved inside (rows = M, chans = C);
-// data_grad 1: out (C, kh, kw, M) = the transposed filter flipped in both spatial axes
-//   (out[c][r][s][m] = w[m][c][kh-1-r][kw-1-s]; rows = C, chans = M).
-__global__ void t16n_permute_weights(const int n, const Dtype* w, const int rows, const int chans, const int taps,
-                                     const int data_grad, Dtype* out) {
+// The weights w (M, C, kh, kw) re-laid as the kernel's A (values unchanged), n = rows*uh*uw*chans:
+// data_grad 0: out (M, kh, kw, C) = w with the tap moved inside (rows = M, chans = C, uh x uw = kh x kw);
+// data_grad 1: out (C, uh, uw, M) = the transposed filter's taps of one output phase, flipped:
+//   out[c][u][v][m] = w[m][c][i0 + sh*(uh-1-u)][j0 + sw*(uw-1-v)] (rows = C, chans = M).
+__global__ void t16n_permute_weights(const int n, const Dtype* w, const int rows, const int chans, const int kh,
+                                     const int kw, const int uh, const int uw, const int i0, const int j0,
+                                     const int sh, const int sw, const int data_grad, Dtype* out) {
   CUDA_KERNEL_LOOP(i, n) {
-    const int c = i % chans, rest = i / chans, tap = rest % taps, o = rest / taps;
-    out[i] = data_grad ? w[((long long)c * rows + o) * taps + (taps - 1 - tap)] : w[((long long)o * chans + c) * taps + tap];
+    const int c = i % chans, rest = i / chans, v = rest % uw, rest2 = rest / uw, u = rest2 % uh, o = rest2 / uh;
+    out[i] = data_grad ? w[(((long long)c * rows + o) * kh + i0 + sh * (uh - 1 - u)) * kw + j0 + sw * (uw - 1 - v)]
+                       : w[(((long long)o * chans + c) * kh + u) * kw + v];
   }
 }
 

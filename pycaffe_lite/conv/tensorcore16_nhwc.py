@@ -9,10 +9,11 @@ accumulation, one rounding in the epilogue):
 - **forward**: ``x`` NCHW -> NHWC (``t16n_to_nhwc``: 64 x 64 shared-memory tiles, 16-byte stores;
   :class:`Stage`), the weights ``(M, C, kh, kw)`` -> ``(M, kh, kw, C)`` (``t16n_permute_weights``); the kernel writes
   ``y`` NCHW with the bias and the fused ReLU (any kernel size, stride and padding);
-- **data gradient**, stride 1 and M a multiple of 8: the same kernel on ``dy`` staged NHWC with the
-  flipped transposed filter ``(C, kh, kw, M)`` and padding ``k - 1 - pad``; other strides (or M)
-  run tensorcore16's data gradient of the same tile (:func:`own_data_gradient`), so the autotune
-  sees one timing per tile either way;
+- **data gradient**, M a multiple of 8: the same kernel on ``dy`` staged NHWC, once per output
+  phase of the stride (:func:`phases`; one at stride 1): the transposed filter's taps of that phase,
+  flipped, ``(C, uh, uw, M)``, as a stride-1 convolution writing every stride-th row and column of
+  ``dx``; other M run tensorcore16's data gradient (:func:`own_data_gradient`, :func:`delegate_tile`),
+  so the autotune sees one timing per tile either way;
 - **weight gradient**, M a multiple of 8: ``x`` and ``dy`` staged NHWC, ``t16n_wgrad_<tile>`` sums
   the contraction over N*Ho*Wo in splits (:func:`.tiling.split_contraction`) into fp32 partial sums
   that tensorcore16's ``t16_reduce_weight`` adds to ``dw`` in a fixed order (deterministic, one
@@ -61,9 +62,9 @@ def supports(prob: ConvProblem) -> bool:
 
 
 def own_data_gradient(prob: ConvProblem) -> bool:
-    """Whether the data gradient runs this engine's kernel (stride 1, M a multiple of 8); else it
-    runs tensorcore16's data gradient of the same tile."""
-    return prob.stride == (1, 1) and prob.num_output % CHANNEL_MULTIPLE == 0
+    """Whether the data gradient runs this engine's kernel (M a multiple of 8); else it runs
+    tensorcore16's data gradient of the delegate tile."""
+    return prob.num_output % CHANNEL_MULTIPLE == 0
 
 
 def own_weight_gradient(prob: ConvProblem) -> bool:
@@ -87,18 +88,52 @@ def staged_counts(prob: ConvProblem, pass_: str) -> tuple[int, int]:
     return {"forward": (x, weights), "backward_data": (dy, weights), "backward_weight": (dy, x)}[pass_]
 
 
-def conv_geometry(prob: ConvProblem, pass_: str) -> tuple[int, ...]:
-    """The ``t16n_conv`` geometry arguments (num, channels, H, W, num_output, kh, kw, pad_h, pad_w,
-    stride_h, stride_w, Ho, Wo) of ``pass_``: the forward convolution itself, or the data gradient as
-    the stride-1 convolution of dy (M channels, Ho x Wo) into dx (C channels, H x W), padded k - 1 - pad."""
-    (kh, kw), (ph, pw) = prob.kernel, prob.pad
+def conv_geometry(prob: ConvProblem) -> tuple[int, ...]:
+    """The forward's ``t16n_conv`` geometry arguments: (num, C, H, W, M, kh, kw, pad_h, pad_w,
+    stride_h, stride_w, Ho, Wo)."""
+    (kh, kw), (ph, pw), (ho, wo) = prob.kernel, prob.pad, prob.out_hw
+    return (prob.num, prob.channels, prob.height, prob.width, prob.num_output, kh, kw, ph, pw,
+            prob.stride[0], prob.stride[1], ho, wo)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One ``t16n_conv`` launch: its geometry and out_* arguments, and the ``t16n_permute_weights``
+    arguments (count, rows, chans, kh, kw, uh, uw, i0, j0, sh, sw, data_grad) of its weights."""
+
+    geometry: tuple[int, ...]
+    out: tuple[int, ...]
+    permute: tuple[int, ...]
+
+
+def _phase_axis(size: int, k: int, pad: int, stride: int, phase: int) -> tuple[int, int, int, int]:
+    """One axis of a data-gradient phase: (first tap i0, taps u, padding, output positions). dx
+    positions phase + stride*a take the taps i = i0 + stride*u' with i0 = (phase + pad) % stride,
+    reading dy at a + (phase + pad - i0)/stride - u': a stride-1 convolution over the flipped taps
+    with padding u - 1 - (phase + pad - i0)/stride."""
+    i0 = (phase + pad) % stride
+    taps = max(0, -(-(k - i0) // stride))
+    return i0, taps, taps - 1 - (phase + pad - i0) // stride, -(-(size - phase) // stride)
+
+
+def phases(prob: ConvProblem, pass_: str) -> tuple[Phase, ...]:
+    """The ``t16n_conv`` launches of ``pass_``: the forward's one; the data gradient's one per output
+    phase (py, px) of the stride (one at stride 1), each the stride-1 convolution of dy (M channels,
+    Ho x Wo) by that phase's flipped taps of the transposed filter into dx rows py + sh*a, columns
+    px + sw*b (phases without taps write zeros)."""
+    (kh, kw), (ph, pw), (sh, sw), (ho, wo) = prob.kernel, prob.pad, prob.stride, prob.out_hw
+    m, c = prob.num_output, prob.channels
     if pass_ == "forward":
-        ho, wo = prob.out_hw
-        return (prob.num, prob.channels, prob.height, prob.width, prob.num_output, kh, kw, ph, pw,
-                prob.stride[0], prob.stride[1], ho, wo)
-    ho, wo = prob.out_hw
-    return (prob.num, prob.num_output, ho, wo, prob.channels, kh, kw, kh - 1 - ph, kw - 1 - pw, 1, 1,
-            prob.height, prob.width)
+        return (Phase(conv_geometry(prob), (ho, wo, 1, 1, 0, 0), (m * prob.kg, m, c, kh, kw, kh, kw, 0, 0, 1, 1, 0)),)
+    out = []
+    for py in range(min(sh, prob.height)):
+        i0, uh, pad_h, hp = _phase_axis(prob.height, kh, ph, sh, py)
+        for px in range(min(sw, prob.width)):
+            j0, uw, pad_w, wp = _phase_axis(prob.width, kw, pw, sw, px)
+            out.append(Phase((prob.num, m, ho, wo, c, uh, uw, pad_h, pad_w, 1, 1, hp, wp),
+                             (prob.height, prob.width, sh, sw, py, px),
+                             (c * uh * uw * m, c, m, kh, kw, uh, uw, i0, j0, sh, sw, 1)))
+    return tuple(out)
 
 
 TRANSPOSE_TILE = 64  # T16N_TT: pixels and channels of a t16n_to_nhwc block
@@ -129,18 +164,16 @@ def stage_plan(prob: ConvProblem, num: int, channels: int, plane: int) -> Stage:
 
 @dataclass(frozen=True)
 class Plan:
-    """One pass of one tile: stage the image operand (``stage``), permute the
-    weights (``permute_w``: ``t16n_permute_weights``; ``permute_args``: its count, rows, chans, taps
-    and data_grad arguments), run ``kernel`` over ``grid``
-    with ``shared`` bytes of dynamic shared memory and ``geometry``."""
+    """One pass of one tile: stage the image operand (``stage``), then per :class:`Phase` permute the
+    weights (``permute_w``) and run ``kernel`` over its grid (``grids``) with ``shared`` bytes of
+    dynamic shared memory."""
 
     kernel: Any
-    grid: tuple[int, int, int]
     shared: int
-    geometry: tuple[int, ...]
     stage: Stage
     permute_w: Any
-    permute_args: tuple[int, ...]
+    phases: tuple[Phase, ...]
+    grids: tuple[tuple[int, int, int], ...]
 
 
 def plan(prob: ConvProblem, pass_: str, tile: str) -> Plan:
@@ -150,20 +183,19 @@ def plan(prob: ConvProblem, pass_: str, tile: str) -> Plan:
     if have is not None:
         return have
     bm, bn = tile_shape(tile)
-    geometry = conv_geometry(prob, pass_)
-    num, chans, h, w, rows = geometry[:5]
-    cols = num * geometry[11] * geometry[12]
-    blocks = -(-rows // bm) * -(-cols // bn)
-    if blocks > backend.INT32_MAX:
-        raise CudaError(f"fp16/bf16 NHWC tensor-core {pass_}: {blocks} blocks exceed a one-dimensional grid")
+    todo = phases(prob, pass_)
+    grids = []
+    for ph in todo:
+        blocks = -(-ph.geometry[4] // bm) * -(-ph.geometry[0] * ph.geometry[11] * ph.geometry[12] // bn)
+        if blocks > backend.INT32_MAX:
+            raise CudaError(f"fp16/bf16 NHWC tensor-core {pass_}: {blocks} blocks exceed a one-dimensional grid")
+        grids.append((blocks, 1, 1))
     k = backend.kernel(KERNELS, f"t16n_conv_{tile}", prob.np_dtype)
     shared = shared_bytes(tile)
     k.allow_shared(shared)
-    data_grad = int(pass_ != "forward")
-    permute_w = backend.kernel(KERNELS, "t16n_permute_weights", prob.np_dtype)
-    permute_args = (prob.num_output * prob.kg, rows, chans, prob.khkw, data_grad)
-    made = prob.cache[key] = Plan(k, (blocks, 1, 1), shared, geometry, stage_plan(prob, num, chans, h * w),
-                                  permute_w, permute_args)
+    num, chans, h, w = todo[0].geometry[:4]
+    made = prob.cache[key] = Plan(k, shared, stage_plan(prob, num, chans, h * w),
+                                  backend.kernel(KERNELS, "t16n_permute_weights", prob.np_dtype), todo, tuple(grids))
     return made
 
 
@@ -214,7 +246,7 @@ def weight_plan(prob: ConvProblem, tile: str) -> WeightPlan:
     k.allow_shared(shared)
     blocks = -(-prob.num_output // bm) * -(-prob.kg // bn)
     made = prob.cache[key] = WeightPlan(
-        k, (blocks, splits, 1), shared, chunk, splits, conv_geometry(prob, "forward"),
+        k, (blocks, splits, 1), shared, chunk, splits, conv_geometry(prob),
         stage_plan(prob, prob.num, prob.num_output, prob.out_plane),
         stage_plan(prob, prob.num, prob.channels, prob.in_plane), t16.reduce_plan(prob, splits, 0))
     return made
@@ -240,9 +272,10 @@ def run_pass(prob: ConvProblem, pass_: str, tile: str, image: int, w: int, bias:
     p = plan(prob, pass_, tile)
     nonnull(image, w, out)
     p.stage(image, staged)
-    n, rows, chans, taps, data_grad = p.permute_args
-    p.permute_w(n, w, rows, chans, taps, data_grad, wp)
-    p.kernel.launch(p.grid, BLOCK, staged, wp, bias, epilogue, out, *p.geometry, shared=p.shared)
+    for ph, grid in zip(p.phases, p.grids):  # in stream order: each phase's weights, then its GEMM
+        n, *args = ph.permute
+        p.permute_w(n, w, *args, wp)
+        p.kernel.launch(grid, BLOCK, staged, wp, bias, epilogue, out, *ph.geometry, *ph.out, shared=p.shared)
 
 
 @register_engine("TENSOR_CORE_16", order=56, summary="the implicit GEMM on fp16/bf16 tensor cores (mma.sync "
@@ -271,7 +304,7 @@ class TensorCore16NhwcEngine(TiledEngine):
         run_pass(prob, "forward", self.tile, x, w, bias or w, epilogue_flags(bias, relu), y, ws)
 
     def backward_data(self, prob, w, dy, dx, ws):
-        """``dx = conv_transpose(dy, w)`` (assigned): stride 1 here, else tensorcore16's kernel."""
+        """``dx = conv_transpose(dy, w)`` (assigned): one GEMM per stride phase; tensorcore16's for M % 8 != 0."""
         if not own_data_gradient(prob):
             t16.TensorCore16Engine(delegate_tile(self.tile)).backward_data(prob, w, dy, dx, ws)
             return

@@ -205,18 +205,19 @@ def test_tensorcore16_forward_relu_epilogue_and_reproducible_weights(fmt):
         assert all(np.array_equal(a, b) for a, b in zip(*runs)), tile
 
 
-# ---- the NHWC-staged engines (tensorcore16-nhwc-*): forward; the data gradient (own kernel at
-# stride 1 with M % 8 == 0, tensorcore16's otherwise); the weight gradient (own kernel with
-# M % 8 == 0, tensorcore16's otherwise), all with tensorcore16's tight bound
+# ---- the NHWC-staged engines (tensorcore16-nhwc-*): forward; data gradient (one GEMM per stride
+# phase) and weight gradient with M % 8 == 0 (tensorcore16's kernels otherwise); all with
+# tensorcore16's tight bound
 NHWC_SHAPES = [
     (3, 64, 13, 11, 72, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # 3x3 s1 p1 at odd sizes, M not a tile multiple
     (5, 256, 14, 14, 136, 1, (1, 1), (0, 0), (1, 1), (1, 1)),  # 1x1 at 14x14 (196 columns an image)
     (3, 200, 7, 7, 520, 1, (1, 1), (0, 0), (1, 1), (1, 1)),  # 1x1 at 7x7; C = 6*32 + 8: a partial slice
-    (2, 96, 15, 15, 40, 1, (1, 1), (0, 0), (2, 2), (1, 1)),  # 1x1 stride 2 (data gradient delegated)
-    (2, 48, 17, 16, 80, 1, (3, 3), (1, 1), (2, 2), (1, 1)),  # 3x3 stride 2 (data gradient delegated)
+    (2, 96, 15, 15, 40, 1, (1, 1), (0, 0), (2, 2), (1, 1)),  # 1x1 stride 2: data-gradient phases without taps
+    (2, 48, 17, 16, 80, 1, (3, 3), (1, 1), (2, 2), (1, 1)),  # 3x3 stride 2: four data-gradient phases
     (2, 8, 9, 10, 24, 1, (5, 3), (2, 1), (1, 1), (1, 1)),  # C = 8, a non-square kernel
+    (2, 16, 11, 9, 32, 1, (5, 3), (2, 0), (3, 2), (1, 1)),  # mixed strides: 6 ragged data-gradient phases
     (1, 16, 6, 7, 8, 1, (3, 3), (0, 0), (1, 1), (1, 1)),  # no padding: the data gradient pads by 2
-    (2, 32, 8, 8, 20, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # M = 20: data gradient delegated
+    (2, 32, 8, 8, 20, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # M = 20: both gradients delegated
     (130, 16, 3, 3, 32, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # batch 130: columns past a 128 multiple
 ]
 

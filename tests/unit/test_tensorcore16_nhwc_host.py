@@ -4,7 +4,7 @@
   arithmetic (the cp.async chunk each thread copies into the swizzled stage ring, the ldmatrix.x4
   row addresses each lane supplies, the PTX m16n8k16 fragment layouts, the shared-memory epilogue
   and the NCHW write-out) equals the float64 convolution: forward, and the data gradient through
-  :func:`conv_geometry` and the weight permutation; every ldmatrix phase reads 8 distinct bank
+  :func:`phases` (one stride-1 GEMM per stride phase) and the weight permutation; every ldmatrix phase reads 8 distinct bank
   groups; nothing outside the dynamic shared memory is touched;
 - the Python side: supports / refusals, scratch sizes, shared memory, the tile table;
 - the kernel file compiles for all four storage types (slow, nvcc).
@@ -176,8 +176,11 @@ class _Block:
                 self.load((sl + self.stages - 1) % self.stages)
             self.multiply(sl % self.stages)
 
-    def epilogue(self, bias: np.ndarray, flags: int, y: np.ndarray) -> None:
-        """Bias and ReLU into the shared tile (rows of BN + 8), then each thread's column of NCHW rows."""
+    def epilogue(self, bias: np.ndarray, flags: int, y: np.ndarray, out: tuple[int, ...]) -> None:
+        """Bias and ReLU into the shared tile (rows of BN + 8), then each thread's column of NCHW rows
+        (planes out_h x out_w, row out_y0 + out_sy*oy, column out_x0 + out_sx*ox)."""
+        out_h, out_w, out_sy, out_sx, out_y0, out_x0 = out
+        wo = self.geometry[12]
         lde = self.bn + 8
         assert self.bm * lde <= self.shared
         es = np.full(self.shared, np.nan)
@@ -198,24 +201,24 @@ class _Block:
             if col >= self.ncols:
                 continue
             n, pix = divmod(col, self.p)
+            oy, ox = divmod(pix, wo)
+            plane = out_h * out_w
             for row in range(t_ // self.bn, rows, THREADS // self.bn):
-                at = n * self.m_out * self.p + (self.m0 + row) * self.p + pix
+                at = n * self.m_out * plane + (out_y0 + out_sy * oy) * out_w + out_x0 + out_sx * ox + (self.m0 + row) * plane
                 assert np.isnan(y[at])  # each element written once
                 y[at] = es[row * lde + t_ % self.bn]
 
 
-def emulate_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray, epilogue: int, geometry: tuple[int, ...],
-                 tile: str) -> np.ndarray:
-    """``t16n_conv_<tile>`` over its whole grid; returns y NCHW flattened (NaN where nothing wrote)."""
+def emulate_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray, epilogue: int, phase: tc16n.Phase, tile: str,
+                 y: np.ndarray) -> None:
+    """``t16n_conv_<tile>`` of one :class:`Phase` over its whole grid into y (NCHW, flattened)."""
+    geometry = phase.geometry
     num, m_out, ho, wo = geometry[0], geometry[4], geometry[11], geometry[12]
     bm, bn = TABLE[tile][:2]
-    blocks = -(-m_out // bm) * -(-num * ho * wo // bn)
-    y = np.full(num * m_out * ho * wo, np.nan)
-    for blk in range(blocks):
+    for blk in range(-(-m_out // bm) * -(-num * ho * wo // bn)):
         block = _Block(x, w, geometry, tile, blk)
         block.run()
-        block.epilogue(bias, epilogue, y)
-    return y
+        block.epilogue(bias, epilogue, y, phase.out)
 
 
 def _kat(k, q, chunks):
@@ -329,16 +332,32 @@ def emulate_wgrad(dy: np.ndarray, x: np.ndarray, geometry: tuple[int, ...], tile
     return part.sum(axis=0).reshape(m_out, kg)
 
 
-def permute_weights(w: np.ndarray, data_grad: bool) -> np.ndarray:
-    """``t16n_permute_weights`` on the host, from the kernel's index formula: w (M, C, kh, kw) flat."""
-    m_out, c, kh, kw = w.shape
-    rows, chans = (c, m_out) if data_grad else (m_out, c)
-    taps, flat = kh * kw, w.ravel()
-    i = np.arange(w.size)
-    ch, rest = i % chans, i // chans
-    tap, o = rest % taps, rest // taps
-    src = (ch * rows + o) * taps + (taps - 1 - tap) if data_grad else (o * chans + ch) * taps + tap
+def permute_weights(w: np.ndarray, args: tuple[int, ...]) -> np.ndarray:
+    """``t16n_permute_weights`` on the host from the kernel's index formula: w (M, C, kh, kw) and a
+    :attr:`Phase.permute` (count, rows, chans, kh, kw, uh, uw, i0, j0, sh, sw, data_grad)."""
+    n, rows, chans, kh, kw, uh, uw, i0, j0, sh, sw, data_grad = args
+    flat, i = w.ravel(), np.arange(n)
+    c, rest = i % chans, i // chans
+    v, rest2 = rest % uw, rest // uw
+    u, o = rest2 % uh if uh else rest2, rest2 // uh if uh else rest2
+    if data_grad:
+        src = ((c * rows + o) * kh + i0 + sh * (uh - 1 - u)) * kw + j0 + sw * (uw - 1 - v)
+    else:
+        src = ((o * chans + c) * kh + u) * kw + v
     return flat[src]
+
+
+def emulate_pass(prob: ConvProblem, pass_: str, image: np.ndarray, w: np.ndarray, bias: np.ndarray, epilogue: int,
+                 tile: str) -> np.ndarray:
+    """The forward (image x) or data gradient (image dy) as the engine runs it: the image staged
+    NHWC, then per phase the weights permuted and the GEMM; the output NCHW, NaN where nothing wrote."""
+    out_shape = (prob.num, prob.num_output) + prob.out_hw if pass_ == "forward" else \
+        (prob.num, prob.channels, prob.height, prob.width)
+    y = np.full(int(np.prod(out_shape)), np.nan)
+    staged = image.transpose(0, 2, 3, 1).ravel()
+    for phase in tc16n.phases(prob, pass_):
+        emulate_conv(staged, permute_weights(w, phase.permute), bias, epilogue, phase, tile, y)
+    return y
 
 
 FORWARD = [  # (num, C, H, W, M, kernel, pad, stride), tile
@@ -363,27 +382,36 @@ def test_emulated_forward_is_the_convolution(case, epilogue):
     cpu_conv.forward(x, w, bias if epilogue & 1 else None, kernel, pad, stride, (1, 1), 1, ref)
     if epilogue & 2:
         ref = np.maximum(ref, 0)
-    geometry = tc16n.conv_geometry(prob, "forward")
-    got = emulate_conv(x.transpose(0, 2, 3, 1).ravel(), permute_weights(w, False), bias, epilogue, geometry, tile)
+    got = emulate_pass(prob, "forward", x, w, bias, epilogue, tile)
     assert not np.any(np.isnan(got)), "elements the kernel leaves unwritten"
     np.testing.assert_allclose(got, ref.ravel(), rtol=1e-12, atol=1e-10)
 
 
-@pytest.mark.parametrize("case", [((2, 24, 5, 5, 16, (3, 3), (0, 0)), "64x64"),
-                                  ((2, 16, 6, 7, 40, (3, 1), (1, 0)), "128x64"),
-                                  ((1, 8, 4, 4, 8, (1, 1), (0, 0)), "64x128")], ids=str)
+DATA = [  # (num, C, H, W, M, kernel, pad, stride), tile
+    ((2, 24, 5, 5, 16, (3, 3), (0, 0), (1, 1)), "64x64"),  # no padding: the GEMM pads by 2
+    ((2, 16, 6, 7, 40, (3, 1), (1, 0), (1, 1)), "128x64"),
+    ((1, 8, 4, 4, 8, (1, 1), (0, 0), (1, 1)), "64x128"),
+    ((2, 16, 7, 8, 24, (1, 1), (0, 0), (2, 2)), "64x64"),  # 1x1 stride 2: three phases without taps (zeros)
+    ((2, 8, 9, 8, 16, (3, 3), (1, 1), (2, 2)), "128x128"),  # 3x3 stride 2: phases of 1, 2 and 4 taps
+    ((1, 16, 10, 7, 8, (5, 3), (2, 0), (3, 2)), "64x128"),  # mixed strides, ragged phases
+    ((2, 8, 2, 3, 8, (3, 3), (1, 1), (4, 4)), "64x64"),  # stride above the image: fewer phases
+]
+
+
+@pytest.mark.parametrize("case", DATA, ids=str)
 def test_emulated_data_gradient_is_the_transposed_convolution(case):
-    (num, c, h, w_, m, kernel, pad), tile = case
-    prob = ConvProblem(num, c, h, w_, m, 1, kernel, pad, (1, 1), (1, 1), "<f2")
+    (num, c, h, w_, m, kernel, pad, stride), tile = case
+    prob = ConvProblem(num, c, h, w_, m, 1, kernel, pad, stride, (1, 1), "<f2")
     assert tc16n.own_data_gradient(prob)
+    assert len(tc16n.phases(prob, "backward_data")) == min(stride[0], h) * min(stride[1], w_)
     rng = np.random.default_rng(2)
     w = rng.standard_normal((m, c) + kernel)
     dy = rng.standard_normal((num, m) + prob.out_hw)
     x = np.zeros((num, c, h, w_))
     dx = np.empty_like(x)
-    cpu_conv.backward(x, w, dy, kernel, pad, (1, 1), (1, 1), 1, dx=dx)
-    geometry = tc16n.conv_geometry(prob, "backward_data")
-    got = emulate_conv(dy.transpose(0, 2, 3, 1).ravel(), permute_weights(w, True), np.zeros(c), 0, geometry, tile)
+    cpu_conv.backward(x, w, dy, kernel, pad, stride, (1, 1), 1, dx=dx)
+    got = emulate_pass(prob, "backward_data", dy, w, np.zeros(c), 0, tile)
+    assert not np.any(np.isnan(got)), "elements no phase writes"
     np.testing.assert_allclose(got, dx.ravel(), rtol=1e-12, atol=1e-10)
 
 
@@ -434,28 +462,38 @@ def test_float_problems_are_refused_without_a_device(monkeypatch):
 def test_data_gradient_own_or_delegated_and_scratch(sm):
     s1 = ConvProblem(3, 64, 9, 7, 40, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2")
     s2 = ConvProblem(3, 64, 9, 7, 40, 1, (3, 3), (1, 1), (2, 2), (1, 1), "<u2")
-    m_odd = ConvProblem(3, 64, 9, 7, 20, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2")
-    assert tc16n.own_data_gradient(s1)
+    m_odd = ConvProblem(3, 64, 9, 7, 20, 1, (3, 3), (1, 1), (2, 2), (1, 1), "<f2")
+    assert tc16n.own_data_gradient(s1) and tc16n.own_data_gradient(s2)
     assert not tc16n.own_data_gradient(m_odd)
-    assert not tc16n.own_data_gradient(s2)
     assert not tc16n.own_data_gradient(ConvProblem(3, 64, 9, 7, 36, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2"))
     for tile in tc16n.TILES:
         engine = registry.ENGINES[f"tensorcore16-nhwc-{tile}"]
         assert engine.passes == ("forward", "backward_data", "backward_weight")
         assert engine.scratch(s1, "forward", True) == (3 * 64 * 63 * 2, 40 * 64 * 9 * 2)
         assert engine.scratch(s1, "backward_data", False) == (3 * 40 * 63 * 2, 40 * 64 * 9 * 2)
+        assert engine.scratch(s2, "backward_data", False) == (3 * 40 * 5 * 4 * 2, 40 * 64 * 9 * 2)
         delegate = tc16.TensorCore16Engine(tc16n.delegate_tile(tile))
-        assert engine.scratch(s2, "backward_data", False) == delegate.scratch(s2, "backward_data", False)
+        assert engine.scratch(m_odd, "backward_data", False) == delegate.scratch(m_odd, "backward_data", False)
         assert tc16n.delegate_tile(tile) in tc16.TILES
 
 
-def test_data_gradient_geometry():
+def test_data_gradient_phases():
+    """Stride 1: one phase, the stride-1 convolution of dy padded k - 1 - pad into dx; stride 2 on a
+    3x3 kernel: four phases whose taps partition the filter's, each writing every other row/column."""
     prob = ConvProblem(3, 64, 9, 7, 40, 1, (3, 5), (0, 2), (1, 1), (1, 1), "<f2")
     ho, wo = prob.out_hw
-    g = tc16n.conv_geometry(prob, "backward_data")
-    assert g == (3, 40, ho, wo, 64, 3, 5, 2, 2, 1, 1, 9, 7)
-    # the geometry is itself a stride-1 convolution of (ho, wo) into (9, 7)
-    assert (ho + 2 * g[7] - 3 + 1, wo + 2 * g[8] - 5 + 1) == (9, 7)
+    (one,) = tc16n.phases(prob, "backward_data")
+    assert one.geometry == (3, 40, ho, wo, 64, 3, 5, 2, 2, 1, 1, 9, 7)
+    assert one.out == (9, 7, 1, 1, 0, 0)
+    assert (ho + 2 * one.geometry[7] - 3 + 1, wo + 2 * one.geometry[8] - 5 + 1) == (9, 7)
+    s2 = ConvProblem(2, 16, 9, 8, 24, 1, (3, 3), (1, 1), (2, 2), (1, 1), "<f2")
+    four = tc16n.phases(s2, "backward_data")
+    assert [p.out[4:] for p in four] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert sum(p.geometry[5] * p.geometry[6] for p in four) == 9  # the taps, each once
+    assert sum(p.geometry[11] * p.geometry[12] for p in four) == 9 * 8  # dx positions, each once
+    assert max(p.permute[0] for p in four) <= s2.num_output * s2.kg  # the weight scratch holds any phase
+    (fwd,) = tc16n.phases(s2, "forward")
+    assert fwd.geometry == tc16n.conv_geometry(s2) and fwd.out == s2.out_hw + (1, 1, 0, 0)
 
 
 @pytest.mark.slow
@@ -483,7 +521,7 @@ def test_emulated_weight_gradient_is_the_convolutions(case):
     dw = np.zeros((m, c) + kernel)
     cpu_conv.backward(x, np.zeros_like(dw), dy, kernel, pad, stride, (1, 1), 1, dweight=dw)
     got = emulate_wgrad(dy.transpose(0, 2, 3, 1).ravel(), x.transpose(0, 2, 3, 1).ravel(),
-                        tc16n.conv_geometry(prob, "forward"), tile, chunk)
+                        tc16n.conv_geometry(prob), tile, chunk)
     np.testing.assert_allclose(got, dw.reshape(m, -1), rtol=1e-12, atol=1e-10)
 
 
