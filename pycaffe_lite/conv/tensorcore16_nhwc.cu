@@ -272,8 +272,18 @@ __device__ __forceinline__ void t16n_wgrad(const Dtype* __restrict__ dy, const D
   const bool col_ok = colb < Kg;
   const int tap = col_ok ? colb / channels : 0, c = col_ok ? colb - tap * channels : 0;
   const int r = tap / kernel_w, s = tap - r * kernel_w;
+  // the pixel (image, output row, column) of each B row this thread copies, in the next slice to
+  // load; stepped on by T16N_BK pixels per slice instead of divided anew
+  int b_n[B_CH], b_oy[B_CH], b_ox[B_CH];
+#pragma unroll
+  for (int e = 0; e < B_CH; ++e) {
+    const int t = t_begin + kb + e * (T16N_THREADS / B_Q), p = t % P;
+    b_n[e] = t / P;
+    b_oy[e] = p / width_out;
+    b_ox[e] = p - b_oy[e] * width_out;
+  }
 
-  auto load = [&](const int stage, const int slice) {
+  auto load = [&](const int stage, const int slice) {  // slices in order: 0, 1, ...
     unsigned short* As = t16n_smem + stage * STAGE;
     unsigned short* Bs = As + BM * T16N_BK;
     const int t0 = t_begin + slice * T16N_BK;
@@ -286,11 +296,15 @@ __device__ __forceinline__ void t16n_wgrad(const Dtype* __restrict__ dy, const D
 #pragma unroll
     for (int e = 0; e < B_CH; ++e) {
       const int k = kb + e * (T16N_THREADS / B_Q), t = t0 + k;
-      const int n = t / P, p = t - n * P, oy = p / width_out, ox = p - oy * width_out;
-      const int iy = oy * stride_h - pad_h + r, ix = ox * stride_w - pad_w + s;
+      const int iy = b_oy[e] * stride_h - pad_h + r, ix = b_ox[e] * stride_w - pad_w + s;
       const bool ok = col_ok && t < t_end && (unsigned)iy < (unsigned)height && (unsigned)ix < (unsigned)width;
-      t16_copy16(Bs + t16n_kat(k, qb, B_Q), ok ? x + ((long long)(n * height + iy) * width + ix) * channels + c : x,
-                 ok);
+      t16_copy16(Bs + t16n_kat(k, qb, B_Q),
+                 ok ? x + ((long long)(b_n[e] * height + iy) * width + ix) * channels + c : x, ok);
+      b_ox[e] += T16N_BK;
+      while (b_ox[e] >= width_out) {
+        b_ox[e] -= width_out;
+        if (++b_oy[e] == height_out) b_oy[e] = 0, ++b_n[e];
+      }
     }
   };
 

@@ -244,6 +244,23 @@ class _WeightBlock:
         self.shared = tc16n.shared_bytes(tile) // 2
         self.ring = np.full(self.shared, np.nan)
         self.acc = np.zeros((8, self.wm // 16, self.wn // 8, 32, 4))
+        # each thread's B-row pixels (image, row, column), divided once, then stepped by BK a slice
+        kb = np.arange(THREADS) // (self.bn // 8)
+        t = self.t_begin + kb[None, :] + np.arange(self.bn * BK // 8 // THREADS)[:, None] * (THREADS // (self.bn // 8))
+        self.pix = [t // self.p, t % self.p // geometry[12], t % self.p % geometry[12]]
+
+    def _step(self) -> None:
+        """The kernel's stepping: ox += BK, then carry into rows and images one output row at a time."""
+        n, oy, ox = self.pix
+        ho, wo = self.geometry[11], self.geometry[12]
+        ox = ox + BK
+        while np.any(ox >= wo):
+            wrap = ox >= wo
+            ox = np.where(wrap, ox - wo, ox)
+            oy = np.where(wrap, oy + 1, oy)
+            n = np.where(oy == ho, n + 1, n)
+            oy = np.where(oy == ho, 0, oy)
+        self.pix = [n, oy, ox]
 
     def _copy(self, dst, src_array, src, ok) -> None:
         assert np.all(dst + 8 <= self.shared)
@@ -271,11 +288,13 @@ class _WeightBlock:
         for e in range(self.bn * BK // 8 // THREADS):
             k = kb + e * (THREADS // b_q)
             t = t0 + k
-            n, pix = t // self.p, t % self.p
-            iy, ix = (pix // wo) * sh - ph + r, (pix % wo) * sw - pw + s
+            n, oy, ox = (a[e] for a in self.pix)
+            assert np.all(n * self.p + oy * wo + ox == t)  # the stepped pixel is the row's
+            iy, ix = oy * sh - ph + r, ox * sw - pw + s
             ok = col_ok & (t < self.t_end) & (iy >= 0) & (iy < self.h) & (ix >= 0) & (ix < self.wd)
             src = np.where(ok, ((n * self.h + iy) * self.wd + ix) * self.c + c, 0)
             self._copy(base + self.bm * BK + _kat(k, qb, b_q), self.x, src, ok)
+        self._step()
 
     def multiply(self, stage: int) -> None:
         a_tile = self.ring[stage * (self.bm + self.bn) * BK:]
