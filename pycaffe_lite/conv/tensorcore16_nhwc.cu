@@ -29,6 +29,7 @@
 
 #include "mma16.cuh"  // T16Kind, t16_mma, t16_ldmatrix4, t16_copy16, t16_commit, t16_wait
 #include "epilogue.cuh"
+#include "vec.cuh"  // Vec<8>, vstore: 16-byte stores of 8 halves
 
 #define T16N_THREADS 256
 #define T16N_BK 32
@@ -38,7 +39,8 @@
       const int kernel_h, const int kernel_w, const int pad_h, const int pad_w, const int stride_h, \
       const int stride_w, const int height_out, const int width_out
 #define T16N_OUT_PARAMS                                                                           \
-  const int out_h, const int out_w, const int out_sy, const int out_sx, const int out_y0, const int out_x0
+  const int out_h, const int out_w, const int out_sy, const int out_sx, const int out_y0, const int out_x0, \
+      const int vec_out
 
 extern "C++" {
 
@@ -175,14 +177,25 @@ __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dty
       }
     }
   __syncthreads();
-  const int cl = tid % BN, col = n0 + cl;
-  if (col < ncols) {
-    const int n = col / P, p = col - n * P, oy = p / width_out, ox = p - oy * width_out;
-    const long long plane = (long long)out_h * out_w;
-    Dtype* out = y + n * num_output * plane + (out_y0 + out_sy * oy) * out_w + out_x0 + out_sx * ox;
-    const int rows = num_output - m0 < BM ? num_output - m0 : BM;
+  const int rows = num_output - m0 < BM ? num_output - m0 : BM;
+  if (vec_out) {  // dense output, P % 8 == 0, y 16-byte aligned: a thread stores 8 columns of a row at once
+    const int c8 = 8 * (tid % (BN / 8)), col = n0 + c8;
+    if (col < ncols) {  // the 8 columns share an image (P % 8 == 0) and all lie below ncols (ncols % 8 == 0)
+      const int n = col / P, p = col - n * P;
+      Dtype* out = y + (long long)n * num_output * P + p;
+#pragma unroll 2
+      for (int row = tid / (BN / 8); row < rows; row += T16N_THREADS / (BN / 8))
+        vstore<8>(out + (long long)(m0 + row) * P, 0, *reinterpret_cast<const Vec<8>*>(Es + row * LDE + c8));
+    }
+  } else {
+    const int cl = tid % BN, col = n0 + cl;
+    if (col < ncols) {
+      const int n = col / P, p = col - n * P, oy = p / width_out, ox = p - oy * width_out;
+      const long long plane = (long long)out_h * out_w;
+      Dtype* out = y + n * num_output * plane + (out_y0 + out_sy * oy) * out_w + out_x0 + out_sx * ox;
 #pragma unroll 4
-    for (int row = tid / BN; row < rows; row += T16N_THREADS / BN) out[(m0 + row) * plane] = Es[row * LDE + cl];
+      for (int row = tid / BN; row < rows; row += T16N_THREADS / BN) out[(m0 + row) * plane] = Es[row * LDE + cl];
+    }
   }
 #else
   __trap();  // fp16/bf16 mma.sync m16n8k16 needs sm_80 or newer (tensorcore16_nhwc.supports checks)
@@ -193,7 +206,9 @@ __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dty
 
 // x: NHWC (num, height, width, channels); w: (num_output, kernel_h, kernel_w, channels); bias:
 // (num_output,) read when epilogue has CONV_EPI_BIAS (else any valid pointer); y: NCHW
-// (num, num_output, out_h, out_w), written at the rows and columns the out_* arguments give.
+// (num, num_output, out_h, out_w), written at the rows and columns the out_* arguments give;
+// vec_out (only with out_h x out_w = Ho x Wo, out_s* 1, out_*0 0, Ho*Wo % 8 == 0 and y 16-byte
+// aligned) stores 8 columns of a row with one 16-byte store.
 // Grid: (ceil(num_output / BM) * ceil(num*Ho*Wo / BN), 1, 1), 256 threads,
 // tensorcore16_nhwc.shared_bytes(tile) of dynamic shared memory.
 #define T16N_CONV(NAME, BM, BN, WM, WN, STAGES, MIN_BLOCKS)                                                    \
@@ -202,7 +217,7 @@ __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dty
       T16N_OUT_PARAMS) {                                                                                        \
     t16n_conv<BM, BN, WM, WN, STAGES>(x, w, bias, epilogue, y, num, channels, height, width, num_output,      \
                                       kernel_h, kernel_w, pad_h, pad_w, stride_h, stride_w, height_out,       \
-                                      width_out, out_h, out_w, out_sy, out_sx, out_y0, out_x0);               \
+                                      width_out, out_h, out_w, out_sy, out_sx, out_y0, out_x0, vec_out);      \
   }
 
 T16N_CONV(t16n_conv_128x128, 128, 128, 32, 64, 4, 2)
@@ -397,7 +412,6 @@ T16N_WGRAD(t16n_wgrad_64x64, 64, 64, 32, 16, 4, 3)
 // flight a thread; the tile is kept [channel][pixel] with rows of T16N_TT + 2 elements (the 16
 // 4-byte words a warp's row write touches are consecutive; the column reads below meet at most
 // 2 to a bank); writes: 16 bytes (8 channels of a pixel) a thread, a warp 4 pixels' 128-byte runs.
-#include "vec.cuh"
 #define T16N_TT 64
 #define T16N_TP (T16N_TT + 2)
 

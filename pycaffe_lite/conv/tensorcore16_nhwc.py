@@ -105,6 +105,13 @@ class Phase:
     out: tuple[int, ...]
     permute: tuple[int, ...]
 
+    @property
+    def dense(self) -> bool:
+        """Whether the output is the GEMM's columns in order with Ho*Wo % 8 == 0: the kernel may store
+        8 columns at once (``vec_out``, when the output pointer is 16-byte aligned too)."""
+        ho, wo = self.geometry[11], self.geometry[12]
+        return self.out == (ho, wo, 1, 1, 0, 0) and (ho * wo) % CHANNEL_MULTIPLE == 0
+
 
 def _phase_axis(size: int, k: int, pad: int, stride: int, phase: int) -> tuple[int, int, int, int]:
     """One axis of a data-gradient phase: (first tap i0, taps u, padding, output positions). dx
@@ -275,7 +282,8 @@ def run_pass(prob: ConvProblem, pass_: str, tile: str, image: int, w: int, bias:
     for ph, grid in zip(p.phases, p.grids):  # in stream order: each phase's weights, then its GEMM
         n, *args = ph.permute
         p.permute_w(n, w, *args, wp)
-        p.kernel.launch(grid, BLOCK, staged, wp, bias, epilogue, out, *ph.geometry, *ph.out, shared=p.shared)
+        vec_out = int(ph.dense and out % 16 == 0)
+        p.kernel.launch(grid, BLOCK, staged, wp, bias, epilogue, out, *ph.geometry, *ph.out, vec_out, shared=p.shared)
 
 
 @register_engine("TENSOR_CORE_16", order=56, summary="the implicit GEMM on fp16/bf16 tensor cores (mma.sync "

@@ -176,9 +176,10 @@ class _Block:
                 self.load((sl + self.stages - 1) % self.stages)
             self.multiply(sl % self.stages)
 
-    def epilogue(self, bias: np.ndarray, flags: int, y: np.ndarray, out: tuple[int, ...]) -> None:
+    def epilogue(self, bias: np.ndarray, flags: int, y: np.ndarray, out: tuple[int, ...], vec_out: bool) -> None:
         """Bias and ReLU into the shared tile (rows of BN + 8), then each thread's column of NCHW rows
-        (planes out_h x out_w, row out_y0 + out_sy*oy, column out_x0 + out_sx*ox)."""
+        (planes out_h x out_w, row out_y0 + out_sy*oy, column out_x0 + out_sx*ox), or with vec_out
+        each thread's 8 columns of a row in one 16-byte store."""
         out_h, out_w, out_sy, out_sx, out_y0, out_x0 = out
         wo = self.geometry[12]
         lde = self.bn + 8
@@ -196,6 +197,9 @@ class _Block:
                     v = np.where(v > 0, v, v * 0.0)
                 es[row * lde + wn * self.wn + j * 8 + 2 * T + e] = np.where(m < self.m_out, v, 0.0)
         rows = min(self.m_out - self.m0, self.bm)
+        if vec_out:
+            self._store8(es, lde, rows, y)
+            return
         for t_ in range(THREADS):
             col = self.n0 + t_ % self.bn
             if col >= self.ncols:
@@ -209,6 +213,21 @@ class _Block:
                 y[at] = es[row * lde + t_ % self.bn]
 
 
+    def _store8(self, es: np.ndarray, lde: int, rows: int, y: np.ndarray) -> None:
+        assert self.p % 8 == 0 and lde % 8 == 0
+        for t_ in range(THREADS):
+            c8 = 8 * (t_ % (self.bn // 8))
+            col = self.n0 + c8
+            if col >= self.ncols:
+                continue
+            n, pix = divmod(col, self.p)
+            assert pix + 8 <= self.p  # the 8 columns share an image
+            for row in range(t_ // (self.bn // 8), rows, THREADS // (self.bn // 8)):
+                at = n * self.m_out * self.p + (self.m0 + row) * self.p + pix
+                assert at % 8 == 0 and np.all(np.isnan(y[at:at + 8]))  # aligned, each element once
+                y[at:at + 8] = es[row * lde + c8:row * lde + c8 + 8]
+
+
 def emulate_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray, epilogue: int, phase: tc16n.Phase, tile: str,
                  y: np.ndarray) -> None:
     """``t16n_conv_<tile>`` of one :class:`Phase` over its whole grid into y (NCHW, flattened)."""
@@ -218,7 +237,7 @@ def emulate_conv(x: np.ndarray, w: np.ndarray, bias: np.ndarray, epilogue: int, 
     for blk in range(-(-m_out // bm) * -(-num * ho * wo // bn)):
         block = _Block(x, w, geometry, tile, blk)
         block.run()
-        block.epilogue(bias, epilogue, y, phase.out)
+        block.epilogue(bias, epilogue, y, phase.out, phase.dense)
 
 
 def _kat(k, q, chunks):
@@ -385,6 +404,8 @@ FORWARD = [  # (num, C, H, W, M, kernel, pad, stride), tile
     ((3, 16, 7, 7, 20, (1, 1), (0, 0), (2, 2)), "128x64"),  # 1x1 stride 2
     ((2, 8, 6, 5, 24, (5, 3), (2, 1), (2, 1)), "64x128"),  # non-square kernel, mixed strides, C = 8
     ((1, 64, 4, 4, 130, (3, 3), (0, 0), (1, 1)), "128x64"),  # two row tiles, no padding
+    ((3, 24, 8, 8, 40, (3, 3), (1, 1), (1, 1)), "128x128"),  # 64 pixels: 16-byte stores, a half column tile
+    ((5, 16, 6, 4, 72, (1, 1), (0, 0), (1, 1)), "64x64"),  # 24 pixels: 16-byte stores, images across tiles
 ]
 
 
@@ -602,3 +623,13 @@ def test_emulated_nhwc_staging_is_the_transpose(shape, monkeypatch):
 def test_nhwc_staging_refuses_channels_off_the_multiple():
     with pytest.raises(CudaError, match="multiple of 8"):
         tc16n.stage_plan(ConvProblem(2, 12, 5, 5, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f2"), 2, 12, 25)
+
+
+def test_vectorised_stores_only_for_dense_outputs():
+    dense = ConvProblem(2, 16, 8, 8, 24, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2")  # 64 pixels
+    assert tc16n.phases(dense, "forward")[0].dense and tc16n.phases(dense, "backward_data")[0].dense
+    ragged = ConvProblem(2, 16, 7, 7, 24, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2")  # 49 pixels
+    assert not tc16n.phases(ragged, "forward")[0].dense
+    strided = ConvProblem(2, 16, 16, 16, 24, 1, (1, 1), (0, 0), (2, 2), (1, 1), "<f2")
+    assert tc16n.phases(strided, "forward")[0].dense  # 8 x 8 output
+    assert not any(p.dense for p in tc16n.phases(strided, "backward_data"))  # every other row and column
