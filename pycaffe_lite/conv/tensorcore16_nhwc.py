@@ -260,8 +260,8 @@ def weight_plan(prob: ConvProblem, tile: str) -> WeightPlan:
 
 
 def delegate_tile(tile: str) -> str:
-    """The tensorcore16 tile that runs a data gradient this engine does not (its own tile where
-    tensorcore16 has it)."""
+    """The tensorcore16 tile that runs a gradient this engine does not (M % 8 != 0): its own tile
+    where tensorcore16 has it."""
     return tile if tile in t16.TILES else "64x64"
 
 
@@ -286,8 +286,9 @@ def run_pass(prob: ConvProblem, pass_: str, tile: str, image: int, w: int, bias:
         p.kernel.launch(grid, BLOCK, staged, wp, bias, epilogue, out, *ph.geometry, *ph.out, vec_out, shared=p.shared)
 
 
-@register_engine("TENSOR_CORE_16", order=56, summary="the implicit GEMM on fp16/bf16 tensor cores (mma.sync "
-                 "m16n8k16, fp32 accumulation; float16 and bfloat16 blobs, compute capability 8.0+)")
+@register_engine("TENSOR_CORE_16", order=56, summary="the implicit GEMM on fp16/bf16 tensor cores with operands "
+                 "staged NHWC (cp.async into a 4-stage ring, mma.sync m16n8k16, fp32 accumulation; float16 and "
+                 "bfloat16 blobs, compute capability 8.0+, group 1, no dilation, C a multiple of 8)")
 class TensorCore16NhwcEngine(TiledEngine):
     """The NHWC-staged fp16/bf16 tensor-core implicit GEMM with ``tile`` tiles in every pass."""
 
