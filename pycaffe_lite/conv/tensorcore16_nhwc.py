@@ -12,7 +12,7 @@ accumulation, one rounding in the epilogue):
 - **data gradient**, M a multiple of 8: the same kernel on ``dy`` staged NHWC, once per output
   phase of the stride (:func:`phases`; one at stride 1): the transposed filter's taps of that phase,
   flipped, ``(C, uh, uw, M)``, as a stride-1 convolution writing every stride-th row and column of
-  ``dx``; other M run tensorcore16's data gradient (:func:`own_data_gradient`, :func:`delegate_tile`),
+  ``dx`` (dx zeroed first where a phase has no taps; such a phase launches nothing); other M run tensorcore16's data gradient (:func:`own_data_gradient`, :func:`delegate_tile`),
   so the autotune sees one timing per tile either way;
 - **weight gradient**, M a multiple of 8: ``x`` and ``dy`` staged NHWC, ``t16n_wgrad_<tile>`` sums
   the contraction over N*Ho*Wo in splits (:func:`.tiling.split_contraction`) into fp32 partial sums
@@ -171,9 +171,10 @@ def stage_plan(prob: ConvProblem, num: int, channels: int, plane: int) -> Stage:
 
 @dataclass(frozen=True)
 class Plan:
-    """One pass of one tile: stage the image operand (``stage``), then per :class:`Phase` permute the
-    weights (``permute_w``) and run ``kernel`` over its grid (``grids``) with ``shared`` bytes of
-    dynamic shared memory."""
+    """One pass of one tile: stage the image operand (``stage``); zero the output's ``zero_first``
+    elements when some phase has no taps (1x1 at stride 2: those positions of dx are 0); then per
+    :class:`Phase` with taps permute the weights (``permute_w``) and run ``kernel`` over its grid
+    (``grids``) with ``shared`` bytes of dynamic shared memory."""
 
     kernel: Any
     shared: int
@@ -181,6 +182,7 @@ class Plan:
     permute_w: Any
     phases: tuple[Phase, ...]
     grids: tuple[tuple[int, int, int], ...]
+    zero_first: int
 
 
 def plan(prob: ConvProblem, pass_: str, tile: str) -> Plan:
@@ -190,7 +192,9 @@ def plan(prob: ConvProblem, pass_: str, tile: str) -> Plan:
     if have is not None:
         return have
     bm, bn = tile_shape(tile)
-    todo = phases(prob, pass_)
+    every = phases(prob, pass_)
+    todo = tuple(ph for ph in every if ph.geometry[5] * ph.geometry[6])
+    zero_first = 0 if len(todo) == len(every) else prob.num * prob.channels * prob.in_plane  # dx, data gradient
     grids = []
     for ph in todo:
         blocks = -(-ph.geometry[4] // bm) * -(-ph.geometry[0] * ph.geometry[11] * ph.geometry[12] // bn)
@@ -200,9 +204,10 @@ def plan(prob: ConvProblem, pass_: str, tile: str) -> Plan:
     k = backend.kernel(KERNELS, f"t16n_conv_{tile}", prob.np_dtype)
     shared = shared_bytes(tile)
     k.allow_shared(shared)
-    num, chans, h, w = todo[0].geometry[:4]
+    num, chans, h, w = every[0].geometry[:4]
     made = prob.cache[key] = Plan(k, shared, stage_plan(prob, num, chans, h * w),
-                                  backend.kernel(KERNELS, "t16n_permute_weights", prob.np_dtype), todo, tuple(grids))
+                                  backend.kernel(KERNELS, "t16n_permute_weights", prob.np_dtype), todo, tuple(grids),
+                                  zero_first)
     return made
 
 
@@ -279,6 +284,8 @@ def run_pass(prob: ConvProblem, pass_: str, tile: str, image: int, w: int, bias:
     p = plan(prob, pass_, tile)
     nonnull(image, w, out)
     p.stage(image, staged)
+    if p.zero_first:
+        backend.memset_zero(out, p.zero_first * prob.itemsize)
     for ph, grid in zip(p.phases, p.grids):  # in stream order: each phase's weights, then its GEMM
         n, *args = ph.permute
         p.permute_w(n, w, *args, wp)
