@@ -14,8 +14,9 @@ the same type (``F.conv2d``; ``aten.convolution_backward`` with only the weight 
 the input gradient asked for), ``cudnn.benchmark`` on. Both sides: median of ``--reps`` calls, each
 queued behind a spin kernel between CUDA events (``timing.device_median_ms``: kernels' device
 time). One run; the table gives both times and ours / cuDNN per pass, then the
-multiplicity-weighted sums per net, batch and precision. PyTorch is imported only here, on the
-device machine.
+multiplicity-weighted sums per net, batch and precision; ``--out`` also keeps every candidate's
+autotune time per pass (``tuned``), so an engine that lost is still measured. PyTorch is imported
+only here, on the device machine.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def ours_ms(prob: ConvProblem, bias: bool, candidates: tuple[str, ...], reps: in
            "dX": lambda: conv_engines.run(prob, choice, "backward_data", w, dy, dx)}
     out = {k: ours.device_ms(fn, reps) for k, fn in run.items()}
     out["engines"] = {k: getattr(choice, p) for k, p in PASSES}
+    out["tuned"] = [[p, name, ms] for p, name, ms in choice.timings]  # every candidate's autotune ms (--out JSON)
     return out
 
 

@@ -31,6 +31,7 @@ from pycaffe_lite.blob import Blob
 from pycaffe_lite.conv import cpu as cpu_conv
 from pycaffe_lite.conv import engines as conv_engines
 from pycaffe_lite.conv import tensorcore16 as tc16
+from pycaffe_lite.conv import tensorcore16_nhwc as tc16n
 from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import backend
 
@@ -113,6 +114,16 @@ def _contraction(prob: ConvProblem, pass_: str) -> int:
             "backward_weight": prob.num * prob.out_plane}[pass_]
 
 
+def _bias_by_channel_sum(name: str, prob: ConvProblem) -> bool:
+    """Whether the engine ``name``'s bias gradient comes from ``channel_sum`` (Dtype rounding of the
+    intermediate sums) rather than from its fp32 GEMM: tensorcore16's sliced weight kernels, and the
+    NHWC engines' own weight gradient (or their delegate's sliced one)."""
+    tile = name.rsplit("-", 1)[1]
+    if name.startswith("tensorcore16-nhwc-"):
+        return tc16n.owns(prob, "backward_weight") or tc16.sliced(prob, "backward_weight", tc16n.delegate_tile(tile))
+    return name.startswith("tensorcore16-") and tc16.sliced(prob, "backward_weight", tile)
+
+
 def _check_engine(name: str, prob: ConvProblem, fmt: str, seed: int) -> None:
     dtype, _, u = FORMATS[fmt]
     rng = np.random.default_rng(seed)
@@ -130,8 +141,7 @@ def _check_engine(name: str, prob: ConvProblem, fmt: str, seed: int) -> None:
         pairs = zip(("dw", "db"), g, exact[pass_], bound[pass_]) if pass_ == "backward_weight" else \
             [(pass_, g, exact[pass_], bound[pass_])]
         for what, gv, ev, av in pairs:
-            bias_by_channel_sum = what == "db" and name.startswith("tensorcore16-") and \
-                tc16.sliced(prob, "backward_weight", name.split("-")[1])
+            bias_by_channel_sum = what == "db" and _bias_by_channel_sum(name, prob)
             if name.startswith("tensorcore16-") and not bias_by_channel_sum:
                 tol = u * np.abs(ev) + accumulation * av + 1e-6
             else:
@@ -161,8 +171,12 @@ def test_every_half_engine_every_pass(shape, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_tensorcore16_offered_for_half_only(fmt):
     names = conv_engines.ENGINE_CANDIDATES["TENSOR_CORE_16"]
-    assert set(names) == {f"tensorcore16-{t}" for t in tc16.TILES}
-    shape = SHAPES[0]
+    nhwc = {f"tensorcore16-nhwc-{t}" for t in tc16n.TILES}
+    assert set(names) == {f"tensorcore16-{t}" for t in tc16.TILES} | nhwc
+    shape = SHAPES[0]  # C = 19: not for the NHWC engines (C % 8)
+    assert all(conv_engines.ENGINES[n].supports(ConvProblem(*shape, FORMATS[fmt][1])) == (n not in nhwc)
+               for n in names)
+    shape = NHWC_SHAPES[0]
     assert all(conv_engines.ENGINES[n].supports(ConvProblem(*shape, FORMATS[fmt][1])) for n in names)
     for other in ("<f4", "<f8"):
         assert not any(conv_engines.ENGINES[n].supports(ConvProblem(*shape, other)) for n in names)
@@ -192,3 +206,105 @@ def test_tensorcore16_forward_relu_epilogue_and_reproducible_weights(fmt):
             engine.backward_weight(prob, x.gpu_data(), dy.gpu_data(), dw.mutable_gpu_data(), db.mutable_gpu_data(), ws)
             runs.append((dw.cpu_data().copy(), db.cpu_data().copy()))
         assert all(np.array_equal(a, b) for a, b in zip(*runs)), tile
+
+
+# ---- the NHWC-staged engines (tensorcore16-nhwc-*): forward; data gradient (one GEMM per stride
+# phase) and weight gradient with M % 8 == 0 (tensorcore16's kernels otherwise); all with
+# tensorcore16's tight bound
+NHWC_SHAPES = [
+    (3, 64, 13, 11, 72, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # 3x3 s1 p1 at odd sizes, M not a tile multiple
+    (5, 256, 14, 14, 136, 1, (1, 1), (0, 0), (1, 1), (1, 1)),  # 1x1 at 14x14 (196 columns an image)
+    (3, 200, 7, 7, 520, 1, (1, 1), (0, 0), (1, 1), (1, 1)),  # 1x1 at 7x7; C = 6*32 + 8: a partial slice
+    (2, 96, 15, 15, 40, 1, (1, 1), (0, 0), (2, 2), (1, 1)),  # 1x1 stride 2: data-gradient phases without taps
+    (2, 48, 17, 16, 80, 1, (3, 3), (1, 1), (2, 2), (1, 1)),  # 3x3 stride 2: four data-gradient phases
+    (2, 8, 9, 10, 24, 1, (5, 3), (2, 1), (1, 1), (1, 1)),  # C = 8, a non-square kernel
+    (2, 16, 11, 9, 32, 1, (5, 3), (2, 0), (3, 2), (1, 1)),  # mixed strides: 6 ragged data-gradient phases
+    (1, 16, 6, 7, 8, 1, (3, 3), (0, 0), (1, 1), (1, 1)),  # no padding: the data gradient pads by 2
+    (2, 32, 8, 8, 20, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # M = 20: both gradients delegated
+    (130, 16, 3, 3, 32, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # batch 130: columns past a 128 multiple
+]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", NHWC_SHAPES, ids=str)
+def test_tensorcore16_nhwc_every_tile(shape, fmt):
+    prob = ConvProblem(*shape, FORMATS[fmt][1])
+    assert tc16n.supports(prob)
+    for i, tile in enumerate(tc16n.TILES):
+        _check_engine(f"tensorcore16-nhwc-{tile}", prob, fmt, seed=10 + i)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tensorcore16_nhwc_bias_relu_epilogue(fmt):
+    """The fused bias + ReLU equals ReLU of the float64 reference within the bound, and equals ReLU of
+    the unfused result bit for bit (one rounding either way)."""
+    dtype, code, u = FORMATS[fmt]
+    prob = ConvProblem(3, 40, 9, 11, 100, 1, (3, 3), (1, 1), (1, 1), (1, 1), code)
+    rng = np.random.default_rng(7)
+    arrays = {k: _round(rng.standard_normal(s), dtype) for k, s in
+              (("x", (3, 40, 9, 11)), ("w", (100, 40, 3, 3)), ("bias", (100,)))}
+    y = np.empty((3, 100) + prob.out_hw)
+    cpu_conv.forward(arrays["x"], arrays["w"], arrays["bias"], prob.kernel, prob.pad, prob.stride, prob.dilation, 1, y)
+    a = np.empty_like(y)
+    cpu_conv.forward(np.abs(arrays["x"]), np.abs(arrays["w"]), np.abs(arrays["bias"]), prob.kernel, prob.pad,
+                     prob.stride, prob.dilation, 1, a)
+    x, w, b = (_blob(arrays[k], dtype) for k in ("x", "w", "bias"))
+    for tile in tc16n.TILES:
+        engine = conv_engines.ENGINES[f"tensorcore16-nhwc-{tile}"]
+        plain, fused = (_blob(np.full(y.shape, np.nan), dtype) for _ in range(2))
+        ws = backend.workspace(*engine.scratch(prob, "forward", True))
+        engine.forward(prob, x.gpu_data(), w.gpu_data(), b.gpu_data(), plain.mutable_gpu_data(), ws)
+        engine.forward(prob, x.gpu_data(), w.gpu_data(), b.gpu_data(), fused.mutable_gpu_data(), ws, relu=True)
+        got = fused.math_data().astype(np.float64)
+        assert np.array_equal(got, np.maximum(plain.math_data(), 0)), tile
+        tol = u * np.abs(y) + 2 * prob.kg * 2.0**-24 * a + 1e-6
+        assert np.all(np.abs(got - np.maximum(y, 0)) <= tol), tile
+        assert np.all(got >= 0), tile
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tensorcore16_nhwc_is_an_autotune_candidate(fmt):
+    """The autotune times every NHWC tile on every pass among all engines."""
+    prob = ConvProblem(8, 64, 14, 14, 64, 1, (3, 3), (1, 1), (1, 1), (1, 1), FORMATS[fmt][1])
+    conv_engines.clear_cache()
+    choice = conv_engines.choose(prob, True, conv_engines.field_candidates("DEFAULT"))
+    timed = {(p, n) for p, n, _ in choice.timings}
+    for tile in tc16n.TILES:
+        assert ("forward", f"tensorcore16-nhwc-{tile}") in timed
+        assert ("backward_data", f"tensorcore16-nhwc-{tile}") in timed
+        assert ("backward_weight", f"tensorcore16-nhwc-{tile}") in timed
+    conv_engines.clear_cache()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tensorcore16_nhwc_weight_gradient_is_reproducible(fmt):
+    """The split-K weight gradient (fp32 partial sums, fixed-order reduction) gives the same bits twice."""
+    dtype, code, _ = FORMATS[fmt]
+    prob = ConvProblem(16, 64, 14, 14, 48, 1, (3, 3), (1, 1), (1, 1), (1, 1), code)
+    rng = np.random.default_rng(9)
+    x = _blob(rng.standard_normal((16, 64, 14, 14)), dtype)
+    dy = _blob(rng.standard_normal((16, 48) + prob.out_hw), dtype)
+    for tile in tc16n.TILES:
+        engine = conv_engines.ENGINES[f"tensorcore16-nhwc-{tile}"]
+        assert tc16n.weight_splits(prob, tile)[0] >= 1
+        runs = []
+        for _ in range(2):
+            dw, db = _blob(np.zeros((48, 64, 3, 3)), dtype), _blob(np.zeros(48), dtype)
+            ws = backend.workspace(*engine.scratch(prob, "backward_weight", True))
+            engine.backward_weight(prob, x.gpu_data(), dy.gpu_data(), dw.mutable_gpu_data(), db.mutable_gpu_data(), ws)
+            runs.append((dw.cpu_data().copy(), db.cpu_data().copy()))
+        assert all(np.array_equal(a, b) for a, b in zip(*runs)), tile
+        assert np.any(runs[0][0] != 0), tile
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(2, 24, 49), (3, 136, 196), (1, 64, 3136), (2, 8, 5)], ids=str)
+def test_tensorcore16_nhwc_staging_is_the_transpose(shape, fmt):
+    """t16n_to_nhwc moves every element of (N, C, HW) to (N, HW, C) exactly (bits unchanged)."""
+    dtype, code, _ = FORMATS[fmt]
+    num, c, plane = shape
+    src = _blob(np.random.default_rng(6).standard_normal(shape), dtype)
+    dst = _blob(np.full((num, plane, c), np.nan), dtype)
+    prob = ConvProblem(num, c, plane, 1, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), code)
+    tc16n.stage_plan(prob, num, c, plane)(src.gpu_data(), dst.mutable_gpu_data())
+    assert np.array_equal(dst.cpu_data(), src.cpu_data().transpose(0, 2, 1))

@@ -71,6 +71,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(backend, "memcpy_htod", lambda dst, src, pinned=False: None)
     monkeypatch.setattr(backend, "elementwise", lambda *a: lambda *b: log.append(("elementwise", a[0], b)))
     monkeypatch.setattr(backend, "workspace", lambda *sizes: [(i + 1) << 30 for i in range(len(sizes))])
+    monkeypatch.setattr(backend, "memset_zero", lambda ptr, nbytes: log.append(("memset_zero", ptr, nbytes)))
     monkeypatch.setattr(blas, "gemm_strided_batched", lambda *a: log.append(("gemm_strided_batched", a)))
     monkeypatch.setattr(blas, "gemv", lambda *a: log.append(("gemv", a)))
     monkeypatch.setattr(blas, "tf32_allowed", lambda: True)  # the tensor-core engines too
@@ -92,6 +93,9 @@ PROBLEMS = [  # channel-sliced and gathering tensor-core paths, dilation, depthw
     ConvProblem(4, 64, 14, 14, 64, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2"),
     ConvProblem(2, 24, 9, 9, 40, 2, (3, 3), (1, 1), (2, 2), (2, 2), "<u2"),
     ConvProblem(2, 8, 8, 8, 8, 8, (3, 3), (1, 1), (2, 2), (1, 1), "<u2"),
+    # the NHWC-staged engines at stride 2 (a data gradient of four phases) and with M % 8 != 0 (delegated)
+    ConvProblem(2, 16, 9, 8, 24, 1, (3, 3), (1, 1), (2, 2), (1, 1), "<u2"),
+    ConvProblem(3, 32, 7, 7, 20, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f2"),
 ]
 
 
@@ -121,3 +125,21 @@ def test_every_engine_launches_what_its_kernels_declare(launches, prob):
     assert any(n.startswith("tensorcore16-") for n in ran) == (prob.dtype in ("<f2", "<u2"))
     if prob.dtype in ("<f2", "<u2") and prob.dilation == (1, 1) and prob.cg % 32 == 0:  # the sliced kernels too
         assert any(str(entry[0]).startswith("t16s_forward_") for entry in launches)
+    if prob.dtype in ("<f2", "<u2") and prob.group == 1 and prob.dilation == (1, 1) and prob.channels % 8 == 0:
+        assert {f"tensorcore16-nhwc-{t}" for t in ("128x128", "64x64")} <= ran  # the NHWC-staged engines
+        assert any(str(entry[0]).startswith("t16n_conv_") for entry in launches)
+
+
+def test_nhwc_data_gradient_launches_one_gemm_per_stride_phase(launches):
+    """tensorcore16-nhwc's data gradient at stride (2, 2): dy staged once, then per phase its weights
+    and its GEMM; a 1x1 kernel's three phases without taps launch nothing: dx is zeroed first."""
+    for prob, gemms in ((ConvProblem(2, 16, 9, 8, 24, 1, (3, 3), (1, 1), (2, 2), (1, 1), "<u2"), 4),
+                        (ConvProblem(2, 16, 9, 8, 24, 1, (1, 1), (0, 0), (2, 2), (1, 1), "<f2"), 1)):
+        choice = conv_engines.Choice("gemm", "tensorcore16-nhwc-64x64", "gemm")
+        first = len(launches)
+        conv_engines.run(prob, choice, "backward_data", 2 << 12, 4 << 12, 5 << 12)
+        names = [str(entry[0]) for entry in launches[first:]]
+        assert names.count("t16n_to_nhwc") == 1
+        assert names.count("t16n_conv_64x64") == names.count("t16n_permute_weights") == gemms
+        zeroed = [entry for entry in launches[first:] if entry[0] == "memset_zero"]
+        assert zeroed == ([] if gemms == 4 else [("memset_zero", 5 << 12, 2 * 16 * 9 * 8 * 2)])
