@@ -1,7 +1,7 @@
 """Half-precision convolution passes, ours against cuDNN, on ResNet-50's distinct convolution shapes.
 
     python benchmarks/conv_half.py [--precision fp16,bf16] [--batches 32,256] [--reps 10] [--nets resnet50]
-                                   [--engines tensorcore16-128x128,...] [--out FILE.json]
+                                   [--engines tensorcore16-128x128,...] [--only REGEX] [--out FILE.json]
 
 For each distinct Convolution shape of the nets' deploy files (``conv_engines.zoo_conv_shapes``:
 identical geometry and bias merged, with their multiplicity), at each batch and in each precision:
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -110,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--engines", default="", help="comma-separated candidates for ours (default: every engine)")
     ap.add_argument("--out", help="also write the results as JSON")
+    ap.add_argument("--only", default="", help="a regular expression: time only the shapes whose label it finds "
+                    "(e.g. ' 3x3 |/2' for the 3x3 and the strided convolutions)")
     args = ap.parse_args(argv)
     precisions = args.precision.split(",")
     bad = [p for p in precisions if p not in PRECISIONS]
@@ -140,6 +143,8 @@ def main(argv=None) -> int:
                 print(f"{'shape':44s} {'x':>3s} {'fwd':>21s} {'dW':>21s} {'dX':>21s}  engines (fwd, dW, dX)")
                 for (prob, bias), count in shapes.items():
                     p = dataclasses.replace(prob, num=batch, dtype=PRECISIONS[precision], cache={})
+                    if args.only and not re.search(args.only, bench_conv.label((p, bias))):
+                        continue
                     mine, peer = ours_ms(p, bias, candidates, args.reps), cudnn_ms(p, bias, precision, args.reps)
                     cells = []
                     for k, _ in PASSES:

@@ -118,10 +118,12 @@ def _bias_by_channel_sum(name: str, prob: ConvProblem) -> bool:
     """Whether the engine ``name``'s bias gradient comes from ``channel_sum`` (Dtype rounding of the
     intermediate sums) rather than from its fp32 GEMM: tensorcore16's sliced weight kernels, and the
     NHWC engines' own weight gradient (or their delegate's sliced one)."""
+    if not name.startswith("tensorcore16-"):  # (names without a tile: gemm, winograd, ...)
+        return False
     tile = name.rsplit("-", 1)[1]
     if name.startswith("tensorcore16-nhwc-"):
         return tc16n.owns(prob, "backward_weight") or tc16.sliced(prob, "backward_weight", tc16n.delegate_tile(tile))
-    return name.startswith("tensorcore16-") and tc16.sliced(prob, "backward_weight", tile)
+    return tc16.sliced(prob, "backward_weight", tile)
 
 
 def _check_engine(name: str, prob: ConvProblem, fmt: str, seed: int) -> None:
