@@ -118,13 +118,7 @@ __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dty
     }
   };
 
-  float acc[WM / 16][WN / 8][4];
-#pragma unroll
-  for (int i = 0; i < WM / 16; ++i)
-#pragma unroll
-    for (int j = 0; j < WN / 8; ++j)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+  float acc[WM / 16][WN / 8][4] = {};
 
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {  // the ring's first STAGES - 1 slices
@@ -323,13 +317,7 @@ __device__ __forceinline__ void t16n_wgrad(const Dtype* __restrict__ dy, const D
     }
   };
 
-  float acc[WM / 16][WN / 8][4];
-#pragma unroll
-  for (int i = 0; i < WM / 16; ++i)
-#pragma unroll
-    for (int j = 0; j < WN / 8; ++j)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+  float acc[WM / 16][WN / 8][4] = {};
 
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
