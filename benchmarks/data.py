@@ -261,12 +261,18 @@ def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool,
     try:
         solver.step(warmup)
         sync()
+        stats = getattr(solver.net.layers[0], "data_stats", None)
+        before = stats() if stats is not None else None
         start = time.perf_counter()
         solver.step(iters)
         sync()
         ms = (time.perf_counter() - start) / iters * 1e3
         reader = getattr(solver.net.layers[0], "_prefetcher", None)
-        return ms, ("synthetic" if source is None else path_of(reader, gpu))
+        how = "synthetic" if source is None else path_of(reader, gpu)
+        if before is not None and stats is not None:  # the forwards' wait for staged batches (host clock)
+            batches, _, waited = (a - b for a, b in zip(stats(), before))
+            how += f"; the forward waited {waited / max(batches, 1) * 1e3:.2f} ms/iter for batches"
+        return ms, how
     finally:
         for layer in solver.net.layers:
             close = getattr(layer, "close", None)
