@@ -259,7 +259,8 @@ def test_a_killed_worker_is_reported_and_cleaned_up(raw_source):
 
 
 KILLED_RUN = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (a shell's background job starts with SIGINT ignored)
 import numpy as np
 from pycaffe_lite.testing.layer_testing import empty_blobs, make_layer
 layer = make_layer('type: "Data" phase: TRAIN data_param {{ source: "{path}" batch_size: 4 backend: LMDB '
