@@ -17,7 +17,7 @@ engine does not implement.
 
 from __future__ import annotations
 
-from ..gpu import blas
+from ..gpu import backend, blas
 from ..gpu import math_functions as gm
 from . import im2col as gpu_im2col
 from .problem import ConvProblem
@@ -27,7 +27,6 @@ COL_BUFFER_BYTES = 256 << 20  # column buffer budget; larger batches run in chun
 COLUMNS_1X1_WEIGHT_PLANE = 100  # 1x1 weight gradients at smaller output planes use columns
 SUBSAMPLED_BYTES = 512 << 20  # strided 1x1 convolutions' subsampled input, at most (else columns)
 ALIGN_BYTES = 16  # cuBLAS's fast half-precision GEMMs want leading dimensions in multiples of 16 bytes
-HALF_ITEMSIZE = 2
 
 
 @register_engine("GEMM", order=0, summary="im2col into a column buffer, one cuBLAS strided-batched GEMM over the "
@@ -58,15 +57,17 @@ class GemmEngine(Engine):
                 and (pass_ != "backward_weight" or prob.out_plane >= COLUMNS_1X1_WEIGHT_PLANE)
                 and prob.num * prob.channels * prob.out_plane * prob.itemsize <= SUBSAMPLED_BYTES)
 
-    @staticmethod
-    def _padded(prob: ConvProblem, pass_: str) -> int:
-        """The padded plane (0: none) the per-image GEMMs of ``pass_`` (forward or data gradient of a
-        1x1 convolution, strided or not) run on: half storage, output planes below
-        :data:`COLUMNS_1X1_WEIGHT_PLANE` whose bytes are not a multiple of :data:`ALIGN_BYTES`
-        (larger unaligned planes, 14x14, ran as fast unpadded as padded with the copies counted)."""
+    @classmethod
+    def _padded(cls, prob: ConvProblem, pass_: str) -> int:
+        """The padded plane (0: none) the per-image GEMMs of ``pass_`` (the forward or data gradient
+        of a 1x1 convolution that runs them, :meth:`_per_image` or :meth:`_subsampled`) run on: half
+        storage, output planes below :data:`COLUMNS_1X1_WEIGHT_PLANE` whose bytes are not a multiple
+        of :data:`ALIGN_BYTES` (larger unaligned planes, 14x14, ran as fast unpadded as padded with
+        the copies counted)."""
         p = prob.out_plane
-        if (pass_ == "backward_weight" or prob.itemsize != HALF_ITEMSIZE or p >= COLUMNS_1X1_WEIGHT_PLANE
-                or (p * prob.itemsize) % ALIGN_BYTES == 0):
+        if (pass_ == "backward_weight" or backend.math_dtype(prob.np_dtype) == prob.np_dtype
+                or p >= COLUMNS_1X1_WEIGHT_PLANE or (p * prob.itemsize) % ALIGN_BYTES == 0
+                or not (cls._subsampled(prob, pass_) or cls._per_image(prob, pass_))):
             return 0
         step = ALIGN_BYTES // prob.itemsize
         return -(-p // step) * step
@@ -74,8 +75,7 @@ class GemmEngine(Engine):
     def scratch(self, prob, pass_, has_bias):
         isz = prob.itemsize
         padded = self._padded(prob, pass_)
-        if padded and (self._subsampled(prob, pass_) or self._per_image(prob, pass_)):
-            # (the subsampled input or data gradient,) the GEMM's input and output on padded planes
+        if padded:  # (the subsampled input or data gradient,) the GEMM's input and output on padded planes
             ins, outs = (prob.channels, prob.num_output) if pass_ == "forward" else (prob.num_output, prob.channels)
             pads = (prob.num * ins * padded * isz, prob.num * outs * padded * isz)
             return ((prob.num * prob.channels * prob.out_plane * isz,) if self._subsampled(prob, pass_) else ()) + pads
@@ -96,20 +96,19 @@ class GemmEngine(Engine):
             gpu_im2col.subsample_planes(x, prob.num * prob.channels, (prob.height, prob.width), prob.stride,
                                         ws[0], dt)
             x, chw = ws[0], prob.channels * p
-        padded = self._padded(prob, "forward")
-        if padded and (subsampled or self._per_image(prob, "forward")):  # on planes padded to `padded`
-            xp, yp = ws[-2], ws[-1]
-            gpu_im2col.copy_planes(x, prob.num * prob.channels, p, p, xp, padded, dt)
+        if subsampled or self._per_image(prob, "forward"):
+            padded = self._padded(prob, "forward")
+            ld, out = p, y
+            if padded:  # x and the product on planes padded to `padded` columns, then compacted into y
+                gpu_im2col.copy_planes(x, prob.num * prob.channels, p, p, ws[-2], padded, dt)
+                ld, out, x, chw = padded, ws[-1], ws[-2], prob.channels * padded
+            # out[n, g] (mg, P) = W[g] (mg, cg) . x[n, g] (cg, P), per image (leading dimension ld)
             for g in range(prob.group):
-                blas.gemm_strided_batched(False, False, mg, padded, kg, 1.0, w + g * mg * kg * isz, 0,
-                                          xp + g * kg * padded * isz, prob.channels * padded, 0.0,
-                                          yp + g * mg * padded * isz, m * padded, prob.num, dt)
-            gpu_im2col.copy_planes(yp, prob.num * m, p, padded, y, p, dt)
-        elif subsampled or self._per_image(prob, "forward"):
-            # y[n, g] (mg, P) = W[g] (mg, cg) . x[n, g] (cg, P), per image
-            for g in range(prob.group):
-                blas.gemm_strided_batched(False, False, mg, p, kg, 1.0, w + g * mg * kg * isz, 0,
-                                          x + g * kg * p * isz, chw, 0.0, y + g * mg * p * isz, m * p, prob.num, dt)
+                blas.gemm_strided_batched(False, False, mg, ld, kg, 1.0, w + g * mg * kg * isz, 0,
+                                          x + g * kg * ld * isz, chw, 0.0, out + g * mg * ld * isz, m * ld, prob.num,
+                                          dt)
+            if padded:
+                gpu_im2col.copy_planes(out, prob.num * m, p, padded, y, p, dt)
         else:
             col, yt = ws
             for n0, nb in self._chunks(prob):
@@ -143,19 +142,16 @@ class GemmEngine(Engine):
             # the workspace at the output grid, then spread to the strided pixels, zeros between)
             out, out_chw = (ws[0], prob.channels * p) if subsampled else (dx, chw)
             padded = self._padded(prob, "backward_data")
-            if padded:  # on planes padded to `padded`, then compacted into `out`
-                dyp, outp = ws[-2], ws[-1]
-                gpu_im2col.copy_planes(dy, prob.num * m, p, p, dyp, padded, dt)
-                for g in range(prob.group):
-                    blas.gemm_strided_batched(True, False, kg, padded, mg, 1.0, w + g * mg * kg * isz, 0,
-                                              dyp + g * mg * padded * isz, m * padded, 0.0,
-                                              outp + g * kg * padded * isz, prob.channels * padded, prob.num, dt)
-                gpu_im2col.copy_planes(outp, prob.num * prob.channels, p, padded, out, p, dt)
-            else:
-                for g in range(prob.group):
-                    blas.gemm_strided_batched(True, False, kg, p, mg, 1.0, w + g * mg * kg * isz, 0,
-                                              dy + g * mg * p * isz, m * p, 0.0, out + g * kg * p * isz, out_chw,
-                                              prob.num, dt)
+            ld, into = p, out
+            if padded:  # dy and the product on planes padded to `padded` columns, then compacted into out
+                gpu_im2col.copy_planes(dy, prob.num * m, p, p, ws[-2], padded, dt)
+                ld, into, dy, out_chw = padded, ws[-1], ws[-2], prob.channels * padded
+            for g in range(prob.group):
+                blas.gemm_strided_batched(True, False, kg, ld, mg, 1.0, w + g * mg * kg * isz, 0,
+                                          dy + g * mg * ld * isz, m * ld, 0.0, into + g * kg * ld * isz, out_chw,
+                                          prob.num, dt)
+            if padded:
+                gpu_im2col.copy_planes(into, prob.num * prob.channels, p, padded, out, p, dt)
             if subsampled:
                 gpu_im2col.upsample_planes(out, prob.num * prob.channels, (prob.height, prob.width), prob.stride,
                                            dx, dt)
