@@ -162,11 +162,9 @@ class _Stager:
         """A new exception for ``err`` (of its type for the framework's errors, which name the layer
         and the record; else a DataError naming the layer)."""
         if isinstance(err, CaffeError):
-            fresh = type(err)(str(err))
-            fresh.__cause__ = err.__cause__
-        else:
-            fresh = DataError(f"{self.where}: the nvJPEG staging thread failed: {err!r}")
-            fresh.__cause__ = err
+            return data_workers.again(err)
+        fresh = DataError(f"{self.where}: the nvJPEG staging thread failed: {err!r}")
+        fresh.__cause__ = err
         return fresh
 
     def stop(self) -> bool:

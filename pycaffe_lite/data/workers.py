@@ -532,7 +532,7 @@ class ParallelLoader:
                 log.warning("%s: no batch from the data workers for %.0f s (processes %s still running)",
                             self.where, STALL_WARNING_S, [p.pid for p in self.pool.procs if p.is_alive()])
             if self.error is not None:
-                raise _again(self.error)
+                raise again(self.error)
             if self.stop_event.is_set():
                 raise DataError(f"{self.where}: the data loader is not running (layer closed?)")
             try:
@@ -545,7 +545,7 @@ class ParallelLoader:
             if err is not None:
                 self.error = err if isinstance(err, CaffeError) else DataError(f"{self.where}: data loader failed: "
                                                                                f"{err!r}")
-                raise _again(self.error)
+                raise again(self.error)
             return slot, info, payloads
 
     def stop(self) -> None:
@@ -566,7 +566,7 @@ class ParallelLoader:
                 pass
 
 
-def _again(err: BaseException) -> BaseException:
+def again(err: BaseException) -> BaseException:
     """A fresh exception of ``err``'s type and message (raising one instance twice chains oddly)."""
     if isinstance(err, CaffeError):
         fresh = type(err)(str(err))
