@@ -69,30 +69,127 @@ __global__ void col2im_batch(const int count, const Dtype* data_col, const int n
   }
 }
 
-// out(b, a, s) = in(a, b, s): swaps the two leading axes of an (a_dim, b_dim, inner) array, e.g.
-// (num, channels, spatial) <-> (channels, num, spatial).
-__global__ void swap_leading_axes(const int count, const Dtype* in, const int a_dim, const int b_dim,
-                                  const int inner, Dtype* out) {
-  CUDA_KERNEL_LOOP(index, count) {
-    const int s = index % inner;
-    const int a = (index / inner) % a_dim;
-    const int b = index / (inner * a_dim);
-    out[index] = in[(a * b_dim + b) * inner + s];
+// Raw<BYTES>::T: a BYTES-wide plain type, for moving BYTES / sizeof(Dtype) values in one load or store.
+extern "C++" {
+template <int BYTES> struct Raw;
+template <> struct Raw<16> { typedef uint4 T; };
+template <> struct Raw<8> { typedef uint2 T; };
+template <> struct Raw<4> { typedef unsigned T; };
+
+// Values per BYTES-wide unit (1 where BYTES < sizeof(Dtype): such kernels compile but are never launched).
+template <int BYTES>
+struct Units {
+  static const int V = BYTES >= (int)sizeof(Dtype) ? BYTES / (int)sizeof(Dtype) : 1;
+};
+
+// d[j] = s[j] for j in unit k of a row of n values (j in [k*V, k*V + V) and j < n): one BYTES-wide
+// load where vs (s aligned to BYTES) and one store where vd (d aligned to BYTES), element by element
+// otherwise, and for the row's last, partial unit (nothing past n is read or written).
+template <int BYTES>
+__device__ __forceinline__ void copy_unit(const Dtype* s, Dtype* d, const int k, const int n, const int vs,
+                                          const int vd) {
+  const int V = Units<BYTES>::V;
+  typedef typename Raw<BYTES>::T T;
+  const int j = k * V;
+  if (j + V > n) {
+    for (int e = j; e < n; ++e) d[e] = s[e];
+    return;
   }
+  if (vs && vd) {
+    *reinterpret_cast<T*>(d + j) = *reinterpret_cast<const T*>(s + j);
+    return;
+  }
+  __align__(16) Dtype buf[V];
+  if (vs) {
+    *reinterpret_cast<T*>(buf) = *reinterpret_cast<const T*>(s + j);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) buf[e] = s[j + e];
+  }
+  if (vd) {
+    *reinterpret_cast<T*>(d + j) = *reinterpret_cast<const T*>(buf);
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) d[j + e] = buf[e];
+  }
+}
+
+// Rows of the 2-D/3-D launches below: x (blockIdx.x, threadIdx.x) runs over the units of a row,
+// y (blockIdx.y, threadIdx.y) over rows (planes or leading-axis entries), z over a second row axis;
+// every axis loops grid-stride, so no position is ever divided out of a flat index.
+#define COPY_UNITS_LOOP(k, units) \
+  for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < (units); k += blockDim.x * gridDim.x)
+#define COPY_ROWS_LOOP(r, rows) \
+  for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < (rows); r += blockDim.y * gridDim.y)
+
+// swap_leading_axes below, unit by unit: z over b, y over a, x over the units of inner.
+template <int BYTES>
+__device__ __forceinline__ void swap_leading_axes_vec(const Dtype* in, const int a_dim, const int b_dim,
+                                                      const int inner, const int vec, Dtype* out) {
+  const int units = (inner + Units<BYTES>::V - 1) / Units<BYTES>::V;
+  for (int b = blockIdx.z; b < b_dim; b += gridDim.z) {
+    COPY_ROWS_LOOP(a, a_dim) {
+      const Dtype* s = in + ((long long)a * b_dim + b) * inner;
+      Dtype* d = out + ((long long)b * a_dim + a) * inner;
+      COPY_UNITS_LOOP(k, units) copy_unit<BYTES>(s, d, k, inner, vec, vec);
+    }
+  }
+}
+
+// copy_planes below, unit by unit: y over planes, x over the units of a plane.
+template <int BYTES>
+__device__ __forceinline__ void copy_planes_vec(const int planes, const Dtype* src, const int src_stride,
+                                                const int plane, const int dst_stride, Dtype* dst,
+                                                const int vec_src, const int vec_dst) {
+  const int units = (plane + Units<BYTES>::V - 1) / Units<BYTES>::V;
+  COPY_ROWS_LOOP(p, planes) {
+    const Dtype* s = src + (long long)p * src_stride;
+    Dtype* d = dst + (long long)p * dst_stride;
+    COPY_UNITS_LOOP(k, units) copy_unit<BYTES>(s, d, k, plane, vec_src, vec_dst);
+  }
+}
+}  // extern "C++"
+
+// out(b, a, s) = in(a, b, s): swaps the two leading axes of an (a_dim, b_dim, inner) array, e.g.
+// (num, channels, spatial) <-> (channels, num, spatial). Launched 3-D (block (X, Y), grid (units of
+// inner, a, b), see above); units of BYTES / sizeof(Dtype) values move as one load and store where
+// vec (in, out and inner * sizeof(Dtype) all multiples of BYTES), element by element otherwise.
+__global__ void swap_leading_axes_16b(const Dtype* in, const int a_dim, const int b_dim, const int inner,
+                                      const int vec, Dtype* out) {
+  swap_leading_axes_vec<16>(in, a_dim, b_dim, inner, vec, out);
+}
+__global__ void swap_leading_axes_8b(const Dtype* in, const int a_dim, const int b_dim, const int inner,
+                                     const int vec, Dtype* out) {
+  swap_leading_axes_vec<8>(in, a_dim, b_dim, inner, vec, out);
+}
+__global__ void swap_leading_axes_4b(const Dtype* in, const int a_dim, const int b_dim, const int inner,
+                                     const int vec, Dtype* out) {
+  swap_leading_axes_vec<4>(in, a_dim, b_dim, inner, vec, out);
 }
 
 // dst (planes, dst_stride)[:, :plane] = src (planes, src_stride)[:, :plane]: planes of `plane` values
 // between buffers whose planes start `src_stride` / `dst_stride` values apart (a 1x1 convolution's
 // planes padded to an aligned leading dimension for cuBLAS, and back). Other values of dst stay.
-__global__ void copy_planes(const int count, const Dtype* src, const int src_stride, const int plane,
-                            const int dst_stride, Dtype* dst) {
-  CUDA_KERNEL_LOOP(i, count) {
-    const int p = i / plane, j = i - p * plane;
-    dst[(long long)p * dst_stride + j] = src[(long long)p * src_stride + j];
-  }
+// Launched 2-D (grid (units of a plane, planes)); a unit's BYTES / sizeof(Dtype) values are read in
+// one load where vec_src (src and src_stride * sizeof(Dtype) multiples of BYTES) and written in one
+// store where vec_dst (the same for dst), element by element otherwise (a plane's last, partial unit
+// always: nothing of dst past `plane` is written, nothing of src past it read).
+__global__ void copy_planes_16b(const int planes, const Dtype* src, const int src_stride, const int plane,
+                                const int dst_stride, Dtype* dst, const int vec_src, const int vec_dst) {
+  copy_planes_vec<16>(planes, src, src_stride, plane, dst_stride, dst, vec_src, vec_dst);
+}
+__global__ void copy_planes_8b(const int planes, const Dtype* src, const int src_stride, const int plane,
+                               const int dst_stride, Dtype* dst, const int vec_src, const int vec_dst) {
+  copy_planes_vec<8>(planes, src, src_stride, plane, dst_stride, dst, vec_src, vec_dst);
+}
+__global__ void copy_planes_4b(const int planes, const Dtype* src, const int src_stride, const int plane,
+                               const int dst_stride, Dtype* dst, const int vec_src, const int vec_dst) {
+  copy_planes_vec<4>(planes, src, src_stride, plane, dst_stride, dst, vec_src, vec_dst);
 }
 
 // A strided 1x1 convolution's input, subsampled: y (N*C, oh, ow) = x (N*C, h, w)[:, ::sh, ::sw].
+// The scalar kernel (one output value a thread, its position divided out of the index): for counts
+// no vector kernel below tiles, or a y they cannot store to.
 __global__ void subsample_planes(const int count, const Dtype* x, const int h, const int w, const int oh,
                                  const int ow, const int sh, const int sw, Dtype* y) {
   CUDA_KERNEL_LOOP(i, count) {
@@ -102,6 +199,48 @@ __global__ void subsample_planes(const int count, const Dtype* x, const int h, c
     const int nc = t / oh;
     y[i] = x[((long long)nc * h + oy * sh) * w + ox * sw];
   }
+}
+
+// subsample_planes with each thread writing V = BYTES / sizeof(Dtype) consecutive values of y in one
+// BYTES-wide store (count % V == 0, y aligned to BYTES): the position of its first value is divided
+// out once, the next ones follow by counters across rows and planes.
+extern "C++" {
+template <int BYTES>
+__device__ __forceinline__ void subsample_planes_vec(const int vcount, const Dtype* x, const int h, const int w,
+                                                     const int oh, const int ow, const int sh, const int sw,
+                                                     Dtype* y) {
+  const int V = Units<BYTES>::V;
+  const long long row_step = (long long)sh * w, plane_step = (long long)h * w;
+  CUDA_KERNEL_LOOP(v, vcount) {
+    const int i = v * V;
+    const int t = i / ow, nc = t / oh;
+    int ox = i - t * ow, oy = t - nc * oh;
+    long long plane = nc * plane_step, row = plane + oy * row_step;
+    __align__(16) Dtype out[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      out[e] = x[row + (long long)ox * sw];
+      if (++ox == ow) {  // next row (and plane)
+        ox = 0, row += row_step;
+        if (++oy == oh) oy = 0, plane += plane_step, row = plane;
+      }
+    }
+    *reinterpret_cast<typename Raw<BYTES>::T*>(y + i) = *reinterpret_cast<const typename Raw<BYTES>::T*>(out);
+  }
+}
+}  // extern "C++"
+
+__global__ void subsample_planes_16b(const int vcount, const Dtype* x, const int h, const int w, const int oh,
+                                     const int ow, const int sh, const int sw, Dtype* y) {
+  subsample_planes_vec<16>(vcount, x, h, w, oh, ow, sh, sw, y);
+}
+__global__ void subsample_planes_8b(const int vcount, const Dtype* x, const int h, const int w, const int oh,
+                                    const int ow, const int sh, const int sw, Dtype* y) {
+  subsample_planes_vec<8>(vcount, x, h, w, oh, ow, sh, sw, y);
+}
+__global__ void subsample_planes_4b(const int vcount, const Dtype* x, const int h, const int w, const int oh,
+                                    const int ow, const int sh, const int sw, Dtype* y) {
+  subsample_planes_vec<4>(vcount, x, h, w, oh, ow, sh, sw, y);
 }
 
 // Its adjoint: x (N*C, h, w) = y (N*C, oh, ow) at every (sh, sw)-th pixel, 0 elsewhere (every x written).
@@ -122,15 +261,10 @@ __global__ void upsample_planes(const int count, const Dtype* y, const int h, co
 // BYTES-wide store (count % V == 0, x aligned to BYTES): the pixel position advances by counters,
 // not by divisions per element (the scalar kernel is bound by its integer divisions).
 extern "C++" {
-template <int BYTES> struct UpsampleVec;
-template <> struct UpsampleVec<16> { typedef uint4 T; };
-template <> struct UpsampleVec<8> { typedef uint2 T; };
-template <> struct UpsampleVec<4> { typedef unsigned T; };
-
 template <int BYTES>
 __device__ __forceinline__ void upsample_planes_vec(const int vcount, const Dtype* y, const int h, const int w,
                                                     const int oh, const int ow, const int sh, const int sw, Dtype* x) {
-  const int V = BYTES >= (int)sizeof(Dtype) ? BYTES / (int)sizeof(Dtype) : 1;  // (double: never launched below 16)
+  const int V = Units<BYTES>::V;
   CUDA_KERNEL_LOOP(v, vcount) {
     const int i = v * V;
     const int ix = i % w, t = i / w, iy = t % h;
@@ -147,7 +281,7 @@ __device__ __forceinline__ void upsample_planes_vec(const int vcount, const Dtyp
         if (oy * sh + ry == h) oy = 0, ry = 0, row += oh;
       }
     }
-    *reinterpret_cast<typename UpsampleVec<BYTES>::T*>(x + i) = *reinterpret_cast<const typename UpsampleVec<BYTES>::T*>(out);
+    *reinterpret_cast<typename Raw<BYTES>::T*>(x + i) = *reinterpret_cast<const typename Raw<BYTES>::T*>(out);
   }
 }
 }  // extern "C++"

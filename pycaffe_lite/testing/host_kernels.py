@@ -4,10 +4,10 @@ double), loaded with ctypes, and the layers' device pointers become their blobs'
 
 Two shims: ``SERIAL_SHIM`` makes each ``__global__`` kernel a plain ``extern "C"`` function and
 ``CUDA_KERNEL_LOOP`` a serial loop (harnesses add what else their kernels use);
-``THREADED_SHIM`` runs a launch's blocks one after another, each block's threads as OS threads
-(``__syncthreads`` a barrier, ``__shfl_xor_sync`` / ``__shfl_down_sync`` an exchange between two
-barriers, atomics compare-and-swap), through ``launch_<kernel>(gx, bx, by, bz, void** args)`` entries
-(``threaded_library``, ``launch``). Nothing is compiled until a library is asked for: importing
+``THREADED_SHIM`` runs a launch's blocks (a 1-, 2- or 3-D grid) one after another, each block's threads
+as OS threads (``__syncthreads`` a barrier, ``__shfl_xor_sync`` / ``__shfl_down_sync`` an exchange
+between two barriers, atomics compare-and-swap), through ``launch_<kernel>(gx, gy, gz, bx, by, bz,
+void** args)`` entries (``threaded_library``, ``launch``). Nothing is compiled until a library is asked for: importing
 this module needs no compiler (``CXX`` is None where there is none)."""
 
 from __future__ import annotations
@@ -120,20 +120,20 @@ static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline unsigned __umulhi(unsigned a, unsigned b) {
   return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
 }
-static void run_grid(int gx, int bx, int by, int bz, const std::function<void()>& body) {
-  gridDim = {unsigned(gx), 1, 1};
+static void run_grid(int gx, int gy, int gz, int bx, int by, int bz, const std::function<void()>& body) {
+  gridDim = {unsigned(gx), unsigned(gy), unsigned(gz)};
   blockDim = {unsigned(bx), unsigned(by), unsigned(bz)};
   const int threads = bx * by * bz;
   exchange.assign(threads, 0.0);
   warp_barriers.clear();
   for (int w = 0; w * 32 < threads; ++w) warp_barriers.emplace_back(new std::barrier<>(std::min(32, threads - 32 * w)));
-  for (int b = 0; b < gx; ++b) {
+  for (int b = 0; b < gx * gy * gz; ++b) {
     std::barrier<> bar(threads);
     block_barrier = &bar;
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, b, t] {
-        blockIdx = {unsigned(b), 0, 0};
+        blockIdx = {unsigned(b % gx), unsigned(b / gx % gy), unsigned(b / (gx * gy))};
         threadIdx = {unsigned(t % bx), unsigned(t / bx % by), unsigned(t / (bx * by))};
         body();
       });
@@ -145,8 +145,9 @@ template <class... P, std::size_t... I>
 static void call_with(void (*k)(P...), void** a, std::index_sequence<I...>) {
   k(*static_cast<std::remove_cv_t<P>*>(a[I])...);
 }
-template <class... P> static void launch_any(void (*k)(P...), int gx, int bx, int by, int bz, void** a) {
-  run_grid(gx, bx, by, bz, [=] { call_with(k, a, std::index_sequence_for<P...>{}); });
+template <class... P> static void launch_any(void (*k)(P...), int gx, int gy, int gz, int bx, int by, int bz,
+                                             void** a) {
+  run_grid(gx, gy, gz, bx, by, bz, [=] { call_with(k, a, std::index_sequence_for<P...>{}); });
 }
 #define __global__ extern "C"
 #define __device__
@@ -214,8 +215,8 @@ def threaded_library(cu: Path, dtype, flags: Sequence[str] = ()) -> tuple[ctypes
     """``cu`` built on ``THREADED_SHIM`` with a ``launch_<name>`` entry per kernel, and its signatures."""
     source = Path(cu).read_text()
     sigs = _signatures(source)
-    entries = "".join(f'extern "C" void launch_{name}(int gx, int bx, int by, int bz, void** a) '
-                      f'{{ launch_any(&{name}, gx, bx, by, bz, a); }}\n' for name in sigs)
+    entries = "".join(f'extern "C" void launch_{name}(int gx, int gy, int gz, int bx, int by, int bz, void** a) '
+                      f'{{ launch_any(&{name}, gx, gy, gz, bx, by, bz, a); }}\n' for name in sigs)
     lib = library(f"{source}\n{entries}", dtype, THREADED_SHIM, Path(cu).stem, ("-std=c++20", "-pthread", *flags))
     return lib, sigs
 
@@ -243,12 +244,15 @@ def kernel_args(sig: Signature, args: Sequence[Any], dtype) -> list[Any]:
     return [kinds[p.kind](v) for p, v in zip(sig.params, args)]
 
 
-def launch(lib: ctypes.CDLL, sig: Signature, args: Sequence[Any], dtype, grid: int,
+def launch(lib: ctypes.CDLL, sig: Signature, args: Sequence[Any], dtype, grid: int | tuple[int, ...],
            block: tuple[int, int, int]) -> None:
-    """Run ``sig``'s kernel of a ``threaded_library`` on a grid of ``grid`` blocks of ``block`` threads."""
+    """Run ``sig``'s kernel of a ``threaded_library`` on a grid of ``grid`` blocks (an int, or up to
+    3 dimensions) of ``block`` threads."""
     values = kernel_args(sig, args, dtype)
     argv = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
-    getattr(lib, f"launch_{sig.name}")(ctypes.c_int(grid), *(ctypes.c_int(b) for b in block), argv)
+    dims = (grid,) if isinstance(grid, int) else tuple(grid)
+    dims = dims + (1,) * (3 - len(dims))
+    getattr(lib, f"launch_{sig.name}")(*(ctypes.c_int(g) for g in dims), *(ctypes.c_int(b) for b in block), argv)
 
 
 def host_array(addr: int, shape, dtype) -> np.ndarray:
@@ -291,19 +295,20 @@ def aligned_copy(a: np.ndarray, shift: int = 0) -> np.ndarray:
     return out
 
 
-def threaded_device(monkeypatch: Any) -> list[tuple[str, int, tuple[int, int, int]]]:
+def threaded_device(monkeypatch: Any) -> list[tuple[str, Any, tuple[int, int, int]]]:
     """While ``monkeypatch`` (pytest's fixture) holds, the device API runs on the host: blobs'
     device pointers are their host arrays, ``backend.kernel`` launches a ``threaded_library`` build
-    of the ``.cu`` (the launch shape the caller asks for, or the backend's default; ``backend.elementwise``
-    kernels too), the workspace
+    of the ``.cu`` (the launch shape the caller asks for, 2- and 3-D grids too, or the backend's default;
+    ``backend.elementwise`` kernels too), the workspace
     is fresh host memory, the device has one multiprocessor (small capped grids: grid-stride loops
     run), ``memset_zero`` clears host bytes and ``memcpy_dtod`` copies them. Returns the list each
-    launch is appended to as (kernel name, blocks, block shape)."""
+    launch is appended to as (kernel name, blocks (an int for a 1-D grid, else the grid's 3 dimensions),
+    block shape)."""
     from ..gpu import backend
 
     route_blobs_to_host(monkeypatch)
     held: list[np.ndarray] = []
-    launches: list[tuple[str, int, tuple[int, int, int]]] = []
+    launches: list[tuple[str, Any, tuple[int, int, int]]] = []
     include = ("-I", str(Path(backend.__file__).parent))  # vec.cuh, block_sum.cuh
 
     def kernel(path: Any, name: str, dtype: Any) -> Callable[..., None]:
@@ -315,10 +320,11 @@ def threaded_device(monkeypatch: Any) -> list[tuple[str, int, tuple[int, int, in
                 if args[0] <= 0:
                     return
                 grid = min(-(-args[0] // shape[0]), backend.MAX_BLOCKS)
-            blocks = grid if isinstance(grid, int) else grid[0]
-            assert np.prod(shape) <= 1024 and blocks >= 1
-            launches.append((name, blocks, shape))
-            launch(lib, sigs[name], args, dtype, blocks, shape)
+            dims = (grid,) if isinstance(grid, int) else tuple(grid)
+            dims = dims + (1,) * (3 - len(dims))
+            assert np.prod(shape) <= 1024 and min(dims) >= 1
+            launches.append((name, dims[0] if dims[1:] == (1, 1) else dims, shape))
+            launch(lib, sigs[name], args, dtype, dims, shape)
         return call
 
     def elementwise(name: str, params: str, body: str, dtype: Any, preamble: str = "") -> Callable[..., None]:

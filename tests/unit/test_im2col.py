@@ -91,15 +91,82 @@ def test_gpu_im2col_matches_naive_and_col2im_is_adjoint(gpu_mode, shape, kernel,
     np.testing.assert_allclose(np.vdot(x.astype(np.float64), imb.data), np.vdot(expected, cols), rtol=tol)
 
 
+STORAGE = [np.float32, np.float64, np.float16, np.uint16]  # (uint16: bfloat16 bit patterns)
+
+
+def _bits_blob(size: int, dtype, seed: int) -> tuple[Blob, np.ndarray]:
+    """A device blob of ``size`` random values (bfloat16: random bits) and its host copy."""
+    rng = np.random.default_rng(seed)
+    a = (rng.integers(0, 1 << 16, size, dtype=np.uint16) if np.dtype(dtype) == np.uint16
+         else rng.standard_normal(size).astype(dtype))
+    b = Blob((size,), dtype)
+    b.mutable_cpu_data()[...] = a
+    return b, a
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_gpu_swap_leading_axes(gpu_mode, dtype):
+@pytest.mark.parametrize("dtype", STORAGE)
+@pytest.mark.parametrize(("a_dim", "b_dim", "inner", "shift"),  # 16-, 8-, 4-byte vectors, element by element
+                         [(3, 5, 7, 0), (3, 5, 8, 0), (4, 6, 4, 0), (5, 3, 2, 0), (3, 5, 8, 1), (64, 33, 49, 0),
+                          (2, 70000, 3, 0), (1, 4, 4096, 0)])  # (b past the grid's z limit; rows longer than a block)
+def test_gpu_swap_leading_axes(gpu_mode, dtype, a_dim, b_dim, inner, shift):
+    """(a, b, inner) -> (b, a, inner) bit for bit, pointers `shift` elements off the pool's alignment."""
     from pycaffe_lite.conv import im2col as gpu
 
-    a = np.random.default_rng(3).standard_normal((3, 5, 7)).astype(dtype)
-    src, dst = _device_blob(a, dtype), Blob((5, 3, 7), dtype)
-    gpu.swap_leading_axes(src.gpu_data(), 3, 5, 7, dst.mutable_gpu_data(), dtype)
-    np.testing.assert_array_equal(dst.data, a.transpose(1, 0, 2))
+    n, isz = a_dim * b_dim * inner, np.dtype(dtype).itemsize
+    src, a = _bits_blob(n + 1, dtype, 3)
+    dst, d = _bits_blob(n + 1, dtype, 4)
+    gpu.swap_leading_axes(src.gpu_data() + shift * isz, a_dim, b_dim, inner, dst.mutable_gpu_data() + shift * isz,
+                          dtype)
+    want = d.copy()
+    want[shift:shift + n] = a[shift:shift + n].reshape(a_dim, b_dim, inner).transpose(1, 0, 2).reshape(-1)
+    assert np.array_equal(dst.cpu_data().view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", STORAGE)
+@pytest.mark.parametrize(("planes", "plane", "src_stride", "dst_stride", "shift_src", "shift_dst"), [
+    (300, 49, 49, 56, 0, 0), (300, 49, 56, 49, 0, 0),    # the padded 7x7 half path: vector stores / loads only
+    (30, 16, 24, 40, 0, 0), (30, 12, 14, 18, 0, 0), (30, 6, 6, 10, 0, 0),  # 16-, 8-, 4-byte both sides (half)
+    (30, 7, 9, 11, 0, 0), (30, 16, 24, 40, 1, 0), (30, 16, 24, 40, 0, 3),  # element by element, misaligned
+    (40, 12, 12, 12, 0, 0), (40, 12, 12, 12, 1, 1),      # one contiguous run
+    (20, 196, 196, 200, 0, 0), (3, 3000, 3008, 3000, 0, 0),
+    (17_000_000, 1, 1, 2, 0, 0),                          # planes past the grid's y limit (x 256 threads)
+])
+def test_gpu_copy_planes(gpu_mode, dtype, planes, plane, src_stride, dst_stride, shift_src, shift_dst):
+    """dst[:, :plane] = src[:, :plane] bit for bit between buffers of different plane strides; dst's
+    other values stay."""
+    from pycaffe_lite.conv import im2col as gpu
+
+    isz = np.dtype(dtype).itemsize
+    src, a = _bits_blob(planes * src_stride + 4, dtype, 5)
+    dst, d = _bits_blob(planes * dst_stride + 4, dtype, 6)
+    gpu.copy_planes(src.gpu_data() + shift_src * isz, planes, plane, src_stride,
+                    dst.mutable_gpu_data() + shift_dst * isz, dst_stride, dtype)
+    want = d.copy()
+    view = want[shift_dst:shift_dst + planes * dst_stride].reshape(planes, dst_stride)
+    view[:, :plane] = a[shift_src:shift_src + planes * src_stride].reshape(planes, src_stride)[:, :plane]
+    assert np.array_equal(dst.cpu_data().view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", STORAGE)
+@pytest.mark.parametrize(("planes", "hw", "shift"), [(6, (14, 14), 0), (6, (7, 7), 0), (5, (3, 3), 0), (3, (5, 1), 0),
+                                                     (6, (14, 14), 1), (512, (56, 56), 0)])
+def test_gpu_subsample_planes_every_store(gpu_mode, dtype, planes, hw, shift):
+    """x[:, ::2, ::2] bit for bit through each store width (16, 8, 4 bytes, one value) and a y off the
+    pool's alignment (the scalar kernel)."""
+    from pycaffe_lite.conv import im2col as gpu
+
+    h, w = hw
+    x, a = _bits_blob(planes * h * w, dtype, 7)
+    want = np.ascontiguousarray(a.reshape(planes, h, w)[:, ::2, ::2]).reshape(-1)
+    y, yv = _bits_blob(want.size + 1, dtype, 8)
+    gpu.subsample_planes(x.gpu_data(), planes, hw, (2, 2), y.mutable_gpu_data() + shift * np.dtype(dtype).itemsize,
+                         dtype)
+    expected = yv.copy()
+    expected[shift:shift + want.size] = want
+    assert np.array_equal(y.cpu_data().view(np.uint8), expected.view(np.uint8))
 
 
 @pytest.mark.gpu
