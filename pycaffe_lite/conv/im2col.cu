@@ -91,7 +91,7 @@ __device__ __forceinline__ void copy_unit(const Dtype* s, Dtype* d, const int k,
   const int V = Units<BYTES>::V;
   typedef typename Raw<BYTES>::T T;
   const int j = k * V;
-  if (j + V > n) {
+  if (n - j < V) {  // (not j + V > n: n may be near INT_MAX)
     for (int e = j; e < n; ++e) d[e] = s[e];
     return;
   }
@@ -126,7 +126,7 @@ __device__ __forceinline__ void copy_unit(const Dtype* s, Dtype* d, const int k,
 template <int BYTES>
 __device__ __forceinline__ void swap_leading_axes_vec(const Dtype* in, const int a_dim, const int b_dim,
                                                       const int inner, const int vec, Dtype* out) {
-  const int units = (inner + Units<BYTES>::V - 1) / Units<BYTES>::V;
+  const int units = inner / Units<BYTES>::V + (inner % Units<BYTES>::V != 0);
   for (int b = blockIdx.z; b < b_dim; b += gridDim.z) {
     COPY_ROWS_LOOP(a, a_dim) {
       const Dtype* s = in + ((long long)a * b_dim + b) * inner;
@@ -141,7 +141,7 @@ template <int BYTES>
 __device__ __forceinline__ void copy_planes_vec(const int planes, const Dtype* src, const int src_stride,
                                                 const int plane, const int dst_stride, Dtype* dst,
                                                 const int vec_src, const int vec_dst) {
-  const int units = (plane + Units<BYTES>::V - 1) / Units<BYTES>::V;
+  const int units = plane / Units<BYTES>::V + (plane % Units<BYTES>::V != 0);
   COPY_ROWS_LOOP(p, planes) {
     const Dtype* s = src + (long long)p * src_stride;
     Dtype* d = dst + (long long)p * dst_stride;

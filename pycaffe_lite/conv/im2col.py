@@ -60,10 +60,10 @@ def _copy_launch(units: int, rows: int, depth: int = 1) -> tuple[tuple[int, int,
     z over ``depth``; each axis loops grid-stride past the grid's limits."""
     bx = min(backend.CUDA_NUM_THREADS, 1 << max(0, units - 1).bit_length())
     by = backend.CUDA_NUM_THREADS // bx
-    gx, gy = min(-(-units // bx), backend.MAX_BLOCKS), min(-(-rows // by), MAX_GRID_YZ)
-    if units > backend.INT32_MAX - gx * bx or rows > backend.INT32_MAX - gy * by:
-        raise CudaError(f"plane copy: {units} units a row or {rows} rows exceed int32 indexing")
-    return (gx, gy, min(depth, MAX_GRID_YZ)), (bx, by, 1)
+    gx, gy, gz = min(-(-units // bx), backend.MAX_BLOCKS), min(-(-rows // by), MAX_GRID_YZ), min(depth, MAX_GRID_YZ)
+    if units > backend.INT32_MAX - gx * bx or rows > backend.INT32_MAX - gy * by or depth > backend.INT32_MAX - gz:
+        raise CudaError(f"plane copy: {units} units a row, {rows} rows or {depth} slabs exceed int32 indexing")
+    return (gx, gy, gz), (bx, by, 1)
 
 
 def _fits(ptr: int, stride: int, itemsize: int, width: int) -> bool:
