@@ -31,7 +31,7 @@ GEOMETRIES = [  # (N, C, H, W), kernel, pad, stride, dilation
 
 @pytest.fixture
 def host_device(monkeypatch):
-    """im2col.cu's kernels run on the host (``host_kernels.threaded_device``); yields the list of
+    """im2col.cu's kernels run on the host (``host_kernels.threaded_device``); returns the list of
     launches, each (kernel name, arguments, grid, block)."""
     host_kernels.threaded_device(monkeypatch)
     threaded = backend.kernel
@@ -72,7 +72,7 @@ def test_im2col_and_col2im_kernels_match_the_cpu(host_device, shape, kernel, pad
 
 
 def _random(shape, dtype, seed: int) -> np.ndarray:
-    """Values of every bit pattern class a copy must keep: normals (bfloat16: raw bits)."""
+    """Random values to copy: normals in the float types, any 16-bit pattern in bfloat16's uint16."""
     rng = np.random.default_rng(seed)
     if np.dtype(dtype) == np.uint16:
         return rng.integers(0, 1 << 16, shape, dtype=np.uint16)
@@ -99,7 +99,7 @@ def test_upsample_planes_vector_stores_match_numpy(host_device, dtype, planes, h
     itemsize = np.dtype(dtype).itemsize
     for shift in (0, 1):  # a vector kernel, then (x misaligned for it) the scalar one
         host_device.clear()
-        view = host_kernels.aligned_copy(np.full(x.shape, 0x7F, dtype).view(dtype), shift)
+        view = host_kernels.aligned_copy(np.full(x.shape, 0x7F, dtype), shift)
         gpu_im2col.upsample_planes(sub.ctypes.data, planes, hw, stride, view.ctypes.data, dtype)
         want = np.zeros_like(x)
         want[:, ::stride[0], ::stride[1]] = sub
@@ -122,7 +122,7 @@ def test_subsample_planes_vector_stores_match_numpy(host_device, dtype, planes, 
     itemsize = np.dtype(dtype).itemsize
     for shift in (0, 1):
         host_device.clear()
-        y = host_kernels.aligned_copy(np.full(want.shape, 0x7F, dtype).view(dtype), shift)
+        y = host_kernels.aligned_copy(np.full(want.shape, 0x7F, dtype), shift)
         gpu_im2col.subsample_planes(x.ctypes.data, planes, hw, stride, y.ctypes.data, dtype)
         np.testing.assert_array_equal(_bits(y), _bits(want))
         widths = [wd for wd in gpu_im2col.WIDTHS if wd > itemsize and (want.size * itemsize) % wd == 0]
@@ -230,7 +230,7 @@ def test_swap_leading_axes_matches_numpy(host_device, monkeypatch, dtype, case, 
     a, b, inner, shift = case
     isz = np.dtype(dtype).itemsize
     src = host_kernels.aligned_copy(_random((a, b, inner), dtype, 6), shift)
-    dst = host_kernels.aligned_copy(np.full((b, a, inner), 0x7F, dtype).view(dtype), shift)
+    dst = host_kernels.aligned_copy(np.full((b, a, inner), 0x7F, dtype), shift)
     gpu_im2col.swap_leading_axes(src.ctypes.data, a, b, inner, dst.ctypes.data, dtype)
     np.testing.assert_array_equal(_bits(dst), _bits(np.ascontiguousarray(src.transpose(1, 0, 2))))
     (name, args, grid, block), = host_device
