@@ -16,7 +16,7 @@ The pure-Python parts decide what goes where, and are tested on the CPU:
   for the device, None for one the worker decoded.
 
 :class:`Decoder` is the library: one handle (the first backend of :data:`BACKENDS` the library and
-the GPU have: GPU-assisted Huffman decoding, else the hardware JPEG engines of A100/H100/H200, else
+the GPU have: the hardware JPEG engines of A100/H100/H200, else GPU-assisted Huffman decoding, else
 the default), two decode states (one per device buffer of the double-buffered upload), and
 :meth:`Decoder.decode` for a batch. Planar BGR
 (``NVJPEG_OUTPUT_BGR``) is Caffe's channel order and CHW layout, so no reordering is needed.
@@ -57,14 +57,10 @@ BACKEND_DEFAULT, BACKEND_GPU_HYBRID, BACKEND_HARDWARE = 0, 2, 3
 OUTPUT_Y, OUTPUT_BGR = 2, 4
 MAX_COMPONENT = 4
 FLAGS_UPSAMPLING_WITH_INTERPOLATION = 1 << 5
-# The backends tried in turn, first to last: (name, backend, flags). GPU-assisted Huffman decoding
-# first (interpolated chroma upsampling, libjpeg's way, where the library takes the flag): measured
-# in ResNet-50 fp16 training on an H200 (docs/performance.md), the hardware JPEG engines' batched
-# decode left the compute stream idle 5-7.5 ms an iteration (its batches arrived as the forward
-# asked for them) against 1.8 ms for this backend. Then the hardware engines (A100, H100, H200),
-# with and without interpolation; the default.
-BACKENDS = (("gpu hybrid, interpolated chroma", BACKEND_GPU_HYBRID, FLAGS_UPSAMPLING_WITH_INTERPOLATION),
-            ("hardware, interpolated chroma", BACKEND_HARDWARE, FLAGS_UPSAMPLING_WITH_INTERPOLATION),
+# The backends tried in turn, first to last: (name, backend, flags). The hardware JPEG engines (A100,
+# H100, H200) with interpolated chroma upsampling (libjpeg's way) where the library has it, then
+# without; GPU-assisted Huffman decoding; the default.
+BACKENDS = (("hardware, interpolated chroma", BACKEND_HARDWARE, FLAGS_UPSAMPLING_WITH_INTERPOLATION),
             ("hardware", BACKEND_HARDWARE, 0), ("gpu hybrid", BACKEND_GPU_HYBRID, 0), ("default", BACKEND_DEFAULT, 0))
 STATUS = {
     0: "NVJPEG_STATUS_SUCCESS", 1: "NVJPEG_STATUS_NOT_INITIALIZED", 2: "NVJPEG_STATUS_INVALID_PARAMETER",
