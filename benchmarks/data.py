@@ -3,7 +3,7 @@
     python benchmarks/data.py [--gpu] [--records 1024] [--batch 256] [--size 256] [--crop 224]
                               [--workers 0,4,8,15] [--kinds raw,jpeg] [--seconds 3] [--no-torch]
                               [--no-host-decode]
-                              [--train [--tf32 | --precision fp16|bf16|...] [--iters 10]]
+                              [--train [--tf32 | --precision fp16|bf16|...] [--iters 10] [--timeline]]
 
 Writes two LMDBs into a temporary folder: ``--records`` synthetic ``--size`` x ``--size`` colour
 images (smooth noise, so JPEG quality 90 gives ~23 kB a record, as ImageNet's resized images) as
@@ -28,8 +28,11 @@ Solver SGD, random He-normal weights) fed by a Data layer from each LMDB (automa
 JPEG LMDB as a user gets it, nvJPEG in GPU mode, and in GPU mode once more with ``gpu_decode:
 false``, the host decode) against
 the same net fed by an Input layer of random values (synthetic input: what ``zoo.py`` times), with
-``--tf32`` allowed or not; the mean time of ``--iters`` iterations after three, the device
-synchronized at both ends. Neither net computes the data gradient (a Caffe training net does not).
+``--tf32`` allowed or not; the mean time of ``--iters`` iterations after ``--warmup`` ones, the
+device synchronized at both ends. Neither net computes the data gradient (a Caffe training net does
+not). ``--timeline`` (GPU) then runs ``--iters`` more under ``torch.profiler`` and gives each row's
+device busy time (any stream) and idle time per iteration, the idle split by gap length: a starved
+net idles in gaps, a data path that competes for the GPU adds busy time.
 """
 
 from __future__ import annotations
@@ -220,10 +223,11 @@ def torch_rate(source: Path, batch: int, crop: int, seconds: float) -> float | N
 
 
 def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool,
-             gpu_decode: bool | None = None, warmup: int = 5) -> tuple[float, str]:
+             gpu_decode: bool | None = None, warmup: int = 5, timeline: bool = False) -> tuple[float, str]:
     """Mean ms of a ResNet-50 training iteration fed from the LMDB ``source`` (None: synthetic input;
     ``gpu_decode``: ``data_param.gpu_decode``, None leaves it unset) after ``warmup`` untimed ones
-    (autotune, capture, the first replays), and how the batches travel."""
+    (autotune, capture, the first replays), and how the batches travel; ``timeline``: then as many
+    iterations again under ``torch.profiler``, whose device busy and idle time the second part gives."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import ours
 
@@ -272,6 +276,14 @@ def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool,
         if before is not None and stats is not None:  # the forwards' wait for staged batches (host clock)
             batches, _, waited = (a - b for a, b in zip(stats(), before))
             how += f"; the forward waited {waited / max(batches, 1) * 1e3:.2f} ms/iter for batches"
+        if timeline:
+            from kernel_profile import device_intervals, idle_line
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                solver.step(iters)
+                sync()
+            how += "; " + idle_line(device_intervals(prof), iters)
         return ms, how
     finally:
         for layer in solver.net.layers:
@@ -298,6 +310,9 @@ def main() -> None:
     ap.add_argument("--precision", default=None, help="with --train: caffe.set_precision (fp32, tf32, fp16, bf16)")
     ap.add_argument("--iters", type=int, default=10, help="with --train: timed iterations")
     ap.add_argument("--warmup", type=int, default=5, help="with --train: untimed iterations first")
+    ap.add_argument("--timeline", action="store_true",
+                    help="with --train and --gpu: each row's device busy and idle time per iteration (torch.profiler "
+                         "over --iters more iterations; needs PyTorch)")
     args = ap.parse_args()
     cores = usable_cores()
     counts = [int(w) for w in args.workers.split(",")] if args.workers else sorted({0, max(1, cores // 2),
@@ -317,9 +332,11 @@ def main() -> None:
             if args.precision:
                 caffe.set_precision(args.precision)
             what = args.precision or ("TF32" if args.tf32 else "fp32")
-            base, _ = train_ms(None, args.batch, args.crop, args.iters, args.gpu, warmup=args.warmup)
+            timeline = args.timeline and args.gpu
+            base, how = train_ms(None, args.batch, args.crop, args.iters, args.gpu, warmup=args.warmup,
+                                 timeline=timeline)
             print(f"ResNet-50 training, batch {args.batch}, {what}: synthetic input "
-                  f"{base:.1f} ms ({args.batch / base * 1e3:.0f} img/s)", flush=True)
+                  f"{base:.1f} ms ({args.batch / base * 1e3:.0f} img/s; {how})", flush=True)
             rows: list[tuple[str, float, str]] = []
             for kind in args.kinds.split(","):
                 runs: list[tuple[str, bool | None]] = [(f"from the {kind} LMDB", None)]
@@ -327,7 +344,7 @@ def main() -> None:
                     runs.append(("from the jpeg LMDB, host decode (gpu_decode: false)", False))
                 for label, gpu_decode in runs:
                     ms, path = train_ms(raw if kind == "raw" else jpeg, args.batch, args.crop, args.iters, args.gpu,
-                                        gpu_decode, warmup=args.warmup)
+                                        gpu_decode, warmup=args.warmup, timeline=timeline)
                     rows.append((label, ms, path))
                     print(f"  {label}: {ms:.1f} ms ({args.batch / ms * 1e3:.0f} img/s; {path})", flush=True)
             again, _ = train_ms(None, args.batch, args.crop, args.iters, args.gpu, warmup=args.warmup)

@@ -52,6 +52,48 @@ def family(name: str) -> str:
     return "other"
 
 
+GAP_BINS = (10.0, 50.0, 500.0)  # us: the idle gaps are summed below 10, 10-50, 50-500 and from 500 on
+
+
+def busy_and_gaps(intervals: list[tuple[float, float]]) -> tuple[float, float, list[float]]:
+    """Of device activity intervals ``(start, end)`` (us, any streams, overlapping or not): the span
+    from the first start to the last end, the time at least one ran (their union) and the idle
+    gaps between, in order."""
+    if not intervals:
+        return 0.0, 0.0, []
+    ordered = sorted(intervals)
+    busy, gaps = 0.0, []
+    lo, hi = ordered[0]
+    for start, end in ordered[1:]:
+        if start > hi:
+            busy += hi - lo
+            gaps.append(start - hi)
+            lo, hi = start, end
+        else:
+            hi = max(hi, end)
+    busy += hi - lo
+    return max(e for _, e in ordered) - ordered[0][0], busy, gaps
+
+
+def idle_line(intervals: list[tuple[float, float]], iters: int) -> str:
+    """One line: per iteration, the device's busy (any stream) and idle ms, and the idle by gap size."""
+    span, busy, gaps = busy_and_gaps(intervals)
+    bins = [0.0] * (len(GAP_BINS) + 1)
+    for g in gaps:
+        bins[sum(g >= b for b in GAP_BINS)] += g
+    labels = [f"<{GAP_BINS[0]:.0f}"] + [f"{a:.0f}-{b:.0f}" for a, b in zip(GAP_BINS, GAP_BINS[1:])] + [f">={GAP_BINS[-1]:.0f}"]
+    per = 1e3 * max(iters, 1)
+    return (f"device busy {busy / per:.2f} ms/iter (any stream), idle {(span - busy) / per:.2f} ms/iter; idle by gap (us): "
+            + ", ".join(f"{lab} {v / per:.2f}" for lab, v in zip(labels, bins)))
+
+
+def device_intervals(prof) -> list[tuple[float, float]]:
+    """The (start, end) us of every device event (kernels, copies, sets) of a ``torch.profiler`` run."""
+    from torch.autograd import DeviceType
+
+    return [(ev.time_range.start, ev.time_range.end) for ev in prof.events() if ev.device_type == DeviceType.CUDA]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--net", default="resnet50", choices=sorted(NETS))
@@ -115,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.net} {args.mode} {args.side}{label} {step_drive(args)} batch {args.batch}: "
           f"wall {wall:.2f} ms/iter, kernels {device:.2f} ms/iter, "
           f"{sum(counts.values()) / args.iters:.0f} launches/iter")
+    print("  " + idle_line(device_intervals(prof), args.iters))
     fams: dict[str, float] = defaultdict(float)
     for name, ms in totals.items():
         fams[family(name)] += ms

@@ -50,3 +50,17 @@ def test_arguments(kp):
     assert kp.step_drive(kp.parse_args(["--forward-only", "--mode", "published"])) == "forward"
     with pytest.raises(SystemExit):
         kp.parse_args(["--tf32", "--precision", "fp16"])
+
+
+def test_busy_and_gaps_take_the_union_of_overlapping_streams(kp):
+    # two streams: [0, 10] and [5, 12] overlap; then idle 3; [15, 20]; idle 80 up to [100, 101]
+    span, busy, gaps = kp.busy_and_gaps([(15.0, 20.0), (0.0, 10.0), (100.0, 101.0), (5.0, 12.0), (16.0, 18.0)])
+    assert (span, busy, gaps) == (101.0, 18.0, [3.0, 80.0])
+    assert kp.busy_and_gaps([]) == (0.0, 0.0, [])
+
+
+def test_idle_line_bins_the_gaps_per_iteration(kp):
+    # 2 iterations; gaps of 4, 20, 600 us: busy 376 us, idle 624 us over 2 iterations
+    line = kp.idle_line([(0.0, 100.0), (104.0, 200.0), (220.0, 300.0), (900.0, 1000.0)], iters=2)
+    assert line.startswith("device busy 0.19 ms/iter (any stream), idle 0.31 ms/iter;")
+    assert line.endswith("<10 0.00, 10-50 0.01, 50-500 0.00, >=500 0.30")
