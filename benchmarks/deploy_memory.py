@@ -73,10 +73,10 @@ def plan(name: str, batch: int) -> str:
     """The shared-data plan's bytes on the CPU (no forward runs)."""
     from pycaffe_lite.runtime.memory_plan import shared_data_slots
 
-    net = _net(name, batch)
-    memories = {id(b.data_memory): b.data_memory.nbytes for b in net._blobs}
+    net = _net(name, batch).graph
+    memories = {id(b.data_memory): b.data_memory.nbytes for b in net.blobs}
     slots = [s for s in shared_data_slots(net) if len(s[1]) > 1]
-    planned = sum(net._blobs[g[0]].data_memory.nbytes for _, groups in slots for g in groups)
+    planned = sum(net.blobs[g[0]].data_memory.nbytes for _, groups in slots for g in groups)
     blobs = sum(memories.values())
     shared = blobs - planned + sum(n for n, _ in slots)
     return (f"{name:14s} b{batch} blob data: {blobs / 2**20:7.0f} MiB alone, {shared / 2**20:6.0f} MiB shared "
