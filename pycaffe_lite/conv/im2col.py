@@ -51,7 +51,6 @@ def col2im(data_col: int, num: int, channels: int, image_hw: Pair, kernel: Pair,
 
 
 WIDTHS = (16, 8, 4)  # bytes a vector kernel moves in one load or store (its name's suffix)
-MAX_GRID_YZ = 65535  # grid y and z dimensions at most (the copies loop grid-stride beyond)
 
 
 def _copy_launch(units: int, rows: int, depth: int = 1) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -60,7 +59,7 @@ def _copy_launch(units: int, rows: int, depth: int = 1) -> tuple[tuple[int, int,
     z over ``depth``; each axis loops grid-stride past the grid's limits."""
     bx = min(backend.CUDA_NUM_THREADS, 1 << max(0, units - 1).bit_length())
     by = backend.CUDA_NUM_THREADS // bx
-    gx, gy, gz = min(-(-units // bx), backend.MAX_BLOCKS), min(-(-rows // by), MAX_GRID_YZ), min(depth, MAX_GRID_YZ)
+    gx, gy, gz = min(-(-units // bx), backend.MAX_BLOCKS), min(-(-rows // by), backend.MAX_GRID_YZ), min(depth, backend.MAX_GRID_YZ)
     if units > backend.INT32_MAX - gx * bx or rows > backend.INT32_MAX - gy * by or depth > backend.INT32_MAX - gz:
         raise CudaError(f"plane copy: {units} units a row, {rows} rows or {depth} slabs exceed int32 indexing")
     return (gx, gy, gz), (bx, by, 1)

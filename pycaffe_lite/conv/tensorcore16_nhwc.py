@@ -144,7 +144,6 @@ def phases(prob: ConvProblem, pass_: str) -> tuple[Phase, ...]:
 
 
 TRANSPOSE_TILE = 64  # T16N_TT: pixels and channels of a t16n_to_nhwc block
-MAX_GRID_Y = 65535
 
 
 @dataclass(frozen=True)
@@ -162,9 +161,9 @@ class Stage:
 
 def stage_plan(prob: ConvProblem, num: int, channels: int, plane: int) -> Stage:
     """The :class:`Stage` of a (num, channels, plane) operand of ``prob``'s dtype."""
-    if channels % CHANNEL_MULTIPLE or num > MAX_GRID_Y:
+    if channels % CHANNEL_MULTIPLE or num > backend.MAX_GRID_YZ:
         raise CudaError(f"fp16/bf16 NHWC staging: {channels} channels (a multiple of 8 expected) or {num} images "
-                        f"(at most {MAX_GRID_Y})")
+                        f"(at most {backend.MAX_GRID_YZ})")
     tiles = -(-channels // TRANSPOSE_TILE) * -(-plane // TRANSPOSE_TILE)
     return Stage(backend.kernel(KERNELS, "t16n_to_nhwc", prob.np_dtype), (tiles, num, 1), channels, plane)
 

@@ -36,6 +36,7 @@ class Recording(Protocol):
 
 CUDA_NUM_THREADS = 256
 MAX_BLOCKS = 65535 * 4
+MAX_GRID_YZ = 65535  # a grid's y and z dimensions at most
 INT32_MAX = 2**31 - 1
 
 PRELUDE = """typedef {ctype} Dtype;

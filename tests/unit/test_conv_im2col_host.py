@@ -179,7 +179,7 @@ def test_copy_planes_matches_numpy(host_device, monkeypatch, dtype, case, grid_l
     a vector where its pointer and stride allow it. With the grid's y dimension limited to 1 block
     (and x to 1) the kernels' grid-stride loops cover every plane."""
     if grid_limit:
-        monkeypatch.setattr(gpu_im2col, "MAX_GRID_YZ", grid_limit)
+        monkeypatch.setattr(backend, "MAX_GRID_YZ", grid_limit)
         monkeypatch.setattr(backend, "MAX_BLOCKS", grid_limit)
     planes, plane, ss, ds, shift_s, shift_d = case
     isz = np.dtype(dtype).itemsize
@@ -225,7 +225,7 @@ def test_swap_leading_axes_matches_numpy(host_device, monkeypatch, dtype, case, 
     both pointers and inner's bytes allow, else element by element; with the grid's y, z (and x)
     limited to 1 block the grid-stride loops cover every row."""
     if grid_limit:
-        monkeypatch.setattr(gpu_im2col, "MAX_GRID_YZ", grid_limit)
+        monkeypatch.setattr(backend, "MAX_GRID_YZ", grid_limit)
         monkeypatch.setattr(backend, "MAX_BLOCKS", grid_limit)
     a, b, inner, shift = case
     isz = np.dtype(dtype).itemsize
