@@ -72,7 +72,7 @@ def busy_and_gaps(intervals: list[tuple[float, float]]) -> tuple[float, float, l
         else:
             hi = max(hi, end)
     busy += hi - lo
-    return max(e for _, e in ordered) - ordered[0][0], busy, gaps
+    return hi - ordered[0][0], busy, gaps  # (the last merged run ends last: a longer one would have merged it)
 
 
 def idle_line(intervals: list[tuple[float, float]], iters: int) -> str:
