@@ -318,9 +318,12 @@ def release_workspace(slot: str = "main") -> None:
         st.pool.free_held()
 
 
-def workspace_bytes() -> int:
-    """Current size of the shared device workspaces (0 before first use)."""
-    return sum(b[0] for b in _state.workspaces.values()) if _state is not None else 0
+def workspace_bytes(slot: str | None = None) -> int:
+    """Current size (bytes) of the shared device workspace ``slot``, or of all of them (0 before
+    first use)."""
+    if _state is None:
+        return 0
+    return sum(b[0] for name, b in _state.workspaces.items() if slot in (None, name))
 
 
 def memory_held() -> dict[str, int]:
