@@ -107,7 +107,7 @@ def layer_rate(source: Path, workers: int, batch: int, crop: int, seconds: float
             backend.synchronize()
 
     try:
-        for _ in range(6):
+        for _ in range(24):  # (unset gpu_decode: past the layer's judgement of the host decode)
             layer.forward([], top)
         sync()
         start, done = time.perf_counter(), 0
@@ -130,10 +130,15 @@ def path_of(pre, gpu: bool) -> str:
         return "workers, host transform"
     path = "workers, uint8 + device kernel" + (", page-locked" if pre._registered is not None else
                                                 f", pageable ({pre.register_error})")
-    if pre.gpu_decode:
+    adaptive = getattr(pre, "adaptive", False)
+    if pre.gpu_decode and adaptive and not pre.loader.device_decode:
+        path += ", host decode by the workers (they keep up: nvJPEG not needed)"
+    elif pre.gpu_decode:
         path += f", nvJPEG ({pre.decoder.backend} backend)" if pre.decoder is not None else ", nvJPEG failed: host"
         if getattr(pre, "_stager", None) is not None:
             path += " on the staging thread"
+        if adaptive:
+            path += " (the workers' host decode fell behind)"
     return path + f", {pre.staged_ahead} staged ahead"
 
 

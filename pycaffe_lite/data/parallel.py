@@ -232,6 +232,11 @@ class TransformingJob:
                                            where=self.where)
 
 
+WATCH_SKIP = 4  # adaptive decode: forwards not watched at first (start-up, autotune)
+WATCH_WINDOW = 8  # forwards per judgement
+WATCH_SHARE = 0.05  # the share of the time forwards may wait for the host decode
+
+
 def gpu_decode_chosen(prototxt_value: bool | None) -> bool:
     """Whether JPEG records are to be decoded on the device by nvJPEG (in GPU mode):
     ``$PYCAFFE_LITE_GPU_DECODE`` (``config.gpu_decode``) when set, else the prototxt's
@@ -287,6 +292,8 @@ class ParallelBatches:
         self._device: dict[str, Any] = {}
         self.staged_ahead = 0  # batches queued on the copy stream a forward before they were due
         self.gpu_decode = False  # JPEG items left encoded by the workers, decoded by nvJPEG (set before start)
+        self.adaptive = False  # with gpu_decode: the workers decode until forwards wait for them (set before start)
+        self._watch: tuple[int, float, float] = (0, 0.0, 0.0)  # adaptive: (forwards, window start, waited in it)
         self.decoder: nvjpeg.Decoder | None = None
         self._stager: _Stager | None = None  # the gpu_decode path's staging thread (from the first device forward)
 
@@ -304,6 +311,7 @@ class ParallelBatches:
         item_dtype = np.dtype(np.uint8) if self.raw else self.dtype
         layout = data_workers.BatchLayout(self.batch_size, tuple(out_shape), item_dtype.str)
         self.loader = data_workers.ParallelLoader(self.workers, self.job(), layout, self.depth, self.plan, self.where)
+        self.loader.device_decode = self.gpu_decode and not self.adaptive
         self.loader.start()
 
     def try_start(self, automatic: bool, instead: str) -> bool:
@@ -356,6 +364,7 @@ class ParallelBatches:
         if self._stager is not None:
             taken, self.waited, ahead = self._stager.take()
             self.staged_ahead += int(ahead)
+            self._watch_host_decode()
             return taken.slot, taken.position, taken.payloads, taken
         staged, self._staged = self._staged, None
         if staged is not None:
@@ -365,6 +374,31 @@ class ParallelBatches:
         slot, position, payloads = self.loader.get()
         self.waited = time.perf_counter() - start
         return slot, position, payloads, None
+
+    def _watch_host_decode(self) -> None:
+        """:attr:`adaptive`: after :data:`WATCH_SKIP` forwards, over each :data:`WATCH_WINDOW` of
+        them, the share of the time the forwards waited for batches; above :data:`WATCH_SHARE` the
+        workers cannot keep up, and nvJPEG decodes the batches planned from then on (for good; one
+        INFO line). While they keep up, decoding on the host leaves the device to the net."""
+        assert self.loader is not None
+        if not self.adaptive or self.loader.device_decode:
+            return
+        count, start, waited = self._watch
+        now = time.perf_counter()
+        count += 1
+        if count <= WATCH_SKIP:
+            self._watch = (count, now, 0.0)
+            return
+        waited += self.waited
+        if count - WATCH_SKIP < WATCH_WINDOW:
+            self._watch = (count, start, waited)
+            return
+        share = waited / max(now - start, 1e-9)
+        if share > WATCH_SHARE:
+            self.loader.device_decode = True
+            log.info("%s: the forwards waited %.0f %% of the time for the workers' host decode: JPEG records "
+                     "are decoded on the device by nvJPEG from now on", self.where, share * 100)
+        self._watch = (WATCH_SKIP, now, 0.0)
 
     def fill(self, top, gpu: bool) -> tuple[int, bytes, str]:
         """The next batch into the tops: on the device by the kernel (``gpu`` and uint8 items), else
@@ -461,8 +495,12 @@ class ParallelBatches:
         """An nvJPEG decoder with the first backend from ``nvjpeg.BACKENDS[start]`` on, or None (a warning)."""
         try:
             self.decoder = nvjpeg.Decoder(states=2, start=start)
-            log.info("%s: JPEG records decoded on the device by nvJPEG (%s backend, %s)", self.where,
-                     self.decoder.backend, self.decoder.path)
+            if self.adaptive and not (self.loader is not None and self.loader.device_decode):
+                log.info("%s: nvJPEG ready (%s backend, %s): the workers decode JPEG records while they keep up "
+                         "with the forwards, nvJPEG once they do not", self.where, self.decoder.backend, self.decoder.path)
+            else:
+                log.info("%s: JPEG records decoded on the device by nvJPEG (%s backend, %s)", self.where,
+                         self.decoder.backend, self.decoder.path)
         except nvjpeg.NvJpegError as exc:
             self.decoder = None
             log.warning("%s: %s; JPEG records are decoded on the host", self.where, exc)

@@ -208,7 +208,9 @@ class SharedBatches:
 
 # -- workers ---------------------------------------------------------------------------------------
 class Job(Protocol):
-    """What a worker does (picklable; built in the parent, used in the worker)."""
+    """What a worker does (picklable; built in the parent, used in the worker). A job with a
+    ``gpu_decode`` attribute gets it set per batch from :attr:`ParallelLoader.device_decode` as the
+    batch was planned (leave JPEG records encoded for nvJPEG, or decode them here)."""
 
     def open(self) -> None:
         """Per-process set-up in the worker (open the database, build the transformer)."""
@@ -265,7 +267,9 @@ def _worker_main(conn, close_fds: Sequence[int], batches: SharedBatches, job: Jo
             break
         if msg is None:
             break
-        slot, start, refs = msg
+        slot, start, refs, device_decode = msg
+        if hasattr(job, "gpu_decode"):
+            job.gpu_decode = device_decode
         try:
             payloads = [job.load(ref, batches, slot, start + k) for k, ref in enumerate(refs)]
             reply: tuple = ("done", slot, "", start, payloads if any(p is not None for p in payloads) else None)
@@ -313,9 +317,10 @@ class WorkerPool:
                 proc.start()
             self.procs.append(proc)
 
-    def submit(self, slot: int, refs: Sequence[Any]) -> int:
-        """Send ``refs`` (item i of ``slot`` is ``refs[i]``) to the workers in contiguous chunks;
-        the number of messages sent (each answers once)."""
+    def submit(self, slot: int, refs: Sequence[Any], device_decode: bool = False) -> int:
+        """Send ``refs`` (item i of ``slot`` is ``refs[i]``) to the workers in contiguous chunks
+        (``device_decode``: the job's ``gpu_decode`` for them); the number of messages sent (each
+        answers once)."""
         n = len(self.conns)
         per = -(-len(refs) // n)
         sent = 0
@@ -323,7 +328,7 @@ class WorkerPool:
             chunk = refs[k * per : (k + 1) * per]
             if not len(chunk):
                 break
-            self.conns[k].send((slot, k * per, list(chunk)))
+            self.conns[k].send((slot, k * per, list(chunk), device_decode))
             sent += 1
         return sent
 
@@ -420,6 +425,7 @@ class ParallelLoader:
         self._early: tuple | None = None  # a failed batch try_get saw before it was due
         self.thread = threading.Thread(target=self._run, name=f"data loader {where}", daemon=True)
         self._closed = False
+        self.device_decode = False  # sent with each batch planned from now on (Job's gpu_decode)
 
     def start(self) -> None:
         self.thread.start()
@@ -467,7 +473,7 @@ class ParallelLoader:
     def _plan(self, books: _Books, slot: int, now: bool) -> None:
         try:
             refs, books.infos[slot] = self.plan(slot, now)
-            books.pending[slot] = self.pool.submit(slot, refs)
+            books.pending[slot] = self.pool.submit(slot, refs, self.device_decode)
         except Deferred:
             books.deferred, books.pending[slot] = (slot, books.seq - 1), -1
         except BaseException as exc:  # the parent's part failed (database changed, ...)

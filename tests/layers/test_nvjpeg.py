@@ -632,13 +632,17 @@ def png(i: int, img: np.ndarray) -> bytes:
 
 def test_gpu_decode_is_on_by_default_for_jpeg_records_in_gpu_mode(mixed_source, tmp_path, emulated_device,
                                                                   monkeypatch, caplog):
-    """Unset: nvJPEG decodes JPEG records in GPU mode (the log says so), not PNG ones; ``gpu_decode:
-    false`` in the file or PYCAFFE_LITE_GPU_DECODE=0 turn it off; CPU mode never uses it."""
+    """Unset: nvJPEG is ready in GPU mode for JPEG records (not PNG ones), the workers decoding
+    while they keep up (the log says so); ``gpu_decode: false`` in the file or
+    PYCAFFE_LITE_GPU_DECODE=0 turn it off; CPU mode never uses it."""
+    monkeypatch.setattr(data_parallel, "WATCH_SHARE", 2.0)  # (the workers always keep up)
     with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
         layer = layer_of(mixed_source, 2, gpu_decode=None)
-        _started(layer, monkeypatch, forwards=2)
-    assert layer._prefetcher.gpu_decode and layer._prefetcher._stager is not None and _FakeDecoder.calls
-    assert "JPEG records decoded on the device by nvJPEG" in caplog.text and "workers decode" not in caplog.text
+        _started(layer, monkeypatch, forwards=16)
+    parallel = layer._prefetcher
+    assert parallel.gpu_decode and parallel.adaptive and parallel._stager is not None
+    assert not parallel.loader.device_decode and not _FakeDecoder.calls
+    assert "the workers decode JPEG records while they keep up" in caplog.text
     layer.close()
     for off, env in (("false", None), (None, False)):
         _FakeDecoder.calls = []
@@ -661,6 +665,26 @@ def test_gpu_decode_is_on_by_default_for_jpeg_records_in_gpu_mode(mixed_source, 
     layer.setup([], empty_blobs(2, layer.dtype))
     assert not layer._prefetcher.raw and not layer._prefetcher.gpu_decode
     layer.close()
+
+
+@pytest.mark.parametrize("share", [-1.0, 2.0])
+def test_adaptive_decode_hands_over_to_nvjpeg_when_the_forwards_wait(mixed_source, emulated_device, monkeypatch,
+                                                                     caplog, share):
+    """Unset gpu_decode: once the forwards waited more than WATCH_SHARE of a window for the host
+    decode (-1: any wait counts), the batches planned from then on are left encoded for nvJPEG (the
+    log says so), and every batch still equals the single prefetch thread's; else the workers
+    decode them all."""
+    monkeypatch.setattr(data_parallel, "WATCH_SKIP", 1)
+    monkeypatch.setattr(data_parallel, "WATCH_WINDOW", 2)
+    monkeypatch.setattr(data_parallel, "WATCH_SHARE", share)
+    want = run_batches(layer_of(mixed_source, 0), 14, gpu=False)
+    layer = layer_of(mixed_source, 2, gpu_decode=None)
+    with caplog.at_level(logging.INFO, logger="pycaffe_lite"):
+        got = run_batches(layer, 14, gpu=True, monkeypatch=monkeypatch)
+    assert_same(want, got)
+    switched = share < 0
+    assert bool(_FakeDecoder.calls) == switched
+    assert ("decoded on the device by nvJPEG from now on" in caplog.text) == switched
 
 
 def test_a_missing_library_by_default_is_no_warning(mixed_source, emulated_device, monkeypatch, caplog):
@@ -727,10 +751,28 @@ def test_nvjpeg_pixels_within_the_stated_tolerance(tmp_path, gpu_mode, subsampli
     source = write_lmdb(tmp_path / "db", lambda i, img: jpeg(img, quality=90, subsampling=subsampling))
     transform = "crop_size: 16 mirror: true"
     host, _ = _gpu_batches(source, 6, False, transform)
-    device, decoder = _gpu_batches(source, 6, None, transform)  # (unset: on by default in GPU mode)
+    device, decoder = _gpu_batches(source, 6, True, transform)
     assert decoder is not None, "nvJPEG was not used (library missing or failed: see the log)"
     d = _within_tolerance(host, device, subsampling)
     print(f"nvJPEG vs Pillow ({decoder.backend} backend, subsampling {subsampling}, bound {bound}): max {d.max()}, "
+          f"99.9% {np.quantile(d, 0.999)}, mean {d.mean():.3f} levels")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("level", range(1, len(nvjpeg.BACKENDS)))
+@pytest.mark.parametrize("subsampling", [0, 2])
+def test_every_nvjpeg_backend_within_the_stated_tolerance(tmp_path, gpu_mode, monkeypatch, level, subsampling):
+    """The later backends of nvjpeg.BACKENDS (those a failing or missing earlier one hands over to)
+    decode within the same tolerance; one the library or GPU lacks is reported as skipped."""
+    source = write_lmdb(tmp_path / "db", lambda i, img: jpeg(img, quality=90, subsampling=subsampling))
+    transform = "crop_size: 16 mirror: true"
+    host, _ = _gpu_batches(source, 6, False, transform)
+    monkeypatch.setattr(nvjpeg, "BACKENDS", nvjpeg.BACKENDS[level:])
+    device, decoder = _gpu_batches(source, 6, True, transform)
+    if decoder is None or decoder.backend != nvjpeg.BACKENDS[0][0]:
+        pytest.skip(f"nvJPEG's {nvjpeg.BACKENDS[0][0]} backend is not available here")
+    d = _within_tolerance(host, device, subsampling)
+    print(f"nvJPEG vs Pillow ({decoder.backend} backend, subsampling {subsampling}): max {d.max()}, "
           f"99.9% {np.quantile(d, 0.999)}, mean {d.mean():.3f} levels")
 
 
@@ -811,7 +853,7 @@ def test_gpu_decode_in_a_replayed_training_iteration(tmp_path, gpu_mode):
     layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }}
     """
     losses, fallbacks = {}, {}
-    for on in (False, True, None):  # None: the field unset (on by default in GPU mode)
+    for on in (False, True, None):  # None: the field unset (nvJPEG ready, the workers decode while they keep up)
         folder = tmp_path / str(on)
         folder.mkdir()
         (folder / "net.prototxt").write_text(net % ("" if on is None else f"gpu_decode: {str(on).lower()}"))

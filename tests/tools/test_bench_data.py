@@ -78,7 +78,13 @@ def test_path_of_names_how_batches_travel(bench):
     pre._stager = object()
     assert bench.path_of(pre, True) == ("workers, uint8 + device kernel, page-locked, nvJPEG (hardware backend) on "
                                         "the staging thread, 7 staged ahead")
-    pre._stager = None
+    pre.adaptive, pre.loader = True, SimpleNamespace(device_decode=False)
+    assert bench.path_of(pre, True) == ("workers, uint8 + device kernel, page-locked, host decode by the workers "
+                                        "(they keep up: nvJPEG not needed), 7 staged ahead")
+    pre.loader.device_decode = True
+    assert bench.path_of(pre, True).endswith("on the staging thread (the workers' host decode fell behind), "
+                                             "7 staged ahead")
+    pre._stager, pre.adaptive = None, False
     assert bench.path_of(pre, False) == "workers, host transform"
     pre.decoder, pre._registered, pre.register_error = None, None, "CudaError: refused"
     assert bench.path_of(pre, True) == ("workers, uint8 + device kernel, pageable (CudaError: refused), "
