@@ -43,7 +43,8 @@ class TrainingData:
     until the next iteration. A forward that is not a training iteration (pycaffe's
     ``net.forward()``) runs on memory of their own, as without this plan, and the blobs it writes
     are current again. ``config.share_data`` off (``PYCAFFE_LITE_SHARE_DATA=0``), a layer with
-    outside effects or a per-layer hook that is not ``graph_safe``: nothing is shared."""
+    outside effects or a per-layer hook that is not ``graph_safe``: nothing is shared; with
+    ``config.share_diffs`` off there are no gradient slots, so nothing is placed either."""
 
     def __init__(self, net: NetGraph, hooks: Mapping[str, list], watch_changed: Callable[[], None]) -> None:
         self.net = net

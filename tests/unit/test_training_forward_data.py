@@ -231,3 +231,29 @@ def test_share_data_off_places_nothing(mode):
     assert not training.placed and not training.stale
     for name in FORWARD_ONLY:
         assert off.net.blobs[name].data.shape == (4, 6, 8, 8)
+
+
+@pytest.mark.gpu
+def test_gpu_replays_keep_the_data_in_the_gradient_slots(gpu_mode):
+    """Whole iterations replay one graph: the data's device pointers are slot pointers, fixed across
+    replays (planned before capture); a stale read re-plans and the graph is captured again."""
+    on, off = _solver(True), _solver(False)
+    _steps(on, True, 4)
+    _steps(off, False, 4)
+    executor = on.net.executor
+    blobs = [on.net.blobs[name] for name in sorted(FORWARD_ONLY)]
+    slots = {int(slot) for slot in executor.shared_diffs.slots}
+    pointers = [blob.gpu_data() for blob in blobs]
+    assert set(pointers) <= slots  # each at the start of a gradient slot
+    captures, replays = executor.captures, executor.replays
+    _same(_steps(on, True, 3), _steps(off, False, 3))
+    assert [blob.gpu_data() for blob in blobs] == pointers
+    assert executor.captures == captures and executor.replays == replays + 3
+    with pytest.raises(NetError):
+        on.net.blobs["conv2a"].math_data()
+    _same(_steps(on, True, 4), _steps(off, False, 4))
+    now = {int(slot) for slot in executor.shared_diffs.slots}
+    assert executor.captures > captures and not executor.training_data.placed
+    assert not {blob.gpu_data() for blob in blobs} & now  # memory of their own now
+    for blob, name in zip(blobs, sorted(FORWARD_ONLY)):
+        _same(blob.data, off.net.blobs[name].data)
