@@ -257,3 +257,22 @@ def test_gpu_replays_keep_the_data_in_the_gradient_slots(gpu_mode):
     assert not {blob.gpu_data() for blob in blobs} & now  # memory of their own now
     for blob, name in zip(blobs, sorted(FORWARD_ONLY)):
         _same(blob.data, off.net.blobs[name].data)
+
+
+def test_a_reshape_between_iterations_plans_again(mode):
+    on, off = _solver(True), _solver(False)
+    _same(_steps(on, True, 2), _steps(off, False, 2))
+    rng = np.random.default_rng(5)
+    data, label = rng.standard_normal((6, 3, 8, 8)), rng.integers(0, 3, 6)  # larger: new memories
+    for solver in (on, off):
+        solver.net.blobs["data"].reshape(6, 3, 8, 8)
+        solver.net.blobs["label"].reshape(6)
+        solver.net.reshape()
+        solver.net.blobs["data"].data[...] = data
+        solver.net.blobs["label"].data[...] = label
+    _same(_steps(on, True, 2), _steps(off, False, 2))
+    assert on.net.executor.training_data.placed
+    assert on.net.blobs["conv2a"].shape == (6, 6, 8, 8)
+    for name, blobs in _weights(on).items():
+        for a, b in zip(blobs, _weights(off)[name]):
+            _same(a, b)
