@@ -183,7 +183,10 @@ class BatchNormLayer(Layer):
         self._k(f"bn_normalize_v{w}")(bottom[0].count // w, self.channels, self.spatial, x, mean, inv_std, y)
 
     def backward_reads_data(self, top: bool, i: int) -> bool:
-        return not self.use_global_stats  # on global statistics dx = dy / std, read from the forward's table
+        """On global statistics dx = dy / std (the forward's table); in place, batch statistics read
+        the normalized values from a buffer of this layer (``_x_norm`` on the CPU, ``_x_saved`` on
+        the GPU); out of place the GPU reads the input (the chain with a Scale: the top)."""
+        return not self.use_global_stats and not getattr(self, "in_place", False)
 
     def fuses_as(self, role, bottom=None) -> bool:
         """Heads a norm chain always; folds into a convolution on global statistics."""

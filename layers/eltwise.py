@@ -139,6 +139,10 @@ class EltwiseLayer(Layer):
         """SUM reads no data; PROD the bottoms and the top; MAX its winner mask (top-sized)."""
         return {Op.PROD: ("bottom", "top"), Op.MAX: ("top",)}.get(self.op, ())
 
+    def backward_reads_data(self, top: bool, i: int) -> bool:
+        """PROD reads the bottoms and the top; SUM nothing; MAX a mask of its own."""
+        return self.op == Op.PROD
+
     def fuses_as(self, role, bottom=None) -> bool:
         return super().fuses_as(role, bottom) and self.op == Op.SUM and len(self.coeffs) <= 4
 

@@ -71,6 +71,11 @@ class ScaleLayer(BiasLayer):
         else:
             top[0].reshape(bottom[0].shape)
 
+    def backward_reads_data(self, top: bool, i: int) -> bool:
+        """The scale gradient reads the input: bottom 0 out of place (in place a saved copy, or the
+        input regenerated from the producer's); a scale given as bottom 1 for dx; never the top."""
+        return not top and (i > 0 or not getattr(self, "in_place", False))
+
     def _input(self, bottom) -> Blob:
         if not self.in_place:
             return bottom[0]

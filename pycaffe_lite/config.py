@@ -12,7 +12,7 @@ Every setting, its environment variable (read when the package is imported) and 
 | ``fusion`` | ``PYCAFFE_LITE_FUSION`` | on | fused layer runs (conv+ReLU, conv+BN+Scale) |
 | ``cuda_graphs`` | ``PYCAFFE_LITE_CUDA_GRAPHS`` | on | capture and replay CUDA graphs |
 | ``share_diffs`` | ``PYCAFFE_LITE_SHARE_DIFFS`` | on | training iterations share gradient buffers |
-| ``share_data`` | ``PYCAFFE_LITE_SHARE_DATA`` | on | forward-only nets share intermediate data |
+| ``share_data`` | ``PYCAFFE_LITE_SHARE_DATA`` | on | intermediate data shares memory (deploy nets; data only forwards read, in training iterations too) |
 | ``pin_host`` | ``PYCAFFE_LITE_PIN_HOST`` | on | blobs' host copies of 1 MiB or more page-locked while a GPU is in use |
 | ``autotune_cache`` | ``PYCAFFE_LITE_AUTOTUNE_CACHE`` | none | file of convolution engine choices |
 | ``nvcc_flags`` | ``PYCAFFE_LITE_NVCC_FLAGS`` | none | extra flags for run-time kernel compilation |

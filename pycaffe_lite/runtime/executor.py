@@ -17,7 +17,9 @@ marked device-newest. Setting the environment variable ``PYCAFFE_LITE_CUDA_GRAPH
 
 Memory plans (:mod:`~pycaffe_lite.runtime.memory_plan`): backward passes (pycaffe's and whole
 training iterations) share gradient buffers (:attr:`Executor.shared_diffs`); full forwards of nets
-that never run backward share intermediate data (:attr:`Executor.shared_data`). Both keep pycaffe's
+that never run backward share intermediate data (:attr:`Executor.shared_data`); TEST nets that run
+backward share data only forwards read (:attr:`Executor.forward_data`), and training iterations keep
+such data inside their gradient slots (:attr:`Executor.training_data`). They keep pycaffe's
 semantics for the blobs users read: they are told of every access through ``blob.data`` /
 ``blob.diff`` while they watch (:meth:`Executor._update_access_hooks`).
 """
@@ -53,6 +55,7 @@ from .fusion import (
 from .memory_plan import recomputable_inputs, sharing_enabled, source_blobs
 from .shared_data import SharedData
 from .shared_diffs import SharedDiffs
+from .training_data import TrainingData
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -191,7 +194,9 @@ class Executor:
         regenerated_from = {id(source) for _, _, source in recomputable_inputs(net)}
         self.forward_data = ForwardOnlyData(net, self.hooks, self._update_access_hooks,  # nets that run backward
                                             exclude={b for b, blob in enumerate(net.blobs) if id(blob) in regenerated_from})
-        self.shared_diffs.not_read_by_backward(self.forward_data.candidates)
+        self.training_data = TrainingData(net, self.hooks, self._update_access_hooks)  # training iterations
+        self.shared_diffs.guest = self.training_data
+        self.shared_diffs.not_read_by_backward(self.forward_data.candidates | self.training_data.candidates)
         self._loss_layers = [i for i, layer in enumerate(net.layers) if layer.has_loss]
         # A loss top that a later layer rewrites in place must be read right after its layer.
         self._read_loss_early = {
@@ -253,8 +258,9 @@ class Executor:
         # So is whether each BatchNorm chain's backward runs as one (its last forward was the chain's).
         regenerated = tuple(scale.recompute_input is not None for _, scale, _, _ in self._recomputed())
         chained = tuple(chain.runs_backward() for chain in self._norm_chains.values())
+        # Where the training iterations' forward-only data lives (the gradient slots or memory of its own).
         return (tag, common.context().generation(), sharing_enabled(), regenerated, chained,
-                self.shared_data.skipping, len(self.shared_data.keep))
+                self.shared_data.skipping, len(self.shared_data.keep), self.training_data.epoch)
 
     def _refold(self) -> None:
         """Write the folded parameters of the Convolution -> BatchNorm -> Scale chains when one of the
@@ -273,7 +279,8 @@ class Executor:
     # -- user access to blobs, for the memory plans -------------------------------------------
     def _update_access_hooks(self) -> None:
         """Point every blob's and param's ``on_access`` at :meth:`_on_access` while a plan watches."""
-        watching = self.shared_data.watching or self.shared_diffs.watching or self.forward_data.watching
+        watching = (self.shared_data.watching or self.shared_diffs.watching or self.forward_data.watching
+                    or self.training_data.watching)
         if watching == self._watching:  # every pass asks: walk the blobs only on a change
             return
         self._watching = watching
@@ -282,6 +289,8 @@ class Executor:
             blob.on_access = hook
 
     def _on_access(self, blob, what: str) -> None:
+        if self.training_data.watching:
+            self.training_data.access(blob, what)
         if self.forward_data.watching:
             self.forward_data.access(blob, what)
         if self.shared_data.watching:
@@ -363,13 +372,18 @@ class Executor:
         return loss
 
     # -- ranges ---------------------------------------------------------------------------------
-    def forward(self, start: int, end: int) -> float:
-        """Run layers ``start..end`` (inclusive); the summed weighted loss of their loss tops."""
+    def forward(self, start: int, end: int, training: bool = False) -> float:
+        """Run layers ``start..end`` (inclusive); the summed weighted loss of their loss tops.
+        ``training``: the forward of :meth:`forward_backward`'s training iteration."""
         self._refold()
         on = self._recompute_on()
         pairs = self._set_recompute(start, end, on)
+        if not training:
+            self.training_data.before_forward()
         with self.shared_data.forward(start, end), self.forward_data.forward(start, end):
             loss = self._forward(start, end)
+        if not training:
+            self.training_data.forwarded(start, end)
         self._note_norm_chains(start, end)
         pairs = [(k, source) for k, source in pairs if self.net.layer_need_backward[k]]
         if pairs:  # what their backward regenerates the input from must not change until then
@@ -428,16 +442,25 @@ class Executor:
         later = [i for i in self._loss_layers if start <= i <= end and i not in self._read_loss_early]
         return loss + sum(self.losses(i, i) for i in later)
 
-    def forward_backward(self) -> float:
-        """Forward through every layer, then backward through every layer; the weighted loss."""
+    def forward_backward(self, training: bool = False) -> float:
+        """Forward through every layer, then backward through every layer; the weighted loss.
+        ``training``: a solver's plain training iteration, whose forward-only data lives in the
+        backward's gradient slots (:attr:`training_data`)."""
         last = len(self.net.layers) - 1
-        loss = self.forward(0, last)
-        self.backward(last, 0)
+        if not training:
+            loss = self.forward(0, last)
+            self.backward(last, 0)
+            return loss
+        self.shared_diffs.prepare(last, 0, data=True, forward_next=True)  # the slots, before the forward
+        with self.training_data.iteration():
+            loss = self.forward(0, last, training=True)
+            self.backward(last, 0, data=True)
         return loss
 
-    def backward(self, start: int, end: int) -> None:
-        """Backward through layers ``start`` down to ``end`` (inclusive, ``start >= end``)."""
-        with self.shared_diffs.backward(start, end):  # planned before the graph key is taken
+    def backward(self, start: int, end: int, data: bool = False) -> None:
+        """Backward through layers ``start`` down to ``end`` (inclusive, ``start >= end``);
+        ``data``: :meth:`forward_backward`'s training iteration."""
+        with self.shared_diffs.backward(start, end, data=data):  # planned before the graph key is taken
             self._backward(start, end)
 
     def _input_diffs_written_first(self, start: int, end: int) -> frozenset[int]:
@@ -520,7 +543,8 @@ class Executor:
             self._run_backward(last, first)
             update()
 
-        with self.shared_diffs.backward(last, first, train=True):  # planned before the graph key is taken
+        # planned before the graph key is taken (forward-only data in the gradient slots too)
+        with self.shared_diffs.backward(last, first, train=True, data=True), self.training_data.iteration():
             self._graphs.run(self._key(("train", first, tag)), work)
         self._note_norm_chains(first, last)
         on = sharing_enabled()

@@ -1,7 +1,8 @@
 """Memory plans: blobs whose values are never live at the same time share memory. This module
 plans; the classes that apply a plan and keep pycaffe's semantics are ``shared_diffs.SharedDiffs``
-(gradients), ``shared_data.SharedData`` (nets without backward) and ``forward_data.ForwardOnlyData``
-(data only forward passes read, in nets with backward).
+(gradients), ``shared_data.SharedData`` (nets without backward), ``forward_data.ForwardOnlyData``
+(data only forward passes read, in nets with backward) and ``training_data.TrainingData`` (such
+data in training iterations, kept inside their gradient slots: :func:`training_slots`).
 
 :func:`shared_diff_slots` plans the gradients of a backward pass over a layer range. In Caffe
 every blob keeps a diff as large as its data; but the backward pass writes a blob's diff when it
@@ -224,13 +225,21 @@ def shared_data_slots(net: NetGraph, keep: Collection[int] = (),
     return assign_slots(intervals)
 
 
-def forward_only_blobs(net: NetGraph) -> set[int]:
-    """Blob ids whose data only forward passes read, in a TEST-phase net that runs backward: one
-    layer with a ``pure_forward`` writes the blob, it has a memory of its own, every layer touching
-    it says its backward does not read it (``backward_reads_data``: a convolution's top, a BatchNorm
-    on global statistics), and it is no source, output or loss top. Published MobileNet and ResNet
-    files write Convolution -> BatchNorm -> Scale with a top per layer: the convolutions' tops."""
-    if net.phase != common.TEST or not any(net.layer_need_backward):
+def forward_only_blobs(net: NetGraph, training: bool = False) -> set[int]:
+    """Blob ids whose data only forward passes read, in a net that runs backward: the blob has a
+    memory of its own, every layer touching it says its backward does not read it
+    (``backward_reads_data``: a convolution's top, a BatchNorm on global statistics, an in-place
+    BatchNorm or Scale, which keep what their backward needs in buffers of their own, an Eltwise
+    SUM's bottoms), and it is no source, output or loss top.
+
+    TEST phase (``training`` False): also one layer with a ``pure_forward`` writes it (a re-run of
+    that layer recomputes a stale one). Published MobileNet and ResNet files write Convolution ->
+    BatchNorm -> Scale with a top per layer: the convolutions' tops. ``training``: a TRAIN-phase
+    net driven by whole training iterations (forward, backward, update), where nothing recomputes a
+    stale blob (reading one after the iteration is an error), so in-place chains qualify too:
+    ResNet's Convolution -> BatchNorm -> Scale blobs that feed only an Eltwise SUM."""
+    phase = common.TRAIN if training else common.TEST
+    if net.phase != phase or not any(net.layer_need_backward):
         return set()
     memories: dict[int, int] = {}
     for blob in net.blobs:
@@ -244,14 +253,75 @@ def forward_only_blobs(net: NetGraph) -> set[int]:
     never = source_blobs(net) | set(net.output_blob_indices) | {b for b, w in enumerate(net.blob_loss_weights) if w}
     out = set()
     for b, uses in readers.items():
+        if b in never or memories[id(net.blobs[b].data_memory)] != 1:
+            continue
         producers = [k for k, as_top, _ in uses if as_top]
-        if (b in never or len(producers) != 1 or memories[id(net.blobs[b].data_memory)] != 1
-                or not net.layers[producers[0]].traits.pure_forward or len(net.top_id_vecs[producers[0]]) != 1
-                or producers[0] in {k for k, as_top, _ in uses if not as_top}):
+        if not training and (len(producers) != 1 or not net.layers[producers[0]].traits.pure_forward
+                             or len(net.top_id_vecs[producers[0]]) != 1
+                             or producers[0] in {k for k, as_top, _ in uses if not as_top}):
             continue
         if not any(net.layers[k].backward_reads_data(as_top, i) for k, as_top, i in uses):
             out.add(b)
     return out
+
+
+@dataclass(frozen=True)
+class TrainingSlot:
+    """One buffer of a training iteration's plan: ``diffs`` (groups of blob ids of one diff memory)
+    hold gradients in it during the backward, ``data`` (groups of one data memory) forward-only
+    data during the forward before; ``nbytes`` covers the largest of either."""
+
+    nbytes: int
+    diffs: list[list[int]]
+    data: list[list[int]]
+
+
+def training_slots(diff_plan: Sequence[tuple[int, list[list[int]]]],
+                   data_plan: Sequence[tuple[int, list[list[int]]]]) -> list[TrainingSlot]:
+    """Place a :func:`shared_data_slots` plan of :func:`forward_only_blobs` (``training``) inside
+    the gradient slots of a :func:`shared_diff_slots` plan of the same iteration's backward: during
+    the forward those slots are idle (the backward writes each planned diff before reading it) and
+    no backward reads that data, so each data slot goes into one diff slot, the largest into the
+    largest (which keeps the sum of the maxima least), and the buffer is as large as either use.
+    Data slots left over keep buffers of their own. Returns the buffers worth allocating: two
+    memories or more (a diff slot alone with one group keeps that diff in memory of its own)."""
+    diffs = sorted(diff_plan, key=lambda s: -s[0])
+    data = sorted(data_plan, key=lambda s: -s[0])
+    out = []
+    for n in range(max(len(diffs), len(data))):
+        d_bytes, d_groups = diffs[n] if n < len(diffs) else (0, [])
+        f_bytes, f_groups = data[n] if n < len(data) else (0, [])
+        if len(d_groups) + len(f_groups) > 1:
+            out.append(TrainingSlot(max(d_bytes, f_bytes), list(d_groups), list(f_groups)))
+    return out
+
+
+def training_data_blobs(net: NetGraph) -> set[int]:
+    """What training iterations keep in their gradient slots: :func:`forward_only_blobs` with
+    ``training``, but the sources a Scale input is regenerated from (:func:`recomputable_inputs`),
+    and nothing in a net with a layer acting outside it."""
+    if any(layer.traits.outside_effects for layer in net.layers):
+        return set()
+    regenerated = {id(source.data_memory) for _, _, source in recomputable_inputs(net)}
+    return {b for b in forward_only_blobs(net, training=True) if id(net.blobs[b].data_memory) not in regenerated}
+
+
+def training_blob_bytes(net: NetGraph, data: bool = True) -> tuple[int, int]:
+    """``(alone, planned)``: bytes of the net blobs' data and diff memories (params excluded) in a
+    training iteration over every layer, each memory alone, and under the iteration's plan: the
+    gradient slots (:func:`shared_diff_slots`) holding, with ``data``, the forward-only data too
+    (:func:`training_slots`), plus every memory no slot holds. A count on the host: nothing is
+    allocated."""
+    memories: dict[int, int] = {}
+    for blob in net.blobs:
+        memories[id(blob.data_memory)] = blob.data_memory.nbytes
+        memories[id(blob.diff_memory)] = blob.diff_memory.nbytes
+    data_plan = shared_data_slots(net, only=training_data_blobs(net)) if data else []
+    slots = training_slots(shared_diff_slots(net), data_plan)
+    planned = {id(net.blobs[bids[0]].diff_memory) for slot in slots for bids in slot.diffs}
+    planned |= {id(net.blobs[bids[0]].data_memory) for slot in slots for bids in slot.data}
+    alone = sum(memories.values())
+    return alone, alone - sum(memories[key] for key in planned) + sum(slot.nbytes for slot in slots)
 
 
 def new_slot(nbytes: int, on_gpu: bool):

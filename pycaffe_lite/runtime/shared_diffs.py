@@ -15,10 +15,19 @@ from ..blob import Blob, shape_generation
 from ..errors import NetError
 from ..gpu import backend
 from ..synced_memory import SyncedMemory
-from .memory_plan import BackwardRange, new_slot, point_into, shared_diff_slots, sharing_enabled, source_blobs
+from .memory_plan import (
+    BackwardRange,
+    new_slot,
+    point_into,
+    shared_diff_slots,
+    sharing_enabled,
+    source_blobs,
+    training_slots,
+)
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
+    from .training_data import TrainingData
 
 log = logging.getLogger("pycaffe_lite")
 
@@ -58,6 +67,10 @@ class SharedDiffs:
 
     Whole training iterations (``train=True``) share the same way but are never re-run: their
     update changed the weights, so reading a stale diff after one is a NetError.
+
+    Training iterations (``data=True``, the solver's step) also hold the forward-only data of
+    :attr:`guest` (:class:`~.training_data.TrainingData`) in these slots during their forward
+    (:func:`~.memory_plan.training_slots`; :meth:`prepare` plans both before the forward).
     """
 
     def __init__(self, net: NetGraph, hooks: Mapping[str, list], run_backward: Callable[[int, int], None],
@@ -100,6 +113,8 @@ class SharedDiffs:
         # layer index -> (the data memory their backward regenerates it from, its version then)
         self._regenerated: dict[int, tuple[SyncedMemory, int]] = {}
         self._regen_snapshots: dict[int, np.ndarray] = {}  # id(memory) -> values at the first access
+        self.guest: TrainingData | None = None  # forward-only data training iterations keep in the slots
+        self._guest_slots: list[tuple[object, list[list[int]], bool]] = []  # (slot, data groups, with diffs)
 
     def planned_bytes(self) -> tuple[int, int]:
         """(bytes of the slot buffers, bytes the memories pointed into them would take alone)."""
@@ -168,30 +183,43 @@ class SharedDiffs:
     def _forget_plan(self) -> None:
         self.slots, self._slot_bytes, self._groups, self._memories, self._slot_of = [], [], [], [], []
         self._group_of, self._planned, self._seed_buffers, self._key = {}, {}, [], None
+        self._guest_slots = []
 
     def _drop_plan(self) -> None:
-        """Every planned memory back in memory of its own, holding its values."""
+        """Every planned memory back in memory of its own, holding its values (the guest's data, stale
+        or about to be written, in memory of its own from its next use)."""
         for mem in self._memories:
             mem.own_storage()
+        if self.guest is not None and self.guest.placed:
+            self.guest.release()
         self._forget_plan()
 
-    def _plan(self, start: int, end: int, train: bool) -> None:
+    def _plan(self, start: int, end: int, train: bool, data: bool = False) -> None:
         on_gpu = common.mode() is common.Mode.GPU
-        key = (shape_generation(), on_gpu, start, end, frozenset(self.keep), train)
+        guest = self.guest if data else None
+        key = (shape_generation(), on_gpu, start, end, frozenset(self.keep), train,
+               None if guest is None else guest.key())
         if key == self._key:
+            if guest is not None and not guest.placed and self._guest_slots:
+                guest.place(self._guest_slots, on_gpu)  # a pycaffe forward took them out: back in
             return
         net = self.net
-        plan = [(nbytes, groups) for nbytes, groups in shared_diff_slots(net, start, end, self.keep)
-                if len(groups) > 1]
-        new = {id(net.blobs[bids[0]].diff_memory) for _, groups in plan for bids in groups}
+        if self.guest is not None and self.guest.placed:
+            self.guest.release()
+        diffs = shared_diff_slots(net, start, end, self.keep)
+        plan = training_slots(diffs, guest.plan() if guest is not None else [])
+        new = {id(net.blobs[bids[0]].diff_memory) for slot in plan for bids in slot.diffs}
         for mem in self._memories:  # the range writes the others before reading them: values not needed
             if id(mem) not in new:
                 mem.own_storage()
         self._forget_plan()
-        for nbytes, groups in plan:
+        for entry in plan:
+            nbytes, groups = entry.nbytes, entry.diffs
             slot = new_slot(nbytes, on_gpu)
             self.slots.append(slot)
             self._slot_bytes.append(nbytes)
+            if entry.data:
+                self._guest_slots.append((slot, entry.data, bool(groups)))
             for bids in groups:
                 mem = net.blobs[bids[0]].diff_memory
                 point_into(mem, slot, on_gpu)
@@ -205,6 +233,8 @@ class SharedDiffs:
             seeds = {id(blob.diff_memory): blob.diff_memory for blob in net.blobs if id(blob.diff_memory) in rng.seeds}
             self._seed_buffers = [(mem, backend.alloc(max(mem.nbytes, 8)) if on_gpu else np.empty(mem.count, mem.dtype))
                                   for mem in seeds.values()]
+        if guest is not None and self._guest_slots:
+            guest.place(self._guest_slots, on_gpu)
         self._key = key
 
     def _release(self, bid: int) -> None:
@@ -216,18 +246,27 @@ class SharedDiffs:
         self.keep.update(self._groups[g])  # the next backward plans again without it
 
     # -- the executor's side ----------------------------------------------------------------------
-    @contextmanager
-    def backward(self, start: int, end: int, train: bool = False) -> Iterator[None]:
-        """Around the executor's backward over layers ``start`` down to ``end`` (``train``: a whole
-        training iteration, never re-run)."""
-        if not train:
+    def prepare(self, start: int, end: int, train: bool = False, data: bool = False,
+                forward_next: bool = False) -> BackwardRange:
+        """Plan a backward over layers ``start`` down to ``end`` (``train``: a whole training
+        iteration, never re-run; ``data``: a training iteration, whose forward keeps :attr:`guest`'s
+        data in the slots; ``forward_next``: called before that forward, which writes afresh what
+        regenerated Scale inputs come from)."""
+        if not train and not forward_next:
             self._check_regenerated(start, end)
         rng = self._range(start, end)
         self._settle_stale(rng)
         if self._eligible(train):
-            self._plan(start, end, train)
-        elif self._memories:
+            self._plan(start, end, train, data)
+        elif self._memories or self._guest_slots:
             self._drop_plan()
+        return rng
+
+    @contextmanager
+    def backward(self, start: int, end: int, train: bool = False, data: bool = False) -> Iterator[None]:
+        """Around the executor's backward over layers ``start`` down to ``end`` (:meth:`prepare`'s
+        arguments; a plan :meth:`prepare` made for the same arguments is kept)."""
+        rng = self.prepare(start, end, train, data)
         on_gpu = common.mode() is common.Mode.GPU
         for mem, copy in self._seed_buffers:
             if on_gpu:

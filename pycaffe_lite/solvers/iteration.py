@@ -9,7 +9,8 @@ pycaffe callbacks, and answer, in Caffe's order within ``Solver::Step``:
 - ``settle()``: the pairs still queued (one host sync), oldest first.
 
 :class:`PlainIteration` is Caffe's body: clear the param diffs, ``iter_size`` x forward/backward
-with the loss read at once, then the callbacks and :meth:`Update.apply` (host-driven kernels or
+with the loss read at once (data only the forward reads kept in the gradient slots:
+``Executor.forward_backward(training=True)``), then the callbacks and :meth:`Update.apply` (host-driven kernels or
 numpy).
 
 :class:`ReplayedIteration` runs the whole iteration (diff clearing, forward, backward, the
@@ -35,7 +36,7 @@ class PlainIteration:
     def forward_backward(self, it: int, display: bool) -> list[tuple[int, float]]:
         self.executor.clear_param_diffs()
         iter_size = self.update.param.iter_size
-        loss = sum(self.executor.forward_backward() for _ in range(iter_size))
+        loss = sum(self.executor.forward_backward(training=True) for _ in range(iter_size))
         return [(it, loss / iter_size)]
 
     def apply_update(self, it: int) -> None:
