@@ -503,6 +503,9 @@ class ConvolutionLayer(ConvolutionBase):
             conv_nd.backward_data(self.problem_nd, w, dy, b.mutable_gpu_diff())
 
     def backward_gpu_pair(self, prob, choice, w, dw, db, dy, b, down):
+        if dw is not None and down:  # both passes: the engines may share what they prepare
+            conv_engines.run_backward(prob, choice, b.gpu_data(), w, dy, dw, db, b.mutable_gpu_diff())
+            return
         if dw is not None:  # the bias gradient rides along (implicit GEMM folds it into its GEMM)
             conv_engines.run(prob, choice, "backward_weight", b.gpu_data(), dy, dw, db)
         elif db is not None:

@@ -296,6 +296,17 @@ def run(prob: ConvProblem, choice: Choice, pass_: str, *args, relu: bool = False
     _call(ENGINES[getattr(choice, pass_)], prob, pass_, args, relu=relu)
 
 
+def run_backward(prob: ConvProblem, choice: Choice, x: int, w: int, dy: int, dw: int, db: int | None,
+                 dx: int) -> None:
+    """Both gradients of ``prob`` with the engines ``choice`` picked: ``dw`` (and ``db`` unless None)
+    accumulated, then ``dx`` assigned; in one go where the two engines share work
+    (:meth:`registry.Engine.backward_pair`), else pass by pass as :func:`run` runs them."""
+    weight, data = ENGINES[choice.backward_weight], ENGINES[choice.backward_data]
+    if not weight.backward_pair(prob, data, x, w, dy, dw, db, dx):
+        run(prob, choice, "backward_weight", x, dy, dw, db)
+        run(prob, choice, "backward_data", w, dy, dx)
+
+
 def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...], passes: tuple[str, ...] = PASSES) -> Choice:
     """Time every engine on each of ``passes``, on operands carved from the shared workspace; the
     other passes are left "" in the result."""

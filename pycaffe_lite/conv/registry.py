@@ -69,6 +69,13 @@ class Engine:
                         ws: list[int]) -> None:
         raise NotImplementedError
 
+    def backward_pair(self, prob: ConvProblem, data_engine: Engine, x: int, w: int, dy: int, dw: int,
+                      db: int | None, dx: int) -> bool:
+        """Both gradients at once, this engine's weight gradient then ``data_engine``'s data
+        gradient, sharing what they both prepare (dy re-laid once); False, running nothing, where
+        this engine shares nothing with ``data_engine`` (the caller then runs the passes in turn)."""
+        return False
+
 
 class TiledEngine(Engine):
     """An engine registered once per tile shape of :attr:`tiles` (``"BMxBN"``), named

@@ -9,7 +9,8 @@ accumulation, one rounding in the epilogue):
 - **forward**: ``x`` NCHW -> NHWC (``t16n_to_nhwc``: 64 x 64 shared-memory tiles, 16-byte stores;
   :class:`Stage`), the weights ``(M, C, kh, kw)`` -> ``(M, kh, kw, C)`` (``t16n_permute_weights``); the kernel writes
   ``y`` NCHW with the bias and the fused ReLU (any kernel size, stride and padding);
-- **data gradient**, M a multiple of 8: the same kernel on ``dy`` staged NHWC, once per output
+- **data gradient**, M a multiple of 8: the same kernel on ``dy`` staged NHWC (staged by the weight
+  gradient when this engine family runs both: :meth:`TensorCore16NhwcEngine.backward_pair`), once per output
   phase of the stride (:func:`phases`; one at stride 1): the transposed filter's taps of that phase,
   flipped, ``(C, uh, uw, M)``, as a stride-1 convolution writing every stride-th row and column of
   ``dx`` (dx zeroed first where a phase has no taps; such a phase launches nothing); other M run tensorcore16's data gradient (:func:`own_data_gradient`, :func:`delegate_tile`),
@@ -277,12 +278,14 @@ def _staged(prob: ConvProblem, pass_: str, ws: list[int]) -> tuple[int, int]:
 
 
 def run_pass(prob: ConvProblem, pass_: str, tile: str, image: int, w: int, bias: int, epilogue: int, out: int,
-             ws: list[int]) -> None:
-    """Stage ``image`` (NCHW) and ``w`` into ``ws`` and run ``t16n_conv_<tile>`` into ``out`` (NCHW)."""
+             ws: list[int], restage: bool = True) -> None:
+    """Stage ``image`` (NCHW) and ``w`` into ``ws`` and run ``t16n_conv_<tile>`` into ``out`` (NCHW);
+    ``restage`` False: ``ws[0]`` already holds ``image`` staged."""
     staged, wp = _staged(prob, pass_, ws)
     p = plan(prob, pass_, tile)
     nonnull(image, w, out)
-    p.stage(image, staged)
+    if restage:
+        p.stage(image, staged)
     if p.zero_first:
         backend.memset_zero(out, p.zero_first * prob.itemsize)
     for ph, grid in zip(p.phases, p.grids):  # in stream order: each phase's weights, then its GEMM
@@ -334,7 +337,10 @@ class TensorCore16NhwcEngine(TiledEngine):
         if len(ws) < 3 or not all(ws[:3]):
             raise CudaError("fp16/bf16 NHWC tensor-core backward_weight: needs its three scratch regions (NHWC dy, "
                             "NHWC input, fp32 partial sums: TensorCore16NhwcEngine.scratch)")
-        dy_h, x_h, part = ws[:3]
+        self._weight_gradient(prob, x, dy, dw, db, *ws[:3])
+
+    def _weight_gradient(self, prob, x, dy, dw, db, dy_h, x_h, part) -> None:
+        """Stage dy into ``dy_h`` and x into ``x_h``, sum into ``part``, reduce into dw; db."""
         p = weight_plan(prob, self.tile)
         nonnull(x, dy, dw)
         p.stage_dy(dy, dy_h)
@@ -343,3 +349,17 @@ class TensorCore16NhwcEngine(TiledEngine):
         p.reduce.launch(prob, part, dw, None)
         if db is not None:
             bias_backward(prob, dy, db)
+
+    def backward_pair(self, prob, data_engine, x, w, dy, dw, db, dx):
+        """With another NHWC engine for the data gradient (any tile) and M % 8 == 0: dy is staged
+        once, for the weight gradient, and the data gradient's GEMMs read it there."""
+        if not (isinstance(data_engine, TensorCore16NhwcEngine) and own_weight_gradient(prob)
+                and own_data_gradient(prob)):
+            return False
+        dy_n, x_n = staged_counts(prob, "backward_weight")
+        dy_h, x_h, part, wp = backend.workspace(dy_n * prob.itemsize, x_n * prob.itemsize,
+                                                partial_count(prob, self.tile) * t16.PARTIAL_ITEMSIZE,
+                                                staged_counts(prob, "backward_data")[1] * prob.itemsize)
+        self._weight_gradient(prob, x, dy, dw, db, dy_h, x_h, part)
+        run_pass(prob, "backward_data", data_engine.tile, dy, w, w, 0, dx, [dy_h, wp], restage=False)
+        return True

@@ -310,3 +310,37 @@ def test_tensorcore16_nhwc_staging_is_the_transpose(shape, fmt):
     prob = ConvProblem(num, c, plane, 1, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), code)
     tc16n.stage_plan(prob, num, c, plane)(src.gpu_data(), dst.mutable_gpu_data())
     assert np.array_equal(dst.cpu_data(), src.cpu_data().transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", NHWC_SHAPES, ids=str)
+def test_tensorcore16_nhwc_backward_pair_equals_the_passes_in_turn(shape, fmt):
+    """run_backward with NHWC engines on both gradients (dy staged once, for the weight gradient;
+    any pair of tiles) gives the bits of the two passes run one after the other; with another
+    engine family for the data gradient, or M % 8 != 0, it runs the passes in turn."""
+    dtype, code, _ = FORMATS[fmt]
+    prob = ConvProblem(*shape, code)
+    n, c, h, w_, m, _, (kh, kw) = shape[:7]
+    rng = np.random.default_rng(21)
+    x, w = _blob(rng.standard_normal((n, c, h, w_)), dtype), _blob(rng.standard_normal((m, c, kh, kw)), dtype)
+    dy = _blob(rng.standard_normal((n, m) + prob.out_hw), dtype)
+    dw0, db0 = rng.standard_normal((m, c, kh, kw)), rng.standard_normal(m)
+    pairs = [(tc16n.TILES[0], tc16n.TILES[0]), (tc16n.TILES[1], tc16n.TILES[3]), (tc16n.TILES[3], "t16")]
+    for weight_tile, data_tile in pairs:
+        data_name = f"tensorcore16-{tc16.TILES[0]}" if data_tile == "t16" else f"tensorcore16-nhwc-{data_tile}"
+        choice = conv_engines.Choice("", data_name, f"tensorcore16-nhwc-{weight_tile}", ())
+        results = []
+        for paired in (False, True):
+            dx = _blob(np.full((n, c, h, w_), np.nan), dtype)
+            dw, db = _blob(dw0, dtype), _blob(db0, dtype)
+            args = (x.gpu_data(), w.gpu_data(), dy.gpu_data(), dw.mutable_gpu_data(), db.mutable_gpu_data(),
+                    dx.mutable_gpu_data())
+            if paired:
+                conv_engines.run_backward(prob, choice, *args)
+            else:
+                conv_engines.run(prob, choice, "backward_weight", args[0], args[2], args[3], args[4])
+                conv_engines.run(prob, choice, "backward_data", args[1], args[2], args[5])
+            results.append([b.cpu_data().copy() for b in (dx, dw, db)])
+            assert np.isfinite(dx.math_data()).all(), (weight_tile, data_tile, paired)  # every dx written
+        for got, want in zip(results[1], results[0]):
+            assert np.array_equal(got, want), (weight_tile, data_tile)
