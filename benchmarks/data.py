@@ -131,7 +131,7 @@ def path_of(pre, gpu: bool) -> str:
     path = "workers, uint8 + device kernel" + (", page-locked" if pre._registered is not None else
                                                 f", pageable ({pre.register_error})")
     adaptive = getattr(pre, "adaptive", False)
-    if pre.gpu_decode and adaptive and not pre.loader.device_decode:
+    if adaptive and not pre.loader.device_decode:
         path += ", host decode by the workers (they keep up: nvJPEG not needed)"
     elif pre.gpu_decode:
         path += f", nvJPEG ({pre.decoder.backend} backend)" if pre.decoder is not None else ", nvJPEG failed: host"

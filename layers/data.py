@@ -363,8 +363,11 @@ class DataLayer(StopsReaders, Layer):
         parallel.skip_after = prefetcher.skip_after
         decoder = ""
         if first.encoded and raw:
-            parallel.gpu_decode, decoder = self._nvjpeg_usable(first)
-            parallel.adaptive = parallel.gpu_decode and not self._nvjpeg_asked()
+            usable, decoder = self._nvjpeg_usable(first)
+            parallel.adaptive = usable and not self._nvjpeg_asked()
+            parallel.gpu_decode = usable and not parallel.adaptive
+            if parallel.adaptive:
+                decoder = "; the workers decode JPEG records while they keep up with the forwards, nvJPEG once they do not"
         if not parallel.try_start(self._auto_workers, "with the prefetch thread"):
             return prefetcher
         log.info("%s: %d data worker processes (%s%s)", self.where, workers,

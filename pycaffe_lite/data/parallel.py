@@ -232,9 +232,9 @@ class TransformingJob:
                                            where=self.where)
 
 
-WATCH_SKIP = 4  # adaptive decode: forwards not watched at first (start-up, autotune)
-WATCH_WINDOW = 8  # forwards per judgement
-WATCH_SHARE = 0.05  # the share of the time forwards may wait for the host decode
+WATCH_SKIP = 16  # adaptive decode: forwards not watched at first (start-up, autotune, capture)
+WATCH_WINDOW = 16  # forwards per judgement
+WATCH_SHARE = 0.1  # the share of the time forwards may wait for the host decode
 
 
 def gpu_decode_chosen(prototxt_value: bool | None) -> bool:
@@ -292,8 +292,9 @@ class ParallelBatches:
         self._device: dict[str, Any] = {}
         self.staged_ahead = 0  # batches queued on the copy stream a forward before they were due
         self.gpu_decode = False  # JPEG items left encoded by the workers, decoded by nvJPEG (set before start)
-        self.adaptive = False  # with gpu_decode: the workers decode until forwards wait for them (set before start)
+        self.adaptive = False  # the workers decode JPEG until forwards wait for them, then nvJPEG (set before start)
         self._watch: tuple[int, float, float] = (0, 0.0, 0.0)  # adaptive: (forwards, window start, waited in it)
+        self._handing_over = False  # adaptive: nvJPEG takes the batches planned from now on (see fill)
         self.decoder: nvjpeg.Decoder | None = None
         self._stager: _Stager | None = None  # the gpu_decode path's staging thread (from the first device forward)
 
@@ -311,7 +312,7 @@ class ParallelBatches:
         item_dtype = np.dtype(np.uint8) if self.raw else self.dtype
         layout = data_workers.BatchLayout(self.batch_size, tuple(out_shape), item_dtype.str)
         self.loader = data_workers.ParallelLoader(self.workers, self.job(), layout, self.depth, self.plan, self.where)
-        self.loader.device_decode = self.gpu_decode and not self.adaptive
+        self.loader.device_decode = self.gpu_decode
         self.loader.start()
 
     def try_start(self, automatic: bool, instead: str) -> bool:
@@ -364,22 +365,24 @@ class ParallelBatches:
         if self._stager is not None:
             taken, self.waited, ahead = self._stager.take()
             self.staged_ahead += int(ahead)
-            self._watch_host_decode()
             return taken.slot, taken.position, taken.payloads, taken
         staged, self._staged = self._staged, None
         if staged is not None:
             self.waited = 0.0
+            self._watch_host_decode()
             return staged.slot, staged.position, staged.payloads, staged
         start = time.perf_counter()
         slot, position, payloads = self.loader.get()
         self.waited = time.perf_counter() - start
+        self._watch_host_decode()
         return slot, position, payloads, None
 
     def _watch_host_decode(self) -> None:
-        """:attr:`adaptive`: after :data:`WATCH_SKIP` forwards, over each :data:`WATCH_WINDOW` of
-        them, the share of the time the forwards waited for batches; above :data:`WATCH_SHARE` the
-        workers cannot keep up, and nvJPEG decodes the batches planned from then on (for good; one
-        INFO line). While they keep up, decoding on the host leaves the device to the net."""
+        """:attr:`adaptive` (the workers decode, batches staged as for raw records): after
+        :data:`WATCH_SKIP` forwards, over each :data:`WATCH_WINDOW` of them, the share of the time
+        the forwards waited for batches; above :data:`WATCH_SHARE` the workers cannot keep up, and
+        the batches planned from then on are left encoded for nvJPEG, which :meth:`fill` starts
+        (for good; one INFO line). While they keep up, decoding on the host leaves the device to the net."""
         assert self.loader is not None
         if not self.adaptive or self.loader.device_decode:
             return
@@ -395,7 +398,7 @@ class ParallelBatches:
             return
         share = waited / max(now - start, 1e-9)
         if share > WATCH_SHARE:
-            self.loader.device_decode = True
+            self.loader.device_decode = self._handing_over = True
             log.info("%s: the forwards waited %.0f %% of the time for the workers' host decode: JPEG records "
                      "are decoded on the device by nvJPEG from now on", self.where, share * 100)
         self._watch = (WATCH_SKIP, now, 0.0)
@@ -407,6 +410,10 @@ class ParallelBatches:
         the net computes on this one; with :attr:`gpu_decode` a thread of the layer's own (started
         by the first device forward) decodes the batches ahead on the copy stream instead."""
         assert self.loader is not None
+        if self._handing_over and self._staged is None:  # (a batch staged ahead goes first)
+            self._handing_over, self.gpu_decode = False, True
+            if self._device and self.decoder is None:
+                self._open_decoder(start=0)
         if gpu and self.raw and self.gpu_decode and self._stager is None:
             self._start_stager()
         slot, position, payloads, staged = self._take()
@@ -423,7 +430,7 @@ class ParallelBatches:
             self._hold(slot, staged.ready)
             if self._stager is not None:
                 self._stager.consumed()
-            else:
+            elif not self._handing_over:
                 self._stage_ahead()
             return position
         if self._stager is not None and staged is not None:  # (its buffer is not read: stage into it again)
@@ -495,12 +502,8 @@ class ParallelBatches:
         """An nvJPEG decoder with the first backend from ``nvjpeg.BACKENDS[start]`` on, or None (a warning)."""
         try:
             self.decoder = nvjpeg.Decoder(states=2, start=start)
-            if self.adaptive and not (self.loader is not None and self.loader.device_decode):
-                log.info("%s: nvJPEG ready (%s backend, %s): the workers decode JPEG records while they keep up "
-                         "with the forwards, nvJPEG once they do not", self.where, self.decoder.backend, self.decoder.path)
-            else:
-                log.info("%s: JPEG records decoded on the device by nvJPEG (%s backend, %s)", self.where,
-                         self.decoder.backend, self.decoder.path)
+            log.info("%s: JPEG records decoded on the device by nvJPEG (%s backend, %s)", self.where,
+                     self.decoder.backend, self.decoder.path)
         except nvjpeg.NvJpegError as exc:
             self.decoder = None
             log.warning("%s: %s; JPEG records are decoded on the host", self.where, exc)

@@ -640,8 +640,8 @@ def test_gpu_decode_is_on_by_default_for_jpeg_records_in_gpu_mode(mixed_source, 
         layer = layer_of(mixed_source, 2, gpu_decode=None)
         _started(layer, monkeypatch, forwards=16)
     parallel = layer._prefetcher
-    assert parallel.gpu_decode and parallel.adaptive and parallel._stager is not None
-    assert not parallel.loader.device_decode and not _FakeDecoder.calls
+    assert parallel.adaptive and not parallel.gpu_decode and parallel._stager is None  # (raw records' path)
+    assert not parallel.loader.device_decode and not _FakeDecoder.calls and parallel.decoder is None
     assert "the workers decode JPEG records while they keep up" in caplog.text
     layer.close()
     for off, env in (("false", None), (None, False)):
@@ -685,6 +685,7 @@ def test_adaptive_decode_hands_over_to_nvjpeg_when_the_forwards_wait(mixed_sourc
     switched = share < 0
     assert bool(_FakeDecoder.calls) == switched
     assert ("decoded on the device by nvJPEG from now on" in caplog.text) == switched
+    assert ("JPEG records decoded on the device by nvJPEG (" in caplog.text) == switched  # (opened then)
 
 
 def test_a_missing_library_by_default_is_no_warning(mixed_source, emulated_device, monkeypatch, caplog):
@@ -867,9 +868,11 @@ def test_gpu_decode_in_a_replayed_training_iteration(tmp_path, gpu_mode):
         except Exception as exc:
             raise AssertionError(f"gpu_decode {on}: {exc}") from exc
         parallel = solver.net.layers[0]._prefetcher
-        if on is not False:  # nvJPEG decoded on the staging thread while the iterations replayed
+        if on:  # nvJPEG decoded on the staging thread while the iterations replayed
             assert parallel.decoder is not None and parallel._stager is not None
             assert parallel._stager.thread.is_alive()
+        elif on is None:  # the workers decoded, nvJPEG only if they fell behind
+            assert parallel.adaptive and (parallel._stager is not None) == parallel.loader.device_decode
         else:
             assert parallel._stager is None
         assert solver.executor.replays > 0, solver.executor.fallbacks
