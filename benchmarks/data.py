@@ -3,7 +3,8 @@
     python benchmarks/data.py [--gpu] [--records 1024] [--batch 256] [--size 256] [--crop 224]
                               [--workers 0,4,8,15] [--kinds raw,jpeg] [--seconds 3] [--no-torch]
                               [--no-host-decode]
-                              [--train [--tf32 | --precision fp16|bf16|...] [--iters 10] [--timeline]]
+                              [--train [--tf32 | --precision fp32,tf32,fp16,bf16] [--iters 10] [--timeline]
+                                       [--no-nvjpeg]]
 
 Writes two LMDBs into a temporary folder: ``--records`` synthetic ``--size`` x ``--size`` colour
 images (smooth noise, so JPEG quality 90 gives ~23 kB a record, as ImageNet's resized images) as
@@ -13,9 +14,9 @@ count (``data_param.workers``; 0 is the single prefetch thread) a TRAIN-phase Da
 warm-up of a few batches the forwards of ``--seconds`` seconds (at least 3 batches) are timed, the
 device synchronized at the end in GPU mode (where uint8 batches are transformed on the device).
 Prints images/s per row. The ``jpeg`` rows run the layer as a user gets it (``gpu_decode`` unset:
-in GPU mode with workers the workers only read the records and nvJPEG decodes each batch on the
-device, on the layer's staging thread, where libnvjpeg loads; the path column says which decoder
-ran). In GPU mode each JPEG row with workers is followed by a ``jpeg-host`` row: the same layer with
+in GPU mode with workers the workers decode while the forwards do not wait for them, and nvJPEG
+takes over, on the layer's staging thread, once they do, where libnvjpeg loads; the path column
+says which decoder ran). In GPU mode each JPEG row with workers is followed by a ``jpeg-host`` row: the same layer with
 ``gpu_decode: false`` (the workers decode with Pillow; ``--no-host-decode`` leaves these out). The
 peers, when PyTorch is importable: a
 ``DataLoader`` with one worker per usable core decoding the same JPEG bytes with PIL, random 224
@@ -25,10 +26,10 @@ into a uint8 batch on the device (``--no-torch`` leaves both out; torch is impor
 
 ``--train``: instead, ResNet-50 training iterations (the model zoo's deploy file as a training net,
 Solver SGD, random He-normal weights) fed by a Data layer from each LMDB (automatic workers; the
-JPEG LMDB as a user gets it, nvJPEG in GPU mode, and in GPU mode once more with ``gpu_decode:
-false``, the host decode) against
+JPEG LMDB as a user gets it, and in GPU mode once more with ``gpu_decode: false``, the host decode,
+and once with ``gpu_decode: true``, nvJPEG: ``--no-host-decode``, ``--no-nvjpeg`` leave them out) against
 the same net fed by an Input layer of random values (synthetic input: what ``zoo.py`` times), with
-``--tf32`` allowed or not; the mean time of ``--iters`` iterations after ``--warmup`` ones, the
+``--tf32`` allowed or not, in each ``--precision`` in turn; the mean time of ``--iters`` iterations after ``--warmup`` ones, the
 device synchronized at both ends. Neither net computes the data gradient (a Caffe training net does
 not). ``--timeline`` (GPU) then runs ``--iters`` more under ``torch.profiler`` and gives each row's
 device busy time (any stream) and idle time per iteration, the idle split by gap length: a starved
@@ -297,6 +298,37 @@ def train_ms(source: Path | None, batch: int, crop: int, iters: int, gpu: bool,
                 close()
 
 
+def train_rows(args, raw: Path, jpeg: Path, precision: str | None) -> None:
+    """The ``--train`` rows of one precision: synthetic input, each ``--kinds`` LMDB (JPEG: the
+    default decode, and unless left out the host's and nvJPEG's), synthetic again, the shares."""
+    if args.tf32:
+        caffe.set_allow_tf32(True)
+    if precision:
+        caffe.set_precision(precision)
+    what = precision or ("TF32" if args.tf32 else "fp32")
+    timeline = args.timeline and args.gpu
+    base, how = train_ms(None, args.batch, args.crop, args.iters, args.gpu, warmup=args.warmup, timeline=timeline)
+    print(f"ResNet-50 training, batch {args.batch}, {what}: synthetic input "
+          f"{base:.1f} ms ({args.batch / base * 1e3:.0f} img/s; {how})", flush=True)
+    rows: list[tuple[str, float, str]] = []
+    for kind in args.kinds.split(","):
+        runs: list[tuple[str, bool | None]] = [(f"from the {kind} LMDB", None)]
+        if kind == "jpeg" and args.gpu and not args.no_host_decode:
+            runs.append(("from the jpeg LMDB, host decode (gpu_decode: false)", False))
+        if kind == "jpeg" and args.gpu and not args.no_nvjpeg:
+            runs.append(("from the jpeg LMDB, nvJPEG (gpu_decode: true)", True))
+        for label, gpu_decode in runs:
+            ms, path = train_ms(raw if kind == "raw" else jpeg, args.batch, args.crop, args.iters, args.gpu,
+                                gpu_decode, warmup=args.warmup, timeline=timeline)
+            rows.append((label, ms, path))
+            print(f"  {label}: {ms:.1f} ms ({args.batch / ms * 1e3:.0f} img/s; {path})", flush=True)
+    again, _ = train_ms(None, args.batch, args.crop, args.iters, args.gpu, warmup=args.warmup)
+    base = min(base, again)  # the faster synthetic run is the reference (a warming GPU gives no credit)
+    print(f"{what}: synthetic input again: {again:.1f} ms; against the faster, {base:.1f} ms:", flush=True)
+    for label, ms, _ in rows:
+        print(f"  {what} {label}: {base / ms * 100:.1f} % of the synthetic rate", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gpu", action="store_true", help="GPU mode (uint8 batches transformed on the device)")
@@ -312,7 +344,10 @@ def main() -> None:
                     help="with --gpu: leave out the host-decode rows (jpeg-host: gpu_decode: false)")
     ap.add_argument("--train", action="store_true", help="time ResNet-50 training from the LMDBs and synthetic")
     ap.add_argument("--tf32", action="store_true", help="with --train: allow TF32")
-    ap.add_argument("--precision", default=None, help="with --train: caffe.set_precision (fp32, tf32, fp16, bf16)")
+    ap.add_argument("--precision", default=None,
+                    help="with --train: caffe.set_precision, or several comma-separated (fp32, tf32, fp16, bf16), "
+                         "one after the other in this process")
+    ap.add_argument("--no-nvjpeg", action="store_true", help="with --train --gpu: leave out the gpu_decode: true row")
     ap.add_argument("--iters", type=int, default=10, help="with --train: timed iterations")
     ap.add_argument("--warmup", type=int, default=5, help="with --train: untimed iterations first")
     ap.add_argument("--timeline", action="store_true",
@@ -332,31 +367,8 @@ def main() -> None:
         print(f"LMDBs written in {time.perf_counter() - t0:.1f} s; JPEG records {jpeg_bytes / 1000:.1f} kB on average",
               flush=True)
         if args.train:
-            if args.tf32:
-                caffe.set_allow_tf32(True)
-            if args.precision:
-                caffe.set_precision(args.precision)
-            what = args.precision or ("TF32" if args.tf32 else "fp32")
-            timeline = args.timeline and args.gpu
-            base, how = train_ms(None, args.batch, args.crop, args.iters, args.gpu, warmup=args.warmup,
-                                 timeline=timeline)
-            print(f"ResNet-50 training, batch {args.batch}, {what}: synthetic input "
-                  f"{base:.1f} ms ({args.batch / base * 1e3:.0f} img/s; {how})", flush=True)
-            rows: list[tuple[str, float, str]] = []
-            for kind in args.kinds.split(","):
-                runs: list[tuple[str, bool | None]] = [(f"from the {kind} LMDB", None)]
-                if kind == "jpeg" and args.gpu and not args.no_host_decode:
-                    runs.append(("from the jpeg LMDB, host decode (gpu_decode: false)", False))
-                for label, gpu_decode in runs:
-                    ms, path = train_ms(raw if kind == "raw" else jpeg, args.batch, args.crop, args.iters, args.gpu,
-                                        gpu_decode, warmup=args.warmup, timeline=timeline)
-                    rows.append((label, ms, path))
-                    print(f"  {label}: {ms:.1f} ms ({args.batch / ms * 1e3:.0f} img/s; {path})", flush=True)
-            again, _ = train_ms(None, args.batch, args.crop, args.iters, args.gpu, warmup=args.warmup)
-            base = min(base, again)  # the faster synthetic run is the reference (a warming GPU gives no credit)
-            print(f"synthetic input again: {again:.1f} ms; against the faster, {base:.1f} ms:", flush=True)
-            for label, ms, _ in rows:
-                print(f"  {label}: {base / ms * 100:.1f} % of the synthetic rate", flush=True)
+            for precision in (args.precision or "").split(","):
+                train_rows(args, raw, jpeg, precision or None)
             return
         print(f"{'source':8} {'workers':>7} {'img/s':>10}  path")
         for kind in args.kinds.split(","):
