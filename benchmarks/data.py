@@ -108,7 +108,7 @@ def layer_rate(source: Path, workers: int, batch: int, crop: int, seconds: float
             backend.synchronize()
 
     try:
-        for _ in range(24):  # (unset gpu_decode: past the layer's judgement of the host decode)
+        for _ in range(48):  # (unset gpu_decode: past the layer's judgement of the host decode, 32 forwards)
             layer.forward([], top)
         sync()
         start, done = time.perf_counter(), 0
