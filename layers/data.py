@@ -477,7 +477,8 @@ class DataLayer(StopsReaders, Layer):
         if isinstance(old, _ParallelPrefetcher) and not thread_only:
             fresh = _ParallelPrefetcher(old.cursor, self.transformer, self.batch_size, old.depth, self.dtype,
                                         self._where, old.workers, old.shape, old.raw)
-            fresh.gpu_decode = old.gpu_decode
+            fresh.gpu_decode = old.gpu_decode or old.handing_over  # (nvJPEG, once it took over, goes on)
+            fresh.adaptive = old.adaptive
         else:
             fresh = _Prefetcher(old.cursor, self.transformer, self.batch_size, self.layer_param.data_param.prefetch,
                                 self.dtype, self._where)

@@ -294,7 +294,7 @@ class ParallelBatches:
         self.gpu_decode = False  # JPEG items left encoded by the workers, decoded by nvJPEG (set before start)
         self.adaptive = False  # the workers decode JPEG until forwards wait for them, then nvJPEG (set before start)
         self._watch: tuple[int, float, float] = (0, 0.0, 0.0)  # adaptive: (forwards, window start, waited in it)
-        self._handing_over = False  # adaptive: nvJPEG takes the batches planned from now on (see fill)
+        self.handing_over = False  # adaptive: nvJPEG takes the batches planned from now on (see fill)
         self.decoder: nvjpeg.Decoder | None = None
         self._stager: _Stager | None = None  # the gpu_decode path's staging thread (from the first device forward)
 
@@ -398,7 +398,7 @@ class ParallelBatches:
             return
         share = waited / max(now - start, 1e-9)
         if share > WATCH_SHARE:
-            self.loader.device_decode = self._handing_over = True
+            self.loader.device_decode = self.handing_over = True
             log.info("%s: the forwards waited %.0f %% of the time for the workers' host decode: JPEG records "
                      "are decoded on the device by nvJPEG from now on", self.where, share * 100)
         self._watch = (WATCH_SKIP, now, 0.0)
@@ -410,8 +410,8 @@ class ParallelBatches:
         the net computes on this one; with :attr:`gpu_decode` a thread of the layer's own (started
         by the first device forward) decodes the batches ahead on the copy stream instead."""
         assert self.loader is not None
-        if self._handing_over and self._staged is None:  # (a batch staged ahead goes first)
-            self._handing_over, self.gpu_decode = False, True
+        if self.handing_over and self._staged is None:  # (a batch staged ahead goes first)
+            self.handing_over, self.gpu_decode = False, True
             if self._device and self.decoder is None:
                 self._open_decoder(start=0)
         if gpu and self.raw and self.gpu_decode and self._stager is None:
@@ -430,7 +430,7 @@ class ParallelBatches:
             self._hold(slot, staged.ready)
             if self._stager is not None:
                 self._stager.consumed()
-            elif not self._handing_over:
+            elif not self.handing_over:
                 self._stage_ahead()
             return position
         if self._stager is not None and staged is not None:  # (its buffer is not read: stage into it again)

@@ -688,6 +688,39 @@ def test_adaptive_decode_hands_over_to_nvjpeg_when_the_forwards_wait(mixed_sourc
     assert ("JPEG records decoded on the device by nvJPEG (" in caplog.text) == switched  # (opened then)
 
 
+@pytest.mark.parametrize("share", [-1.0, 2.0])
+def test_a_resume_keeps_the_adaptive_decode_where_it_was(mixed_source, emulated_device, monkeypatch, share):
+    """restore_read_state (a solver's resume) after nvJPEG took over goes on with nvJPEG; before,
+    the new readers still watch the workers (and hand over when they wait). Batches equal the single
+    prefetch thread's across the resume."""
+    monkeypatch.setattr(data_parallel, "WATCH_SKIP", 1)
+    monkeypatch.setattr(data_parallel, "WATCH_WINDOW", 2)
+    monkeypatch.setattr(data_parallel, "WATCH_SHARE", share)
+
+    def run(layer, gpu: bool):
+        top = empty_blobs(2, layer.dtype)
+        caffe.set_random_seed(11)
+        if gpu:
+            monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
+        layer.setup([], top)
+        out = []
+        for k in range(12):
+            if k == 6:
+                layer.restore_read_state(*layer.read_state())
+                if gpu:  # the new readers are adaptive too, on nvJPEG already when it had taken over
+                    assert layer._prefetcher.adaptive and layer._prefetcher.gpu_decode == (share < 0)
+                    calls = len(_FakeDecoder.calls)
+            (layer.forward_gpu if gpu else layer.forward_cpu)([], top)
+            out.append((top[0].cpu_data().copy(), top[1].cpu_data().copy(), layer.read_state()))
+        layer.close()
+        return out, (calls if gpu else 0)
+
+    want, _ = run(layer_of(mixed_source, 0), False)
+    got, calls = run(layer_of(mixed_source, 2, gpu_decode=None), True)
+    assert_same(want, got)
+    assert (len(_FakeDecoder.calls) > calls) == (share < 0)  # nvJPEG decoded after the resume
+
+
 def test_a_missing_library_by_default_is_no_warning(mixed_source, emulated_device, monkeypatch, caplog):
     def missing(names=None):
         raise nvjpeg.NvJpegError("nvJPEG (libnvjpeg) not found; install ...")
