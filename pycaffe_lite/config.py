@@ -21,7 +21,7 @@ Every setting, its environment variable (read when the package is imported) and 
 | ``nccl_timeout`` | ``PYCAFFE_LITE_NCCL_TIMEOUT`` | 600 | seconds ranks wait for each other at start |
 | ``action_interval`` | ``PYCAFFE_LITE_ACTION_INTERVAL`` | 10 | iterations between ranks' Ctrl-C/SIGHUP votes |
 | ``data_workers`` | ``PYCAFFE_LITE_DATA_WORKERS`` | none | decode processes per Data/ImageData/WindowData layer (0: the prefetch thread; overrides the prototxt's ``workers``) |
-| ``gpu_decode`` | ``PYCAFFE_LITE_GPU_DECODE`` | none | 1: Data layers with workers in GPU mode decode JPEG records on the device with nvJPEG, 0: on the host (overrides the prototxt's ``gpu_decode``; unset in both: nvJPEG for JPEG records where libnvjpeg loads) |
+| ``gpu_decode`` | ``PYCAFFE_LITE_GPU_DECODE`` | none | 1: Data layers with workers in GPU mode decode JPEG records on the device with nvJPEG, 0: on the host (overrides the prototxt's ``gpu_decode``; unset in both: the workers decode JPEG records while the forwards do not wait for them, nvJPEG once they do, where libnvjpeg loads) |
 
 ``PYCAFFE_LITE_THREADS`` (BLAS threads) is read by :mod:`pycaffe_lite.threads` before numpy's
 BLAS starts, so it is no setting here. Overrides are per thread; the environment is read once.
