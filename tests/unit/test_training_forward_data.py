@@ -194,9 +194,12 @@ def test_reading_a_stale_blob_is_an_error_and_the_next_iteration_keeps_it(mode):
     for name in sorted(FORWARD_ONLY):  # every blob is kept now, with the values sharing off gives
         _same(on.net.blobs[name].data, off.net.blobs[name].data)
     _same(on.net.blobs["loss"].data, off.net.blobs["loss"].data)
-    if mode == "gpu":  # the re-plan (memory of their own) captured the iteration again
-        _steps(on, True, 2)
-        assert on.net.executor.captures > captures
+    if mode == "gpu":  # the re-plan (memory of their own) captures the iteration again
+        for _ in range(6):  # (warm-up first; an allocation re-keys the graph once more)
+            _steps(on, True, 1)
+            if on.net.executor.captures > captures:
+                break
+        assert on.net.executor.captures > captures, on.net.executor.fallbacks
 
 
 def test_writing_a_stale_blob_whole_is_allowed(mode):
@@ -255,7 +258,10 @@ def test_gpu_replays_keep_the_data_in_the_gradient_slots(gpu_mode):
     assert executor.captures == captures and executor.replays == replays + 3
     with pytest.raises(NetError):
         on.net.blobs["conv2a"].math_data()
-    _same(_steps(on, True, 4), _steps(off, False, 4))
+    for _ in range(8):  # the re-plan's warm-up and capture (an allocation re-keys the graph once more)
+        _same(_steps(on, True, 1), _steps(off, False, 1))
+        if executor.captures > captures:
+            break
     now = {int(slot) for slot in executor.shared_diffs.slots}
     assert executor.captures > captures and not executor.training_data.placed
     assert not {blob.gpu_data() for blob in blobs} & now  # memory of their own now
