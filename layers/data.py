@@ -21,7 +21,7 @@ uploads run on a copy stream into two device buffers in turn, the next ready bat
 net computes on this one. JPEG records in GPU mode (the first record says; ``data_param.gpu_decode``,
 field 1002: ``true`` or ``$PYCAFFE_LITE_GPU_DECODE=1`` always, for any encoded records; ``false`` or
 ``=0`` never; the environment wins; unset in both, where libnvjpeg loads, once the forwards wait more
-than 5 % of the time for the workers' host decode: so a training run whose workers keep up leaves
+than 10 % of the time for the workers' host decode (``ParallelBatches._watch_host_decode``): so a training run whose workers keep up leaves
 the device to the net, 98.5 % of the synthetic-input rate against 89.5 % with nvJPEG in ResNet-50
 fp16 training on an H200, while a faster consumer gets nvJPEG's rate) are left encoded by the workers and
 decoded on the device by nvJPEG (:mod:`pycaffe_lite.data.nvjpeg`: what it would not decode as the

@@ -356,10 +356,8 @@ class TensorCore16NhwcEngine(TiledEngine):
         if not (isinstance(data_engine, TensorCore16NhwcEngine) and own_weight_gradient(prob)
                 and own_data_gradient(prob)):
             return False
-        dy_n, x_n = staged_counts(prob, "backward_weight")
-        dy_h, x_h, part, wp = backend.workspace(dy_n * prob.itemsize, x_n * prob.itemsize,
-                                                partial_count(prob, self.tile) * t16.PARTIAL_ITEMSIZE,
-                                                staged_counts(prob, "backward_data")[1] * prob.itemsize)
+        weights = data_engine.scratch(prob, "backward_data", False)[1]  # (its staged dy is the weight pass's)
+        dy_h, x_h, part, wp = backend.workspace(*self.scratch(prob, "backward_weight", db is not None), weights)
         self._weight_gradient(prob, x, dy, dw, db, dy_h, x_h, part)
         run_pass(prob, "backward_data", data_engine.tile, dy, w, w, 0, dx, [dy_h, wp], restage=False)
         return True

@@ -139,11 +139,10 @@ class TrainingData:
         net = self.net
         name = net.blob_names[bid]
         if what == "set_data":  # written whole: memory of its own until the next iteration places it
-            mem = self._planned.pop(bid, None)
+            mem = self._planned.get(bid)
             if mem is not None:
                 mem.use_storage()
-                for b in [b for b, m in self._planned.items() if m is mem]:
-                    del self._planned[b]
+                self._unplan(mem)
                 self.placed = False
                 self.epoch += 1
             self.stale -= {b for b, other in enumerate(net.blobs) if other.data_memory is blob.data_memory}
@@ -162,6 +161,9 @@ class TrainingData:
                 f"set PYCAFFE_LITE_SHARE_DATA=0 (config.share_data) to keep every blob from the start")
         mem = self._planned[bid]  # the current last value of a data-only slot: keep it
         mem.own_storage()
-        for b in [b for b, m in self._planned.items() if m is mem]:
-            del self._planned[b]
+        self._unplan(mem)
         self._set_watch()
+
+    def _unplan(self, mem: SyncedMemory) -> None:
+        """Forget the planned blobs whose data is ``mem`` (it has memory of its own now)."""
+        self._planned = {b: m for b, m in self._planned.items() if m is not mem}
