@@ -180,9 +180,11 @@ def check_total(where: str, items: list[tuple[str, int]], what: str = "its blobs
     what the host holds (in GPU mode blobs live on the device; the host holds copies of some)."""
     checks = [(host_available(), items if host_items is None or not device else host_items)]
     if device:
-        checks.append(((device_available(), "of GPU memory still free"), items))
+        checks.append(((device_available(), _DEVICE_FREE), items))
     for (have, words), these in checks:
         need = sum(n for _, n in these)
+        if need > have and words is _DEVICE_FREE:
+            have = device_available(reclaim=True)
         if need <= have:
             continue
         top = sorted(these, key=lambda item: -item[1])[:3]
@@ -217,15 +219,27 @@ def host_limit() -> int:
     return min(v for v, _ in host_limits())
 
 
-def device_available() -> int:
-    """Device memory free for new allocations: the driver's free memory plus what our pool caches."""
+_DEVICE_FREE = "of GPU memory still free"
+
+
+def device_available(reclaim: bool = False) -> int:
+    """Device memory free for new allocations: the driver's free memory plus what our pool caches;
+    with ``reclaim``, after :func:`backend.reclaim` (dropped nets are reference cycles that hold
+    their memory until Python's cyclic collector runs)."""
 
     try:
+        if reclaim:
+            backend.reclaim()
         st = backend.state()
         cached = int(getattr(st.pool, "managed_bytes", 0)) - int(getattr(st.pool, "active_bytes", 0))
-        return int(st.cuda.mem_get_info()[0]) + max(0, cached)
+        return driver_free() + max(0, cached)
     except Exception:  # no device (yet), or a test's stand-in backend: nothing to tell
         return _UNLIMITED
+
+
+def driver_free() -> int:
+    """The driver's free memory on the current device (cuMemGetInfo)."""
+    return int(backend.state().cuda.mem_get_info()[0])
 
 
 def device_limit() -> int:

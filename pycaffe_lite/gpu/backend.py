@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import hashlib
 import os
 import tempfile
@@ -276,8 +277,21 @@ def alloc(nbytes: int):
     st.alloc_generation += 1
     try:
         return st.pool.allocate(int(nbytes))
+    except st.cuda.MemoryError:
+        reclaim()  # a dropped Net or Solver may still hold its blocks, or the pool caches odd sizes
+    try:
+        return st.pool.allocate(int(nbytes))
     except st.cuda.MemoryError as exc:
         raise CudaError(f"out of device memory allocating {nbytes} bytes: {exc}") from None
+
+
+def reclaim() -> None:
+    """Give back what dead objects hold: run Python's cyclic collector (a Net or Solver nobody
+    references is a reference cycle, and keeps its device memory until that collector runs) and
+    return the pool's cached blocks to the driver."""
+    gc.collect()
+    if _state is not None:
+        _state.pool.free_held()
 
 
 _WORKSPACE_ALIGN = 256

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
@@ -271,3 +274,87 @@ def test_a_shared_memory_segment_is_page_locked_and_uploads_from_it(gpu_mode):
     finally:
         shm.close()
         shm.unlink()
+
+
+class _Cycle:
+    """A reference cycle holding a device block, as a dropped Net or Solver is."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.block = backend.alloc(nbytes)
+        self.me = self
+
+
+def test_the_device_check_collects_dropped_cycles_before_refusing(monkeypatch):
+    """A net dropped by its user is a reference cycle whose blocks stay in use until Python's cyclic
+    collector runs; the device check collects before refusing (it refused ResNet-50 at 15.9 GiB with
+    over 100 GiB held by earlier, dropped solvers of the same process)."""
+    from pycaffe_lite import memcheck
+    from pycaffe_lite.memcheck import OutOfMemoryError
+
+    MiB = 1 << 20
+    st = backend.state()
+    st.pool.free_held()
+    top = st.pool.managed_bytes + 60 * MiB  # the driver has 60 MiB left for this test
+    monkeypatch.setattr(memcheck, "driver_free", lambda: max(0, top - st.pool.managed_bytes))
+    gc.disable()
+    try:
+        _Cycle(40 * MiB)  # garbage at once, collected only by gc
+        memcheck.check_total("net 'b'", [("b", 40 * MiB)], device=True)
+        with pytest.raises(OutOfMemoryError, match=r"net 'c': its blobs would need 61.0 MiB, more than the "
+                                                   r"60.0 MiB of GPU memory still free"):
+            memcheck.check_total("net 'c'", [("c", 61 * MiB)], device=True)
+    finally:
+        gc.enable()
+
+
+def test_alloc_collects_dropped_cycles_when_the_device_is_full(monkeypatch):
+    st = backend.state()
+    real = st.pool
+
+    class FullWhileTheCycleLives:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def allocate(self, nbytes):
+            if dropped() is not None:
+                raise st.cuda.MemoryError("out of memory (test)")
+            return real.allocate(nbytes)
+
+    gc.disable()
+    try:
+        dropped = weakref.ref(_Cycle(1 << 20))
+        monkeypatch.setattr(st, "pool", FullWhileTheCycleLives())
+        block = backend.alloc(1 << 20)
+        assert int(block) and dropped() is None
+    finally:
+        gc.enable()
+
+
+def test_a_dropped_net_is_collected_with_its_device_memory(tmp_path):
+    """No registry of the package keeps a dropped net alive: the cyclic collector frees it and the
+    pool gets its blocks back."""
+    path = tmp_path / "net.prototxt"
+    path.write_text('input: "data" input_shape { dim: 8 dim: 3 dim: 64 dim: 64 }\n'
+                    'layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" '
+                    'convolution_param { num_output: 16 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }\n'
+                    'layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }\n')
+    st = backend.state()
+    gc.collect()
+    before = st.pool.active_bytes
+    gc.disable()
+    try:
+        net = caffe.Net(str(path), caffe.TEST)
+        net.blobs["data"].data[...] = 1.0
+        for _ in range(3):  # warm-up, capture, replay
+            net.forward()
+        backend.synchronize()
+        blobs = sum(blob.data.nbytes for blob in net.blobs.values())
+        during = st.pool.active_bytes
+        assert during - before >= blobs
+        alive = weakref.ref(net)
+        del net
+        backend.reclaim()
+        assert alive() is None
+        assert during - st.pool.active_bytes >= blobs
+    finally:
+        gc.enable()

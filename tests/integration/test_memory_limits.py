@@ -32,7 +32,7 @@ def fake_cgroup(monkeypatch, tmp_path, proc_lines, files):
     monkeypatch.setattr(memcheck, "PROC_CGROUP", tmp_path / "proc")
     monkeypatch.setattr(memcheck, "CGROUP_ROOT", root)
     monkeypatch.setattr(memcheck, "address_space_limit", lambda: None)
-    monkeypatch.setattr(memcheck, "host_memory_bytes", lambda: 64 * GiB)
+    monkeypatch.setattr(memcheck, "host_memory_bytes", lambda reclaim=False: 64 * GiB)
 
 
 def test_cgroup_v2_limit_of_a_parent_and_free_memory(monkeypatch, tmp_path):
@@ -198,11 +198,11 @@ def test_gpu_mode_nets_are_checked_on_the_device_not_against_a_small_host_limit(
     path = tmp_path / "net.prototxt"
     path.write_text(TRAIN_NET)
     monkeypatch.setattr(common, "mode", lambda: common.Mode.GPU)
-    monkeypatch.setattr(memcheck, "device_limit", lambda: 64 * GiB)
+    monkeypatch.setattr(memcheck, "device_limit", lambda reclaim=False: 64 * GiB)
     monkeypatch.setattr(memcheck, "host_available", lambda: (10 * MiB, "still free under the memory cgroup limit"))
-    monkeypatch.setattr(memcheck, "device_available", lambda: 64 * GiB)
+    monkeypatch.setattr(memcheck, "device_available", lambda reclaim=False: 64 * GiB)
     caffe.Net(str(path), caffe.TRAIN)  # 24 MiB of blobs on the device, 1.1 MiB of params on the host
-    monkeypatch.setattr(memcheck, "device_available", lambda: 20 * MiB)
+    monkeypatch.setattr(memcheck, "device_available", lambda reclaim=False: 20 * MiB)
     with pytest.raises(OutOfMemoryError, match=r"its blobs and params would need 24.3 MiB, more than the 20.0 MiB "
                                                r"of GPU memory still free"):
         caffe.Net(str(path), caffe.TRAIN)
