@@ -9,10 +9,16 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from .. import common
-from ..blob import Blob, shape_generation
+from ..blob import Blob
 from ..errors import NetError
 from ..synced_memory import SyncedMemory
-from .memory_plan import data_sharing_enabled, forward_only_blobs, point_data_into_slots, shared_data_slots
+from .memory_plan import (
+    BlobLayout,
+    data_sharing_enabled,
+    forward_only_blobs,
+    point_data_into_slots,
+    shared_data_slots,
+)
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -37,6 +43,7 @@ class ForwardOnlyData:
     def __init__(self, net: NetGraph, hooks: Mapping[str, list], watch_changed: Callable[[], None],
                  exclude: Collection[int] = ()) -> None:
         self.net = net
+        self.layout = BlobLayout(net)  # the part of the plan key reshapes change
         self.hooks = hooks
         self.watch_changed = watch_changed
         self.watching = False
@@ -58,7 +65,7 @@ class ForwardOnlyData:
 
     def _plan(self) -> None:
         on_gpu = common.mode() is common.Mode.GPU
-        key = (shape_generation(), on_gpu)
+        key = (self.layout.key(), on_gpu)
         if key == self._key:
             return
         self._release()

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from .. import common
-from ..blob import Blob
+from ..blob import Blob, shape_generation
 from ..config import config
 from ..gpu import backend
 from ..layer import Layer
@@ -322,6 +322,27 @@ def training_blob_bytes(net: NetGraph, data: bool = True) -> tuple[int, int]:
     planned |= {id(net.blobs[bids[0]].data_memory) for slot in slots for bids in slot.data}
     alone = sum(memories.values())
     return alone, alone - sum(memories[key] for key in planned) + sum(slot.nbytes for slot in slots)
+
+
+class BlobLayout:
+    """What a memory plan of ``net`` depends on that a reshape may change: each net blob's shape and
+    memories (:meth:`key`). Recounted only after a reshape anywhere (:func:`shape_generation`); a
+    layer reshaping buffers of its own (on its first forward, say) leaves it equal, so plans made
+    before stand (a new plan allocates its slots while the old ones still hold their values)."""
+
+    def __init__(self, net: NetGraph) -> None:
+        self.net = net
+        self._generation = -1
+        self._key: tuple = ()
+
+    def key(self) -> tuple:
+        gen = shape_generation()
+        if gen != self._generation:
+            self._generation = gen
+            key = tuple((b.shape, id(b.data_memory), id(b.diff_memory)) for b in self.net.blobs)
+            if key != self._key:
+                self._key = key
+        return self._key
 
 
 def new_slot(nbytes: int, on_gpu: bool):

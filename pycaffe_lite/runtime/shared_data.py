@@ -11,10 +11,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import common
-from ..blob import Blob, shape_generation
+from ..blob import Blob
 from ..errors import NetError
 from ..synced_memory import SyncedMemory
-from .memory_plan import data_sharing_enabled, point_data_into_slots, shared_data_slots, source_blobs
+from .memory_plan import (
+    BlobLayout,
+    data_sharing_enabled,
+    point_data_into_slots,
+    shared_data_slots,
+    source_blobs,
+)
 
 if TYPE_CHECKING:
     from ..net_graph import NetGraph
@@ -53,6 +59,7 @@ class SharedData:
     def __init__(self, net: NetGraph, hooks: Mapping[str, list], run_forward: Callable[[int, int], None],
                  watch_changed: Callable[[], None], skippable: Sequence[frozenset[int]] = ()) -> None:
         self.net = net
+        self.layout = BlobLayout(net)  # the part of the plan key reshapes change
         self.watch_changed = watch_changed  # the executor (re)sets the blobs' on_access hooks
         self.watching = False
         self.hooks = hooks  # the executor's per-layer hooks: none may be set while data is shared
@@ -108,7 +115,7 @@ class SharedData:
 
     def _plan(self) -> None:
         on_gpu = common.mode() is common.Mode.GPU
-        key = (shape_generation(), on_gpu, frozenset(self.keep))
+        key = (self.layout.key(), on_gpu, frozenset(self.keep))
         if key == self._key:
             return
         self._drop_plan()  # the forward about to run recomputes every planned value

@@ -17,6 +17,7 @@ from ..gpu import backend
 from ..synced_memory import SyncedMemory
 from .memory_plan import (
     BackwardRange,
+    BlobLayout,
     new_slot,
     point_into,
     shared_diff_slots,
@@ -76,6 +77,7 @@ class SharedDiffs:
     def __init__(self, net: NetGraph, hooks: Mapping[str, list], run_backward: Callable[[int, int], None],
                  watch_changed: Callable[[], None]) -> None:
         self.net = net
+        self.layout = BlobLayout(net)  # the part of the plan key reshapes change
         self.hooks = hooks  # the executor's per-layer hooks: none may be set while pycaffe passes share
         self.run_backward = run_backward  # the executor's plain backward over a layer range
         self.watch_changed = watch_changed  # the executor (re)sets the blobs' on_access hooks
@@ -197,11 +199,11 @@ class SharedDiffs:
     def _plan(self, start: int, end: int, train: bool, data: bool = False) -> None:
         on_gpu = common.mode() is common.Mode.GPU
         guest = self.guest if data else None
-        key = (shape_generation(), on_gpu, start, end, frozenset(self.keep), train,
-               None if guest is None else guest.key())
+        key = (self.layout.key(), on_gpu, start, end, frozenset(self.keep), None if guest is None else guest.key())
         if key == self._key:
             if guest is not None and not guest.placed and self._guest_slots:
                 guest.place(self._guest_slots, on_gpu)  # a pycaffe forward took them out: back in
+            self._seeds(start, end, train, on_gpu)
             return
         net = self.net
         if self.guest is not None and self.guest.placed:
@@ -228,14 +230,24 @@ class SharedDiffs:
                 self._groups.append(bids)
                 self._memories.append(mem)
                 self._slot_of.append(len(self.slots) - 1)
-        if self._memories and not train:  # room for the seeds' values before each pass (a re-run's)
-            rng = self._range(start, end)
-            seeds = {id(blob.diff_memory): blob.diff_memory for blob in net.blobs if id(blob.diff_memory) in rng.seeds}
-            self._seed_buffers = [(mem, backend.alloc(max(mem.nbytes, 8)) if on_gpu else np.empty(mem.count, mem.dtype))
-                                  for mem in seeds.values()]
+        self._seeds(start, end, train, on_gpu)
         if guest is not None and self._guest_slots:
             guest.place(self._guest_slots, on_gpu)
         self._key = key
+
+    def _seeds(self, start: int, end: int, train: bool, on_gpu: bool) -> None:
+        """Room for the seeds' values before each pass that may be re-run (not ``train``); a training
+        iteration, never re-run, needs none (the same plan serves both: the slots stay)."""
+        want = bool(self._memories) and not train
+        if not want:
+            self._seed_buffers = []
+            return
+        if self._seed_buffers:
+            return
+        rng = self._range(start, end)
+        seeds = {id(blob.diff_memory): blob.diff_memory for blob in self.net.blobs if id(blob.diff_memory) in rng.seeds}
+        self._seed_buffers = [(mem, backend.alloc(max(mem.nbytes, 8)) if on_gpu else np.empty(mem.count, mem.dtype))
+                              for mem in seeds.values()]
 
     def _release(self, bid: int) -> None:
         """Blob ``bid``'s diff (its slot's current value) into memory of its own, private from now on."""

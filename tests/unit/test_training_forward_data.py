@@ -286,3 +286,25 @@ def test_a_reshape_between_iterations_plans_again(mode):
     for name, blobs in _weights(on).items():
         for a, b in zip(blobs, _weights(off)[name]):
             _same(a, b)
+
+
+def test_training_iterations_keep_their_first_plan(mode, monkeypatch):
+    """The gradient slots are allocated once: layers reshaping buffers of their own in the first
+    forward, and the step from the first plain iterations to whole-iteration replays, keep the plan
+    (each new plan allocates its slots while the old ones still hold values: ResNet-50 fp16 at batch
+    256 ended with 669 MiB more in the device pool)."""
+    from pycaffe_lite.runtime import shared_diffs
+
+    made: list[int] = []
+    real = shared_diffs.new_slot
+    monkeypatch.setattr(shared_diffs, "new_slot", lambda nbytes, on_gpu: made.append(nbytes) or real(nbytes, on_gpu))
+    on = _solver(True)
+    executor = on.net.executor
+    for _ in range(10):  # on the GPU: through warm-up, capture and replays
+        _steps(on, True, 1)
+        if executor.replays > 1 or (common.mode() is common.Mode.CPU and len(made) > 0):
+            break
+    _steps(on, True, 2)
+    assert common.mode() is common.Mode.CPU or executor.replays > 1, executor.fallbacks
+    assert executor.training_data.placed
+    assert made == executor.shared_diffs._slot_bytes  # one plan's slots, made once
