@@ -94,4 +94,4 @@ __all__ = [
 
 from . import threads as _threads  # noqa: E402
 
-_threads.configure()  # BLAS threads: the free cores, unless OMP/OPENBLAS/MKL_NUM_THREADS are set
+_threads.configure()  # BLAS threads: the cores (at most 8), unless OMP/OPENBLAS/MKL_NUM_THREADS are set

@@ -12,6 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# xdist workers share the cores: each worker's BLAS gets its share of threads (the package's default,
+# every core, would oversubscribe them with busy-waiting threads). Set before pycaffe_lite is imported.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("PYCAFFE_LITE_THREADS"):
+    os.environ["PYCAFFE_LITE_THREADS"] = str(max(1, len(os.sched_getaffinity(0))
+                                                 // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 

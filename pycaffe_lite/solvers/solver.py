@@ -26,7 +26,7 @@ from typing import ClassVar, cast
 
 import numpy as np
 
-from .. import common
+from .. import common, threads
 from ..bbox import mean_average_precision
 from ..blob import Blob
 from ..errors import CaffeError, PrototxtError, ShapeError, WeightsError
@@ -199,6 +199,8 @@ class Solver:
         if self.param.random_seed >= 0:
             common.set_random_seed(self.param.random_seed)
         log.info("Initializing solver from parameters%s", f" ({self.source})" if self.source else "")
+        if common.mode() is common.Mode.CPU and (hint := threads.take_hint()):
+            log.warning(hint)
         self.net: Net = self._init_train_net()
         self.graph, self.executor = self.net.graph, self.net.executor  # what the training step runs
         self.test_nets = self._init_test_nets()
