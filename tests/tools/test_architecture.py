@@ -51,7 +51,7 @@ def test_layer_modules_import_only_family_bases_and_caffes_hierarchy():
 
 # -- the floor plan: which wing may import which (docs/architecture.md has the same table) ----------
 CORE = {"errors", "config", "common", "blob", "synced_memory", "layer", "fillers", "memcheck", "optional", "durable",
-        "version", "glog", "net_graph", "bbox", "precision"}  # bbox: the SSD box maths and kernels
+        "version", "glog", "net_graph", "bbox", "precision", "threads"}  # bbox: the SSD box maths and kernels
 MAY_IMPORT = {  # wing -> what of the package it may import besides itself (every wing: the schema)
     "schema": {"errors"},  # generated caffe_pb2 and the blob value formats: the lowest floor
     "gpu": {"errors", "config"},
