@@ -16,7 +16,7 @@ allocated and the limits (:func:`out_of_memory`). Tests lower the limits by monk
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -178,13 +178,15 @@ def check_total(where: str, items: list[tuple[str, int]], what: str = "its blobs
     they exceed what is still free on the host (see :func:`host_available`) or, with ``device``,
     on the GPU (:func:`device_available`). With ``device``, ``host_items`` (default: ``items``) are
     what the host holds (in GPU mode blobs live on the device; the host holds copies of some)."""
-    checks = [(host_available(), items if host_items is None or not device else host_items)]
-    if device:
-        checks.append(((device_available(), _DEVICE_FREE), items))
-    for (have, words), these in checks:
+    host_have, host_words = host_available()
+    checks: list[tuple[int, str, list[tuple[str, int]], Callable[[], int] | None]] = [
+        (host_have, host_words, items if host_items is None or not device else host_items, None)]
+    if device:  # short of memory: dropped nets are collected first (device_available's reclaim)
+        checks.append((device_available(), "of GPU memory still free", items, lambda: device_available(reclaim=True)))
+    for have, words, these, again in checks:
         need = sum(n for _, n in these)
-        if need > have and words is _DEVICE_FREE:
-            have = device_available(reclaim=True)
+        if need > have and again is not None:
+            have = again()
         if need <= have:
             continue
         top = sorted(these, key=lambda item: -item[1])[:3]
@@ -217,9 +219,6 @@ def host_limit() -> int:
     """The most bytes one host allocation may ask for: the machine's memory, or less under a memory
     cgroup limit or RLIMIT_AS (see the module docstring)."""
     return min(v for v, _ in host_limits())
-
-
-_DEVICE_FREE = "of GPU memory still free"
 
 
 def device_available(reclaim: bool = False) -> int:

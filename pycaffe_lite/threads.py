@@ -105,7 +105,7 @@ def default_threads(env: Mapping[str, str] | None = None, cores: int | None = No
 
 
 def busy_hint(threads: int, cores: int, load: float) -> str | None:
-    """The INFO line for ``threads`` BLAS threads on ``cores`` cores when the 1-minute ``load``
+    """The warning for ``threads`` BLAS threads on ``cores`` cores when the 1-minute ``load``
     average says other processes keep some of them busy (None when they do not)."""
     busy = int(load + 0.5)
     free = max(1, cores - busy)

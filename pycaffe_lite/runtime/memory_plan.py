@@ -339,9 +339,7 @@ class BlobLayout:
         gen = shape_generation()
         if gen != self._generation:
             self._generation = gen
-            key = tuple((b.shape, id(b.data_memory), id(b.diff_memory)) for b in self.net.blobs)
-            if key != self._key:
-                self._key = key
+            self._key = tuple((b.shape, id(b.data_memory), id(b.diff_memory)) for b in self.net.blobs)
         return self._key
 
 
