@@ -4,8 +4,8 @@ input, each device allocation of 1 MiB or more traced to what owns it. GPU only.
     python3 benchmarks/train_memory.py [--net resnet50] [--precision fp16] [--batch 256] [--steps 8]
 
 Prints ``backend.memory_held()`` after the build and after each step (``device``: the driver's count
-since the context was made, what PyTorch's peers are compared with; ``pool``: what our pool holds,
-in use or cached; ``active``: in use), then what is live after the last step, in MiB: net blob data
+since the context was made; ``peak``: its most so far, what PyTorch's peak reserved memory is compared
+with; ``pool``: what our pool holds, in use or cached; ``active``: in use), then what is live after the last step, in MiB: net blob data
 and diffs, buffers layers keep in blobs of their own (the largest by layer and attribute), and the
 rest by call site (memory plans' slots, the workspace, cuBLAS).
 """
@@ -110,7 +110,7 @@ def main() -> None:
 
     def held(tag: str) -> None:
         m = backend.memory_held()
-        print(f"{tag:>8}: device {m['device'] / MiB:8.0f}  pool {m['pool'] / MiB:8.0f}  "
+        print(f"{tag:>8}: device {m['device'] / MiB:8.0f}  peak {m['peak'] / MiB:8.0f}  pool {m['pool'] / MiB:8.0f}  "
               f"active {m['pool_active'] / MiB:8.0f} MiB", flush=True)
 
     param = ours.zoo_param(ZOO / f"{FILES[args.net]}_deploy.prototxt", args.batch, train=True)

@@ -60,9 +60,10 @@ model families, not identical work.
 Isolation: the script runs every (net, side) pair in its own subprocess of this script
 (``--worker``), one after the other on the same device, so neither side's memory (our pool, the
 peer's caching allocator, cuBLAS/cuDNN workspaces, CUDA context) pollutes the other's figures or
-the next net's. Memory: ours is what the process took from the device after its CUDA context was
-created (cuMemGetInfo delta: our pool plus cuBLAS workspaces, modules, graphs; ``pool`` is the
-pool's share); the peer's is ``torch.cuda.max_memory_reserved()`` (its device delta is printed
+the next net's. Memory: ours is the most the process took from the device after its CUDA context
+was created (``backend.memory_held()['peak']``: cuMemGetInfo deltas, our pool plus cuBLAS
+workspaces, modules, graphs, noted whenever the pool grew or gave blocks back, so the convolution
+autotune's operands count; ``pool`` is what the pool holds at the end); the peer's is ``torch.cuda.max_memory_reserved()`` (its device delta is printed
 too). The parent process never touches the GPU. ``--cpu`` runs both sides on the CPU (a smoke
 test: no memory figures). Each worker has a time limit (``--timeout``); a failed or timed-out
 net is reported and the others still run (exit status 1).
@@ -250,7 +251,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def row(net: str, mine: dict | None, peer: dict | None) -> list[str]:
     """Table cells: iteration ms (ours, peer, ratio), batch-1 ms (same), the peer's batch-1
-    CUDA-graph replay ms and ours / replay, memory MiB (ours: device delta; peer: max reserved;
+    CUDA-graph replay ms and ours / replay, memory MiB (ours: peak device delta; peer: max reserved;
     ratio), then our pool's share and the peer's device delta."""
     cells = [net]
     for key in ("train_ms", "latency_ms"):
@@ -258,7 +259,7 @@ def row(net: str, mine: dict | None, peer: dict | None) -> list[str]:
         cells += [_fmt(a, mine, ".2f"), _fmt(b, peer, ".2f"), _ratio(a, b)]
     g = _get(peer, "latency_graph_ms")
     cells += [_fmt(g, peer, ".2f"), _ratio(_get(mine, "latency_ms"), g)]
-    a, b = _get(mine, "memory", "device"), _get(peer, "memory", "reserved")
+    a, b = _get(mine, "memory", "peak") or _get(mine, "memory", "device"), _get(peer, "memory", "reserved")
     pool, peer_dev = _get(mine, "memory", "pool"), _get(peer, "memory", "device")
     mib = [None if v is None else v / MIB for v in (a, b, pool, peer_dev)]
     cells += [_fmt(mib[0], mine, ".0f"), _fmt(mib[1], peer, ".0f"), _ratio(a, b),

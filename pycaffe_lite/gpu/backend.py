@@ -98,6 +98,7 @@ class DeviceState:
         self.copy = None  # copy_stream(): made on first use
         self.pool = pycuda.tools.DeviceMemoryPool()
         self.free_at_init = cuda.mem_get_info()[0]  # baseline of memory_held()
+        self.peak_used = 0  # the most memory_held()'s "device" was when the pool grew or gave blocks back
         self.modules: dict[tuple[str, str], KernelModule] = {}
         self.lock = threading.Lock()
         self.recording: Recording | None = None  # the cuda_graph.Recording while a graph capture records the stream
@@ -275,14 +276,31 @@ def alloc(nbytes: int):
             "allocate buffers before capture (run one iteration first)"
         )
     st.alloc_generation += 1
+    held = st.pool.managed_bytes
     try:
-        return st.pool.allocate(int(nbytes))
+        block = st.pool.allocate(int(nbytes))
     except st.cuda.MemoryError:
         reclaim()  # a dropped Net or Solver may still hold its blocks, or the pool caches odd sizes
-    try:
-        return st.pool.allocate(int(nbytes))
-    except st.cuda.MemoryError as exc:
-        raise CudaError(f"out of device memory allocating {nbytes} bytes: {exc}") from None
+        try:
+            block = st.pool.allocate(int(nbytes))
+        except st.cuda.MemoryError as exc:
+            raise CudaError(f"out of device memory allocating {nbytes} bytes: {exc}") from None
+    if st.pool.managed_bytes > held:  # the pool took memory from the driver
+        _device_used(st)
+    return block
+
+
+def _device_used(st: DeviceState) -> int:
+    """Bytes taken since the context was made (cuMemGetInfo), noted in ``st.peak_used``."""
+    used = int(st.free_at_init - st.cuda.mem_get_info()[0])
+    st.peak_used = max(st.peak_used, used)
+    return used
+
+
+def _free_held(st: DeviceState) -> None:
+    """The pool's cached blocks back to the driver (the peak noted first)."""
+    _device_used(st)
+    st.pool.free_held()
 
 
 def reclaim() -> None:
@@ -291,7 +309,7 @@ def reclaim() -> None:
     return the pool's cached blocks to the driver."""
     gc.collect()
     if _state is not None:
-        _state.pool.free_held()
+        _free_held(_state)
 
 
 _WORKSPACE_ALIGN = 256
@@ -314,7 +332,7 @@ def workspace(*sizes: int, slot: str = "main") -> list[int]:
     if buf is None or buf[0] < total:
         buf = None  # no reference may keep the old buffer alive past free_held
         if st.workspaces.pop(slot, None) is not None:  # give the old buffer back to the driver: the
-            st.pool.free_held()  # pool would keep it in a size bin no later request may fit
+            _free_held(st)  # pool would keep it in a size bin no later request may fit
         st.workspaces[slot] = buf = (total, alloc(total))
     base = int(buf[1])
     return [base + off for off in offsets]
@@ -329,7 +347,7 @@ def release_workspace(slot: str = "main") -> None:
     """Free ``slot``'s buffer (back to the driver); the next :func:`workspace` call sizes it anew."""
     st = state()
     if st.workspaces.pop(slot, None) is not None:
-        st.pool.free_held()
+        _free_held(st)
 
 
 def workspace_bytes(slot: str | None = None) -> int:
@@ -344,12 +362,16 @@ def memory_held() -> dict[str, int]:
     """Device memory (bytes) this process took since its context was created: ``device`` from the
     driver's cuMemGetInfo (free at context creation minus free now: our pool, cuBLAS workspaces,
     loaded modules, CUDA graphs; assumes no other process allocates on the device meanwhile),
-    ``pool`` (what our pool holds, in use or cached) and ``pool_active`` (in use). The pool keeps
-    freed blocks, so ``pool`` is also its peak so far, and ``device`` the process's peak unless a
-    library released memory meanwhile."""
+    ``pool`` (what our pool holds, in use or cached) and ``pool_active`` (in use); ``peak``, the
+    most ``device`` has been whenever the pool took memory from the driver or gave cached blocks
+    back (workspace growth, the convolution autotune's operands, :func:`reclaim`), and now: the
+    figure to hold against a peer's peak (PyTorch's ``max_memory_reserved``). Memory others take
+    between those points (cuBLAS, modules, graphs) counts from the next one."""
     st = state()
+    device = _device_used(st)
     return {
-        "device": int(st.free_at_init - st.cuda.mem_get_info()[0]),
+        "device": device,
+        "peak": st.peak_used,
         "pool": int(getattr(st.pool, "managed_bytes", 0)),
         "pool_active": int(getattr(st.pool, "active_bytes", 0)),
     }

@@ -358,3 +358,28 @@ def test_a_dropped_net_is_collected_with_its_device_memory(tmp_path):
         assert during - st.pool.active_bytes >= blobs
     finally:
         gc.enable()
+
+
+def test_the_peak_counts_blocks_given_back(monkeypatch):
+    """``memory_held()['peak']`` keeps what the workspace held before it was given back to the
+    driver (the convolution autotune's operands are such blocks), where ``device`` reads now."""
+    st = backend.state()
+    real = st.cuda
+
+    class OnlyOurPool:  # the driver's count as if no other process used the device (xdist workers do)
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def mem_get_info(self):
+            return st.free_at_init - st.pool.managed_bytes, 0
+
+    monkeypatch.setattr(st, "cuda", OnlyOurPool())
+    backend.release_workspace()
+    st.pool.free_held()
+    monkeypatch.setattr(st, "peak_used", 0)
+    base = st.pool.managed_bytes
+    backend.workspace(256 << 20)
+    backend.release_workspace()
+    held = backend.memory_held()
+    assert held["device"] == base
+    assert held["peak"] >= base + (256 << 20)
