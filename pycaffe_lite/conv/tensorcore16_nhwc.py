@@ -26,6 +26,7 @@ group, no dilation and C a multiple of 8 (a pixel's channels in whole 16-byte pi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,9 +186,16 @@ class Plan:
     zero_first: int
 
 
-def plan(prob: ConvProblem, pass_: str, tile: str) -> Plan:
-    """The cached :class:`Plan` of ``pass_`` ("forward" or "backward_data") for ``tile``."""
-    key = ("t16n", pass_, tile)
+def conv_kernel(tile: str, dtype) -> tuple[Any, int]:
+    """``t16n_conv_<tile>`` compiled for ``dtype``, and its dynamic shared memory (bytes)."""
+    return backend.kernel(KERNELS, f"t16n_conv_{tile}", dtype), shared_bytes(tile)
+
+
+def plan(prob: ConvProblem, pass_: str, tile: str, kernel_of: Callable[[str, Any], tuple[Any, int]] = conv_kernel
+         ) -> Plan:
+    """The cached :class:`Plan` of ``pass_`` ("forward" or "backward_data") for ``tile``, its GEMM
+    ``kernel_of(tile, dtype)`` (:func:`conv_kernel`, or another kernel of t16n_conv's arguments)."""
+    key = ("t16n", kernel_of.__module__, pass_, tile)
     have = prob.cache.get(key)
     if have is not None:
         return have
@@ -201,8 +209,7 @@ def plan(prob: ConvProblem, pass_: str, tile: str) -> Plan:
         if blocks > backend.INT32_MAX:
             raise CudaError(f"fp16/bf16 NHWC tensor-core {pass_}: {blocks} blocks exceed a one-dimensional grid")
         grids.append((blocks, 1, 1))
-    k = backend.kernel(KERNELS, f"t16n_conv_{tile}", prob.np_dtype)
-    shared = shared_bytes(tile)
+    k, shared = kernel_of(tile, prob.np_dtype)
     k.allow_shared(shared)
     num, chans, h, w = every[0].geometry[:4]
     made = prob.cache[key] = Plan(k, shared, stage_plan(prob, num, chans, h * w),
@@ -278,11 +285,12 @@ def _staged(prob: ConvProblem, pass_: str, ws: list[int]) -> tuple[int, int]:
 
 
 def run_pass(prob: ConvProblem, pass_: str, tile: str, image: int, w: int, bias: int, epilogue: int, out: int,
-             ws: list[int], restage: bool = True) -> None:
-    """Stage ``image`` (NCHW) and ``w`` into ``ws`` and run ``t16n_conv_<tile>`` into ``out`` (NCHW);
-    ``restage`` False: ``ws[0]`` already holds ``image`` staged."""
+             ws: list[int], restage: bool = True,
+             kernel_of: Callable[[str, Any], tuple[Any, int]] = conv_kernel) -> None:
+    """Stage ``image`` (NCHW) and ``w`` into ``ws`` and run the GEMM kernel (:func:`plan`) into
+    ``out`` (NCHW); ``restage`` False: ``ws[0]`` already holds ``image`` staged."""
     staged, wp = _staged(prob, pass_, ws)
-    p = plan(prob, pass_, tile)
+    p = plan(prob, pass_, tile, kernel_of)
     nonnull(image, w, out)
     if restage:
         p.stage(image, staged)
@@ -302,7 +310,9 @@ class TensorCore16NhwcEngine(TiledEngine):
     """The NHWC-staged fp16/bf16 tensor-core implicit GEMM with ``tile`` tiles in every pass."""
 
     requirement = REQUIREMENT
-    prefix, tiles = "tensorcore16-nhwc", TILES
+    prefix = "tensorcore16-nhwc"
+    tiles: tuple[str, ...] = TILES
+    kernel_of = staticmethod(conv_kernel)  # the forward's and data gradient's GEMM kernel (plan)
 
     def supports(self, prob):
         return supports(prob)
@@ -319,14 +329,14 @@ class TensorCore16NhwcEngine(TiledEngine):
 
     def forward(self, prob, x, w, bias, y, ws, relu=False):
         """``y = conv(x, w) (+ bias)``, then ReLU when ``relu``: stage x NHWC and w (M, kh, kw, C), one GEMM."""
-        run_pass(prob, "forward", self.tile, x, w, bias or w, epilogue_flags(bias, relu), y, ws)
+        run_pass(prob, "forward", self.tile, x, w, bias or w, epilogue_flags(bias, relu), y, ws, kernel_of=self.kernel_of)
 
     def backward_data(self, prob, w, dy, dx, ws):
         """``dx = conv_transpose(dy, w)`` (assigned): one GEMM per stride phase; tensorcore16's for M % 8 != 0."""
         if not own_data_gradient(prob):
             t16.TensorCore16Engine(delegate_tile(self.tile)).backward_data(prob, w, dy, dx, ws)
             return
-        run_pass(prob, "backward_data", self.tile, dy, w, w, 0, dx, ws)
+        run_pass(prob, "backward_data", self.tile, dy, w, w, 0, dx, ws, kernel_of=self.kernel_of)
 
     def backward_weight(self, prob, x, dy, dw, db, ws):
         """``dw += dL/dw`` (fp32 split-K partial sums, reduced in a fixed order: deterministic) and
@@ -359,5 +369,6 @@ class TensorCore16NhwcEngine(TiledEngine):
         weights = data_engine.scratch(prob, "backward_data", False)[1]  # (its staged dy is the weight pass's)
         dy_h, x_h, part, wp = backend.workspace(*self.scratch(prob, "backward_weight", db is not None), weights)
         self._weight_gradient(prob, x, dy, dw, db, dy_h, x_h, part)
-        run_pass(prob, "backward_data", data_engine.tile, dy, w, w, 0, dx, [dy_h, wp], restage=False)
+        run_pass(prob, "backward_data", data_engine.tile, dy, w, w, 0, dx, [dy_h, wp], restage=False,
+                 kernel_of=data_engine.kernel_of)
         return True

@@ -570,7 +570,7 @@ def _compile_lock(key: str) -> Iterator[None]:
 class KernelModule:
     """One CUDA source compiled for one dtype; its kernels' signatures are read from the source."""
 
-    def __init__(self, source: str, dtype: np.dtype, where: str, include_dirs: list[str]) -> None:
+    def __init__(self, source: str, dtype: np.dtype, where: str, include_dirs: list[str], arch: str | None = None) -> None:
         from pycuda.compiler import SourceModule
 
         self.where = where
@@ -585,8 +585,8 @@ class KernelModule:
             options += extra.split()
         try:
             text = prelude(dtype) + source
-            with _compile_lock(text + " ".join(options)):
-                self.module = SourceModule(text, options=options, include_dirs=include_dirs)
+            with _compile_lock(text + " ".join(options) + (arch or "")):
+                self.module = SourceModule(text, options=options, include_dirs=include_dirs, arch=arch)
         except Exception as exc:
             raise CudaError(f"compiling {where} for {dtype}: {exc}") from None
         self._kernels: dict[str, Kernel] = {}
@@ -620,8 +620,9 @@ def _dtype(dtype) -> np.dtype:
     return dtype
 
 
-def module(path: str | os.PathLike, dtype) -> KernelModule:
-    """The compiled module of the ``.cu`` file ``path`` for ``dtype`` (compiled once, cached)."""
+def module(path: str | os.PathLike, dtype, arch: str | None = None) -> KernelModule:
+    """The compiled module of the ``.cu`` file ``path`` for ``dtype`` (compiled once, cached), for
+    the current device's architecture or ``arch`` (``"sm_90a"``: Hopper's wgmma)."""
     dtype = _dtype(dtype)
     path = Path(path)
 
@@ -630,14 +631,14 @@ def module(path: str | os.PathLike, dtype) -> KernelModule:
             source = path.read_text()
         except OSError as exc:
             raise CudaError(f"cannot read kernel file {path}: {exc.strerror}") from None
-        return KernelModule(source, dtype, str(path), [str(path.parent), str(Path(__file__).parent)])
+        return KernelModule(source, dtype, str(path), [str(path.parent), str(Path(__file__).parent)], arch)
 
-    return _compiled(("file", str(path), dtype.str), make)
+    return _compiled(("file", str(path), dtype.str, arch), make)
 
 
-def kernel(path: str | os.PathLike, name: str, dtype) -> Kernel:
-    """Kernel ``name`` of the ``.cu`` file ``path`` compiled for ``dtype``."""
-    return module(path, dtype).get(name)
+def kernel(path: str | os.PathLike, name: str, dtype, arch: str | None = None) -> Kernel:
+    """Kernel ``name`` of the ``.cu`` file ``path`` compiled for ``dtype`` (and ``arch``: :func:`module`)."""
+    return module(path, dtype, arch).get(name)
 
 
 def elementwise_source(name: str, params: str, body: str, preamble: str = "") -> str:

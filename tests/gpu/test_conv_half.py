@@ -32,6 +32,7 @@ from pycaffe_lite.conv import cpu as cpu_conv
 from pycaffe_lite.conv import engines as conv_engines
 from pycaffe_lite.conv import tensorcore16 as tc16
 from pycaffe_lite.conv import tensorcore16_nhwc as tc16n
+from pycaffe_lite.conv import wgmma
 from pycaffe_lite.conv.problem import ConvProblem
 from pycaffe_lite.gpu import backend
 
@@ -173,8 +174,11 @@ def test_every_half_engine_every_pass(shape, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_tensorcore16_offered_for_half_only(fmt):
     names = conv_engines.ENGINE_CANDIDATES["TENSOR_CORE_16"]
-    nhwc = {f"tensorcore16-nhwc-{t}" for t in tc16n.TILES}
+    nhwc = {f"tensorcore16-nhwc-{t}" for t in tc16n.TILES} | WGMMA_NAMES
     assert set(names) == {f"tensorcore16-{t}" for t in tc16.TILES} | nhwc
+    if not _hopper():  # registered everywhere, offered on compute capability 9.0 only
+        names = tuple(n for n in names if n not in WGMMA_NAMES)
+        nhwc -= WGMMA_NAMES
     shape = SHAPES[0]  # C = 19: not for the NHWC engines (C % 8)
     assert all(conv_engines.ENGINES[n].supports(ConvProblem(*shape, FORMATS[fmt][1])) == (n not in nhwc)
                for n in names)
@@ -251,8 +255,8 @@ def test_tensorcore16_nhwc_bias_relu_epilogue(fmt):
     cpu_conv.forward(np.abs(arrays["x"]), np.abs(arrays["w"]), np.abs(arrays["bias"]), prob.kernel, prob.pad,
                      prob.stride, prob.dilation, 1, a)
     x, w, b = (_blob(arrays[k], dtype) for k in ("x", "w", "bias"))
-    for tile in tc16n.TILES:
-        engine = conv_engines.ENGINES[f"tensorcore16-nhwc-{tile}"]
+    for tile in [f"nhwc-{t}" for t in tc16n.TILES] + [n.removeprefix("tensorcore16-") for n in _wgmma_names()]:
+        engine = conv_engines.ENGINES[f"tensorcore16-{tile}"]
         plain, fused = (_blob(np.full(y.shape, np.nan), dtype) for _ in range(2))
         ws = backend.workspace(*engine.scratch(prob, "forward", True))
         engine.forward(prob, x.gpu_data(), w.gpu_data(), b.gpu_data(), plain.mutable_gpu_data(), ws)
@@ -325,9 +329,11 @@ def test_tensorcore16_nhwc_backward_pair_equals_the_passes_in_turn(shape, fmt):
     x, w = _blob(rng.standard_normal((n, c, h, w_)), dtype), _blob(rng.standard_normal((m, c, kh, kw)), dtype)
     dy = _blob(rng.standard_normal((n, m) + prob.out_hw), dtype)
     dw0, db0 = rng.standard_normal((m, c, kh, kw)), rng.standard_normal(m)
-    pairs = [(tc16n.TILES[0], tc16n.TILES[0]), (tc16n.TILES[1], tc16n.TILES[3]), (tc16n.TILES[3], "t16")]
+    pairs = [(tc16n.TILES[0], f"nhwc-{tc16n.TILES[0]}"), (tc16n.TILES[1], f"nhwc-{tc16n.TILES[3]}"),
+             (tc16n.TILES[3], tc16.TILES[0])]
+    pairs += [(tc16n.TILES[i % 2], n.removeprefix("tensorcore16-")) for i, n in enumerate(_wgmma_names())]
     for weight_tile, data_tile in pairs:
-        data_name = f"tensorcore16-{tc16.TILES[0]}" if data_tile == "t16" else f"tensorcore16-nhwc-{data_tile}"
+        data_name = f"tensorcore16-{data_tile}"
         choice = conv_engines.Choice("", data_name, f"tensorcore16-nhwc-{weight_tile}", ())
         results = []
         for paired in (False, True):
@@ -344,3 +350,52 @@ def test_tensorcore16_nhwc_backward_pair_equals_the_passes_in_turn(shape, fmt):
             assert np.isfinite(dx.math_data()).all(), (weight_tile, data_tile, paired)  # every dx written
         for got, want in zip(results[1], results[0]):
             assert np.array_equal(got, want), (weight_tile, data_tile)
+
+
+# ---- the wgmma engines (tensorcore16-wgmma-*, compute capability 9.0): forward and data gradient
+# (tensorcore16-nhwc's staging and phases, the GEMM on wgmma), tensorcore16's tight bound
+WGMMA_NAMES = {f"tensorcore16-wgmma-{t}" for t in wgmma.TILES}
+
+
+def _hopper() -> bool:
+    return tc16.compute_capability() == (9, 0)
+
+
+def _wgmma_names() -> list[str]:
+    """The wgmma engines where this device runs them (none before compute capability 9.0)."""
+    return sorted(WGMMA_NAMES) if _hopper() else []
+
+
+WGMMA_SHAPES = NHWC_SHAPES + [
+    (2, 128, 20, 20, 256, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # 18 slices, two 128-row tiles, ragged columns
+    (3, 72, 9, 9, 64, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # C = 64 + 8: a one-chunk slice per tap; M = 64
+]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", WGMMA_SHAPES, ids=str)
+def test_tensorcore16_wgmma_every_tile(shape, fmt):
+    if not _hopper():
+        pytest.skip("wgmma runs on compute capability 9.0 only")
+    prob = ConvProblem(*shape, FORMATS[fmt][1])
+    assert wgmma.supports(prob)
+    for i, name in enumerate(_wgmma_names()):
+        assert conv_engines.ENGINES[name].passes == ("forward", "backward_data")
+        _check_engine(name, prob, fmt, seed=20 + i)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tensorcore16_wgmma_is_an_autotune_candidate_of_its_passes(fmt):
+    """The autotune times every wgmma tile on the forward and the data gradient, never on the weight
+    gradient (not offered)."""
+    if not _hopper():
+        pytest.skip("wgmma runs on compute capability 9.0 only")
+    prob = ConvProblem(8, 64, 14, 14, 64, 1, (3, 3), (1, 1), (1, 1), (1, 1), FORMATS[fmt][1])
+    conv_engines.clear_cache()
+    choice = conv_engines.choose(prob, True, conv_engines.field_candidates("DEFAULT"))
+    timed = {(p, n) for p, n, _ in choice.timings}
+    for name in WGMMA_NAMES:
+        assert ("forward", name) in timed and ("backward_data", name) in timed
+        assert ("backward_weight", name) not in timed
+    assert choice.backward_weight not in WGMMA_NAMES
+    conv_engines.clear_cache()

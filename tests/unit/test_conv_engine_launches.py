@@ -62,7 +62,7 @@ class FakeDevice:
 @pytest.fixture
 def launches(monkeypatch):
     log: list = []
-    monkeypatch.setattr(backend, "kernel", lambda path, name, dtype: FakeKernel(log, path, name))
+    monkeypatch.setattr(backend, "kernel", lambda path, name, dtype, arch=None: FakeKernel(log, path, name))
     monkeypatch.setattr(backend, "state", lambda: FakeDevice)
     monkeypatch.setattr(backend, "multiprocessor_count", lambda: 132)
     tables: dict = {}  # fake device tables stay out of the real cache
@@ -128,6 +128,8 @@ def test_every_engine_launches_what_its_kernels_declare(launches, prob):
     if prob.dtype in ("<f2", "<u2") and prob.group == 1 and prob.dilation == (1, 1) and prob.channels % 8 == 0:
         assert {f"tensorcore16-nhwc-{t}" for t in ("128x128", "64x64")} <= ran  # the NHWC-staged engines
         assert any(str(entry[0]).startswith("t16n_conv_") for entry in launches)
+        assert {f"tensorcore16-wgmma-{t}" for t in ("128x256", "64x128")} <= ran  # on the fake 9.0 device
+        assert any(str(entry[0]).startswith("t16w_conv_") for entry in launches)
 
 
 def test_nhwc_data_gradient_launches_one_gemm_per_stride_phase(launches):
