@@ -65,6 +65,7 @@ class Result:
     ctype: str
     ok: bool
     message: str
+    arch: str = ""
 
 
 def default_files() -> list[Path]:
@@ -95,13 +96,27 @@ def wrapped_source(path: Path, ctype: str) -> str:
     return 'extern "C" {\n' + body + "\n}\n"
 
 
+# Code guarded by one of these macros compiles only for its architecture (the backend compiles such
+# files with that ``arch``, as conv/wgmma.py does): a file that uses one is compiled for it too.
+ARCH_FEATURES = {"__CUDA_ARCH_FEAT_SM90_ALL": "sm_90a"}
+
+
+def arches(path: Path, arch: str) -> list[str]:
+    """``arch``, then the architecture of each ARCH_FEATURES macro ``path`` uses (unreadable: ``arch``)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return [arch]
+    return [arch] + [a for macro, a in ARCH_FEATURES.items() if macro in text and a != arch]
+
+
 def compile_one(nvcc: str, arch: str, path: Path, ctype: str, workdir: Path, extra: list[str]) -> Result:
-    stem = f"{path.stem}_{abs(hash(str(path))) % 10**8}_{ctype}"
+    stem = f"{path.stem}_{abs(hash(str(path))) % 10**8}_{ctype}_{arch}"
     src = workdir / f"{stem}.cu"
     try:
         src.write_text(wrapped_source(path, ctype))
     except OSError as exc:
-        return Result(path, ctype, False, f"cannot read {path}: {exc}")
+        return Result(path, ctype, False, f"cannot read {path}: {exc}", arch)
     cmd = [
         nvcc, "--cubin", f"-arch={arch}", "-O3",
         f"-I{path.parent}", f"-I{GPU_DIR}",
@@ -109,7 +124,7 @@ def compile_one(nvcc: str, arch: str, path: Path, ctype: str, workdir: Path, ext
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     message = (proc.stderr + proc.stdout).strip()
-    return Result(path, ctype, proc.returncode == 0, message)
+    return Result(path, ctype, proc.returncode == 0, message, arch)
 
 
 def rel(path: Path) -> str:
@@ -438,19 +453,20 @@ def main(argv: list[str] | None = None) -> int:
     extra = list(args.nvcc_flag) + os.environ.get("PYCAFFE_LITE_NVCC_FLAGS", "").split()
 
     with tempfile.TemporaryDirectory(prefix="check_kernels_") as tmp:
-        jobs = [(f, c) for f in files for c in ctypes]
+        jobs = [(f, c, a) for f in files for a in arches(f, args.arch) for c in ctypes]
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            results = list(pool.map(lambda job: compile_one(nvcc, args.arch, job[0], job[1], Path(tmp), extra),
-                                    jobs))
+            results = list(pool.map(lambda job: compile_one(nvcc, job[2], job[0], job[1], Path(tmp), extra), jobs))
 
     failures = [r for r in results if not r.ok]
     for r in results:
         status = "ok  " if r.ok else "FAIL"
-        print(f"{status} {rel(r.path)} [Dtype={r.ctype}, {args.arch}]")
+        print(f"{status} {rel(r.path)} [Dtype={r.ctype}, {r.arch}]")
     for r in failures:
-        print(f"\n=== {rel(r.path)} failed for Dtype={r.ctype} ({args.arch}) ===\n{r.message}", file=sys.stderr)
+        print(f"\n=== {rel(r.path)} failed for Dtype={r.ctype} ({r.arch}) ===\n{r.message}", file=sys.stderr)
+    extra_arch = len(results) - len(files) * len(ctypes)
     print(f"\n{len(results) - len(failures)} of {len(results)} compilations succeeded "
-          f"({len(files)} file(s) x {len(ctypes)} dtype(s))")
+          f"({len(files)} file(s) x {len(ctypes)} dtype(s)"
+          + (f", {extra_arch // len(ctypes)} also for its architecture-specific code" if extra_arch else "") + ")")
     return 1 if failures else 0
 
 

@@ -106,8 +106,33 @@ def test_every_kernel_file_compiles_for_half_and_bfloat16():
     out = proc.stdout + proc.stderr
     failed = [line for line in out.splitlines() if line.startswith("FAIL")]
     assert proc.returncode == 0 and not failed, "\n".join(failed) or out
-    total = 2 * len(files)
+    hopper = [f for f in files if "__CUDA_ARCH_FEAT_SM90_ALL" in f.read_text()]  # also compiled for sm_90a
+    assert hopper  # conv/wgmma.cu
+    total = 2 * (len(files) + len(hopper))
     assert f"{total} of {total} compilations succeeded" in out
     for f in files:
         name = f.relative_to(REPO).as_posix()
         assert f"{name} [Dtype=half, sm_90]" in out and f"{name} [Dtype=bfloat16, sm_90]" in out, name
+    for f in hopper:
+        name = f.relative_to(REPO).as_posix()
+        assert f"{name} [Dtype=half, sm_90a]" in out and f"{name} [Dtype=bfloat16, sm_90a]" in out, name
+
+
+@pytest.mark.slow
+def test_architecture_specific_code_is_compiled_for_its_architecture(tmp_path):
+    """A file guarded by __CUDA_ARCH_FEAT_SM90_ALL (wgmma.cu) is compiled for sm_90a as well, where the
+    guarded code is seen: an error there fails only that compilation."""
+    body = ("__global__ void k(const int n, Dtype* y) {\n#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
+            "  asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\");\n  {bad}\n#endif\n"
+            "  CUDA_KERNEL_LOOP(i, n) { y[i] = 0; }\n}\n")
+    good = tmp_path / "good.cu"
+    good.write_text(body.replace("{bad}", ""))
+    proc = run_tool("--paths", str(good), "--dtype", "float")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[Dtype=float, sm_90]" in proc.stdout and "[Dtype=float, sm_90a]" in proc.stdout
+    bad = tmp_path / "bad.cu"
+    bad.write_text(body.replace("{bad}", "no_such_identifier;"))
+    proc = run_tool("--paths", str(bad), "--dtype", "float")
+    assert proc.returncode == 1
+    assert "ok   " in proc.stdout and "FAIL" in proc.stdout  # sm_90 skips the guarded code; sm_90a does not
+    assert "failed for Dtype=float (sm_90a)" in proc.stderr
