@@ -30,6 +30,7 @@
 #include "mma16.cuh"  // T16Kind, t16_mma, t16_ldmatrix4, t16_copy16, t16_commit, t16_wait
 #include "epilogue.cuh"
 #include "vec.cuh"  // Vec<8>, vstore: 16-byte stores of 8 halves
+#include "t16_nhwc_tile.cuh"  // T16NhwcSlices, t16_store_nchw
 
 #define T16N_THREADS 256
 #define T16N_BK 32
@@ -46,6 +47,9 @@ extern "C++" {
 
 // Offset (16-bit elements) of 16-byte chunk q (0..3) of row r in a stage tile of T16N_BK-element rows.
 __device__ __forceinline__ int t16n_at(const int r, const int q) { return r * T16N_BK + ((q ^ ((r >> 1) & 3)) << 3); }
+struct T16nSwizzle {
+  static __device__ __forceinline__ int at(const int r, const int q) { return t16n_at(r, q); }
+};
 
 template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dtype* __restrict__ w,
@@ -71,51 +75,11 @@ __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dty
   const int slices = kernel_h * kernel_w * ((channels + T16N_BK - 1) / T16N_BK);
   const int q = tid & 3, rt = tid >> 2;  // this thread's chunk and first tile row / column
 
-  const Dtype* a_src[A_CH];
-  bool a_ok[A_CH];
-#pragma unroll
-  for (int e = 0; e < A_CH; ++e) {
-    const int m = m0 + rt + 64 * e;
-    a_ok[e] = m < num_output;
-    a_src[e] = w + (long long)(a_ok[e] ? m : 0) * K + 8 * q;
-  }
-  int b_img[B_CH], b_iy[B_CH], b_ix[B_CH];  // image offset (+ chunk), first input row and column
-#pragma unroll
-  for (int e = 0; e < B_CH; ++e) {
-    const int col = n0 + rt + 64 * e;
-    if (col < ncols) {
-      const int n = col / P, p = col - n * P, oy = p / width_out, ox = p - oy * width_out;
-      b_img[e] = n * HW * channels + 8 * q;
-      b_iy[e] = oy * stride_h - pad_h;
-      b_ix[e] = ox * stride_w - pad_w;
-    } else {
-      b_img[e] = 0;
-      b_iy[e] = -(1 << 30);  // every tap out of bounds: zeros
-      b_ix[e] = 0;
-    }
-  }
-  int ld_r = 0, ld_s = 0, ld_c = 0;  // the next slice to load: tap (r, s), first channel
+  T16NhwcSlices<T16N_BK, 64, A_CH, B_CH, T16nSwizzle> slices_of(w, m0, n0, rt, q, num_output, K, ncols, P, HW,
+                                                                channels, width_out, stride_h, stride_w, pad_h, pad_w);
   auto load = [&](const int stage) {
     unsigned short* As = t16n_smem + stage * STAGE;
-    unsigned short* Bs = As + BM * T16N_BK;
-    const bool c_ok = ld_c + 8 * q < channels;
-    const int koff = (ld_r * kernel_w + ld_s) * channels + ld_c;
-#pragma unroll
-    for (int e = 0; e < A_CH; ++e) {
-      const bool ok = c_ok && a_ok[e];
-      t16_copy16(As + t16n_at(rt + 64 * e, q), ok ? a_src[e] + koff : w, ok);
-    }
-#pragma unroll
-    for (int e = 0; e < B_CH; ++e) {
-      const int iy = b_iy[e] + ld_r, ix = b_ix[e] + ld_s;
-      const bool ok = c_ok && (unsigned)iy < (unsigned)height && (unsigned)ix < (unsigned)width;
-      t16_copy16(Bs + t16n_at(rt + 64 * e, q), ok ? x + b_img[e] + (iy * width + ix) * channels + ld_c : x, ok);
-    }
-    ld_c += T16N_BK;
-    if (ld_c >= channels) {
-      ld_c = 0;
-      if (++ld_s == kernel_w) ld_s = 0, ++ld_r;
-    }
+    slices_of.load(As, As + BM * T16N_BK, x, w, rt, q, channels, height, width, kernel_w);
   };
 
   float acc[WM / 16][WN / 8][4] = {};
@@ -171,26 +135,8 @@ __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dty
       }
     }
   __syncthreads();
-  const int rows = num_output - m0 < BM ? num_output - m0 : BM;
-  if (vec_out) {  // dense output, P % 8 == 0, y 16-byte aligned: a thread stores 8 columns of a row at once
-    const int c8 = 8 * (tid % (BN / 8)), col = n0 + c8;
-    if (col < ncols) {  // the 8 columns share an image (P % 8 == 0) and all lie below ncols (ncols % 8 == 0)
-      const int n = col / P, p = col - n * P;
-      Dtype* out = y + (long long)n * num_output * P + p;
-#pragma unroll 2
-      for (int row = tid / (BN / 8); row < rows; row += T16N_THREADS / (BN / 8))
-        vstore<8>(out + (long long)(m0 + row) * P, 0, *reinterpret_cast<const Vec<8>*>(Es + row * LDE + c8));
-    }
-  } else {
-    const int cl = tid % BN, col = n0 + cl;
-    if (col < ncols) {
-      const int n = col / P, p = col - n * P, oy = p / width_out, ox = p - oy * width_out;
-      const long long plane = (long long)out_h * out_w;
-      Dtype* out = y + n * num_output * plane + (out_y0 + out_sy * oy) * out_w + out_x0 + out_sx * ox;
-#pragma unroll 4
-      for (int row = tid / BN; row < rows; row += T16N_THREADS / BN) out[(m0 + row) * plane] = Es[row * LDE + cl];
-    }
-  }
+  t16_store_nchw<BM, BN, T16N_THREADS>(Es, LDE, y, tid, m0, n0, num_output, ncols, P, width_out, out_h, out_w,
+                                       out_sy, out_sx, out_y0, out_x0, vec_out);
 #else
   __trap();  // fp16/bf16 mma.sync m16n8k16 needs sm_80 or newer (tensorcore16_nhwc.supports checks)
 #endif

@@ -27,6 +27,7 @@
 #include "mma16.cuh"  // T16Kind, t16_copy16, t16_commit, t16_wait
 #include "epilogue.cuh"
 #include "vec.cuh"
+#include "t16_nhwc_tile.cuh"  // T16NhwcSlices, t16_store_nchw
 
 #define T16W_THREADS 256
 #define T16W_BK 64
@@ -103,6 +104,9 @@ __device__ __forceinline__ unsigned long long t16w_desc(const unsigned short* p)
 }
 // Offset (16-bit elements) of 16-byte chunk q (0..7) of row r in a stage tile of 128-byte rows.
 __device__ __forceinline__ int t16w_at(const int r, const int q) { return r * T16W_BK + ((q ^ (r & 7)) << 3); }
+struct T16wSwizzle {
+  static __device__ __forceinline__ int at(const int r, const int q) { return t16w_at(r, q); }
+};
 
 // Keeps the compiler from moving accumulator reads or writes across a wgmma's issue and wait.
 template <int R> __device__ __forceinline__ void t16w_fence_regs(float (&d)[R]) {
@@ -138,51 +142,11 @@ __device__ __forceinline__ void t16w_conv(const Dtype* __restrict__ x, const Dty
   const int slices = kernel_h * kernel_w * ((channels + T16W_BK - 1) / T16W_BK);
   const int q = tid % CPR, rt = tid / CPR;
 
-  const Dtype* a_src[A_CH];
-  bool a_ok[A_CH];
-#pragma unroll
-  for (int e = 0; e < A_CH; ++e) {
-    const int m = m0 + rt + RPP * e;
-    a_ok[e] = m < num_output;
-    a_src[e] = w + (long long)(a_ok[e] ? m : 0) * K + 8 * q;
-  }
-  int b_img[B_CH], b_iy[B_CH], b_ix[B_CH];
-#pragma unroll
-  for (int e = 0; e < B_CH; ++e) {
-    const int col = n0 + rt + RPP * e;
-    if (col < ncols) {
-      const int n = col / P, p = col - n * P, oy = p / width_out, ox = p - oy * width_out;
-      b_img[e] = n * HW * channels + 8 * q;
-      b_iy[e] = oy * stride_h - pad_h;
-      b_ix[e] = ox * stride_w - pad_w;
-    } else {
-      b_img[e] = 0;
-      b_iy[e] = -(1 << 30);
-      b_ix[e] = 0;
-    }
-  }
-  int ld_r = 0, ld_s = 0, ld_c = 0;
+  T16NhwcSlices<T16W_BK, RPP, A_CH, B_CH, T16wSwizzle> slices_of(w, m0, n0, rt, q, num_output, K, ncols, P, HW,
+                                                               channels, width_out, stride_h, stride_w, pad_h, pad_w);
   auto load = [&](const int stage) {
     unsigned short* As = smem + stage * STAGE;
-    unsigned short* Bs = As + BM * T16W_BK;
-    const bool c_ok = ld_c + 8 * q < channels;
-    const int koff = (ld_r * kernel_w + ld_s) * channels + ld_c;
-#pragma unroll
-    for (int e = 0; e < A_CH; ++e) {
-      const bool ok = c_ok && a_ok[e];
-      t16_copy16(As + t16w_at(rt + RPP * e, q), ok ? a_src[e] + koff : w, ok);
-    }
-#pragma unroll
-    for (int e = 0; e < B_CH; ++e) {
-      const int iy = b_iy[e] + ld_r, ix = b_ix[e] + ld_s;
-      const bool ok = c_ok && (unsigned)iy < (unsigned)height && (unsigned)ix < (unsigned)width;
-      t16_copy16(Bs + t16w_at(rt + RPP * e, q), ok ? x + b_img[e] + (iy * width + ix) * channels + ld_c : x, ok);
-    }
-    ld_c += T16W_BK;
-    if (ld_c >= channels) {
-      ld_c = 0;
-      if (++ld_s == kernel_w) ld_s = 0, ++ld_r;
-    }
+    slices_of.load(As, As + BM * T16W_BK, x, w, rt, q, channels, height, width, kernel_w);
   };
 
   float acc[REGS];
@@ -232,27 +196,8 @@ __device__ __forceinline__ void t16w_conv(const Dtype* __restrict__ x, const Dty
     }
   }
   __syncthreads();
-  const int rows = num_output - m0 < BM ? num_output - m0 : BM;
-  if (vec_out) {
-    const int c8 = 8 * (tid % (BN / 8)), col = n0 + c8;
-    if (col < ncols) {
-      const int n = col / P, p = col - n * P;
-      Dtype* out = y + (long long)n * num_output * P + p;
-#pragma unroll 2
-      for (int row = tid / (BN / 8); row < rows; row += T16W_THREADS / (BN / 8))
-        vstore<8>(out + (long long)(m0 + row) * P, 0, *reinterpret_cast<const Vec<8>*>(Es + row * LDE + c8));
-    }
-  } else {
-    for (int cl = tid % BN; cl < BN; cl += T16W_THREADS) {
-      const int col = n0 + cl;
-      if (col >= ncols) break;
-      const int n = col / P, p = col - n * P, oy = p / width_out, ox = p - oy * width_out;
-      const long long plane = (long long)out_h * out_w;
-      Dtype* out = y + n * num_output * plane + (out_y0 + out_sy * oy) * out_w + out_x0 + out_sx * ox;
-      for (int row = tid / BN; row < rows; row += (T16W_THREADS > BN ? T16W_THREADS / BN : 1))
-        out[(m0 + row) * plane] = Es[row * LDE + cl];
-    }
-  }
+  t16_store_nchw<BM, BN, T16W_THREADS>(Es, LDE, y, tid, m0, n0, num_output, ncols, P, width_out, out_h, out_w,
+                                       out_sy, out_sx, out_y0, out_x0, vec_out);
 #else
   __trap();
 #endif
