@@ -259,7 +259,7 @@ def row(net: str, mine: dict | None, peer: dict | None) -> list[str]:
         cells += [_fmt(a, mine, ".2f"), _fmt(b, peer, ".2f"), _ratio(a, b)]
     g = _get(peer, "latency_graph_ms")
     cells += [_fmt(g, peer, ".2f"), _ratio(_get(mine, "latency_ms"), g)]
-    a, b = _get(mine, "memory", "peak") or _get(mine, "memory", "device"), _get(peer, "memory", "reserved")
+    a, b = _get(mine, "memory", "peak"), _get(peer, "memory", "reserved")
     pool, peer_dev = _get(mine, "memory", "pool"), _get(peer, "memory", "device")
     mib = [None if v is None else v / MIB for v in (a, b, pool, peer_dev)]
     cells += [_fmt(mib[0], mine, ".0f"), _fmt(mib[1], peer, ".0f"), _ratio(a, b),

@@ -65,7 +65,7 @@ class Result:
     ctype: str
     ok: bool
     message: str
-    arch: str = ""
+    arch: str
 
 
 def default_files() -> list[Path]:

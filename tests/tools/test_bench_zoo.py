@@ -95,7 +95,8 @@ def test_worker_command_carries_precision(zoo, monkeypatch):
 
 
 def test_row_cells(zoo):
-    mine = {"train_ms": 20.0, "latency_ms": 2.0, "memory": {"device": 3 * zoo.MIB, "pool": 2 * zoo.MIB}}
+    mine = {"train_ms": 20.0, "latency_ms": 2.0,
+            "memory": {"device": 3 * zoo.MIB, "peak": 3 * zoo.MIB, "pool": 2 * zoo.MIB}}  # backend.memory_held()
     peer = {"train_ms": 10.0, "latency_ms": 4.0, "memory": {"reserved": 2 * zoo.MIB, "device": 4 * zoo.MIB}}
     assert zoo.row("n", mine, peer) == ["n", "20.00", "10.00", "2.00x", "2.00", "4.00", "0.50x", "-", "-",
                                         "3", "2", "1.50x", "2", "4"]
