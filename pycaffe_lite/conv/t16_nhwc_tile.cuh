@@ -8,33 +8,39 @@ extern "C++" {
 
 // The 16-byte chunks one thread copies per slice: chunk q of A rows (weights) m0 + rt + RPP*e and of
 // B columns (output pixels) n0 + rt + RPP*e, e < A_CH / B_CH, each at Swizzle::at(row, q) of its tile.
-// x NHWC (num, height, width, channels), w (num_output, kh, kw, channels); C % 8 == 0. Slices run
-// tap-major: the next one to load is tap (ld_r, ld_s), channels ld_c.. (past C: zeros).
+// x NHWC (num, height, width, channels), w (num_output, kh, kw, channels); C % 8 == 0. The contraction
+// K = (tap, c), tap-major, is sliced densely: slice s holds k = s*BK .. s*BK + BK - 1 (past K: zeros),
+// so a slice may span taps (C < BK or C % BK != 0). This thread's chunk of the next slice to load is
+// k = ld_k, at tap (ld_r, ld_s), channels ld_c..ld_c + 7 (8 | C: a chunk never crosses a tap).
 template <int BK, int RPP, int A_CH, int B_CH, class Swizzle>
 struct T16NhwcSlices {
   const Dtype* a_src[A_CH];
   bool a_ok[A_CH];
-  int b_img[B_CH], b_iy[B_CH], b_ix[B_CH];  // image offset (+ chunk), first input row and column
-  int ld_r, ld_s, ld_c;
+  int b_img[B_CH], b_iy[B_CH], b_ix[B_CH];  // image offset, first input row and column
+  int ld_k, ld_r, ld_s, ld_c;
 
   __device__ __forceinline__ T16NhwcSlices(const Dtype* __restrict__ w, const int m0, const int n0, const int rt,
                                            const int q, const int num_output, const int K, const int ncols,
                                            const int P, const int HW, const int channels, const int width_out,
-                                           const int stride_h, const int stride_w, const int pad_h,
-                                           const int pad_w)
-      : ld_r(0), ld_s(0), ld_c(0) {
+                                           const int kernel_w, const int stride_h, const int stride_w,
+                                           const int pad_h, const int pad_w)
+      : ld_k(8 * q) {
+    const int tap = ld_k / channels;
+    ld_c = ld_k - tap * channels;
+    ld_r = tap / kernel_w;
+    ld_s = tap - ld_r * kernel_w;
 #pragma unroll
     for (int e = 0; e < A_CH; ++e) {
       const int m = m0 + rt + RPP * e;
       a_ok[e] = m < num_output;
-      a_src[e] = w + (long long)(a_ok[e] ? m : 0) * K + 8 * q;
+      a_src[e] = w + (long long)(a_ok[e] ? m : 0) * K;
     }
 #pragma unroll
     for (int e = 0; e < B_CH; ++e) {
       const int col = n0 + rt + RPP * e;
       if (col < ncols) {
         const int n = col / P, p = col - n * P, oy = p / width_out, ox = p - oy * width_out;
-        b_img[e] = n * HW * channels + 8 * q;
+        b_img[e] = n * HW * channels;
         b_iy[e] = oy * stride_h - pad_h;
         b_ix[e] = ox * stride_w - pad_w;
       } else {
@@ -47,24 +53,24 @@ struct T16NhwcSlices {
 
   // cp.async the next slice into the stage at As (A rows) and Bs (B columns); step to the one after.
   __device__ __forceinline__ void load(unsigned short* As, unsigned short* Bs, const Dtype* __restrict__ x,
-                                       const Dtype* __restrict__ w, const int rt, const int q, const int channels,
-                                       const int height, const int width, const int kernel_w) {
-    const bool c_ok = ld_c + 8 * q < channels;
-    const int koff = (ld_r * kernel_w + ld_s) * channels + ld_c;
+                                       const Dtype* __restrict__ w, const int rt, const int q, const int K,
+                                       const int channels, const int height, const int width, const int kernel_w) {
+    const bool k_ok = ld_k < K;
 #pragma unroll
     for (int e = 0; e < A_CH; ++e) {
-      const bool ok = c_ok && a_ok[e];
-      t16_copy16(As + Swizzle::at(rt + RPP * e, q), ok ? a_src[e] + koff : w, ok);
+      const bool ok = k_ok && a_ok[e];
+      t16_copy16(As + Swizzle::at(rt + RPP * e, q), ok ? a_src[e] + ld_k : w, ok);
     }
 #pragma unroll
     for (int e = 0; e < B_CH; ++e) {
       const int iy = b_iy[e] + ld_r, ix = b_ix[e] + ld_s;
-      const bool ok = c_ok && (unsigned)iy < (unsigned)height && (unsigned)ix < (unsigned)width;
+      const bool ok = k_ok && (unsigned)iy < (unsigned)height && (unsigned)ix < (unsigned)width;
       t16_copy16(Bs + Swizzle::at(rt + RPP * e, q), ok ? x + b_img[e] + (iy * width + ix) * channels + ld_c : x, ok);
     }
+    ld_k += BK;
     ld_c += BK;
-    if (ld_c >= channels) {
-      ld_c = 0;
+    while (ld_c >= channels) {  // once per tap crossed: at most once when C >= BK
+      ld_c -= channels;
       if (++ld_s == kernel_w) ld_s = 0, ++ld_r;
     }
   }

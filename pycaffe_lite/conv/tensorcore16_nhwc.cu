@@ -12,11 +12,12 @@
 // out_h x out_w = Ho x Wo, out_s* 1, out_*0 0). The data gradient runs it once per output phase
 // (py, px) of its stride on (dy, the transposed filter's taps of that phase, flipped), a stride-1
 // convolution writing dx rows py + sh*oy, columns px + sw*ox (tensorcore16_nhwc.data_phases).
-// Requires C % 8 == 0 (16-byte pieces of a pixel's channels; the host checks). kh or kw 0: zeros.
+// Requires C % 8 == 0 (16-byte pieces of a pixel's channels; the host stages other C zero-padded to
+// the next multiple of 8, and pads the permuted weights alike). kh or kw 0: zeros.
 //
 // Block: 256 threads (8 warps) own a BM x BN tile of out, the warps laid (BM/WM) x (BN/WN), each
 // holding WM x WN as (WM/16) x (WN/8) m16n8 fp32 accumulators. The contraction runs in slices of
-// T16N_BK (32) channels at one tap (a tap's last slice is zero-padded past C). Per slice a stage
+// T16N_BK (32) consecutive k (T16NhwcSlices: dense, a slice may span taps; zeros past K). Per slice a stage
 // holds A (BM rows) and B (BN columns), both k-fast: 32 halves (64 bytes, four 16-byte chunks) per
 // row. Every 16-byte chunk is one cp.async.cg with src-size 0 outside the matrix (rows past M,
 // columns past N*Ho*Wo, padding, channels past C: zero-filled), thread t copying chunk t%4 of rows
@@ -72,14 +73,14 @@ __device__ __forceinline__ void t16n_conv(const Dtype* __restrict__ x, const Dty
   const int m0 = (blockIdx.x % mtiles) * BM, n0 = (blockIdx.x / mtiles) * BN;  // row tiles fastest: B reuse in L2
   const int HW = height * width, P = height_out * width_out, ncols = num * P;
   const int K = kernel_h * kernel_w * channels;
-  const int slices = kernel_h * kernel_w * ((channels + T16N_BK - 1) / T16N_BK);
+  const int slices = (K + T16N_BK - 1) / T16N_BK;  // dense: a slice may span taps
   const int q = tid & 3, rt = tid >> 2;  // this thread's chunk and first tile row / column
 
-  T16NhwcSlices<T16N_BK, 64, A_CH, B_CH, T16nSwizzle> slices_of(w, m0, n0, rt, q, num_output, K, ncols, P, HW,
-                                                                channels, width_out, stride_h, stride_w, pad_h, pad_w);
+  T16NhwcSlices<T16N_BK, 64, A_CH, B_CH, T16nSwizzle> slices_of(
+      w, m0, n0, rt, q, num_output, K, ncols, P, HW, channels, width_out, kernel_w, stride_h, stride_w, pad_h, pad_w);
   auto load = [&](const int stage) {
     unsigned short* As = t16n_smem + stage * STAGE;
-    slices_of.load(As, As + BM * T16N_BK, x, w, rt, q, channels, height, width, kernel_w);
+    slices_of.load(As, As + BM * T16N_BK, x, w, rt, q, K, channels, height, width, kernel_w);
   };
 
   float acc[WM / 16][WN / 8][4] = {};
@@ -166,16 +167,18 @@ T16N_CONV(t16n_conv_64x128, 64, 128, 32, 32, 4, 2)
 T16N_CONV(t16n_conv_64x64, 64, 64, 32, 16, 4, 3)
 
 // The weights w (M, C, kh, kw) re-laid as the kernel's A (values unchanged), n = rows*uh*uw*chans:
-// data_grad 0: out (M, kh, kw, C) = w with the tap moved inside (rows = M, chans = C, uh x uw = kh x kw);
+// data_grad 0: out (M, kh, kw, chans) = w with the tap moved inside (rows = M, uh x uw = kh x kw), channels
+//   c >= wchans (= C; chans is C rounded up to a multiple of 8) zero;
 // data_grad 1: out (C, uh, uw, M) = the transposed filter's taps of one output phase, flipped:
 //   out[c][u][v][m] = w[m][c][i0 + sh*(uh-1-u)][j0 + sw*(uw-1-v)] (rows = C, chans = M).
 __global__ void t16n_permute_weights(const int n, const Dtype* w, const int rows, const int chans, const int kh,
                                      const int kw, const int uh, const int uw, const int i0, const int j0,
-                                     const int sh, const int sw, const int data_grad, Dtype* out) {
+                                     const int sh, const int sw, const int data_grad, const int wchans, Dtype* out) {
   CUDA_KERNEL_LOOP(i, n) {
     const int c = i % chans, rest = i / chans, v = rest % uw, rest2 = rest / uw, u = rest2 % uh, o = rest2 / uh;
     out[i] = data_grad ? w[(((long long)c * rows + o) * kh + i0 + sh * (uh - 1 - u)) * kw + j0 + sw * (uw - 1 - v)]
-                       : w[(((long long)o * chans + c) * kh + u) * kw + v];
+             : c < wchans ? w[(((long long)o * wchans + c) * kh + u) * kw + v]
+                          : Dtype(0);
   }
 }
 
@@ -188,8 +191,9 @@ __global__ void t16n_permute_weights(const int n, const Dtype* w, const int rows
 // holds T16N_BK pixel rows of A (BM outputs) and of B (BN columns), 16-byte chunk q of row k at
 // chunk q ^ (k & 7) (rows of at least 8 chunks: the 8 rows one ldmatrix phase reads hit distinct
 // bank groups), copied by cp.async (zeros past T, past M, past Kg and outside the image) and read
-// with ldmatrix.x4.trans. Requires C % 8 == 0 and M % 8 == 0. Partial sums go to
-// ws[z][m][c*kh*kw + tap] (the weights' own order), reduced by t16_reduce_weight (tensorcore16.cu).
+// with ldmatrix.x4.trans. Requires C % 8 == 0 and M % 8 == 0 (x staged zero-padded to C channels when
+// the weights have dw_channels < C). Partial sums go to ws[z][m][c*kh*kw + tap] for c < dw_channels
+// (the weights' own order, rows of dw_channels*kh*kw), reduced by t16_reduce_weight (tensorcore16.cu).
 extern "C++" {
 
 // Offset (16-bit elements) of chunk q of row k in a k-major stage tile of `chunks` chunks a row.
@@ -199,7 +203,8 @@ __device__ __forceinline__ int t16n_kat(const int k, const int q, const int chun
 
 template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void t16n_wgrad(const Dtype* __restrict__ dy, const Dtype* __restrict__ x,
-                                           float* __restrict__ ws, const int chunk, T16N_GEOMETRY_PARAMS) {
+                                           float* __restrict__ ws, const int chunk, const int dw_channels,
+                                           T16N_GEOMETRY_PARAMS) {
 #if __CUDA_ARCH__ >= 800
   const int KIND = T16Kind<Dtype>::value;
   static_assert((BM / WM) * (BN / WN) == T16N_THREADS / 32, "8 warps per block");
@@ -299,8 +304,9 @@ __device__ __forceinline__ void t16n_wgrad(const Dtype* __restrict__ dy, const D
   }
   t16_wait<0>();
 
-  float* part = ws + (long long)blockIdx.y * num_output * Kg;
-  const int g = lane >> 2, tq = lane & 3, taps = kernel_h * kernel_w;
+  const int taps = kernel_h * kernel_w, dw_cols = taps * dw_channels;
+  float* part = ws + (long long)blockIdx.y * num_output * dw_cols;
+  const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
   for (int j = 0; j < WN / 8; ++j)
 #pragma unroll
@@ -308,12 +314,13 @@ __device__ __forceinline__ void t16n_wgrad(const Dtype* __restrict__ dy, const D
       const int col = n0 + wn * WN + j * 8 + 2 * tq + e;
       if (col >= Kg) continue;
       const int ct = col / channels, cc = col - ct * channels, off = cc * taps + ct;
+      if (cc >= dw_channels) continue;  // a staged channel of zeros
 #pragma unroll
       for (int i = 0; i < WM / 16; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int mm = m0 + wm * WM + i * 16 + g + 8 * h;
-          if (mm < num_output) part[(long long)mm * Kg + off] = acc[i][j][2 * h + e];
+          if (mm < num_output) part[(long long)mm * dw_cols + off] = acc[i][j][2 * h + e];
         }
     }
 #else
@@ -324,14 +331,16 @@ __device__ __forceinline__ void t16n_wgrad(const Dtype* __restrict__ dy, const D
 }  // extern "C++"
 
 // dy: NHWC (num, height_out, width_out, num_output); x: NHWC (num, height, width, channels); ws: fp32
-// (gridDim.y, num_output, channels*kernel_h*kernel_w) partial sums; chunk: pixels a split sums (a
-// multiple of T16N_BK). Grid: (ceil(num_output / BM) * ceil(Kg / BN), splits, 1), 256 threads,
+// (gridDim.y, num_output, dw_channels*kernel_h*kernel_w) partial sums; chunk: pixels a split sums (a
+// multiple of T16N_BK); dw_channels <= channels: the weights' channels (x's past them are zeros). Grid: (ceil(num_output / BM) * ceil(Kg / BN), splits, 1), 256 threads,
 // the forward's dynamic shared memory of the same tile.
 #define T16N_WGRAD(NAME, BM, BN, WM, WN, STAGES, MIN_BLOCKS)                                                 \
   __global__ void __launch_bounds__(T16N_THREADS, MIN_BLOCKS) NAME(                                         \
-      const Dtype* dy, const Dtype* x, float* ws, const int chunk, T16N_GEOMETRY_PARAMS) {                  \
-    t16n_wgrad<BM, BN, WM, WN, STAGES>(dy, x, ws, chunk, num, channels, height, width, num_output, kernel_h, \
-                                       kernel_w, pad_h, pad_w, stride_h, stride_w, height_out, width_out);   \
+      const Dtype* dy, const Dtype* x, float* ws, const int chunk, const int dw_channels,                   \
+      T16N_GEOMETRY_PARAMS) {                                                                               \
+    t16n_wgrad<BM, BN, WM, WN, STAGES>(dy, x, ws, chunk, dw_channels, num, channels, height, width,        \
+                                       num_output, kernel_h, kernel_w, pad_h, pad_w, stride_h, stride_w,    \
+                                       height_out, width_out);                                              \
   }
 
 T16N_WGRAD(t16n_wgrad_128x128, 128, 128, 32, 64, 4, 2)
@@ -340,7 +349,9 @@ T16N_WGRAD(t16n_wgrad_64x128, 64, 128, 32, 32, 4, 2)
 T16N_WGRAD(t16n_wgrad_64x64, 64, 64, 32, 16, 4, 3)
 
 // ==== staging: NCHW -> NHWC =====================================================================
-// dst (N, plane, channels) = src (N, channels, plane), channels % 8 == 0. Block (256 threads):
+// dst (N, plane, channels) = src (N, channels, in_plane) at pixel p's source (p / out_w) * sh * in_w +
+// (p % out_w) * sw: the transpose (out_w = in_w, in_plane = plane, strides 1), or a subsampled copy (a
+// 1x1 convolution at stride (sh, sw) without padding reads only those pixels); channels % 8 == 0. Block (256 threads):
 // T16N_TT pixels x T16N_TT channels of image blockIdx.y (blockIdx.x = pixel tile * channel tiles +
 // channel tile). Reads: a warp takes 32 consecutive pixels of one channel (coalesced), 16 loads in
 // flight a thread; the tile is kept [channel][pixel] with rows of T16N_TT + 2 elements (the 16
@@ -350,20 +361,22 @@ T16N_WGRAD(t16n_wgrad_64x64, 64, 64, 32, 16, 4, 3)
 #define T16N_TP (T16N_TT + 2)
 
 __global__ void __launch_bounds__(T16N_THREADS) t16n_to_nhwc(const Dtype* src, Dtype* dst, const int channels,
-                                                              const int plane) {
+                                                              const int plane, const int out_w, const int in_plane,
+                                                              const int in_w, const int sh, const int sw) {
   __shared__ __align__(16) Dtype tile[T16N_TT * T16N_TP];
   const int ctiles = (channels + T16N_TT - 1) / T16N_TT;
   const int c0 = (blockIdx.x % ctiles) * T16N_TT, p0 = (blockIdx.x / ctiles) * T16N_TT;
-  const long long image = (long long)blockIdx.y * channels * plane;
-  const Dtype* s = src + image;
-  Dtype* d = dst + image;
+  const Dtype* s = src + (long long)blockIdx.y * channels * in_plane;
+  Dtype* d = dst + (long long)blockIdx.y * channels * plane;
   const int tid = threadIdx.x;
   const int ITEMS = T16N_TT * T16N_TT / T16N_THREADS;
+  static_assert(T16N_THREADS % T16N_TT == 0, "a thread's loads share one pixel");
+  const int pix = p0 + tid % T16N_TT, sp = (pix / out_w) * sh * in_w + (pix % out_w) * sw;  // its source
   Dtype v[ITEMS];
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
-    const int l = tid + k * T16N_THREADS, p = l % T16N_TT, c = l / T16N_TT;
-    v[k] = (p0 + p < plane && c0 + c < channels) ? s[(long long)(c0 + c) * plane + p0 + p] : Dtype(0);
+    const int c = (tid + k * T16N_THREADS) / T16N_TT;
+    v[k] = (pix < plane && c0 + c < channels) ? s[(long long)(c0 + c) * in_plane + sp] : Dtype(0);
   }
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k) {
@@ -380,5 +393,22 @@ __global__ void __launch_bounds__(T16N_THREADS) t16n_to_nhwc(const Dtype* src, D
       for (int j = 0; j < 8; ++j) out.v[j] = tile[(8 * q + j) * T16N_TP + p];
       vstore<8>(d + (long long)(p0 + p) * channels + c0 + 8 * q, 0, out);
     }
+  }
+}
+
+// dst (N, plane, dchannels) = src (N, channels, plane) with channels dchannels > channels zero, dchannels
+// % 8 == 0: the staging of channel counts off the multiple of 8 (an RGB stem's 3). One thread per
+// (image, 8-channel group, pixel), pixels fastest: every load is coalesced across a warp's pixels, a
+// 16-byte store per thread (consecutive for dchannels 8). count = N * plane * dchannels / 8.
+__global__ void t16n_to_nhwc_narrow(const int count, const Dtype* src, Dtype* dst, const int channels,
+                                    const int dchannels, const int plane) {
+  const int groups = dchannels / 8;
+  CUDA_KERNEL_LOOP(i, count) {
+    const int p = i % plane, rest = i / plane, g = rest % groups, n = rest / groups;
+    const Dtype* s = src + ((long long)n * channels + 8 * g) * plane + p;
+    Vec<8> out;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out.v[j] = 8 * g + j < channels ? s[(long long)j * plane] : Dtype(0);
+    vstore<8>(dst + ((long long)n * plane + p) * dchannels + 8 * g, 0, out);
   }
 }

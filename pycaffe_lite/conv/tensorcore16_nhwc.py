@@ -21,7 +21,9 @@ accumulation, one rounding in the epilogue):
   rounding); the bias gradient is the Mtype channel reduction (``bias_backward``). Other M: tensorcore16's.
 
 Offered (:func:`supports`) for float16 and bfloat16 problems on compute capability 8.0+ with one
-group, no dilation and C a multiple of 8 (a pixel's channels in whole 16-byte pieces).
+group and no dilation. The kernels read a pixel's channels in 16-byte pieces: C off the multiple of 8
+(an RGB stem's 3) is staged zero-padded to :func:`staged_channels` (``t16n_to_nhwc_narrow``), with
+the permuted weights padded alike; the weight gradient writes only the weights' own channels.
 """
 
 from __future__ import annotations
@@ -44,8 +46,7 @@ TILES = ("128x128", "128x64", "64x128", "64x64")  # T16N_CONV lines of the .cu
 STAGES = 4  # slices in flight (the STAGES of every T16N_CONV line)
 BK = 32  # contraction elements (channels at one tap) per slice: T16N_BK
 CHANNEL_MULTIPLE = 8  # contraction channels per 16-byte cp.async piece
-REQUIREMENT = ("float16 or bfloat16 storage, compute capability 8.0+, group 1, no dilation, channels a multiple "
-               "of 8, " + tiling.REQUIREMENT)
+REQUIREMENT = "float16 or bfloat16 storage, compute capability 8.0+, group 1, no dilation, " + tiling.REQUIREMENT
 
 
 def shared_bytes(tile: str) -> int:
@@ -55,11 +56,17 @@ def shared_bytes(tile: str) -> int:
     return 2 * max(STAGES * (bm + bn) * BK, bm * (bn + 8))
 
 
+def staged_channels(prob: ConvProblem) -> int:
+    """The input's channels as the kernels read them: C rounded up to :data:`CHANNEL_MULTIPLE` (the
+    staged input and the permuted weights hold zeros past C)."""
+    return -(-prob.channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
+
+
 def supports(prob: ConvProblem) -> bool:
     """Half storage (checked first: float32/float64 problems are refused without a device), one group,
-    no dilation, C a multiple of :data:`CHANNEL_MULTIPLE`, int32 indexing, an sm_80+ device."""
+    no dilation, int32 indexing (of the padded input too), an sm_80+ device."""
     return (prob.np_dtype in t16.HALF_DTYPES and prob.group == 1 and prob.dilation == (1, 1)
-            and prob.channels % CHANNEL_MULTIPLE == 0 and tiling.fits_int32(prob)
+            and tiling.fits_int32(prob) and prob.num * staged_channels(prob) * prob.in_plane <= backend.INT32_MAX
             and t16.compute_capability() >= (8, 0))
 
 
@@ -82,26 +89,40 @@ def owns(prob: ConvProblem, pass_: str) -> bool:
     return own_data_gradient(prob) if pass_ == "backward_data" else own_weight_gradient(prob)
 
 
+def subsampled(prob: ConvProblem) -> bool:
+    """Whether the input is staged subsampled: a 1x1 kernel at a stride above 1 without padding reads
+    only the pixels (oy*sh, ox*sw), so the forward and the weight gradient stage those (Ho x Wo) and
+    run as the stride-1 1x1 convolution of them (C a multiple of 8: the tile transpose's copy)."""
+    return (prob.kernel == (1, 1) and prob.pad == (0, 0) and prob.stride != (1, 1)
+            and prob.channels % CHANNEL_MULTIPLE == 0)
+
+
 def staged_counts(prob: ConvProblem, pass_: str) -> tuple[int, int]:
-    """Elements of what ``pass_`` stages: forward, the NHWC input and the permuted weights; data
-    gradient, the NHWC dy and the permuted weights; weight gradient, the NHWC dy and input."""
-    x, dy, weights = (prob.num * prob.channels * prob.in_plane, prob.num * prob.num_output * prob.out_plane,
-                      prob.num_output * prob.kg)
+    """Elements of what ``pass_`` stages: forward, the NHWC input and the permuted weights (both of
+    :func:`staged_channels`); data gradient, the NHWC dy and the permuted weights; weight gradient,
+    the NHWC dy and input."""
+    padded = staged_channels(prob)
+    x, dy, weights = (prob.num * padded * (prob.out_plane if subsampled(prob) else prob.in_plane),
+                      prob.num * prob.num_output * prob.out_plane,
+                      prob.num_output * prob.kernel[0] * prob.kernel[1] * padded)
     return {"forward": (x, weights), "backward_data": (dy, weights), "backward_weight": (dy, x)}[pass_]
 
 
 def conv_geometry(prob: ConvProblem) -> tuple[int, ...]:
     """The forward's ``t16n_conv`` geometry arguments: (num, C, H, W, M, kh, kw, pad_h, pad_w,
-    stride_h, stride_w, Ho, Wo)."""
+    stride_h, stride_w, Ho, Wo), C the :func:`staged_channels`; :func:`subsampled`: the stride-1 1x1
+    convolution of the staged Ho x Wo input."""
     (kh, kw), (ph, pw), (ho, wo) = prob.kernel, prob.pad, prob.out_hw
-    return (prob.num, prob.channels, prob.height, prob.width, prob.num_output, kh, kw, ph, pw,
+    if subsampled(prob):
+        return (prob.num, prob.channels, ho, wo, prob.num_output, 1, 1, 0, 0, 1, 1, ho, wo)
+    return (prob.num, staged_channels(prob), prob.height, prob.width, prob.num_output, kh, kw, ph, pw,
             prob.stride[0], prob.stride[1], ho, wo)
 
 
 @dataclass(frozen=True)
 class Phase:
     """One ``t16n_conv`` launch: its geometry and out_* arguments, and the ``t16n_permute_weights``
-    arguments (count, rows, chans, kh, kw, uh, uw, i0, j0, sh, sw, data_grad) of its weights."""
+    arguments (count, rows, chans, kh, kw, uh, uw, i0, j0, sh, sw, data_grad, wchans) of its weights."""
 
     geometry: tuple[int, ...]
     out: tuple[int, ...]
@@ -133,7 +154,9 @@ def phases(prob: ConvProblem, pass_: str) -> tuple[Phase, ...]:
     (kh, kw), (ph, pw), (sh, sw), (ho, wo) = prob.kernel, prob.pad, prob.stride, prob.out_hw
     m, c = prob.num_output, prob.channels
     if pass_ == "forward":
-        return (Phase(conv_geometry(prob), (ho, wo, 1, 1, 0, 0), (m * prob.kg, m, c, kh, kw, kh, kw, 0, 0, 1, 1, 0)),)
+        padded = staged_channels(prob)
+        return (Phase(conv_geometry(prob), (ho, wo, 1, 1, 0, 0),
+                      (m * kh * kw * padded, m, padded, kh, kw, kh, kw, 0, 0, 1, 1, 0, c)),)
     out = []
     for py in range(min(sh, prob.height)):
         i0, uh, pad_h, hp = _phase_axis(prob.height, kh, ph, sh, py)
@@ -141,7 +164,7 @@ def phases(prob: ConvProblem, pass_: str) -> tuple[Phase, ...]:
             j0, uw, pad_w, wp = _phase_axis(prob.width, kw, pw, sw, px)
             out.append(Phase((prob.num, m, ho, wo, c, uh, uw, pad_h, pad_w, 1, 1, hp, wp),
                              (prob.height, prob.width, sh, sw, py, px),
-                             (c * uh * uw * m, c, m, kh, kw, uh, uw, i0, j0, sh, sw, 1)))
+                             (c * uh * uw * m, c, m, kh, kw, uh, uw, i0, j0, sh, sw, 1, m)))
     return tuple(out)
 
 
@@ -150,24 +173,38 @@ TRANSPOSE_TILE = 64  # T16N_TT: pixels and channels of a t16n_to_nhwc block
 
 @dataclass(frozen=True)
 class Stage:
-    """``t16n_to_nhwc``: (num, channels, plane) NCHW -> (num, plane, channels), channels % 8 == 0."""
+    """An NCHW -> NHWC staging launch: ``kernel`` over ``grid`` with ``head`` arguments, then source
+    and destination, then ``tail`` (``t16n_to_nhwc``'s or ``t16n_to_nhwc_narrow``'s)."""
 
     kernel: Any
     grid: tuple[int, int, int]
-    channels: int
-    plane: int
+    head: tuple[int, ...]
+    tail: tuple[int, ...]
 
     def __call__(self, src: int, dst: int) -> None:
-        self.kernel.launch(self.grid, BLOCK, src, dst, self.channels, self.plane)
+        self.kernel.launch(self.grid, BLOCK, *self.head, src, dst, *self.tail)
 
 
-def stage_plan(prob: ConvProblem, num: int, channels: int, plane: int) -> Stage:
-    """The :class:`Stage` of a (num, channels, plane) operand of ``prob``'s dtype."""
-    if channels % CHANNEL_MULTIPLE or num > backend.MAX_GRID_YZ:
-        raise CudaError(f"fp16/bf16 NHWC staging: {channels} channels (a multiple of 8 expected) or {num} images "
-                        f"(at most {backend.MAX_GRID_YZ})")
-    tiles = -(-channels // TRANSPOSE_TILE) * -(-plane // TRANSPOSE_TILE)
-    return Stage(backend.kernel(KERNELS, "t16n_to_nhwc", prob.np_dtype), (tiles, num, 1), channels, plane)
+def stage_plan(prob: ConvProblem, num: int, channels: int, plane: int,
+               source: tuple[int, int, int, int, int] | None = None) -> Stage:
+    """The :class:`Stage` of a (num, channels, plane) operand of ``prob``'s dtype to (num, plane,
+    padded) with padded = channels rounded up to :data:`CHANNEL_MULTIPLE`: channels a multiple of 8
+    the 64 x 64 tile transpose ``t16n_to_nhwc``, others ``t16n_to_nhwc_narrow`` (zeros past C).
+    ``source`` (out_w, in_plane, in_w, sh, sw): the operand is (num, channels, in_plane) and pixel p
+    of the staged one its pixel (p // out_w) * sh * in_w + (p % out_w) * sw (channels % 8 == 0)."""
+    if num > backend.MAX_GRID_YZ:
+        raise CudaError(f"fp16/bf16 NHWC staging: {num} images (at most {backend.MAX_GRID_YZ})")
+    if channels % CHANNEL_MULTIPLE == 0:
+        tiles = -(-channels // TRANSPOSE_TILE) * -(-plane // TRANSPOSE_TILE)
+        return Stage(backend.kernel(KERNELS, "t16n_to_nhwc", prob.np_dtype), (tiles, num, 1), (),
+                     (channels, plane, *(source or (plane, plane, plane, 1, 1))))
+    if source is not None:
+        raise CudaError(f"fp16/bf16 NHWC staging: a subsampled copy of {channels} channels (a multiple of 8 expected)")
+    padded = -(-channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
+    count = num * plane * padded // CHANNEL_MULTIPLE
+    return Stage(backend.kernel(KERNELS, "t16n_to_nhwc_narrow", prob.np_dtype),
+                 (min(-(-count // THREADS), backend.MAX_BLOCKS), 1, 1), (count,),
+                 (channels, padded, plane))
 
 
 @dataclass(frozen=True)
@@ -184,6 +221,15 @@ class Plan:
     phases: tuple[Phase, ...]
     grids: tuple[tuple[int, int, int], ...]
     zero_first: int
+
+
+def input_stage(prob: ConvProblem) -> Stage:
+    """The :class:`Stage` of the input x for the forward and the weight gradient: its channels padded
+    to :func:`staged_channels`, its pixels subsampled where :func:`subsampled`."""
+    if subsampled(prob):
+        (ho, wo), (sh, sw) = prob.out_hw, prob.stride
+        return stage_plan(prob, prob.num, prob.channels, ho * wo, (wo, prob.in_plane, prob.width, sh, sw))
+    return stage_plan(prob, prob.num, prob.channels, prob.in_plane)
 
 
 def conv_kernel(tile: str, dtype) -> tuple[Any, int]:
@@ -212,7 +258,8 @@ def plan(prob: ConvProblem, pass_: str, tile: str, kernel_of: Callable[[str, Any
     k, shared = kernel_of(tile, prob.np_dtype)
     k.allow_shared(shared)
     num, chans, h, w = every[0].geometry[:4]
-    made = prob.cache[key] = Plan(k, shared, stage_plan(prob, num, chans, h * w),
+    stage = input_stage(prob) if pass_ == "forward" else stage_plan(prob, num, chans, h * w)
+    made = prob.cache[key] = Plan(k, shared, stage,
                                   backend.kernel(KERNELS, "t16n_permute_weights", prob.np_dtype), todo, tuple(grids),
                                   zero_first)
     return made
@@ -243,7 +290,8 @@ def weight_splits(prob: ConvProblem, tile: str) -> tuple[int, int]:
         bm, bn = tile_shape(tile)
         k = backend.kernel(KERNELS, f"t16n_wgrad_{tile}", prob.np_dtype)
         resident = k.resident_blocks(THREADS, shared_bytes(tile))
-        have = prob.cache[key] = tiling.split_contraction(prob, bm, bn, BK, False, resident)
+        columns = prob.kernel[0] * prob.kernel[1] * staged_channels(prob)
+        have = prob.cache[key] = tiling.split_contraction(prob, bm, bn, BK, False, resident, columns)
     return have
 
 
@@ -263,11 +311,11 @@ def weight_plan(prob: ConvProblem, tile: str) -> WeightPlan:
     k = backend.kernel(KERNELS, f"t16n_wgrad_{tile}", prob.np_dtype)
     shared = shared_bytes(tile)
     k.allow_shared(shared)
-    blocks = -(-prob.num_output // bm) * -(-prob.kg // bn)
+    blocks = -(-prob.num_output // bm) * -(-prob.kernel[0] * prob.kernel[1] * staged_channels(prob) // bn)
     made = prob.cache[key] = WeightPlan(
         k, (blocks, splits, 1), shared, chunk, splits, conv_geometry(prob),
-        stage_plan(prob, prob.num, prob.num_output, prob.out_plane),
-        stage_plan(prob, prob.num, prob.channels, prob.in_plane), t16.reduce_plan(prob, splits, 0))
+        stage_plan(prob, prob.num, prob.num_output, prob.out_plane), input_stage(prob),
+        t16.reduce_plan(prob, splits, 0))
     return made
 
 
@@ -355,7 +403,7 @@ class TensorCore16NhwcEngine(TiledEngine):
         nonnull(x, dy, dw)
         p.stage_dy(dy, dy_h)
         p.stage_x(x, x_h)
-        p.kernel.launch(p.grid, BLOCK, dy_h, x_h, part, p.chunk, *p.geometry, shared=p.shared)
+        p.kernel.launch(p.grid, BLOCK, dy_h, x_h, part, p.chunk, prob.channels, *p.geometry, shared=p.shared)
         p.reduce.launch(prob, part, dw, None)
         if db is not None:
             bias_backward(prob, dy, db)

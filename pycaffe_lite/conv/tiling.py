@@ -88,13 +88,13 @@ def backward_data_table(prob: ConvProblem) -> int:
 
 # -- the weight gradient's split contraction -----------------------------------------------------
 def split_contraction(prob: ConvProblem, bm: int, bn: int, bk: int, has_bias: bool,
-                      resident: int) -> tuple[int, int]:
-    """(splits, chunk) for a weight-gradient kernel of ``bm x bn`` tiles, ``bk`` slices and
-    ``resident`` blocks per multiprocessor: split s sums ``t`` in ``[s*chunk, (s+1)*chunk)`` of the
-    ``num * Ho * Wo`` contraction. The count minimises whole waves times each block's slices (plus
+                      resident: int, columns: int = 0) -> tuple[int, int]:
+    """(splits, chunk) for a weight-gradient kernel of ``bm x bn`` tiles over ``columns`` (default:
+    the group's C*kh*kw), ``bk`` slices and ``resident`` blocks per multiprocessor: split s sums
+    ``t`` in ``[s*chunk, (s+1)*chunk)`` of the ``num * Ho * Wo`` contraction. The count minimises whole waves times each block's slices (plus
     :data:`BLOCK_OVERHEAD`): a last wave that leaves most multiprocessors idle costs a full one. Of
     counts within 1 % of the least cost the smallest wins (fewer partial sums to write and reduce)."""
-    tiles = -(-prob.mg // bm) * -(-(prob.kg + int(has_bias)) // bn) * prob.group
+    tiles = -(-prob.mg // bm) * -(-((columns or prob.kg) + int(has_bias)) // bn) * prob.group
     slots = resident * backend.multiprocessor_count()
     slices = -(-prob.num * prob.out_plane // bk)
     cap = max(1, min(slices // 4, 65535 // prob.group, 4 * -(-slots // tiles)))

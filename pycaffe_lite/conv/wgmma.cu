@@ -139,14 +139,14 @@ __device__ __forceinline__ void t16w_conv(const Dtype* __restrict__ x, const Dty
   const int m0 = (blockIdx.x % mtiles) * BM, n0 = (blockIdx.x / mtiles) * BN;
   const int HW = height * width, P = height_out * width_out, ncols = num * P;
   const int K = kernel_h * kernel_w * channels;
-  const int slices = kernel_h * kernel_w * ((channels + T16W_BK - 1) / T16W_BK);
+  const int slices = (K + T16W_BK - 1) / T16W_BK;  // dense: a slice may span taps
   const int q = tid % CPR, rt = tid / CPR;
 
   T16NhwcSlices<T16W_BK, RPP, A_CH, B_CH, T16wSwizzle> slices_of(w, m0, n0, rt, q, num_output, K, ncols, P, HW,
-                                                               channels, width_out, stride_h, stride_w, pad_h, pad_w);
+                                                               channels, width_out, kernel_w, stride_h, stride_w, pad_h, pad_w);
   auto load = [&](const int stage) {
     unsigned short* As = smem + stage * STAGE;
-    slices_of.load(As, As + BM * T16W_BK, x, w, rt, q, channels, height, width, kernel_w);
+    slices_of.load(As, As + BM * T16W_BK, x, w, rt, q, K, channels, height, width, kernel_w);
   };
 
   float acc[REGS];

@@ -54,8 +54,8 @@ def supports(prob: ConvProblem) -> bool:
 
 @register_engine("TENSOR_CORE_16", order=57, summary="tensorcore16-nhwc's forward and data gradient with the "
                  "GEMM on Hopper's wgmma (cp.async into 128-byte-swizzled stages read by the tensor cores, fp32 "
-                 "accumulation; float16 and bfloat16 blobs, compute capability 9.0, group 1, no dilation, C a "
-                 "multiple of 8; no weight gradient of its own)")
+                 "accumulation; float16 and bfloat16 blobs, compute capability 9.0, group 1, no dilation; no "
+                 "weight gradient of its own)")
 class Wgmma16Engine(t16n.TensorCore16NhwcEngine):
     """The NHWC-staged fp16/bf16 implicit GEMM on wgmma with ``tile`` tiles (forward, data gradient)."""
 

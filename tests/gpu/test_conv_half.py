@@ -228,6 +228,8 @@ NHWC_SHAPES = [
     (1, 16, 6, 7, 8, 1, (3, 3), (0, 0), (1, 1), (1, 1)),  # no padding: the data gradient pads by 2
     (2, 32, 8, 8, 20, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # M = 20: both gradients delegated
     (130, 16, 3, 3, 32, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # batch 130: columns past a 128 multiple
+    (3, 3, 37, 34, 64, 1, (7, 7), (3, 3), (2, 2), (1, 1)),  # an RGB stem: x staged padded to 8 channels
+    (2, 12, 10, 9, 16, 1, (3, 3), (1, 1), (1, 1), (1, 1)),  # C = 12, padded to 16: slices span taps
 ]
 
 
@@ -304,16 +306,21 @@ def test_tensorcore16_nhwc_weight_gradient_is_reproducible(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("shape", [(2, 24, 49), (3, 136, 196), (1, 64, 3136), (2, 8, 5)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 24, 49), (3, 136, 196), (1, 64, 3136), (2, 8, 5), (3, 3, 1000), (2, 13, 9)],
+                         ids=str)
 def test_tensorcore16_nhwc_staging_is_the_transpose(shape, fmt):
-    """t16n_to_nhwc moves every element of (N, C, HW) to (N, HW, C) exactly (bits unchanged)."""
+    """t16n_to_nhwc (C % 8 == 0) and t16n_to_nhwc_narrow (others) move every element of (N, C, HW)
+    to (N, HW, C') exactly (bits unchanged), C' = C rounded up to 8 with zeros past C."""
     dtype, code, _ = FORMATS[fmt]
     num, c, plane = shape
+    padded = -(-c // 8) * 8
     src = _blob(np.random.default_rng(6).standard_normal(shape), dtype)
-    dst = _blob(np.full((num, plane, c), np.nan), dtype)
+    dst = _blob(np.full((num, plane, padded), np.nan), dtype)
     prob = ConvProblem(num, c, plane, 1, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), code)
     tc16n.stage_plan(prob, num, c, plane)(src.gpu_data(), dst.mutable_gpu_data())
-    assert np.array_equal(dst.cpu_data(), src.cpu_data().transpose(0, 2, 1))
+    want = np.zeros_like(dst.cpu_data())
+    want[..., :c] = src.cpu_data().transpose(0, 2, 1)
+    assert np.array_equal(dst.cpu_data(), want)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

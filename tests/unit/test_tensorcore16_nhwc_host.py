@@ -100,27 +100,29 @@ class _Block:
         num, self.c, self.h, self.wd, self.m_out, self.kh, self.kw = geometry[:7]
         self.p = geometry[11] * geometry[12]
         self.ncols, self.k = num * self.p, self.kh * self.kw * self.c
-        self.slices = self.kh * self.kw * -(-self.c // BK)
+        self.slices = -(-self.k // BK)  # dense: a slice may span taps
         mtiles = -(-self.m_out // self.bm)
         self.m0, self.n0 = (blk % mtiles) * self.bm, (blk // mtiles) * self.bn
         self.shared = tc16n.shared_bytes(tile) // 2
         self.ring = np.full(self.shared, np.nan)
         self.acc = np.zeros((8, self.wm // 16, self.wn // 8, 32, 4))
-        self.next = [0, 0, 0]  # tap row, tap column and first channel of the next slice to load
+        # each thread's chunk of the next slice: k, tap (row, column), channel (T16NhwcSlices)
+        q = np.arange(THREADS) & 3
+        tap = 8 * q // self.c
+        self.next = [8 * q, tap // self.kw, tap % self.kw, 8 * q - tap * self.c]
 
     def load(self, stage: int) -> None:
         """Every thread's cp.async chunks of the next slice into ``stage`` of the ring."""
         ph, pw, sh, sw, _, wo = self.geometry[7:]
         tid = np.arange(THREADS)
         q, rt = tid & 3, tid >> 2
-        r, s, c0 = self.next
+        k, r, s, c = self.next
         base = stage * (self.bm + self.bn) * BK
-        c_ok = c0 + 8 * q < self.c
-        koff = (r * self.kw + s) * self.c + c0
+        k_ok = k < self.k
         for e in range(self.bm // 64):
             m = self.m0 + rt + 64 * e
-            ok = c_ok & (m < self.m_out)
-            src = np.where(ok, np.minimum(m, self.m_out - 1) * self.k + 8 * q + koff, 0)
+            ok = k_ok & (m < self.m_out)
+            src = np.where(ok, np.minimum(m, self.m_out - 1) * self.k + k, 0)
             self._copy(base + _at(rt + 64 * e, q), self.w, src, ok)
         for e in range(self.bn // 64):
             col = self.n0 + rt + 64 * e
@@ -129,15 +131,17 @@ class _Block:
             pix = np.where(in_, col - n * self.p, 0)
             iy = np.where(in_, (pix // wo) * sh - ph, -(1 << 30)) + r
             ix = np.where(in_, (pix % wo) * sw - pw, 0) + s
-            ok = c_ok & (iy >= 0) & (iy < self.h) & (ix >= 0) & (ix < self.wd)
-            src = np.where(ok, n * self.h * self.wd * self.c + 8 * q + (iy * self.wd + ix) * self.c + c0, 0)
+            ok = k_ok & (iy >= 0) & (iy < self.h) & (ix >= 0) & (ix < self.wd)
+            src = np.where(ok, n * self.h * self.wd * self.c + (iy * self.wd + ix) * self.c + c, 0)
             self._copy(base + self.bm * BK + _at(rt + 64 * e, q), self.x, src, ok)
-        c0 += BK
-        if c0 >= self.c:
-            c0, s = 0, s + 1
-            if s == self.kw:
-                s, r = 0, r + 1
-        self.next = [r, s, c0]
+        k, c = k + BK, c + BK
+        while np.any(c >= self.c):  # the kernel's loop: one tap crossed per turn
+            cross = c >= self.c
+            c = np.where(cross, c - self.c, c)
+            s = np.where(cross, s + 1, s)
+            r = np.where(cross & (s == self.kw), r + 1, r)
+            s = np.where(s == self.kw, 0, s)
+        self.next = [k, r, s, c]
 
     def _copy(self, dst: np.ndarray, src_array: np.ndarray, src: np.ndarray, ok: np.ndarray) -> None:
         assert np.all(dst + 8 <= self.shared)
@@ -249,8 +253,8 @@ class _WeightBlock:
     """One block (m/column tile ``blk``, split ``z``) of ``t16n_wgrad_<tile>`` in float64."""
 
     def __init__(self, dy: np.ndarray, x: np.ndarray, geometry: tuple[int, ...], tile: str, blk: int, z: int,
-                 chunk: int) -> None:
-        self.dy, self.x, self.geometry = dy, x, geometry
+                 chunk: int, dw_channels: int) -> None:
+        self.dy, self.x, self.geometry, self.dw_c = dy, x, geometry, dw_channels
         self.bm, self.bn, self.wm, self.wn, self.stages = TABLE[tile]
         num, self.c, self.h, self.wd, self.m_out, kh, self.kw = geometry[:7]
         self.p = geometry[11] * geometry[12]
@@ -344,44 +348,63 @@ class _WeightBlock:
                 self.load((sl + self.stages - 1) % self.stages, sl + self.stages - 1)
             self.multiply(sl % self.stages)
         taps = self.kg // self.c
+        cols = taps * self.dw_c  # a row of the partial sums: the weights' own channels only
         for warp in range(8):
             wm, wn = warp // (self.bn // self.wn), warp % (self.bn // self.wn)
             for i, hh, j, e in np.ndindex(self.wm // 16, 2, self.wn // 8, 2):
                 mm = self.m0 + wm * self.wm + i * 16 + G + 8 * hh
                 col = self.n0 + wn * self.wn + j * 8 + 2 * T + e
-                ok = (mm < self.m_out) & (col < self.kg)
+                ok = (mm < self.m_out) & (col < self.kg) & (col % self.c < self.dw_c)
                 off = (col % self.c) * taps + col // self.c
-                at = mm[ok] * self.kg + off[ok]
+                at = mm[ok] * cols + off[ok]
                 assert np.all(np.isnan(part[at]))  # each partial sum written once
                 part[at] = self.acc[warp, i, j, ok, 2 * hh + e]
 
 
-def emulate_wgrad(dy: np.ndarray, x: np.ndarray, geometry: tuple[int, ...], tile: str, chunk: int) -> np.ndarray:
-    """``t16n_wgrad_<tile>`` over its grid, then t16_reduce_weight's split-order sum: dW (M, C*kh*kw)."""
+def emulate_wgrad(dy: np.ndarray, x: np.ndarray, geometry: tuple[int, ...], tile: str, chunk: int,
+                  dw_channels: int) -> np.ndarray:
+    """``t16n_wgrad_<tile>`` over its grid (x staged with geometry[1] >= dw_channels channels), then
+    t16_reduce_weight's split-order sum: dW (M, dw_channels*kh*kw)."""
     num, c, m_out, kh, kw, ho, wo = (geometry[i] for i in (0, 1, 4, 5, 6, 11, 12))
     bm, bn = TABLE[tile][:2]
     kg, total = kh * kw * c, num * ho * wo
     splits = -(-total // chunk)
-    part = np.full((splits, m_out * kg), np.nan)
+    part = np.full((splits, m_out * kh * kw * dw_channels), np.nan)
     for z in range(splits):
         for blk in range(-(-m_out // bm) * -(-kg // bn)):
-            _WeightBlock(dy, x, geometry, tile, blk, z, chunk).run(part[z])
+            _WeightBlock(dy, x, geometry, tile, blk, z, chunk, dw_channels).run(part[z])
     assert not np.any(np.isnan(part)), "partial sums the kernel leaves unwritten"
-    return part.sum(axis=0).reshape(m_out, kg)
+    return part.sum(axis=0).reshape(m_out, -1)
+
+
+def staged_input(prob: ConvProblem, x: np.ndarray) -> np.ndarray:
+    """x as the forward and weight gradient read it: the pixels (oy*sh, ox*sw) where subsampled."""
+    if not tc16n.subsampled(prob):
+        return x
+    (ho, wo), (sh, sw) = prob.out_hw, prob.stride
+    return x[:, :, :sh * ho:sh, :sw * wo:sw]
+
+
+def stage_nhwc(image: np.ndarray, channels: int) -> np.ndarray:
+    """An NCHW image as the engine stages it: NHWC with ``channels`` >= C, zeros past C, flattened."""
+    num, c, h, w = image.shape
+    out = np.zeros((num, h, w, channels))
+    out[..., :c] = image.transpose(0, 2, 3, 1)
+    return out.ravel()
 
 
 def permute_weights(w: np.ndarray, args: tuple[int, ...]) -> np.ndarray:
     """``t16n_permute_weights`` on the host from the kernel's index formula: w (M, C, kh, kw) and a
-    :attr:`Phase.permute` (count, rows, chans, kh, kw, uh, uw, i0, j0, sh, sw, data_grad)."""
-    n, rows, chans, kh, kw, uh, uw, i0, j0, sh, sw, data_grad = args
-    flat, i = w.ravel(), np.arange(n)
+    :attr:`Phase.permute` (count, rows, chans, kh, kw, uh, uw, i0, j0, sh, sw, data_grad, wchans)."""
+    n, rows, chans, kh, kw, uh, uw, i0, j0, sh, sw, data_grad, wchans = args
+    flat, i = np.append(w.ravel(), 0.0), np.arange(n)
     c, rest = i % chans, i // chans
     v, rest2 = rest % uw, rest // uw
     u, o = rest2 % uh if uh else rest2, rest2 // uh if uh else rest2
     if data_grad:
         src = ((c * rows + o) * kh + i0 + sh * (uh - 1 - u)) * kw + j0 + sw * (uw - 1 - v)
     else:
-        src = ((o * chans + c) * kh + u) * kw + v
+        src = np.where(c < wchans, ((o * wchans + np.minimum(c, wchans - 1)) * kh + u) * kw + v, w.size)  # zeros
     return flat[src]
 
 
@@ -392,7 +415,8 @@ def emulate_pass(prob: ConvProblem, pass_: str, image: np.ndarray, w: np.ndarray
     out_shape = (prob.num, prob.num_output) + prob.out_hw if pass_ == "forward" else \
         (prob.num, prob.channels, prob.height, prob.width)
     y = np.full(int(np.prod(out_shape)), np.nan)
-    staged = image.transpose(0, 2, 3, 1).ravel()
+    staged = stage_nhwc(staged_input(prob, image), tc16n.staged_channels(prob)) if pass_ == "forward" else \
+        stage_nhwc(image, image.shape[1])
     every = tc16n.phases(prob, pass_)
     launched = [ph for ph in every if ph.geometry[5] * ph.geometry[6]]  # as tensorcore16_nhwc.plan keeps them
     for phase in launched:
@@ -410,6 +434,8 @@ FORWARD = [  # (num, C, H, W, M, kernel, pad, stride), tile
     ((1, 64, 4, 4, 130, (3, 3), (0, 0), (1, 1)), "128x64"),  # two row tiles, no padding
     ((3, 24, 8, 8, 40, (3, 3), (1, 1), (1, 1)), "128x128"),  # 64 pixels: 16-byte stores, a half column tile
     ((5, 16, 6, 4, 72, (1, 1), (0, 0), (1, 1)), "64x64"),  # 24 pixels: 16-byte stores, images across tiles
+    ((2, 3, 11, 10, 16, (7, 7), (3, 3), (2, 2)), "64x128"),  # an RGB stem: C padded to 8, 4 taps a slice
+    ((2, 12, 5, 5, 8, (3, 3), (1, 1), (1, 1)), "128x64"),  # C padded to 16: slices of 2 taps
 ]
 
 
@@ -483,11 +509,14 @@ def test_supports_and_refusals(sm):
         ConvProblem(2, 64, 14, 14, 36, 1, (3, 3), (1, 1), (2, 2), (1, 1), "<f4"),  # float32
         ConvProblem(2, 64, 14, 14, 36, 2, (3, 3), (1, 1), (2, 2), (1, 1), "<f2"),  # groups
         ConvProblem(2, 64, 14, 14, 36, 1, (3, 3), (2, 2), (1, 1), (2, 2), "<f2"),  # dilation
-        ConvProblem(2, 60, 14, 14, 36, 1, (3, 3), (1, 1), (1, 1), (1, 1), "<f2"),  # C % 8
-        ConvProblem(2, 3, 224, 224, 64, 1, (7, 7), (3, 3), (2, 2), (1, 1), "<f2"),  # the RGB stem
     ]
     for prob in refused:
         assert not tc16n.supports(prob), prob
+    for c, padded in ((60, 64), (3, 8)):  # staged zero-padded to a multiple of 8 (the RGB stem)
+        prob = ConvProblem(2, c, 224, 224, 64, 1, (7, 7), (3, 3), (2, 2), (1, 1), "<f2")
+        assert tc16n.supports(prob) and tc16n.staged_channels(prob) == padded
+        assert tc16n.conv_geometry(prob)[1] == padded
+        assert tc16n.staged_counts(prob, "forward") == (2 * padded * 224 * 224, 64 * 49 * padded)
     names = [f"tensorcore16-nhwc-{t}" for t in tc16n.TILES]
     registry.load_engines()
     assert all(registry.ENGINES[n].supports(ok) for n in names)
@@ -553,7 +582,8 @@ def test_kernel_file_compiles_for_every_type():
 @pytest.mark.parametrize("case", [((2, 16, 5, 6, 24, (3, 3), (1, 1), (1, 1)), "64x64", 32),  # 3 splits, ragged
                                   ((3, 8, 7, 7, 16, (1, 1), (0, 0), (2, 2)), "128x64", 64),  # 1x1 stride 2
                                   ((1, 24, 6, 5, 72, (3, 2), (0, 1), (2, 1)), "64x128", 32),  # 2 row tiles
-                                  ((2, 64, 3, 3, 8, (3, 3), (1, 1), (1, 1)), "128x128", 96)],  # Kg = 576: 5 column tiles
+                                  ((2, 64, 3, 3, 8, (3, 3), (1, 1), (1, 1)), "128x128", 96),  # Kg = 576: 5 column tiles
+                                  ((2, 3, 9, 8, 16, (7, 7), (3, 3), (2, 2)), "64x64", 32)],  # RGB stem: x padded to 8
                          ids=str)
 def test_emulated_weight_gradient_is_the_convolutions(case):
     (num, c, h, w_, m, kernel, pad, stride), tile, chunk = case
@@ -564,8 +594,8 @@ def test_emulated_weight_gradient_is_the_convolutions(case):
     dy = rng.standard_normal((num, m) + prob.out_hw)
     dw = np.zeros((m, c) + kernel)
     cpu_conv.backward(x, np.zeros_like(dw), dy, kernel, pad, stride, (1, 1), 1, dweight=dw)
-    got = emulate_wgrad(dy.transpose(0, 2, 3, 1).ravel(), x.transpose(0, 2, 3, 1).ravel(),
-                        tc16n.conv_geometry(prob), tile, chunk)
+    got = emulate_wgrad(dy.transpose(0, 2, 3, 1).ravel(), stage_nhwc(staged_input(prob, x), tc16n.staged_channels(prob)),
+                        tc16n.conv_geometry(prob), tile, chunk, c)
     np.testing.assert_allclose(got, dw.reshape(m, -1), rtol=1e-12, atol=1e-10)
 
 
@@ -586,22 +616,27 @@ def test_weight_gradient_scratch_and_delegation(sm, monkeypatch):
         assert engine.scratch(odd, "backward_weight", True) == delegate.scratch(odd, "backward_weight", True)
 
 
-def emulate_to_nhwc(src: np.ndarray, grid: tuple[int, int, int], channels: int, plane: int) -> np.ndarray:
-    """``t16n_to_nhwc`` over ``grid`` from its index arithmetic: every block's loads into the
-    [channel][pixel] tile (rows of TT + 2) and its 8-channel stores; dst NaN where nothing wrote."""
+def emulate_to_nhwc(src: np.ndarray, grid: tuple[int, int, int], channels: int, plane: int, out_w: int,
+                    in_plane: int, in_w: int, sh: int, sw: int) -> np.ndarray:
+    """``t16n_to_nhwc`` over ``grid`` from its index arithmetic: every block's loads (pixel p from the
+    source pixel (p // out_w) * sh * in_w + (p % out_w) * sw) into the [channel][pixel] tile (rows of
+    TT + 2) and its 8-channel stores; dst NaN where nothing wrote."""
     tt, tp = tc16n.TRANSPOSE_TILE, tc16n.TRANSPOSE_TILE + 2
-    dst = np.full(src.size, np.nan)
+    dst = np.full(grid[1] * channels * plane, np.nan)
     tid = np.arange(THREADS)
     ctiles = -(-channels // tt)
     for bx, by in np.ndindex(grid[0], grid[1]):
         c0, p0 = (bx % ctiles) * tt, (bx // ctiles) * tt
         image = by * channels * plane
+        pix = p0 + tid % tt
+        sp = (pix // out_w) * sh * in_w + (pix % out_w) * sw
         tile = np.full(tt * tp, np.nan)
         for k in range(tt * tt // THREADS):
             l_ = tid + k * THREADS
             p, c = l_ % tt, l_ // tt
-            ok = (p0 + p < plane) & (c0 + c < channels)
-            tile[c * tp + p] = np.where(ok, src[image + np.where(ok, (c0 + c) * plane + p0 + p, 0)], 0.0)
+            ok = (pix < plane) & (c0 + c < channels)
+            at = by * channels * in_plane + np.where(ok, (c0 + c) * in_plane + sp, 0)
+            tile[c * tp + p] = np.where(ok, src[at], 0.0)
         for k in range(tt * tt // 8 // THREADS):
             u = tid + k * THREADS
             q, p = u % (tt // 8), u // (tt // 8)
@@ -618,15 +653,54 @@ def test_emulated_nhwc_staging_is_the_transpose(shape, monkeypatch):
     monkeypatch.setattr(tc16n.backend, "kernel", lambda path, name, dtype: name)
     num, c, plane = shape
     stage = tc16n.stage_plan(ConvProblem(num, c, plane, 1, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f2"), num, c, plane)
-    assert stage.kernel == "t16n_to_nhwc" and stage.grid[1] == num
+    assert stage.kernel == "t16n_to_nhwc" and stage.grid[1] == num and stage.tail[:2] == (c, plane)
     src = np.random.default_rng(4).standard_normal(shape)
-    got = emulate_to_nhwc(src.ravel(), stage.grid, c, plane)
+    got = emulate_to_nhwc(src.ravel(), stage.grid, *stage.tail)
     np.testing.assert_array_equal(got, src.transpose(0, 2, 1).ravel())
 
 
-def test_nhwc_staging_refuses_channels_off_the_multiple():
-    with pytest.raises(CudaError, match="multiple of 8"):
-        tc16n.stage_plan(ConvProblem(2, 12, 5, 5, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f2"), 2, 12, 25)
+@pytest.mark.parametrize("case", [((2, 16, 9, 8), (2, 2)), ((1, 72, 15, 15), (3, 2))], ids=str)
+def test_emulated_subsampled_staging_takes_the_strided_pixels(case, monkeypatch):
+    """A 1x1 convolution at stride 2 or 3 without padding stages only the pixels it reads."""
+    monkeypatch.setattr(tc16n.backend, "kernel", lambda path, name, dtype: name)
+    (num, c, h, w_), stride = case
+    prob = ConvProblem(num, c, h, w_, 8, 1, (1, 1), (0, 0), stride, (1, 1), "<f2")
+    assert tc16n.subsampled(prob)
+    stage = tc16n.input_stage(prob)
+    (ho, wo) = prob.out_hw
+    assert stage.tail == (c, ho * wo, wo, h * w_, w_, *stride)
+    assert tc16n.staged_counts(prob, "forward")[0] == num * c * ho * wo
+    src = np.random.default_rng(7).standard_normal((num, c, h, w_))
+    got = emulate_to_nhwc(src.ravel(), stage.grid, *stage.tail)
+    np.testing.assert_array_equal(got, stage_nhwc(staged_input(prob, src), c))
+    assert not tc16n.subsampled(ConvProblem(num, c, h, w_, 8, 1, (1, 1), (1, 1), stride, (1, 1), "<f2"))  # padded
+    assert not tc16n.subsampled(ConvProblem(num, 3, h, w_, 8, 1, (1, 1), (0, 0), stride, (1, 1), "<f2"))  # narrow
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 49), (1, 12, 30), (3, 1, 5)], ids=str)
+def test_emulated_narrow_staging_pads_the_channels(shape, monkeypatch):
+    """t16n_to_nhwc_narrow from its index arithmetic: every (image, 8-channel group, pixel) once,
+    zeros past C, 16-byte aligned stores."""
+    monkeypatch.setattr(tc16n.backend, "kernel", lambda path, name, dtype: name)
+    num, c, plane = shape
+    stage = tc16n.stage_plan(ConvProblem(num, c, plane, 1, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f2"), num, c, plane)
+    (count,), (channels, padded, plane_) = stage.head, stage.tail
+    assert stage.kernel == "t16n_to_nhwc_narrow" and (channels, plane_) == (c, plane) and padded % 8 == 0
+    assert stage.grid[0] * THREADS >= count == num * plane * padded // 8
+    src = np.random.default_rng(5).standard_normal(shape).ravel()
+    dst = np.full(num * plane * padded, np.nan)
+    for i in range(count):
+        p, rest = i % plane, i // plane
+        g, n = rest % (padded // 8), rest // (padded // 8)
+        at = (n * plane + p) * padded + 8 * g
+        assert at % 8 == 0 and np.all(np.isnan(dst[at:at + 8]))
+        dst[at:at + 8] = [src[(n * c + 8 * g + j) * plane + p] if 8 * g + j < c else 0.0 for j in range(8)]
+    np.testing.assert_array_equal(dst, stage_nhwc(src.reshape(num, c, plane, 1), padded))
+
+
+def test_nhwc_staging_refuses_too_many_images():
+    with pytest.raises(CudaError, match="images"):
+        tc16n.stage_plan(ConvProblem(2, 16, 5, 5, 8, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f2"), 1 << 20, 16, 25)
 
 
 def test_vectorised_stores_only_for_dense_outputs():
