@@ -23,6 +23,7 @@ path: BVLC's per-axis ``kernel_size``/``pad``/``stride``/``dilation`` (one value
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,12 +297,15 @@ class ConvolutionBase(Layer):
                        f"{'x'.join(map(str, out))} outputs)",
                    self.host_workspace_bytes // self.dtype.itemsize, self.dtype.itemsize)
 
-    def engines(self, passes: tuple[str, ...] = conv_engines.PASSES) -> tuple[ConvProblem, conv_engines.Choice]:
+    def engines(self, passes: tuple[str, ...] = conv_engines.PASSES,
+                operands: Callable[[], dict[str, int]] | None = None) -> tuple[ConvProblem, conv_engines.Choice]:
         """:attr:`problem` and the engine per pass for it: autotuned once per shape and pass (cached
         across layers; only ``passes``, the engine passes this layer's call runs, so a net that never
         runs backward tunes no backward pass), narrowed by the ``engine`` field (DEFAULT/CAFFE/CUDNN:
-        any engine; pycaffe-lite's values force theirs). Raises an error naming the layer and its
-        geometry when the forced engine cannot run it (checked before any GPU work)."""
+        any engine; pycaffe-lite's values force theirs). ``operands`` (called only when choosing):
+        the device pointers the autotune may time on (:meth:`autotune_operands`), else it times on
+        workspace buffers. Raises an error naming the layer and its geometry when the forced engine
+        cannot run it (checked before any GPU work)."""
         prob = self.problem
         assert prob is not None, "reshape() builds the problem before any engine is chosen"
         if (self._choice is None or self._choice_tf32 != common.tf32_allowed()  # TF32 changes the engines
@@ -316,8 +320,17 @@ class ConvolutionBase(Layer):
                     f"engine {engine} needs {conv_engines.ENGINES[candidates[0]].requirement}; this layer has "
                     f"kernel {g.kernel}, stride {g.stride}, dilation {g.dilation}, group {self.group}, pad {g.pad}, "
                     f"batch {prob.num} (bottom {self.bottom_shape}, top {self.top_shape})")
-            self._choice = conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates, passes)
+            self._choice = conv_engines.choose(prob, self.bias_term and self.engines_add_bias, candidates, passes,
+                                               operands=operands() if operands else None)
         return prob, self._choice
+
+    def autotune_operands(self, bottom: Sequence[Blob], top: Sequence[Blob],
+                          down: bool | None = None) -> dict[str, int]:
+        """The engine operands (:func:`conv.engines.choose`'s ``operands``) of the first bottom/top
+        pair that the autotune may time on, for this layer's forward (``down`` None) or its backward
+        (``down``: whether that bottom's diff is written). Outputs are named only where the call
+        that tunes assigns them right after, and never ``dw``/``db`` (accumulated)."""
+        raise NotImplementedError
 
     def engine_candidates(self, engine: str, prob: ConvProblem) -> tuple[str, ...]:
         """The engines the autotune may pick for the ``engine`` field's value."""
@@ -343,7 +356,8 @@ class ConvolutionBase(Layer):
             for i, (b, t) in enumerate(zip(bottom, top)):
                 self.backward_gpu_nd(w, dw, db, t.gpu_diff(), b, propagate_down[i])
             return
-        prob, choice = self.engines(self.backward_passes)
+        prob, choice = self.engines(self.backward_passes,
+                                    lambda: self.autotune_operands(bottom, top, propagate_down[0]))
         w = self.blobs[0].gpu_data()
         dw, db = self._param_diffs(gpu=True)
         for i, (b, t) in enumerate(zip(bottom, top)):
@@ -362,7 +376,8 @@ class ConvolutionBase(Layer):
         dy, mask = t.mutable_gpu_diff(), t.gpu_data()
         dw, db = self._param_diffs(gpu=True)
         gm.relu_backward_channel_sum(n, c, t.count // max(n * c, 1), dy, mask, dy, db, self.dtype)
-        prob, choice = self.engines(self.backward_passes)
+        prob, choice = self.engines(self.backward_passes,
+                                    lambda: self.autotune_operands(bottom, top, propagate_down[0]))
         self.backward_gpu_pair(prob, choice, self.blobs[0].gpu_data(), dw, None, dy, bottom[0], propagate_down[0])
 
     def backward_gpu_pair(self, prob: ConvProblem, choice: conv_engines.Choice, w: int, dw: int | None,
@@ -479,11 +494,26 @@ class ConvolutionLayer(ConvolutionBase):
     def forward_gpu(self, bottom, top, relu: bool = False):
         if self.nd:
             return self._forward_gpu_nd(bottom, top, relu)
-        prob, choice = self.engines(self.forward_passes)
+        prob, choice = self.engines(self.forward_passes, lambda: self.autotune_operands(bottom, top))
         w = self.blobs[0].gpu_data()
         bias = self.blobs[1].gpu_data() if self.bias_term else None
         for b, t in zip(bottom, top):
             conv_engines.run(prob, choice, "forward", b.gpu_data(), w, bias, t.mutable_gpu_data(), relu=relu)
+
+    def autotune_operands(self, bottom, top, down=None):
+        """Forward: ``x`` (bottom data), ``w``, ``b`` and ``y`` (top data, which the forward then
+        assigns). Backward: ``x``, ``w``, ``dy`` (top diff) and, where ``down``, ``dx`` (bottom diff,
+        which the data gradient then assigns)."""
+        ops = {"x": bottom[0].gpu_data(), "w": self.blobs[0].gpu_data()}
+        if down is None:
+            if self.bias_term:
+                ops["b"] = self.blobs[1].gpu_data()
+            ops["y"] = top[0].mutable_gpu_data()
+            return ops
+        ops["dy"] = top[0].gpu_diff()
+        if down:
+            ops["dx"] = bottom[0].mutable_gpu_diff()
+        return ops
 
     def _forward_gpu_nd(self, bottom, top, relu: bool) -> None:
         if not self.gpu_nd():  # more spatial axes than the kernels take: the CPU code on host copies

@@ -134,7 +134,7 @@ class DeconvolutionLayer(ConvolutionBase):
     def forward_gpu(self, bottom, top):
         if self.nd:
             return self._forward_gpu_nd(bottom, top)
-        prob, choice = self.engines(self.forward_passes)
+        prob, choice = self.engines(self.forward_passes, lambda: self.autotune_operands(bottom, top))
         w = self.blobs[0].gpu_data()
         for b, t in zip(bottom, top):
             y = t.mutable_gpu_data()
@@ -142,6 +142,20 @@ class DeconvolutionLayer(ConvolutionBase):
             if self.bias_term:
                 gm.add_channel_bias(self.num, self.num_output, self.out_hw[0] * self.out_hw[1],
                                     self.blobs[1].gpu_data(), y, self.dtype)
+
+    def autotune_operands(self, bottom, top, down=None):
+        """In the transposed convolution's roles. Forward (its data gradient): ``w``, ``dy`` (bottom
+        data) and ``dx`` (top data, which the forward then assigns). Backward (its weight gradient
+        and forward): ``x`` (top diff), ``dy`` (bottom data), ``w`` and, where ``down``, ``y`` (bottom
+        diff, which the forward pass then assigns). The bias is this layer's own: no engine operand."""
+        ops = {"w": self.blobs[0].gpu_data(), "dy": bottom[0].gpu_data()}
+        if down is None:
+            ops["dx"] = top[0].mutable_gpu_data()
+            return ops
+        ops["x"] = top[0].gpu_diff()
+        if down:
+            ops["y"] = bottom[0].mutable_gpu_diff()
+        return ops
 
     def backward_gpu_pair(self, prob, choice, w, dw, db, dy, b, down):
         if db is not None:

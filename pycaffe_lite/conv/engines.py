@@ -6,8 +6,9 @@ whole minibatch, groups in the same calls. Their scratch (column buffers, Winogr
 implicit-GEMM partial sums) comes from the process-wide :func:`backend.workspace`, one call per pass
 (:func:`run`), so all convolution layers share one buffer sized to the largest need.
 
-:func:`choose` times every engine that supports a :class:`ConvProblem` on workspace buffers, for
-each pass separately, and caches the fastest per shape (cuDNN's "find" step). The layer's
+:func:`choose` times every engine that supports a :class:`ConvProblem`, for each pass separately, and
+caches the fastest per shape (cuDNN's "find" step); it times on the calling layer's own blobs where
+given (``operands``), else on workspace buffers. The layer's
 ``engine`` field narrows the candidates (:func:`field_candidates`, :data:`ENGINE_CANDIDATES`):
 DEFAULT, CAFFE and CUDNN allow every engine; pycaffe-lite's own values force one. The choices can be
 kept in a file (:mod:`.autotune_file`): :func:`save_cache` / :func:`load_cache`
@@ -26,7 +27,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from ..config import config
@@ -219,11 +220,15 @@ def _graph_of(fn: Callable[[], None]) -> cuda_graph.CudaGraph | None:
     return recording.graph
 
 
-def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...], passes: tuple[str, ...] = PASSES) -> Choice:
+def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...], passes: tuple[str, ...] = PASSES,
+           *, operands: Mapping[str, int] | None = None) -> Choice:
     """The fastest supporting engine per pass among ``candidates`` (cached per shape; loaded from
     and saved to the autotune file of :func:`cache_file` when one is set). Only ``passes`` are tuned
     if not cached yet (a net that never runs backward tunes its forward alone); the others keep ""
-    until a later call asks for them."""
+    until a later call asks for them. ``operands``: the caller's device pointers the timing may use
+    instead of workspace buffers (:func:`_tune`): inputs the passes read (``x``, ``w``, ``b``,
+    ``dy``: never written), and outputs (``y``, ``dx``) only where the caller's pass assigns them
+    whole next, before anything reads them."""
     names = tuple(n for n in candidates if ENGINES[n].supports(prob))
     if not names:
         raise ValueError(f"no convolution engine among {candidates} supports {prob}")
@@ -241,16 +246,16 @@ def choose(prob: ConvProblem, has_bias: bool, candidates: tuple[str, ...], passe
     else:
         missing = tuple(p for p in PASSES if p in passes and (choice is None or not getattr(choice, p)))
         if missing:
-            new = _tune(prob, has_bias, names, missing)
+            new = _tune(prob, has_bias, names, missing, operands)
             old = choice or Choice("", "", "")
             fwd, bwd_data, bwd_weight = (getattr(new, p) or getattr(old, p) for p in PASSES)
             choice = Choice(fwd, bwd_data, bwd_weight, old.timings + new.timings)
             tuned = True
         assert choice is not None  # every pass was cached
         # Keep room for the largest forward scratch chosen so far, so later forwards do not grow
-        # the workspace (and re-key graphs); the tuning operands were full-size tensors: give them
-        # back. Backward passes grow it when they first run (a net's first, uncaptured iteration),
-        # so nets that never run backward (deploy) hold no backward scratch.
+        # the workspace (and re-key graphs); give back what tuning carved (operands the caller did
+        # not give, engine scratch). Backward passes grow it when they first run (a net's first,
+        # uncaptured iteration), so nets that never run backward (deploy) hold no backward scratch.
         global _scratch_peak
         if choice.forward:
             sizes = ENGINES[choice.forward].scratch(prob, "forward", has_bias)
@@ -307,27 +312,72 @@ def run_backward(prob: ConvProblem, choice: Choice, x: int, w: int, dy: int, dw:
         run(prob, choice, "backward_data", w, dy, dx)
 
 
-def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...], passes: tuple[str, ...] = PASSES) -> Choice:
-    """Time every engine on each of ``passes``, on operands carved from the shared workspace; the
-    other passes are left "" in the result."""
-    isz, dt = prob.itemsize, prob.np_dtype
+_OPERANDS = ("x", "dx", "y", "dy", "w", "dw", "b", "db")  # the autotune's operands, in workspace order
+_PASS_OPERANDS = {"forward": ("x", "w", "b", "y"), "backward_data": ("w", "dy", "dx"),
+                 "backward_weight": ("x", "dy", "dw", "db")}
+_GIVEN_INPUTS = frozenset({"x", "w", "b", "dy"})  # read by every pass that takes them
+_GIVEN_OUTPUTS = frozenset({"y", "dx"})  # assigned whole by their pass
+
+
+def _operand_bytes(prob: ConvProblem) -> dict[str, int]:
+    isz = prob.itemsize
     counts = (prob.num * prob.channels * prob.in_plane, prob.num * prob.num_output * prob.out_plane,
               prob.num_output * prob.kg, prob.num_output)
-    operands = tuple(c * isz for c in counts for _ in range(2))  # x, dx, y, dy, w, dw, b, db
+    return dict(zip(_OPERANDS, (c * isz for c in counts for _ in range(2))))
+
+
+def _given(operands: Mapping[str, int], nbytes: dict[str, int]) -> dict[str, int]:
+    """The caller's ``operands`` the timing may use: every input; an output (written by the
+    timing) only when its bytes overlap none of the other operands given (an in-place layer, shared
+    storage). The weight pass accumulates into ``dw``/``db``: they are never taken."""
+    unknown = set(operands) - _GIVEN_INPUTS - _GIVEN_OUTPUTS
+    if unknown:
+        raise ValueError(f"autotune operands {sorted(unknown)}: only {sorted(_GIVEN_INPUTS | _GIVEN_OUTPUTS)} "
+                         f"may be given (the weight pass accumulates into dw and db)")
+    given = {n: int(p) for n, p in operands.items() if p is not None}
+
+    def overlaps(a: str, b: str) -> bool:
+        return given[a] < given[b] + nbytes[b] and given[b] < given[a] + nbytes[a]
+
+    return {n: p for n, p in given.items()
+            if n in _GIVEN_INPUTS or not any(overlaps(n, m) for m in given if m != n)}
+
+
+def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...], passes: tuple[str, ...] = PASSES,
+          operands: Mapping[str, int] | None = None) -> Choice:
+    """Time every engine on each of ``passes``; the other passes are left "" in the result. Without
+    ``operands`` all eight operands are carved from the shared workspace; with them, the passes'
+    operands that :func:`_given` takes are the caller's (their contents are timed as they are) and
+    only the rest are carved (``dw`` and ``db`` always)."""
+    nbytes = _operand_bytes(prob)
+    if operands is None:
+        given: dict[str, int] = {}
+        carved: tuple[str, ...] = _OPERANDS
+    else:
+        given = _given(operands, nbytes)
+        needed = {n for p in passes for n in _PASS_OPERANDS[p] if has_bias or n not in ("b", "db")}
+        carved = tuple(n for n in _OPERANDS if n in needed and n not in given)
+    reserved = tuple(nbytes[n] for n in carved)
     for pass_ in passes:  # grow the workspace to the largest need first, so the operands stay put
         for name in (n for n in names if pass_ in ENGINES[n].passes):
-            backend.workspace(*operands, *ENGINES[name].scratch(prob, pass_, has_bias))
-    x, dx, y, dy, w, dw, b, db = backend.workspace(*operands)
-    for ptr, count, value in ((x, counts[0], 0.5), (dy, counts[1], 0.5), (w, counts[2], 0.5), (b, counts[3], 0.5),
-                              (dw, counts[2], 0.0), (db, counts[3], 0.0)):  # the weight pass accumulates
-        gm.set(count, value, ptr, dt)
-    bias, dbias = (b, db) if has_bias else (None, None)
-    args = {"forward": (x, w, bias, y), "backward_data": (w, dy, dx), "backward_weight": (x, dy, dw, dbias)}
+            scratch = ENGINES[name].scratch(prob, pass_, has_bias)
+            if reserved or scratch:
+                backend.workspace(*reserved, *scratch)
+    ptr = dict(zip(carved, backend.workspace(*reserved))) if reserved else {}
+    dt = prob.np_dtype
+    for n, value in (("x", 0.5), ("dy", 0.5), ("w", 0.5), ("b", 0.5), ("dw", 0.0), ("db", 0.0)):
+        if n in ptr:  # the weight pass accumulates into dw, db
+            gm.set(nbytes[n] // prob.itemsize, value, ptr[n], dt)
+    ptr.update(given)
+    bias, dbias = (ptr.get("b"), ptr.get("db")) if has_bias else (None, None)  # those of the passes tuned
+    args = {"forward": lambda: (ptr["x"], ptr["w"], bias, ptr["y"]),
+            "backward_data": lambda: (ptr["w"], ptr["dy"], ptr["dx"]),
+            "backward_weight": lambda: (ptr["x"], ptr["dy"], ptr["dw"], dbias)}
     timings = []
     best: dict[str, tuple[float, str]] = {}
     for pass_ in passes:
         for name in (n for n in names if pass_ in ENGINES[n].passes):
-            ms = _time(functools.partial(_call, ENGINES[name], prob, pass_, args[pass_], operands))
+            ms = _time(functools.partial(_call, ENGINES[name], prob, pass_, args[pass_](), reserved))
             timings.append((pass_, name, ms))
             if pass_ not in best or ms < best[pass_][0]:
                 best[pass_] = (ms, name)

@@ -61,7 +61,7 @@ def _autotune_inputs(tmp_path, name: str, text: str, monkeypatch) -> dict[str, t
     asked: dict[str, tuple] = {}
     current = {"layer": ""}
 
-    def record(prob, has_bias, candidates, passes=conv_engines.PASSES):
+    def record(prob, has_bias, candidates, passes=conv_engines.PASSES, *, operands=None):
         asked[current["layer"]] = (prob, has_bias, candidates)
         return conv_engines.Choice("gemm", "gemm", "gemm")
 
