@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CudaError
-from ..gpu import backend
+from ..gpu import backend, blas
 from . import tensorcore16 as t16
 from . import tiling
 from .problem import ConvProblem, epilogue_flags
@@ -411,12 +411,58 @@ class TensorCore16NhwcEngine(TiledEngine):
     def backward_pair(self, prob, data_engine, x, w, dy, dw, db, dx):
         """With another NHWC engine for the data gradient (any tile) and M % 8 == 0: dy is staged
         once, for the weight gradient, and the data gradient's GEMMs read it there."""
-        if not (isinstance(data_engine, TensorCore16NhwcEngine) and own_weight_gradient(prob)
-                and own_data_gradient(prob)):
+        if not (isinstance(data_engine, TensorCore16NhwcEngine) and "backward_data" in data_engine.passes
+                and own_weight_gradient(prob) and own_data_gradient(prob)):
             return False
         weights = data_engine.scratch(prob, "backward_data", False)[1]  # (its staged dy is the weight pass's)
-        dy_h, x_h, part, wp = backend.workspace(*self.scratch(prob, "backward_weight", db is not None), weights)
-        self._weight_gradient(prob, x, dy, dw, db, dy_h, x_h, part)
-        run_pass(prob, "backward_data", data_engine.tile, dy, w, w, 0, dx, [dy_h, wp], restage=False,
+        *mine, wp = backend.workspace(*self.scratch(prob, "backward_weight", db is not None), weights)
+        self._weight_gradient(prob, x, dy, dw, db, *mine)
+        run_pass(prob, "backward_data", data_engine.tile, dy, w, w, 0, dx, [mine[0], wp], restage=False,
                  kernel_of=data_engine.kernel_of)
         return True
+
+
+def cublas_supports(prob: ConvProblem) -> bool:
+    """A 1x1 convolution tensorcore16-nhwc runs, at stride 1 without padding or :func:`subsampled`,
+    with C and M multiples of 8: its weight gradient is one GEMM of the staged operands."""
+    return (supports(prob) and prob.kernel == (1, 1) and prob.channels % CHANNEL_MULTIPLE == 0
+            and prob.num_output % CHANNEL_MULTIPLE == 0
+            and ((prob.stride == (1, 1) and prob.pad == (0, 0)) or subsampled(prob)))
+
+
+@register_engine("TENSOR_CORE_16", order=58, summary="the weight gradient of 1x1 fp16/bf16 convolutions as one "
+                 "cuBLAS GEMM (cublasGemmEx, fp32 accumulation) of dy and x staged NHWC: dw += dy^T . x over "
+                 "N*Ho*Wo; stride 1 without padding or subsampled, C and M multiples of 8")
+class TensorCore16NhwcCublasEngine(TensorCore16NhwcEngine):
+    """tensorcore16-nhwc's staging with the 1x1 weight gradient's contraction over every pixel done
+    by cuBLAS: ``dw (M, C) += dy_nhwc^T (M, T) . x_nhwc (T, C)``, T = N*Ho*Wo, one rounding (beta 1)."""
+
+    tiles = ("cublas",)  # one variant, named tensorcore16-nhwc-cublas (no tile of its own)
+    passes = ("backward_weight",)
+
+    def supports(self, prob):
+        return cublas_supports(prob)
+
+    def scratch(self, prob, pass_, has_bias):
+        """Bytes of the staged dy and x (no partial sums)."""
+        return tuple(n * prob.itemsize for n in staged_counts(prob, "backward_weight"))
+
+    def backward_weight(self, prob, x, dy, dw, db, ws):
+        """``dw += dL/dw`` (cuBLAS, deterministic on one device) and ``db += dL/db`` when given."""
+        if len(ws) < 2 or not all(ws[:2]):
+            raise CudaError("fp16/bf16 NHWC cuBLAS backward_weight: needs its two scratch regions (NHWC dy, "
+                            "NHWC input: TensorCore16NhwcCublasEngine.scratch)")
+        self._weight_gradient(prob, x, dy, dw, db, *ws[:2])
+
+    def _weight_gradient(self, prob, x, dy, dw, db, dy_h, x_h) -> None:  # type: ignore[override]
+        key = ("t16n", "cublas_weight")
+        stages = prob.cache.get(key)
+        if stages is None:
+            stages = prob.cache[key] = (stage_plan(prob, prob.num, prob.num_output, prob.out_plane), input_stage(prob))
+        nonnull(x, dy, dw)
+        stages[0](dy, dy_h)
+        stages[1](x, x_h)
+        blas.gemm(True, False, prob.num_output, prob.channels, prob.num * prob.out_plane, 1.0, dy_h, x_h, 1.0, dw,
+                  prob.np_dtype)
+        if db is not None:
+            bias_backward(prob, dy, db)

@@ -339,6 +339,9 @@ def test_tensorcore16_nhwc_backward_pair_equals_the_passes_in_turn(shape, fmt):
     pairs = [(tc16n.TILES[0], f"nhwc-{tc16n.TILES[0]}"), (tc16n.TILES[1], f"nhwc-{tc16n.TILES[3]}"),
              (tc16n.TILES[3], tc16.TILES[0])]
     pairs += [(tc16n.TILES[i % 2], n.removeprefix("tensorcore16-")) for i, n in enumerate(_wgmma_names())]
+    if tc16n.cublas_supports(prob):  # the 1x1 weight gradient on cuBLAS hands its staged dy over too
+        pairs += [("cublas", f"nhwc-{tc16n.TILES[0]}")] + [("cublas", n.removeprefix("tensorcore16-"))
+                                                            for n in _wgmma_names()[:1]]
     for weight_tile, data_tile in pairs:
         data_name = f"tensorcore16-{data_tile}"
         choice = conv_engines.Choice("", data_name, f"tensorcore16-nhwc-{weight_tile}", ())

@@ -74,6 +74,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(backend, "memset_zero", lambda ptr, nbytes: log.append(("memset_zero", ptr, nbytes)))
     monkeypatch.setattr(blas, "gemm_strided_batched", lambda *a: log.append(("gemm_strided_batched", a)))
     monkeypatch.setattr(blas, "gemv", lambda *a: log.append(("gemv", a)))
+    monkeypatch.setattr(blas, "gemm", lambda *a: log.append(("gemm", a)))
     monkeypatch.setattr(blas, "tf32_allowed", lambda: True)  # the tensor-core engines too
     monkeypatch.setattr(gm, "channel_sum", lambda *a, **k: log.append(("channel_sum", a)))
     monkeypatch.setattr(gm, "add_channel_bias", lambda *a: log.append(("add_channel_bias", a)))
@@ -96,6 +97,11 @@ PROBLEMS = [  # channel-sliced and gathering tensor-core paths, dilation, depthw
     # the NHWC-staged engines at stride 2 (a data gradient of four phases) and with M % 8 != 0 (delegated)
     ConvProblem(2, 16, 9, 8, 24, 1, (3, 3), (1, 1), (2, 2), (1, 1), "<u2"),
     ConvProblem(3, 32, 7, 7, 20, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f2"),
+    # 1x1 with M % 8 == 0: tensorcore16-nhwc-cublas's weight gradient; at stride 2, subsampled staging
+    ConvProblem(3, 32, 7, 7, 24, 1, (1, 1), (0, 0), (1, 1), (1, 1), "<f2"),
+    ConvProblem(2, 16, 9, 9, 40, 1, (1, 1), (0, 0), (2, 2), (1, 1), "<u2"),
+    # an RGB stem: the input staged with its channels padded to 8
+    ConvProblem(2, 3, 17, 17, 16, 1, (7, 7), (3, 3), (2, 2), (1, 1), "<f2"),
 ]
 
 
@@ -130,6 +136,15 @@ def test_every_engine_launches_what_its_kernels_declare(launches, prob):
         assert any(str(entry[0]).startswith("t16n_conv_") for entry in launches)
         assert {f"tensorcore16-wgmma-{t}" for t in ("128x256", "64x128")} <= ran  # on the fake 9.0 device
         assert any(str(entry[0]).startswith("t16w_conv_") for entry in launches)
+    if prob.dtype in ("<f2", "<u2") and prob.group == 1 and prob.dilation == (1, 1):  # any C: padded staging
+        assert "tensorcore16-nhwc-64x64" in ran
+        if prob.channels % 8:
+            assert any(str(entry[0]) == "t16n_to_nhwc_narrow" for entry in launches)
+    if prob.dtype in ("<f2", "<u2") and prob.kernel == (1, 1) and prob.channels % 8 == 0 and prob.num_output % 8 == 0:
+        assert "tensorcore16-nhwc-cublas" in ran
+        gemms = [entry[1] for entry in launches if entry[0] == "gemm"]
+        t = prob.num * prob.out_plane
+        assert (True, False, prob.num_output, prob.channels, t, 1.0) in [g[:6] for g in gemms]  # dw += dy^T x
 
 
 def test_nhwc_data_gradient_launches_one_gemm_per_stride_phase(launches):
