@@ -145,3 +145,27 @@ def interp_tiling(request, monkeypatch):
     for name, value in INTERP_TILINGS[request.param].items():
         monkeypatch.setattr(module, name, value)
     return module
+
+
+class _FakeHopper:
+    """A stand-in for ``backend.state()``: device 0, compute capability 9.0 (tests of host code)."""
+
+    device_id = 0
+
+    class device:  # noqa: N801 (the attribute pycuda's state has)
+        @staticmethod
+        def compute_capability():
+            return (9, 0)
+
+        @staticmethod
+        def name():
+            return "fake"
+
+
+@pytest.fixture
+def fake_hopper(monkeypatch):
+    """``backend.state()`` answers a fake compute capability 9.0 device (no GPU needed)."""
+    from pycaffe_lite.gpu import backend
+
+    monkeypatch.setattr(backend, "state", lambda: _FakeHopper)
+    return _FakeHopper

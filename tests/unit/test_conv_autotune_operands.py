@@ -76,27 +76,13 @@ class Fakes:
         self.writes.append((ptr, count * np.dtype(dtype).itemsize))
 
 
-class FakeDevice:
-    device_id = 0
-
-    class device:  # noqa: N801 (the attribute pycuda's state has)
-        @staticmethod
-        def compute_capability():
-            return (9, 0)
-
-        @staticmethod
-        def name():
-            return "fake"
-
-
 @pytest.fixture
-def fakes(monkeypatch):
+def fakes(monkeypatch, fake_hopper):
     f = Fakes()
     monkeypatch.setattr(conv_engines, "ENGINES", {n: FakeEngine(n, f.log, f.writes) for n in ("one", "two")})
     monkeypatch.setattr(backend, "workspace", f.carve)
     monkeypatch.setattr(backend, "release_workspace", lambda slot="main": f.workspace.append(("released",)))
     monkeypatch.setattr(backend, "synchronize", lambda: None)
-    monkeypatch.setattr(backend, "state", lambda: FakeDevice)
     monkeypatch.setattr(blas, "tf32_allowed", lambda: False)
     monkeypatch.setattr(gm, "set", f.fill)
     monkeypatch.setattr(conv_engines, "_choices", {})

@@ -46,24 +46,10 @@ class FakeKernel:
         pass
 
 
-class FakeDevice:
-    device_id = 0
-
-    class device:  # noqa: N801 (the attribute pycuda's state has)
-        @staticmethod
-        def compute_capability():
-            return (9, 0)
-
-        @staticmethod
-        def name():
-            return "fake"
-
-
 @pytest.fixture
-def launches(monkeypatch):
+def launches(monkeypatch, fake_hopper):
     log: list = []
     monkeypatch.setattr(backend, "kernel", lambda path, name, dtype, arch=None: FakeKernel(log, path, name))
-    monkeypatch.setattr(backend, "state", lambda: FakeDevice)
     monkeypatch.setattr(backend, "multiprocessor_count", lambda: 132)
     tables: dict = {}  # fake device tables stay out of the real cache
     monkeypatch.setattr(backend, "device_cache", lambda name: tables)
