@@ -69,6 +69,47 @@ __global__ void col2im_batch(const int count, const Dtype* data_col, const int n
   }
 }
 
+// col2im_batch without dilation, threads laid out by stride phase: index -> (n, c, ph, pw, hq, wq),
+// pixel (h, w) = (ph + stride_h*hq, pw + stride_w*wq) over phase planes of ceil(H/sh) x ceil(W/sw)
+// (positions past the image do nothing; count = num*C*sh*sw*ceil(H/sh)*ceil(W/sw)). Within a phase
+// every thread reads the same taps, i = (ph + pad_h) % sh + sh*u (and likewise j), at output rows
+// and columns that step down by one per tap: no per-tap divisibility tests, and a warp's consecutive
+// wq read consecutive columns of a column-buffer row (coalesced) where col2im_batch leaves stride-1
+// lanes of every stride idle per tap.
+__global__ void col2im_batch_phased(const int count, const Dtype* data_col, const int num, const int channels,
+                                    const int height, const int width, const int kernel_h, const int kernel_w,
+                                    const int pad_h, const int pad_w, const int stride_h, const int stride_w,
+                                    const int height_col, const int width_col, Dtype* data_im) {
+  const int spatial_col = height_col * width_col;
+  const int row_stride = num * spatial_col;
+  const int hq_n = (height + stride_h - 1) / stride_h, wq_n = (width + stride_w - 1) / stride_w;
+  CUDA_KERNEL_LOOP(index, count) {
+    const int wq = index % wq_n;
+    int rest = index / wq_n;
+    const int hq = rest % hq_n;
+    rest /= hq_n;
+    const int pw = rest % stride_w;
+    rest /= stride_w;
+    const int ph = rest % stride_h;
+    rest /= stride_h;
+    const int c = rest % channels, n = rest / channels;
+    const int h = ph + stride_h * hq, w = pw + stride_w * wq;
+    if (h >= height || w >= width) continue;
+    const int i0 = (ph + pad_h) % stride_h, j0 = (pw + pad_w) % stride_w;
+    const int y0 = hq + (ph + pad_h - i0) / stride_h, x0 = wq + (pw + pad_w - j0) / stride_w;
+    const Dtype* col = data_col + (long long)n * spatial_col;
+    Mtype sum = 0;
+    for (int i = i0, y = y0; i < kernel_h; i += stride_h, --y) {
+      if ((unsigned)y >= (unsigned)height_col) continue;
+      for (int j = j0, x = x0; j < kernel_w; j += stride_w, --x) {
+        if ((unsigned)x >= (unsigned)width_col) continue;
+        sum += to_m(col[(long long)((c * kernel_h + i) * kernel_w + j) * row_stride + y * width_col + x]);
+      }
+    }
+    data_im[((long long)(n * channels + c) * height + h) * width + w] = from_m(sum);
+  }
+}
+
 // Raw<BYTES>::T: a BYTES-wide plain type, for moving BYTES / sizeof(Dtype) values in one load or store.
 extern "C++" {
 template <int BYTES> struct Raw;

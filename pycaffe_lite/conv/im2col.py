@@ -46,6 +46,12 @@ def col2im(data_col: int, num: int, channels: int, image_hw: Pair, kernel: Pair,
     """Assign to ``data_im`` (num, C, H, W) the sums of the column entries (C*kh*kw, num, Ho*Wo) that
     read each pixel (the adjoint of :func:`im2col`)."""
     geo = _geometry(num, channels, image_hw, kernel, pad, stride, dilation)
+    if dilation == (1, 1):  # threads by stride phase (col2im_batch_phased)
+        n = num * channels * stride[0] * stride[1] * -(-image_hw[0] // stride[0]) * -(-image_hw[1] // stride[1])
+        if n > backend.INT32_MAX:
+            raise CudaError(f"col2im: {n} phase positions exceed int32 indexing; use smaller batches")
+        backend.kernel(KERNELS, "col2im_batch_phased", dtype)(n, data_col, *geo[:10], *geo[12:], data_im)
+        return
     n = num * channels * image_hw[0] * image_hw[1]
     backend.kernel(KERNELS, "col2im_batch", dtype)(n, data_col, *geo, data_im)
 

@@ -26,6 +26,8 @@ GEOMETRIES = [  # (N, C, H, W), kernel, pad, stride, dilation
     ((2, 2, 7, 6), (3, 2), (1, 0), (2, 3), (2, 1)),
     ((3, 2, 1, 1), (2, 2), (0, 0), (2, 2), (1, 1)),   # (1 - 2) / 2 + 1 = 1: overhang
     ((2, 3, 2, 5), (3, 3), (0, 1), (2, 3), (1, 1)),   # rows (2 - 3) / 2 + 1 = 1: overhang
+    ((2, 3, 11, 10), (7, 7), (3, 3), (2, 2), (1, 1)),  # an RGB stem: four phases of 16, 12, 12 and 9 taps
+    ((1, 2, 9, 8), (5, 3), (2, 0), (3, 2), (1, 1)),   # mixed strides, ragged phase planes
 ]
 
 
@@ -69,6 +71,7 @@ def test_im2col_and_col2im_kernels_match_the_cpu(host_device, shape, kernel, pad
     gpu_im2col.col2im(ptr(dcol), n, c, (h, w), kernel, pad, stride, dilation, ptr(dx), np.float64)
     ref = cpu_nd.col2im(np.ascontiguousarray(dcol.transpose(1, 0, 2)), shape, kernel, pad, stride, dilation)
     np.testing.assert_allclose(dx, ref, rtol=1e-12, atol=1e-12)
+    assert host_device[-1][0] == ("col2im_batch_phased" if dilation == (1, 1) else "col2im_batch")
 
 
 def _random(shape, dtype, seed: int) -> np.ndarray:
