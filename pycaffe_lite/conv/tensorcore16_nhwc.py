@@ -435,7 +435,8 @@ def cublas_supports(prob: ConvProblem) -> bool:
                  "N*Ho*Wo; stride 1 without padding or subsampled, C and M multiples of 8")
 class TensorCore16NhwcCublasEngine(TensorCore16NhwcEngine):
     """tensorcore16-nhwc's staging with the 1x1 weight gradient's contraction over every pixel done
-    by cuBLAS: ``dw (M, C) += dy_nhwc^T (M, T) . x_nhwc (T, C)``, T = N*Ho*Wo, one rounding (beta 1)."""
+    by cuBLAS: ``g (M, C) = dy_nhwc^T (M, T) . x_nhwc (T, C)`` in fp32 (T = N*Ho*Wo), then
+    ``t16_reduce_weight`` adds it onto dw with one rounding."""
 
     tiles = ("cublas",)  # one variant, named tensorcore16-nhwc-cublas (no tile of its own)
     passes = ("backward_weight",)
@@ -444,25 +445,22 @@ class TensorCore16NhwcCublasEngine(TensorCore16NhwcEngine):
         return cublas_supports(prob)
 
     def scratch(self, prob, pass_, has_bias):
-        """Bytes of the staged dy and x (no partial sums)."""
-        return tuple(n * prob.itemsize for n in staged_counts(prob, "backward_weight"))
+        """Bytes of the staged dy and x, and of the fp32 gradient (M x C)."""
+        return (*(n * prob.itemsize for n in staged_counts(prob, "backward_weight")),
+                prob.num_output * prob.kg * t16.PARTIAL_ITEMSIZE)
 
-    def backward_weight(self, prob, x, dy, dw, db, ws):
-        """``dw += dL/dw`` (cuBLAS, deterministic on one device) and ``db += dL/db`` when given."""
-        if len(ws) < 2 or not all(ws[:2]):
-            raise CudaError("fp16/bf16 NHWC cuBLAS backward_weight: needs its two scratch regions (NHWC dy, "
-                            "NHWC input: TensorCore16NhwcCublasEngine.scratch)")
-        self._weight_gradient(prob, x, dy, dw, db, *ws[:2])
-
-    def _weight_gradient(self, prob, x, dy, dw, db, dy_h, x_h) -> None:  # type: ignore[override]
+    def _weight_gradient(self, prob, x, dy, dw, db, dy_h, x_h, part) -> None:
         key = ("t16n", "cublas_weight")
-        stages = prob.cache.get(key)
-        if stages is None:
-            stages = prob.cache[key] = (stage_plan(prob, prob.num, prob.num_output, prob.out_plane), input_stage(prob))
+        have = prob.cache.get(key)
+        if have is None:
+            have = prob.cache[key] = (stage_plan(prob, prob.num, prob.num_output, prob.out_plane), input_stage(prob),
+                                      t16.reduce_plan(prob, 1, 0))
+        stage_dy, stage_x, reduce = have
         nonnull(x, dy, dw)
-        stages[0](dy, dy_h)
-        stages[1](x, x_h)
-        blas.gemm(True, False, prob.num_output, prob.channels, prob.num * prob.out_plane, 1.0, dy_h, x_h, 1.0, dw,
-                  prob.np_dtype)
+        stage_dy(dy, dy_h)
+        stage_x(x, x_h)
+        blas.gemm(True, False, prob.num_output, prob.channels, prob.num * prob.out_plane, 1.0, dy_h, x_h, 0.0, part,
+                  prob.np_dtype, c_float=True)
+        reduce.launch(prob, part, dw, None)
         if db is not None:
             bias_backward(prob, dy, db)

@@ -185,10 +185,12 @@ def _ptr(p: int, what: str) -> ctypes.c_void_p:
 
 def gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: int, b: int,
          beta: float, c: int, dtype, lda: int | None = None, ldb: int | None = None,
-         ldc: int | None = None) -> None:
+         ldc: int | None = None, c_float: bool = False) -> None:
     """Row-major ``C(m,n) = alpha·op(A)·op(B) + beta·C`` with ``op(A)`` (m,k) and ``op(B)`` (k,n).
 
     ``A`` is stored (m,k), or (k,m) when ``trans_a``; ``B`` (k,n), or (n,k) when ``trans_b``.
+    ``c_float`` (half ``dtype`` only): ``C`` is float32 (cuBLAS may split a long ``k`` and sum the
+    parts in C's type; a float32 C keeps every partial sum in fp32).
     """
     if m == 0 or n == 0:
         return
@@ -201,9 +203,11 @@ def gemm(trans_a: bool, trans_b: bool, m: int, n: int, k: int, alpha: float, a: 
         h.check(h.lib.cublasGemmEx(
             h.handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k,
             ctypes.byref(ctypes.c_float(alpha)), _ptr(b, "gemm B"), ht, ldb, _ptr(a, "gemm A"), ht, lda,
-            ctypes.byref(ctypes.c_float(beta)), _ptr(c, "gemm C"), ht, ldc, CUBLAS_COMPUTE_32F,
-            CUBLAS_GEMM_DEFAULT), "cublasGemmEx")
+            ctypes.byref(ctypes.c_float(beta)), _ptr(c, "gemm C"), CUDA_R_32F if c_float else ht, ldc,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), "cublasGemmEx")
         return
+    if c_float:
+        raise CudaError(f"gemm: a float32 C is for half A and B (cublasGemmEx), not {np.dtype(dtype)}")
     p, ct = _prefix(dtype)
     h.check(getattr(h.lib, f"cublas{p}gemm_v2")(
         h.handle, OP_T if trans_b else OP_N, OP_T if trans_a else OP_N, n, m, k,

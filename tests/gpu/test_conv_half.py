@@ -175,14 +175,13 @@ def test_every_half_engine_every_pass(shape, fmt):
 def test_tensorcore16_offered_for_half_only(fmt):
     names = conv_engines.ENGINE_CANDIDATES["TENSOR_CORE_16"]
     nhwc = {f"tensorcore16-nhwc-{t}" for t in tc16n.TILES} | WGMMA_NAMES
-    assert set(names) == {f"tensorcore16-{t}" for t in tc16.TILES} | nhwc
+    assert set(names) == {f"tensorcore16-{t}" for t in tc16.TILES} | nhwc | {"tensorcore16-nhwc-cublas"}
     if not _hopper():  # registered everywhere, offered on compute capability 9.0 only
         names = tuple(n for n in names if n not in WGMMA_NAMES)
-        nhwc -= WGMMA_NAMES
-    shape = SHAPES[0]  # C = 19: not for the NHWC engines (C % 8)
-    assert all(conv_engines.ENGINES[n].supports(ConvProblem(*shape, FORMATS[fmt][1])) == (n not in nhwc)
+    shape = SHAPES[0]  # C = 19 (staged padded to 24), 3x3: every engine but the 1x1 weight gradient's
+    assert all(conv_engines.ENGINES[n].supports(ConvProblem(*shape, FORMATS[fmt][1])) == (n != "tensorcore16-nhwc-cublas")
                for n in names)
-    shape = NHWC_SHAPES[0]
+    shape = NHWC_SHAPES[1]  # 1x1, C and M multiples of 8: all of them
     assert all(conv_engines.ENGINES[n].supports(ConvProblem(*shape, FORMATS[fmt][1])) for n in names)
     for other in ("<f4", "<f8"):
         assert not any(conv_engines.ENGINES[n].supports(ConvProblem(*shape, other)) for n in names)

@@ -12,6 +12,7 @@ import ctypes
 import numpy as np
 import pytest
 
+from pycaffe_lite.errors import CudaError
 from pycaffe_lite.gpu import blas
 
 DTYPES = [np.float16, np.uint16]
@@ -122,6 +123,18 @@ def test_gemm_row_major_adapter(fake, dtype, trans_a, trans_b):
     np.testing.assert_allclose(mem.view(pc)[:m * n].reshape(m, n), want, rtol=1e-12)
     code = blas.half_type(dtype)
     assert types == [(code, code, code)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemm_float_c_takes_a_float32_output_type(fake, dtype):
+    """c_float: A and B in the half type, C float32 (CUDA_R_32F); refused for float32/float64."""
+    mem, types = fake
+    a, b, c = np.ones((2, 3)), np.ones((3, 4)), np.zeros((2, 4))
+    blas.gemm(False, False, 2, 4, 3, 1.0, mem.put(a), mem.put(b), 0.0, mem.put(c), dtype, c_float=True)
+    code = blas.half_type(dtype)
+    assert types == [(code, code, blas.CUDA_R_32F)]
+    with pytest.raises(CudaError, match="float32 C"):
+        blas.gemm(False, False, 2, 4, 3, 1.0, 1 << 20, 1 << 20, 0.0, 1 << 20, np.float32, c_float=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

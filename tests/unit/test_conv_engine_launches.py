@@ -60,7 +60,7 @@ def launches(monkeypatch, fake_hopper):
     monkeypatch.setattr(backend, "memset_zero", lambda ptr, nbytes: log.append(("memset_zero", ptr, nbytes)))
     monkeypatch.setattr(blas, "gemm_strided_batched", lambda *a: log.append(("gemm_strided_batched", a)))
     monkeypatch.setattr(blas, "gemv", lambda *a: log.append(("gemv", a)))
-    monkeypatch.setattr(blas, "gemm", lambda *a: log.append(("gemm", a)))
+    monkeypatch.setattr(blas, "gemm", lambda *a, **k: log.append(("gemm", a, sorted(k.items()))))
     monkeypatch.setattr(blas, "tf32_allowed", lambda: True)  # the tensor-core engines too
     monkeypatch.setattr(gm, "channel_sum", lambda *a, **k: log.append(("channel_sum", a)))
     monkeypatch.setattr(gm, "add_channel_bias", lambda *a: log.append(("add_channel_bias", a)))
@@ -128,9 +128,10 @@ def test_every_engine_launches_what_its_kernels_declare(launches, prob):
             assert any(str(entry[0]) == "t16n_to_nhwc_narrow" for entry in launches)
     if prob.dtype in ("<f2", "<u2") and prob.kernel == (1, 1) and prob.channels % 8 == 0 and prob.num_output % 8 == 0:
         assert "tensorcore16-nhwc-cublas" in ran
-        gemms = [entry[1] for entry in launches if entry[0] == "gemm"]
-        t = prob.num * prob.out_plane
-        assert (True, False, prob.num_output, prob.channels, t, 1.0) in [g[:6] for g in gemms]  # dw += dy^T x
+        gemms = [(entry[1][:6], entry[2]) for entry in launches if entry[0] == "gemm"]
+        t = prob.num * prob.out_plane  # fp32 dy^T x, then added onto dw once
+        assert ((True, False, prob.num_output, prob.channels, t, 1.0), [("c_float", True)]) in gemms
+        assert any(str(entry[0]) == "t16_reduce_weight" for entry in launches)
 
 
 def test_nhwc_data_gradient_launches_one_gemm_per_stride_phase(launches):
