@@ -43,6 +43,10 @@ __all__ = ["ENGINES", "ENGINE_CANDIDATES", "PASSES", "Choice", "cache_file", "ca
 
 TUNE_REPS = 3
 TUNE_GRAPH_CALLS = 5  # graph replays per timed batch
+# A candidate whose first timed call takes more than LOSER_FACTOR times the pass's best so far, and
+# LOSER_MARGIN_MS more, is not timed further: it cannot win, and on large layers the slow engines'
+# repeated calls were most of the autotune's time (seconds for ResNet-50's stem at batch 256).
+LOSER_FACTOR, LOSER_MARGIN_MS = 2.0, 1.0
 log = logging.getLogger("pycaffe_lite")
 
 registry.load_engines()
@@ -180,9 +184,10 @@ def graph_timing() -> Iterator[None]:
         _timing = before
 
 
-def _time(fn: Callable[[], None]) -> float:
+def _time(fn: Callable[[], None], bound: float = float("inf")) -> float:
     """Milliseconds per call of ``fn``: device time of CUDA-graph replays of one call under
-    :func:`graph_timing`, else (or when the pass cannot be captured) wall time of plain calls."""
+    :func:`graph_timing`, else (or when the pass cannot be captured) wall time of plain calls. A
+    first timed call above ``bound`` ms is returned at once (a loser, see :data:`LOSER_FACTOR`)."""
     fn()  # compiles kernels, sizes buffers
     backend.synchronize()
     graph = _graph_of(fn) if _timing == "graph" else None
@@ -190,7 +195,13 @@ def _time(fn: Callable[[], None]) -> float:
         st = backend.state()
         start, stop = st.cuda.Event(), st.cuda.Event()
         graph.launch()
-        best = float("inf")
+        start.record(st.stream)
+        graph.launch()
+        stop.record(st.stream)
+        stop.synchronize()
+        best = stop.time_since(start)
+        if best > bound:
+            return best
         for _ in range(TUNE_REPS):
             start.record(st.stream)
             for _ in range(TUNE_GRAPH_CALLS):
@@ -205,6 +216,8 @@ def _time(fn: Callable[[], None]) -> float:
         fn()
         backend.synchronize()
         best = min(best, time.perf_counter() - start_s)
+        if best * 1e3 > bound:
+            break
     return best * 1e3
 
 
@@ -377,7 +390,8 @@ def _tune(prob: ConvProblem, has_bias: bool, names: tuple[str, ...], passes: tup
     best: dict[str, tuple[float, str]] = {}
     for pass_ in passes:
         for name in (n for n in names if pass_ in ENGINES[n].passes):
-            ms = _time(functools.partial(_call, ENGINES[name], prob, pass_, args[pass_](), reserved))
+            bound = best[pass_][0] * LOSER_FACTOR + LOSER_MARGIN_MS if pass_ in best else float("inf")
+            ms = _time(functools.partial(_call, ENGINES[name], prob, pass_, args[pass_](), reserved), bound)
             timings.append((pass_, name, ms))
             if pass_ not in best or ms < best[pass_][0]:
                 best[pass_] = (ms, name)

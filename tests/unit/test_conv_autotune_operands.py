@@ -249,3 +249,26 @@ def test_deconvolution_names_its_blobs_in_the_transposed_roles(pointers, down):
     forward = {"w": w, "dy": x_data, "dx": address(top[0].data_memory)}
     backward = {"w": w, "dy": x_data, "x": address(top[0].diff_memory)} | ({"y": x_diff} if down else {})
     assert chosen == [(("backward_data",), forward), (("backward_weight", "forward"), backward)]
+
+
+def test_a_clear_loser_is_timed_once(fakes, monkeypatch):
+    """A candidate whose first timed call exceeds LOSER_FACTOR x the pass's best (+ the margin) is
+    not timed again; the winner and a close second are timed TUNE_REPS times. The fake clock
+    advances by each engine's cost per call."""
+    cost = {"one": 1.0, "two": 1.5, "three": 10.0}  # ms: "two" is within the bound, "three" beyond
+    clock = [0.0]
+    engines = {n: FakeEngine(n, fakes.log, fakes.writes) for n in cost}
+    for n, e in engines.items():
+        fwd = e.forward
+
+        def timed(*a, _fwd=fwd, _n=n, **k):
+            clock[0] += cost[_n] / 1e3
+            _fwd(*a, **k)
+        e.forward = timed
+    monkeypatch.setattr(conv_engines, "ENGINES", engines)
+    monkeypatch.setattr(conv_engines.time, "perf_counter", lambda: clock[0])
+    choice = conv_engines._tune(PROB, True, tuple(cost), ("forward",))
+    calls = {n: sum(1 for c in fakes.log if c[1] == n) for n in cost}
+    assert calls == {"one": 1 + conv_engines.TUNE_REPS, "two": 1 + conv_engines.TUNE_REPS, "three": 2}
+    assert choice.forward == "one"
+    assert dict((n, ms) for _, n, ms in choice.timings)["three"] == pytest.approx(10.0)
