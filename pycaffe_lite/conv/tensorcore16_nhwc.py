@@ -56,10 +56,21 @@ def shared_bytes(tile: str) -> int:
     return 2 * max(STAGES * (bm + bn) * BK, bm * (bn + 8))
 
 
+def padded_channels(channels: int) -> int:
+    """``channels`` rounded up to :data:`CHANNEL_MULTIPLE` (a pixel's channels in whole 16-byte pieces)."""
+    return -(-channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
+
+
 def staged_channels(prob: ConvProblem) -> int:
     """The input's channels as the kernels read them: C rounded up to :data:`CHANNEL_MULTIPLE` (the
     staged input and the permuted weights hold zeros past C)."""
-    return -(-prob.channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
+    return padded_channels(prob.channels)
+
+
+def staged_kg(prob: ConvProblem) -> int:
+    """A permuted weight row as the kernels read it: kh * kw * :func:`staged_channels` (the forward's
+    contraction, the weight gradient's columns)."""
+    return prob.kernel[0] * prob.kernel[1] * staged_channels(prob)
 
 
 def supports(prob: ConvProblem) -> bool:
@@ -101,10 +112,8 @@ def staged_counts(prob: ConvProblem, pass_: str) -> tuple[int, int]:
     """Elements of what ``pass_`` stages: forward, the NHWC input and the permuted weights (both of
     :func:`staged_channels`); data gradient, the NHWC dy and the permuted weights; weight gradient,
     the NHWC dy and input."""
-    padded = staged_channels(prob)
-    x, dy, weights = (prob.num * padded * (prob.out_plane if subsampled(prob) else prob.in_plane),
-                      prob.num * prob.num_output * prob.out_plane,
-                      prob.num_output * prob.kernel[0] * prob.kernel[1] * padded)
+    x, dy, weights = (prob.num * staged_channels(prob) * (prob.out_plane if subsampled(prob) else prob.in_plane),
+                      prob.num * prob.num_output * prob.out_plane, prob.num_output * staged_kg(prob))
     return {"forward": (x, weights), "backward_data": (dy, weights), "backward_weight": (dy, x)}[pass_]
 
 
@@ -154,9 +163,8 @@ def phases(prob: ConvProblem, pass_: str) -> tuple[Phase, ...]:
     (kh, kw), (ph, pw), (sh, sw), (ho, wo) = prob.kernel, prob.pad, prob.stride, prob.out_hw
     m, c = prob.num_output, prob.channels
     if pass_ == "forward":
-        padded = staged_channels(prob)
         return (Phase(conv_geometry(prob), (ho, wo, 1, 1, 0, 0),
-                      (m * kh * kw * padded, m, padded, kh, kw, kh, kw, 0, 0, 1, 1, 0, c)),)
+                      (m * staged_kg(prob), m, staged_channels(prob), kh, kw, kh, kw, 0, 0, 1, 1, 0, c)),)
     out = []
     for py in range(min(sh, prob.height)):
         i0, uh, pad_h, hp = _phase_axis(prob.height, kh, ph, sh, py)
@@ -200,7 +208,7 @@ def stage_plan(prob: ConvProblem, num: int, channels: int, plane: int,
                      (channels, plane, *(source or (plane, plane, plane, 1, 1))))
     if source is not None:
         raise CudaError(f"fp16/bf16 NHWC staging: a subsampled copy of {channels} channels (a multiple of 8 expected)")
-    padded = -(-channels // CHANNEL_MULTIPLE) * CHANNEL_MULTIPLE
+    padded = padded_channels(channels)
     count = num * plane * padded // CHANNEL_MULTIPLE
     return Stage(backend.kernel(KERNELS, "t16n_to_nhwc_narrow", prob.np_dtype),
                  (min(-(-count // THREADS), backend.MAX_BLOCKS), 1, 1), (count,),
@@ -290,8 +298,7 @@ def weight_splits(prob: ConvProblem, tile: str) -> tuple[int, int]:
         bm, bn = tile_shape(tile)
         k = backend.kernel(KERNELS, f"t16n_wgrad_{tile}", prob.np_dtype)
         resident = k.resident_blocks(THREADS, shared_bytes(tile))
-        columns = prob.kernel[0] * prob.kernel[1] * staged_channels(prob)
-        have = prob.cache[key] = tiling.split_contraction(prob, bm, bn, BK, False, resident, columns)
+        have = prob.cache[key] = tiling.split_contraction(prob, bm, bn, BK, False, resident, staged_kg(prob))
     return have
 
 
@@ -311,7 +318,7 @@ def weight_plan(prob: ConvProblem, tile: str) -> WeightPlan:
     k = backend.kernel(KERNELS, f"t16n_wgrad_{tile}", prob.np_dtype)
     shared = shared_bytes(tile)
     k.allow_shared(shared)
-    blocks = -(-prob.num_output // bm) * -(-prob.kernel[0] * prob.kernel[1] * staged_channels(prob) // bn)
+    blocks = -(-prob.num_output // bm) * -(-staged_kg(prob) // bn)
     made = prob.cache[key] = WeightPlan(
         k, (blocks, splits, 1), shared, chunk, splits, conv_geometry(prob),
         stage_plan(prob, prob.num, prob.num_output, prob.out_plane), input_stage(prob),
